@@ -1,0 +1,77 @@
+"""The `genready` command line: one subcommand per job, exit codes documented in --help."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+import tomli_w
+
+from genready import __version__, config
+
+EXIT_CODES = """\
+exit status:
+  0   success (ready, config valid, …)
+  1   timeout: the target did not become ready in time (wait, restart)
+  2   usage error
+  69  the genready daemon is unreachable (EX_UNAVAILABLE)
+  75  not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)
+  78  invalid configuration (EX_CONFIG)
+"""
+
+
+def die(msg: str, *, hint: str = "", status: int = 1) -> NoReturn:
+    """Print a user-facing error (and a hint on what to do about it), then exit."""
+    print(f"genready: {msg}", file=sys.stderr)
+    if hint:
+        print(f"hint: {hint}", file=sys.stderr)
+    sys.exit(status)
+
+
+def load_config(path: str | None) -> config.Config:
+    """The config from --config / $GENREADY_CONFIG / the default path, or exit 78 saying why."""
+    try:
+        return config.load(config.resolve_path(path))
+    except config.ConfigError as e:
+        die(str(e), hint="`genready check-config --config PATH` validates a file", status=config.EX_CONFIG)
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    sys.stdout.write(f"# {cfg.path}: valid; effective configuration, defaults filled in\n")
+    sys.stdout.write(tomli_w.dumps(cfg.to_toml_dict()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="genready",
+        description="Ready means a real generation, served by the unit's current MainPID, succeeded.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"genready {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        return sp
+
+    sp = add("check-config", "validate the config and print it as TOML, defaults filled in")
+    sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
+                    f"{config.DEFAULT_PATH})")
+    sp.set_defaults(func=cmd_check_config)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rc: int = args.func(args)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The configuration: every setting defined once, parsed into frozen dataclasses.
+
+A bad config is never a traceback: `ConfigError` names the file, the key path, what was
+expected and what was found, and the CLI turns it into exit status 78 (EX_CONFIG).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+EX_CONFIG: Final = 78
+DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")
+APIS: Final = ("sglang", "openai-completions", "openai-chat")
+BUSES: Final = ("system", "user")
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+_REQUIRED: Final = object()
+_TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ConfigError(Exception):
+    """A user-facing configuration error: where, which key, expected vs found."""
+
+    def __init__(self, file: str, key: str, expected: str, found: str = "") -> None:
+        self.file, self.key, self.expected, self.found = file, key, expected, found
+        where = f"{file}: {key}" if key else file
+        tail = f", found {found}" if found else ""
+        super().__init__(f"{where}: expected {expected}{tail}")
+
+
+# A checker gets the (already type-checked) value and returns an error text, or None if fine.
+Check = Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    help: str
+    check: Check | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
+
+def _listen(v: str) -> str | None:
+    try:
+        host, port = split_hostport(v)
+    except ValueError:
+        return "host:port (e.g. 127.0.0.1:9901 or [::1]:9901)"
+    if not 0 < port < 65536:
+        return "a port between 1 and 65535"
+    if host != "localhost":
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            return "an IP address or localhost as host"
+    return None
+
+
+def _url(v: str) -> str | None:
+    parts = urlsplit(v)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+        return "an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000)"
+    if parts.query or parts.fragment:
+        return "a base URL without query or fragment"
+    return None
+
+
+def _one_of(choices: tuple[str, ...]) -> Check:
+    return lambda v: None if v in choices else "one of " + ", ".join(repr(c) for c in choices)
+
+
+def _positive(v: float) -> str | None:
+    return None if v > 0 else "a number > 0"
+
+
+def _non_negative(v: float) -> str | None:
+    return None if v >= 0 else "a number >= 0"
+
+
+def _at_least_one(v: int) -> str | None:
+    return None if v >= 1 else "an integer >= 1"
+
+
+def _abs_path(v: str) -> str | None:
+    return None if os.path.isabs(v) else "an absolute path"
+
+
+def _unit(v: str) -> str | None:
+    ok = re.fullmatch(r"[A-Za-z0-9:_.\\@-]+\.service", v)
+    return None if ok else "a unit name ending in .service (e.g. sglang.service)"
+
+
+DAEMON_SETTINGS: Final = (
+    Setting("listen", str, "127.0.0.1:9901", "host:port of the read-only HTTP API; loopback unless you mean it",
+            _listen),
+    Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', _one_of(BUSES)),
+    Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path),
+    Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path),
+    Setting("log_level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS)),
+)
+
+TARGET_SETTINGS: Final = (
+    Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", _unit),
+    Setting("url", str, _REQUIRED, "the server's base URL", _url),
+    Setting("api", str, "sglang", 'how to generate: "sglang" | "openai-completions" | "openai-chat"',
+            _one_of(APIS)),
+    Setting("model", str, "", "model name for OpenAI APIs; empty: discovered from /v1/models"),
+    Setting("prompt", str, "Say OK.", "the probe's prompt"),
+    Setting("max_tokens", int, 1, "tokens the probe asks for", _at_least_one),
+    Setting("probe_timeout", float, 30.0, "seconds one probe may take", _positive),
+    Setting("backoff_initial", float, 0.25, "first retry delay in seconds", _positive),
+    Setting("backoff_max", float, 2.0, "longest retry delay in seconds", _positive),
+    Setting("warmup", int, 1, "consecutive successful generations needed", _at_least_one),
+    Setting("load_timeout", float, 1800.0, "seconds after which a loading server is 'stuck'", _positive),
+    Setting("recheck_interval", float, 0.0, "seconds between re-probes of a ready server; 0 = off",
+            _non_negative),
+    Setting("failure_threshold", int, 3, "consecutive failed rechecks that revoke readiness", _at_least_one),
+    Setting("verify_owner", bool, True, "prove the answer came from the unit's MainPID or a descendant"),
+    Setting("gate_startup", bool, True, "hold genready's own READY=1 until this target was verified"),
+)
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    listen: str
+    bus: str
+    state_dir: str
+    runtime_dir: str
+    log_level: str
+
+    @property
+    def host(self) -> str:
+        return split_hostport(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_hostport(self.listen)[1]
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    name: str
+    unit: str
+    url: str
+    api: str
+    model: str
+    prompt: str
+    max_tokens: int
+    probe_timeout: float
+    backoff_initial: float
+    backoff_max: float
+    warmup: int
+    load_timeout: float
+    recheck_interval: float
+    failure_threshold: int
+    verify_owner: bool
+    gate_startup: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str
+    daemon: DaemonConfig
+    targets: Mapping[str, TargetConfig]
+
+    def to_toml_dict(self) -> dict[str, Any]:
+        """The effective config, defaults filled in, in the file's own shape."""
+        targets = {
+            name: {f.name: getattr(t, f.name) for f in fields(t) if f.name != "name"}
+            for name, t in self.targets.items()
+        }
+        daemon = {f.name: getattr(self.daemon, f.name) for f in fields(self.daemon)}
+        return {"daemon": daemon, "targets": targets}
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """'127.0.0.1:9901' / '[::1]:9901' / 'localhost:9901' -> (host, port); ValueError otherwise."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", value)
+    if not m:
+        raise ValueError(value)
+    host = m.group(1) or m.group(3)
+    return host, int(m.group(2) or m.group(4))
+
+
+def _type_name(t: type) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}[t]
+
+
+def _found(v: Any) -> str:
+    kind = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "table", list: "array"}
+    return f"{kind.get(type(v), type(v).__name__)} {v!r}" if not isinstance(v, dict) else "a table"
+
+
+def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ...]) -> dict[str, Any]:
+    if not isinstance(table, dict):
+        raise ConfigError(file, prefix, "a table", _found(table))
+    known = {s.name for s in settings}
+    for key in table:
+        if key not in known:
+            raise ConfigError(file, f"{prefix}.{key}", "one of the known keys: " + ", ".join(sorted(known)),
+                              f"unknown key {key!r}")
+    out: dict[str, Any] = {}
+    for s in settings:
+        key = f"{prefix}.{s.name}"
+        if s.name not in table:
+            if s.required:
+                raise ConfigError(file, key, f"{_type_name(s.type)} ({s.help})", "nothing (the key is required)")
+            out[s.name] = s.default
+            continue
+        v = table[s.name]
+        # bool is an int in Python, and an int is a fine float; nothing else converts silently.
+        ok = isinstance(v, s.type) and not (s.type is int and isinstance(v, bool))
+        if s.type is float and isinstance(v, int) and not isinstance(v, bool):
+            v, ok = float(v), True
+        if not ok:
+            raise ConfigError(file, key, _type_name(s.type), _found(v))
+        if s.check and (problem := s.check(v)):
+            raise ConfigError(file, key, problem, _found(v))
+        out[s.name] = v
+    return out
+
+
+def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
+    """Validate a decoded TOML document into a Config, or raise ConfigError."""
+    for key in data:
+        if key not in ("daemon", "targets"):
+            raise ConfigError(file, key, "only the tables [daemon] and [targets.NAME]", f"unknown key {key!r}")
+    daemon = DaemonConfig(**_parse_table(file, "daemon", data.get("daemon", {}), DAEMON_SETTINGS))
+    raw_targets = data.get("targets")
+    if raw_targets is None or raw_targets == {}:
+        raise ConfigError(file, "targets", "at least one [targets.NAME] table", "none")
+    if not isinstance(raw_targets, dict):
+        raise ConfigError(file, "targets", "tables [targets.NAME]", _found(raw_targets))
+    targets: dict[str, TargetConfig] = {}
+    for name, table in raw_targets.items():
+        if not _TARGET_NAME.fullmatch(name):
+            raise ConfigError(file, f"targets.{name}", "a target name of letters, digits, '_', '.', '-'",
+                              repr(name))
+        values = _parse_table(file, f"targets.{name}", table, TARGET_SETTINGS)
+        if values["backoff_max"] < values["backoff_initial"]:
+            raise ConfigError(file, f"targets.{name}.backoff_max", "a number >= backoff_initial",
+                              repr(values["backoff_max"]))
+        targets[name] = TargetConfig(name=name, **values)
+    return Config(path=file, daemon=daemon, targets=targets)
+
+
+def resolve_path(cli_path: str | None) -> Path:
+    """--config wins, then $GENREADY_CONFIG, then /etc/genready/genready.toml."""
+    return Path(cli_path or os.environ.get("GENREADY_CONFIG") or DEFAULT_PATH)
+
+
+def load(path: Path) -> Config:
+    """Read and validate a config file, or raise ConfigError."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(str(path), "", "valid TOML", str(e)) from None
+    return parse(data, str(path))

@@ -1,0 +1,41 @@
+"""Shared fixtures: one private systemd user manager per test session, and helpers around it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from genready.usermanager import UserManager, unavailable_reason
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def manager() -> Iterator[UserManager]:
+    """A real systemd --user manager, booted once for the session and stopped at the end.
+
+    Skips with the reason on a machine that cannot run one; under CI=true it fails instead,
+    because a skipped systemd test in CI hides exactly what the project exists to check.
+    """
+    reason = unavailable_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"systemd tests cannot run in CI: {reason}")
+        pytest.skip(f"no private systemd user manager: {reason}")
+    um = UserManager()
+    um.start()
+    saved = {k: os.environ.get(k) for k in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")}
+    # In-process pystemd (user_mode) finds the bus through these.
+    os.environ["XDG_RUNTIME_DIR"] = um.env["XDG_RUNTIME_DIR"]
+    os.environ["DBUS_SESSION_BUS_ADDRESS"] = um.env["DBUS_SESSION_BUS_ADDRESS"]
+    try:
+        yield um
+    finally:
+        um.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
