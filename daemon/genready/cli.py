@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
                     f"{config.DEFAULT_PATH})")
     sp.set_defaults(func=cmd_check_config)
+
+    from genready import sim  # the simulator owns its flags
+
+    sp = add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes")
+    sim.add_arguments(sp)
+    sp.set_defaults(func=sim.main)
     return p
 
 
