@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -45,6 +46,38 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from genready import daemon, log
+
+    cfg = load_config(args.config)
+    log.setup(args.log_level or cfg.daemon.log_level)
+    try:
+        return daemon.serve(cfg, args.config)
+    except OSError as e:
+        die(f"cannot start: {e}", hint="check daemon.listen, daemon.state_dir and daemon.runtime_dir", status=71)
+
+
+def _api_base(args: argparse.Namespace) -> str:
+    if getattr(args, "url", None):
+        return str(args.url).rstrip("/")
+    cfg = load_config(args.config)
+    host = cfg.daemon.host
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    return f"http://[{host}]:{cfg.daemon.port}" if ":" in host else f"http://{host}:{cfg.daemon.port}"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from genready import client
+
+    data = client.get_json(_api_base(args), "/status")
+    if args.json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return 0
+    sys.stdout.write(client.format_status(data))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genready",
@@ -64,6 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
                     f"{config.DEFAULT_PATH})")
     sp.set_defaults(func=cmd_check_config)
+
+    config_help = f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})"
+    sp = add("serve", "run the daemon: watch the targets, verify starts, serve the HTTP API")
+    sp.add_argument("--config", metavar="PATH", help=config_help)
+    sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")
+    sp.set_defaults(func=cmd_serve)
+
+    sp = add("status", "show every target's state and newest start records (from the daemon's /status)")
+    sp.add_argument("--config", metavar="PATH", help=config_help)
+    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
+    sp.set_defaults(func=cmd_status)
 
     from genready import sim  # the simulator owns its flags
 

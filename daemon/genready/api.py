@@ -1,0 +1,171 @@
+"""The read-only HTTP API: /ready, /status, /metrics. Nothing here changes anything."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from genready import __version__
+
+if TYPE_CHECKING:
+    from genready.gate import TargetGate
+    from genready.metrics import Metrics
+
+MAX_WAIT = 3600.0
+_INVOCATION = re.compile(r"^[0-9a-f]{32}$")
+GATES = web.AppKey("gates", dict)
+METRICS = web.AppKey("metrics", object)
+STARTED = web.AppKey("started", float)
+STATUS_EXTRA = web.AppKey("status_extra", object)
+
+
+class BadQuery(Exception):
+    pass
+
+
+def _json_error(status: int, reason: str, **extra: object) -> web.Response:
+    return web.json_response({"error": reason, **extra}, status=status)
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                         ) -> web.StreamResponse:
+    """404 and 405 answer JSON too, so scripts never have to parse HTML."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as e:
+        return web.json_response({"error": "method not allowed", "allowed": sorted(e.allowed_methods)},
+                                 status=405, headers={"Allow": ",".join(sorted(e.allowed_methods))})
+    except web.HTTPNotFound:
+        return _json_error(404, f"no such endpoint: {request.path}")
+
+
+def _float(q: Mapping[str, str], key: str, lo: float, hi: float | None = None) -> float | None:
+    if key not in q:
+        return None
+    try:
+        v = float(q[key])
+    except ValueError:
+        raise BadQuery(f"{key} must be a number, got {q[key]!r}") from None
+    if v != v or v < lo or (hi is not None and v > hi):
+        raise BadQuery(f"{key} must be between {lo:g} and {hi:g}" if hi is not None else f"{key} must be >= {lo:g}")
+    return v
+
+
+def parse_ready_query(q: Mapping[str, str]) -> dict[str, Any]:
+    """Validate /ready's query; BadQuery names the parameter."""
+    unknown = set(q) - {"wait", "since", "pid", "invocation"}
+    if unknown:
+        raise BadQuery(f"unknown query parameter(s): {', '.join(sorted(unknown))}; "
+                       "known: wait, since, pid, invocation")
+    out: dict[str, Any] = {"wait": 0.0, "since": None, "pid": None, "invocation": None}
+    wait = _float(q, "wait", 0.0)
+    if wait is not None:
+        out["wait"] = min(wait, MAX_WAIT)  # capped, then answered 503 if still not ready
+    out["since"] = _float(q, "since", 0.0)
+    if "pid" in q:
+        if not q["pid"].isdigit() or int(q["pid"]) <= 0:
+            raise BadQuery(f"pid must be a positive integer, got {q['pid']!r}")
+        out["pid"] = int(q["pid"])
+    if "invocation" in q:
+        inv = q["invocation"].replace("-", "").lower()
+        if not _INVOCATION.match(inv):
+            raise BadQuery(f"invocation must be 32 hex digits, got {q['invocation']!r}")
+        out["invocation"] = inv
+    return out
+
+
+async def ready(request: web.Request) -> web.StreamResponse:
+    gates: dict[str, TargetGate] = request.app[GATES]
+    metrics: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
+    resp = await _ready(request, gates)
+    if metrics is not None:
+        metrics.ready_request(resp.status)
+    return resp
+
+
+async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Response:
+    name = request.match_info.get("target")
+    if name is not None and name not in gates:
+        return _json_error(404, f"no such target: {name}", targets=sorted(gates))
+    try:
+        q = parse_ready_query(request.query)
+    except BadQuery as e:
+        return _json_error(400, str(e))
+    chosen = [gates[name]] if name else list(gates.values())
+    deadline = time.monotonic() + q["wait"]
+    while True:
+        # Each pass does a fresh systemd read per target, begun after the request arrived.
+        verdicts = [await g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"]) for g in chosen]
+        if all(ok for ok, _ in verdicts):
+            body: Any = ([_ready_body(g) for g in chosen] if not name else _ready_body(chosen[0]))
+            if not name:
+                body = {"ready": True, "targets": body}
+            return web.json_response(body, status=200)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            bodies = [_not_ready_body(g, why) for g, (ok, why) in zip(chosen, verdicts, strict=True) if not ok]
+            out: Any = bodies[0] if name else {"ready": False, "targets": bodies}
+            return web.json_response(out, status=503)
+        waits = [asyncio.ensure_future(g.wait_changed(left)) for g in chosen]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for p in pending:
+            p.cancel()
+
+
+def _ready_body(g: TargetGate) -> dict[str, object]:
+    j = g.to_json()
+    return {k: j[k] for k in ("ready", "target", "unit", "pid", "invocation_id", "ready_since", "load_seconds")}
+
+
+def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
+    j = g.to_json()
+    body = {k: j[k] for k in ("target", "unit", "state", "pid", "invocation_id", "waiting_since", "probes",
+                              "last_error")}
+    return {"ready": False, "reason": why, **body}
+
+
+async def status(request: web.Request) -> web.Response:
+    gates: dict[str, TargetGate] = request.app[GATES]
+    extra: Callable[[], dict[str, object]] = request.app[STATUS_EXTRA]  # type: ignore[assignment]
+    targets = {}
+    for name, g in gates.items():
+        t = g.to_json()
+        t["records"] = [r.to_json() for r in g.store.newest(name, 20)]
+        targets[name] = t
+    return web.json_response({
+        "version": __version__,
+        "uptime_seconds": round(time.monotonic() - request.app[STARTED], 3),
+        **extra(),
+        "targets": targets,
+    })
+
+
+async def metrics(request: web.Request) -> web.Response:
+    m: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
+    if m is None:
+        return _json_error(404, "metrics are not enabled")
+    body, ctype = m.render()
+    resp = web.Response(body=body)
+    resp.headers["Content-Type"] = ctype
+    return resp
+
+
+def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
+             status_extra: Callable[[], dict[str, object]] = dict) -> web.Application:
+    """The aiohttp application; GET (and HEAD) only."""
+    app = web.Application(middlewares=[errors_as_json])
+    app[GATES] = gates
+    app[METRICS] = metrics_
+    app[STARTED] = time.monotonic()
+    app[STATUS_EXTRA] = status_extra
+    app.router.add_get("/ready", ready)
+    app.router.add_get("/ready/{target}", ready)
+    app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
+    return app

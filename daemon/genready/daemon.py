@@ -1,0 +1,243 @@
+"""`genready serve`: startup(), the main loop, shutdown() — uvicorn's shape.
+
+Signal handlers only set flags; the main loop acts on them. The daemon wires the gate's
+events to everything that reports readiness: sd_notify, ready stamps, metrics and logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from genready import __version__, api, config, stamp
+from genready.gate import TargetGate, iso
+from genready.log import Summarizer, event
+from genready.metrics import Metrics
+from genready.notify import Notifier
+from genready.owner import owner_check_unavailable
+from genready.probe import Failure, ProbeResult
+from genready.records import RecordStore, StartRecord
+from genready.watcher import FreshReader, Snapshot, Watcher
+
+log = logging.getLogger("genready")
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else (
+        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
+
+
+class Daemon:
+    """One genready process: watches every configured target and serves the API."""
+
+    def __init__(self, cfg: config.Config, *, config_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.notifier = Notifier()
+        self.metrics = Metrics(__version__)
+        self.summarizer = Summarizer(logging.getLogger("genready.probe"))
+        self.should_exit = asyncio.Event()
+        self.reload_requested = False
+        self.config_error = ""
+        self.sent_ready = False
+        self.reloading = False
+        self.owner_problem = owner_check_unavailable()
+        self.gates: dict[str, TargetGate] = {}
+        self._runner: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.should_exit.set)
+        loop.add_signal_handler(signal.SIGHUP, self._request_reload)
+        await self.startup()
+        try:
+            await self.main_loop()
+        finally:
+            await self.shutdown()
+        return 0
+
+    async def startup(self) -> None:
+        d = self.cfg.daemon
+        self.store = RecordStore(Path(d.state_dir))
+        self.store.load()
+        self.fresh = FreshReader(d.bus)
+        for t in self.cfg.targets.values():
+            self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
+            self.metrics.register_target(t.name, t.unit)
+            stamp.remove(d.runtime_dir, t.name)  # a stamp from a previous run proves nothing now
+            if t.verify_owner and self.owner_problem:
+                log.warning("%s: cannot prove who answers generations: %s; no start will be verified "
+                            "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
+        self.watcher = Watcher(d.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
+        self._tasks.append(asyncio.create_task(self.watcher.run(), name="watcher"))
+        app = api.make_app(self.gates, self.metrics, self._status_extra)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, d.host, d.port, reuse_address=True)
+        await site.start()
+        log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
+                 ", ".join(self.gates))
+        if self.notifier.watchdog_interval():
+            self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
+        self._update_systemd()
+
+    async def main_loop(self) -> None:
+        while not self.should_exit.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.should_exit.wait(), 0.5)
+            if self.reload_requested:
+                self.reload_requested = False
+                self._reload()
+
+    async def shutdown(self) -> None:
+        self.notifier.stopping(status="genready: stopping")
+        log.info("shutting down")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for g in self.gates.values():
+            await g.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.fresh.close()
+        self.summarizer.flush_all()
+        self.store.close()
+
+    def _request_reload(self) -> None:
+        self.reload_requested = True
+
+    def _reload(self) -> None:
+        """SIGHUP: re-read the config. A broken one is refused, the running one kept."""
+        path = config.resolve_path(self.config_path)
+        try:
+            new = config.load(path)
+        except config.ConfigError as e:
+            self.config_error = str(e)
+            log.error("config reload refused, keeping the running config: %s", e)
+            self._update_systemd()
+            return
+        self.config_error = ""
+        if new == self.cfg:
+            log.info("config reloaded from %s: unchanged", path)
+        else:
+            # Targets, bus and listen address are wired at startup; a clean restart applies them.
+            log.warning("config reloaded from %s: changes take effect at the next restart of genready", path)
+        self._update_systemd()
+
+    async def _watchdog(self) -> None:
+        # Pinged from the event loop itself, so a stuck loop stops the pings and systemd acts.
+        interval = self.notifier.watchdog_interval() or 1.0
+        while True:
+            self.notifier.watchdog_ping()
+            await asyncio.sleep(interval)
+
+    # -- gate events (the Listener protocol) ----------------------------------------------
+
+    def _on_snapshot(self, unit: str, snap: Snapshot | None) -> None:
+        for g in self.gates.values():
+            if g.unit == unit:
+                g.on_snapshot(snap)
+                self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
+
+    def state_changed(self, gate: TargetGate, old: str, new: str) -> None:
+        self.metrics.set_state(gate.name, gate.unit, new)
+        event(log, logging.INFO, f"{gate.name}: {old} -> {new}", reason=gate.reason or None,
+              pid=gate.snap.main_pid if gate.snap else None)
+        if new in ("inactive", "absent", "unknown"):
+            self.summarizer.flush(gate.name)
+        self._update_systemd()
+
+    def probed(self, gate: TargetGate, result: ProbeResult) -> None:
+        self.metrics.probe(gate.name, gate.unit, str(result.failure or "ok"), result.seconds)
+        if result.failure is Failure.FOREIGN_OWNER:
+            self.metrics.foreign_answer(gate.name, gate.unit)
+        if result.ok:
+            self.summarizer.flush(gate.name)
+        else:
+            self.summarizer.note(gate.name, str(result.failure), f"{gate.name}: probe failed: {result.failure}",
+                                 level=logging.WARNING if result.failure is Failure.FOREIGN_OWNER else logging.INFO,
+                                 detail=result.detail, pid=gate.snap.main_pid if gate.snap else None)
+        self._update_systemd()
+
+    def start_seen(self, gate: TargetGate, record: StartRecord) -> None:
+        self.metrics.start_seen(gate.name, gate.unit)
+        event(log, logging.INFO, f"{gate.name}: new start recorded", invocation=record.invocation_id,
+              pid=record.main_pid or None)
+
+    def verified(self, gate: TargetGate, record: StartRecord) -> None:
+        if record.load_seconds is not None:
+            self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
+        assert gate.verified is not None
+        stamp.write(self.cfg.daemon.runtime_dir, gate.name, {
+            "target": gate.name, "unit": gate.unit, "pid": gate.verified.instance[1],
+            "invocation_id": gate.verified.instance[0], "ready_at": iso(gate.verified.ready_since),
+            "load_seconds": gate.verified.load_seconds,
+        })
+
+    def revoked(self, gate: TargetGate, reason: str) -> None:
+        self.metrics.revoked(gate.name, gate.unit, reason)
+        stamp.remove(self.cfg.daemon.runtime_dir, gate.name)
+
+    # -- telling systemd -----------------------------------------------------------------
+
+    def _status_line(self, g: TargetGate) -> str:
+        if g.ready and g.verified:
+            load = f" (loaded in {_duration(g.verified.load_seconds)})" if g.verified.load_seconds else ""
+            return f"{g.name}: ready pid {g.verified.instance[1]}{load}"
+        if g.state in ("loading", "warming", "stuck") and g.snap:
+            p = g.progress
+            err = f", probe {p.probes}: {p.last_failure}" if p.last_failure else ""
+            return f"{g.name}: {g.state} pid {g.snap.main_pid} for {_duration(time.time() - p.waiting_since)}{err}"
+        return f"{g.name}: {g.state}" + (f" ({g.reason})" if g.reason else "")
+
+    def _update_systemd(self) -> None:
+        lines = [self._status_line(g) for g in self.gates.values()]
+        if self.config_error:
+            lines.append(f"config reload refused: {self.config_error}")
+        gated = [g for g in self.gates.values() if g.cfg.gate_startup]
+        if not self.sent_ready:
+            # READY=1 only once every gating target was verified at least once.
+            if all(g.ever_verified for g in gated):
+                self.sent_ready = True
+                self.notifier.ready(status="\n".join(lines))
+                log.info("all gating targets verified: READY=1 sent to systemd")
+                return
+        elif not self.reloading and not all(g.ready for g in gated):
+            self.reloading = True
+            self.notifier.reloading(status="\n".join(lines))
+            return
+        elif self.reloading and all(g.ready for g in gated):
+            self.reloading = False
+            self.notifier.ready(status="\n".join(lines))
+            return
+        self.notifier.status("\n".join(lines))
+
+    def _status_extra(self) -> dict[str, object]:
+        return {
+            "bus": self.cfg.daemon.bus,
+            "bus_connected": self.watcher.connected,
+            "bus_error": self.watcher.last_error or None,
+            "owner_proof": self.owner_problem or "available",
+            "config": self.cfg.path,
+            "config_error": self.config_error or None,
+            "systemd_ready_sent": self.sent_ready,
+            "fresh_reads": self.fresh.reads,
+        }
+
+
+def serve(cfg: config.Config, config_path: str | None) -> int:
+    """Run the daemon until SIGTERM/SIGINT; the exit status."""
+    return asyncio.run(Daemon(cfg, config_path=config_path).run())

@@ -1,0 +1,396 @@
+"""The readiness gate: one state machine per target, and the readiness rule.
+
+THE RULE (`is_ready`): a target is ready when a generation was verified for an instance
+(InvocationID, MainPID), and systemd says that very instance is the unit's current one,
+`active`, with no job pending. Everything else in genready asks this function.
+
+A start is verified when `warmup` consecutive probes succeed, each one a real generation
+whose server-side socket belonged to the MainPID or a descendant (probe.py), bracketed by
+two fresh systemd reads showing the same instance, active and with no job pending.
+Readiness is revoked at once, from the D-Bus event, when the instance changes, the unit
+leaves `active`, a job is queued, or rechecks fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Protocol
+
+from genready.config import TargetConfig
+from genready.probe import Failure, Prober, ProbeResult
+from genready.records import RecordStore, StartRecord
+from genready.watcher import FreshReader, Snapshot
+
+log = logging.getLogger("genready.gate")
+
+STATES = ("absent", "inactive", "starting", "loading", "warming", "ready", "stuck", "unknown")
+Instance = tuple[str, int]  # (InvocationID, MainPID)
+# ExecMainCode is a CLD_* code from waitid(2).
+_EXIT_CODES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
+
+
+def is_ready(snap: Snapshot | None, verified: Instance | None) -> bool:
+    """The readiness rule. See the module docstring; nothing else decides readiness."""
+    return (
+        snap is not None
+        and verified is not None
+        and snap.active_state == "active"
+        and snap.job_id == 0
+        and (snap.invocation_id, snap.main_pid) == verified
+    )
+
+
+def revocation_reason(snap: Snapshot | None, verified: Instance) -> str:
+    """Why `snap` no longer shows the verified instance as ready (for records and metrics)."""
+    if snap is None:
+        return "bus_lost"
+    if snap.invocation_id != verified[0]:
+        return "invocation_changed"
+    if snap.main_pid != verified[1]:
+        return "pid_changed"
+    if snap.job_id != 0:
+        return "job_queued"
+    return "inactive"
+
+
+def iso(ts: float | None) -> str | None:
+    """Wall-clock seconds -> ISO 8601 with zone."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def from_iso(s: str | None) -> float | None:
+    return None if s is None else datetime.fromisoformat(s).timestamp()
+
+
+def _us(v: int) -> float | None:
+    return v / 1e6 if v else None
+
+
+class Listener(Protocol):
+    """What the daemon does with the gate's events (notify, stamps, metrics, logs)."""
+
+    def state_changed(self, gate: TargetGate, old: str, new: str) -> None: ...
+    def probed(self, gate: TargetGate, result: ProbeResult) -> None: ...
+    def verified(self, gate: TargetGate, record: StartRecord) -> None: ...
+    def revoked(self, gate: TargetGate, reason: str) -> None: ...
+    def start_seen(self, gate: TargetGate, record: StartRecord) -> None: ...
+
+
+@dataclass
+class Verification:
+    instance: Instance
+    ready_since: float  # wall clock
+    load_seconds: float | None
+    started_at: float | None  # wall clock of the process start, for ?since=
+
+
+@dataclass
+class ProbeProgress:
+    instance: Instance | None = None
+    waiting_since: float = field(default_factory=time.time)
+    probes: int = 0
+    successes: int = 0
+    failures: int = 0  # consecutive
+    last_error: str = ""
+    last_failure: str = ""
+
+
+class TargetGate:
+    """State machine of one target: follows snapshots, probes new starts, keeps records."""
+
+    def __init__(self, cfg: TargetConfig, store: RecordStore, fresh: FreshReader, listener: Listener,
+                 *, prober_factory: Callable[[TargetConfig], Prober] = Prober) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.fresh = fresh
+        self.listener = listener
+        self.prober = prober_factory(cfg)
+        self.snap: Snapshot | None = None
+        self.state = "unknown"
+        self.reason = "not connected to systemd yet"
+        self.verified: Verification | None = None
+        self.ever_verified = False
+        self.progress = ProbeProgress()
+        self._task: asyncio.Task[None] | None = None
+        self._changed = asyncio.Event()
+        self._reconciled = False
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    @property
+    def unit(self) -> str:
+        return self.cfg.unit
+
+    @property
+    def ready(self) -> bool:
+        return is_ready(self.snap, self.verified.instance if self.verified else None)
+
+    # -- events from the watcher ------------------------------------------------------------
+
+    def on_snapshot(self, snap: Snapshot | None) -> None:
+        """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
+        was_ready, self.snap = self.ready, snap
+        if snap is not None:
+            self._track_record(snap)
+        if was_ready and not self.ready:
+            assert self.verified is not None
+            self._revoke(revocation_reason(snap, self.verified.instance))
+        if snap is not None and self.verified and (snap.invocation_id, snap.main_pid) != self.verified.instance:
+            self.verified = None  # a verification belongs to one instance only
+        self._schedule_probing()
+        self._set_state()
+
+    def _revoke(self, reason: str) -> None:
+        assert self.verified is not None
+        inv = self.verified.instance[0]
+        rec = self.store.get(self.name, inv)
+        if rec is not None:
+            self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=reason))
+        log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance[1])
+        self.verified = None
+        self.listener.revoked(self, reason)
+
+    def _set_state(self) -> None:
+        new, reason = self._derive_state()
+        self.reason = reason
+        if new != self.state:
+            old, self.state = self.state, new
+            self.listener.state_changed(self, old, new)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _derive_state(self) -> tuple[str, str]:
+        s = self.snap
+        if s is None:
+            return "unknown", "no connection to systemd"
+        if s.absent:
+            return "absent", f"{self.unit} does not exist"
+        if self.ready:
+            return "ready", ""
+        if s.job_id != 0:
+            return "starting", "a job is pending for the unit"
+        if s.active_state in ("inactive", "failed", "deactivating"):
+            return "inactive", f"{self.unit} is {s.active_state}"
+        if s.active_state != "active" and not (s.active_state == "activating" and s.main_pid):
+            return "starting", f"{self.unit} is {s.active_state}/{s.sub_state}"
+        p = self.progress
+        err = f"probe {p.probes}: {p.last_error}" if p.last_error else "waiting for the first generation"
+        if time.time() - p.waiting_since > self.cfg.load_timeout:
+            return "stuck", f"no verified generation after load_timeout ({self.cfg.load_timeout:g}s); {err}"
+        if p.successes:
+            return "warming", f"{p.successes}/{self.cfg.warmup} generations verified"
+        return "loading", err
+
+    # -- records -----------------------------------------------------------------------------
+
+    def _track_record(self, s: Snapshot) -> None:
+        if not self._reconciled:
+            self._reconcile(s)
+        if not s.invocation_id:
+            return
+        rec = self.store.get(self.name, s.invocation_id)
+        alive = s.active_state in ("activating", "active", "reloading")
+        if rec is None:
+            self._end_open_records(s)
+            rec = StartRecord(
+                target=self.name, unit=self.unit, invocation_id=s.invocation_id,
+                main_pid=s.main_pid if alive else 0,
+                started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
+                active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
+                n_restarts=s.n_restarts,
+            )
+            self.store.put(rec)
+            self.listener.start_seen(self, rec)
+        new = rec
+        # During a restart systemd announces the new MainPID a moment before the new
+        # InvocationID; only a live unit's MainPID belongs to its current invocation.
+        if alive and s.main_pid and s.main_pid != rec.main_pid:
+            new = replace(new, main_pid=s.main_pid, started_at=iso(_us(s.exec_main_start_us)) or new.started_at)
+        if s.active_state == "active" and new.active_at is None:
+            new = replace(new, active_at=iso(_us(s.active_enter_us)) or iso(time.time()))
+        if s.active_state in ("inactive", "failed") and new.ended_at is None and new.main_pid:
+            new = self._ended(new, s)
+        if s.n_restarts != new.n_restarts and alive:
+            new = replace(new, n_restarts=s.n_restarts)
+        if new != rec:
+            self.store.put(new)
+
+    def _ended(self, rec: StartRecord, s: Snapshot | None) -> StartRecord:
+        if s is None or s.invocation_id != rec.invocation_id:
+            # It ended while we were not looking (new start, or genready was down).
+            return replace(rec, ended_at=iso(time.time()), result=rec.result or "unknown")
+        return replace(
+            rec, ended_at=iso(_us(s.inactive_enter_us) or _us(s.exec_main_exit_us) or time.time()),
+            result=s.result or None, exit_code=_EXIT_CODES.get(s.exec_main_code),
+            exit_status=s.exec_main_status if s.exec_main_code else None,
+        )
+
+    def _end_open_records(self, s: Snapshot) -> None:
+        for rec in self.store.newest(self.name, 5):
+            if rec.ended_at is None and rec.invocation_id != s.invocation_id:
+                self.store.put(self._ended(rec, None))
+
+    def _reconcile(self, s: Snapshot) -> None:
+        """After genready restarts: close records whose start systemd no longer runs."""
+        self._reconciled = True
+        for rec in self.store.all(self.name):
+            gone = rec.invocation_id != s.invocation_id or s.active_state in ("inactive", "failed")
+            if rec.ended_at is None and gone:
+                self.store.put(self._ended(rec, s))
+
+    # -- probing -----------------------------------------------------------------------------
+
+    def _probe_wanted(self) -> Instance | None:
+        """The instance to probe now, if any: a live unit whose server could be generating."""
+        s = self.snap
+        if s is None or s.job_id != 0 or s.main_pid == 0 or not s.invocation_id:
+            return None
+        if s.active_state == "active" or (s.active_state == "activating" and s.sub_state == "start"):
+            return (s.invocation_id, s.main_pid)
+        return None
+
+    def _schedule_probing(self) -> None:
+        want = self._probe_wanted()
+        if want is not None and self.verified and self.verified.instance == want and not self.cfg.recheck_interval:
+            want = None
+        running = self._task is not None and not self._task.done()
+        if running and self.progress.instance == want:
+            return
+        if running:
+            assert self._task is not None
+            self._task.cancel()  # its instance is gone: a result would be stale anyway
+            self._task = None
+        if want is not None:
+            if self.progress.instance != want:
+                self.progress = ProbeProgress(instance=want)
+            self._task = asyncio.get_running_loop().create_task(self._probe_loop(want), name=f"probe-{self.name}")
+
+    async def _probe_loop(self, inst: Instance) -> None:
+        delay = self.cfg.backoff_initial
+        while True:
+            if self.verified and self.verified.instance == inst:
+                await asyncio.sleep(self.cfg.recheck_interval)
+            result = await self._probe_once(inst)
+            p = self.progress
+            p.probes += 1
+            self.listener.probed(self, result)
+            if result.ok:
+                p.successes += 1
+                p.failures = 0
+                p.last_error = ""
+                if not (self.verified and self.verified.instance == inst) and p.successes >= self.cfg.warmup:
+                    self._verify(inst, result)
+                    if not self.cfg.recheck_interval:
+                        self._set_state()
+                        return
+                delay = self.cfg.backoff_initial
+            else:
+                p.successes = 0
+                p.failures += 1
+                p.last_error = f"{result.failure}: {result.detail}"
+                p.last_failure = str(result.failure)
+                if self.verified and self.verified.instance == inst and p.failures >= self.cfg.failure_threshold:
+                    self._revoke("recheck_failed")
+                    p.waiting_since = time.time()
+            self._set_state()
+            if not (self.verified and self.verified.instance == inst):
+                # Jitter keeps many genreadys (or targets) from probing in lockstep.
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, self.cfg.backoff_max)
+
+    async def _probe_once(self, inst: Instance) -> ProbeResult:
+        """One generation with the instance proof around it: same instance before and after."""
+        try:
+            before = await self.fresh.read(self.unit)
+        except Exception as e:
+            return ProbeResult(False, Failure.STALE_INSTANCE, f"systemd read failed: {e}", None, 0.0, 0)
+        if (before.invocation_id, before.main_pid) != inst or before.job_id or before.active_state not in (
+            "active", "activating"):
+            return ProbeResult(False, Failure.STALE_INSTANCE,
+                               f"before the probe systemd showed pid {before.main_pid} {before.active_state}"
+                               f"{' with a job pending' if before.job_id else ''}", None, 0.0, 0)
+        result = await self.prober.probe(inst[1])
+        try:
+            after = await self.fresh.read(self.unit)
+        except Exception as e:
+            return ProbeResult(False, Failure.STALE_INSTANCE, f"systemd read failed: {e}", None, result.seconds, 0)
+        if (after.invocation_id, after.main_pid) != inst or after.job_id or after.active_state not in (
+                "active", "activating"):
+            return ProbeResult(False, Failure.STALE_INSTANCE,
+                               f"the instance changed during the probe (now pid {after.main_pid} "
+                               f"{after.active_state})", result.served_by_pid, result.seconds, 0)
+        return result
+
+    def _verify(self, inst: Instance, result: ProbeResult) -> None:
+        now = time.time()
+        rec = self.store.get(self.name, inst[0])
+        started = from_iso(rec.started_at) if rec else None
+        load = round(now - started, 3) if started else None
+        self.verified = Verification(inst, now, load, started)
+        self.ever_verified = True
+        if rec is not None:
+            rec = replace(rec, ready_at=iso(now), load_seconds=load, probes=self.progress.probes,
+                          served_by_pid=result.served_by_pid, revoked_at=None, revoke_reason=None)
+            self.store.put(rec)
+        log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst[1], inst[0],
+                 load, self.progress.probes)
+        if rec is not None:
+            self.listener.verified(self, rec)
+
+    # -- questions from the API --------------------------------------------------------------
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Return when the state may have changed, or after `timeout` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def check(self, *, since: float | None = None, pid: int | None = None,
+                    invocation: str | None = None) -> tuple[bool, str]:
+        """(ready, reason). Ready needs the rule to hold on a systemd read made after this call."""
+        v = self.verified
+        if not self.ready or v is None:
+            return False, self.reason or self.state
+        if since is not None and (v.started_at is None or v.started_at <= since):
+            return False, "the verified start began before since="
+        if pid is not None and v.instance[1] != pid:
+            return False, f"the verified pid is {v.instance[1]}, not {pid}"
+        if invocation is not None and v.instance[0] != invocation:
+            return False, "the verified invocation is another one"
+        try:
+            fresh = await self.fresh.read(self.unit)
+        except Exception as e:
+            return False, f"systemd read failed: {e}"
+        if not is_ready(fresh, self.verified.instance if self.verified else None):
+            return False, f"systemd now shows pid {fresh.main_pid} {fresh.active_state}" + (
+                " with a job pending" if fresh.job_id else "")
+        return True, ""
+
+    def to_json(self) -> dict[str, object]:
+        v, p, s = self.verified, self.progress, self.snap
+        return {
+            "target": self.name, "unit": self.unit, "state": self.state, "reason": self.reason,
+            "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
+            "pid": v.instance[1] if v else (s.main_pid if s else None),
+            "invocation_id": v.instance[0] if v else (s.invocation_id if s else None),
+            "ready_since": iso(v.ready_since) if v else None,
+            "load_seconds": v.load_seconds if v else None,
+            "waiting_since": None if self.ready else iso(p.waiting_since),
+            "probes": p.probes, "last_error": p.last_error or None,
+            "snapshot": s.to_json() if s else None,
+        }
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self.prober.close()

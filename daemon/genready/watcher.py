@@ -1,0 +1,367 @@
+"""Watch systemd units over D-Bus, event-driven, and keep one snapshot per unit.
+
+One connection listens: `Manager.Subscribe()` plus a `PropertiesChanged` match per unit
+path, its fd driven from the asyncio loop. A second connection serves fresh reads
+(`FreshReader`), so a blocking call never pulls signals off the listening connection.
+
+Ordering: systemd sends signals and method replies on one connection with increasing
+cookies (serials). A full read records the reply's cookie per interface, and any signal
+older than that read is dropped, so a state read after a signal is never overwritten by
+the signal's older view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from pystemd.dbuslib import DBus
+
+log = logging.getLogger("genready.watcher")
+
+SYSTEMD: Final = b"org.freedesktop.systemd1"
+MANAGER_PATH: Final = b"/org/freedesktop/systemd1"
+MANAGER_IFACE: Final = b"org.freedesktop.systemd1.Manager"
+UNIT_IFACE: Final = b"org.freedesktop.systemd1.Unit"
+SERVICE_IFACE: Final = b"org.freedesktop.systemd1.Service"
+PROPS_IFACE: Final = b"org.freedesktop.DBus.Properties"
+
+
+def unit_path(unit: str) -> bytes:
+    """systemd's object path for a unit name (sd_bus_path_encode)."""
+    out = bytearray(b"/org/freedesktop/systemd1/unit/")
+    for i, ch in enumerate(unit.encode()):
+        if chr(ch).isalnum() and ch < 128 and not (i == 0 and chr(ch).isdigit()):
+            out.append(ch)
+        else:
+            out += b"_%02x" % ch
+    return bytes(out)
+
+
+def _hex(v: Any) -> str:
+    return bytes(v).hex() if v else ""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs, 0 = never."""
+
+    unit: str
+    load_state: str = ""
+    active_state: str = ""
+    sub_state: str = ""
+    main_pid: int = 0
+    invocation_id: str = ""
+    job_id: int = 0
+    exec_main_start_us: int = 0
+    exec_main_exit_us: int = 0
+    active_enter_us: int = 0
+    inactive_enter_us: int = 0
+    exec_main_code: int = 0
+    exec_main_status: int = 0
+    n_restarts: int = 0
+    result: str = ""
+
+    @property
+    def absent(self) -> bool:
+        """The unit does not exist (no unit file, or not loaded yet)."""
+        return self.load_state in ("", "not-found")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "load_state": self.load_state, "active_state": self.active_state, "sub_state": self.sub_state,
+            "main_pid": self.main_pid, "invocation_id": self.invocation_id, "job_pending": self.job_id != 0,
+            "exec_main_start_us": self.exec_main_start_us, "n_restarts": self.n_restarts,
+            "result": self.result,
+        }
+
+
+# D-Bus property -> (Snapshot field, converter). Each property is defined once, here.
+_UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
+    b"LoadState": ("load_state", _s),
+    b"ActiveState": ("active_state", _s),
+    b"SubState": ("sub_state", _s),
+    b"InvocationID": ("invocation_id", _hex),
+    b"Job": ("job_id", lambda v: int(v[0])),
+    b"ActiveEnterTimestamp": ("active_enter_us", int),
+    b"InactiveEnterTimestamp": ("inactive_enter_us", int),
+}
+_SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
+    b"MainPID": ("main_pid", int),
+    b"ExecMainStartTimestamp": ("exec_main_start_us", int),
+    b"ExecMainExitTimestamp": ("exec_main_exit_us", int),
+    b"ExecMainCode": ("exec_main_code", int),
+    b"ExecMainStatus": ("exec_main_status", int),
+    b"NRestarts": ("n_restarts", int),
+    b"Result": ("result", _s),
+}
+_PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
+
+
+def apply_properties(snap: Snapshot, iface: bytes, changed: dict[bytes, Any]) -> Snapshot:
+    """A new snapshot with the properties of one interface applied; unknown ones ignored."""
+    table = _PROPS_BY_IFACE.get(iface, {})
+    updates = {table[k][0]: table[k][1](v) for k, v in changed.items() if k in table}
+    return replace(snap, **updates) if updates else snap
+
+
+def open_bus(kind: str) -> DBus:
+    """A connected bus to the "system" or "user" manager; raises pystemd's DBusError if unreachable."""
+    bus = DBus(user_mode=(kind == "user"))
+    bus.open()
+    return bus
+
+
+OnChange = Callable[[str, "Snapshot | None"], None]
+
+
+class Watcher:
+    """Keeps a snapshot per unit from D-Bus signals; reconnects with backoff when the bus drops.
+
+    `on_change(unit, snapshot)` runs on the event loop after every change; a snapshot of
+    None means "unknown": genready has no live connection to systemd.
+    """
+
+    def __init__(self, bus_kind: str, units: Iterable[str], on_change: OnChange) -> None:
+        self.bus_kind = bus_kind
+        self.units = list(dict.fromkeys(units))
+        self.on_change = on_change
+        self.connected = False
+        self.connects = 0
+        self.last_error = ""
+        self._snaps: dict[str, Snapshot] = {}
+        self._read_cookie: dict[tuple[str, bytes], int] = {}
+        self._by_path = {unit_path(u): u for u in self.units}
+        self._bus: DBus | None = None
+        self._lost: asyncio.Future[None] | None = None
+
+    def snapshot(self, unit: str) -> Snapshot | None:
+        """The latest snapshot, or None while disconnected (state unknown)."""
+        return self._snaps.get(unit) if self.connected else None
+
+    async def run(self) -> None:
+        """Connect, follow signals, and reconnect with backoff forever (until cancelled)."""
+        backoff = 0.1
+        while True:
+            try:
+                self._connect()
+                backoff = 0.1
+                assert self._lost is not None
+                await self._lost
+            except asyncio.CancelledError:
+                self._disconnect("shutting down")
+                raise
+            except Exception as e:  # pystemd raises DBusError and, from callbacks, SystemError
+                self._disconnect(f"{type(e).__name__}: {e}")
+            self._disconnect(self.last_error or "connection lost")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        bus = open_bus(self.bus_kind)
+        self._bus = bus
+        self._lost = loop.create_future()
+        self._read_cookie.clear()
+
+        # pystemd stores metadata on the callback object, so it must be a plain function.
+        def on_props(msg: Any, error: Any = None, userdata: Any = None) -> None:
+            try:
+                self._on_properties(msg)
+            except Exception:
+                log.exception("bad PropertiesChanged signal")
+
+        def on_manager(msg: Any, error: Any = None, userdata: Any = None) -> None:
+            try:
+                self._on_manager(msg)
+            except Exception:
+                log.exception("bad Manager signal")
+
+        # Without Subscribe() systemd emits no unit signals at all, even during a restart.
+        bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
+        for path in self._by_path:
+            bus.match_signal(SYSTEMD, path, PROPS_IFACE, b"PropertiesChanged", on_props)
+        for member in (b"Reloading", b"UnitNew", b"UnitRemoved"):
+            bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, member, on_manager)
+        loop.add_reader(bus.get_fd(), self._drain)
+        self.connected = True
+        self.connects += 1
+        self.last_error = ""
+        log.info("connected to the %s bus; watching %s", self.bus_kind, ", ".join(self.units))
+        for unit in self.units:
+            self._refresh(unit)
+        self._drain()  # the reads above may have queued signals without making the fd readable
+
+    def _disconnect(self, why: str) -> None:
+        bus, self._bus = self._bus, None
+        was_connected, self.connected = self.connected, False
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(bus.get_fd())
+            with contextlib.suppress(Exception):
+                bus.close()
+        if was_connected:
+            self.last_error = why
+            log.warning("lost the %s bus (%s); every target is unknown until it is back", self.bus_kind, why)
+            for unit in self.units:
+                self.on_change(unit, None)
+
+    def _drain(self) -> None:
+        # sd-bus may buffer several messages from one read: process until nothing is left.
+        bus = self._bus
+        if bus is None:
+            return
+        try:
+            while True:
+                self._dispatched = False
+                msg = bus.process()
+                if msg.is_empty() and not self._dispatched:
+                    break
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            if self._lost is not None and not self._lost.done():
+                self._lost.set_result(None)
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(bus.get_fd())
+
+    def _on_properties(self, msg: Any) -> None:
+        self._dispatched = True
+        msg.process_reply(True)
+        unit = self._by_path.get(msg.get_path())
+        if unit is None:
+            return
+        iface, changed = msg.body[0], msg.body[1]
+        if msg.get_cookie() <= self._read_cookie.get((unit, iface), 0):
+            return  # older than a full read we already applied
+        self._update(unit, apply_properties(self._snaps.get(unit, Snapshot(unit)), iface, changed))
+
+    def _on_manager(self, msg: Any) -> None:
+        self._dispatched = True
+        msg.process_reply(True)
+        member = msg.get_member()
+        loop = asyncio.get_running_loop()
+        if member == b"Reloading" and msg.body and not msg.body[0]:
+            # After daemon-reload a unit file may have appeared, changed or gone.
+            for unit in self.units:
+                loop.call_soon(self._refresh_and_drain, unit)
+        elif member in (b"UnitNew", b"UnitRemoved") and msg.body:
+            unit_id = _s(msg.body[0])
+            if unit_id in self.units:
+                loop.call_soon(self._refresh_and_drain, unit_id)
+
+    def _refresh_and_drain(self, unit: str) -> None:
+        try:
+            self._refresh(unit)
+        except Exception as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            if self._lost is not None and not self._lost.done():
+                self._lost.set_result(None)
+            return
+        self._drain()
+
+    def _refresh(self, unit: str) -> None:
+        """Read every property we keep, remembering the reply cookies (see module doc)."""
+        bus = self._bus
+        if bus is None:
+            return
+        snap = self._snaps.get(unit, Snapshot(unit))
+        path = unit_path(unit)
+        for iface in (UNIT_IFACE, SERVICE_IFACE):
+            reply = bus.call_method(SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)])
+            self._read_cookie[(unit, iface)] = reply.get_cookie()
+            snap = apply_properties(snap, iface, reply.body or {})
+        if snap.absent:
+            # A not-found unit keeps its old service values in memory; they mean nothing now.
+            snap = Snapshot(unit, load_state=snap.load_state or "not-found", active_state="inactive")
+        self._update(unit, snap, force=True)
+
+    def _update(self, unit: str, snap: Snapshot, *, force: bool = False) -> None:
+        if not force and self._snaps.get(unit) == snap:
+            return
+        self._snaps[unit] = snap
+        self.on_change(unit, snap)
+
+
+class FreshReader:
+    """Reads a unit's identity and state on its own connection, sharing reads between callers.
+
+    `read(unit)` returns a snapshot from a read that *began after the call*; every caller
+    that arrives before the read starts shares it, so a burst of /ready requests costs one
+    D-Bus round trip (~0.5 ms), not one per request.
+    """
+
+    def __init__(self, bus_kind: str) -> None:
+        self.bus_kind = bus_kind
+        self._bus: DBus | None = None
+        self._pending: dict[str, asyncio.Future[Snapshot]] = {}
+        self.reads = 0
+
+    async def read(self, unit: str) -> Snapshot:
+        """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
+        fut = self._pending.get(unit)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._pending[unit] = fut
+            # call_soon: the read runs after every handler already scheduled in this loop
+            # iteration has joined it, and strictly after each of them arrived.
+            asyncio.get_running_loop().call_soon(self._do_read, unit)
+        return await asyncio.shield(fut)
+
+    def _do_read(self, unit: str) -> None:
+        fut = self._pending.pop(unit)
+        try:
+            snap = self.read_now(unit)
+        except Exception as e:
+            if not fut.done():
+                fut.set_exception(e)
+            fut.exception()  # don't warn about it when nobody waits any more
+            return
+        if not fut.done():
+            fut.set_result(snap)
+
+    def read_now(self, unit: str) -> Snapshot:
+        """Blocking read: InvocationID first and last, so a start in between is always seen.
+
+        The properties come from separate calls; the unchanged InvocationID around them
+        proves no new start happened while they were read (each start gets a new ID).
+        """
+        if self._bus is None:
+            self._bus = open_bus(self.bus_kind)
+        bus, path = self._bus, unit_path(unit)
+        self.reads += 1
+        try:
+            def get(iface: bytes, prop: bytes, sig: bytes) -> Any:
+                return bus.get_property(SYSTEMD, path, iface, prop, sig)
+
+            inv1 = _hex(get(UNIT_IFACE, b"InvocationID", b"ay"))
+            load_state = _s(get(UNIT_IFACE, b"LoadState", b"s"))
+            main_pid = int(get(SERVICE_IFACE, b"MainPID", b"u")) if load_state != "not-found" else 0
+            active = _s(get(UNIT_IFACE, b"ActiveState", b"s"))
+            job = int(get(UNIT_IFACE, b"Job", b"(uo)")[0])
+            inv2 = _hex(get(UNIT_IFACE, b"InvocationID", b"ay"))
+        except Exception:
+            with contextlib.suppress(Exception):
+                bus.close()
+            self._bus = None
+            raise
+        if inv1 != inv2:
+            # A start happened mid-read: report it as changing, which no gate accepts as ready.
+            return Snapshot(unit, load_state=load_state, active_state="activating", invocation_id=inv2,
+                            main_pid=main_pid, job_id=job or 1)
+        return Snapshot(unit, load_state=load_state, active_state=active, main_pid=main_pid,
+                        invocation_id=inv1, job_id=job)
+
+    def close(self) -> None:
+        if self._bus is not None:
+            with contextlib.suppress(Exception):
+                self._bus.close()
+            self._bus = None
+

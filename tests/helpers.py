@@ -1,0 +1,154 @@
+"""Test helpers: conditions with deadlines, free ports, and genready / simulator processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import tomli_w
+
+from genready.usermanager import UserManager
+
+T = TypeVar("T")
+PY = sys.executable
+GENREADY = [PY, "-m", "genready.cli"]
+
+
+def wait_for(cond: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.02) -> T:
+    """Poll `cond` until it returns something truthy; AssertionError naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = cond()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http(url: str, timeout: float = 5.0) -> tuple[int, Any]:
+    """(status, JSON body or text); status 0 when the connection fails."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            raw = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    except OSError as e:
+        return 0, str(e)
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def sim_unit(port: int, *flags: str, restart: str = "no", extra: str = "") -> str:
+    """A unit file running the simulator, output kept in a file (there is no journald here)."""
+    args = " ".join(["--port", str(port), *flags])
+    return f"""[Service]
+ExecStart={PY} -m genready.cli simulate {args}
+Restart={restart}
+RestartSec=0.1
+TimeoutStopSec=30
+{extra}
+"""
+
+
+class Genready:
+    """`genready serve` as a subprocess against a test manager's bus, with its own config."""
+
+    def __init__(self, um: UserManager, tmp: Path, targets: dict[str, dict[str, Any]], **daemon: Any) -> None:
+        self.um = um
+        self.tmp = tmp
+        self.port = free_port()
+        self.state_dir = tmp / "state"
+        self.runtime_dir = tmp / "runtime"
+        self.config_path = tmp / "genready.toml"
+        cfg = {
+            "daemon": {"listen": f"127.0.0.1:{self.port}", "bus": "user", "state_dir": str(self.state_dir),
+                       "runtime_dir": str(self.runtime_dir), "log_level": "debug", **daemon},
+            "targets": targets,
+        }
+        self.config_path.write_text(tomli_w.dumps(cfg))
+        self.log_path = tmp / "genready.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Genready:
+        env = self.um.env
+        env.pop("NOTIFY_SOCKET", None)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen([*GENREADY, "serve", "--config", str(self.config_path)], env=env,
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        wait_for(lambda: self.get("/status")[0] == 200 or self._dead(), 20, "genready's /status")
+        assert self.proc.poll() is None, f"genready exited: {self.log()}"
+        return self
+
+    def _dead(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, Any]:
+        return http(self.base + path, timeout)
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        assert isinstance(body, dict)
+        return body
+
+    def records(self, target: str) -> list[dict[str, Any]]:
+        recs: list[dict[str, Any]] = self.status()["targets"][target]["records"]
+        return recs
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = self.proc.wait(10)
+        return rc
+
+    def __enter__(self) -> Genready:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def show(um: UserManager, unit: str) -> tuple[int, str]:
+    """(MainPID, InvocationID) as systemctl reports them."""
+    p = um.show(unit, "MainPID", "InvocationID")
+    return int(p["MainPID"]), p["InvocationID"]
+
+
+def env_without_notify() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    return env
