@@ -7,6 +7,7 @@ expected and what was found, and the CLI turns it into exit status 78 (EX_CONFIG
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -68,13 +69,14 @@ def _listen(v: str) -> str | None:
 
 
 def _url(v: str) -> str | None:
-    parts = urlsplit(v)
-    try:
+    expected = "an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000)"
+    try:  # urlsplit itself raises on e.g. "http://[::1"; .port on a port outside 0-65535
+        parts = urlsplit(v)
         port = parts.port
     except ValueError:
-        port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
-        return "an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000)"
+        return expected
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        return expected
     if parts.query or parts.fragment:
         return "a base URL without query or fragment"
     return None
@@ -85,11 +87,11 @@ def _one_of(choices: tuple[str, ...]) -> Check:
 
 
 def _positive(v: float) -> str | None:
-    return None if v > 0 else "a number > 0"
+    return None if v > 0 and math.isfinite(v) else "a finite number > 0"
 
 
 def _non_negative(v: float) -> str | None:
-    return None if v >= 0 else "a number >= 0"
+    return None if v >= 0 and math.isfinite(v) else "a finite number >= 0"
 
 
 def _at_least_one(v: int) -> str | None:
@@ -106,8 +108,8 @@ def _unit(v: str) -> str | None:
 
 
 DAEMON_SETTINGS: Final = (
-    Setting("listen", str, "127.0.0.1:9901", "host:port of the read-only HTTP API; loopback unless you mean it",
-            _listen),
+    Setting("listen", str, "127.0.0.1:9901",
+            "host:port of the read-only HTTP API; loopback unless you mean it", _listen),
     Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', _one_of(BUSES)),
     Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path),
     Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path),
@@ -219,14 +221,18 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
         key = f"{prefix}.{s.name}"
         if s.name not in table:
             if s.required:
-                raise ConfigError(file, key, f"{_type_name(s.type)} ({s.help})", "nothing (the key is required)")
+                raise ConfigError(file, key, f"{_type_name(s.type)} ({s.help})",
+                                  "nothing (the key is required)")
             out[s.name] = s.default
             continue
         v = table[s.name]
         # bool is an int in Python, and an int is a fine float; nothing else converts silently.
         ok = isinstance(v, s.type) and not (s.type is int and isinstance(v, bool))
         if s.type is float and isinstance(v, int) and not isinstance(v, bool):
-            v, ok = float(v), True
+            try:
+                v, ok = float(v), True
+            except OverflowError:  # an integer beyond any float
+                ok = False
         if not ok:
             raise ConfigError(file, key, _type_name(s.type), _found(v))
         if s.check and (problem := s.check(v)):
@@ -239,7 +245,8 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
     """Validate a decoded TOML document into a Config, or raise ConfigError."""
     for key in data:
         if key not in ("daemon", "targets"):
-            raise ConfigError(file, key, "only the tables [daemon] and [targets.NAME]", f"unknown key {key!r}")
+            raise ConfigError(file, key, "only the tables [daemon] and [targets.NAME]",
+                              f"unknown key {key!r}")
     daemon = DaemonConfig(**_parse_table(file, "daemon", data.get("daemon", {}), DAEMON_SETTINGS))
     raw_targets = data.get("targets")
     if raw_targets is None or raw_targets == {}:
@@ -274,6 +281,6 @@ def load(path: Path) -> Config:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
-    except tomllib.TOMLDecodeError as e:
+    except ValueError as e:  # TOMLDecodeError, or tomllib's int() on an integer of > 4300 digits
         raise ConfigError(str(path), "", "valid TOML", str(e)) from None
     return parse(data, str(path))
