@@ -142,6 +142,8 @@ class Watcher:
         self._by_path = {unit_path(u): u for u in self.units}
         self._bus: DBus | None = None
         self._lost: asyncio.Future[None] | None = None
+        self._callbacks: tuple[Callable[..., None], ...] = ()
+        self._dispatched = False
 
     def snapshot(self, unit: str) -> Snapshot | None:
         """The latest snapshot, or None while disconnected (state unknown)."""
@@ -185,6 +187,8 @@ class Watcher:
             except Exception:
                 log.exception("bad Manager signal")
 
+        # pystemd hands sd-bus a borrowed pointer to the callback: keep it alive as long as the bus.
+        self._callbacks = (on_props, on_manager)
         # Without Subscribe() systemd emits no unit signals at all, even during a restart.
         bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
         for path in self._by_path:

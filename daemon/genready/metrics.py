@@ -1,0 +1,176 @@
+"""Prometheus metrics: what genready saw, per target, in a registry of its own.
+
+Every per-target series carries `target` (the config table name) and `unit` (the systemd unit),
+so a query can join on either. The registry is private to each `Metrics` instance: nothing lands
+in prometheus_client's global REGISTRY, so tests and a second daemon in one process never collide.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+STATES: tuple[str, ...] = (
+    "absent", "inactive", "starting", "loading", "warming", "ready", "stuck", "unknown",
+)
+
+# Pre-initialised per target so that rate()/increase() see the 0 before the first event: a series
+# born at 1 has no earlier sample, and increase() over it reports 0, which hides the first event
+# from an alert. Other values are still accepted (counted from their first occurrence).
+PROBE_RESULTS: Final[tuple[str, ...]] = (
+    "ok", "refused", "timeout", "http_status", "bad_response", "foreign_owner", "stale_instance",
+)
+REVOCATION_REASONS: Final[tuple[str, ...]] = (
+    "pid_changed", "invocation_changed", "inactive", "job_queued", "recheck_failed", "bus_lost",
+)
+# The readiness endpoint's two everyday answers: ready / not ready.
+READY_CODES: Final[tuple[int, ...]] = (200, 503)
+
+# Model loads take minutes (a 70B model from cold disk: 5-20 min); the top bucket matches the
+# longest load_timeout anyone should configure before calling the server stuck.
+LOAD_BUCKETS: Final[tuple[float, ...]] = (
+    1, 2, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 2700, 3600,
+)
+# A probe generates 1 token: milliseconds on a warm server, seconds when it is busy or compiling,
+# 30 s being the default probe_timeout.
+PROBE_BUCKETS: Final[tuple[float, ...]] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30,
+)
+
+_LABELS: Final = ("target", "unit")
+
+
+class Metrics:
+    """The daemon's metrics. Call `register_target` for each configured target at start-up."""
+
+    def __init__(self, version: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
+        # (target, unit) -> the `result` / `reason` label values created for it, so forget_target can
+        # remove them without reaching into prometheus_client's private child map.
+        self._results: dict[tuple[str, str], set[str]] = {}
+        self._reasons: dict[tuple[str, str], set[str]] = {}
+        r = self.registry
+
+        # Info appends `_info`, so the exposed name is genready_build_info{version} 1.
+        Info("genready_build", "genready build information", registry=r).info({"version": version})
+        # Enum exposes one series per state (label `genready_state`), exactly one of them 1.
+        self._state = Enum(
+            "genready_state", "Current state of the target's state machine (one series per state, the "
+            "current one is 1)", _LABELS, states=list(STATES), registry=r,
+        )
+        self._ready = Gauge(
+            "genready_ready", "1 if a generation served by the unit's current MainPID succeeded, else 0",
+            _LABELS, registry=r,
+        )
+        self._main_pid = Gauge(
+            "genready_main_pid", "The unit's current MainPID (0: none)", _LABELS, registry=r,
+        )
+        self._starts = Counter(
+            "genready_starts", "Starts of the unit seen (new MainPID or invocation)", _LABELS, registry=r,
+        )
+        self._revocations = Counter(
+            "genready_revocations", "Readiness revoked, by reason", (*_LABELS, "reason"), registry=r,
+        )
+        self._load = Histogram(
+            "genready_load_seconds", "Seconds from the unit's start until it was first ready",
+            _LABELS, buckets=LOAD_BUCKETS, registry=r,
+        )
+        self._probes = Counter(
+            "genready_probes", "Probe generations, by result (ok or the failure class)",
+            (*_LABELS, "result"), registry=r,
+        )
+        self._probe_seconds = Histogram(
+            "genready_probe_seconds", "Duration of probe generations, any result", _LABELS,
+            buckets=PROBE_BUCKETS, registry=r,
+        )
+        self._foreign = Counter(
+            "genready_foreign_answers",
+            "Answers at the target's URL that did not come from the unit's MainPID or a descendant",
+            _LABELS, registry=r,
+        )
+        self._ready_requests = Counter(
+            "genready_ready_requests", "Readiness queries answered over HTTP, by status code", ("code",),
+            registry=r,
+        )
+        for code in READY_CODES:
+            self._ready_requests.labels(code=str(code))
+
+    def register_target(self, target: str, unit: str) -> None:
+        """Create the target's series at their zero values (state "unknown" until first observed).
+
+        Idempotent: a second call for a known (target, unit) changes nothing, so it never resets the
+        state of a running target.
+        """
+        key = (target, unit)
+        if key in self._results:
+            return
+        self._results[key] = set(PROBE_RESULTS)
+        self._reasons[key] = set(REVOCATION_REASONS)
+        self._state.labels(target, unit).state("unknown")
+        self._ready.labels(target, unit).set(0)
+        self._main_pid.labels(target, unit).set(0)
+        self._starts.labels(target, unit)
+        self._foreign.labels(target, unit)
+        self._load.labels(target, unit)
+        self._probe_seconds.labels(target, unit)
+        for result in PROBE_RESULTS:
+            self._probes.labels(target, unit, result)
+        for reason in REVOCATION_REASONS:
+            self._revocations.labels(target, unit, reason)
+
+    def forget_target(self, target: str, unit: str) -> None:
+        """Drop every series of a target no longer configured (a stale `genready_ready 0` would alert)."""
+        key = (target, unit)
+        if key not in self._results:
+            return
+        for metric in (self._state, self._ready, self._main_pid, self._starts, self._foreign, self._load,
+                       self._probe_seconds):
+            metric.remove(target, unit)
+        for result in self._results.pop(key):
+            self._probes.remove(target, unit, result)
+        for reason in self._reasons.pop(key):
+            self._revocations.remove(target, unit, reason)
+
+    def set_state(self, target: str, unit: str, state: str) -> None:
+        """ValueError for a state not in STATES (a programming error, not a runtime condition)."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; one of {', '.join(STATES)}")
+        self.register_target(target, unit)
+        self._state.labels(target, unit).state(state)
+        self._ready.labels(target, unit).set(1 if state == "ready" else 0)
+
+    def set_main_pid(self, target: str, unit: str, pid: int) -> None:
+        self.register_target(target, unit)
+        self._main_pid.labels(target, unit).set(pid)
+
+    def start_seen(self, target: str, unit: str) -> None:
+        self.register_target(target, unit)
+        self._starts.labels(target, unit).inc()
+
+    def revoked(self, target: str, unit: str, reason: str) -> None:
+        self.register_target(target, unit)
+        self._reasons[target, unit].add(reason)
+        self._revocations.labels(target, unit, reason).inc()
+
+    def loaded(self, target: str, unit: str, seconds: float) -> None:
+        self.register_target(target, unit)
+        self._load.labels(target, unit).observe(seconds)
+
+    def probe(self, target: str, unit: str, result: str, seconds: float) -> None:
+        self.register_target(target, unit)
+        self._results[target, unit].add(result)
+        self._probes.labels(target, unit, result).inc()
+        self._probe_seconds.labels(target, unit).observe(seconds)
+
+    def foreign_answer(self, target: str, unit: str) -> None:
+        self.register_target(target, unit)
+        self._foreign.labels(target, unit).inc()
+
+    def ready_request(self, code: int) -> None:
+        self._ready_requests.labels(code=str(code)).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its Content-Type, for the HTTP API's /metrics."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,267 @@
+"""genready.metrics: values move as the daemon reports, the exposition lints clean, and the shipped
+Prometheus scrape config and alert rules are valid and refer to metrics that exist."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import prometheus_client
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from genready.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "packaging" / "prometheus"
+T, U = "sglang", "sglang.service"
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+@pytest.fixture
+def m() -> Metrics:
+    """A fresh Metrics (and so a fresh registry) per test."""
+    return Metrics("0.1.0")
+
+
+def samples(m: Metrics) -> Samples:
+    """Every exposed sample, parsed back from render() the way Prometheus would read it."""
+    body, _ = m.render()
+    out: Samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[s.name, frozenset(s.labels.items())] = s.value
+    return out
+
+
+def value(m: Metrics, name: str, **labels: str) -> float | None:
+    return samples(m).get((name, frozenset(labels.items())))
+
+
+def state_series(m: Metrics, target: str = T, unit: str = U) -> dict[str, float]:
+    got: dict[str, float] = {}
+    for (name, labels), v in samples(m).items():
+        d = dict(labels)
+        if name == "genready_state" and d["target"] == target and d["unit"] == unit:
+            got[d["genready_state"]] = v
+    return got
+
+
+def promtool() -> str:
+    """promtool's path; skips without it, but fails under CI where a skipped check hides a broken file."""
+    path = shutil.which("promtool")
+    if path is None:
+        if IN_CI:
+            pytest.fail("promtool is required under CI=true (Debian/Ubuntu: apt-get install prometheus)")
+        pytest.skip("promtool not installed (Debian/Ubuntu: apt-get install prometheus)")
+    return path
+
+
+def run_promtool(*args: str, stdin: bytes | None = None) -> str:
+    p = subprocess.run([promtool(), *args], input=stdin, capture_output=True, timeout=60, check=False)
+    out = (p.stdout + p.stderr).decode()
+    assert p.returncode == 0, f"promtool {' '.join(args)} failed:\n{out}"
+    return out
+
+
+# --- values ---------------------------------------------------------------------------------------
+
+
+def test_render_returns_text_format_and_build_info(m: Metrics) -> None:
+    body, content_type = m.render()
+    assert content_type == prometheus_client.exposition.CONTENT_TYPE_LATEST
+    assert content_type.startswith("text/plain")
+    assert b"# TYPE genready_build_info gauge" in body
+    assert value(m, "genready_build_info", version="0.1.0") == 1
+
+
+def test_registry_is_private_to_the_instance() -> None:
+    a, b = Metrics("1"), Metrics("2")  # a shared registry would raise "Duplicated timeseries"
+    a.start_seen(T, U)
+    assert value(a, "genready_starts_total", target=T, unit=U) == 1
+    assert value(b, "genready_starts_total", target=T, unit=U) is None
+    assert "genready_state" not in prometheus_client.REGISTRY._names_to_collectors
+
+
+def test_register_target_creates_every_series_at_zero(m: Metrics) -> None:
+    m.register_target(T, U)
+    assert state_series(m) == {s: (1.0 if s == "unknown" else 0.0) for s in STATES}
+    assert value(m, "genready_ready", target=T, unit=U) == 0
+    assert value(m, "genready_main_pid", target=T, unit=U) == 0
+    assert value(m, "genready_starts_total", target=T, unit=U) == 0
+    assert value(m, "genready_foreign_answers_total", target=T, unit=U) == 0
+    for result in PROBE_RESULTS:
+        assert value(m, "genready_probes_total", target=T, unit=U, result=result) == 0, result
+    for reason in REVOCATION_REASONS:
+        assert value(m, "genready_revocations_total", target=T, unit=U, reason=reason) == 0, reason
+    assert value(m, "genready_load_seconds_count", target=T, unit=U) == 0
+    assert value(m, "genready_probe_seconds_count", target=T, unit=U) == 0
+    for code in READY_CODES:
+        assert value(m, "genready_ready_requests_total", code=str(code)) == 0
+
+
+def test_ready_request_codes_exist_before_any_target(m: Metrics) -> None:
+    assert value(m, "genready_ready_requests_total", code="200") == 0
+    assert value(m, "genready_ready_requests_total", code="503") == 0
+
+
+def test_state_is_exactly_one_and_ready_follows(m: Metrics) -> None:
+    m.register_target(T, U)
+    m.register_target("vllm", "vllm.service")
+    for state in ("starting", "loading", "warming", "ready", "stuck", "inactive", "ready", "absent"):
+        m.set_state(T, U, state)
+        series = state_series(m)
+        assert sorted(series) == sorted(STATES)
+        assert [s for s, v in series.items() if v == 1] == [state]
+        assert sum(series.values()) == 1
+        assert value(m, "genready_ready", target=T, unit=U) == (1 if state == "ready" else 0)
+        # The other target is untouched.
+        assert [s for s, v in state_series(m, "vllm", "vllm.service").items() if v == 1] == ["unknown"]
+
+
+def test_unknown_state_is_rejected(m: Metrics) -> None:
+    with pytest.raises(ValueError, match="unknown state 'up'"):
+        m.set_state(T, U, "up")
+
+
+def test_register_target_again_does_not_reset(m: Metrics) -> None:
+    m.register_target(T, U)
+    m.set_state(T, U, "ready")
+    m.start_seen(T, U)
+    m.register_target(T, U)
+    assert value(m, "genready_ready", target=T, unit=U) == 1
+    assert value(m, "genready_starts_total", target=T, unit=U) == 1
+
+
+def test_first_event_for_an_unregistered_target_registers_it(m: Metrics) -> None:
+    m.probe(T, U, "refused", 0.001)
+    assert value(m, "genready_probes_total", target=T, unit=U, result="refused") == 1
+    assert value(m, "genready_probes_total", target=T, unit=U, result="timeout") == 0
+    assert state_series(m)["unknown"] == 1
+
+
+def test_counters_and_main_pid(m: Metrics) -> None:
+    m.register_target(T, U)
+    m.set_main_pid(T, U, 4242)
+    assert value(m, "genready_main_pid", target=T, unit=U) == 4242
+    m.set_main_pid(T, U, 0)
+    assert value(m, "genready_main_pid", target=T, unit=U) == 0
+    m.start_seen(T, U)
+    m.start_seen(T, U)
+    assert value(m, "genready_starts_total", target=T, unit=U) == 2
+    m.revoked(T, U, "pid_changed")
+    m.revoked(T, U, "pid_changed")
+    m.revoked(T, U, "something_new")  # an unlisted reason still counts
+    assert value(m, "genready_revocations_total", target=T, unit=U, reason="pid_changed") == 2
+    assert value(m, "genready_revocations_total", target=T, unit=U, reason="something_new") == 1
+    assert value(m, "genready_revocations_total", target=T, unit=U, reason="bus_lost") == 0
+    m.foreign_answer(T, U)
+    assert value(m, "genready_foreign_answers_total", target=T, unit=U) == 1
+    for code in (200, 200, 503, 404):
+        m.ready_request(code)
+    assert value(m, "genready_ready_requests_total", code="200") == 2
+    assert value(m, "genready_ready_requests_total", code="503") == 1
+    assert value(m, "genready_ready_requests_total", code="404") == 1
+
+
+def test_probe_counts_and_duration_histogram(m: Metrics) -> None:
+    m.register_target(T, U)
+    for _ in range(3):
+        m.probe(T, U, "refused", 0.002)
+    m.probe(T, U, "timeout", 30.0)
+    m.probe(T, U, "ok", 0.04)
+    assert value(m, "genready_probes_total", target=T, unit=U, result="refused") == 3
+    assert value(m, "genready_probes_total", target=T, unit=U, result="timeout") == 1
+    assert value(m, "genready_probes_total", target=T, unit=U, result="ok") == 1
+    assert value(m, "genready_probes_total", target=T, unit=U, result="http_status") == 0
+    assert value(m, "genready_probe_seconds_count", target=T, unit=U) == 5
+    assert value(m, "genready_probe_seconds_sum", target=T, unit=U) == pytest.approx(30.046)
+    assert value(m, "genready_probe_seconds_bucket", target=T, unit=U, le="0.005") == 3
+    assert value(m, "genready_probe_seconds_bucket", target=T, unit=U, le="0.05") == 4
+    assert value(m, "genready_probe_seconds_bucket", target=T, unit=U, le="30.0") == 5
+
+
+def test_load_histogram_covers_an_hour(m: Metrics) -> None:
+    m.loaded(T, U, 362.1)
+    m.loaded(T, U, 3000.0)
+    assert value(m, "genready_load_seconds_count", target=T, unit=U) == 2
+    assert value(m, "genready_load_seconds_sum", target=T, unit=U) == pytest.approx(3362.1)
+    assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="300.0") == 0
+    assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="600.0") == 1
+    assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="2700.0") == 1
+    assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="3600.0") == 2
+
+
+def test_forget_target_removes_its_series(m: Metrics) -> None:
+    m.register_target(T, U)
+    m.register_target("vllm", "vllm.service")
+    m.probe(T, U, "weird", 0.1)
+    m.revoked(T, U, "something_new")
+    m.forget_target(T, U)
+    m.forget_target(T, U)  # idempotent
+    for _name, labels in samples(m):
+        assert ("target", T) not in labels
+    assert state_series(m, "vllm", "vllm.service")["unknown"] == 1
+    m.set_state(T, U, "loading")  # and it can come back
+    assert state_series(m)["loading"] == 1
+
+
+# --- promtool -------------------------------------------------------------------------------------
+
+
+def busy(m: Metrics) -> Metrics:
+    """Metrics with every kind of series populated, for linting."""
+    m.register_target(T, U)
+    m.register_target("vllm", "vllm.service")
+    m.set_state(T, U, "ready")
+    m.set_main_pid(T, U, 4242)
+    m.start_seen(T, U)
+    m.loaded(T, U, 362.1)
+    m.probe(T, U, "ok", 0.03)
+    m.probe("vllm", "vllm.service", "refused", 0.001)
+    m.revoked(T, U, "pid_changed")
+    m.foreign_answer("vllm", "vllm.service")
+    m.ready_request(200)
+    return m
+
+
+def test_promtool_check_metrics(m: Metrics) -> None:
+    body, _ = busy(m).render()
+    out = run_promtool("check", "metrics", stdin=body)
+    assert out.strip() == "", out
+
+
+def test_promtool_check_rules() -> None:
+    out = run_promtool("check", "rules", str(PROMETHEUS_DIR / "alerts.yml"))
+    assert "SUCCESS" in out and "WARNING" not in out, out
+
+
+def test_promtool_alert_rule_unit_tests() -> None:
+    """alerts_test.yml: the rules fire (and stay quiet) on the series genready exposes."""
+    out = run_promtool("test", "rules", str(PROMETHEUS_DIR / "alerts_test.yml"))
+    assert "SUCCESS" in out, out
+
+
+def test_promtool_check_config_with_scrape_snippet(tmp_path: Path) -> None:
+    scrape = (PROMETHEUS_DIR / "scrape.yml").read_text()
+    assert "127.0.0.1:9901" in scrape
+    # The snippet is a top-level `scrape_configs:` block, so a full config is global + rules + it.
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 30s\n  evaluation_interval: 30s\n"
+        f"rule_files:\n  - {PROMETHEUS_DIR / 'alerts.yml'}\n" + scrape
+    )
+    out = run_promtool("check", "config", str(config))
+    assert "SUCCESS" in out and "WARNING" not in out and "FAILED" not in out, out
+
+
+def test_alert_rules_use_only_exposed_metrics(m: Metrics) -> None:
+    """A renamed metric would leave an alert that silently never fires."""
+    exposed = {name for name, _ in samples(busy(m))}
+    used = set(re.findall(r"\bgenready_[a-z_]+", (PROMETHEUS_DIR / "alerts.yml").read_text()))
+    assert used, "alerts.yml mentions no genready metric"
+    assert used <= exposed, f"not exposed: {sorted(used - exposed)}"
