@@ -1,13 +1,507 @@
-"""Placeholder: the simulator (being written)."""
+"""`genready simulate`: a stand-in LLM server with SGLang's HTTP surface and its failure modes.
+
+Tests, the demo and users' dry runs need a server that fails the way real ones do, on demand:
+late bind, early bind with 503s, an old process that keeps answering after SIGTERM, crashes,
+hangs, failing generations, slow tokens, two processes on one port. Each is one flag.
+
+It never reveals its PID in a response: genready has to prove who answered on its own.
+Lifecycle events go to stderr, one flushed line each:
+
+    genready-sim[PID] t=SECONDS EVENT key=value ...
+
+EVENT is one of loading, bound, ready, hanging, crashing, lingering, error, exiting.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+# Deterministic filler: one word is one token. The ids are small on purpose so that no
+# output id can be mistaken for a PID by a test that checks the PID never leaks.
+FILLER = ("the", "model", "is", "ready", "only", "when", "a", "real", "generation",
+          "served", "by", "its", "current", "process", "has", "succeeded")
+FIRST_TOKEN_ID = 10
+CONTEXT_LENGTH = 4096  # stands in for the model's limit: beyond it SGLang answers 400
+NATIVE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+OPENAI_DEFAULT_MAX_TOKENS = 16
+# In-flight requests get this long once the process has decided to exit; a hung handler
+# would otherwise hold the exit for aiohttp's 60 s default.
+SHUTDOWN_GRACE = 0.25
+
+
+class Log:
+    """One flushed line per lifecycle event; tests and the demo wait on these lines."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self._prefix = f"genready-sim[{os.getpid()}]"
+
+    def __call__(self, event: str, **fields: object) -> None:
+        parts = [self._prefix, f"t={time.monotonic() - self._t0:.3f}", event]
+        parts += [f"{k}={_fmt(v)}" for k, v in fields.items()]
+        sys.stderr.write(" ".join(parts) + "\n")
+        sys.stderr.flush()
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    s = str(v)
+    # Quote only what would break `key=value` splitting.
+    return json.dumps(s) if (not s or any(c.isspace() or c == '"' for c in s)) else s
+
+
+class BadRequest(Exception):
+    """The request body is malformed: answered 400 with this message."""
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool = False
+
+
+def _obj(v: object, what: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise BadRequest(f"{what} must be a JSON object")
+    return v
+
+
+def _count_words(text: str) -> int:
+    # A real tokenizer adds at least a BOS token, so even an empty prompt counts one.
+    return max(1, len(text.split()))
+
+
+def _max_tokens(d: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
+    for key in keys:
+        v = d.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise BadRequest(f"{key} must be an integer")
+        if v < 0:
+            raise BadRequest(f"{key} must be non-negative")
+        if v > CONTEXT_LENGTH:
+            raise BadRequest(f"{key}={v} exceeds the context length ({CONTEXT_LENGTH})")
+        return v
+    return default
+
+
+def _check_temperature(d: dict[str, Any]) -> None:
+    v = d.get("temperature")
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+        raise BadRequest("temperature must be a non-negative number")
+
+
+def _stream_flag(d: dict[str, Any]) -> bool:
+    v = d.get("stream", False)
+    if not isinstance(v, bool):
+        raise BadRequest("stream must be a boolean")
+    return v
+
+
+def parse_native(body: dict[str, Any]) -> GenRequest:
+    text = body.get("text")
+    if not isinstance(text, str):
+        raise BadRequest("text must be a string")
+    sp = _obj(body.get("sampling_params") or {}, "sampling_params")
+    _check_temperature(sp)
+    n = _max_tokens(sp, ("max_new_tokens",), NATIVE_DEFAULT_MAX_NEW_TOKENS)
+    return GenRequest(_count_words(text), n, _stream_flag(body))
+
+
+def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...]) -> GenRequest:
+    _check_temperature(body)
+    n = _max_tokens(body, keys, OPENAI_DEFAULT_MAX_TOKENS)
+    opts = _obj(body.get("stream_options") or {}, "stream_options")
+    return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)))
+
+
+def parse_completion(body: dict[str, Any]) -> GenRequest:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string")
+    return _openai_common(body, _count_words(prompt), ("max_tokens",))
+
+
+def parse_chat(body: dict[str, Any]) -> GenRequest:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    words = 0
+    for i, m in enumerate(messages):
+        m = _obj(m, f"messages[{i}]")
+        if not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{i}].role must be a string")
+        content = m.get("content")
+        if isinstance(content, str):
+            words += len(content.split())
+        elif isinstance(content, list):
+            words += sum(len(str(p.get("text", "")).split()) for p in content if isinstance(p, dict))
+        elif content is not None:
+            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
+    return _openai_common(body, max(1, words), ("max_completion_tokens", "max_tokens"))
+
+
+def native_error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+_OPENAI_ERROR_TYPES = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+
+
+def openai_error(status: int, message: str) -> web.Response:
+    return web.json_response({"object": "error", "message": message, "type": _OPENAI_ERROR_TYPES[status],
+                              "param": None, "code": status}, status=status)
+
+
+ErrorFn = Callable[[int, str], web.Response]
+
+
+class Simulator:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.a = args
+        self.log = Log()
+        self.loaded = False
+        self.stopping = False  # a SIGTERM/SIGINT arrived: /health* say 503, the rest keeps serving
+        self.hung = False
+        self.exit_code = 0
+        self._rng = random.Random()
+        self._created = int(time.time())
+        self._stop = asyncio.Event()
+        self._exit_at: float | None = None
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        self._runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
+        await self._runner.setup()
+        life = asyncio.create_task(self._lifecycle())
+        life.add_done_callback(self._lifecycle_done)
+        await self._stop.wait()
+        life.cancel()
+        await asyncio.wait([life])  # its failure, if any, was logged by _lifecycle_done
+        await self._runner.cleanup()
+        self.log("exiting", code=self.exit_code)
+        return self.exit_code
+
+    async def _lifecycle(self) -> None:
+        a = self.a
+        self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=a.bind_early)
+        if a.bind_early:
+            await self._bind()
+        await asyncio.sleep(a.load_seconds)
+        if not a.bind_early:
+            await self._bind()
+        self.loaded = True
+        self.log("ready")
+        loop = asyncio.get_running_loop()
+        if a.crash_after is not None:
+            loop.call_later(a.crash_after, self._crash)
+        if a.hang_after is not None:
+            loop.call_later(a.hang_after, self._hang)
+
+    def _lifecycle_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.log("error", msg=f"{type(exc).__name__}: {exc}")
+        self.exit_code = 1
+        self._stop.set()
+
+    async def _bind(self) -> None:
+        a = self.a
+        infos = socket.getaddrinfo(a.host, a.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, addr = infos[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if a.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(addr)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot bind {a.host}:{a.port}: {e.strerror}") from e
+        assert self._runner is not None
+        # SockSite listens on our socket as is: the bind happens exactly when we say.
+        await web.SockSite(self._runner, sock).start()
+        host, port = sock.getsockname()[:2]
+        self.log("bound", addr=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                 reuse_port=a.reuse_port)
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        loop = asyncio.get_running_loop()
+        if self._exit_at is not None:
+            # Only the first signal starts the clock: realistically it is systemd's SIGKILL
+            # after TimeoutStopSec that ends a process which ignores SIGTERM.
+            self.log("lingering", signal=name, seconds=max(0.0, self._exit_at - loop.time()), repeated=True)
+            return
+        self.stopping = True
+        self._exit_at = loop.time() + self.a.linger_seconds
+        self.log("lingering", signal=name, seconds=float(self.a.linger_seconds))
+        loop.call_later(self.a.linger_seconds, self._stop.set)
+
+    def _crash(self) -> None:
+        self.log("crashing", after=float(self.a.crash_after))
+        os._exit(1)  # abrupt on purpose: no cleanup, no close, sockets die with the process
+
+    def _hang(self) -> None:
+        self.hung = True
+        self.log("hanging", after=float(self.a.hang_after))
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    def _app(self) -> web.Application:
+        @web.middleware
+        async def hang(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if self.hung:
+                await self._forever()
+            return await handler(request)
+
+        app = web.Application(middlewares=[hang])
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/get_model_info", self.model_info)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_post("/generate", self.generate)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        return app
+
+    async def _forever(self) -> None:
+        # The connection stays accepted and open; only the answer never comes.
+        await asyncio.get_running_loop().create_future()
+
+    async def _tokens(self, n: int) -> AsyncIterator[tuple[str, int]]:
+        """n filler tokens, each after --token-latency; stalls for good once hung."""
+        for i in range(n):
+            if self.a.token_latency > 0:
+                await asyncio.sleep(self.a.token_latency)
+            if self.hung:
+                await self._forever()
+            k = i % len(FILLER)
+            yield " " + FILLER[k], FIRST_TOKEN_ID + k
+
+    def _fails(self) -> bool:
+        fail_rate: float = self.a.fail_rate
+        return self._rng.random() < fail_rate
+
+    async def _admit(
+        self, request: web.Request, parse: Callable[[dict[str, Any]], GenRequest], error: ErrorFn
+    ) -> GenRequest | web.Response:
+        """The checks every generation passes, in the order SGLang makes them: ready, valid, ok."""
+        if not self.loaded:
+            return error(503, "the model is still loading")
+        try:
+            raw = await request.read()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise BadRequest(f"invalid JSON body: {e}") from e
+            req = parse(_obj(body, "the request body"))
+        except BadRequest as e:
+            return error(400, str(e))
+        if self._fails():
+            return error(500, "simulated engine failure (--fail-rate)")
+        return req
+
+    async def models(self, request: web.Request) -> web.Response:
+        m = self.a.model
+        return web.json_response({"object": "list", "data": [
+            {"id": m, "object": "model", "created": self._created, "owned_by": "sglang", "root": m,
+             "max_model_len": CONTEXT_LENGTH}]})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.a.model, "tokenizer_path": self.a.model,
+                                  "is_generation": True, "preferred_sampling_params": None,
+                                  "weight_version": "default"})
+
+    async def health(self, request: web.Request) -> web.Response:
+        # Newer SGLang answers both /health and /health_generate with a 1-token internal
+        # generation, and 503 while starting or shutting down.
+        if not self.loaded or self.stopping:
+            return web.Response(status=503)
+        async for _ in self._tokens(1):
+            pass
+        return web.Response(status=503 if self._fails() else 200)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        req = await self._admit(request, parse_native, native_error)
+        if isinstance(req, web.Response):
+            return req
+        rid, t0 = uuid.uuid4().hex, time.monotonic()
+        text, ids = "", list[int]()
+
+        def chunk(done: bool) -> dict[str, Any]:
+            return {"text": text, "output_ids": list(ids), "meta_info": {
+                "id": rid, "finish_reason": {"type": "length", "length": req.max_tokens} if done else None,
+                "prompt_tokens": req.prompt_tokens, "completion_tokens": len(ids),
+                "cached_tokens": 0, "e2e_latency": round(time.monotonic() - t0, 6)}}
+
+        if not req.stream:
+            async for word, tid in self._tokens(req.max_tokens):
+                text, ids = text + word, [*ids, tid]
+            return web.json_response(chunk(True))
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            nonlocal text, ids
+            i = 0
+            async for word, tid in self._tokens(req.max_tokens):
+                i += 1
+                text, ids = text + word, [*ids, tid]
+                yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
+            if req.max_tokens == 0:
+                yield chunk(True)
+
+        return await self._sse(request, events())
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req = await self._admit(request, parse_completion, openai_error)
+        if isinstance(req, web.Response):
+            return req
+        head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                "model": self.a.model}
+        usage = _usage(req.prompt_tokens, req.max_tokens)
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+
+        if not req.stream:
+            text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage})
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            async for word, _ in self._tokens(req.max_tokens):
+                yield {**head, "choices": [choice(word, None)], "usage": None}
+            yield {**head, "choices": [choice("", "length")], "usage": None}
+            if req.include_usage:
+                yield {**head, "choices": [], "usage": usage}
+
+        return await self._sse(request, events())
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req = await self._admit(request, parse_chat, openai_error)
+        if isinstance(req, web.Response):
+            return req
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.a.model}
+        usage = _usage(req.prompt_tokens, req.max_tokens)
+
+        if not req.stream:
+            text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
+            return web.json_response({**head, "object": "chat.completion", "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
+                 "matched_stop": None}], "usage": usage})
+
+        def delta(d: dict[str, Any], finish: str | None) -> dict[str, Any]:
+            return {**head, "object": "chat.completion.chunk", "usage": None,
+                    "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}]}
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            yield delta({"role": "assistant", "content": ""}, None)
+            async for word, _ in self._tokens(req.max_tokens):
+                yield delta({"content": word}, None)
+            yield delta({}, "length")
+            if req.include_usage:
+                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+
+        return await self._sse(request, events())
+
+    async def _sse(self, request: web.Request, events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        try:
+            async for ev in events:
+                await resp.write(b"data: " + json.dumps(ev).encode() + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ConnectionResetError:
+            pass  # the client left mid-stream: there is no one left to tell
+        return resp
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _seconds(s: str) -> float:
+    v = float(s)
+    if not v >= 0:  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a non-negative number of seconds, not {s!r}")
+    return v
+
+
+def _fraction(s: str) -> float:
+    v = float(s)
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {s!r}")
+    return v
+
+
+def _port(s: str) -> int:
+    v = int(s)
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, not {s!r}")
+    return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=_port, default=30000,
+                   help="port to listen on; 0 picks a free one, shown on the `bound` line "
+                   "(default: %(default)s)")
+    p.add_argument("--model", default="sim-model", metavar="NAME",
+                   help="model name in /v1/models and responses (default: %(default)s)")
+    p.add_argument("--load-seconds", type=_seconds, default=0.0, metavar="S",
+                   help="time to 'load weights' before generating (default: %(default)s)")
+    p.add_argument("--bind-early", action="store_true",
+                   help="bind the port before loading; /v1/models and /get_model_info answer 200 while "
+                   "generation and /health* answer 503 (llama.cpp, SGLang warmup). Without it the port "
+                   "binds only once loaded (SGLang)")
+    p.add_argument("--linger-seconds", type=_seconds, default=0.0, metavar="S",
+                   help="after SIGTERM/SIGINT keep serving generations (/health* say 503) for S seconds, "
+                   "then exit 0; further signals do not shorten it (default: %(default)s)")
+    p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
+                   help="S seconds after ready, exit abruptly with status 1")
+    p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
+                   help="S seconds after ready, keep accepting connections but never answer again")
+    p.add_argument("--fail-rate", type=_fraction, default=0.0, metavar="P",
+                   help="fraction of generations answered 500 (/health* answer 503) (default: %(default)s)")
+    p.add_argument("--token-latency", type=_seconds, default=0.0, metavar="S",
+                   help="seconds per generated token, also paces streamed chunks (default: %(default)s)")
+    p.add_argument("--reuse-port", action="store_true",
+                   help="set SO_REUSEPORT so an old and a new process can listen on the port at once")
 
 
 def main(args: argparse.Namespace) -> int:
-    return 0
+    return asyncio.run(Simulator(args).run())
