@@ -1,0 +1,486 @@
+"""One probe: a real generation over one fresh connection, classified, with proof of who served it.
+
+Success means HTTP 200, JSON of the API's shape and at least one generated token, all within
+probe_timeout, and (with verify_owner) that the server side of that very connection is held by
+the unit's MainPID or a descendant of it, checked while the connection is still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import ipaddress
+import json
+import os
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+from urllib.parse import quote, urlsplit
+
+from genready import __version__
+from genready.config import APIS, TargetConfig
+from genready.owner import Owner, find_owner
+
+_HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
+_EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
+_EXCERPT_CHARS: Final = 200
+
+
+class Failure(enum.StrEnum):
+    """Why a probe failed; a stable vocabulary for logs, metrics and the API."""
+
+    REFUSED = "refused"  # no connection, or it was reset/closed before any answer
+    TIMEOUT = "timeout"  # no complete answer within probe_timeout
+    HTTP_STATUS = "http_status"  # an answer, but not 200
+    BAD_RESPONSE = "bad_response"  # 200 but not JSON, wrong shape, 0 tokens, or over the size cap
+    FOREIGN_OWNER = "foreign_owner"  # served by a process that is not the MainPID or its descendant, or unprovable
+    STALE_INSTANCE = "stale_instance"  # the unit changed around the probe (set by the caller, never here)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The outcome of one probe."""
+
+    ok: bool
+    failure: Failure | None  # None iff ok
+    detail: str  # human text: what was seen, who served it
+    served_by_pid: int | None  # the process holding the server side, when the owner was checked and found
+    seconds: float  # wall time of the whole probe
+    tokens: int  # tokens the server says it generated (1 when only non-empty text proves it)
+
+
+class _Fail(Exception):
+    def __init__(self, failure: Failure, detail: str) -> None:
+        super().__init__(detail)
+        self.failure, self.detail = failure, detail
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    reason: str
+    headers: Mapping[str, str]
+    body: bytes
+
+
+def _excerpt(data: bytes | str, limit: int = _EXCERPT_CHARS) -> str:
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _oserror(e: OSError) -> str:
+    # asyncio's connect errors carry "Connect call failed (...)" as strerror; the errno says more.
+    if isinstance(e, socket.gaierror):
+        return e.strerror or str(e)
+    return os.strerror(e.errno) if e.errno else (str(e) or type(e).__name__)
+
+
+def _is_local(family: int, sockaddr: tuple[Any, ...]) -> bool:
+    """Is this address one of this machine's own? Binding to it succeeds only if it is."""
+    ip = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((sockaddr[0], 0, *sockaddr[2:]))
+        except OSError:
+            return False
+    return True
+
+
+# A raw HTTP/1.1 client instead of aiohttp: the owner proof needs the exact connection that carried
+# the answer to stay open until /proc has been checked, and one fresh connection per probe. aiohttp
+# pools connections, or with force_close releases them the moment the body is read, and its body
+# cap is not a hard stop. The requests are three fixed JSON POSTs and one GET; answers are
+# Content-Length, chunked or close-delimited, which is all this needs to read.
+class _Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        sockname, peername = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+        # IPv6 socket addresses are 4-tuples; owner.py wants (host, port).
+        self.local: tuple[str, int] = (str(sockname[0]), int(sockname[1]))
+        self.peer: tuple[str, int] = (str(peername[0]), int(peername[1]))
+        self.answered = False  # the server sent at least a status line
+        self.server_closes = False  # it said Connection: close
+
+    async def request(self, method: str, path: str, host: str, body: bytes | None) -> None:
+        head = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"User-Agent: genready/{__version__}",
+                "Accept: application/json", "Accept-Encoding: identity"]
+        if body is not None:
+            head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("ascii") + (body or b""))
+        await self.writer.drain()
+
+    async def response(self, cap: int) -> _Response:
+        """Read one response. A 200 body over `cap` fails; other bodies are cut to an excerpt."""
+        while True:
+            status, reason, headers = await self._head()
+            if 100 <= status < 200 and status != 101:
+                continue  # interim (100 Continue, 103 Early Hints): the real answer follows
+            break
+        self.server_closes = "close" in headers.get("connection", "").lower()
+        if status in (101, 204, 304) or 100 <= status < 200:
+            return _Response(status, reason, headers, b"")
+        body = await self._body(headers, cap if status == 200 else _EXCERPT_BYTES, strict=status == 200)
+        return _Response(status, reason, headers, body)
+
+    async def _head(self) -> tuple[int, str, dict[str, str]]:
+        try:
+            # Five bytes first: a server that writes something other than HTTP and then waits is
+            # a bad response now, not a timeout later.
+            first = await self.reader.readexactly(5)
+            if first != b"HTTP/":
+                more = b""
+                with contextlib.suppress(TimeoutError, OSError):
+                    async with asyncio.timeout(0.05):  # whatever else already arrived, for the detail
+                        more = await self.reader.read(_EXCERPT_CHARS)
+                raise _Fail(Failure.BAD_RESPONSE, f"not an HTTP answer: {_excerpt(first + more)}")
+            raw = first + await self.reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as e:
+            if not e.partial and not self.answered:
+                raise _Fail(Failure.REFUSED, "the server closed the connection without answering") from None
+            raise _Fail(Failure.BAD_RESPONSE, f"the connection closed mid-header: {_excerpt(e.partial)}") from None
+        except asyncio.LimitOverrunError:
+            raise _Fail(Failure.BAD_RESPONSE, f"response headers longer than {_HEAD_LIMIT} bytes") from None
+        self.answered = True
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isdigit() and len(parts[1]) == 3):
+            raise _Fail(Failure.BAD_RESPONSE, f"malformed status line: {_excerpt(lines[0])}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise _Fail(Failure.BAD_RESPONSE, f"malformed header line: {_excerpt(line)}")
+            key = name.lower()
+            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+        return int(parts[1]), parts[2] if len(parts) > 2 else "", headers
+
+    async def _body(self, headers: Mapping[str, str], cap: int, *, strict: bool) -> bytes:
+        try:
+            te = headers.get("transfer-encoding", "").lower()
+            if te:
+                if te.split(",")[-1].strip() != "chunked":
+                    raise _Fail(Failure.BAD_RESPONSE, f"unsupported Transfer-Encoding: {_excerpt(te)}")
+                return await self._chunked(cap, strict=strict)
+            if "content-length" in headers:
+                cl = headers["content-length"]
+                if not cl.isdigit():
+                    raise _Fail(Failure.BAD_RESPONSE, f"bad Content-Length: {_excerpt(cl)}")
+                n = int(cl)
+                if n > cap:
+                    if strict:
+                        raise _Fail(Failure.BAD_RESPONSE, f"the body ({n} bytes) is over the {cap}-byte cap")
+                    return await self.reader.read(cap)
+                try:
+                    return await self.reader.readexactly(n)
+                except asyncio.IncompleteReadError as e:
+                    if strict:
+                        raise _Fail(Failure.BAD_RESPONSE,
+                                    f"the body was cut short at {len(e.partial)} of {n} bytes") from None
+                    return e.partial
+            # Close-delimited: read to EOF, but never past the cap.
+            data = bytearray()
+            while len(data) <= cap and (chunk := await self.reader.read(cap + 1 - len(data))):
+                data += chunk
+            if len(data) > cap:
+                if strict:
+                    raise _Fail(Failure.BAD_RESPONSE, f"the body is over the {cap}-byte cap (stopped reading)")
+                del data[cap:]
+            return bytes(data)
+        except asyncio.LimitOverrunError:
+            raise _Fail(Failure.BAD_RESPONSE, "malformed chunked body (chunk-size line too long)") from None
+
+    async def _chunked(self, cap: int, *, strict: bool) -> bytes:
+        data = bytearray()
+        try:
+            while True:
+                line = await self.reader.readuntil(b"\r\n")
+                try:
+                    size = int(line.split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise _Fail(Failure.BAD_RESPONSE, f"bad chunk size: {_excerpt(line)}") from None
+                if size == 0:
+                    # Trailers, if any, end with an empty line.
+                    while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                        pass
+                    return bytes(data)
+                if len(data) + size > cap:
+                    if strict:
+                        raise _Fail(Failure.BAD_RESPONSE, f"the body is over the {cap}-byte cap (stopped reading)")
+                    data += await self.reader.readexactly(cap - len(data))
+                    return bytes(data)
+                data += await self.reader.readexactly(size)
+                if await self.reader.readexactly(2) != b"\r\n":
+                    raise _Fail(Failure.BAD_RESPONSE, "malformed chunked body (no CRLF after a chunk)")
+        except asyncio.IncompleteReadError:
+            if not strict:
+                return bytes(data)
+            raise _Fail(Failure.BAD_RESPONSE, f"the chunked body was cut short after {len(data)} bytes") from None
+
+    async def close(self) -> None:
+        # abort(), not close(): nothing is left to send, and a TLS close_notify exchange with a
+        # wedged server could outlive the probe's deadline.
+        self.writer.transport.abort()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+
+@dataclass
+class _Attempt:
+    """One probe in progress: where it is (for a timeout's detail) and its connection."""
+
+    phase: str = "starting"
+    conn: _Conn | None = None
+    refused: bool = False  # the connection failed: there is no server side left to check
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _json(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: not JSON: {_excerpt(body) or '(empty body)'}") from None
+    if not isinstance(doc, dict):
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: expected a JSON object, got {type(doc).__name__}: {_excerpt(body)}")
+    if "error" in doc or doc.get("object") == "error":
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: the server reported an error: {_excerpt(body)}")
+    return doc
+
+
+def _typed(doc: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
+    v = doc.get(key)
+    if v is not None and not isinstance(v, kind):
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: {key!r} is {type(v).__name__}, expected {kind.__name__}")
+    return v
+
+
+def _tokens_sglang(doc: dict[str, Any]) -> int:
+    what = "POST /generate"
+    text = _typed(doc, "text", str, what)
+    ids = _typed(doc, "output_ids", list, what)
+    meta = _typed(doc, "meta_info", dict, what)
+    if text is None and ids is None and meta is None:
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: no text, output_ids or meta_info in {_excerpt(json.dumps(doc))}")
+    return max(_count((meta or {}).get("completion_tokens")), len(ids or ()), 1 if text else 0)
+
+
+def _tokens_openai(doc: dict[str, Any], chat: bool) -> int:
+    what = "POST /v1/chat/completions" if chat else "POST /v1/completions"
+    choices = _typed(doc, "choices", list, what)
+    usage = _typed(doc, "usage", dict, what)
+    if choices is None and usage is None:
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: no choices or usage in {_excerpt(json.dumps(doc))}")
+    text: Any = None
+    if choices:
+        first = choices[0]
+        if not isinstance(first, dict):
+            raise _Fail(Failure.BAD_RESPONSE, f"{what}: choices[0] is {type(first).__name__}, expected an object")
+        if chat:
+            msg = _typed(first, "message", dict, what)
+            text = (msg or {}).get("content")
+        else:
+            text = first.get("text")
+    has_text = isinstance(text, str) and text != ""
+    return max(_count((usage or {}).get("completion_tokens")), 1 if has_text else 0)
+
+
+class Prober:
+    """Probes one target: each probe() is one generation on a fresh connection."""
+
+    def __init__(self, target: TargetConfig, *, max_body: int = 1 << 20) -> None:
+        if target.api not in APIS:
+            raise ValueError(f"unknown api {target.api!r}")
+        if max_body < 1:
+            raise ValueError("max_body must be >= 1")
+        self._t = target
+        self._max_body = max_body
+        parts = urlsplit(target.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {target.url!r}")
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self._host_header = f"{host}:{parts.port}" if parts.port else host
+        self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        self._model: str | None = None  # discovered from /v1/models; dropped after any failure
+        self._open: set[_Conn] = set()
+        self._closed = False
+
+    async def probe(self, main_pid: int) -> ProbeResult:
+        """One generation, classified; served_by_pid is checked against main_pid. Never raises
+        for server misbehaviour (only for cancellation, or after close())."""
+        if self._closed:
+            raise RuntimeError("Prober is closed")
+        t0 = time.monotonic()
+        att = _Attempt()
+        outcome: int | _Fail
+        try:
+            async with asyncio.timeout(self._t.probe_timeout):
+                outcome = await self._generate(att)
+        except TimeoutError:  # before OSError: it is one
+            outcome = _Fail(Failure.TIMEOUT, f"no complete answer within {self._t.probe_timeout:g} s "
+                                             f"({att.phase})")
+        except _Fail as f:
+            outcome = f
+        except OSError as e:  # reset, broken pipe, TLS failure mid-exchange
+            att.refused = True
+            outcome = _Fail(Failure.REFUSED, f"the connection failed {att.phase}: {_oserror(e)}")
+        owner: Owner | None = None
+        try:
+            conn = att.conn
+            if conn is not None and self._t.verify_owner and not att.refused:
+                # Before closing: once closed, the server's socket loses its inode and the proof is gone.
+                owner = await asyncio.to_thread(find_owner, conn.local, conn.peer, main_pid)
+                if owner.pid is None and conn.server_closes:
+                    owner = Owner(None, False, owner.detail + " (the server answered Connection: close; "
+                                                              "owner proof needs HTTP keep-alive)")
+        finally:
+            if att.conn is not None:
+                await self._release(att.conn)
+        result = self._result(outcome, owner, time.monotonic() - t0)
+        if not result.ok:
+            self._model = None  # the server may have been replaced: ask again next time
+        return result
+
+    async def close(self) -> None:
+        """Abort any connection in flight; the Prober cannot be used afterwards."""
+        self._closed = True
+        for conn in list(self._open):
+            await self._release(conn)
+
+    # --- internals ---
+
+    def _result(self, outcome: int | _Fail, owner: Owner | None, seconds: float) -> ProbeResult:
+        pid = owner.pid if owner else None
+        if isinstance(outcome, _Fail):
+            if owner is not None and owner.pid is not None and not owner.trusted:
+                # A positively foreign process is the root cause, whatever it answered.
+                return ProbeResult(False, Failure.FOREIGN_OWNER, f"{owner.detail}; and the probe failed: "
+                                   f"{outcome.failure}: {outcome.detail}", pid, seconds, 0)
+            detail = outcome.detail
+            if owner is not None and owner.pid is None:
+                detail += f" ({owner.detail})"
+            return ProbeResult(False, outcome.failure, detail, pid, seconds, 0)
+        tokens = outcome
+        if owner is not None and not owner.trusted:
+            detail = owner.detail if owner.pid is not None else f"owner not proven: {owner.detail}"
+            return ProbeResult(False, Failure.FOREIGN_OWNER, detail, pid, seconds, tokens)
+        by = f" from {owner.detail}" if owner else " (owner not checked)"
+        return ProbeResult(True, None, f"{tokens} token(s) in {seconds:.3f} s{by}", pid, seconds, tokens)
+
+    def _payload(self, model: str) -> tuple[str, dict[str, Any]]:
+        t = self._t
+        if t.api == "sglang":
+            return "/generate", {"text": t.prompt,
+                                 "sampling_params": {"max_new_tokens": t.max_tokens, "temperature": 0}}
+        if t.api == "openai-completions":
+            return "/v1/completions", {"model": model, "prompt": t.prompt, "max_tokens": t.max_tokens,
+                                       "temperature": 0}
+        return "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": t.prompt}],
+                                        "max_tokens": t.max_tokens, "temperature": 0}
+
+    async def _generate(self, att: _Attempt) -> int:
+        model = ""
+        if self._t.api != "sglang":
+            model = self._t.model or self._model or await self._discover(att)
+        path, payload = self._payload(model)
+        att.phase = f"connecting to {self._host}:{self._port}"
+        att.conn = await self._connect(att)
+        att.phase = f"waiting for the answer to POST {path}"
+        await att.conn.request("POST", self._base + path, self._host_header, json.dumps(payload).encode())
+        resp = await att.conn.response(self._max_body)
+        if resp.status != 200:
+            raise _Fail(Failure.HTTP_STATUS, f"POST {path}: HTTP {resp.status} {resp.reason}".rstrip()
+                        + (f": {_excerpt(resp.body)}" if resp.body else ""))
+        doc = _json(resp.body, f"POST {path}")
+        tokens = _tokens_sglang(doc) if self._t.api == "sglang" else _tokens_openai(doc, self._t.api == "openai-chat")
+        if tokens < 1:
+            raise _Fail(Failure.BAD_RESPONSE, f"POST {path}: 200 but 0 generated tokens: {_excerpt(resp.body)}")
+        return tokens
+
+    async def _discover(self, att: _Attempt) -> str:
+        """The model id from GET /v1/models (data[0].id). Its own connection: this proves nothing."""
+        att.phase = "discovering the model (GET /v1/models)"
+        what = "model discovery: GET /v1/models"
+        sub = _Attempt()
+        try:
+            conn = await self._connect(sub)
+            try:
+                await conn.request("GET", self._base + "/v1/models", self._host_header, None)
+                resp = await conn.response(self._max_body)
+            finally:
+                await self._release(conn)
+        except _Fail as f:
+            raise _Fail(f.failure, f"{what}: {f.detail}") from None
+        except OSError as e:
+            if isinstance(e, TimeoutError):
+                raise
+            raise _Fail(Failure.REFUSED, f"{what}: the connection failed: {_oserror(e)}") from None
+        if resp.status != 200:
+            raise _Fail(Failure.HTTP_STATUS, f"{what}: HTTP {resp.status} {resp.reason}".rstrip()
+                        + (f": {_excerpt(resp.body)}" if resp.body else ""))
+        doc = _json(resp.body, what)
+        data = doc.get("data")
+        first = data[0] if isinstance(data, list) and data else None
+        model = first.get("id") if isinstance(first, dict) else None
+        if not isinstance(model, str) or not model:
+            raise _Fail(Failure.BAD_RESPONSE, f"{what}: no model listed (data[0].id): {_excerpt(resp.body)}")
+        self._model = model
+        return model
+
+    async def _connect(self, att: _Attempt) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM,
+                                           proto=socket.IPPROTO_TCP)
+        except OSError as e:
+            att.refused = True
+            raise _Fail(Failure.REFUSED, f"cannot resolve {self._host}: {_oserror(e)}") from None
+        addrs: list[tuple[int, tuple[Any, ...]]] = []
+        for info in infos:
+            if (info[0], info[4]) not in addrs:
+                addrs.append((int(info[0]), tuple(info[4])))
+        if self._t.verify_owner:
+            local = [a for a in addrs if _is_local(*a)]
+            if not local:
+                shown = ", ".join(str(sa[0]) for _, sa in addrs)
+                raise _Fail(Failure.FOREIGN_OWNER,
+                            f"{self._host} ({shown}) is not an address of this machine: the owner of a remote "
+                            "server cannot be proven (set verify_owner = false to probe it anyway)")
+            addrs = local
+        errors: list[str] = []
+        for family, sockaddr in addrs:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, sockaddr)
+                reader, writer = await asyncio.open_connection(
+                    sock=sock, ssl=self._ssl, server_hostname=self._host if self._ssl else None, limit=_HEAD_LIMIT)
+            except OSError as e:
+                sock.close()
+                errors.append(f"{sockaddr[0]!s} port {sockaddr[1]!s}: {_oserror(e)}")
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            conn = _Conn(reader, writer)
+            self._open.add(conn)
+            return conn
+        att.refused = True
+        raise _Fail(Failure.REFUSED, "cannot connect to " + "; ".join(errors))
+
+    async def _release(self, conn: _Conn) -> None:
+        self._open.discard(conn)
+        await conn.close()

@@ -1,0 +1,396 @@
+"""owner.py against real sockets and real processes: who holds the server side of a connection."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from genready import owner
+from genready.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
+
+DEADLINE = 10.0
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+HAS_V6 = _has_ipv6_loopback()
+LITTLE = sys.byteorder == "little"
+
+
+def addr(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, int]:
+    return sockaddr[0], sockaddr[1]
+
+
+def wait_for(cond: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+class Pair:
+    """A listener and a connected client on loopback; accept() on demand."""
+
+    def __init__(self, family: socket.AddressFamily, host: str, *, dual_stack: bool = False) -> None:
+        self.listener = socket.socket(family, socket.SOCK_STREAM)
+        if dual_stack:
+            self.listener.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self.listener.bind((host, 0))
+        self.listener.listen(8)
+        port = self.listener.getsockname()[1]
+        connect_host = "127.0.0.1" if dual_stack else host
+        self.client = socket.create_connection((connect_host, port), timeout=DEADLINE)
+        self.server: socket.socket | None = None
+
+    @property
+    def local(self) -> tuple[str, int]:
+        return addr(self.client.getsockname())
+
+    @property
+    def peer(self) -> tuple[str, int]:
+        return addr(self.client.getpeername())
+
+    def accept(self) -> socket.socket:
+        self.listener.settimeout(DEADLINE)
+        self.server, _ = self.listener.accept()
+        return self.server
+
+    def close(self) -> None:
+        for s in (self.client, self.server, self.listener):
+            if s is not None:
+                s.close()
+
+
+@pytest.fixture
+def pairs() -> Iterator[Callable[..., Pair]]:
+    made: list[Pair] = []
+
+    def make(family: socket.AddressFamily = socket.AF_INET, host: str = "127.0.0.1", **kw: bool) -> Pair:
+        made.append(Pair(family, host, **kw))
+        return made[-1]
+
+    yield make
+    for p in made:
+        p.close()
+
+
+FAMILIES = [
+    pytest.param(socket.AF_INET, "127.0.0.1", id="ipv4"),
+    pytest.param(socket.AF_INET6, "::1", id="ipv6",
+                 marks=pytest.mark.skipif(not HAS_V6, reason="::1 is not available here")),
+]
+
+
+# --- hex parsing of literal /proc/net/tcp lines ---------------------------------------------------
+
+@pytest.mark.skipif(not LITTLE, reason="the literals are as a little-endian kernel prints them")
+class TestHexParsing:
+    def test_ipv4_line(self) -> None:
+        line = ("   3: 0100007F:1F90 0100007F:D9A4 01 00000000:00000000 00:00000000 00000000  1000"
+                "        0 123456 1 0000000000000000 20 4 30 10 -1")
+        row = parse_tcp_line(line)
+        assert row.local == ("127.0.0.1", 8080)
+        assert row.remote == ("127.0.0.1", 55716)
+        assert row.state == 1 and row.uid == 1000 and row.inode == 123456
+
+    def test_ipv4_word_is_little_endian(self) -> None:
+        assert decode_hex_addr("0202000A:0050") == ("10.0.2.2", 80)
+        assert decode_hex_addr("020011AC:01BB") == ("172.17.0.2", 443)
+
+    def test_ipv6_loopback_and_global(self) -> None:
+        assert decode_hex_addr("00000000000000000000000001000000:7530") == ("::1", 30000)
+        # fd00::2 — each 32-bit word is byte-reversed on its own, not the whole 16 bytes.
+        assert decode_hex_addr("000000FD000000000000000002000000:0016") == ("fd00::2", 22)
+        assert decode_hex_addr("B80D0120000000000000000001000000:0001") == ("2001:db8::1", 1)
+
+    def test_ipv4_mapped_ipv6(self) -> None:
+        assert decode_hex_addr("0000000000000000FFFF00000100007F:7530") == ("::ffff:127.0.0.1", 30000)
+
+    def test_tcp6_line_listening_not_accepted(self) -> None:
+        line = ("   0: 0000000000000000FFFF00000100007F:7530 0000000000000000FFFF00000100007F:C350 03 "
+                "00000000:00000000 00:00000000 00000000     0        0 0 1 0000000000000000 20 4 0 10 -1")
+        row = parse_tcp_line(line)
+        assert row.local == ("::ffff:127.0.0.1", 30000) and row.remote == ("::ffff:127.0.0.1", 50000)
+        assert row.state == 3 and row.inode == 0
+
+    def test_encode_is_the_inverse(self) -> None:
+        for a in [("127.0.0.1", 8080), ("10.0.2.2", 80), ("::1", 30000), ("fd00::2", 22)]:
+            assert decode_hex_addr(encode_hex_addr(a)) == a
+        assert encode_hex_addr(("127.0.0.1", 30000), v6=True) == "0000000000000000FFFF00000100007F:7530"
+
+    @pytest.mark.parametrize("bad", ["", "0100007F", "0100007F:1F9", "0100007:1F90", "XX00007F:1F90"])
+    def test_malformed_address(self, bad: str) -> None:
+        with pytest.raises(ValueError):
+            decode_hex_addr(bad)
+
+    def test_header_line_is_not_a_row(self) -> None:
+        with pytest.raises(ValueError):
+            parse_tcp_line("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid")
+
+
+# --- the server socket's inode ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("family", "host"), FAMILIES)
+@pytest.mark.parametrize("use_diag", [True, False], ids=["sock_diag", "proc"])
+def test_inode_zero_before_accept_then_the_accepted_socket(
+        pairs: Callable[..., Pair], family: socket.AddressFamily, host: str, use_diag: bool) -> None:
+    p = pairs(family, host)
+    row = owner.find_tcp_row(p.peer, p.local, use_diag=use_diag)
+    assert row is not None and row.inode == 0  # in the backlog, not accepted
+    assert owner.server_socket_inode(p.local, p.peer) == 0
+    assert find_owner(p.local, p.peer, os.getpid()) == Owner(
+        None, False, "not accepted yet (the server has not accept()ed the connection)")
+    srv = p.accept()
+    row = owner.find_tcp_row(p.peer, p.local, use_diag=use_diag)
+    assert row is not None and row.inode == os.fstat(srv.fileno()).st_ino
+    assert row.local == p.peer and row.state == 1
+    assert owner.server_socket_inode(p.local, p.peer) == os.fstat(srv.fileno()).st_ino
+
+
+@pytest.mark.skipif(not HAS_V6, reason="::1 is not available here")
+@pytest.mark.parametrize("use_diag", [True, False], ids=["sock_diag", "proc"])
+def test_dual_stack_server_sees_ipv4_client_as_mapped(pairs: Callable[..., Pair], use_diag: bool) -> None:
+    p = pairs(socket.AF_INET6, "::", dual_stack=True)
+    srv = p.accept()
+    assert p.peer[0] == "127.0.0.1"  # the client is plain IPv4; the server row is in tcp6
+    row = owner.find_tcp_row(p.peer, p.local, use_diag=use_diag)
+    assert row is not None and row.inode == os.fstat(srv.fileno()).st_ino
+    assert find_owner(p.local, p.peer, os.getpid()).pid == os.getpid()
+
+
+def test_no_row_for_a_connection_that_does_not_exist(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    p.accept()
+    bogus = (p.local[0], p.local[1] ^ 1)  # same host, a port we did not connect from
+    assert owner.server_socket_inode(bogus, p.peer) is None
+    o = find_owner(bogus, p.peer, os.getpid())
+    assert o.pid is None and not o.trusted and "no server-side socket" in o.detail
+
+
+def test_server_closed_its_side(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    p.accept().close()
+    p.server = None
+    # The server's socket goes FIN_WAIT2 (or TIME_WAIT) with no inode: not "not accepted yet".
+    o = find_owner(p.local, p.peer, os.getpid())
+    assert o.pid is None and not o.trusted
+    assert "closed" in o.detail or "no server-side socket" in o.detail
+
+
+# --- the owning process -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("family", "host"), FAMILIES)
+def test_owner_is_this_process(pairs: Callable[..., Pair], family: socket.AddressFamily, host: str) -> None:
+    p = pairs(family, host)
+    p.accept()
+    assert find_owner(p.local, p.peer, os.getpid()) == Owner(os.getpid(), True, f"pid {os.getpid()} (main)")
+
+
+HOLDER = textwrap.dedent("""
+    import os, socket, subprocess, sys
+    depth = int(sys.argv[1])
+    if depth > 0:  # become a parent of the real holder, and report its pid too
+        # stdin and stdout are inherited: the leaf reports to the test and blocks on its stdin.
+        sys.exit(subprocess.call([sys.executable, "-c", sys.argv[2], str(depth - 1), sys.argv[2]]))
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(1)
+    print(os.getpid(), ls.getsockname()[1], flush=True)
+    conn, _ = ls.accept()
+    print("accepted", flush=True)
+    sys.stdin.read()  # hold the connection until the test closes our stdin
+""")
+
+
+class Holder:
+    """A process tree (depth 0: one child; depth 1: child + grandchild) whose leaf accepts one
+    connection from us and holds it."""
+
+    def __init__(self, depth: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(depth), HOLDER],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        pid, port = self._line().split()
+        self.leaf_pid = int(pid)
+        self.client = socket.create_connection(("127.0.0.1", int(port)), timeout=DEADLINE)
+        assert self._line() == "accepted"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], DEADLINE)
+        assert ready, "the holder process did not answer in time"
+        return self.proc.stdout.readline().strip()
+
+    @property
+    def local(self) -> tuple[str, int]:
+        return addr(self.client.getsockname())
+
+    @property
+    def peer(self) -> tuple[str, int]:
+        return addr(self.client.getpeername())
+
+    def close(self) -> None:
+        self.client.close()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def holder() -> Iterator[Callable[[int], Holder]]:
+    made: list[Holder] = []
+
+    def make(depth: int) -> Holder:
+        made.append(Holder(depth))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+@pytest.fixture
+def unrelated_pid() -> Iterator[int]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_child_holding_the_socket_is_trusted_under_its_parent(holder: Callable[[int], Holder]) -> None:
+    h = holder(0)
+    assert h.leaf_pid == h.proc.pid
+    o = find_owner(h.local, h.peer, os.getpid())  # we are the child's parent
+    assert o == Owner(h.leaf_pid, True, f"pid {h.leaf_pid} (descendant of main pid {os.getpid()})")
+    assert find_owner(h.local, h.peer, h.leaf_pid) == Owner(h.leaf_pid, True, f"pid {h.leaf_pid} (main)")
+
+
+def test_grandchild_is_a_descendant(holder: Callable[[int], Holder]) -> None:
+    h = holder(1)
+    assert h.leaf_pid != h.proc.pid
+    o = find_owner(h.local, h.peer, h.proc.pid)
+    assert o == Owner(h.leaf_pid, True, f"pid {h.leaf_pid} (descendant of main pid {h.proc.pid})")
+
+
+def test_unrelated_main_pid_makes_the_holder_foreign(holder: Callable[[int], Holder], unrelated_pid: int) -> None:
+    h = holder(0)
+    o = find_owner(h.local, h.peer, unrelated_pid)
+    assert o.pid == h.leaf_pid and not o.trusted
+    assert o.detail.startswith(f"pid {h.leaf_pid} is not main pid {unrelated_pid} or its descendant")
+    assert "python" in o.detail  # names the process for the operator
+
+
+def test_a_main_pid_that_does_not_exist(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    p.accept()
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid is free (and, within this test, not reused by anything of ours)
+    o = find_owner(p.local, p.peer, dead.pid)
+    assert o.pid == os.getpid() and not o.trusted
+
+
+def test_no_main_pid(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    p.accept()
+    o = find_owner(p.local, p.peer, 0)
+    assert o.pid == os.getpid() and not o.trusted and "no main pid" in o.detail
+
+
+def test_holder_exiting_mid_lookup_is_not_an_error(holder: Callable[[int], Holder]) -> None:
+    h = holder(0)
+    local, peer = h.local, h.peer
+    h.proc.kill()
+    h.proc.wait()
+    o = find_owner(local, peer, os.getpid())  # the socket died with its process: nothing found, no raise
+    assert o.pid is None and not o.trusted
+
+
+# --- permissions --------------------------------------------------------------------------------
+
+def _as_nobody(check: Callable[[], object], close: list[socket.socket]) -> object:
+    """Run check() in a forked child that closed `close` (a fork shares every fd, so the child
+    would otherwise hold the very socket it looks for) and dropped to uid/gid 65534."""
+    import json
+
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        status = 1
+        try:
+            os.close(rfd)
+            for sock in close:
+                sock.close()
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(wfd, json.dumps(check()).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        ready, _, _ = select.select([r], [], [], DEADLINE)
+        assert ready, "the unprivileged child did not answer in time"
+        data = r.read()
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"child failed with status {status}"
+    return json.loads(data)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a check as another user")
+def test_permission_denied_is_reported_never_trusted(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    srv = p.accept()  # held by this (root) process
+    main_pid = os.getpid()
+
+    def check() -> object:
+        o = find_owner(p.local, p.peer, main_pid)
+        return [o.pid, o.trusted, o.detail, owner.owner_check_unavailable()]
+
+    result = _as_nobody(check, [srv, p.listener])
+    assert isinstance(result, list)
+    pid, trusted, detail, unavailable = result
+    assert pid is None and trusted is False
+    assert "permission denied" in detail
+    assert unavailable is not None and "CAP_SYS_PTRACE" in unavailable
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root with all capabilities expected")
+def test_owner_check_available_as_root() -> None:
+    caps = owner._effective_caps()
+    if not caps & (1 << 19):
+        pytest.skip("root without CAP_SYS_PTRACE here")
+    assert owner.owner_check_unavailable() is None
+
+
+def test_lookup_cost(pairs: Callable[..., Pair]) -> None:
+    p = pairs()
+    p.accept()
+    n = 50
+    t = time.perf_counter()
+    for _ in range(n):
+        assert find_owner(p.local, p.peer, os.getpid()).trusted
+    per = (time.perf_counter() - t) / n
+    # A generous ceiling (budget is ~2 ms); it catches a regression to whole-/proc scans.
+    assert per < 0.02, f"{per * 1e3:.2f} ms per lookup"

@@ -1,0 +1,522 @@
+"""probe.py against real HTTP servers on loopback: every failure class, for every API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from genready.config import TargetConfig
+from genready.probe import Failure, Prober, ProbeResult
+
+APIS = ["sglang", "openai-completions", "openai-chat"]
+OPENAI = ["openai-completions", "openai-chat"]
+ROUTE = {"sglang": "/generate", "openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+ME = os.getpid()  # the in-test servers run in this process
+
+
+def target(url: str, api: str = "sglang", **kw: Any) -> TargetConfig:
+    values: dict[str, Any] = dict(
+        name="t", unit="llm.service", url=url, api=api, model="", prompt="Say OK.", max_tokens=1,
+        probe_timeout=5.0, backoff_initial=0.25, backoff_max=2.0, warmup=1, load_timeout=1800.0,
+        recheck_interval=0.0, failure_threshold=3, verify_owner=True, gate_startup=True)
+    values.update(kw)
+    return TargetConfig(**values)
+
+
+async def probe_once(t: TargetConfig, main_pid: int = ME, **kw: Any) -> ProbeResult:
+    prober = Prober(t, **kw)
+    try:
+        return await prober.probe(main_pid)
+    finally:
+        await prober.close()
+
+
+def ok_doc(path: str, model: str) -> dict[str, Any]:
+    usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    if path == "/generate":
+        return {"text": " OK", "output_ids": [11],
+                "meta_info": {"id": "a", "finish_reason": {"type": "length"}, "prompt_tokens": 3,
+                              "completion_tokens": 1, "e2e_latency": 0.01}}
+    if path == "/v1/completions":
+        return {"id": "c", "object": "text_completion", "model": model,
+                "choices": [{"index": 0, "text": " OK", "finish_reason": "length"}], "usage": usage}
+    return {"id": "c", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"}, "finish_reason": "length"}],
+            "usage": usage}
+
+
+def zero_doc(path: str) -> dict[str, Any]:
+    if path == "/generate":
+        return {"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}
+    if path == "/v1/completions":
+        return {"choices": [{"index": 0, "text": ""}], "usage": {"completion_tokens": 0}}
+    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}],
+            "usage": {"completion_tokens": 0}}
+
+
+@dataclass
+class Sim:
+    """An in-process LLM server whose behaviour each test sets."""
+
+    mode: str = "ok"
+    models_mode: str = "ok"
+    model: str = "m1"
+    seen: list[tuple[str, Any]] = field(default_factory=list)  # (path, JSON body or None)
+    client_ports: list[int] = field(default_factory=list)
+    url: str = ""
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # ends "hang" handlers at teardown
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.seen.append((request.path, body))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.client_ports.append(peer[1] if peer else -1)
+        if request.path != "/generate" and body.get("model") != self.model:
+            return web.json_response({"object": "error", "message": "model not found"}, status=404)
+        mode = self.mode
+        if mode == "ok":
+            return web.json_response(ok_doc(request.path, self.model))
+        if mode == "chunked":
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            raw = json.dumps(ok_doc(request.path, self.model)).encode()
+            for i in range(0, len(raw), 7):  # many small chunks
+                await resp.write(raw[i:i + 7])
+            await resp.write_eof()
+            return resp
+        if mode == "503":
+            return web.Response(status=503, text="Loading model, please wait")
+        if mode == "not_json":
+            return web.Response(text="<html><body>OK</body></html>", content_type="text/html")
+        if mode == "list":
+            return web.json_response(["OK"])
+        if mode == "wrong_shape":
+            return web.json_response({"result": "OK"})
+        if mode == "zero_tokens":
+            return web.json_response(zero_doc(request.path))
+        if mode == "error_200":
+            return web.json_response({"error": {"message": "CUDA out of memory"}})
+        if mode == "over_cap":
+            return web.json_response({**ok_doc(request.path, self.model), "pad": "x" * 8192})
+        raise AssertionError(f"unknown mode {mode}")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.path, None))
+        if self.models_mode == "ok":
+            return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        if self.models_mode == "503":
+            return web.Response(status=503, text="starting")
+        if self.models_mode == "empty":
+            return web.json_response({"object": "list", "data": []})
+        if self.models_mode == "garbage":
+            return web.Response(text="{not json")
+        if self.models_mode == "hang":
+            await self.release.wait()
+            return web.Response(status=503, text="too late")
+        raise AssertionError(f"unknown models_mode {self.models_mode}")
+
+    def generations(self) -> list[tuple[str, Any]]:
+        return [s for s in self.seen if s[0] != "/v1/models"]
+
+
+async def start_sim(host: str = "127.0.0.1") -> tuple[Sim, web.AppRunner]:
+    sim = Sim()
+    app = web.Application()
+    app.router.add_post("/generate", sim.generate)
+    app.router.add_post("/v1/completions", sim.generate)
+    app.router.add_post("/v1/chat/completions", sim.generate)
+    app.router.add_get("/v1/models", sim.models)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    sim.url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    return sim, runner
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[Sim]:
+    s, runner = await start_sim()
+    yield s
+    s.release.set()
+    await runner.cleanup()
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
+    """Raw asyncio servers for what aiohttp will not do: hang, garbage, endless bodies."""
+    servers: list[asyncio.Server] = []
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def start(handler: Handler) -> str:
+        async def run(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            tasks.add(task)
+            try:
+                await handler(reader, writer)
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(run, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+    yield start
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for s in servers:
+        s.close()
+        await s.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            await reader.readexactly(int(line.split(b":")[1]))
+
+
+@pytest.fixture
+def unrelated_pid() -> Iterator[int]:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A port nothing listens on: bound (so nobody else takes it) but not listening."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    yield s.getsockname()[1]
+    s.close()
+
+
+# --- ok -----------------------------------------------------------------------------------------
+
+EXPECTED_REQUEST = {
+    "sglang": {"text": "Say OK.", "sampling_params": {"max_new_tokens": 1, "temperature": 0}},
+    "openai-completions": {"model": "m1", "prompt": "Say OK.", "max_tokens": 1, "temperature": 0},
+    "openai-chat": {"model": "m1", "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1,
+                    "temperature": 0},
+}
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_ok(sim: Sim, api: str) -> None:
+    r = await probe_once(target(sim.url, api))
+    assert r.ok and r.failure is None, r
+    assert r.served_by_pid == ME and r.tokens == 1
+    assert f"pid {ME} (main)" in r.detail
+    assert 0 < r.seconds < 5
+    assert sim.generations() == [(ROUTE[api], EXPECTED_REQUEST[api])]
+    assert [p for p, _ in sim.seen].count("/v1/models") == (1 if api in OPENAI else 0)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_ok_chunked_answer(sim: Sim, api: str) -> None:
+    sim.mode = "chunked"
+    r = await probe_once(target(sim.url, api))
+    assert r.ok, r
+    assert r.served_by_pid == ME
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_configured_model_skips_discovery(sim: Sim, api: str) -> None:
+    r = await probe_once(target(sim.url, api, model="m1"))
+    assert r.ok, r
+    assert [p for p, _ in sim.seen] == [ROUTE[api]]
+
+
+async def test_ok_over_ipv6() -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("::1 is not available here")
+    s6, runner = await start_sim("::1")
+    try:
+        r = await probe_once(target(s6.url, "sglang"))
+        assert r.ok and r.served_by_pid == ME, r
+    finally:
+        await runner.cleanup()
+
+
+async def test_localhost_tries_each_address(sim: Sim) -> None:
+    # localhost may resolve to ::1 first; the sim listens on 127.0.0.1 only.
+    r = await probe_once(target(sim.url.replace("127.0.0.1", "localhost"), "sglang"))
+    assert r.ok and r.served_by_pid == ME, r
+
+
+async def test_url_path_prefix_is_kept(raw: Callable[[Handler], Awaitable[str]]) -> None:
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        seen.append(head.split(b"\r\n")[0])
+        body = json.dumps(ok_doc("/generate", "")).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        await reader.read()  # keep the connection until the client closes it
+
+    url = await raw(handler)
+    r = await probe_once(target(url + "/llm/", "sglang"))
+    assert r.ok, r
+    assert seen == [b"POST /llm/generate HTTP/1.1"]
+
+
+async def test_each_probe_uses_a_fresh_connection(sim: Sim) -> None:
+    prober = Prober(target(sim.url, "sglang"))
+    try:
+        results = [await prober.probe(ME) for _ in range(3)]
+    finally:
+        await prober.close()
+    assert all(r.ok for r in results), results
+    assert len(set(sim.client_ports)) == 3
+
+
+# --- refused ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+async def test_refused(closed_port: int, api: str) -> None:
+    r = await probe_once(target(f"http://127.0.0.1:{closed_port}", api, model="m1"))
+    assert r.failure is Failure.REFUSED and not r.ok, r
+    assert "refused" in r.detail.lower()
+    assert r.served_by_pid is None
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_refused_during_discovery(closed_port: int, api: str) -> None:
+    r = await probe_once(target(f"http://127.0.0.1:{closed_port}", api))
+    assert r.failure is Failure.REFUSED, r
+    assert r.detail.startswith("model discovery")
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_closed_or_reset_without_answer_is_refused(raw: Callable[[Handler], Awaitable[str]], how: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        if how == "reset":
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "sglang"))
+    assert r.failure is Failure.REFUSED, r
+
+
+# --- timeout ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+async def test_timeout_accepts_but_never_answers(raw: Callable[[Handler], Awaitable[str]], api: str) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.Event().wait()
+
+    url = await raw(handler)
+    r = await probe_once(target(url, api, model="m1", probe_timeout=0.3))
+    assert r.failure is Failure.TIMEOUT, r
+    assert 0.3 <= r.seconds < 2.0
+    assert "waiting for the answer" in r.detail
+    assert r.served_by_pid == ME  # who held the hanging connection is still reported
+
+
+async def test_timeout_never_accepted() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # the kernel completes handshakes into the backlog; nobody accept()s
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        r = await probe_once(target(url, "sglang", probe_timeout=0.3))
+    finally:
+        listener.close()
+    assert r.failure is Failure.TIMEOUT, r
+    assert "not accepted yet" in r.detail
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_timeout_during_discovery_counts_against_the_probe(sim: Sim, api: str) -> None:
+    sim.models_mode = "hang"
+    r = await probe_once(target(sim.url, api, probe_timeout=0.3))
+    assert r.failure is Failure.TIMEOUT, r
+    assert "discovering the model" in r.detail
+    assert sim.generations() == []
+
+
+# --- http_status --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+async def test_http_503(sim: Sim, api: str) -> None:
+    sim.mode = "503"
+    r = await probe_once(target(sim.url, api))
+    assert r.failure is Failure.HTTP_STATUS, r
+    assert "HTTP 503" in r.detail and "Loading model" in r.detail
+    assert r.served_by_pid == ME
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_unknown_model_is_http_status(sim: Sim, api: str) -> None:
+    r = await probe_once(target(sim.url, api, model="nope"))
+    assert r.failure is Failure.HTTP_STATUS, r
+    assert "HTTP 404" in r.detail and "model not found" in r.detail
+
+
+# --- bad_response -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(("mode", "says"), [
+    ("not_json", "not JSON"), ("list", "expected a JSON object"), ("wrong_shape", "no "),
+    ("zero_tokens", "0 generated tokens"), ("error_200", "reported an error"), ("over_cap", "cap"),
+])
+async def test_bad_response(sim: Sim, api: str, mode: str, says: str) -> None:
+    sim.mode = mode
+    r = await probe_once(target(sim.url, api), max_body=4096)
+    assert r.failure is Failure.BAD_RESPONSE, r
+    assert says in r.detail
+    assert r.tokens == 0
+
+
+async def test_endless_body_stops_at_the_cap(raw: Callable[[Handler], Awaitable[str]]) -> None:
+    sent = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:  # until the client goes away
+            writer.write(b"1000\r\n" + b"x" * 0x1000 + b"\r\n")
+            sent += 0x1000
+            await writer.drain()
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "sglang", probe_timeout=5.0), max_body=64 * 1024)
+    assert r.failure is Failure.BAD_RESPONSE, r  # not a timeout: we stopped reading
+    assert "cap" in r.detail and r.seconds < 2.0
+
+
+async def test_declared_length_over_the_cap_is_not_read(raw: Callable[[Handler], Awaitable[str]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n{")
+        await asyncio.Event().wait()  # never sends the rest: a reader that waited would time out
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "sglang", probe_timeout=2.0), max_body=1 << 20)
+    assert r.failure is Failure.BAD_RESPONSE, r
+    assert "1000000000 bytes" in r.detail
+
+
+@pytest.mark.parametrize("answer", [b"hello there\r\n", b"HTTP/1.1 abc\r\n\r\n", b"HTTP/1.1 200 OK\r\nbroken\r\n\r\n"])
+async def test_garbage_instead_of_http(raw: Callable[[Handler], Awaitable[str]], answer: bytes) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await asyncio.Event().wait()  # and then hang: still a bad response, not a timeout
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "sglang", probe_timeout=2.0))
+    assert r.failure is Failure.BAD_RESPONSE, r
+
+
+# --- model discovery ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", OPENAI)
+@pytest.mark.parametrize(("models_mode", "failure"), [
+    ("503", Failure.HTTP_STATUS), ("empty", Failure.BAD_RESPONSE), ("garbage", Failure.BAD_RESPONSE),
+])
+async def test_discovery_failures(sim: Sim, api: str, models_mode: str, failure: Failure) -> None:
+    sim.models_mode = models_mode
+    r = await probe_once(target(sim.url, api))
+    assert r.failure is failure, r
+    assert r.detail.startswith("model discovery")
+    assert sim.generations() == []  # discovery alone never counts
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_rediscovery_after_a_failure(sim: Sim, api: str) -> None:
+    prober = Prober(target(sim.url, api))
+    try:
+        assert (await prober.probe(ME)).ok
+        assert (await prober.probe(ME)).ok
+        assert [p for p, _ in sim.seen].count("/v1/models") == 1  # cached while it works
+        sim.model = "m2"  # the server was replaced by one serving another model
+        r = await prober.probe(ME)
+        assert r.failure is Failure.HTTP_STATUS, r
+        r = await prober.probe(ME)
+        assert r.ok, r
+        assert sim.generations()[-1][1]["model"] == "m2"
+    finally:
+        await prober.close()
+
+
+# --- foreign_owner ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+async def test_foreign_owner(sim: Sim, api: str, unrelated_pid: int) -> None:
+    r = await probe_once(target(sim.url, api), main_pid=unrelated_pid)
+    assert r.failure is Failure.FOREIGN_OWNER and not r.ok, r
+    assert r.served_by_pid == ME
+    assert f"pid {ME} is not main pid {unrelated_pid}" in r.detail
+    assert len(sim.generations()) == 1  # it did generate; it just was not the unit's process
+
+
+async def test_foreign_owner_outranks_the_failure_it_served(sim: Sim, unrelated_pid: int) -> None:
+    sim.mode = "503"
+    r = await probe_once(target(sim.url, "sglang"), main_pid=unrelated_pid)
+    assert r.failure is Failure.FOREIGN_OWNER, r
+    assert "HTTP 503" in r.detail and r.served_by_pid == ME
+
+
+async def test_owner_not_checked_when_disabled(sim: Sim, unrelated_pid: int) -> None:
+    r = await probe_once(target(sim.url, "sglang", verify_owner=False), main_pid=unrelated_pid)
+    assert r.ok and r.served_by_pid is None, r
+
+
+async def test_remote_host_cannot_be_owner_checked() -> None:
+    # 203.0.113.0/24 is TEST-NET-3: never an address of this machine. No connection is attempted.
+    r = await probe_once(target("http://203.0.113.7:30000", "sglang", probe_timeout=2.0))
+    assert r.failure is Failure.FOREIGN_OWNER, r
+    assert "not an address of this machine" in r.detail and r.seconds < 1.0
+
+
+async def test_server_that_closes_cannot_be_proven(raw: Callable[[Handler], Awaitable[str]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        body = json.dumps(ok_doc("/generate", "")).encode()
+        # No Content-Length: the body ends when the server closes, so its socket is gone before
+        # the client has the answer. A good answer, but no proof of who gave it.
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+        await writer.drain()
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "sglang"))
+    assert r.failure is Failure.FOREIGN_OWNER, r
+    assert r.served_by_pid is None and r.tokens == 1
+    assert "owner not proven" in r.detail and "keep-alive" in r.detail
+
+
+async def test_a_closed_prober_refuses_to_probe(sim: Sim) -> None:
+    prober = Prober(target(sim.url, "sglang"))
+    await prober.close()
+    with pytest.raises(RuntimeError):
+        await prober.probe(ME)
