@@ -24,7 +24,7 @@ PY = sys.executable
 GENREADY = [PY, "-m", "genready.cli"]
 
 
-def wait_for(cond: Callable[[], T], timeout: float = 20.0, what: str = "condition", interval: float = 0.02) -> T:
+def wait_for(cond: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.02) -> T:
     """Poll `cond` until it returns something truthy; AssertionError naming `what` at the deadline."""
     deadline = time.monotonic() + timeout
     last: T | None = None
@@ -62,7 +62,10 @@ def http(url: str, timeout: float = 5.0) -> tuple[int, Any]:
 def sim_unit(port: int, *flags: str, restart: str = "no", extra: str = "") -> str:
     """A unit file running the simulator, output kept in a file (there is no journald here)."""
     args = " ".join(["--port", str(port), *flags])
-    return f"""[Service]
+    return f"""[Unit]
+StartLimitIntervalSec=0
+
+[Service]
 ExecStart={PY} -m genready.cli simulate {args}
 Restart={restart}
 RestartSec=0.1

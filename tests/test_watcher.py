@@ -17,7 +17,10 @@ from genready.usermanager import UserManager
 from genready.watcher import Snapshot, Watcher, unit_path
 from tests.helpers import Genready, free_port, show, wait_for
 
-SLEEPER = """[Service]
+SLEEPER = """[Unit]
+StartLimitIntervalSec=0
+
+[Service]
 ExecStart=/bin/sleep infinity
 Restart={restart}
 RestartSec=0.05
@@ -34,6 +37,14 @@ def test_unit_path_matches_systemd(manager: UserManager) -> None:
     assert out == "dbus.service"
     assert unit_path("web-1.service") == b"/org/freedesktop/systemd1/unit/web_2d1_2eservice"
     assert unit_path("a@b.service") == b"/org/freedesktop/systemd1/unit/a_40b_2eservice"
+
+
+def new_start(manager: UserManager, unit: str, old: tuple[int, str]) -> tuple[int, str]:
+    """Wait until systemd shows a running start other than `old`; its (MainPID, InvocationID)."""
+    def changed() -> tuple[int, str] | None:
+        s = show(manager, unit)
+        return s if s != old and s[0] != 0 else None
+    return wait_for(changed, 10, "a new start")
 
 
 def _records_match(g: Genready, unit_starts: list[tuple[int, str]]) -> bool:
@@ -56,8 +67,7 @@ def test_every_start_is_recorded_with_systemds_pid_and_invocation(manager: UserM
                 manager.systemctl("restart", "--no-block", unit)
             else:
                 manager.systemctl("kill", "-s", "SIGKILL", unit)  # Restart=always brings it back
-            starts.append(wait_for(lambda old=old: (s := show(manager, unit)) != old and s[0] != 0 and s,  # type: ignore[misc]
-                                   10, "a new start"))
+            starts.append(new_start(manager, unit, old))
             wait_for(lambda: _records_match(g, starts), 10, f"record of start {i}")
         recs = g.records("t")
     invocations = [r["invocation_id"] for r in recs]
@@ -85,7 +95,7 @@ def test_sigkill_genready_loses_and_duplicates_nothing(manager: UserManager, tmp
         wait_for(lambda: _records_match(g, seen), 10, "records of the restarts")
     manager.systemctl("restart", "--no-block", unit)
     g.stop(signal.SIGKILL)  # in the middle of a restart
-    seen.append(wait_for(lambda: (s := show(manager, unit))[0] and s != seen[-1] and s, 10, "the last start"))
+    seen.append(new_start(manager, unit, seen[-1]))
     g2 = Genready(manager, tmp_path, {"t": target(unit)}).start()
     try:
         wait_for(lambda: _records_match(g2, seen), 10, "every start after the restart of genready")

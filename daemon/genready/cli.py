@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import tomli_w
 
@@ -78,6 +79,105 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_target(args: argparse.Namespace, cfg: config.Config | None) -> str | None:
+    """The TARGET argument, or the only configured target; None means "every target"."""
+    if args.target:
+        return str(args.target)
+    if cfg is not None and len(cfg.targets) == 1:
+        return next(iter(cfg.targets))
+    return None
+
+
+def _config_if_needed(args: argparse.Namespace) -> config.Config | None:
+    return None if args.url and args.target else load_config(args.config)
+
+
+def _ready_path(target: str | None, **query: object) -> str:
+    q = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
+    return (f"/ready/{target}" if target else "/ready") + (f"?{q}" if q else "")
+
+
+def wait_ready(base: str, target: str | None, timeout: float, since: float | None) -> tuple[int, Any]:
+    """Long-poll /ready until ready or `timeout`; (HTTP status, body). Exits 69 if unreachable."""
+    from genready import client
+
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        chunk = min(left, 3000.0)  # the API caps one long-poll at 3600 s
+        try:
+            code, body = client.request(base, _ready_path(target, wait=f"{chunk:.3f}", since=since),
+                                        timeout=chunk + 30)
+        except client.Unreachable as e:
+            client.unreachable(base, e)
+        if code != 503 or deadline - time.monotonic() <= 0:
+            return code, body
+
+
+def _print_ready(body: Any) -> None:
+    for t in body.get("targets", [body]) if isinstance(body, dict) else []:
+        print(f"{t.get('target')}: ready pid {t.get('pid')} invocation {t.get('invocation_id')}"
+              f" (loaded in {t.get('load_seconds')}s)")
+
+
+def _print_not_ready(body: Any) -> None:
+    for t in body.get("targets", [body]) if isinstance(body, dict) else []:
+        print(f"genready: {t.get('target')}: not ready: {t.get('state')}: {t.get('reason') or t.get('error')}",
+              file=sys.stderr)
+
+
+def cmd_wait(args: argparse.Namespace) -> int:
+    cfg = _config_if_needed(args)
+    target = _one_target(args, cfg)
+    code, body = wait_ready(_api_base(args), target, args.timeout, args.since)
+    if code == 200:
+        _print_ready(body)
+        return 0
+    if code == 404 or code == 400:
+        die(str(body.get("error")), status=2)
+    _print_not_ready(body)
+    return 1
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    from genready import watcher
+
+    cfg = load_config(args.config)
+    target = _one_target(args, cfg)
+    if target is None or target not in cfg.targets:
+        die(f"name a target to restart; configured: {', '.join(cfg.targets)}", status=2)
+    unit = cfg.targets[target].unit
+    # since= compares against the new process's start time, so take T before asking systemd.
+    t0 = time.time()
+    try:
+        watcher.restart_unit(cfg.daemon.bus, unit)
+    except Exception as e:
+        die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
+            hint="restarting a system unit needs root or a polkit rule", status=1)
+    print(f"{target}: restart of {unit} requested; waiting for a verified start newer than it", file=sys.stderr)
+    code, body = wait_ready(_api_base(args), target, args.timeout, t0)
+    if code == 200:
+        _print_ready(body)
+        return 0
+    _print_not_ready(body)
+    return 1
+
+
+def cmd_guard(args: argparse.Namespace) -> int:
+    from genready import guard
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        die("guard needs a command: genready guard [TARGET] -- CMD ARGS...", status=2)
+    cfg = _config_if_needed(args)
+    target = _one_target(args, cfg)
+    if target is None:
+        die("name the target to guard", status=2)
+    return guard.run(_api_base(args), target, cmd, interval=args.interval)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genready",
@@ -109,6 +209,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
     sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
     sp.set_defaults(func=cmd_status)
+
+    def client_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
+        sp.add_argument("--config", metavar="PATH", help=config_help)
+        sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+
+    sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid")
+    client_args(sp)
+    sp.add_argument("--timeout", type=float, default=900.0, metavar="S", help="give up after S seconds "
+                    "(0: answer at once); default 900")
+    sp.add_argument("--since", type=float, metavar="TS", help="only count a start that began after this Unix time")
+    sp.set_defaults(func=cmd_wait)
+
+    sp = add("restart", "restart TARGET's unit (D-Bus RestartUnit, your own privileges) and wait until a start "
+             "newer than the restart is verified")
+    client_args(sp)
+    sp.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="default 1800")
+    sp.set_defaults(func=cmd_restart)
+
+    sp = add("guard", "run CMD only while TARGET is ready; exit 75 if it was not, or if the verified instance "
+             "changed or readiness was revoked while CMD ran; otherwise CMD's exit status")
+    client_args(sp)
+    sp.add_argument("--interval", type=float, default=0.2, metavar="S", help="how often to re-check readiness")
+    sp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    sp.set_defaults(func=cmd_guard)
 
     from genready import sim  # the simulator owns its flags
 

@@ -198,7 +198,9 @@ class TargetGate:
         if not s.invocation_id:
             return
         rec = self.store.get(self.name, s.invocation_id)
-        alive = s.active_state in ("activating", "active", "reloading")
+        # activating/auto-restart still carries the old InvocationID while the new MainPID may
+        # already be announced; only a start in progress or running owns its MainPID.
+        alive = s.active_state in ("activating", "active", "reloading") and s.sub_state != "auto-restart"
         if rec is None:
             self._end_open_records(s)
             rec = StartRecord(
@@ -210,6 +212,8 @@ class TargetGate:
             )
             self.store.put(rec)
             self.listener.start_seen(self, rec)
+        if rec.ended_at is not None:
+            return  # an ended start is final
         new = rec
         # During a restart systemd announces the new MainPID a moment before the new
         # InvocationID; only a live unit's MainPID belongs to its current invocation.

@@ -66,6 +66,7 @@ class UserManager:
         self.unit_dir.mkdir(parents=True, exist_ok=True)
         env = self.env
         env.pop("NOTIFY_SOCKET", None)  # a manager inside a unit must not notify that unit's manager
+        env["SYSTEMD_LOG_TARGET"] = "console"  # there is no journald: keep the manager's log in a file
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", _BOOT.format(systemd=SYSTEMD)],

@@ -120,6 +120,16 @@ def open_bus(kind: str) -> DBus:
     return bus
 
 
+def restart_unit(bus_kind: str, unit: str) -> None:
+    """Queue a restart job (Manager.RestartUnit, mode "replace") with the caller's privileges."""
+    bus = open_bus(bus_kind)
+    try:
+        bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"RestartUnit",
+                        [(ord("s"), unit.encode()), (ord("s"), b"replace")])
+    finally:
+        bus.close()
+
+
 OnChange = Callable[[str, "Snapshot | None"], None]
 
 
@@ -193,8 +203,10 @@ class Watcher:
         bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
         for path in self._by_path:
             bus.match_signal(SYSTEMD, path, PROPS_IFACE, b"PropertiesChanged", on_props)
-        for member in (b"Reloading", b"UnitNew", b"UnitRemoved"):
-            bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, member, on_manager)
+        # Not UnitNew/UnitRemoved: reading a not-found unit loads it (UnitNew) and systemd
+        # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
+        # without daemon-reload announces itself through PropertiesChanged on its path.
+        bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Reloading", on_manager)
         loop.add_reader(bus.get_fd(), self._drain)
         self.connected = True
         self.connects += 1
@@ -212,6 +224,7 @@ class Watcher:
                 asyncio.get_running_loop().remove_reader(bus.get_fd())
             with contextlib.suppress(Exception):
                 bus.close()
+        self._snaps.clear()  # after a reconnect every unit is reported afresh
         if was_connected:
             self.last_error = why
             log.warning("lost the %s bus (%s); every target is unknown until it is back", self.bus_kind, why)
@@ -250,16 +263,13 @@ class Watcher:
     def _on_manager(self, msg: Any) -> None:
         self._dispatched = True
         msg.process_reply(True)
-        member = msg.get_member()
-        loop = asyncio.get_running_loop()
-        if member == b"Reloading" and msg.body and not msg.body[0]:
+        # pystemd unwraps a single-argument body: Reloading(b) arrives as a bare bool.
+        body = msg.body
+        starting = body[0] if isinstance(body, list | tuple) else body
+        if msg.get_member() == b"Reloading" and not starting:
             # After daemon-reload a unit file may have appeared, changed or gone.
             for unit in self.units:
-                loop.call_soon(self._refresh_and_drain, unit)
-        elif member in (b"UnitNew", b"UnitRemoved") and msg.body:
-            unit_id = _s(msg.body[0])
-            if unit_id in self.units:
-                loop.call_soon(self._refresh_and_drain, unit_id)
+                asyncio.get_running_loop().call_soon(self._refresh_and_drain, unit)
 
     def _refresh_and_drain(self, unit: str) -> None:
         try:
@@ -285,10 +295,10 @@ class Watcher:
         if snap.absent:
             # A not-found unit keeps its old service values in memory; they mean nothing now.
             snap = Snapshot(unit, load_state=snap.load_state or "not-found", active_state="inactive")
-        self._update(unit, snap, force=True)
+        self._update(unit, snap)
 
-    def _update(self, unit: str, snap: Snapshot, *, force: bool = False) -> None:
-        if not force and self._snaps.get(unit) == snap:
+    def _update(self, unit: str, snap: Snapshot) -> None:
+        if self._snaps.get(unit) == snap:
             return
         self._snaps[unit] = snap
         self.on_change(unit, snap)
