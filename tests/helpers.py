@@ -115,6 +115,11 @@ class Genready:
 
     def status(self) -> dict[str, Any]:
         code, body = self.get("/status")
+        if code == 0 and self.proc is not None and self.proc.poll() is None:
+            # Unanswered: have the daemon dump its stacks (faulthandler on SIGUSR1) for the report.
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)  # not synchronisation: gives the dump a moment to reach the log
+            raise AssertionError(f"genready did not answer /status ({body}); its log:\n{self.log()}")
         assert code == 200, body
         assert isinstance(body, dict)
         return body

@@ -132,11 +132,16 @@ def test_bus_loss_makes_state_unknown_then_recovers(manager: UserManager, tmp_pa
     manager.systemctl("start", unit)
     with Genready(manager, tmp_path, {"t": target(unit)}) as g:
         wait_for(lambda: g.status()["targets"]["t"]["state"] == "loading", 10, "state loading")
-        # Restarting the bus daemon drops every connection, genready's included.
-        manager.systemctl("restart", "dbus.service")
-        wait_for(lambda: g.status()["targets"]["t"]["state"] == "unknown", 10, "state unknown")
-        body = g.status()
-        assert body["bus_connected"] is False
+        # Stopping the bus daemon drops every connection, genready's included; with its socket
+        # gone too, reconnecting fails until it is back.
+        manager.systemctl("stop", "dbus.socket", "dbus.service")
+        try:
+            wait_for(lambda: g.status()["targets"]["t"]["state"] == "unknown", 10, "state unknown")
+            body = g.status()
+            assert body["bus_connected"] is False and body["bus_error"]
+            assert g.get("/ready/t")[0] == 503
+        finally:
+            manager.systemctl("start", "dbus.socket")
         wait_for(lambda: g.status()["targets"]["t"]["state"] == "loading", 20, "recovery after the bus is back")
         assert g.status()["bus_connected"] is True
         # Still following events after the reconnect.

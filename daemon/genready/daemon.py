@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import logging
 import signal
 import time
@@ -240,4 +241,6 @@ class Daemon:
 
 def serve(cfg: config.Config, config_path: str | None) -> int:
     """Run the daemon until SIGTERM/SIGINT; the exit status."""
+    # `kill -USR1` dumps every thread's stack to stderr (the journal): a stuck loop explains itself.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     return asyncio.run(Daemon(cfg, config_path=config_path).run())

@@ -280,7 +280,7 @@ class TargetGate:
 
     async def _probe_loop(self, inst: Instance) -> None:
         delay = self.cfg.backoff_initial
-        while True:
+        while self._probe_wanted() == inst:  # also guards against a cancellation lost in a race
             if self.verified and self.verified.instance == inst:
                 await asyncio.sleep(self.cfg.recheck_interval)
             result = await self._probe_once(inst)

@@ -8,6 +8,7 @@ system manager serves, so genready watches it exactly as it would watch a real h
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,11 +20,26 @@ from typing import Final
 
 SYSTEMD: Final = "/lib/systemd/systemd"
 
+# Each manager moves itself into a cgroup of its own first: otherwise every private manager
+# on a host that was not booted with systemd shares one cgroup tree, and a unit of the same
+# name in two managers (dbus.service) shares one cgroup, so stopping one waits on the other.
 _BOOT = """
+for h in {hierarchies}; do
+    d=$h/genready-um-$$
+    mkdir -p "$d" 2>/dev/null && echo $$ > "$d/cgroup.procs" 2>/dev/null || true
+done
 mount -t tmpfs tmpfs /run/systemd
 mkdir -p /run/systemd/system
 exec {systemd} --user
 """
+CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+
+
+def _hierarchies() -> list[Path]:
+    """The cgroup hierarchies systemd uses here: v2 at the root, or name=systemd + unified (hybrid)."""
+    if (CGROUP_ROOT / "cgroup.procs").exists():
+        return [CGROUP_ROOT]
+    return [p for p in (CGROUP_ROOT / "systemd", CGROUP_ROOT / "unified") if (p / "cgroup.procs").exists()]
 
 
 def unavailable_reason() -> str | None:
@@ -36,6 +52,15 @@ def unavailable_reason() -> str | None:
     if not os.path.exists(SYSTEMD):
         return f"{SYSTEMD} does not exist"
     return None
+
+
+def _remove_cgroup_tree(top: Path) -> None:
+    """rmdir a cgroup and its children, deepest first (cgroupfs only removes empty ones)."""
+    if not top.is_dir():
+        return
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda w: -w[0].count("/")):
+        with contextlib.suppress(OSError):
+            os.rmdir(dirpath)
 
 
 class UserManager:
@@ -69,7 +94,8 @@ class UserManager:
         env["SYSTEMD_LOG_TARGET"] = "console"  # there is no journald: keep the manager's log in a file
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", _BOOT.format(systemd=SYSTEMD)],
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 _BOOT.format(systemd=SYSTEMD, hierarchies=" ".join(map(str, _hierarchies())))],
                 env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
@@ -87,12 +113,15 @@ class UserManager:
         """SIGTERM the manager (it stops its units first) and wait for it; SIGKILL as a last resort."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        pid = self.proc.pid
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
             self.proc.wait(10)
+        for h in _hierarchies():
+            _remove_cgroup_tree(h / f"genready-um-{pid}")
 
     def systemctl(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run `systemctl --user ARGS` against this manager."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -120,6 +121,40 @@ def open_bus(kind: str) -> DBus:
     return bus
 
 
+def bus_socket_path(kind: str) -> str | None:
+    """The unix socket path of the "system" or "user" bus, or None if its address is not a path."""
+    if kind == "user":
+        addr = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or (
+            f"unix:path={os.environ.get('XDG_RUNTIME_DIR', f'/run/user/{os.getuid()}')}/bus")
+    else:
+        addr = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+    for part in addr.split(";")[0].removeprefix("unix:").split(","):
+        if part.startswith("path="):
+            return part[5:]
+    return None
+
+
+async def bus_answers(kind: str, timeout: float = 2.0) -> None:
+    """Raise unless the bus daemon completes a SASL handshake within `timeout` seconds.
+
+    pystemd connects synchronously and holds the GIL: against a bus socket nobody serves
+    (a dbus-daemon being restarted, a socket unit whose service is stopping) it would
+    freeze genready for sd-bus's 25 s timeout. This asks first, without blocking the loop.
+    """
+    path = bus_socket_path(kind)
+    if path is None:
+        return
+    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+    try:
+        writer.write(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        if not line.startswith(b"OK"):
+            raise ConnectionError(f"the bus at {path} refused authentication: {line[:80]!r}")
+    finally:
+        writer.close()
+
+
 def restart_unit(bus_kind: str, unit: str) -> None:
     """Queue a restart job (Manager.RestartUnit, mode "replace") with the caller's privileges."""
     bus = open_bus(bus_kind)
@@ -154,6 +189,7 @@ class Watcher:
         self._lost: asyncio.Future[None] | None = None
         self._callbacks: tuple[Callable[..., None], ...] = ()
         self._dispatched = False
+        self._fd = -1
 
     def snapshot(self, unit: str) -> Snapshot | None:
         """The latest snapshot, or None while disconnected (state unknown)."""
@@ -164,6 +200,7 @@ class Watcher:
         backoff = 0.1
         while True:
             try:
+                await bus_answers(self.bus_kind)
                 self._connect()
                 backoff = 0.1
                 assert self._lost is not None
@@ -207,7 +244,8 @@ class Watcher:
         # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
         # without daemon-reload announces itself through PropertiesChanged on its path.
         bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Reloading", on_manager)
-        loop.add_reader(bus.get_fd(), self._drain)
+        self._fd = bus.get_fd()
+        loop.add_reader(self._fd, self._drain)
         self.connected = True
         self.connects += 1
         self.last_error = ""
@@ -219,9 +257,8 @@ class Watcher:
     def _disconnect(self, why: str) -> None:
         bus, self._bus = self._bus, None
         was_connected, self.connected = self.connected, False
+        self._forget_fd()
         if bus is not None:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(bus.get_fd())
             with contextlib.suppress(Exception):
                 bus.close()
         self._snaps.clear()  # after a reconnect every unit is reported afresh
@@ -242,12 +279,23 @@ class Watcher:
                 msg = bus.process()
                 if msg.is_empty() and not self._dispatched:
                     break
+            # At EOF sd-bus closes the fd itself (so epoll never wakes us again) and reports
+            # the loss only on a later call: a negative fd is how we learn it now.
+            if bus.get_fd() < 0:
+                raise ConnectionError("the bus connection was closed")
         except Exception as e:
             self.last_error = f"{type(e).__name__}: {e}"
             if self._lost is not None and not self._lost.done():
                 self._lost.set_result(None)
+            # sd-bus may have closed the fd already: unregister the number we registered, now,
+            # before anything can reuse it (a stale registration would swallow another socket).
+            self._forget_fd()
+
+    def _forget_fd(self) -> None:
+        if self._fd >= 0:
             with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(bus.get_fd())
+                asyncio.get_running_loop().remove_reader(self._fd)
+            self._fd = -1
 
     def _on_properties(self, msg: Any) -> None:
         self._dispatched = True
@@ -320,6 +368,9 @@ class FreshReader:
 
     async def read(self, unit: str) -> Snapshot:
         """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
+        if self._bus is None:
+            await bus_answers(self.bus_kind)
+            self._bus = open_bus(self.bus_kind)
         fut = self._pending.get(unit)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -348,7 +399,7 @@ class FreshReader:
         proves no new start happened while they were read (each start gets a new ID).
         """
         if self._bus is None:
-            self._bus = open_bus(self.bus_kind)
+            raise ConnectionError("not connected to the bus")
         bus, path = self._bus, unit_path(unit)
         self.reads += 1
         try:
