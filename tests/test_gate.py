@@ -1,0 +1,250 @@
+"""The /ready gate against real systemd units running the simulator.
+
+Every scenario polls /ready continuously (every few ms) in a thread and checks the rule the
+project exists for: no 200 ever names a PID other than the unit's MainPID at that time.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genready.usermanager import UserManager
+from tests.helpers import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+
+
+@dataclass
+class Answer:
+    sent: float
+    received: float
+    status: int
+    pid: int | None
+
+
+class ReadyPoller(threading.Thread):
+    """Polls /ready/TARGET as fast as it can and keeps every answer."""
+
+    def __init__(self, g: Genready, target: str) -> None:
+        super().__init__(daemon=True)
+        self.url = f"{g.base}/ready/{target}"
+        self.answers: list[Answer] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            sent = time.time()
+            status, body = http(self.url, timeout=5)
+            pid = body.get("pid") if isinstance(body, dict) else None
+            self.answers.append(Answer(sent, time.time(), status, pid))
+            self._halt.wait(0.003)
+
+    def stop(self) -> list[Answer]:
+        self._halt.set()
+        self.join(10)
+        return self.answers
+
+
+@pytest.fixture
+def poller() -> Iterator[list[ReadyPoller]]:
+    made: list[ReadyPoller] = []
+    yield made
+    for p in made:
+        p.stop()
+
+
+def ready_pid(g: Genready, target: str = "t") -> int | None:
+    code, body = g.get(f"/ready/{target}")
+    return body["pid"] if code == 200 else None
+
+
+def start_sim_target(manager: UserManager, tmp: Path, unit: str, *flags: str, restart: str = "no",
+                     **target: Any) -> tuple[Genready, int]:
+    port = free_port()
+    manager.install_unit(unit, sim_unit(port, *flags, restart=restart,
+                                        extra=f"StandardError=append:{tmp}/{unit}.log"))
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST, **target}}).start()
+    return g, port
+
+
+def assert_never_stale(answers: list[Answer], after: float, new_pid: int) -> None:
+    """Every 200 to a request sent after `after` (the restart) names the new MainPID."""
+    bad = [a for a in answers if a.status == 200 and a.sent > after and a.pid != new_pid]
+    assert not bad, f"/ready said 200 for a pid that was not MainPID: {bad[:3]}"
+
+
+@pytest.mark.parametrize("block", [True, False], ids=["blocking", "no-block"])
+def test_restart_with_lingering_old_process(manager: UserManager, tmp_path: Path, block: bool,
+                                            poller: list[ReadyPoller]) -> None:
+    unit = f"tg-linger-{'b' if block else 'nb'}.service"
+    g, port = start_sim_target(manager, tmp_path, unit, "--load-seconds", "1", "--linger-seconds", "3")
+    try:
+        old_pid, _ = show(manager, unit)
+        wait_for(lambda: ready_pid(g) == old_pid, 20, "the first start verified")
+        p = ReadyPoller(g, "t")
+        poller.append(p)
+        p.start()
+        t_restart = time.time()
+        manager.systemctl("restart", *([] if block else ["--no-block"]), unit)
+        # The old process still answers generations while it lingers: the lie genready must not tell.
+        naive = http(f"http://127.0.0.1:{port}/v1/models", timeout=2)[0] if not block else 0
+        new_pid = wait_for(lambda: (pid := show(manager, unit)[0]) not in (0, old_pid) and pid, 20, "new pid")
+        wait_for(lambda: ready_pid(g) == new_pid, 30, "the new start verified")
+        answers = p.stop()
+        assert_never_stale(answers, t_restart, new_pid)
+        assert any(a.status == 503 for a in answers if a.sent > t_restart)
+        if not block:
+            assert naive == 200, "the simulator should linger and answer after SIGTERM"
+        rec = next(r for r in g.records("t") if r["main_pid"] == new_pid)
+        assert rec["ready_at"] and rec["load_seconds"] and rec["load_seconds"] >= 1.0
+        assert rec["served_by_pid"] == new_pid
+        old = next(r for r in g.records("t") if r["main_pid"] == old_pid)
+        assert old["revoke_reason"] in ("job_queued", "inactive", "pid_changed", "invocation_changed")
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserManager, tmp_path: Path) -> None:
+    unit = "tg-early.service"
+    g, port = start_sim_target(manager, tmp_path, unit, "--load-seconds", "3", "--bind-early")
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: http(f"http://127.0.0.1:{port}/v1/models")[0] == 200, 10, "/v1/models during load")
+        models_ok_at = time.time()
+        code, body = g.get("/ready/t")
+        assert code == 503 and body["state"] in ("loading", "starting"), body
+        assert body["ready"] is False and body["pid"] == pid
+        assert body["last_error"] is None or "http_status" in body["last_error"]
+        wait_for(lambda: ready_pid(g) == pid, 20, "ready after load")
+        assert time.time() - models_ok_at > 1.0  # /v1/models said 200 long before a generation worked
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path: Path) -> None:
+    unit = "tg-foreign.service"
+    port = free_port()
+    foreign = subprocess.Popen([*GENREADY, "simulate", "--port", str(port), "--reuse-port"],
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: http(f"http://127.0.0.1:{port}/generate")[0] in (405, 400, 200), 10, "foreign sim up")
+        # The unit's own server is still loading and has not bound: only the foreign one answers.
+        manager.install_unit(unit, sim_unit(port, "--reuse-port", "--load-seconds", "600"))
+        manager.systemctl("start", unit)
+        g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+        try:
+            wait_for(lambda: g.status()["targets"]["t"]["probes"] >= 5, 20, "five probes")
+            code, body = g.get("/ready/t")
+            assert code == 503
+            assert "foreign_owner" in (body["last_error"] or ""), body
+            assert str(foreign.pid) in body["last_error"]
+            _, metrics = g.get("/metrics")
+            assert 'genready_foreign_answers_total{target="t",unit="tg-foreign.service"}' in metrics
+        finally:
+            g.stop()
+    finally:
+        foreign.send_signal(signal.SIGKILL)
+        foreign.wait()
+        manager.systemctl("stop", unit)
+
+
+def test_crash_revokes_then_ready_after_automatic_restart(manager: UserManager, tmp_path: Path,
+                                                          poller: list[ReadyPoller]) -> None:
+    unit = "tg-crash.service"
+    g, _ = start_sim_target(manager, tmp_path, unit, "--crash-after", "1.5", restart="always")
+    try:
+        first, _ = show(manager, unit)
+        wait_for(lambda: ready_pid(g) == first, 20, "first start verified")
+        p = ReadyPoller(g, "t")
+        poller.append(p)
+        p.start()
+        # Every start crashes 1.5 s after it is ready; the next one must be verified in turn.
+        wait_for(lambda: ready_pid(g) not in (None, first), 20, "a restarted server verified")
+        answers = p.stop()
+        assert any(a.status == 503 for a in answers), "the crash was never visible on /ready"
+        recs = {r["main_pid"]: r for r in g.records("t")}
+        assert recs[first]["ended_at"] and recs[first]["revoke_reason"] in ("pid_changed", "inactive",
+                                                                             "invocation_changed")
+        assert recs[first]["exit_status"] == 1 or recs[first]["result"] in ("exit-code", "signal")
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_hang_times_out_and_rechecks_revoke(manager: UserManager, tmp_path: Path) -> None:
+    unit = "tg-hang.service"
+    g, _ = start_sim_target(manager, tmp_path, unit, "--hang-after", "1.5", probe_timeout=0.5,
+                            recheck_interval=0.2, failure_threshold=2)
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: ready_pid(g) == pid, 20, "verified before the hang")
+        wait_for(lambda: g.get("/ready/t")[0] == 503, 20, "revoked by failed rechecks")
+        body = g.get("/ready/t")[1]
+        assert body["state"] in ("loading", "stuck") and "timeout" in (body["last_error"] or ""), body
+        assert show(manager, unit)[0] == pid  # same process, still "running" for systemd
+        rec = next(r for r in g.records("t") if r["main_pid"] == pid)
+        assert rec["revoke_reason"] == "recheck_failed"
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_restart_then_ready_is_never_200(manager: UserManager, tmp_path: Path) -> None:
+    """`systemctl restart X && curl -sf …/ready` must fail every time, even when the old one lingers."""
+    unit = "tg-and.service"
+    g, _ = start_sim_target(manager, tmp_path, unit, "--load-seconds", "0.2", "--linger-seconds", "0.2")
+    try:
+        for i in range(50):
+            pid = wait_for(lambda: ready_pid(g), 20, f"ready before restart {i}")
+            assert pid == show(manager, unit)[0]
+            manager.systemctl("restart", unit)
+            code, body = g.get("/ready/t")
+            assert code != 200, f"restart {i}: /ready said 200 right after the restart: {body}"
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_ready_query_semantics(manager: UserManager, tmp_path: Path) -> None:
+    unit = "tg-query.service"
+    g, _ = start_sim_target(manager, tmp_path, unit, "--load-seconds", "0.5")
+    try:
+        pid, inv = show(manager, unit)
+        wait_for(lambda: ready_pid(g) == pid, 20, "verified")
+        code, body = g.get("/ready/t")
+        assert code == 200 and body["invocation_id"] == inv and body["unit"] == unit and body["load_seconds"] > 0
+        assert g.get("/ready")[0] == 200  # every target
+        assert g.get(f"/ready/t?pid={pid}")[0] == 200
+        assert g.get(f"/ready/t?pid={pid + 1}")[0] == 503
+        assert g.get(f"/ready/t?invocation={inv}")[0] == 200
+        assert g.get(f"/ready/t?invocation={'0' * 32}")[0] == 503
+        assert g.get(f"/ready/t?since={time.time() - 3600}")[0] == 200
+        # since= after this start: only a newer start counts, so wait= times out with 503.
+        t0 = time.time()
+        code, body = g.get(f"/ready/t?since={t0}&wait=0.5")
+        assert code == 503 and time.time() - t0 >= 0.5 and "since" in body["reason"]
+        # wait= returns as soon as a start newer than since= is verified.
+        manager.systemctl("restart", "--no-block", unit)
+        code, body = g.get(f"/ready/t?since={t0}&wait=30", timeout=40)
+        assert code == 200 and body["pid"] == show(manager, unit)[0] != pid
+        for bad in ("wait=abc", "wait=-1", "since=yesterday", "pid=0", "pid=x", "invocation=xyz", "foo=1",
+                    "wait=nan"):
+            code, body = g.get(f"/ready/t?{bad}")
+            assert code == 400 and body["error"], bad
+        assert g.get("/ready/nope")[0] == 404
+        assert g.get("/nothing")[0] == 404
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
