@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from genready import __version__
+from genready import __version__, openapi
 
 if TYPE_CHECKING:
     from genready.gate import TargetGate
@@ -156,6 +156,10 @@ async def metrics(request: web.Request) -> web.Response:
     return resp
 
 
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.json_response(openapi.spec())
+
+
 def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
              status_extra: Callable[[], dict[str, object]] = dict) -> web.Application:
     """The aiohttp application; GET (and HEAD) only."""
@@ -168,4 +172,5 @@ def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
     app.router.add_get("/ready/{target}", ready)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi_json)
     return app

@@ -1,0 +1,138 @@
+"""The HTTP API's contract as OpenAPI 3.1, served at /openapi.json and checked by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from genready import __version__
+
+_STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
+_INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
+_NUM_OR_NULL: dict[str, Any] = {"type": ["number", "null"]}
+
+READY = {
+    "type": "object",
+    "required": ["ready", "target", "unit", "pid", "invocation_id", "ready_since", "load_seconds"],
+    "properties": {
+        "ready": {"type": "boolean", "const": True},
+        "target": {"type": "string"},
+        "unit": {"type": "string"},
+        "pid": {"type": "integer", "description": "the verified MainPID"},
+        "invocation_id": {"type": "string", "description": "systemd InvocationID, 32 hex digits"},
+        "ready_since": {"type": "string", "description": "ISO 8601 time of the verification"},
+        "load_seconds": {**_NUM_OR_NULL, "description": "process start -> verified generation"},
+    },
+}
+NOT_READY = {
+    "type": "object",
+    "required": ["ready", "target", "unit", "state", "reason", "pid", "invocation_id", "waiting_since", "probes",
+                 "last_error"],
+    "properties": {
+        "ready": {"type": "boolean", "const": False},
+        "target": {"type": "string"},
+        "unit": {"type": "string"},
+        "state": {"type": "string", "enum": ["absent", "inactive", "starting", "loading", "warming", "ready",
+                                             "stuck", "unknown"]},
+        "reason": {"type": "string"},
+        "pid": {**_INT_OR_NULL, "description": "systemd's MainPID now (not verified)"},
+        "invocation_id": _STR_OR_NULL,
+        "waiting_since": {**_STR_OR_NULL, "description": "when probing of this start began"},
+        "probes": {"type": "integer"},
+        "last_error": {**_STR_OR_NULL, "description": "the last probe failure: class and detail"},
+    },
+}
+ALL_READY = {
+    "type": "object", "required": ["ready", "targets"],
+    "properties": {"ready": {"type": "boolean"}, "targets": {"type": "array", "items": {}}},
+}
+ERROR = {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}
+RECORD = {
+    "type": "object",
+    "required": ["target", "unit", "invocation_id", "main_pid", "started_at", "active_at", "ended_at", "result",
+                 "exit_code", "exit_status", "n_restarts", "ready_at", "load_seconds", "probes", "served_by_pid",
+                 "revoked_at", "revoke_reason"],
+    "properties": {
+        "target": {"type": "string"}, "unit": {"type": "string"}, "invocation_id": {"type": "string"},
+        "main_pid": {"type": "integer"}, "started_at": _STR_OR_NULL, "active_at": _STR_OR_NULL,
+        "ended_at": _STR_OR_NULL, "result": _STR_OR_NULL, "exit_code": _STR_OR_NULL,
+        "exit_status": _INT_OR_NULL, "n_restarts": {"type": "integer"}, "ready_at": _STR_OR_NULL,
+        "load_seconds": _NUM_OR_NULL, "probes": _INT_OR_NULL, "served_by_pid": _INT_OR_NULL,
+        "revoked_at": _STR_OR_NULL, "revoke_reason": _STR_OR_NULL,
+    },
+}
+TARGET_STATUS = {
+    "type": "object",
+    "required": ["target", "unit", "state", "reason", "ready", "pid", "invocation_id", "ready_since",
+                 "load_seconds", "waiting_since", "probes", "last_error", "snapshot", "records"],
+    "properties": {
+        "target": {"type": "string"}, "unit": {"type": "string"}, "state": NOT_READY["properties"]["state"],
+        "reason": {"type": "string"}, "ready": {"type": "boolean"}, "pid": _INT_OR_NULL,
+        "invocation_id": _STR_OR_NULL, "ready_since": _STR_OR_NULL, "load_seconds": _NUM_OR_NULL,
+        "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": _STR_OR_NULL,
+        "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
+        "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
+    },
+}
+STATUS = {
+    "type": "object",
+    "required": ["version", "uptime_seconds", "bus", "bus_connected", "owner_proof", "config", "targets"],
+    "properties": {
+        "version": {"type": "string"}, "uptime_seconds": {"type": "number"}, "bus": {"type": "string"},
+        "bus_connected": {"type": "boolean"}, "bus_error": _STR_OR_NULL,
+        "owner_proof": {"type": "string", "description": "'available', or why owner proof cannot work here"},
+        "config": {"type": "string"}, "config_error": _STR_OR_NULL,
+        "systemd_ready_sent": {"type": "boolean"}, "fresh_reads": {"type": "integer"},
+        "targets": {"type": "object", "additionalProperties": TARGET_STATUS},
+    },
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_READY_PARAMS = [
+    {"name": "wait", "in": "query", "schema": {"type": "number", "minimum": 0, "maximum": 3600},
+     "description": "long-poll up to this many seconds for readiness (capped at 3600), then answer"},
+    {"name": "since", "in": "query", "schema": {"type": "number", "minimum": 0},
+     "description": "Unix time: only a start whose process began after it counts"},
+    {"name": "pid", "in": "query", "schema": {"type": "integer", "minimum": 1},
+     "description": "require that the verified MainPID is this one"},
+    {"name": "invocation", "in": "query", "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+     "description": "require that the verified InvocationID is this one"},
+]
+_ERRORS = {
+    "400": _json(ERROR, "bad query: the reason names the parameter"),
+    "405": _json(ERROR, "only GET and HEAD"),
+}
+
+
+def spec() -> dict[str, Any]:
+    """The OpenAPI document. Every route of api.make_app is here, and nothing else."""
+    ready_doc = ("200 only if a generation served by the unit's current MainPID succeeded and a systemd read "
+                 "begun after this request still shows that instance active with no job pending.")
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "genready", "version": __version__,
+                 "description": "Read-only API: is the LLM server the unit runs now verified to generate?"},
+        "paths": {
+            "/ready": {"get": {
+                "summary": "are all targets ready?", "description": ready_doc, "parameters": _READY_PARAMS,
+                "responses": {"200": _json(ALL_READY, "every target ready"),
+                              "503": _json(ALL_READY, "not every target ready; targets lists those that are not"),
+                              **_ERRORS}}},
+            "/ready/{target}": {"get": {
+                "summary": "is this target ready?", "description": ready_doc,
+                "parameters": [{"name": "target", "in": "path", "required": True, "schema": {"type": "string"}},
+                               *_READY_PARAMS],
+                "responses": {"200": _json(READY, "ready"), "503": _json(NOT_READY, "not ready, and why"),
+                              "404": _json(ERROR, "no such target"), **_ERRORS}}},
+            "/status": {"get": {"summary": "every target's state and newest start records",
+                                "responses": {"200": _json(STATUS, "status"), "405": _ERRORS["405"]}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {
+                "200": {"description": "text exposition format", "content": {"text/plain": {}}},
+                "405": _ERRORS["405"]}}},
+            "/openapi.json": {"get": {"summary": "this document", "responses": {
+                "200": {"description": "OpenAPI 3.1", "content": {"application/json": {}}}}}},
+        },
+    }

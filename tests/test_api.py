@@ -1,0 +1,195 @@
+"""The HTTP API against its OpenAPI contract, and /metrics moving as a restart scenario runs.
+
+One genready serves two targets for the whole module: `sim` (a simulator unit that becomes
+ready) and `gone` (a unit that does not exist), so every response shape can be produced.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import genready
+from genready import api, openapi
+from genready.usermanager import UserManager
+from tests.conftest import IN_CI
+from tests.helpers import Genready, free_port, show, sim_unit, wait_for
+
+UNIT = "ta-sim.service"
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+
+
+@pytest.fixture(scope="module")
+def served(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Genready]:
+    tmp = tmp_path_factory.mktemp("api")
+    port = free_port()
+    manager.install_unit(UNIT, sim_unit(port, "--load-seconds", "0.3", "--linger-seconds", "0.3"))
+    manager.systemctl("start", UNIT)
+    g = Genready(manager, tmp, {
+        "sim": {"unit": UNIT, "url": f"http://127.0.0.1:{port}", **FAST},
+        "gone": {"unit": "ta-does-not-exist.service", "url": f"http://127.0.0.1:{free_port()}", **FAST},
+    }).start()
+    wait_for(lambda: g.get("/ready/sim")[0] == 200, 20, "sim verified")
+    try:
+        yield g
+    finally:
+        g.stop()
+        manager.systemctl("stop", UNIT)
+
+
+def conforms(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
+    """The ways `value` breaks `schema` (the JSON Schema subset openapi.py uses)."""
+    kinds = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
+             "boolean": bool, "null": type(None)}
+    errs: list[str] = []
+    types = schema.get("type")
+    if types is not None:
+        allowed = [types] if isinstance(types, str) else types
+        ok = any(isinstance(value, kinds[t]) and not (t in ("integer", "number") and isinstance(value, bool))
+                 for t in allowed)
+        if not ok:
+            return [f"{where}: expected {allowed}, found {type(value).__name__} {value!r:.60}"]
+    if "const" in schema and value != schema["const"]:
+        errs.append(f"{where}: expected {schema['const']!r}, found {value!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        errs.append(f"{where}: {value!r} not in {schema['enum']}")
+    if isinstance(value, dict):
+        errs += [f"{where}: missing {k}" for k in schema.get("required", []) if k not in value]
+        for k, sub in schema.get("properties", {}).items():
+            if k in value:
+                errs += conforms(value[k], sub, f"{where}.{k}")
+        extra = schema.get("additionalProperties")
+        if isinstance(extra, dict):
+            for k, v in value.items():
+                if k not in schema.get("properties", {}):
+                    errs += conforms(v, extra, f"{where}.{k}")
+    if isinstance(value, list) and "items" in schema:
+        for i, v in enumerate(value):
+            errs += conforms(v, schema["items"], f"{where}[{i}]")
+    return errs
+
+
+def response_schema(path: str, code: int) -> dict[str, Any]:
+    op = openapi.spec()["paths"][path]["get"]
+    assert str(code) in op["responses"], f"{path} answered {code}, which the spec does not document"
+    schema: dict[str, Any] = op["responses"][str(code)]["content"]["application/json"]["schema"]
+    return schema
+
+
+@pytest.mark.parametrize(("url", "spec_path", "code"), [
+    ("/ready/sim", "/ready/{target}", 200),
+    ("/ready/gone", "/ready/{target}", 503),
+    ("/ready", "/ready", 503),
+    ("/ready/sim?wait=nope", "/ready/{target}", 400),
+    ("/ready?pid=-3", "/ready", 400),
+    ("/ready/nope", "/ready/{target}", 404),
+    ("/status", "/status", 200),
+])
+def test_responses_match_the_contract(served: Genready, url: str, spec_path: str, code: int) -> None:
+    got, body = served.get(url)
+    assert got == code, body
+    assert conforms(body, response_schema(spec_path, code)) == []
+
+
+def test_not_ready_says_why(served: Genready) -> None:
+    code, body = served.get("/ready/gone")
+    assert code == 503 and body["state"] == "absent" and "does not exist" in body["reason"]
+    code, body = served.get("/ready")
+    assert code == 503 and [t["target"] for t in body["targets"]] == ["gone"]
+
+
+def test_status_lists_records(served: Genready) -> None:
+    status = served.status()
+    pid, inv = show(served.um, UNIT)
+    rec = status["targets"]["sim"]["records"][0]
+    assert (rec["main_pid"], rec["invocation_id"]) == (pid, inv) and rec["ready_at"] and rec["served_by_pid"] == pid
+    assert status["owner_proof"] == "available" and status["bus_connected"] is True
+
+
+def test_head_ready_has_status_and_no_body(served: Genready) -> None:
+    req = urllib.request.Request(served.base + "/ready/sim", method="HEAD")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200 and r.read() == b""
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
+@pytest.mark.parametrize("path", ["/ready", "/ready/sim", "/status", "/metrics", "/openapi.json"])
+def test_nothing_changes_anything(served: Genready, path: str, method: str) -> None:
+    req = urllib.request.Request(served.base + path, method=method, data=b"{}")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 405
+    assert "error" in json.loads(e.value.read())
+
+
+def test_unknown_path_is_json_404(served: Genready) -> None:
+    code, body = served.get("/admin")
+    assert code == 404 and "no such endpoint" in body["error"]
+
+
+def test_spec_is_served_and_covers_every_route(served: Genready) -> None:
+    code, body = served.get("/openapi.json")
+    assert code == 200 and body == openapi.spec()
+    app = api.make_app({}, None)
+    routes = {r.resource.canonical for r in app.router.routes() if r.resource is not None}
+    assert routes == set(body["paths"])
+
+
+def metric(families: dict[str, Any], name: str, **labels: str) -> float:
+    for s in families[name].samples:
+        if s.name in (name, name + "_total") and all(s.labels.get(k) == v for k, v in labels.items()):
+            return float(s.value)
+    raise AssertionError(f"no sample {name}{labels}")
+
+
+def load_count(families: dict[str, Any]) -> float:
+    return next(float(s.value) for s in families["genready_load_seconds"].samples if s.name.endswith("_count"))
+
+
+def scrape(g: Genready) -> tuple[str, dict[str, Any]]:
+    with urllib.request.urlopen(g.base + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return text, {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_move_through_a_restart(served: Genready) -> None:
+    labels = {"target": "sim", "unit": UNIT}
+    _, before = scrape(served)
+    assert metric(before, "genready_ready", **labels) == 1
+    assert metric(before, "genready_state", genready_state="ready", **labels) == 1
+    old_pid = show(served.um, UNIT)[0]
+    assert metric(before, "genready_main_pid", **labels) == old_pid
+    starts = metric(before, "genready_starts", **labels)
+    revoked = metric(before, "genready_revocations", reason="job_queued", **labels) + metric(
+        before, "genready_revocations", reason="inactive", **labels)
+    loads = load_count(before)
+    oks = metric(before, "genready_probes", result="ok", **labels)
+
+    served.um.systemctl("restart", UNIT)
+    new_pid = show(served.um, UNIT)[0]
+    wait_for(lambda: (c := served.get("/ready/sim"))[0] == 200 and c[1]["pid"] == new_pid, 20, "re-verified")
+    text, after = scrape(served)
+    assert metric(after, "genready_starts", **labels) == starts + 1
+    assert metric(after, "genready_revocations", reason="job_queued", **labels) + metric(
+        after, "genready_revocations", reason="inactive", **labels) == revoked + 1
+    assert load_count(after) == loads + 1
+    assert metric(after, "genready_probes", result="ok", **labels) == oks + 1
+    assert metric(after, "genready_main_pid", **labels) == new_pid
+    assert metric(after, "genready_ready_requests", code="200") >= 1
+    assert metric(after, "genready_build_info", version=genready.__version__) == 1
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if IN_CI:
+            pytest.fail("promtool is missing in CI (Debian package prometheus)")
+        pytest.skip("promtool not installed")
+    out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "" and out.stderr.strip() == "", out
+
