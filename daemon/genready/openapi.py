@@ -23,7 +23,9 @@ READY = {
         "load_seconds": {**_NUM_OR_NULL, "description": "process start -> verified generation"},
     },
 }
-NOT_READY = {
+STATES: dict[str, Any] = {"type": "string", "enum": ["absent", "inactive", "starting", "loading", "warming",
+                                                     "ready", "stuck", "unknown"]}
+NOT_READY: dict[str, Any] = {
     "type": "object",
     "required": ["ready", "target", "unit", "state", "reason", "pid", "invocation_id", "waiting_since", "probes",
                  "last_error"],
@@ -31,8 +33,7 @@ NOT_READY = {
         "ready": {"type": "boolean", "const": False},
         "target": {"type": "string"},
         "unit": {"type": "string"},
-        "state": {"type": "string", "enum": ["absent", "inactive", "starting", "loading", "warming", "ready",
-                                             "stuck", "unknown"]},
+        "state": STATES,
         "reason": {"type": "string"},
         "pid": {**_INT_OR_NULL, "description": "systemd's MainPID now (not verified)"},
         "invocation_id": _STR_OR_NULL,
@@ -65,7 +66,7 @@ TARGET_STATUS = {
     "required": ["target", "unit", "state", "reason", "ready", "pid", "invocation_id", "ready_since",
                  "load_seconds", "waiting_since", "probes", "last_error", "snapshot", "records"],
     "properties": {
-        "target": {"type": "string"}, "unit": {"type": "string"}, "state": NOT_READY["properties"]["state"],
+        "target": {"type": "string"}, "unit": {"type": "string"}, "state": STATES,
         "reason": {"type": "string"}, "ready": {"type": "boolean"}, "pid": _INT_OR_NULL,
         "invocation_id": _STR_OR_NULL, "ready_since": _STR_OR_NULL, "load_seconds": _NUM_OR_NULL,
         "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": _STR_OR_NULL,
