@@ -1,0 +1,476 @@
+"""The unit files in units/: systemd's own checks, and the units really running in a user manager.
+
+- `systemd-analyze verify` (system and user manager) on every unit, any warning a failure.
+- `systemd-analyze security --offline=yes` on genready.service: exposure at most 3.0.
+- genready.service's exact [Service] hardening running a Python probe that does what the
+  daemon does (pystemd over D-Bus, sd_notify, /proc/net/tcp, another user's /proc/PID/fd).
+- genready-bench@.path/.service in the user manager: PathChanged per atomic rename,
+  ExecCondition skips, no start limit.
+
+Variants of the units are written with a few paths rewritten (each rewrite says why); the
+directives under test are left as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from genready.usermanager import UserManager
+
+UNITS = Path(__file__).resolve().parent.parent / "units"
+EXAMPLES = UNITS / "examples"
+MAX_EXPOSURE = 3.0
+
+needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+
+
+def genready_binary() -> str:
+    """The genready console script of the interpreter running the tests."""
+    path = Path(sysconfig.get_path("scripts")) / "genready"
+    assert path.exists(), f"{path} missing: is genready installed in this environment?"
+    return str(path)
+
+
+def rewrite(text: str, mapping: dict[str, str]) -> str:
+    for old, new in mapping.items():
+        text = text.replace(old, new)
+    return text
+
+
+def wait_until(what: str, pred: Callable[[], bool], timeout: float = 10.0) -> float:
+    """Poll `pred` until true; return the seconds it took, fail naming `what` on the deadline."""
+    start = time.monotonic()
+    while not pred():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(0.02)
+    return time.monotonic() - start
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# --- systemd-analyze verify ---------------------------------------------------------------
+
+# The units name binaries that a system install has and this machine has not. verify checks
+# that every Exec*= binary exists, so the copies point at stand-ins that do exist: genready's
+# real console script (the one this checkout installs) and this interpreter for SGLang's venv.
+# Everything else is verified as shipped.
+def verify_mapping() -> dict[str, str]:
+    return {"/usr/bin/genready": genready_binary(), "/opt/sglang/bin/python3": sys.executable}
+
+
+def unit_copies(dest: Path) -> list[Path]:
+    """Copy every unit (and drop-in dir) of units/ and units/examples/ into one flat dir, rewritten.
+    Returns the paths to verify: templates by an instance name (a template cannot be loaded)."""
+    to_verify: list[Path] = []
+    for src_dir in (UNITS, EXAMPLES):
+        for src in sorted(src_dir.iterdir()):
+            if src.is_dir() and src.name.endswith(".d"):
+                (dest / src.name).mkdir()
+                for conf in src.glob("*.conf"):
+                    (dest / src.name / conf.name).write_text(rewrite(conf.read_text(), verify_mapping()))
+            elif src.suffix in (".service", ".path", ".socket", ".timer", ".target"):
+                (dest / src.name).write_text(rewrite(src.read_text(), verify_mapping()))
+                name = src.name.replace("@.", "@sglang.")
+                to_verify.append(dest / name)
+    return to_verify
+
+
+def unit_files() -> list[Path]:
+    """Every unit file shipped (drop-in dirs and env files are not units of their own)."""
+    return sorted(p for d in (UNITS, EXAMPLES) for p in d.iterdir() if p.is_file() and p.suffix != ".env")
+
+
+def test_every_unit_file_is_covered() -> None:
+    names = {p.name for p in unit_files()}
+    assert {"genready.service", "genready-bench@.path", "genready-bench@.service", "sglang.service"} <= names
+    assert (EXAMPLES / "sglang.service.d" / "spec-decoding.conf").exists()
+    assert (EXAMPLES / "bench-sglang.env").exists()
+
+
+def run_verify(paths: list[Path], *, user: bool, env: dict[str, str] | None = None) -> None:
+    """`systemd-analyze [--user] verify PATHS`: a failure if it exits non-zero or prints any
+    line about our units (warnings such as an unknown key exit 0: the output is the check)."""
+    args = ["systemd-analyze", *(["--user"] if user else []), "verify", *map(str, paths)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env)
+    output = (proc.stdout + proc.stderr).splitlines()
+    ours = {p.name for p in paths} | {p.name.replace("@sglang.", "@.") for p in paths}
+    ours |= {str(p.parent) for p in paths}
+    # Lines about the host's own units (pulled in as dependencies) are not ours, but are shown.
+    complaints = [line for line in output if any(o in line for o in ours)]
+    assert proc.returncode == 0 and not complaints, "\n".join(output)
+
+
+@needs_analyze
+@pytest.mark.parametrize("name", [p.name for p in unit_files()])
+def test_verify_system(tmp_path: Path, name: str) -> None:
+    paths = {p.name: p for p in unit_copies(tmp_path)}
+    run_verify([paths[name.replace("@.", "@sglang.")]], user=False)
+
+
+@needs_analyze
+def test_verify_catches_a_warning(tmp_path: Path) -> None:
+    """The check is not vacuous: a misspelt key is only a warning (exit 0), and still fails."""
+    paths = {p.name: p for p in unit_copies(tmp_path)}
+    unit = paths["genready.service"]
+    unit.write_text(unit.read_text().replace("ProtectSystem=strict", "ProtectSystm=strict"))
+    with pytest.raises(AssertionError, match="Unknown key 'ProtectSystm'"):
+        run_verify([unit], user=False)
+
+
+@needs_analyze
+def test_verify_catches_a_bad_dropin(tmp_path: Path) -> None:
+    """verify reads sglang.service.d/ next to the unit: a drop-in that sets ExecStart=
+    without clearing it first is caught."""
+    paths = {p.name: p for p in unit_copies(tmp_path)}
+    conf = tmp_path / "sglang.service.d" / "spec-decoding.conf"
+    conf.write_text(re.sub(r"(?m)^ExecStart=\n", "", conf.read_text()))
+    with pytest.raises(AssertionError, match="more than one ExecStart"):
+        run_verify([paths["sglang.service"]], user=False)
+
+
+@needs_analyze
+def test_verify_user_manager(manager: UserManager, tmp_path: Path) -> None:
+    """genready.service as a user unit (see packaging/README.md): multi-user.target does not
+    exist in a user manager, so the variant is WantedBy=default.target; nothing else changes.
+    (On 252, StateDirectory= and ConfigurationDirectory= both map to $XDG_CONFIG_HOME there.)"""
+    text = rewrite((UNITS / "genready.service").read_text(), verify_mapping())
+    text = text.replace("WantedBy=multi-user.target", "WantedBy=default.target")
+    path = tmp_path / "genready.service"
+    path.write_text(text)
+    run_verify([path], user=True, env=manager.env)
+
+
+# --- systemd-analyze security ----------------------------------------------------------------
+
+@needs_analyze
+def test_security_exposure() -> None:
+    """--offline=yes (systemd ≥ 250) reads the unit file itself: no manager, no installed binary."""
+    proc = subprocess.run(
+        ["systemd-analyze", "security", "--offline=yes", str(UNITS / "genready.service")],
+        capture_output=True, text=True, timeout=60,
+    )
+    m = re.search(r"Overall exposure level for genready\.service: (\d+(?:\.\d+)?)", proc.stdout)
+    assert m, proc.stdout + proc.stderr
+    exposure = float(m.group(1))
+    print(f"systemd-analyze security: genready.service exposure {exposure}")
+    assert exposure <= MAX_EXPOSURE, proc.stdout
+
+
+# --- genready.service's hardening, really running -------------------------------------------
+
+PROBE = r'''
+"""Does, under genready.service's hardening, what genready serve does; reports as STATUS=."""
+import json, os, signal, socket, sys, time
+
+from genready.notify import Notifier  # sdnotify
+import aiohttp  # noqa: F401  (C extensions under MemoryDenyWriteExecute)
+import pystemd.dbuslib, pystemd.systemd1
+
+helper_pid, port, unit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+out = {"pid": os.getpid(), "watchdog_interval": Notifier.watchdog_interval()}
+with open("/proc/self/status") as f:
+    status = dict(line.split(":", 1) for line in f)
+out["CapBnd"] = int(status["CapBnd"], 16)
+out["NoNewPrivs"], out["Seccomp"] = int(status["NoNewPrivs"]), int(status["Seccomp"])
+try:
+    with pystemd.dbuslib.DBus(user_mode=True) as bus:
+        u = pystemd.systemd1.Unit(unit.encode(), bus=bus)
+        u.load()
+        out["main_pid"] = u.Service.MainPID
+except Exception as e:
+    out["error"] = f"dbus: {e!r}"
+# Resolve a name the way aiohttp does (AI_ADDRCONFIG: glibc asks netlink, which is not among
+# the allowed address families, and falls back) and connect over TCP.
+addr = socket.getaddrinfo("localhost", port, socket.AF_INET, socket.SOCK_STREAM, 0,
+                          socket.AI_ADDRCONFIG)[0][4]
+with socket.create_connection(addr, timeout=5):
+    out["connected"] = True
+inode = None
+with open("/proc/net/tcp") as f:
+    for row in f.readlines()[1:]:
+        fields = row.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":  # LISTEN
+            inode = fields[9]
+out["inode"] = inode
+try:
+    fds = os.listdir(f"/proc/{helper_pid}/fd")
+    out["owner_found"] = f"socket:[{inode}]" in [os.readlink(f"/proc/{helper_pid}/fd/{fd}") for fd in fds]
+except OSError as e:
+    out["error"] = f"fd: {e!r}"
+
+n = Notifier()
+hup = False
+def on_hup(*_):
+    global hup
+    hup = True
+signal.signal(signal.SIGHUP, on_hup)
+n.ready(status=json.dumps(out))
+while True:
+    time.sleep(0.02)
+    if hup:
+        hup = False
+        n.reloading(status="reloading")
+        n.ready(status="reloaded")
+'''
+
+
+@pytest.fixture(scope="module")
+def inaccessible_nodes(manager: UserManager) -> None:
+    """Give the manager's private /run/systemd the inaccessible nodes a booted host has.
+
+    systemd 252 running as root (even --user) masks paths for ProtectHome=yes,
+    ProtectKernelTunables= and ProtectKernelLogs= with /run/systemd/inaccessible/*, which
+    only PID 1 creates at boot; without them such units fail with status 226/NAMESPACE.
+    The user manager made the same nodes in $XDG_RUNTIME_DIR/systemd/inaccessible, so they
+    are bind-mounted there, inside the manager's own mount namespace (the host is untouched).
+    """
+    assert manager.proc is not None
+    pid = str(manager.proc.pid)  # unshare → sh → systemd: one process, exec'd in place
+    target = "/run/systemd/inaccessible"
+    source = manager.runtime_dir / "systemd" / "inaccessible"
+    script = f"test -e {target}/reg || {{ mkdir -p {target} && mount --bind {source} {target}; }}"
+    subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", script], check=True, timeout=10)
+
+
+@pytest.fixture
+def nobody_listener() -> Iterator[tuple[int, int]]:
+    """(pid, port): a process of another user (nobody) holding a listening TCP socket, as an
+    LLM server run by its own user would."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        proc = subprocess.Popen(["sleep", "120"], pass_fds=[s.fileno()], user=65534, group=65534,
+                                extra_groups=[], stdin=subprocess.DEVNULL)
+        port = s.getsockname()[1]
+    try:
+        yield proc.pid, port
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def hardened_variant(text: str, *, exec_start: str, probe_dir: Path, manager: UserManager) -> str:
+    """genready.service with only what a test machine forces changed (the reasons inline)."""
+    base = Path(sys.base_prefix)
+    out = []
+    for line in text.splitlines():
+        if line.startswith("ExecStart="):
+            line = f"ExecStart={exec_start}"
+        elif line == "ProtectHome=yes" and (base.is_relative_to("/root") or base.is_relative_to("/home")):
+            # This machine's Python lives under /root (pyenv): hide the rest of the homes.
+            line = f"ProtectHome=tmpfs\nBindReadOnlyPaths={base}"
+        elif line == "WantedBy=multi-user.target":
+            line = "WantedBy=default.target"
+        out.append(line)
+        if line == "[Service]":
+            # The test's runtime dir (bus, notify socket) and the probe live under /tmp, which
+            # PrivateTmp= hides; on a host they are /run/dbus/… and /run/systemd/notify.
+            rt = manager.runtime_dir
+            out += [f"BindPaths={rt}/systemd/notify {rt}/bus",
+                    f"BindReadOnlyPaths={probe_dir}",
+                    f"StandardOutput=append:{probe_dir}/out.log",
+                    f"StandardError=append:{probe_dir}/out.log"]
+    return "\n".join(out) + "\n"
+
+
+def status_json(manager: UserManager, unit: str) -> dict[str, object]:
+    text = manager.show(unit, "StatusText")["StatusText"]
+    data: dict[str, object] = json.loads(text)
+    return data
+
+
+@pytest.mark.parametrize("caps", ["as shipped", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"])
+def test_hardened_genready_service_runs(
+    manager: UserManager, inaccessible_nodes: None, nobody_listener: tuple[int, int],
+    tmp_path: Path, caps: str,
+) -> None:
+    """Under the shipped hardening: sd_notify works (READY=1 ends `systemctl start`, reload
+    goes RELOADING=1 … READY=1), pystemd talks D-Bus, and the owner proof reads /proc/net/tcp
+    and the fds of another user's process. With either capability alone it cannot."""
+    helper_pid, port = nobody_listener
+    unit = f"tu-genready-{'full' if caps == 'as shipped' else caps.lower().replace('_', '-')}.service"
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    text = (UNITS / "genready.service").read_text()
+    if caps != "as shipped":
+        text = re.sub(r"(?m)^CapabilityBoundingSet=.*$", f"CapabilityBoundingSet={caps}", text)
+    exec_start = f"{sys.executable} {probe} {helper_pid} {port} {unit}"
+    manager.install_unit(unit, hardened_variant(text, exec_start=exec_start, probe_dir=tmp_path,
+                                                manager=manager))
+    try:
+        start = manager.systemctl("start", unit, check=False, timeout=30)
+        log = (tmp_path / "out.log").read_text() if (tmp_path / "out.log").exists() else ""
+        assert start.returncode == 0, start.stderr + log
+        props = manager.show(unit, "ActiveState", "MainPID")
+        out = status_json(manager, unit)
+        assert props["ActiveState"] == "active"
+        assert out["pid"] == out["main_pid"] == int(props["MainPID"]), out
+        assert out["watchdog_interval"] == 15.0  # WatchdogSec=30 reached the process
+        assert out["inode"] not in (None, "0")
+        assert out["connected"] is True
+        assert (out["NoNewPrivs"], out["Seccomp"]) == (1, 2)  # 2: a seccomp filter is loaded
+        if caps == "as shipped":
+            assert out["CapBnd"] == 1 << 2 | 1 << 19, out  # CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE
+            assert out.get("owner_found") is True, out
+            manager.systemctl("reload", unit, timeout=30)
+            wait_until("StatusText=reloaded",
+                       lambda: manager.show(unit, "StatusText")["StatusText"] == "reloaded")
+            assert manager.show(unit, "ActiveState")["ActiveState"] == "active"
+        else:
+            assert "owner_found" not in out and "Permission denied" in str(out.get("error")), out
+    finally:
+        manager.remove_unit(unit)
+
+
+# --- genready-bench@.path / .service, really running -----------------------------------------
+
+STUB = """#!/bin/sh
+# Stands in for /usr/bin/genready: logs each call; `wait` fails while DIR/not-ready-NAME exists;
+# `guard NAME -- CMD…` logs CMD's argv, one [word] each, as the benchmark's run.
+echo "$*" >> {dir}/calls.log
+case "$1" in
+  wait) test ! -e {dir}/not-ready-"$2" ;;
+  guard) shift 3; printf '[%s]' "$@" >> {dir}/runs.log; echo >> {dir}/runs.log ;;
+esac
+"""
+
+
+class Bench:
+    """tu-bench@NAME.path/.service: the shipped units with paths moved into a tmp dir."""
+
+    def __init__(self, manager: UserManager, root: Path, prefix: str, *, keep_start_limit: bool) -> None:
+        self.manager, self.root, self.prefix = manager, root, prefix
+        (root / "run").mkdir()
+        stub = root / "genready"
+        stub.write_text(STUB.format(dir=root))
+        stub.chmod(0o755)
+        mapping = {
+            # paths of a system install → the tmp dir
+            "/run/genready/": f"{root}/run/",
+            "/etc/genready/": f"{root}/",
+            "/usr/bin/genready": str(stub),
+            # unit names unique to this test; the daemon is not installed (Wants= tolerates that)
+            "genready-bench@": f"{prefix}@",
+            "genready.service": f"{prefix}-genready-absent.service",
+        }
+        svc = rewrite((UNITS / "genready-bench@.service").read_text(), mapping)
+        # The stub and its logs are under /tmp, which the unit's PrivateTmp= would hide.
+        svc = svc.replace("[Service]\n", f"[Service]\nBindPaths={root}\nStandardOutput=append:{root}/unit.log\n"
+                          f"StandardError=append:{root}/unit.log\n", 1)
+        if keep_start_limit:
+            svc = svc.replace("StartLimitIntervalSec=0\n", "")
+        shutil.copy(EXAMPLES / "bench-sglang.env", root / "bench-sglang.env")  # the shipped example
+        manager.install_unit(f"{prefix}@.service", svc)
+        manager.install_unit(f"{prefix}@.path", rewrite((UNITS / "genready-bench@.path").read_text(), mapping))
+        self.path_unit, self.service = f"{prefix}@sglang.path", f"{prefix}@sglang.service"
+
+    def trigger(self) -> None:
+        tmp = self.root / "run" / "sglang.ready.tmp"
+        tmp.write_text(f"{time.time_ns()}\n")
+        os.replace(tmp, self.root / "run" / "sglang.ready")  # how genready writes its stamp
+
+    def runs(self) -> list[str]:
+        return lines(self.root / "runs.log")
+
+    def calls(self) -> list[str]:
+        return lines(self.root / "calls.log")
+
+    def service_state(self) -> dict[str, str]:
+        return self.manager.show(self.service, "ActiveState", "Result")
+
+    def path_state(self) -> dict[str, str]:
+        return self.manager.show(self.path_unit, "ActiveState", "SubState", "Result")
+
+    def wait_runs(self, n: int) -> None:
+        wait_until(f"{n} benchmark runs, then the service inactive",
+                   lambda: len(self.runs()) >= n and self.service_state()["ActiveState"] == "inactive")
+        assert len(self.runs()) == n, self.runs()
+
+    def remove(self) -> None:
+        for name in (self.path_unit, self.service):
+            self.manager.systemctl("stop", name, check=False)
+            self.manager.systemctl("reset-failed", name, check=False)
+        self.manager.remove_unit(f"{self.prefix}@.path")
+        self.manager.remove_unit(f"{self.prefix}@.service")
+
+
+@pytest.fixture
+def bench(manager: UserManager, inaccessible_nodes: None, tmp_path: Path) -> Iterator[Bench]:
+    b = Bench(manager, tmp_path, "tu-bench", keep_start_limit=False)
+    manager.systemctl("start", b.path_unit, timeout=30)
+    try:
+        yield b
+    finally:
+        b.remove()
+
+
+def test_bench_runs_once_per_stamp_skips_when_not_ready_and_has_no_start_limit(bench: Bench) -> None:
+    assert bench.path_state()["SubState"] == "waiting"
+
+    # One atomic rename of the stamp: exactly one run, the env file's command split into words
+    # the way a shell would (quotes honoured), behind `guard sglang --`.
+    bench.trigger()
+    bench.wait_runs(1)
+    env = (EXAMPLES / "bench-sglang.env").read_text()
+    command = shlex.split(re.findall(r"(?m)^GENREADY_BENCH_COMMAND=(.*)$", env)[0])
+    assert "tp8 baseline" in command
+    assert bench.runs() == ["".join(f"[{word}]" for word in command)]
+    assert bench.calls()[:2] == ["wait sglang --timeout 0", "guard sglang -- " + " ".join(command)]
+    assert bench.service_state() == {"ActiveState": "inactive", "Result": "success"}
+
+    # Not ready: ExecCondition exits 1, the run is skipped cleanly, the path unit keeps watching.
+    (bench.root / "not-ready-sglang").touch()
+    n_calls = len(bench.calls())
+    bench.trigger()
+    wait_until("the skipped start", lambda: len(bench.calls()) > n_calls
+               and bench.service_state() == {"ActiveState": "inactive", "Result": "exec-condition"})
+    assert len(bench.runs()) == 1
+    assert bench.path_state()["ActiveState"] == "active", bench.path_state()
+    (bench.root / "not-ready-sglang").unlink()
+
+    # Six triggers within 10 s: every one runs, no start limit, the path unit stays active.
+    started = time.monotonic()
+    for i in range(6):
+        bench.trigger()
+        bench.wait_runs(2 + i)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"6 runs took {elapsed:.1f}s: not a test of the 10 s start limit window"
+    assert bench.path_state()["ActiveState"] == "active", bench.path_state()
+    assert bench.service_state()["Result"] == "success"
+    time.sleep(0.3)  # absence: no extra run trails the last rename
+    assert len(bench.runs()) == 7
+
+
+def test_bench_default_start_limit_would_kill_the_path_unit(
+    manager: UserManager, inaccessible_nodes: None, tmp_path: Path
+) -> None:
+    """The control for StartLimitIntervalSec=0: without it the 6th trigger in 10 s fails the
+    service (start-limit-hit) and the path unit with it, for good."""
+    b = Bench(manager, tmp_path, "tu-benchlim", keep_start_limit=True)
+    manager.systemctl("start", b.path_unit, timeout=30)
+    try:
+        for i in range(5):
+            b.trigger()
+            b.wait_runs(1 + i)
+        b.trigger()
+        wait_until("the path unit failing", lambda: b.path_state()["ActiveState"] == "failed")
+        assert b.path_state()["Result"] == "unit-start-limit-hit"
+        assert len(b.runs()) == 5
+    finally:
+        b.remove()
