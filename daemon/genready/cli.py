@@ -240,6 +240,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes")
     sim.add_arguments(sp)
     sp.set_defaults(func=sim.main)
+
+    def cmd_demo(args: argparse.Namespace) -> int:
+        from genready import demo  # lazy: only the demo needs its imports
+
+        return demo.main(args)
+
+    sp = add("demo", "show the restart race and genready closing it, in a private systemd user manager "
+             "(root; < 60 s; cleans up after itself)")
+    sp.add_argument("--fast", action="store_true", help="shorter load and linger times, for CI smoke runs")
+    sp.add_argument("--keep", action="store_true", help="keep the temporary directory (units, config, logs)")
+    sp.set_defaults(func=cmd_demo)
     return p
 
 

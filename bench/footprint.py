@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Footprint of `genready serve`: RSS and CPU over a window, idle-ready and while probing.
+
+Phase 1: one target ready and idle (goal, issue 6: RSS <= 60 MB, CPU <= 0.5 %).
+Phase 2: one target loading (simulator with a long --load-seconds): genready probes with
+backoff up to backoff_max (2 s).
+CPU is utime+stime from /proc/PID/stat over the window; RSS is VmRSS at the end (and peak VmHWM).
+
+Run as root: .venv/bin/python bench/footprint.py [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.helpers import Genready, free_port, sim_unit, wait_for
+
+from genready.usermanager import UserManager
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
+
+
+def mem_mb(pid: int, key: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def measure(pid: int, seconds: float) -> tuple[float, float, float]:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)  # the measurement window itself, not synchronisation
+    c1, t1 = cpu_seconds(pid), time.monotonic()
+    return (c1 - c0) / (t1 - t0) * 100, mem_mb(pid, "VmRSS"), mem_mb(pid, "VmHWM")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
+    rows = []
+    with UserManager(tmp / "sd") as um:
+        for phase, flags in (("one target ready, idle", ()), ("one target loading (probing)", ("--load-seconds",
+                                                                                                "3600"))):
+            port = free_port()
+            unit = "bench-foot.service"
+            um.install_unit(unit, sim_unit(port, *flags))
+            um.systemctl("restart", unit)
+            d = tmp / phase.split()[-1].strip("()")
+            d.mkdir()
+            with Genready(um, d, {"sim": {"unit": unit, "url": f"http://127.0.0.1:{port}"}}, log_level="info") as g:
+                assert g.proc is not None
+                want = "ready" if not flags else "loading"
+                wait_for(lambda want=want: g.status()["targets"]["sim"]["state"] == want, 30, want)  # type: ignore[misc]
+                cpu, rss, hwm = measure(g.proc.pid, args.seconds)
+                probes = g.status()["targets"]["sim"]["probes"]
+                rows.append((phase, cpu, rss, hwm, probes))
+            um.systemctl("stop", unit)
+    print(f"\n`genready serve` over {args.seconds:g} s per phase (goals for idle: RSS <= 60 MB, CPU <= 0.5 %)\n")
+    print("| phase | CPU % | RSS MB | peak RSS MB | probes so far |")
+    print("|---|---|---|---|---|")
+    for phase, cpu, rss, hwm, probes in rows:
+        print(f"| {phase} | {cpu:.2f} | {rss:.1f} | {hwm:.1f} | {probes} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

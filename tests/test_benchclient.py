@@ -1,0 +1,175 @@
+"""The benchmark client against real simulator processes: every API, the pid line, failures, timeouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from genready import benchclient
+from tests.helpers import PY, env_without_notify, free_port, wait_for
+
+BENCH = [PY, "-m", "genready.benchclient"]
+GUARD_ENV = {"GENREADY_PID": "4242", "GENREADY_INVOCATION_ID": "0123456789abcdef0123456789abcdef",
+             "GENREADY_UNIT": "sglang.service"}
+
+
+class Sim:
+    """`genready simulate` on a free port, its lifecycle lines in a file."""
+
+    def __init__(self, tmp: Path, *flags: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"sim-{self.port}.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(self.port), *flags],
+                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        wait_for(lambda: " ready" in self.log.read_text() or self.proc.poll() is not None, 20, "the simulator")
+        assert self.proc.poll() is None, self.log.read_text()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    s = Sim(tmp_path_factory.mktemp("sim"), "--token-latency", "0.001")
+    yield s
+    s.stop()
+
+
+def bench(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = env_without_notify()
+    for k in GUARD_ENV:
+        full_env.pop(k, None)
+    full_env.update(env or {})
+    return subprocess.run([*BENCH, *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("api", benchclient.APIS)
+def test_every_api_counts_and_names_the_guarded_pid(sim: Sim, api: str, tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    r = bench("--url", sim.url, "--api", api, "-n", "12", "-c", "3", "--max-tokens", "5", "--target", "sglang",
+              "--output", str(out), env=GUARD_ENV)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == (f"benchclient: 12 requests at concurrency 3 to {sim.url} ({api}, max_tokens 5), "
+                        "target sglang, pid 4242")
+    assert "  requests   12 ok, 0 failed" in lines
+    assert any(line.startswith("  rate       ") and " requests/s, " in line and " tokens/s over " in line
+               for line in lines)
+    assert any(line.startswith("  latency    p50 ") and ", p99 " in line for line in lines)
+    assert lines[-1] == ("  served by pid 4242 (invocation 0123456789abcdef0123456789abcdef, unit sglang.service)")
+    assert r.stderr == ""  # no progress bar: stderr is not a terminal
+    result = json.loads(out.read_text())
+    assert (result["ok"], result["failed"], result["api"], result["target"]) == (12, 0, api, "sglang")
+    assert result["served_by"] == {"pid": "4242", "invocation_id": GUARD_ENV["GENREADY_INVOCATION_ID"],
+                                   "unit": "sglang.service"}
+    # 5 tokens per request, counted from the server's own usage figures.
+    assert result["tokens_per_second"] == pytest.approx(5 * result["requests_per_second"], rel=1e-3)
+    assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
+
+
+def test_no_pid_line_outside_guard(sim: Sim) -> None:
+    r = bench("--url", sim.url, "-n", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "served by" not in r.stdout
+    assert ", pid " not in r.stdout.splitlines()[0]
+
+
+def test_openai_model_is_discovered(sim: Sim, tmp_path: Path) -> None:
+    """Without --model the client asks /v1/models, as a user would; the simulator's name comes back."""
+    r = bench("--url", sim.url, "--api", "openai-chat", "-n", "2", "--output", str(tmp_path / "o.jsonl"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "cannot read a model" not in r.stderr
+
+
+def test_failing_server_exits_nonzero(tmp_path: Path) -> None:
+    s = Sim(tmp_path, "--fail-rate", "1")
+    try:
+        r = bench("--url", s.url, "-n", "6", "-c", "2", env=GUARD_ENV)
+    finally:
+        s.stop()
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "  requests   0 ok, 6 failed (6x HTTP 500)" in r.stdout.splitlines()
+    assert "latency    p50 -, p99 -" in r.stdout
+    assert "served by pid 4242" in r.stdout  # which server failed matters as much as which one worked
+
+
+def test_unreachable_server_exits_nonzero() -> None:
+    r = bench("--url", f"http://127.0.0.1:{free_port()}", "-n", "3")
+    assert r.returncode == 1
+    assert "0 ok, 3 failed (3x cannot connect: Connection refused)" in r.stdout
+
+
+def test_hung_server_is_time_bounded(tmp_path: Path) -> None:
+    """A server that accepts but never answers costs --timeout per request, not forever."""
+    s = Sim(tmp_path, "--hang-after", "0")
+    try:
+        r = bench("--url", s.url, "-n", "4", "-c", "4", "--timeout", "0.5", timeout=20)
+    finally:
+        s.stop()
+    assert r.returncode == 1
+    assert "0 ok, 4 failed (4x timeout (0.5 s))" in r.stdout
+
+
+def test_progress_bar_only_on_a_terminal(sim: Sim) -> None:
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.run([*BENCH, "--url", sim.url, "-n", "5", "-c", "1"], env=env_without_notify(),
+                              stdout=subprocess.PIPE, stderr=slave, text=True, timeout=60)
+        os.close(slave)
+        slave = -1
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other side is closed and drained
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        if slave >= 0:
+            os.close(slave)
+        os.close(master)
+    assert proc.returncode == 0
+    assert b"5/5" in seen and b"[####" in seen
+    assert "5/5" not in proc.stdout  # the bar never mixes into the result on stdout
+
+
+@pytest.mark.parametrize("args", [["-n", "0"], ["-c", "-1"], ["--timeout", "nan"], ["--api", "grpc"]])
+def test_usage_errors(args: list[str]) -> None:
+    r = bench(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert benchclient.percentile(values, 50) == 50.0
+    assert benchclient.percentile(values, 99) == 99.0
+    assert benchclient.percentile([7.0], 99) == 7.0
+    assert benchclient.percentile([], 50) is None
+
+
+@pytest.mark.parametrize(("api", "body"), [
+    ("sglang", {"text": "x"}),
+    ("sglang", [1, 2]),
+    ("openai-completions", {"choices": [], "usage": {"completion_tokens": 3}}),
+    ("openai-chat", {"choices": [{"message": {}}]}),
+    ("openai-chat", {"choices": [{}], "usage": {"completion_tokens": True}}),
+])
+def test_malformed_answers_are_failures(api: str, body: object) -> None:
+    with pytest.raises(benchclient.BadResponse):
+        benchclient.completion_tokens(api, body)

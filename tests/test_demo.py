@@ -1,0 +1,195 @@
+"""`genready demo --fast` for real: its own systemd user manager, units, genready and the bench path.
+
+The demo checks its own story and exits 1 when it does not hold; this test also reads the
+printed timeline, as a person would, and checks that nothing the demo started is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from genready import demo
+from genready.usermanager import UserManager, unavailable_reason
+from tests.conftest import IN_CI
+from tests.helpers import GENREADY, env_without_notify, wait_for
+
+FAST_BUDGET = 30.0  # seconds: the demo's CI smoke mode must stay cheap
+
+
+def needs_manager() -> None:
+    reason = unavailable_reason()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"the demo cannot run in CI: {reason}")
+        pytest.skip(f"the demo needs a private systemd user manager: {reason}")
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line or environment contains `text` (e.g. the demo's temp dir)."""
+    found = []
+    needle = text.encode()
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        for what in ("cmdline", "environ"):
+            try:
+                if needle in Path(f"/proc/{pid}/{what}").read_bytes():
+                    found.append(int(pid))
+                    break
+            except OSError:
+                continue
+    return found
+
+
+def run_demo(*args: str, timeout: float = 90.0) -> tuple[int, str, str, float]:
+    """(exit status, stdout, stderr, seconds). On timeout SIGTERM first: the demo cleans up on it."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen([*GENREADY, "demo", *args], env=env_without_notify(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"genready demo {' '.join(args)} took over {timeout}s\n{out}\n{err}")
+    return proc.returncode, out, err, time.monotonic() - t0
+
+
+def test_demo_fast_shows_the_race_and_cleans_up() -> None:
+    needs_manager()
+    rc, out, err, took = run_demo("--fast")
+    assert rc == 0, f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}"
+    assert took < FAST_BUDGET, f"demo --fast took {took:.1f}s\n{out}"
+    assert "Traceback" not in err
+
+    lines = out.splitlines()
+    rows = [line for line in lines if re.match(r"^\s*[+-]\d+\.\d\ds  ", line)]
+    assert rows, out
+
+    def first(pattern: str) -> tuple[int, re.Match[str]]:
+        for i, row in enumerate(rows):
+            m = re.search(pattern, row)
+            if m:
+                return i, m
+        raise AssertionError(f"no timeline row matches {pattern!r}:\n{out}")
+
+    i_naive, m = first(r"naive: 200 from the OLD pid (\d+): the script says READY")
+    old = int(m[1])
+    i_ready, m = first(r"genready: READY: pid (\d+) served a real generation")
+    new = int(m[1])
+    assert new != old
+    assert i_naive < i_ready, "the naive READY (old pid) must come before genready's READY (new pid)"
+    _, m = first(r"sim: new pid (\d+) finished loading: it can generate now")
+    assert int(m[1]) == new
+    i_bench, m = first(r"bench: (\d+)/(\d+) requests ok, .*; measured pid (\d+)$")
+    assert int(m[3]) == new and m[1] == m[2]
+    assert i_bench > i_ready
+
+    # The cells say what each check answered after each event: once genready's first answer
+    # after the restart arrived (a 503), never READY for the old pid again, and READY for the
+    # new pid only from its own row on.
+    i_restart, _ = first(r"script: systemctl --user restart --no-block")
+    i_revoked, _ = first(rf"genready: 503, not ready \(pid {old}\)")
+    assert i_restart < i_revoked < i_ready
+    for i, row in enumerate(rows[i_revoked:], start=i_revoked):
+        assert f"READY {old} " not in row, row
+        assert (f"READY {new} " in row) == (i >= i_ready), row
+
+    m_verdict = re.search(r"^VERDICT .*?(?=\n\n)", out, re.M | re.S)
+    assert m_verdict, out
+    verdict = " ".join(m_verdict[0].split())
+    assert re.search(r"said READY \d+\.\d s before the new server could generate", verdict), verdict
+    assert f"the OLD pid {old} answered it" in verdict
+    assert f"naming the NEW pid {new}, and the benchmark it triggered measured pid {new}" in verdict
+
+    m2 = re.search(r"removed (/tmp/genready-demo-\S+) ", out)
+    assert m2, out
+    root = m2[1]
+    assert not Path(root).exists()
+    assert processes_mentioning(root) == [], f"left running: {processes_mentioning(root)}"
+    assert re.search(r"^demo finished in \d+\.\d s$", out, re.M)
+
+
+def test_a_failed_step_is_reported_and_everything_is_cleaned_up(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    needs_manager()
+
+    def broken(self: demo.Demo) -> int:
+        raise demo.DemoFailed("sim.service would not start (simulated)", logs=("sim",))
+
+    monkeypatch.setattr(demo.Demo, "start_services", broken)
+    assert demo.run(fast=True) == 1
+    cap = capsys.readouterr()
+    assert "demo failed: sim.service would not start (simulated)" in cap.err
+    assert "--- last lines of " in cap.err and "sim.log" in cap.err
+    m = re.search(r"removed (/tmp/genready-demo-\S+) ", cap.out)
+    assert m, cap.out
+    assert not Path(m[1]).exists()
+    assert processes_mentioning(m[1]) == []
+    assert "demo FAILED in " in cap.out
+
+
+def test_sigterm_mid_demo_still_cleans_up(tmp_path: Path) -> None:
+    """A CI timeout or a closed terminal must not leave a systemd manager running."""
+    needs_manager()
+    out = tmp_path / "out.txt"
+    with out.open("w") as f:
+        proc = subprocess.Popen([*GENREADY, "demo", "--fast"], env=env_without_notify(), stdout=f,
+                                stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: "[3/5]" in out.read_text() or proc.poll() is not None, 30, "the demo's step 3")
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = out.read_text()
+    assert rc == 130, text
+    assert "demo interrupted" in text and "Traceback" not in text
+    m = re.search(r"removed (/tmp/genready-demo-\S+) ", text)
+    assert m, text
+    assert not Path(m[1]).exists()
+    assert processes_mentioning(m[1]) == []
+
+
+def test_without_root_a_clear_message_and_no_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(demo, "unavailable_reason", lambda: "needs root (a private mount namespace for systemd)")
+    assert demo.run(fast=True) == 1
+    cap = capsys.readouterr()
+    assert "genready demo: cannot run here: needs root" in cap.err
+    assert "hint: " in cap.err
+    assert cap.out == ""
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_demo_units_pass_systemd_analyze_verify(manager: UserManager, tmp_path: Path) -> None:
+    """The unit texts the demo writes are valid for a user manager (typos would only show at run time)."""
+    layout = demo.Layout(tmp_path)
+    texts = demo.unit_texts(layout, manager, demo.FULL, 9901, 30000)
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    paths = [str(tmp_path / n.replace("@.", f"@{demo.TARGET}.")) for n in texts]
+    r = subprocess.run(["systemd-analyze", "--user", "verify", *paths], env=manager.env, capture_output=True,
+                       text=True, timeout=60)
+    ours = [line for line in (r.stdout + r.stderr).splitlines() if str(tmp_path) in line or "genready" in line]
+    assert r.returncode == 0 and not ours, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(("word", "expected"), [
+    ("/usr/bin/python3", "/usr/bin/python3"),
+    ("%i", "%i"),
+    ("50%", "50%%"),
+    ("/tmp/a b/python", '"/tmp/a b/python"'),
+    ("$HOME", '"$$HOME"'),
+    ('say "hi"', '"say \\"hi\\""'),
+])
+def test_exec_words_are_escaped_for_systemd(word: str, expected: str) -> None:
+    assert demo.exec_arg(word) == expected
