@@ -47,8 +47,9 @@ def served(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def conforms(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
     """The ways `value` breaks `schema` (the JSON Schema subset openapi.py uses)."""
-    kinds: dict[str, type | tuple[type, ...]] = {"object": dict, "array": list, "string": str, "integer": int, "number": (int, float),
-             "boolean": bool, "null": type(None)}
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "object": dict, "array": list, "string": str, "integer": int, "number": (int, float), "boolean": bool,
+        "null": type(None)}
     errs: list[str] = []
     types = schema.get("type")
     if types is not None:
