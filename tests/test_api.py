@@ -21,7 +21,7 @@ import genready
 from genready import api, openapi
 from genready.usermanager import UserManager
 from tests.conftest import IN_CI
-from tests.helpers import Genready, free_port, show, sim_unit, wait_for
+from tests.helpers import GENREADY, Genready, free_port, show, sim_unit, wait_for
 
 UNIT = "ta-sim.service"
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -194,3 +194,19 @@ def test_metrics_move_through_a_restart(served: Genready) -> None:
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "" and out.stderr.strip() == "", out
 
+
+
+def test_status_cli_prints_a_table_and_json(served: Genready) -> None:
+    out = subprocess.run([*GENREADY, "status", "--url", served.base], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    pid = show(served.um, UNIT)[0]
+    lines = out.stdout.splitlines()
+    row = next(line for line in lines if line.startswith("sim "))
+    assert "ready" in row.split() and str(pid) in row.split()
+    assert any(line.startswith("gone ") and "absent" in line for line in lines)
+    js = subprocess.run([*GENREADY, "status", "--json", "--url", served.base], capture_output=True, text=True,
+                        timeout=30)
+    assert json.loads(js.stdout)["targets"]["sim"]["pid"] == pid
+    down = subprocess.run([*GENREADY, "status", "--url", f"http://127.0.0.1:{free_port()}"], capture_output=True,
+                          text=True, timeout=30)
+    assert down.returncode == 69 and "unreachable" in down.stderr
