@@ -232,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
              "changed or readiness was revoked while CMD ran; otherwise CMD's exit status")
     client_args(sp)
     sp.add_argument("--interval", type=float, default=0.2, metavar="S", help="how often to re-check readiness")
-    sp.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS")
+    # Not REMAINDER: that swallows options given after TARGET (`guard t --url U -- CMD` ran
+    # "--url" as the command) and takes CMD's first word as TARGET when TARGET is omitted.
+    # main() splits CMD off at the first "--"; without "--", plain words are still accepted.
+    sp.add_argument("cmd", nargs="*", metavar="-- CMD ARGS")
     sp.set_defaults(func=cmd_guard)
 
     from genready import sim  # the simulator owns its flags
@@ -254,8 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`guard … -- CMD ARGS`: (the arguments before the first "--", CMD ARGS); CMD is None
+    for every other subcommand, and for guard without "--"."""
+    if argv[:1] == ["guard"] and "--" in argv:  # the only options before a subcommand are -h/--version
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    head, cmd = _split_command(list(sys.argv[1:] if argv is None else argv))
+    args = build_parser().parse_args(head)
+    if cmd is not None:
+        args.cmd = cmd
     rc: int = args.func(args)
     return rc
 

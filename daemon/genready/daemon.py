@@ -27,6 +27,7 @@ from genready.records import RecordStore, StartRecord
 from genready.watcher import FreshReader, Snapshot, Watcher
 
 log = logging.getLogger("genready")
+SHUTDOWN_GRACE = 0.5  # seconds in-flight HTTP requests get to finish at shutdown
 
 
 def _duration(seconds: float) -> str:
@@ -83,7 +84,12 @@ class Daemon:
         self.watcher = Watcher(d.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
         self._tasks.append(asyncio.create_task(self.watcher.run(), name="watcher"))
         app = api.make_app(self.gates, self.metrics, self._status_extra)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
+        # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
+        # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
+        # then for it to take a cancellation), so a long-poll is cut after ~2 × SHUTDOWN_GRACE.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
+                                     shutdown_timeout=SHUTDOWN_GRACE)
         await self._runner.setup()
         site = web.TCPSite(self._runner, d.host, d.port, reuse_address=True)
         await site.start()
