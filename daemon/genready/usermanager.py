@@ -67,6 +67,7 @@ class UserManager:
     """One private systemd user manager: start(), use, stop(). Units go to `unit_dir`."""
 
     def __init__(self, root: Path | None = None) -> None:
+        self._own_root = root is None
         self.root = Path(root or tempfile.mkdtemp(prefix="genready-sd-"))
         self.runtime_dir = self.root / "run"
         self.config_home = self.root / "config"
@@ -122,6 +123,8 @@ class UserManager:
             self.proc.wait(10)
         for h in _hierarchies():
             _remove_cgroup_tree(h / f"genready-um-{pid}")
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def systemctl(self, *args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run `systemctl --user ARGS` against this manager."""
