@@ -12,6 +12,7 @@ import faulthandler
 import logging
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from aiohttp import web
@@ -75,14 +76,8 @@ class Daemon:
         self.store.load()
         self.fresh = FreshReader(d.bus)
         for t in self.cfg.targets.values():
-            self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
-            self.metrics.register_target(t.name, t.unit)
-            stamp.remove(d.runtime_dir, t.name)  # a stamp from a previous run proves nothing now
-            if t.verify_owner and self.owner_problem:
-                log.warning("%s: cannot prove who answers generations: %s; no start will be verified "
-                            "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
-        self.watcher = Watcher(d.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
-        self._tasks.append(asyncio.create_task(self.watcher.run(), name="watcher"))
+            self._add_gate(t)
+        self._start_watcher()
         app = api.make_app(self.gates, self.metrics, self._status_extra)
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
@@ -105,11 +100,12 @@ class Daemon:
                 await asyncio.wait_for(self.should_exit.wait(), 0.5)
             if self.reload_requested:
                 self.reload_requested = False
-                self._reload()
+                await self._reload()
 
     async def shutdown(self) -> None:
         self.notifier.stopping(status="genready: stopping")
         log.info("shutting down")
+        await self._stop_watcher()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -123,11 +119,32 @@ class Daemon:
         self.summarizer.flush_all()
         self.store.close()
 
+    def _add_gate(self, t: config.TargetConfig) -> None:
+        self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
+        self.metrics.register_target(t.name, t.unit)
+        stamp.remove(self.cfg.daemon.runtime_dir, t.name)  # a stamp from an earlier run proves nothing now
+        if t.verify_owner and self.owner_problem:
+            log.warning("%s: cannot prove who answers generations: %s; no start will be verified "
+                        "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
+
+    def _start_watcher(self) -> None:
+        self.watcher = Watcher(self.cfg.daemon.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
+        self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
+
+    async def _stop_watcher(self) -> None:
+        self._watcher_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._watcher_task
+
     def _request_reload(self) -> None:
         self.reload_requested = True
 
-    def _reload(self) -> None:
-        """SIGHUP: re-read the config. A broken one is refused, the running one kept."""
+    async def _reload(self) -> None:
+        """SIGHUP: re-read the config and apply it. A broken one is refused, the running one kept.
+
+        Targets are added, removed or re-probed under their new settings; the daemon's own
+        address, bus and directories are wired at startup and change only with a restart.
+        """
         path = config.resolve_path(self.config_path)
         try:
             new = config.load(path)
@@ -139,9 +156,36 @@ class Daemon:
         self.config_error = ""
         if new == self.cfg:
             log.info("config reloaded from %s: unchanged", path)
-        else:
-            # Targets, bus and listen address are wired at startup; a clean restart applies them.
-            log.warning("config reloaded from %s: changes take effect at the next restart of genready", path)
+            self._update_systemd()
+            return
+        if self.sent_ready:
+            self.reloading = True
+            self.notifier.reloading(status="genready: applying a new configuration")
+        fixed = [f"daemon.{k}" for k in ("listen", "bus", "state_dir", "runtime_dir")
+                 if getattr(new.daemon, k) != getattr(self.cfg.daemon, k)]
+        if fixed:
+            log.warning("config reload: %s change(s) take effect at the next restart of genready", ", ".join(fixed))
+        logging.getLogger("genready").setLevel(new.daemon.log_level.upper())
+        old_targets = self.cfg.targets
+        self.cfg = replace(new, daemon=replace(self.cfg.daemon, log_level=new.daemon.log_level))
+        units_changed = {t.unit for t in old_targets.values()} != {t.unit for t in new.targets.values()}
+        if units_changed:
+            await self._stop_watcher()
+        for name, old_t in old_targets.items():
+            new_t = new.targets.get(name)
+            if new_t is None or new_t.unit != old_t.unit:
+                gate = self.gates.pop(name)
+                await gate.close()
+                self.metrics.forget_target(name, old_t.unit)
+                stamp.remove(self.cfg.daemon.runtime_dir, name)
+            elif new_t != old_t:
+                await self.gates[name].reconfigure(new_t)
+        for name, new_t in new.targets.items():
+            if name not in self.gates:
+                self._add_gate(new_t)
+        if units_changed:
+            self._start_watcher()
+        event(log, logging.INFO, "config reloaded", path=str(path), targets=",".join(self.gates))
         self._update_systemd()
 
     async def _watchdog(self) -> None:

@@ -111,6 +111,7 @@ class TargetGate:
         self.store = store
         self.fresh = fresh
         self.listener = listener
+        self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
         self.snap: Snapshot | None = None
         self.state = "unknown"
@@ -391,6 +392,19 @@ class TargetGate:
             "probes": p.probes, "last_error": p.last_error or None,
             "snapshot": s.to_json() if s else None,
         }
+
+    async def reconfigure(self, cfg: TargetConfig) -> None:
+        """Take new probe settings. A verification made under the old ones is not kept."""
+        await self.close()
+        self.cfg = cfg
+        self.prober = self._prober_factory(cfg)
+        if self.verified is not None:
+            if self.ready:
+                self._revoke("config_changed")
+            self.verified = None
+        self.progress = ProbeProgress()
+        self._schedule_probing()
+        self._set_state()
 
     async def close(self) -> None:
         if self._task is not None:

@@ -23,7 +23,7 @@ PROBE_RESULTS: Final[tuple[str, ...]] = (
     "ok", "refused", "timeout", "http_status", "bad_response", "foreign_owner", "stale_instance",
 )
 REVOCATION_REASONS: Final[tuple[str, ...]] = (
-    "pid_changed", "invocation_changed", "inactive", "job_queued", "recheck_failed", "bus_lost",
+    "pid_changed", "invocation_changed", "inactive", "job_queued", "recheck_failed", "bus_lost", "config_changed",
 )
 # The readiness endpoint's two everyday answers: ready / not ready.
 READY_CODES: Final[tuple[int, ...]] = (200, 503)

@@ -206,6 +206,8 @@ class Watcher:
                 assert self._lost is not None
                 await self._lost
             except asyncio.CancelledError:
+                # Stopping is not losing the bus: nobody should be told the targets are unknown.
+                self.on_change = lambda unit, snap: None
                 self._disconnect("shutting down")
                 raise
             except Exception as e:  # pystemd raises DBusError and, from callbacks, SystemError

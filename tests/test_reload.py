@@ -1,0 +1,55 @@
+"""SIGHUP applies a new config to a running genready: targets added, changed and removed."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from genready.usermanager import UserManager
+from tests.helpers import Genready, free_port, show, sim_unit, wait_for
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+
+
+def ready_pid(g: Genready, target: str) -> int | None:
+    code, body = g.get(f"/ready/{target}")
+    return int(body["pid"]) if code == 200 else None
+
+
+def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path: Path) -> None:
+    ports = {u: free_port() for u in ("tr-a.service", "tr-b.service")}
+    for unit, port in ports.items():
+        manager.install_unit(unit, sim_unit(port))
+        manager.systemctl("start", unit)
+    a: dict[str, Any] = {"unit": "tr-a.service", "url": f"http://127.0.0.1:{ports['tr-a.service']}", **FAST}
+    g = Genready(manager, tmp_path, {"a": a}).start()
+    try:
+        pid_a = show(manager, "tr-a.service")[0]
+        wait_for(lambda: ready_pid(g, "a") == pid_a, 20, "a verified")
+        cfg = {"daemon": {"listen": f"127.0.0.1:{g.port}", "bus": "user", "state_dir": str(g.state_dir),
+                          "runtime_dir": str(g.runtime_dir)},
+               "targets": {"a": {**a, "warmup": 2},
+                           "b": {"unit": "tr-b.service", "url": f"http://127.0.0.1:{ports['tr-b.service']}", **FAST}}}
+        g.config_path.write_text(tomli_w.dumps(cfg))
+        assert g.proc is not None
+        g.proc.send_signal(signal.SIGHUP)
+        pid_b = show(manager, "tr-b.service")[0]
+        wait_for(lambda: ready_pid(g, "b") == pid_b, 20, "the added target verified")
+        # a's settings changed: its verification is redone under them, for the same start.
+        wait_for(lambda: ready_pid(g, "a") == pid_a, 20, "a verified again")
+        recs = g.records("a")
+        assert len(recs) == 1 and recs[0]["probes"] >= 2
+        assert "config_changed" in g.get("/metrics")[1]
+        del cfg["targets"]["a"]
+        g.config_path.write_text(tomli_w.dumps(cfg))
+        g.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: g.get("/ready/a")[0] == 404, 20, "a removed")
+        assert ready_pid(g, "b") == pid_b
+        assert g.proc.poll() is None
+    finally:
+        g.stop()
+        for unit in ports:
+            manager.systemctl("stop", unit)
