@@ -29,10 +29,11 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
     try:
         pid_a = show(manager, "tr-a.service")[0]
         wait_for(lambda: ready_pid(g, "a") == pid_a, 20, "a verified")
+        targets: dict[str, Any] = {
+            "a": {**a, "warmup": 2},
+            "b": {"unit": "tr-b.service", "url": f"http://127.0.0.1:{ports['tr-b.service']}", **FAST}}
         cfg = {"daemon": {"listen": f"127.0.0.1:{g.port}", "bus": "user", "state_dir": str(g.state_dir),
-                          "runtime_dir": str(g.runtime_dir)},
-               "targets": {"a": {**a, "warmup": 2},
-                           "b": {"unit": "tr-b.service", "url": f"http://127.0.0.1:{ports['tr-b.service']}", **FAST}}}
+                          "runtime_dir": str(g.runtime_dir)}, "targets": targets}
         g.config_path.write_text(tomli_w.dumps(cfg))
         assert g.proc is not None
         g.proc.send_signal(signal.SIGHUP)
@@ -43,7 +44,7 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
         recs = g.records("a")
         assert len(recs) == 1 and recs[0]["probes"] >= 2
         assert "config_changed" in g.get("/metrics")[1]
-        del cfg["targets"]["a"]
+        del targets["a"]
         g.config_path.write_text(tomli_w.dumps(cfg))
         g.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: g.get("/ready/a")[0] == 404, 20, "a removed")
