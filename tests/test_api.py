@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -210,3 +212,23 @@ def test_status_cli_prints_a_table_and_json(served: Genready) -> None:
     down = subprocess.run([*GENREADY, "status", "--url", f"http://127.0.0.1:{free_port()}"], capture_output=True,
                           text=True, timeout=30)
     assert down.returncode == 69 and "unreachable" in down.stderr
+
+
+def connected_to(port: int) -> bool:
+    """An ESTABLISHED TCP connection to 127.0.0.1:port exists (its local end is the client)."""
+    want = f":{port:04X} "
+    rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return any(r.split()[2].endswith(want.strip()) and r.split()[3] == "01" for r in rows)
+
+
+def test_long_poll_at_shutdown_gets_a_503_saying_so(manager: UserManager, tmp_path: Path) -> None:
+    g = Genready(manager, tmp_path, {"gone": {"unit": "ta-never.service", "url": f"http://127.0.0.1:{free_port()}"}})
+    g.start()
+    result: list[tuple[int, Any]] = []
+    t = threading.Thread(target=lambda: result.append(g.get("/ready/gone?wait=60", timeout=30)))
+    t.start()
+    wait_for(lambda: connected_to(g.port), 5, "the long-poll's connection")
+    assert g.stop() == 0
+    t.join(10)
+    code, body = result[0]
+    assert code == 503 and body["reason"] == "genready is shutting down", body

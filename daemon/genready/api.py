@@ -22,6 +22,7 @@ GATES = web.AppKey("gates", dict)
 METRICS = web.AppKey("metrics", object)
 STARTED = web.AppKey("started", float)
 STATUS_EXTRA = web.AppKey("status_extra", object)
+STOPPING = web.AppKey("stopping", asyncio.Event)
 
 
 class BadQuery(Exception):
@@ -108,11 +109,16 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
                 body = {"ready": True, "targets": body}
             return web.json_response(body, status=200)
         left = deadline - time.monotonic()
-        if left <= 0:
+        stopping = request.app[STOPPING]
+        if left <= 0 or stopping.is_set():
+            if stopping.is_set():
+                verdicts = [(False, "genready is shutting down")] * len(chosen)
             bodies = [_not_ready_body(g, why) for g, (ok, why) in zip(chosen, verdicts, strict=True) if not ok]
             out: Any = bodies[0] if name else {"ready": False, "targets": bodies}
             return web.json_response(out, status=503)
-        waits = [asyncio.ensure_future(g.wait_changed(left)) for g in chosen]
+        # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(g.wait_changed(left)) for g in chosen]
+        waits.append(asyncio.ensure_future(stopping.wait()))
         _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         for p in pending:
             p.cancel()
@@ -168,6 +174,7 @@ def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
     app[METRICS] = metrics_
     app[STARTED] = time.monotonic()
     app[STATUS_EXTRA] = status_extra
+    app[STOPPING] = asyncio.Event()
     app.router.add_get("/ready", ready)
     app.router.add_get("/ready/{target}", ready)
     app.router.add_get("/status", status)

@@ -104,6 +104,8 @@ class Daemon:
 
     async def shutdown(self) -> None:
         self.notifier.stopping(status="genready: stopping")
+        if self._runner is not None:
+            self._runner.app[api.STOPPING].set()
         log.info("shutting down")
         await self._stop_watcher()
         for task in self._tasks:
