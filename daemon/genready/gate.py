@@ -308,8 +308,9 @@ class TargetGate:
                     p.waiting_since = time.time()
             self._set_state()
             if not (self.verified and self.verified.instance == inst):
-                # Jitter keeps many genreadys (or targets) from probing in lockstep.
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                # Jitter keeps many genreadys (or targets) from probing in lockstep; backoff_max
+                # stays a bound, since it bounds how late a server that can generate is noticed.
+                await asyncio.sleep(min(self.cfg.backoff_max, delay * random.uniform(0.8, 1.2)))
                 delay = min(delay * 2, self.cfg.backoff_max)
 
     async def _probe_once(self, inst: Instance) -> ProbeResult:
