@@ -20,6 +20,15 @@ import tomli_w
 from genready.usermanager import UserManager
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def code_paths() -> list[Path]:
+    """Where this interpreter and genready's code live (the checkout holds the venv and the
+    editable install). A sandboxed test unit must see them wherever the checkout is: under
+    /tmp, PrivateTmp= hides it; under /root or /home, ProtectHome= does."""
+    paths = sorted({REPO, Path(sys.base_prefix).resolve()})
+    return [p for p in paths if not any(p != q and p.is_relative_to(q) for q in paths)]
 PY = sys.executable
 GENREADY = [PY, "-m", "genready.cli"]
 

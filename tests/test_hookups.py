@@ -29,7 +29,7 @@ import pytest
 
 from genready.gate import from_iso
 from genready.usermanager import UserManager
-from tests.helpers import GENREADY, PY, Genready, free_port, show, sim_unit, wait_for
+from tests.helpers import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
 from tests.test_units import UNITS, genready_binary, inaccessible_nodes, rewrite  # noqa: F401 (fixture)
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -205,8 +205,10 @@ class Bench:
         }
         svc = rewrite((UNITS / "genready-bench@.service").read_text(), mapping)
         # The log is under /tmp, which the unit's PrivateTmp= would hide.
-        svc = svc.replace("[Service]\n", f"[Service]\nBindPaths={tmp}\nStandardOutput=append:{tmp}/bench.out\n"
-                          f"StandardError=append:{tmp}/bench.out\n", 1)
+        # The venv and the code may be there too, wherever the checkout is.
+        code = " ".join(str(p) for p in code_paths())
+        svc = svc.replace("[Service]\n", f"[Service]\nBindPaths={tmp}\nBindReadOnlyPaths={code}\n"
+                          f"StandardOutput=append:{tmp}/bench.out\nStandardError=append:{tmp}/bench.out\n", 1)
         (tmp / "bench-t.env").write_text(
             f"GENREADY_BENCH_COMMAND=sh -c 'echo $GENREADY_PID $(date +%s.%N) >> {self.log}'\n")
         manager.install_unit(f"{prefix}@.service", svc)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from genready.usermanager import UserManager
+from tests.helpers import code_paths
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 EXAMPLES = UNITS / "examples"
@@ -267,14 +268,16 @@ def nobody_listener() -> Iterator[tuple[int, int]]:
 
 def hardened_variant(text: str, *, exec_start: str, probe_dir: Path, manager: UserManager) -> str:
     """genready.service with only what a test machine forces changed (the reasons inline)."""
-    base = Path(sys.base_prefix)
+    code = code_paths()
+    in_homes = [p for p in code if p.is_relative_to("/root") or p.is_relative_to("/home")]
     out = []
     for line in text.splitlines():
         if line.startswith("ExecStart="):
             line = f"ExecStart={exec_start}"
-        elif line == "ProtectHome=yes" and (base.is_relative_to("/root") or base.is_relative_to("/home")):
-            # This machine's Python lives under /root (pyenv): hide the rest of the homes.
-            line = f"ProtectHome=tmpfs\nBindReadOnlyPaths={base}"
+        elif line == "ProtectHome=yes" and in_homes:
+            # This machine's Python lives under /root (pyenv), maybe the checkout too: hide the
+            # rest of the homes.
+            line = "ProtectHome=tmpfs"
         elif line == "WantedBy=multi-user.target":
             line = "WantedBy=default.target"
         out.append(line)
@@ -283,7 +286,7 @@ def hardened_variant(text: str, *, exec_start: str, probe_dir: Path, manager: Us
             # PrivateTmp= hides; on a host they are /run/dbus/… and /run/systemd/notify.
             rt = manager.runtime_dir
             out += [f"BindPaths={rt}/systemd/notify {rt}/bus",
-                    f"BindReadOnlyPaths={probe_dir}",
+                    f"BindReadOnlyPaths={probe_dir} {' '.join(map(str, code))}",
                     f"StandardOutput=append:{probe_dir}/out.log",
                     f"StandardError=append:{probe_dir}/out.log"]
     return "\n".join(out) + "\n"
