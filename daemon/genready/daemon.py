@@ -50,6 +50,7 @@ class Daemon:
         self.reload_requested = False
         self.config_error = ""
         self.sent_ready = False
+        self.listening = False
         self.reloading = False
         self.owner_problem = owner_check_unavailable()
         self.gates: dict[str, TargetGate] = {}
@@ -88,6 +89,7 @@ class Daemon:
         await self._runner.setup()
         site = web.TCPSite(self._runner, d.host, d.port, reuse_address=True)
         await site.start()
+        self.listening = True
         log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
                  ", ".join(self.gates))
         if self.notifier.watchdog_interval():
@@ -262,8 +264,8 @@ class Daemon:
             lines.append(f"config reload refused: {self.config_error}")
         gated = [g for g in self.gates.values() if g.cfg.gate_startup]
         if not self.sent_ready:
-            # READY=1 only once every gating target was verified at least once.
-            if all(g.ever_verified for g in gated):
+            # READY=1 only once the API answers and every gating target was verified at least once.
+            if self.listening and all(g.ever_verified for g in gated):
                 self.sent_ready = True
                 self.notifier.ready(status="\n".join(lines))
                 log.info("all gating targets verified: READY=1 sent to systemd")
