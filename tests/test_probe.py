@@ -341,6 +341,29 @@ async def test_timeout_accepts_but_never_answers(raw: Callable[[Handler], Awaita
     assert r.served_by_pid == ME  # who held the hanging connection is still reported
 
 
+async def test_cancelled_probe_closes_its_connection(raw: Callable[[Handler], Awaitable[str]]) -> None:
+    """The gate cancels a probe whose instance is gone; its connection must not stay open."""
+    got_request, saw_eof = asyncio.Event(), asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        got_request.set()
+        if await reader.read(1) == b"":  # the client closed its side
+            saw_eof.set()
+
+    url = await raw(handler)
+    prober = Prober(target(url, probe_timeout=30))
+    try:
+        task = asyncio.create_task(prober.probe(ME))
+        await asyncio.wait_for(got_request.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(saw_eof.wait(), 5)
+    finally:
+        await prober.close()
+
+
 async def test_timeout_never_accepted() -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))

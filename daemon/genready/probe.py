@@ -325,6 +325,14 @@ class Prober:
             raise RuntimeError("Prober is closed")
         t0 = time.monotonic()
         att = _Attempt()
+        try:
+            return await self._probe(att, main_pid, t0)
+        finally:
+            # Also when cancelled (the gate cancels a probe whose instance is gone): never leak it.
+            if att.conn is not None and att.conn in self._open:
+                await asyncio.shield(self._release(att.conn))
+
+    async def _probe(self, att: _Attempt, main_pid: int, t0: float) -> ProbeResult:
         outcome: int | _Fail
         try:
             async with asyncio.timeout(self._t.probe_timeout):
