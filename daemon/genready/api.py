@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from genready import __version__, openapi
+from genready.gate import iso
 
 if TYPE_CHECKING:
-    from genready.gate import TargetGate
+    from genready.gate import TargetGate, Verification
     from genready.metrics import Metrics
 
 MAX_WAIT = 3600.0
@@ -103,18 +104,18 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
     while True:
         # Each pass does a fresh systemd read per target, begun after the request arrived.
         verdicts = [await g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"]) for g in chosen]
-        if all(ok for ok, _ in verdicts):
-            body: Any = ([_ready_body(g) for g in chosen] if not name else _ready_body(chosen[0]))
-            if not name:
-                body = {"ready": True, "targets": body}
+        if all(v is not None for v, _ in verdicts):
+            # Built from the verifications that were just checked, not from live state.
+            bodies = [_ready_body(g, v) for g, (v, _) in zip(chosen, verdicts, strict=True) if v is not None]
+            body: Any = bodies[0] if name else {"ready": True, "targets": bodies}
             return web.json_response(body, status=200)
         left = deadline - time.monotonic()
         stopping = request.app[STOPPING]
         if left <= 0 or stopping.is_set():
             if stopping.is_set():
-                verdicts = [(False, "genready is shutting down")] * len(chosen)
-            bodies = [_not_ready_body(g, why) for g, (ok, why) in zip(chosen, verdicts, strict=True) if not ok]
-            out: Any = bodies[0] if name else {"ready": False, "targets": bodies}
+                verdicts = [(None, "genready is shutting down")] * len(chosen)
+            not_ready = [_not_ready_body(g, why) for g, (v, why) in zip(chosen, verdicts, strict=True) if v is None]
+            out: Any = not_ready[0] if name else {"ready": False, "targets": not_ready}
             return web.json_response(out, status=503)
         # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(g.wait_changed(left)) for g in chosen]
@@ -124,9 +125,9 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
             p.cancel()
 
 
-def _ready_body(g: TargetGate) -> dict[str, object]:
-    j = g.to_json()
-    return {k: j[k] for k in ("ready", "target", "unit", "pid", "invocation_id", "ready_since", "load_seconds")}
+def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:
+    return {"ready": True, "target": g.name, "unit": g.unit, "pid": v.instance[1], "invocation_id": v.instance[0],
+            "ready_since": iso(v.ready_since), "load_seconds": v.load_seconds}
 
 
 def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:

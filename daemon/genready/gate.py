@@ -30,7 +30,6 @@ from genready.watcher import FreshReader, Snapshot
 
 log = logging.getLogger("genready.gate")
 
-STATES = ("absent", "inactive", "starting", "loading", "warming", "ready", "stuck", "unknown")
 Instance = tuple[str, int]  # (InvocationID, MainPID)
 # ExecMainCode is a CLD_* code from waitid(2).
 _EXIT_CODES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
@@ -58,6 +57,10 @@ def revocation_reason(snap: Snapshot | None, verified: Instance) -> str:
     if snap.job_id != 0:
         return "job_queued"
     return "inactive"
+
+
+def _show(s: Snapshot) -> str:
+    return f"pid {s.main_pid} {s.active_state}" + (" with a job pending" if s.job_id else "")
 
 
 def iso(ts: float | None) -> str | None:
@@ -158,6 +161,9 @@ class TargetGate:
             self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=reason))
         log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance[1])
         self.verified = None
+        # Even for the same instance (a job came and went): warmup and load_timeout count anew.
+        self.progress.successes = 0
+        self.progress.waiting_since = time.time()
         self.listener.revoked(self, reason)
 
     def _set_state(self) -> None:
@@ -259,9 +265,9 @@ class TargetGate:
         s = self.snap
         if s is None or s.job_id != 0 or s.main_pid == 0 or not s.invocation_id:
             return None
-        if s.active_state == "active" or (s.active_state == "activating" and s.sub_state == "start"):
-            return (s.invocation_id, s.main_pid)
-        return None
+        # Only `active`: readiness needs it, and a verification made earlier (a Type=notify
+        # server still activating) could be announced while /ready still says no.
+        return (s.invocation_id, s.main_pid) if s.active_state == "active" else None
 
     def _schedule_probing(self) -> None:
         want = self._probe_wanted()
@@ -292,11 +298,10 @@ class TargetGate:
                 p.successes += 1
                 p.failures = 0
                 p.last_error = ""
-                if not (self.verified and self.verified.instance == inst) and p.successes >= self.cfg.warmup:
-                    self._verify(inst, result)
-                    if not self.cfg.recheck_interval:
-                        self._set_state()
-                        return
+                if (not (self.verified and self.verified.instance == inst) and p.successes >= self.cfg.warmup
+                        and self._verify(inst, result) and not self.cfg.recheck_interval):
+                    self._set_state()
+                    return
                 delay = self.cfg.backoff_initial
             else:
                 p.successes = 0
@@ -305,7 +310,6 @@ class TargetGate:
                 p.last_failure = str(result.failure)
                 if self.verified and self.verified.instance == inst and p.failures >= self.cfg.failure_threshold:
                     self._revoke("recheck_failed")
-                    p.waiting_since = time.time()
             self._set_state()
             if not (self.verified and self.verified.instance == inst):
                 # Jitter keeps many genreadys (or targets) from probing in lockstep; backoff_max
@@ -319,24 +323,23 @@ class TargetGate:
             before = await self.fresh.read(self.unit)
         except Exception as e:
             return ProbeResult(False, Failure.STALE_INSTANCE, f"systemd read failed: {e}", None, 0.0, 0)
-        if (before.invocation_id, before.main_pid) != inst or before.job_id or before.active_state not in (
-            "active", "activating"):
-            return ProbeResult(False, Failure.STALE_INSTANCE,
-                               f"before the probe systemd showed pid {before.main_pid} {before.active_state}"
-                               f"{' with a job pending' if before.job_id else ''}", None, 0.0, 0)
+        if not is_ready(before, inst):
+            return ProbeResult(False, Failure.STALE_INSTANCE, f"before the probe systemd showed {_show(before)}",
+                               None, 0.0, 0)
         result = await self.prober.probe(inst[1])
         try:
             after = await self.fresh.read(self.unit)
         except Exception as e:
             return ProbeResult(False, Failure.STALE_INSTANCE, f"systemd read failed: {e}", None, result.seconds, 0)
-        if (after.invocation_id, after.main_pid) != inst or after.job_id or after.active_state not in (
-                "active", "activating"):
-            return ProbeResult(False, Failure.STALE_INSTANCE,
-                               f"the instance changed during the probe (now pid {after.main_pid} "
-                               f"{after.active_state})", result.served_by_pid, result.seconds, 0)
+        if not is_ready(after, inst):
+            return ProbeResult(False, Failure.STALE_INSTANCE, f"the instance changed during the probe: systemd "
+                               f"now shows {_show(after)}", result.served_by_pid, result.seconds, 0)
         return result
 
-    def _verify(self, inst: Instance, result: ProbeResult) -> None:
+    def _verify(self, inst: Instance, result: ProbeResult) -> bool:
+        """Mark `inst` verified, if the watcher's latest view still shows it ready (else False)."""
+        if not is_ready(self.snap, inst):
+            return False  # a change arrived while we probed: its event will reschedule probing
         now = time.time()
         rec = self.store.get(self.name, inst[0])
         started = from_iso(rec.started_at) if rec else None
@@ -351,6 +354,7 @@ class TargetGate:
                  load, self.progress.probes)
         if rec is not None:
             self.listener.verified(self, rec)
+        return True
 
     # -- questions from the API --------------------------------------------------------------
 
@@ -360,25 +364,25 @@ class TargetGate:
             await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def check(self, *, since: float | None = None, pid: int | None = None,
-                    invocation: str | None = None) -> tuple[bool, str]:
-        """(ready, reason). Ready needs the rule to hold on a systemd read made after this call."""
+                    invocation: str | None = None) -> tuple[Verification | None, str]:
+        """(the verification that holds, or None; why not). It must hold on a systemd read made
+        after this call began."""
         v = self.verified
         if not self.ready or v is None:
-            return False, self.reason or self.state
+            return None, self.reason or self.state
         if since is not None and (v.started_at is None or v.started_at <= since):
-            return False, "the verified start began before since="
+            return None, "the verified start began before since="
         if pid is not None and v.instance[1] != pid:
-            return False, f"the verified pid is {v.instance[1]}, not {pid}"
+            return None, f"the verified pid is {v.instance[1]}, not {pid}"
         if invocation is not None and v.instance[0] != invocation:
-            return False, "the verified invocation is another one"
+            return None, "the verified invocation is another one"
         try:
             fresh = await self.fresh.read(self.unit)
         except Exception as e:
-            return False, f"systemd read failed: {e}"
-        if not is_ready(fresh, self.verified.instance if self.verified else None):
-            return False, f"systemd now shows pid {fresh.main_pid} {fresh.active_state}" + (
-                " with a job pending" if fresh.job_id else "")
-        return True, ""
+            return None, f"systemd read failed: {e}"
+        if self.verified is not v or not is_ready(fresh, v.instance):
+            return None, f"systemd now shows {_show(fresh)}"
+        return v, ""
 
     def to_json(self) -> dict[str, object]:
         v, p, s = self.verified, self.progress, self.snap
