@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import threading
 import urllib.error
@@ -232,3 +233,25 @@ def test_long_poll_at_shutdown_gets_a_503_saying_so(manager: UserManager, tmp_pa
     t.join(10)
     code, body = result[0]
     assert code == 503 and body["reason"] == "genready is shutting down", body
+
+
+def test_cli_against_something_that_is_not_genready() -> None:
+    """A port that speaks another protocol is 'unreachable' (69) with a message, not a traceback."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+
+        def banner() -> None:
+            for _ in range(2):
+                conn, _ = srv.accept()
+                with conn:
+                    conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+        t = threading.Thread(target=banner, daemon=True)
+        t.start()
+        for cmd in (["status"], ["wait", "t", "--timeout", "0"]):
+            out = subprocess.run([*GENREADY, *cmd, "--url", f"http://127.0.0.1:{port}"], capture_output=True,
+                                 text=True, timeout=30)
+            assert out.returncode == 69, out
+            assert "Traceback" not in out.stderr and "unreachable" in out.stderr

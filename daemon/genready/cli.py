@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -150,6 +151,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     # since= compares against the new process's start time, so take T before asking systemd.
     t0 = time.time()
     try:
+        # pystemd's connect blocks for 25 s against a bus socket nobody serves: ask first.
+        asyncio.run(watcher.bus_answers(cfg.daemon.bus))
         watcher.restart_unit(cfg.daemon.bus, unit)
     except Exception as e:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
@@ -159,6 +162,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     if code == 200:
         _print_ready(body)
         return 0
+    if code in (400, 404):
+        die(f"the daemon refused: {body.get('error')}", hint="is the daemon running with this config?", status=2)
     _print_not_ready(body)
     return 1
 
@@ -271,7 +276,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(head)
     if cmd is not None:
         args.cmd = cmd
-    rc: int = args.func(args)
+    try:
+        rc: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130  # the shell's convention for SIGINT; no traceback for a Ctrl-C
     return rc
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import sys
 import urllib.error
@@ -31,8 +32,8 @@ def request(base: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:
             return e.code, json.loads(e.read())
         except ValueError:
             return e.code, {"error": f"HTTP {e.code}"}
-    except (OSError, ValueError) as e:
-        raise Unreachable(str(e)) from e
+    except (OSError, ValueError, http.client.HTTPException) as e:  # incl. a port that does not speak HTTP
+        raise Unreachable(str(e) or type(e).__name__) from e
 
 
 def get_json(base: str, path: str, timeout: float = 10.0) -> Any:
@@ -62,8 +63,8 @@ def format_status(data: dict[str, Any]) -> str:
     targets: dict[str, Any] = data.get("targets", {})
     rows = [["TARGET", "UNIT", "STATE", "PID", "READY SINCE", "LOAD s", "PROBES", "REASON / LAST ERROR"]]
     for name, t in targets.items():
-        rows.append([name, t["unit"], t["state"], _cell(t["pid"]), _cell(t["ready_since"]),
-                     _cell(t["load_seconds"]), _cell(t["probes"]), _cell(t["reason"] or t["last_error"])])
+        rows.append([name, *(_cell(t.get(k)) for k in ("unit", "state", "pid", "ready_since", "load_seconds",
+                                                      "probes")), _cell(t.get("reason") or t.get("last_error"))])
     out.append("\n" + _table(rows))
     for name, t in targets.items():
         recs = t.get("records") or []
@@ -72,8 +73,8 @@ def format_status(data: dict[str, Any]) -> str:
         out.append(f"\n{name}: newest starts\n")
         rows = [["INVOCATION", "PID", "STARTED", "READY", "LOAD s", "ENDED", "RESULT"]]
         for r in recs:
-            rows.append([r["invocation_id"][:12], _cell(r["main_pid"]), _cell(r["started_at"]),
-                         _cell(r["ready_at"]), _cell(r["load_seconds"]), _cell(r["ended_at"]),
-                         _cell(r["result"] or r.get("revoke_reason"))])
+            rows.append([str(r.get("invocation_id", ""))[:12],
+                         *(_cell(r.get(k)) for k in ("main_pid", "started_at", "ready_at", "load_seconds", "ended_at")),
+                         _cell(r.get("result") or r.get("revoke_reason"))])
         out.append(_table(rows))
     return "".join(out)

@@ -43,6 +43,9 @@ def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2) -> int
         reason = pinned.get("reason") or pinned.get("error") if isinstance(pinned, dict) else pinned
         print(f"genready guard: {target} is not ready ({reason}); not running {cmd[0]}", file=sys.stderr)
         return EX_TEMPFAIL
+    if not isinstance(pinned, dict) or not {"unit", "pid", "invocation_id"} <= pinned.keys():
+        print(f"genready guard: {base} did not answer like genready: {str(pinned)[:200]}", file=sys.stderr)
+        return EX_TEMPFAIL
     env = dict(os.environ, GENREADY_TARGET=target, GENREADY_UNIT=str(pinned["unit"]),
                GENREADY_PID=str(pinned["pid"]), GENREADY_INVOCATION_ID=str(pinned["invocation_id"]))
     try:

@@ -41,11 +41,3 @@ def remove(runtime_dir: str | Path, target: str) -> None:
     """Remove the stamp of `target`, if there is one."""
     stamp_path(runtime_dir, target).unlink(missing_ok=True)
 
-
-def read(runtime_dir: str | Path, target: str) -> dict[str, object] | None:
-    """The stamp's content, or None when there is none (or it is unreadable)."""
-    try:
-        data = json.loads(stamp_path(runtime_dir, target).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None

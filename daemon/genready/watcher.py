@@ -180,7 +180,6 @@ class Watcher:
         self.units = list(dict.fromkeys(units))
         self.on_change = on_change
         self.connected = False
-        self.connects = 0
         self.last_error = ""
         self._snaps: dict[str, Snapshot] = {}
         self._read_cookie: dict[tuple[str, bytes], int] = {}
@@ -249,7 +248,6 @@ class Watcher:
         self._fd = bus.get_fd()
         loop.add_reader(self._fd, self._drain)
         self.connected = True
-        self.connects += 1
         self.last_error = ""
         log.info("connected to the %s bus; watching %s", self.bus_kind, ", ".join(self.units))
         for unit in self.units:
@@ -366,13 +364,16 @@ class FreshReader:
         self.bus_kind = bus_kind
         self._bus: DBus | None = None
         self._pending: dict[str, asyncio.Future[Snapshot]] = {}
+        self._connecting = asyncio.Lock()
         self.reads = 0
 
     async def read(self, unit: str) -> Snapshot:
         """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
         if self._bus is None:
-            await bus_answers(self.bus_kind)
-            self._bus = open_bus(self.bus_kind)
+            async with self._connecting:  # concurrent first readers must not each open a bus
+                if self._bus is None:
+                    await bus_answers(self.bus_kind)
+                    self._bus = open_bus(self.bus_kind)
         fut = self._pending.get(unit)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
