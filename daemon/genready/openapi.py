@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genready import __version__
+from genready import __version__, metrics
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -23,8 +23,7 @@ READY = {
         "load_seconds": {**_NUM_OR_NULL, "description": "process start -> verified generation"},
     },
 }
-STATES: dict[str, Any] = {"type": "string", "enum": ["absent", "inactive", "starting", "loading", "warming",
-                                                     "ready", "stuck", "unknown"]}
+STATES: dict[str, Any] = {"type": "string", "enum": list(metrics.STATES)}
 NOT_READY: dict[str, Any] = {
     "type": "object",
     "required": ["ready", "target", "unit", "state", "reason", "pid", "invocation_id", "waiting_since", "probes",
