@@ -112,8 +112,12 @@ class Genready:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen([*GENREADY, "serve", "--config", str(self.config_path)], env=env,
                                          stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        wait_for(lambda: self.get("/status")[0] == 200 or self._dead(), 20, "genready's /status")
-        assert self.proc.poll() is None, f"genready exited: {self.log()}"
+        try:
+            wait_for(lambda: self.get("/status")[0] == 200 or self._dead(), 20, "genready's /status")
+            assert self.proc.poll() is None, f"genready exited: {self.log()}"
+        except BaseException:
+            self.stop()  # a failed start must not leave a daemon behind
+            raise
         return self
 
     def _dead(self) -> bool:
