@@ -101,8 +101,12 @@ class ProbeProgress:
     probes: int = 0
     successes: int = 0
     failures: int = 0  # consecutive
-    last_error: str = ""
-    last_failure: str = ""
+    last_error: str = ""  # "CLASS: detail"
+
+    @property
+    def last_failure(self) -> str:
+        """The failure class of the last probe, or "" after a success."""
+        return self.last_error.split(":", 1)[0]
 
 
 class TargetGate:
@@ -307,7 +311,6 @@ class TargetGate:
                 p.successes = 0
                 p.failures += 1
                 p.last_error = f"{result.failure}: {result.detail}"
-                p.last_failure = str(result.failure)
                 if self.verified and self.verified.instance == inst and p.failures >= self.cfg.failure_threshold:
                     self._revoke("recheck_failed")
             self._set_state()

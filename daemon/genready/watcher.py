@@ -284,12 +284,16 @@ class Watcher:
             if bus.get_fd() < 0:
                 raise ConnectionError("the bus connection was closed")
         except Exception as e:
-            self.last_error = f"{type(e).__name__}: {e}"
-            if self._lost is not None and not self._lost.done():
-                self._lost.set_result(None)
-            # sd-bus may have closed the fd already: unregister the number we registered, now,
-            # before anything can reuse it (a stale registration would swallow another socket).
-            self._forget_fd()
+            self._lose(e)
+
+    def _lose(self, e: Exception) -> None:
+        """The connection is gone: say why and wake run(), which reconnects."""
+        self.last_error = f"{type(e).__name__}: {e}"
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
+        # sd-bus may have closed the fd already: unregister the number we registered, now,
+        # before anything can reuse it (a stale registration would swallow another socket).
+        self._forget_fd()
 
     def _forget_fd(self) -> None:
         if self._fd >= 0:
@@ -323,9 +327,7 @@ class Watcher:
         try:
             self._refresh(unit)
         except Exception as e:
-            self.last_error = f"{type(e).__name__}: {e}"
-            if self._lost is not None and not self._lost.done():
-                self._lost.set_result(None)
+            self._lose(e)
             return
         self._drain()
 
@@ -409,23 +411,24 @@ class FreshReader:
             def get(iface: bytes, prop: bytes, sig: bytes) -> Any:
                 return bus.get_property(SYSTEMD, path, iface, prop, sig)
 
-            inv1 = _hex(get(UNIT_IFACE, b"InvocationID", b"ay"))
-            load_state = _s(get(UNIT_IFACE, b"LoadState", b"s"))
-            main_pid = int(get(SERVICE_IFACE, b"MainPID", b"u")) if load_state != "not-found" else 0
-            active = _s(get(UNIT_IFACE, b"ActiveState", b"s"))
-            job = int(get(UNIT_IFACE, b"Job", b"(uo)")[0])
-            inv2 = _hex(get(UNIT_IFACE, b"InvocationID", b"ay"))
+            first = {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay"),
+                     b"LoadState": get(UNIT_IFACE, b"LoadState", b"s")}
+            snap = apply_properties(Snapshot(unit), UNIT_IFACE, first)
+            if not snap.absent:
+                snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": get(SERVICE_IFACE, b"MainPID", b"u")})
+            snap = apply_properties(snap, UNIT_IFACE, {b"ActiveState": get(UNIT_IFACE, b"ActiveState", b"s"),
+                                                       b"Job": get(UNIT_IFACE, b"Job", b"(uo)")})
+            inv2 = apply_properties(Snapshot(unit), UNIT_IFACE,
+                                    {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay")}).invocation_id
         except Exception:
             with contextlib.suppress(Exception):
                 bus.close()
             self._bus = None
             raise
-        if inv1 != inv2:
+        if snap.invocation_id != inv2:
             # A start happened mid-read: report it as changing, which no gate accepts as ready.
-            return Snapshot(unit, load_state=load_state, active_state="activating", invocation_id=inv2,
-                            main_pid=main_pid, job_id=job or 1)
-        return Snapshot(unit, load_state=load_state, active_state=active, main_pid=main_pid,
-                        invocation_id=inv1, job_id=job)
+            return replace(snap, active_state="activating", invocation_id=inv2, job_id=snap.job_id or 1)
+        return snap
 
     def close(self) -> None:
         if self._bus is not None:
