@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 import tomli_w
 
 from genready import config
+from genready.compat import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "config" / "genready.toml"

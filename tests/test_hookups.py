@@ -21,12 +21,13 @@ import signal
 import subprocess
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from genready.compat import UTC
 from genready.gate import from_iso
 from genready.usermanager import UserManager
 from tests.helpers import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for

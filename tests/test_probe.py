@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from genready import compat
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober, ProbeResult
 
@@ -355,11 +356,11 @@ async def test_cancelled_probe_closes_its_connection(raw: Callable[[Handler], Aw
     prober = Prober(target(url, probe_timeout=30))
     try:
         task = asyncio.create_task(prober.probe(ME))
-        await asyncio.wait_for(got_request.wait(), 5)
+        await compat.wait_for(got_request.wait(), 5)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.wait_for(saw_eof.wait(), 5)
+        await compat.wait_for(saw_eof.wait(), 5)
     finally:
         await prober.close()
 

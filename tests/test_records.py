@@ -362,7 +362,7 @@ def run_child_until_killed(state: Path, run: str, mode: str, rng: random.Random)
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    rng = random.Random(int.from_bytes(os.urandom(4)))
+    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     acked: dict[str, int] = {}  # invocation_id -> highest stage whose put returned
     in_flight: set[str] = set()  # per run, the one record whose first put may have landed unprinted
     modes = ["random", "before-replace", "random", "after-replace", "random", "random", "random", "random"]

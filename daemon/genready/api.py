@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from genready import __version__, openapi
+from genready.compat import app_key
 from genready.gate import iso
 
 if TYPE_CHECKING:
@@ -19,11 +20,11 @@ if TYPE_CHECKING:
 
 MAX_WAIT = 3600.0
 _INVOCATION = re.compile(r"^[0-9a-f]{32}$")
-GATES = web.AppKey("gates", dict)
-METRICS = web.AppKey("metrics", object)
-STARTED = web.AppKey("started", float)
-STATUS_EXTRA = web.AppKey("status_extra", object)
-STOPPING = web.AppKey("stopping", asyncio.Event)
+GATES = app_key("gates", dict)
+METRICS = app_key("metrics", object)
+STARTED = app_key("started", float)
+STATUS_EXTRA = app_key("status_extra", object)
+STOPPING = app_key("stopping", asyncio.Event)
 
 
 class BadQuery(Exception):

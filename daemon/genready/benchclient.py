@@ -33,6 +33,8 @@ from typing import Any, Final, TextIO
 
 import aiohttp
 
+from genready.compat import TIMEOUT_ERRORS
+
 APIS: Final = ("sglang", "openai-completions", "openai-chat")
 PATHS: Final = {"sglang": "/generate", "openai-completions": "/v1/completions",
                 "openai-chat": "/v1/chat/completions"}
@@ -131,7 +133,9 @@ async def discover_model(session: aiohttp.ClientSession, url: str, timeout: floa
             data = await r.json(content_type=None)
         model = data["data"][0]["id"]
         return model if isinstance(model, str) and model else None
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, IndexError, TypeError):
+    except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    except TIMEOUT_ERRORS:
         return None
 
 
@@ -145,7 +149,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: str, body: 
             if r.status != 200:
                 return Outcome(False, took, error=f"HTTP {r.status}")
         tokens = completion_tokens(api, json.loads(raw))
-    except TimeoutError:
+    except TIMEOUT_ERRORS:
         return Outcome(False, time.perf_counter() - t0, error=f"timeout ({timeout:g} s)")
     except aiohttp.ClientConnectorError as e:
         # asyncio words refusals as "Connect call failed (addr)"; the errno says it shorter.

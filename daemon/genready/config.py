@@ -10,12 +10,13 @@ import ipaddress
 import math
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
+
+from genready.compat import tomllib
 
 EX_CONFIG: Final = 78
 DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")

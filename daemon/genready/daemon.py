@@ -15,9 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from aiohttp import web
-
-from genready import __version__, api, config, stamp
+from genready import __version__, api, compat, config, stamp
 from genready.gate import TargetGate, iso
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
@@ -54,7 +52,7 @@ class Daemon:
         self.reloading = False
         self.owner_problem = owner_check_unavailable()
         self.gates: dict[str, TargetGate] = {}
-        self._runner: web.AppRunner | None = None
+        self._runner: compat.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -84,10 +82,10 @@ class Daemon:
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
         # then for it to take a cancellation), so a long-poll is cut after ~2 × SHUTDOWN_GRACE.
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                     shutdown_timeout=SHUTDOWN_GRACE)
+        self._runner = compat.AppRunner(app, access_log=None, handle_signals=False,
+                                        shutdown_timeout=SHUTDOWN_GRACE)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, d.host, d.port, reuse_address=True)
+        site = compat.tcp_site(self._runner, d.host, d.port, reuse_address=True)
         await site.start()
         self.listening = True
         log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
@@ -99,7 +97,7 @@ class Daemon:
     async def main_loop(self) -> None:
         while not self.should_exit.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.should_exit.wait(), 0.5)
+                await compat.wait_for(self.should_exit.wait(), 0.5)
             if self.reload_requested:
                 self.reload_requested = False
                 await self._reload()

@@ -20,9 +20,10 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Protocol
 
+from genready.compat import UTC, wait_for
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober, ProbeResult
 from genready.records import RecordStore, StartRecord
@@ -364,7 +365,7 @@ class TargetGate:
     async def wait_changed(self, timeout: float) -> None:
         """Return when the state may have changed, or after `timeout` seconds."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await wait_for(self._changed.wait(), timeout)
 
     async def check(self, *, since: float | None = None, pid: int | None = None,
                     invocation: str | None = None) -> tuple[Verification | None, str]:

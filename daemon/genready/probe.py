@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import ipaddress
 import json
 import os
@@ -22,6 +21,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from genready import __version__
+from genready.compat import StrEnum, timeout
 from genready.config import APIS, TargetConfig
 from genready.owner import Owner, find_owner
 
@@ -30,7 +30,7 @@ _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
 _EXCERPT_CHARS: Final = 200
 
 
-class Failure(enum.StrEnum):
+class Failure(StrEnum):
     """Why a probe failed; a stable vocabulary for logs, metrics and the API."""
 
     REFUSED = "refused"  # no connection, or it was reset/closed before any answer
@@ -137,7 +137,7 @@ class _Conn:
             if first != b"HTTP/":
                 more = b""
                 with contextlib.suppress(TimeoutError, OSError):
-                    async with asyncio.timeout(0.05):  # whatever else already arrived, for the detail
+                    async with timeout(0.05):  # whatever else already arrived, for the detail
                         more = await self.reader.read(_EXCERPT_CHARS)
                 raise _Fail(Failure.BAD_RESPONSE, f"not an HTTP answer: {_excerpt(first + more)}")
             raw = first + await self.reader.readuntil(b"\r\n\r\n")
@@ -335,7 +335,7 @@ class Prober:
     async def _probe(self, att: _Attempt, main_pid: int, t0: float) -> ProbeResult:
         outcome: int | _Fail
         try:
-            async with asyncio.timeout(self._t.probe_timeout):
+            async with timeout(self._t.probe_timeout):
                 outcome = await self._generate(att)
         except TimeoutError:  # before OSError: it is one
             outcome = _Fail(Failure.TIMEOUT, f"no complete answer within {self._t.probe_timeout:g} s "

@@ -31,6 +31,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from genready import compat
+
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
 FILLER = ("the", "model", "is", "ready", "only", "when", "a", "real", "generation",
@@ -193,7 +195,7 @@ class Simulator:
         self._created = int(time.time())
         self._stop = asyncio.Event()
         self._exit_at: float | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: compat.AppRunner | None = None
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -201,7 +203,7 @@ class Simulator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        self._runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
+        self._runner = compat.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
         await self._runner.setup()
         life = asyncio.create_task(self._lifecycle())
         life.add_done_callback(self._lifecycle_done)
@@ -252,7 +254,7 @@ class Simulator:
             raise OSError(e.errno, f"cannot bind {a.host}:{a.port}: {e.strerror}") from e
         assert self._runner is not None
         # SockSite listens on our socket as is: the bind happens exactly when we say.
-        await web.SockSite(self._runner, sock).start()
+        await compat.sock_site(self._runner, sock).start()
         host, port = sock.getsockname()[:2]
         self.log("bound", addr=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
                  reuse_port=a.reuse_port)

@@ -22,6 +22,8 @@ from typing import Any, Final
 
 from pystemd.dbuslib import DBus
 
+from genready import compat
+
 log = logging.getLogger("genready.watcher")
 
 SYSTEMD: Final = b"org.freedesktop.systemd1"
@@ -144,11 +146,11 @@ async def bus_answers(kind: str, timeout: float = 2.0) -> None:
     path = bus_socket_path(kind)
     if path is None:
         return
-    reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+    reader, writer = await compat.wait_for(asyncio.open_unix_connection(path), timeout)
     try:
         writer.write(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
         await writer.drain()
-        line = await asyncio.wait_for(reader.readline(), timeout)
+        line = await compat.wait_for(reader.readline(), timeout)
         if not line.startswith(b"OK"):
             raise ConnectionError(f"the bus at {path} refused authentication: {line[:80]!r}")
     finally:
