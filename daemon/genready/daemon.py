@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from genready import __version__, api, compat, config, stamp
-from genready.gate import TargetGate, iso
+from genready.gate import Revocation, State, TargetGate, iso
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
 from genready.notify import Notifier
@@ -205,11 +205,11 @@ class Daemon:
                 g.on_snapshot(snap)
                 self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
 
-    def state_changed(self, gate: TargetGate, old: str, new: str) -> None:
+    def state_changed(self, gate: TargetGate, old: State, new: State) -> None:
         self.metrics.set_state(gate.name, gate.unit, new)
         event(log, logging.INFO, f"{gate.name}: {old} -> {new}", reason=gate.reason or None,
               pid=gate.snap.main_pid if gate.snap else None)
-        if new in ("inactive", "absent", "unknown"):
+        if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
             self.summarizer.flush(gate.name)
         self._update_systemd()
 
@@ -235,12 +235,12 @@ class Daemon:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
         assert gate.verified is not None
         stamp.write(self.cfg.daemon.runtime_dir, gate.name, {
-            "target": gate.name, "unit": gate.unit, "pid": gate.verified.instance[1],
-            "invocation_id": gate.verified.instance[0], "ready_at": iso(gate.verified.ready_since),
+            "target": gate.name, "unit": gate.unit, "pid": gate.verified.instance.main_pid,
+            "invocation_id": gate.verified.instance.invocation_id, "ready_at": iso(gate.verified.ready_since),
             "load_seconds": gate.verified.load_seconds,
         })
 
-    def revoked(self, gate: TargetGate, reason: str) -> None:
+    def revoked(self, gate: TargetGate, reason: Revocation) -> None:
         self.metrics.revoked(gate.name, gate.unit, reason)
         stamp.remove(self.cfg.daemon.runtime_dir, gate.name)
 
@@ -249,8 +249,8 @@ class Daemon:
     def _status_line(self, g: TargetGate) -> str:
         if g.ready and g.verified:
             load = f" (loaded in {_duration(g.verified.load_seconds)})" if g.verified.load_seconds else ""
-            return f"{g.name}: ready pid {g.verified.instance[1]}{load}"
-        if g.state in ("loading", "warming", "stuck") and g.snap:
+            return f"{g.name}: ready pid {g.verified.instance.main_pid}{load}"
+        if g.state in (State.LOADING, State.WARMING, State.STUCK) and g.snap:
             p = g.progress
             err = f", probe {p.probes}: {p.last_failure}" if p.last_failure else ""
             return f"{g.name}: {g.state} pid {g.snap.main_pid} for {_duration(time.time() - p.waiting_since)}{err}"

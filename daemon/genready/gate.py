@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from genready.compat import UTC, wait_for
+from genready.compat import UTC, StrEnum, wait_for
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober, ProbeResult
 from genready.records import RecordStore, StartRecord
@@ -31,7 +31,39 @@ from genready.watcher import FreshReader, Snapshot
 
 log = logging.getLogger("genready.gate")
 
-Instance = tuple[str, int]  # (InvocationID, MainPID)
+
+
+class Instance(NamedTuple):
+    """One start of a unit, as systemd names it: a verification belongs to exactly one."""
+
+    invocation_id: str
+    main_pid: int
+
+
+class State(StrEnum):
+    """A target's state: the vocabulary of /ready, /status, the state metric and the logs."""
+
+    ABSENT = "absent"  # the unit does not exist
+    INACTIVE = "inactive"  # inactive, failed or deactivating
+    STARTING = "starting"  # a job is pending, or the unit is activating without a MainPID
+    LOADING = "loading"  # the MainPID runs; no generation verified yet
+    WARMING = "warming"  # some, not yet `warmup`, consecutive generations verified
+    READY = "ready"  # is_ready() holds
+    STUCK = "stuck"  # still not verified after load_timeout
+    UNKNOWN = "unknown"  # no connection to systemd
+
+
+class Revocation(StrEnum):
+    """Why readiness was revoked: the vocabulary of start records and the revocation metric."""
+
+    PID_CHANGED = "pid_changed"
+    INVOCATION_CHANGED = "invocation_changed"
+    INACTIVE = "inactive"  # the unit left `active`
+    JOB_QUEUED = "job_queued"  # a stop/restart job is pending
+    RECHECK_FAILED = "recheck_failed"  # failure_threshold rechecks in a row failed
+    BUS_LOST = "bus_lost"  # no connection to systemd: the instance cannot be vouched for
+    CONFIG_CHANGED = "config_changed"  # a reload changed the target's probe settings
+
 # ExecMainCode is a CLD_* code from waitid(2).
 _EXIT_CODES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
 
@@ -43,21 +75,25 @@ def is_ready(snap: Snapshot | None, verified: Instance | None) -> bool:
         and verified is not None
         and snap.active_state == "active"
         and snap.job_id == 0
-        and (snap.invocation_id, snap.main_pid) == verified
+        and instance_of(snap) == verified
     )
 
 
-def revocation_reason(snap: Snapshot | None, verified: Instance) -> str:
+def instance_of(snap: Snapshot) -> Instance:
+    return Instance(snap.invocation_id, snap.main_pid)
+
+
+def revocation_reason(snap: Snapshot | None, verified: Instance) -> Revocation:
     """Why `snap` no longer shows the verified instance as ready (for records and metrics)."""
     if snap is None:
-        return "bus_lost"
-    if snap.invocation_id != verified[0]:
-        return "invocation_changed"
-    if snap.main_pid != verified[1]:
-        return "pid_changed"
+        return Revocation.BUS_LOST
+    if snap.invocation_id != verified.invocation_id:
+        return Revocation.INVOCATION_CHANGED
+    if snap.main_pid != verified.main_pid:
+        return Revocation.PID_CHANGED
     if snap.job_id != 0:
-        return "job_queued"
-    return "inactive"
+        return Revocation.JOB_QUEUED
+    return Revocation.INACTIVE
 
 
 def _show(s: Snapshot) -> str:
@@ -80,10 +116,10 @@ def _us(v: int) -> float | None:
 class Listener(Protocol):
     """What the daemon does with the gate's events (notify, stamps, metrics, logs)."""
 
-    def state_changed(self, gate: TargetGate, old: str, new: str) -> None: ...
+    def state_changed(self, gate: TargetGate, old: State, new: State) -> None: ...
     def probed(self, gate: TargetGate, result: ProbeResult) -> None: ...
     def verified(self, gate: TargetGate, record: StartRecord) -> None: ...
-    def revoked(self, gate: TargetGate, reason: str) -> None: ...
+    def revoked(self, gate: TargetGate, reason: Revocation) -> None: ...
     def start_seen(self, gate: TargetGate, record: StartRecord) -> None: ...
 
 
@@ -122,7 +158,7 @@ class TargetGate:
         self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
         self.snap: Snapshot | None = None
-        self.state = "unknown"
+        self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
         self.verified: Verification | None = None
         self.ever_verified = False
@@ -153,18 +189,18 @@ class TargetGate:
         if was_ready and not self.ready:
             assert self.verified is not None
             self._revoke(revocation_reason(snap, self.verified.instance))
-        if snap is not None and self.verified and (snap.invocation_id, snap.main_pid) != self.verified.instance:
+        if snap is not None and self.verified and instance_of(snap) != self.verified.instance:
             self.verified = None  # a verification belongs to one instance only
         self._schedule_probing()
         self._set_state()
 
-    def _revoke(self, reason: str) -> None:
+    def _revoke(self, reason: Revocation) -> None:
         assert self.verified is not None
-        inv = self.verified.instance[0]
+        inv = self.verified.instance.invocation_id
         rec = self.store.get(self.name, inv)
         if rec is not None:
             self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=reason))
-        log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance[1])
+        log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance.main_pid)
         self.verified = None
         # Even for the same instance (a job came and went): warmup and load_timeout count anew.
         self.progress.successes = 0
@@ -180,27 +216,27 @@ class TargetGate:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _derive_state(self) -> tuple[str, str]:
+    def _derive_state(self) -> tuple[State, str]:
         s = self.snap
         if s is None:
-            return "unknown", "no connection to systemd"
+            return State.UNKNOWN, "no connection to systemd"
         if s.absent:
-            return "absent", f"{self.unit} does not exist"
+            return State.ABSENT, f"{self.unit} does not exist"
         if self.ready:
-            return "ready", ""
+            return State.READY, ""
         if s.job_id != 0:
-            return "starting", "a job is pending for the unit"
+            return State.STARTING, "a job is pending for the unit"
         if s.active_state in ("inactive", "failed", "deactivating"):
-            return "inactive", f"{self.unit} is {s.active_state}"
+            return State.INACTIVE, f"{self.unit} is {s.active_state}"
         if s.active_state != "active" and not (s.active_state == "activating" and s.main_pid):
-            return "starting", f"{self.unit} is {s.active_state}/{s.sub_state}"
+            return State.STARTING, f"{self.unit} is {s.active_state}/{s.sub_state}"
         p = self.progress
         err = f"probe {p.probes}: {p.last_error}" if p.last_error else "waiting for the first generation"
         if time.time() - p.waiting_since > self.cfg.load_timeout:
-            return "stuck", f"no verified generation after load_timeout ({self.cfg.load_timeout:g}s); {err}"
+            return State.STUCK, f"no verified generation after load_timeout ({self.cfg.load_timeout:g}s); {err}"
         if p.successes:
-            return "warming", f"{p.successes}/{self.cfg.warmup} generations verified"
-        return "loading", err
+            return State.WARMING, f"{p.successes}/{self.cfg.warmup} generations verified"
+        return State.LOADING, err
 
     # -- records -----------------------------------------------------------------------------
 
@@ -272,7 +308,7 @@ class TargetGate:
             return None
         # Only `active`: readiness needs it, and a verification made earlier (a Type=notify
         # server still activating) could be announced while /ready still says no.
-        return (s.invocation_id, s.main_pid) if s.active_state == "active" else None
+        return instance_of(s) if s.active_state == "active" else None
 
     def _schedule_probing(self) -> None:
         want = self._probe_wanted()
@@ -313,7 +349,7 @@ class TargetGate:
                 p.failures += 1
                 p.last_error = f"{result.failure}: {result.detail}"
                 if self.verified and self.verified.instance == inst and p.failures >= self.cfg.failure_threshold:
-                    self._revoke("recheck_failed")
+                    self._revoke(Revocation.RECHECK_FAILED)
             self._set_state()
             if not (self.verified and self.verified.instance == inst):
                 # Jitter keeps many genreadys (or targets) from probing in lockstep; backoff_max
@@ -330,7 +366,7 @@ class TargetGate:
         if not is_ready(before, inst):
             return ProbeResult(False, Failure.STALE_INSTANCE, f"before the probe systemd showed {_show(before)}",
                                None, 0.0, 0)
-        result = await self.prober.probe(inst[1])
+        result = await self.prober.probe(inst.main_pid)
         try:
             after = await self.fresh.read(self.unit)
         except Exception as e:
@@ -345,7 +381,7 @@ class TargetGate:
         if not is_ready(self.snap, inst):
             return False  # a change arrived while we probed: its event will reschedule probing
         now = time.time()
-        rec = self.store.get(self.name, inst[0])
+        rec = self.store.get(self.name, inst.invocation_id)
         started = from_iso(rec.started_at) if rec else None
         load = round(now - started, 3) if started else None
         self.verified = Verification(inst, now, load, started)
@@ -354,8 +390,8 @@ class TargetGate:
             rec = replace(rec, ready_at=iso(now), load_seconds=load, probes=self.progress.probes,
                           served_by_pid=result.served_by_pid, revoked_at=None, revoke_reason=None)
             self.store.put(rec)
-        log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst[1], inst[0],
-                 load, self.progress.probes)
+        log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
+                 inst.invocation_id, load, self.progress.probes)
         if rec is not None:
             self.listener.verified(self, rec)
         return True
@@ -376,9 +412,9 @@ class TargetGate:
             return None, self.reason or self.state
         if since is not None and (v.started_at is None or v.started_at <= since):
             return None, "the verified start began before since="
-        if pid is not None and v.instance[1] != pid:
-            return None, f"the verified pid is {v.instance[1]}, not {pid}"
-        if invocation is not None and v.instance[0] != invocation:
+        if pid is not None and v.instance.main_pid != pid:
+            return None, f"the verified pid is {v.instance.main_pid}, not {pid}"
+        if invocation is not None and v.instance.invocation_id != invocation:
             return None, "the verified invocation is another one"
         try:
             fresh = await self.fresh.read(self.unit)
@@ -393,8 +429,8 @@ class TargetGate:
         return {
             "target": self.name, "unit": self.unit, "state": self.state, "reason": self.reason,
             "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
-            "pid": v.instance[1] if v else (s.main_pid if s else None),
-            "invocation_id": v.instance[0] if v else (s.invocation_id if s else None),
+            "pid": v.instance.main_pid if v else (s.main_pid if s else None),
+            "invocation_id": v.instance.invocation_id if v else (s.invocation_id if s else None),
             "ready_since": iso(v.ready_since) if v else None,
             "load_seconds": v.load_seconds if v else None,
             "waiting_since": None if self.ready else iso(p.waiting_since),
@@ -409,7 +445,7 @@ class TargetGate:
         self.prober = self._prober_factory(cfg)
         if self.verified is not None:
             if self.ready:
-                self._revoke("config_changed")
+                self._revoke(Revocation.CONFIG_CHANGED)
             self.verified = None
         self.progress = ProbeProgress()
         self._schedule_probing()

@@ -12,19 +12,18 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-STATES: tuple[str, ...] = (
-    "absent", "inactive", "starting", "loading", "warming", "ready", "stuck", "unknown",
-)
+from genready.gate import Revocation, State
+from genready.probe import Failure
+
+# Derived from the enums of the modules that decide them (gate: states and revocations, probe:
+# failure classes), so a new value shows up here, in the OpenAPI schema and in the docs at once.
+STATES: Final[tuple[str, ...]] = tuple(s.value for s in State)
 
 # Pre-initialised per target so that rate()/increase() see the 0 before the first event: a series
 # born at 1 has no earlier sample, and increase() over it reports 0, which hides the first event
 # from an alert. Other values are still accepted (counted from their first occurrence).
-PROBE_RESULTS: Final[tuple[str, ...]] = (
-    "ok", "refused", "timeout", "http_status", "bad_response", "foreign_owner", "stale_instance",
-)
-REVOCATION_REASONS: Final[tuple[str, ...]] = (
-    "pid_changed", "invocation_changed", "inactive", "job_queued", "recheck_failed", "bus_lost", "config_changed",
-)
+PROBE_RESULTS: Final[tuple[str, ...]] = ("ok", *(f.value for f in Failure))
+REVOCATION_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in Revocation)
 # The readiness endpoint's two everyday answers: ready / not ready.
 READY_CODES: Final[tuple[int, ...]] = (200, 503)
 

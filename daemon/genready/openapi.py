@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from genready import __version__, metrics
+from genready import __version__
+from genready.gate import Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -23,7 +24,7 @@ READY = {
         "load_seconds": {**_NUM_OR_NULL, "description": "process start -> verified generation"},
     },
 }
-STATES: dict[str, Any] = {"type": "string", "enum": list(metrics.STATES)}
+STATES: dict[str, Any] = {"type": "string", "enum": [s.value for s in State]}
 NOT_READY: dict[str, Any] = {
     "type": "object",
     "required": ["ready", "target", "unit", "state", "reason", "pid", "invocation_id", "waiting_since", "probes",
@@ -57,7 +58,8 @@ RECORD = {
         "ended_at": _STR_OR_NULL, "result": _STR_OR_NULL, "exit_code": _STR_OR_NULL,
         "exit_status": _INT_OR_NULL, "n_restarts": {"type": "integer"}, "ready_at": _STR_OR_NULL,
         "load_seconds": _NUM_OR_NULL, "probes": _INT_OR_NULL, "served_by_pid": _INT_OR_NULL,
-        "revoked_at": _STR_OR_NULL, "revoke_reason": _STR_OR_NULL,
+        "revoked_at": _STR_OR_NULL,
+        "revoke_reason": {"type": ["string", "null"], "enum": [*(r.value for r in Revocation), None]},
     },
 }
 TARGET_STATUS = {
