@@ -21,6 +21,7 @@ import tomli_w
 
 from genready import config
 from genready.compat import tomllib
+from genready.exitcodes import Exit
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "config" / "genready.toml"
@@ -199,7 +200,7 @@ def printed_config(out: str) -> dict[str, Any]:
 def test_bad_config_is_a_clear_error_with_exit_78(tmp_path: Path, case: Bad) -> None:
     path = materialize(tmp_path, case.content)
     r = check_config("--config", str(path))
-    assert r.returncode == config.EX_CONFIG == 78, r.stderr
+    assert r.returncode == Exit.CONFIG, r.stderr
     assert "Traceback" not in r.stderr
     assert r.stdout == ""
     first = r.stderr.splitlines()[0]

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from genready.compat import UTC
-from genready.gate import from_iso
+from genready.history import from_iso
 from genready.usermanager import UserManager
 from tests.helpers import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
 from tests.test_units import UNITS, genready_binary, inaccessible_nodes, rewrite  # noqa: F401 (fixture)

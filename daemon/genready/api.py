@@ -12,7 +12,7 @@ from aiohttp import web
 
 from genready import __version__, openapi
 from genready.compat import app_key
-from genready.gate import iso
+from genready.history import iso
 
 if TYPE_CHECKING:
     from genready.gate import TargetGate, Verification

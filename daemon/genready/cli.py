@@ -12,20 +12,13 @@ from typing import Any, NoReturn
 
 import tomli_w
 
-from genready import __version__, config
+from genready import __version__, config, exitcodes
+from genready.exitcodes import Exit
 
-EXIT_CODES = """\
-exit status:
-  0   success (ready, config valid, …)
-  1   timeout: the target did not become ready in time (wait, restart)
-  2   usage error
-  69  the genready daemon is unreachable (EX_UNAVAILABLE)
-  75  not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)
-  78  invalid configuration (EX_CONFIG)
-"""
+EXIT_CODES = exitcodes.help_text()
 
 
-def die(msg: str, *, hint: str = "", status: int = 1) -> NoReturn:
+def die(msg: str, *, hint: str = "", status: int = Exit.TIMEOUT) -> NoReturn:
     """Print a user-facing error (and a hint on what to do about it), then exit."""
     print(f"genready: {msg}", file=sys.stderr)
     if hint:
@@ -38,7 +31,7 @@ def load_config(path: str | None) -> config.Config:
     try:
         return config.load(config.resolve_path(path))
     except config.ConfigError as e:
-        die(str(e), hint="`genready check-config --config PATH` validates a file", status=config.EX_CONFIG)
+        die(str(e), hint="`genready check-config --config PATH` validates a file", status=Exit.CONFIG)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -56,7 +49,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         return daemon.serve(cfg, args.config)
     except OSError as e:
-        die(f"cannot start: {e}", hint="check daemon.listen, daemon.state_dir and daemon.runtime_dir", status=71)
+        die(f"cannot start: {e}", hint="check daemon.listen, daemon.state_dir and daemon.runtime_dir",
+            status=Exit.CANNOT_START)
 
 
 def _api_base(args: argparse.Namespace) -> str:
@@ -135,9 +129,9 @@ def cmd_wait(args: argparse.Namespace) -> int:
         _print_ready(body)
         return 0
     if code == 404 or code == 400:
-        die(str(body.get("error")), status=2)
+        die(str(body.get("error")), status=Exit.USAGE)
     _print_not_ready(body)
-    return 1
+    return Exit.TIMEOUT
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
@@ -146,7 +140,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     target = _one_target(args, cfg)
     if target is None or target not in cfg.targets:
-        die(f"name a target to restart; configured: {', '.join(cfg.targets)}", status=2)
+        die(f"name a target to restart; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
     unit = cfg.targets[target].unit
     # since= compares against the new process's start time, so take T before asking systemd.
     t0 = time.time()
@@ -156,16 +150,17 @@ def cmd_restart(args: argparse.Namespace) -> int:
         watcher.restart_unit(cfg.daemon.bus, unit)
     except Exception as e:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
-            hint="restarting a system unit needs root or a polkit rule", status=1)
+            hint="restarting a system unit needs root or a polkit rule", status=Exit.TIMEOUT)
     print(f"{target}: restart of {unit} requested; waiting for a verified start newer than it", file=sys.stderr)
     code, body = wait_ready(_api_base(args), target, args.timeout, t0)
     if code == 200:
         _print_ready(body)
         return 0
     if code in (400, 404):
-        die(f"the daemon refused: {body.get('error')}", hint="is the daemon running with this config?", status=2)
+        die(f"the daemon refused: {body.get('error')}", hint="is the daemon running with this config?",
+            status=Exit.USAGE)
     _print_not_ready(body)
-    return 1
+    return Exit.TIMEOUT
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
@@ -175,11 +170,11 @@ def cmd_guard(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        die("guard needs a command: genready guard [TARGET] -- CMD ARGS...", status=2)
+        die("guard needs a command: genready guard [TARGET] -- CMD ARGS...", status=Exit.USAGE)
     cfg = _config_if_needed(args)
     target = _one_target(args, cfg)
     if target is None:
-        die("name the target to guard", status=2)
+        die("name the target to guard", status=Exit.USAGE)
     return guard.run(_api_base(args), target, cmd, interval=args.interval)
 
 
@@ -279,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rc: int = args.func(args)
     except KeyboardInterrupt:
-        return 130  # the shell's convention for SIGINT; no traceback for a Ctrl-C
+        return Exit.INTERRUPTED  # the shell's convention for SIGINT; no traceback for a Ctrl-C
     return rc
 
 

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Any, NoReturn
 
-EX_UNAVAILABLE = 69
+from genready.exitcodes import Exit
 
 
 class Unreachable(Exception):
@@ -19,7 +19,7 @@ class Unreachable(Exception):
 def unreachable(base: str, e: Exception) -> NoReturn:
     print(f"genready: the daemon at {base} is unreachable: {e}", file=sys.stderr)
     print("hint: is genready.service running? `systemctl status genready`", file=sys.stderr)
-    sys.exit(EX_UNAVAILABLE)
+    sys.exit(Exit.UNAVAILABLE)
 
 
 def request(base: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:

@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 
 from genready.compat import tomllib
 
-EX_CONFIG: Final = 78
 DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")
 APIS: Final = ("sglang", "openai-completions", "openai-chat")
 BUSES: Final = ("system", "user")

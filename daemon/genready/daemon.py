@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from genready import __version__, api, compat, config, stamp
-from genready.gate import Revocation, State, TargetGate, iso
+from genready.gate import Revocation, State, TargetGate
+from genready.history import iso
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
 from genready.notify import Notifier

@@ -19,12 +19,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from genready.compat import UTC, StrEnum, wait_for
+from genready.compat import StrEnum, wait_for
 from genready.config import TargetConfig
+from genready.history import History, from_iso, iso
 from genready.probe import Failure, Prober, ProbeResult
 from genready.records import RecordStore, StartRecord
 from genready.watcher import FreshReader, Snapshot
@@ -64,8 +64,6 @@ class Revocation(StrEnum):
     BUS_LOST = "bus_lost"  # no connection to systemd: the instance cannot be vouched for
     CONFIG_CHANGED = "config_changed"  # a reload changed the target's probe settings
 
-# ExecMainCode is a CLD_* code from waitid(2).
-_EXIT_CODES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
 
 
 def is_ready(snap: Snapshot | None, verified: Instance | None) -> bool:
@@ -98,19 +96,6 @@ def revocation_reason(snap: Snapshot | None, verified: Instance) -> Revocation:
 
 def _show(s: Snapshot) -> str:
     return f"pid {s.main_pid} {s.active_state}" + (" with a job pending" if s.job_id else "")
-
-
-def iso(ts: float | None) -> str | None:
-    """Wall-clock seconds -> ISO 8601 with zone."""
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
-
-
-def from_iso(s: str | None) -> float | None:
-    return None if s is None else datetime.fromisoformat(s).timestamp()
-
-
-def _us(v: int) -> float | None:
-    return v / 1e6 if v else None
 
 
 class Listener(Protocol):
@@ -153,6 +138,7 @@ class TargetGate:
                  *, prober_factory: Callable[[TargetConfig], Prober] = Prober) -> None:
         self.cfg = cfg
         self.store = store
+        self.history = History(cfg.name, cfg.unit, store)
         self.fresh = fresh
         self.listener = listener
         self._prober_factory = prober_factory
@@ -165,7 +151,6 @@ class TargetGate:
         self.progress = ProbeProgress()
         self._task: asyncio.Task[None] | None = None
         self._changed = asyncio.Event()
-        self._reconciled = False
 
     @property
     def name(self) -> str:
@@ -184,8 +169,8 @@ class TargetGate:
     def on_snapshot(self, snap: Snapshot | None) -> None:
         """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
         was_ready, self.snap = self.ready, snap
-        if snap is not None:
-            self._track_record(snap)
+        if snap is not None and (started := self.history.observe(snap)) is not None:
+            self.listener.start_seen(self, started)
         if was_ready and not self.ready:
             assert self.verified is not None
             self._revoke(revocation_reason(snap, self.verified.instance))
@@ -196,10 +181,7 @@ class TargetGate:
 
     def _revoke(self, reason: Revocation) -> None:
         assert self.verified is not None
-        inv = self.verified.instance.invocation_id
-        rec = self.store.get(self.name, inv)
-        if rec is not None:
-            self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=reason))
+        self.history.mark_revoked(self.verified.instance.invocation_id, reason)
         log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance.main_pid)
         self.verified = None
         # Even for the same instance (a job came and went): warmup and load_timeout count anew.
@@ -237,67 +219,6 @@ class TargetGate:
         if p.successes:
             return State.WARMING, f"{p.successes}/{self.cfg.warmup} generations verified"
         return State.LOADING, err
-
-    # -- records -----------------------------------------------------------------------------
-
-    def _track_record(self, s: Snapshot) -> None:
-        if not self._reconciled:
-            self._reconcile(s)
-        if not s.invocation_id:
-            return
-        rec = self.store.get(self.name, s.invocation_id)
-        # activating/auto-restart still carries the old InvocationID while the new MainPID may
-        # already be announced; only a start in progress or running owns its MainPID.
-        alive = s.active_state in ("activating", "active", "reloading") and s.sub_state != "auto-restart"
-        if rec is None:
-            self._end_open_records(s)
-            rec = StartRecord(
-                target=self.name, unit=self.unit, invocation_id=s.invocation_id,
-                main_pid=s.main_pid if alive else 0,
-                started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
-                active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
-                n_restarts=s.n_restarts,
-            )
-            self.store.put(rec)
-            self.listener.start_seen(self, rec)
-        if rec.ended_at is not None:
-            return  # an ended start is final
-        new = rec
-        # During a restart systemd announces the new MainPID a moment before the new
-        # InvocationID; only a live unit's MainPID belongs to its current invocation.
-        if alive and s.main_pid and s.main_pid != rec.main_pid:
-            new = replace(new, main_pid=s.main_pid, started_at=iso(_us(s.exec_main_start_us)) or new.started_at)
-        if s.active_state == "active" and new.active_at is None:
-            new = replace(new, active_at=iso(_us(s.active_enter_us)) or iso(time.time()))
-        if s.active_state in ("inactive", "failed") and new.ended_at is None and new.main_pid:
-            new = self._ended(new, s)
-        if s.n_restarts != new.n_restarts and alive:
-            new = replace(new, n_restarts=s.n_restarts)
-        if new != rec:
-            self.store.put(new)
-
-    def _ended(self, rec: StartRecord, s: Snapshot | None) -> StartRecord:
-        if s is None or s.invocation_id != rec.invocation_id:
-            # It ended while we were not looking (new start, or genready was down).
-            return replace(rec, ended_at=iso(time.time()), result=rec.result or "unknown")
-        return replace(
-            rec, ended_at=iso(_us(s.inactive_enter_us) or _us(s.exec_main_exit_us) or time.time()),
-            result=s.result or None, exit_code=_EXIT_CODES.get(s.exec_main_code),
-            exit_status=s.exec_main_status if s.exec_main_code else None,
-        )
-
-    def _end_open_records(self, s: Snapshot) -> None:
-        for rec in self.store.newest(self.name, 5):
-            if rec.ended_at is None and rec.invocation_id != s.invocation_id:
-                self.store.put(self._ended(rec, None))
-
-    def _reconcile(self, s: Snapshot) -> None:
-        """After genready restarts: close records whose start systemd no longer runs."""
-        self._reconciled = True
-        for rec in self.store.all(self.name):
-            gone = rec.invocation_id != s.invocation_id or s.active_state in ("inactive", "failed")
-            if rec.ended_at is None and gone:
-                self.store.put(self._ended(rec, s))
 
     # -- probing -----------------------------------------------------------------------------
 
@@ -381,15 +302,13 @@ class TargetGate:
         if not is_ready(self.snap, inst):
             return False  # a change arrived while we probed: its event will reschedule probing
         now = time.time()
-        rec = self.store.get(self.name, inst.invocation_id)
+        rec = self.history.get(inst.invocation_id)
         started = from_iso(rec.started_at) if rec else None
         load = round(now - started, 3) if started else None
         self.verified = Verification(inst, now, load, started)
         self.ever_verified = True
-        if rec is not None:
-            rec = replace(rec, ready_at=iso(now), load_seconds=load, probes=self.progress.probes,
-                          served_by_pid=result.served_by_pid, revoked_at=None, revoke_reason=None)
-            self.store.put(rec)
+        rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
+                                      probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
                  inst.invocation_id, load, self.progress.probes)
         if rec is not None:

@@ -16,8 +16,7 @@ from types import FrameType
 from typing import Any
 
 from genready import client
-
-EX_TEMPFAIL = 75
+from genready.exitcodes import Exit
 
 
 def _check(base: str, target: str, pinned: dict[str, Any]) -> str | None:
@@ -42,17 +41,17 @@ def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2) -> int
     if code != 200:
         reason = pinned.get("reason") or pinned.get("error") if isinstance(pinned, dict) else pinned
         print(f"genready guard: {target} is not ready ({reason}); not running {cmd[0]}", file=sys.stderr)
-        return EX_TEMPFAIL
+        return Exit.TEMPFAIL
     if not isinstance(pinned, dict) or not {"unit", "pid", "invocation_id"} <= pinned.keys():
         print(f"genready guard: {base} did not answer like genready: {str(pinned)[:200]}", file=sys.stderr)
-        return EX_TEMPFAIL
+        return Exit.TEMPFAIL
     env = dict(os.environ, GENREADY_TARGET=target, GENREADY_UNIT=str(pinned["unit"]),
                GENREADY_PID=str(pinned["pid"]), GENREADY_INVOCATION_ID=str(pinned["invocation_id"]))
     try:
         child = subprocess.Popen(cmd, env=env)
     except OSError as e:
         print(f"genready guard: cannot run {cmd[0]}: {e}", file=sys.stderr)
-        return 127
+        return Exit.NOT_RUN
 
     def forward(signum: int, frame: FrameType | None) -> None:
         child.send_signal(signum)
@@ -80,5 +79,5 @@ def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2) -> int
     if problem:
         print(f"genready guard: {target} pid {pinned['pid']}: {problem[0]}; the results of {cmd[0]} "
               f"(exit {rc}) are not trustworthy", file=sys.stderr)
-        return EX_TEMPFAIL
+        return Exit.TEMPFAIL
     return rc

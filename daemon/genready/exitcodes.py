@@ -1,0 +1,45 @@
+"""genready's exit statuses, defined once: the CLI's --help and the README's table come from here.
+
+The numbers follow sysexits(3) where one fits, so shell scripts and systemd's
+RestartPreventExitStatus= can tell a configuration error from a daemon that is down.
+tests/test_exitcodes.py checks that the README's table says the same.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Exit(enum.IntEnum):
+    OK = 0
+    TIMEOUT = 1
+    USAGE = 2
+    UNAVAILABLE = 69  # EX_UNAVAILABLE
+    CANNOT_START = 71  # EX_OSERR
+    TEMPFAIL = 75  # EX_TEMPFAIL
+    CONFIG = 78  # EX_CONFIG
+    NOT_RUN = 127  # the shell's "command not found"
+    INTERRUPTED = 130  # the shell's 128 + SIGINT
+
+
+MEANING: dict[Exit, str] = {
+    Exit.OK: "success (ready, config valid, …)",
+    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart)",
+    Exit.USAGE: "usage error",
+    Exit.UNAVAILABLE: "the genready daemon is unreachable (EX_UNAVAILABLE)",
+    Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
+    Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",
+    Exit.CONFIG: "invalid configuration (EX_CONFIG)",
+    Exit.NOT_RUN: "guard could not run CMD",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+def help_text() -> str:
+    """The "exit status:" epilog of every `genready` subcommand's --help."""
+    return "exit status:\n" + "".join(f"  {int(code):<3} {MEANING[code]}\n" for code in Exit)
+
+
+def markdown_table() -> str:
+    """The README's table, as it must read."""
+    return "| code | meaning |\n|---|---|\n" + "".join(f"| {int(code)} | {MEANING[code]} |\n" for code in Exit)

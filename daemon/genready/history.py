@@ -1,0 +1,122 @@
+"""Start history: one StartRecord per systemd start of a target, kept from the watcher's snapshots.
+
+The gate decides readiness; this module only remembers what systemd showed about each start
+(InvocationID): when it began, became active, ended and how, and the gate's verdicts on it
+(ready_at, revoked_at). Records live in the crash-safe RecordStore (records.py).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import datetime
+
+from genready.compat import UTC
+from genready.records import RecordStore, StartRecord
+from genready.watcher import Snapshot
+
+# ExecMainCode is a CLD_* code from waitid(2); records keep it as text.
+EXIT_CODE_NAMES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
+
+
+def iso(ts: float | None) -> str | None:
+    """Wall-clock seconds -> ISO 8601 with zone (the one time format of records, stamps and the API)."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
+
+
+def from_iso(s: str | None) -> float | None:
+    return None if s is None else datetime.fromisoformat(s).timestamp()
+
+
+def _us(v: int) -> float | None:
+    return v / 1e6 if v else None
+
+
+class History:
+    """The start records of one target, updated from each new snapshot of its unit."""
+
+    def __init__(self, target: str, unit: str, store: RecordStore) -> None:
+        self.target = target
+        self.unit = unit
+        self.store = store
+        self._reconciled = False
+
+    def get(self, invocation_id: str) -> StartRecord | None:
+        return self.store.get(self.target, invocation_id)
+
+    def observe(self, s: Snapshot) -> StartRecord | None:
+        """Bring the records up to date with `s`; the new record if `s` shows a start not seen before."""
+        if not self._reconciled:
+            self._reconcile(s)
+        if not s.invocation_id:
+            return None
+        rec = self.get(s.invocation_id)
+        # activating/auto-restart still carries the old InvocationID while the new MainPID may
+        # already be announced; only a start in progress or running owns its MainPID.
+        alive = s.active_state in ("activating", "active", "reloading") and s.sub_state != "auto-restart"
+        created = None
+        if rec is None:
+            self._end_open_records(s)
+            rec = created = StartRecord(
+                target=self.target, unit=self.unit, invocation_id=s.invocation_id,
+                main_pid=s.main_pid if alive else 0,
+                started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
+                active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
+                n_restarts=s.n_restarts,
+            )
+            self.store.put(rec)
+        if rec.ended_at is not None:
+            return created  # an ended start is final
+        new = rec
+        # During a restart systemd announces the new MainPID a moment before the new
+        # InvocationID; only a live unit's MainPID belongs to its current invocation.
+        if alive and s.main_pid and s.main_pid != rec.main_pid:
+            new = replace(new, main_pid=s.main_pid, started_at=iso(_us(s.exec_main_start_us)) or new.started_at)
+        if s.active_state == "active" and new.active_at is None:
+            new = replace(new, active_at=iso(_us(s.active_enter_us)) or iso(time.time()))
+        if s.active_state in ("inactive", "failed") and new.ended_at is None and new.main_pid:
+            new = self._ended(new, s)
+        if s.n_restarts != new.n_restarts and alive:
+            new = replace(new, n_restarts=s.n_restarts)
+        if new != rec:
+            self.store.put(new)
+        return created
+
+    def mark_ready(self, invocation_id: str, *, ready_at: float, load_seconds: float | None, probes: int,
+                   served_by_pid: int | None) -> StartRecord | None:
+        """Record a verification of this start (and clear an earlier revocation of it)."""
+        rec = self.get(invocation_id)
+        if rec is None:
+            return None
+        rec = replace(rec, ready_at=iso(ready_at), load_seconds=load_seconds, probes=probes,
+                      served_by_pid=served_by_pid, revoked_at=None, revoke_reason=None)
+        self.store.put(rec)
+        return rec
+
+    def mark_revoked(self, invocation_id: str, reason: str) -> None:
+        rec = self.get(invocation_id)
+        if rec is not None:
+            self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=str(reason)))
+
+    def _ended(self, rec: StartRecord, s: Snapshot | None) -> StartRecord:
+        if s is None or s.invocation_id != rec.invocation_id:
+            # It ended while we were not looking (new start, or genready was down).
+            return replace(rec, ended_at=iso(time.time()), result=rec.result or "unknown")
+        return replace(
+            rec, ended_at=iso(_us(s.inactive_enter_us) or _us(s.exec_main_exit_us) or time.time()),
+            result=s.result or None, exit_code=EXIT_CODE_NAMES.get(s.exec_main_code),
+            exit_status=s.exec_main_status if s.exec_main_code else None,
+        )
+
+    def _end_open_records(self, s: Snapshot) -> None:
+        for rec in self.store.newest(self.target, 5):
+            if rec.ended_at is None and rec.invocation_id != s.invocation_id:
+                self.store.put(self._ended(rec, None))
+
+    def _reconcile(self, s: Snapshot) -> None:
+        """After genready restarts: close records whose start systemd no longer runs."""
+        self._reconciled = True
+        for rec in self.store.all(self.target):
+            gone = rec.invocation_id != s.invocation_id or s.active_state in ("inactive", "failed")
+            if rec.ended_at is None and gone:
+                self.store.put(self._ended(rec, s))
