@@ -12,7 +12,6 @@ from aiohttp import web
 
 from genready import __version__, openapi
 from genready.compat import app_key
-from genready.history import iso
 
 if TYPE_CHECKING:
     from genready.gate import TargetGate, Verification
@@ -127,8 +126,7 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
 
 
 def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:
-    return {"ready": True, "target": g.name, "unit": g.unit, "pid": v.instance[1], "invocation_id": v.instance[0],
-            "ready_since": iso(v.ready_since), "load_seconds": v.load_seconds}
+    return {"ready": True, "target": g.name, "unit": g.unit, **v.to_json()}
 
 
 def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from genready import __version__, api, compat, config, stamp
 from genready.gate import Revocation, State, TargetGate
-from genready.history import iso
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
 from genready.notify import Notifier
@@ -235,11 +234,10 @@ class Daemon:
         if record.load_seconds is not None:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
         assert gate.verified is not None
-        stamp.write(self.cfg.daemon.runtime_dir, gate.name, {
-            "target": gate.name, "unit": gate.unit, "pid": gate.verified.instance.main_pid,
-            "invocation_id": gate.verified.instance.invocation_id, "ready_at": iso(gate.verified.ready_since),
-            "load_seconds": gate.verified.load_seconds,
-        })
+        v = gate.verified.to_json()
+        # `ready_at` is the stamp's first spelling of `ready_since`: kept for existing readers.
+        stamp.write(self.cfg.daemon.runtime_dir, gate.name,
+                    {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]})
 
     def revoked(self, gate: TargetGate, reason: Revocation) -> None:
         self.metrics.revoked(gate.name, gate.unit, reason)

@@ -115,6 +115,11 @@ class Verification:
     load_seconds: float | None
     started_at: float | None  # wall clock of the process start, for ?since=
 
+    def to_json(self) -> dict[str, object]:
+        """The one serialization of a verification: /ready, /status and the ready stamp use it."""
+        return {"pid": self.instance.main_pid, "invocation_id": self.instance.invocation_id,
+                "ready_since": iso(self.ready_since), "load_seconds": self.load_seconds}
+
 
 @dataclass
 class ProbeProgress:
@@ -345,13 +350,12 @@ class TargetGate:
 
     def to_json(self) -> dict[str, object]:
         v, p, s = self.verified, self.progress, self.snap
+        unverified = {"pid": s.main_pid if s else None, "invocation_id": s.invocation_id if s else None,
+                      "ready_since": None, "load_seconds": None}
         return {
             "target": self.name, "unit": self.unit, "state": self.state, "reason": self.reason,
             "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
-            "pid": v.instance.main_pid if v else (s.main_pid if s else None),
-            "invocation_id": v.instance.invocation_id if v else (s.invocation_id if s else None),
-            "ready_since": iso(v.ready_since) if v else None,
-            "load_seconds": v.load_seconds if v else None,
+            **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None,
             "snapshot": s.to_json() if s else None,
