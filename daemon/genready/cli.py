@@ -36,6 +36,8 @@ def load_config(path: str | None) -> config.Config:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
+    if warning := config.listen_warning(cfg.daemon):
+        print(f"genready: warning: {warning}", file=sys.stderr)
     sys.stdout.write(f"# {cfg.path}: valid; effective configuration, defaults filled in\n")
     sys.stdout.write(tomli_w.dumps(cfg.to_toml_dict()))
     return 0

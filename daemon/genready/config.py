@@ -24,6 +24,14 @@ BUSES: Final = ("system", "user")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 _REQUIRED: Final = object()
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# More targets than this is a mistake, not a host: each costs a probe task, a D-Bus match and
+# fds, and the API answers about all of them. bench/hostile.py shows 200 staying responsive.
+MAX_TARGETS: Final = 256
+# systemd's own limit (UNIT_NAME_MAX, including the terminating NUL) and character set
+# (unit_name_is_valid in src/basic/unit-name.c); '@' separates template and instance.
+UNIT_NAME_MAX: Final = 256
+_UNIT_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-_.\\@")
+UTF8_BOM: Final = b"\xef\xbb\xbf"
 
 
 class ConfigError(Exception):
@@ -68,8 +76,39 @@ def _listen(v: str) -> str | None:
     return None
 
 
+def is_loopback(host: str) -> bool:
+    """Is `host` (an IP address or "localhost") reachable only from this machine?"""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_warning(cfg: DaemonConfig) -> str | None:
+    """A warning for an API reachable from other machines (it tells anyone which PIDs serve what)."""
+    if is_loopback(cfg.host):
+        return None
+    return (f"daemon.listen = {cfg.listen!r} is not a loopback address: any host that can reach it can read "
+            "genready's API (targets, units, PIDs, URLs); use 127.0.0.1 unless you mean it")
+
+
+def _has_userinfo(v: str) -> bool:
+    try:
+        parts = urlsplit(v)
+    except ValueError:
+        return "@" in v
+    return parts.username is not None or parts.password is not None
+
+
 def _url(v: str) -> str | None:
     expected = "an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000)"
+    if _has_userinfo(v):
+        # Never used for anything, and shown to every local user by /status and check-config.
+        where = ("put an API key in api_key_file" if any(t.name == "api_key_file" for t in TARGET_SETTINGS)
+                 else "genready sends none")
+        return f"a URL without user:password@ (credentials do not belong in a URL; {where})"
     try:  # urlsplit itself raises on e.g. "http://[::1"; .port on a port outside 0-65535
         parts = urlsplit(v)
         port = parts.port
@@ -103,8 +142,21 @@ def _abs_path(v: str) -> str | None:
 
 
 def _unit(v: str) -> str | None:
-    ok = re.fullmatch(r"[A-Za-z0-9:_.\\@-]+\.service", v)
-    return None if ok else "a unit name ending in .service (e.g. sglang.service)"
+    """The unit name as systemd itself would accept it for a running service (plain or instance)."""
+    prefix, dot, suffix = v.rpartition(".")
+    if not dot or suffix != "service" or not prefix:
+        return "a unit name ending in .service (e.g. sglang.service)"
+    if len(v) >= UNIT_NAME_MAX:
+        return f"a unit name of at most {UNIT_NAME_MAX - 1} characters (systemd's limit)"
+    if bad := sorted(set(prefix) - _UNIT_CHARS):
+        return ("a unit name of ASCII letters, digits and ':-_.\\@' only (systemd's rule), "
+                f"without {''.join(bad)!r}")
+    if prefix.startswith("@"):
+        return "a unit name with a name before '@' (e.g. sglang@gpu0.service)"
+    if prefix.endswith("@") and prefix.count("@") == 1:
+        return ("an instance of the template, e.g. " + prefix + "gpu0.service "
+                "(a template itself never runs, so it is never ready)")
+    return None
 
 
 DAEMON_SETTINGS: Final = (
@@ -208,6 +260,18 @@ def _found(v: Any) -> str:
     return f"{kind.get(type(v), type(v).__name__)} {v!r}" if not isinstance(v, dict) else "a table"
 
 
+def _redacted(v: str) -> str:
+    """A URL for an error message, password not shown (the message lands in logs and terminals)."""
+    if not _has_userinfo(v):
+        return _found(v)
+    try:
+        parts = urlsplit(v)
+        host = parts.netloc.rpartition("@")[2]
+        return f"string {parts._replace(netloc='USER:***@' + host).geturl()!r}"
+    except ValueError:
+        return "a string with user:password@ (not shown)"
+
+
 def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ...]) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise ConfigError(file, prefix, "a table", _found(table))
@@ -236,7 +300,7 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
         if not ok:
             raise ConfigError(file, key, _type_name(s.type), _found(v))
         if s.check and (problem := s.check(v)):
-            raise ConfigError(file, key, problem, _found(v))
+            raise ConfigError(file, key, problem, _redacted(v) if s.name == "url" else _found(v))
         out[s.name] = v
     return out
 
@@ -253,6 +317,9 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
         raise ConfigError(file, "targets", "at least one [targets.NAME] table", "none")
     if not isinstance(raw_targets, dict):
         raise ConfigError(file, "targets", "tables [targets.NAME]", _found(raw_targets))
+    if len(raw_targets) > MAX_TARGETS:
+        raise ConfigError(file, "targets", f"at most {MAX_TARGETS} targets (genready's documented limit)",
+                          f"{len(raw_targets)} targets")
     targets: dict[str, TargetConfig] = {}
     for name, table in raw_targets.items():
         if not _TARGET_NAME.fullmatch(name):
@@ -277,6 +344,10 @@ def load(path: Path) -> Config:
         raw = path.read_bytes()
     except OSError as e:
         raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    if raw.startswith(UTF8_BOM):
+        # Some Windows editors save one; TOML parsers then report "invalid statement" at 1:1.
+        raise ConfigError(str(path), "", "UTF-8 text without a byte-order mark",
+                          "a UTF-8 byte-order mark (BOM) at the start: save the file as plain UTF-8") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
