@@ -207,6 +207,8 @@ class TargetGate:
         s = self.snap
         if s is None:
             return State.UNKNOWN, "no connection to systemd"
+        if s.error:
+            return State.ABSENT, f"systemd refuses to report on {self.unit}: {s.error}"
         if s.absent:
             return State.ABSENT, f"{self.unit} does not exist"
         if self.ready:

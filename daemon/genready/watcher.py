@@ -72,11 +72,12 @@ class Snapshot:
     exec_main_status: int = 0
     n_restarts: int = 0
     result: str = ""
+    error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
 
     @property
     def absent(self) -> bool:
-        """The unit does not exist (no unit file, or not loaded yet)."""
-        return self.load_state in ("", "not-found")
+        """The unit does not exist (no unit file, or not loaded yet), or systemd refuses to report on it."""
+        return self.load_state in ("", "not-found") or bool(self.error)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -191,6 +192,7 @@ class Watcher:
         self._callbacks: tuple[Callable[..., None], ...] = ()
         self._dispatched = False
         self._fd = -1
+        self._unit_errors: dict[str, str] = {}  # unit -> the D-Bus error last logged for it
 
     def snapshot(self, unit: str) -> Snapshot | None:
         """The latest snapshot, or None while disconnected (state unknown)."""
@@ -340,14 +342,38 @@ class Watcher:
             return
         snap = self._snaps.get(unit, Snapshot(unit))
         path = unit_path(unit)
-        for iface in (UNIT_IFACE, SERVICE_IFACE):
-            reply = bus.call_method(SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)])
-            self._read_cookie[(unit, iface)] = reply.get_cookie()
-            snap = apply_properties(snap, iface, reply.body or {})
+        try:
+            for iface in (UNIT_IFACE, SERVICE_IFACE):
+                reply = bus.call_method(SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)])
+                self._read_cookie[(unit, iface)] = reply.get_cookie()
+                snap = apply_properties(snap, iface, reply.body or {})
+        except Exception as e:
+            if not self._bus_alive(bus):
+                raise
+            # An error about this one unit (e.g. systemd rejects its name) is that target's
+            # problem: taking it for a lost bus would leave every target unknown, reconnecting.
+            if self._unit_errors.get(unit) != str(e):
+                log.warning("systemd refuses to report on %s (the bus itself works): %s", unit, e)
+            self._unit_errors[unit] = str(e)
+            self._update(unit, Snapshot(unit, load_state="error", active_state="inactive",
+                                        error=f"{type(e).__name__}: {e}"))
+            return
+        self._unit_errors.pop(unit, None)
         if snap.absent:
             # A not-found unit keeps its old service values in memory; they mean nothing now.
             snap = Snapshot(unit, load_state=snap.load_state or "not-found", active_state="inactive")
         self._update(unit, snap)
+
+    @staticmethod
+    def _bus_alive(bus: DBus) -> bool:
+        """Does the connection still answer a question that involves no unit?"""
+        try:
+            if bus.get_fd() < 0:
+                return False
+            bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Version", b"s")
+        except Exception:
+            return False
+        return True
 
     def _update(self, unit: str, snap: Snapshot) -> None:
         if self._snaps.get(unit) == snap:
