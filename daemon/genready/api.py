@@ -16,14 +16,31 @@ from genready.compat import app_key
 if TYPE_CHECKING:
     from genready.gate import TargetGate, Verification
     from genready.metrics import Metrics
+    from genready.serving import ConnectionGuard
 
 MAX_WAIT = 3600.0
-_INVOCATION = re.compile(r"^[0-9a-f]{32}$")
+_INVOCATION = re.compile(r"[0-9a-f]{32}")
+# ASCII only: str.isdigit() and float() also take '²', '①' or '٣'. Bounded, so a 5,000-digit
+# value is a 400, not int()'s ValueError (a 500) or a float of inf.
+_PID = re.compile(r"[0-9]{1,10}")
+_NUMBER = re.compile(r"([0-9]{1,12}(\.[0-9]{0,9})?|\.[0-9]{1,9})([eE][+-]?[0-9]{1,2})?")
+_PID_MAX = 2**22  # the kernel's PID_MAX_LIMIT
 GATES = app_key("gates", dict)
 METRICS = app_key("metrics", object)
 STARTED = app_key("started", float)
 STATUS_EXTRA = app_key("status_extra", object)
 STOPPING = app_key("stopping", asyncio.Event)
+LONG_POLLS = app_key("long_polls", object)
+
+
+class LongPolls:
+    """Counts /ready?wait= requests in flight: each holds a connection (a file descriptor) for
+    up to MAX_WAIT, so beyond `limit` they are answered 503 at once instead of exhausting them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self.refused = 0
 
 
 class BadQuery(Exception):
@@ -50,13 +67,17 @@ async def errors_as_json(request: web.Request, handler: Callable[[web.Request], 
 def _float(q: Mapping[str, str], key: str, lo: float, hi: float | None = None) -> float | None:
     if key not in q:
         return None
-    try:
-        v = float(q[key])
-    except ValueError:
-        raise BadQuery(f"{key} must be a number, got {q[key]!r}") from None
-    if v != v or v < lo or (hi is not None and v > hi):
+    if not _NUMBER.fullmatch(q[key]):
+        raise BadQuery(f"{key} must be a plain decimal number (ASCII digits, e.g. 30 or 1.5), got {_shown(q[key])}")
+    v = float(q[key])
+    if v < lo or (hi is not None and v > hi):
         raise BadQuery(f"{key} must be between {lo:g} and {hi:g}" if hi is not None else f"{key} must be >= {lo:g}")
     return v
+
+
+def _shown(v: str) -> str:
+    """A query value for an error message: repr'd (so '٣' shows as itself) and cut short."""
+    return repr(v) if len(v) <= 40 else repr(v[:40]) + f"… ({len(v)} characters)"
 
 
 def parse_ready_query(q: Mapping[str, str]) -> dict[str, Any]:
@@ -71,13 +92,13 @@ def parse_ready_query(q: Mapping[str, str]) -> dict[str, Any]:
         out["wait"] = min(wait, MAX_WAIT)  # capped, then answered 503 if still not ready
     out["since"] = _float(q, "since", 0.0)
     if "pid" in q:
-        if not q["pid"].isdigit() or int(q["pid"]) <= 0:
-            raise BadQuery(f"pid must be a positive integer, got {q['pid']!r}")
+        if not _PID.fullmatch(q["pid"]) or not 0 < int(q["pid"]) <= _PID_MAX:
+            raise BadQuery(f"pid must be a positive integer of ASCII digits up to {_PID_MAX}, got {_shown(q['pid'])}")
         out["pid"] = int(q["pid"])
     if "invocation" in q:
         inv = q["invocation"].replace("-", "").lower()
-        if not _INVOCATION.match(inv):
-            raise BadQuery(f"invocation must be 32 hex digits, got {q['invocation']!r}")
+        if not _INVOCATION.fullmatch(inv):
+            raise BadQuery(f"invocation must be 32 hex digits, got {_shown(q['invocation'])}")
         out["invocation"] = inv
     return out
 
@@ -99,6 +120,23 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
         q = parse_ready_query(request.query)
     except BadQuery as e:
         return _json_error(400, str(e))
+    if q["wait"] > 0:
+        polls: LongPolls = request.app[LONG_POLLS]  # type: ignore[assignment]
+        if polls.active >= polls.limit:
+            polls.refused += 1
+            return web.json_response({"error": f"too many long-polls in flight (limit {polls.limit}); retry "
+                                               "shortly, or ask without wait="},
+                                     status=503, headers={"Retry-After": "1"})
+        polls.active += 1
+        try:
+            return await _answer(request, gates, name, q)
+        finally:
+            polls.active -= 1
+    return await _answer(request, gates, name, q)
+
+
+async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str | None,
+                  q: dict[str, Any]) -> web.Response:
     chosen = [gates[name]] if name else list(gates.values())
     deadline = time.monotonic() + q["wait"]
     while True:
@@ -167,9 +205,12 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
-             status_extra: Callable[[], dict[str, object]] = dict) -> web.Application:
+             status_extra: Callable[[], dict[str, object]] = dict, *, guard: ConnectionGuard | None = None,
+             max_long_polls: int = 256) -> web.Application:
     """The aiohttp application; GET (and HEAD) only."""
-    app = web.Application(middlewares=[errors_as_json])
+    # The guard first: a connection over the cap is answered before any other work.
+    app = web.Application(middlewares=[guard.middleware, errors_as_json] if guard else [errors_as_json])
+    app[LONG_POLLS] = LongPolls(max_long_polls)
     app[GATES] = gates
     app[METRICS] = metrics_
     app[STARTED] = time.monotonic()

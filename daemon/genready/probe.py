@@ -272,7 +272,16 @@ def _tokens_sglang(doc: dict[str, Any]) -> int:
     meta = _typed(doc, "meta_info", dict, what)
     if text is None and ids is None and meta is None:
         raise _Fail(Failure.BAD_RESPONSE, f"{what}: no text, output_ids or meta_info in {_excerpt(json.dumps(doc))}")
+    _consistent(what, (meta or {}).get("completion_tokens"), bool(text) or bool(ids))
     return max(_count((meta or {}).get("completion_tokens")), len(ids or ()), 1 if text else 0)
+
+
+def _consistent(what: str, count: Any, has_output: bool) -> None:
+    """A server that says it generated 0 tokens but returns output contradicts itself: whichever
+    half is wrong, this answer proves no generation, so it is bad_response, not ready."""
+    if count == 0 and not isinstance(count, bool) and has_output:
+        raise _Fail(Failure.BAD_RESPONSE, f"{what}: completion_tokens is 0 but the answer has output "
+                                          "(a contradiction; not a generation we can trust)")
 
 
 def _tokens_openai(doc: dict[str, Any], chat: bool) -> int:
@@ -292,6 +301,7 @@ def _tokens_openai(doc: dict[str, Any], chat: bool) -> int:
         else:
             text = first.get("text")
     has_text = isinstance(text, str) and text != ""
+    _consistent(what, (usage or {}).get("completion_tokens"), has_text)
     return max(_count((usage or {}).get("completion_tokens")), 1 if has_text else 0)
 
 

@@ -260,7 +260,7 @@ class RecordStore:
         if self._lock_fd is not None:
             return
         lock_path = self.state_dir / LOCK_FILE
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -282,7 +282,9 @@ class RecordStore:
         self._lines = 0
         self._compact_not_before = 0
         existed = self.path.exists()
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        # O_NOFOLLOW: a symlink planted in the state dir must not make genready (root) append to
+        # or truncate whatever it points at; it fails with ELOOP instead.
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
         try:
             if not existed:
                 _fsync_dir(self.state_dir)  # the new name must survive a crash, not only its data

@@ -21,6 +21,8 @@ def write(runtime_dir: str | Path, target: str, data: dict[str, object]) -> Path
     """Atomically (temp file in the same dir, fsync, rename) write the stamp of `target`."""
     path = stamp_path(runtime_dir, target)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp opens with O_CREAT|O_EXCL|O_NOFOLLOW and os.replace renames over a symlink rather
+    # than through it: a link planted at either name never redirects the write.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
