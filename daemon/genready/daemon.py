@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from genready import __version__, api, compat, config, stamp
+from genready import __version__, api, compat, config, serving, stamp
 from genready.gate import Revocation, State, TargetGate
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
@@ -59,6 +59,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(serving.LoopErrors())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.should_exit.set)
         loop.add_signal_handler(signal.SIGHUP, self._request_reload)
@@ -77,19 +78,25 @@ class Daemon:
         for t in self.cfg.targets.values():
             self._add_gate(t)
         self._start_watcher()
-        app = api.make_app(self.gates, self.metrics, self._status_extra)
+        self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)))
+        app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard,
+                           max_long_polls=max(1, self.guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
         # then for it to take a cancellation), so a long-poll is cut after ~2 × SHUTDOWN_GRACE.
         self._runner = compat.AppRunner(app, access_log=None, handle_signals=False,
-                                        shutdown_timeout=SHUTDOWN_GRACE)
+                                        shutdown_timeout=SHUTDOWN_GRACE, logger=serving.request_logger())
         await self._runner.setup()
+        assert self._runner.server is not None
+        self.guard.install(self._runner.server)
         site = compat.tcp_site(self._runner, d.host, d.port, reuse_address=True)
         await site.start()
         self.listening = True
         log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
                  ", ".join(self.gates))
+        if warning := config.listen_warning(d):
+            log.warning("%s", warning)
         if self.notifier.watchdog_interval():
             self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
         self._update_systemd()
