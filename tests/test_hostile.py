@@ -1,0 +1,278 @@
+"""genready on a hostile host (issue 10): each numbered case of the issue holds here.
+
+Case numbers in the test names follow the issue: 5 bad unit names, 7 secrets and exposure,
+8 small ones (query digits, bad requests, BOM, contradictory answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genready import api, config, records, stamp
+from genready.config import TargetConfig
+from genready.probe import Failure, Prober
+from genready.usermanager import UserManager
+from genready.watcher import Watcher
+from tests.helpers import GENREADY, Genready, free_port, wait_for
+
+GOOD_TARGET = '[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n'
+
+
+def check_config(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "genready.toml"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    env = {k: v for k, v in os.environ.items() if k != "GENREADY_CONFIG"}
+    return subprocess.run([*GENREADY, "check-config", "--config", str(path)], capture_output=True, text=True,
+                          env=env, timeout=30, check=False)
+
+
+# -- case 5: unit names as systemd judges them ------------------------------------------------
+
+@pytest.mark.parametrize(("unit", "why"), [
+    ("foo@.service", "an instance of the template, e.g. foo@gpu0.service"),
+    ("x" * 300 + ".service", "at most 255 characters"),
+    ("@x.service", "a name before '@'"),
+    ("sgl ang.service", "ASCII letters, digits"),
+    ("sgläng.service", "without 'ä'"),
+    (".service", "ending in .service"),
+    ("sglang.socket", "ending in .service"),
+])
+def test_case5_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, unit: str, why: str) -> None:
+    r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
+    assert r.returncode == 78, r.stderr
+    assert "targets.t.unit: expected" in r.stderr and why in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("unit", ["a@b.service", "a@b@c.service", "x" * 247 + ".service",
+                                  "sys-devices-x\\x2d1.service", "a:b_c-d.e.service"])
+def test_case5_names_systemd_accepts_pass(tmp_path: Path, unit: str) -> None:
+    r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
+    assert r.returncode == 0, r.stderr
+
+
+async def test_case5_a_unit_systemd_refuses_is_that_targets_problem_only(manager: UserManager) -> None:
+    """The watcher gets a per-unit D-Bus error for a name systemd rejects (config validation
+    keeps such names out of `serve`; this is the defence behind it): the bus stays connected
+    and the other unit is still followed."""
+    good = "th-good.service"
+    manager.install_unit(good, "[Service]\nExecStart=/bin/sleep infinity\n")
+    manager.systemctl("start", good)
+    seen: dict[str, Any] = {}
+    w = Watcher("user", ["foo@.service", good], lambda unit, snap: seen.__setitem__(unit, snap))
+    task = asyncio.create_task(w.run())
+    try:
+        for _ in range(200):
+            if seen.get(good) is not None and seen[good].active_state == "active" and "foo@.service" in seen:
+                break
+            await asyncio.sleep(0.02)
+        assert w.connected, w.last_error
+        assert seen[good].active_state == "active" and seen[good].main_pid > 0
+        bad = seen["foo@.service"]
+        assert bad is not None and bad.absent and bad.error, bad
+        # A change of the good unit still arrives: the connection is the live one, not a reconnect loop.
+        manager.systemctl("stop", good)
+        for _ in range(200):
+            if seen[good].active_state == "inactive":
+                break
+            await asyncio.sleep(0.02)
+        assert seen[good].active_state == "inactive" and w.connected
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        manager.systemctl("stop", good)
+
+
+# -- case 7: secrets and exposure -------------------------------------------------------------
+
+@pytest.mark.parametrize("url", ["http://admin:pw@127.0.0.1:30000/", "http://admin@127.0.0.1:30000",
+                                 "https://:secret@[::1]:8000/v1"])
+def test_case7_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: Path, url: str) -> None:
+    r = check_config(tmp_path, GOOD_TARGET.replace('"http://127.0.0.1:30000"', json.dumps(url)))
+    assert r.returncode == 78, r.stderr
+    assert "targets.t.url: expected a URL without user:password@" in r.stderr, r.stderr
+    assert "pw" not in r.stderr and "secret" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize(("listen", "warned"), [("0.0.0.0:9901", True), ("[::]:9901", True),
+                                                ("192.0.2.1:9901", True), ("127.0.0.1:9901", False),
+                                                ("[::1]:9901", False), ("localhost:9901", False)])
+def test_case7_check_config_warns_about_a_non_loopback_listen(tmp_path: Path, listen: str, warned: bool) -> None:
+    r = check_config(tmp_path, f'[daemon]\nlisten = "{listen}"\n\n' + GOOD_TARGET)
+    assert r.returncode == 0, r.stderr
+    assert ("warning: daemon.listen" in r.stderr) is warned, r.stderr
+
+
+def test_case7_serve_warns_about_a_non_loopback_listen(manager: UserManager, tmp_path: Path) -> None:
+    port = free_port()
+    g = Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}},
+                 listen=f"0.0.0.0:{port}")
+    g.port = port  # the helper's client side asks 127.0.0.1 at this port
+    with g:
+        wait_for(lambda: "is not a loopback address" in g.log(), 10, "the warning in the log")
+
+
+def test_case7_records_file_is_not_followed_through_a_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / records.RECORDS_FILE).symlink_to(victim)
+    store = records.RecordStore(state)
+    with pytest.raises(OSError) as e:
+        store.load()
+    assert e.value.errno == 40  # ELOOP
+    store.close()
+    assert victim.read_text() == "precious\n"
+
+
+def test_case7_serve_refuses_a_symlinked_records_file_with_exit_71(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / records.RECORDS_FILE).symlink_to(victim)
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[daemon]\nlisten = "127.0.0.1:{free_port()}"\nbus = "user"\nstate_dir = "{state}"\n'
+                   f'runtime_dir = "{tmp_path / "run"}"\n\n' + GOOD_TARGET)
+    r = subprocess.run([*GENREADY, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30,
+                       check=False)
+    assert r.returncode == 71, r.stderr
+    assert "Too many levels of symbolic links" in r.stderr and "Traceback" not in r.stderr
+    assert victim.read_text() == "precious\n"
+
+
+def test_case7_stamp_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    stamp.stamp_path(run, "t").symlink_to(victim)
+    stamp.write(run, "t", {"pid": 1})
+    assert victim.read_text() == "precious\n"
+    p = stamp.stamp_path(run, "t")
+    assert not p.is_symlink() and json.loads(p.read_text()) == {"pid": 1}
+    stamp.remove(run, "t")
+    assert victim.exists()
+
+
+# -- case 8: small ones -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("query", [{"pid": "²"}, {"pid": "①"}, {"pid": "٣"}, {"pid": "1" * 5000},
+                                   {"pid": "0"}, {"pid": " 12"}, {"pid": "+12"}, {"pid": "99999999"},
+                                   {"wait": "٣"}, {"wait": "1" * 5000}, {"wait": "inf"}, {"wait": "nan"},
+                                   {"wait": "-1"}, {"since": "²"}, {"since": "1e999"},
+                                   {"invocation": "a" * 32 + "\n"}, {"invocation": "٣" * 32}])
+def test_case8_ready_query_takes_bounded_ascii_numbers_only(query: dict[str, str]) -> None:
+    with pytest.raises(api.BadQuery) as e:
+        api.parse_ready_query(query)
+    assert len(str(e.value)) < 200  # a 5,000-digit value is not echoed back whole
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ({"pid": "4242"}, {"pid": 4242}), ({"wait": "30"}, {"wait": 30.0}), ({"wait": "1.5"}, {"wait": 1.5}),
+    ({"wait": "30.000"}, {"wait": 30.0}), ({"since": "1764571234.1234567"}, {"since": 1764571234.1234567}),
+    ({"since": "1.7e9"}, {"since": 1.7e9}), ({"invocation": "AB" * 16}, {"invocation": "ab" * 16}),
+])
+def test_case8_ordinary_queries_still_parse(query: dict[str, str], expected: dict[str, Any]) -> None:
+    got = api.parse_ready_query(query)
+    assert {k: got[k] for k in expected} == expected
+
+
+def test_case8_unicode_digits_answer_400_over_http(manager: UserManager, tmp_path: Path) -> None:
+    with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
+        for q in ("pid=%C2%B2", "pid=%E2%91%A0", "pid=%D9%A3", "pid=" + "1" * 5000, "wait=%D9%A3"):
+            code, body = g.get("/ready?" + q)
+            assert code == 400 and "ASCII" in body["error"], (q, code, body)
+        assert "Traceback" not in g.log()
+
+
+def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path: Path) -> None:
+    with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
+        before = g.log_path.stat().st_size
+        for raw in (b"GET /ready HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\r\n\r\n",
+                    b"GET /ready HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
+            with socket.create_connection(("127.0.0.1", g.port), timeout=5) as s:
+                s.sendall(raw)
+                s.recv(4096)
+        assert g.get("/status")[0] == 200
+        logged = g.log_path.read_bytes()[before:].decode(errors="replace")
+        lines = [ln for ln in logged.splitlines() if "bad request" in ln or "Traceback" in ln
+                 or "Error handling request" in ln]
+        assert "Traceback" not in logged, logged
+        assert 1 <= len(lines) <= 3, logged
+
+
+def test_case8_a_config_with_a_bom_says_so(tmp_path: Path) -> None:
+    r = check_config(tmp_path, b"\xef\xbb\xbf" + GOOD_TARGET.encode())
+    assert r.returncode == 78
+    assert "byte-order mark (BOM)" in r.stderr, r.stderr
+
+
+def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
+    text = "".join(f'[targets.t{i}]\nunit = "t{i}.service"\nurl = "http://127.0.0.1:{30000 + i}"\n'
+                   for i in range(config.MAX_TARGETS + 1))
+    r = check_config(tmp_path, text)
+    assert r.returncode == 78 and f"at most {config.MAX_TARGETS} targets" in r.stderr, r.stderr
+    path = tmp_path / "ok.toml"
+    path.write_text(text.rsplit("[targets.", 1)[0])
+    assert len(config.load(path).targets) == config.MAX_TARGETS
+
+
+def _target(url: str, api_: str = "sglang") -> TargetConfig:
+    return TargetConfig(name="t", unit="t.service", url=url, api=api_, model="m", prompt="Say OK.", max_tokens=1,
+                        probe_timeout=5.0, backoff_initial=0.25, backoff_max=2.0, warmup=1, load_timeout=1800.0,
+                        recheck_interval=0.0, failure_threshold=3, verify_owner=False, gate_startup=True)
+
+
+async def _canned(body: bytes) -> AsyncIterator[str]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                     + str(len(body)).encode() + b"\r\n\r\n" + body)
+        await writer.drain()
+        await reader.read()  # until the probe closes
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(("api_", "doc"), [
+    ("sglang", {"text": "OK", "meta_info": {"completion_tokens": 0}}),
+    ("sglang", {"text": "", "output_ids": [11], "meta_info": {"completion_tokens": 0}}),
+    ("openai-completions", {"choices": [{"text": "OK"}], "usage": {"completion_tokens": 0}}),
+    ("openai-chat", {"choices": [{"message": {"content": "OK"}}], "usage": {"completion_tokens": 0}}),
+])
+async def test_case8_text_with_zero_completion_tokens_is_bad_response(api_: str, doc: dict[str, Any]) -> None:
+    async for url in _canned(json.dumps(doc).encode()):
+        prober = Prober(_target(url, api_))
+        try:
+            r = await prober.probe(0)
+        finally:
+            await prober.close()
+        assert not r.ok and r.failure is Failure.BAD_RESPONSE and "contradiction" in r.detail, r
+
+
+def test_case8_exit_71_is_in_the_exit_code_tables() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert "| 71 |" in readme
+    out = subprocess.run([*GENREADY, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert "  71  " in out
+
