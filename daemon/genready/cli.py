@@ -180,6 +180,13 @@ def cmd_guard(args: argparse.Namespace) -> int:
     return guard.run(_api_base(args), target, cmd, interval=args.interval)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from genready import sweep  # lazy: only a sweep needs it
+
+    cfg = load_config(args.config)
+    return sweep.main(args, cfg, _api_base(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genready",
@@ -239,6 +246,22 @@ def build_parser() -> argparse.ArgumentParser:
     # main() splits CMD off at the first "--"; without "--", plain words are still accepted.
     sp.add_argument("cmd", nargs="*", metavar="-- CMD ARGS")
     sp.set_defaults(func=cmd_guard)
+
+    sp = add("sweep", "for each point of PLAN.toml: write its runtime drop-in for TARGET's unit, restart it, wait "
+             "for a verified start newer than the restart, run the command guarded, append a line to "
+             "DIR/results.jsonl; at the end (or on SIGINT/SIGTERM) restore the unit's own configuration")
+    sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see the README's sweep section)")
+    sp.add_argument("--results", metavar="DIR", required=True,
+                    help="results.jsonl and one folder per point and attempt ({out}) go here")
+    sp.add_argument("--resume", action="store_true", help="skip points that already have an ok line in "
+                    "DIR/results.jsonl")
+    sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands; "
+                    "change nothing")
+    sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "
+                    "the end instead of restoring the unit's own configuration")
+    sp.add_argument("--config", metavar="PATH", help=config_help)
+    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    sp.set_defaults(func=cmd_sweep)
 
     from genready import sim  # the simulator owns its flags
 

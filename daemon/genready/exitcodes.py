@@ -24,14 +24,14 @@ class Exit(enum.IntEnum):
 
 MEANING: dict[Exit, str] = {
     Exit.OK: "success (ready, config valid, …)",
-    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart)",
+    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep)",
     Exit.USAGE: "usage error",
     Exit.UNAVAILABLE: "the genready daemon is unreachable (EX_UNAVAILABLE)",
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
     Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",
-    Exit.CONFIG: "invalid configuration (EX_CONFIG)",
+    Exit.CONFIG: "invalid configuration or sweep plan (EX_CONFIG)",
     Exit.NOT_RUN: "guard could not run CMD",
-    Exit.INTERRUPTED: "interrupted (Ctrl-C)",
+    Exit.INTERRUPTED: "interrupted (Ctrl-C; sweep: SIGINT/SIGTERM, after cleaning up)",
 }
 
 

@@ -1,0 +1,1012 @@
+"""`genready sweep PLAN.toml --results DIR`: reconfigure, restart, verify, benchmark, record; per point.
+
+A hand-written benchmark loop is where measuring the wrong server happens: a restart that
+was not waited for, a result kept although the server changed under it. The sweep runs each
+point of a plan with the guarantees of `genready restart` and `genready guard`:
+
+1. the point's drop-in is written as a *runtime* drop-in of the target's unit (gone after a
+   reboot, like `systemctl edit --runtime`) and the manager reloads over D-Bus;
+2. the unit restarts over D-Bus, and the sweep waits, with the daemon, for a verified start
+   newer than the restart (a start that fails, or crash-loops, is `not_ready` at once);
+3. the command runs pinned to that verified instance (guard.run_pinned);
+4. one fsync'd JSON line per attempt goes to DIR/results.jsonl.
+
+At the end, and on SIGINT/SIGTERM, the drop-in is removed and the unit restarted on its own
+configuration (unless --keep-config); a second SIGINT exits at once, naming what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import errno
+import fcntl
+import itertools
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Final, NoReturn
+
+from genready import client, guard, watcher
+from genready.config import EX_CONFIG, Config, ConfigError
+from genready.gate import iso
+from genready.records import _fsync_dir, _write_all
+
+try:  # Python 3.11+; Debian 12 and Ubuntu 22.04 ship tomli for 3.10
+    import tomllib
+except ImportError:  # pragma: no cover
+    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+
+RESULTS_FILE: Final = "results.jsonl"
+LOCK_FILE: Final = ".sweep.lock"
+# Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
+# "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
+DROPIN_NAME: Final = "zz-genready-sweep.conf"
+EX_INTERRUPTED: Final = 130
+OUTPUT_LINES: Final = 20  # lines of the unit's output kept in a not_ready record
+POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
+STOP_GRACE: Final = 10.0  # seconds an interrupted command gets after SIGINT, then SIGTERM, then SIGKILL
+LOADING_EVERY: Final = 30.0  # seconds between "loading" lines when stderr is not a terminal
+
+Scalar = str | int | float | bool
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class Status(str, enum.Enum):  # noqa: UP042  (enum.StrEnum is 3.11+)
+    """What one attempt at one point came to (the `status` of a results.jsonl line)."""
+
+    OK = "ok"  # the command exited 0 and the verified instance stayed ready throughout
+    FAILED = "failed"  # the command exited non-zero (not retried: the server was fine)
+    INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
+    NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
+
+
+RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
+
+
+class SweepError(Exception):
+    """Something outside the plan stops the sweep (permissions, daemon, unit); the message says what."""
+
+
+# --- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Template:
+    """Text with `{name}` placeholders; `{{`/`}}` are literal braces, `$VAR`/`${VAR}` are systemd's."""
+
+    parts: tuple[str | tuple[str], ...]  # literal text, or (placeholder name,)
+
+    @classmethod
+    def parse(cls, text: str, file: str, key: str) -> Template:
+        parts: list[str | tuple[str]] = []
+        buf: list[str] = []
+        i, n = 0, len(text)
+        while i < n:
+            c = text[i]
+            if c == "$" and text.startswith("${", i):
+                end = text.find("}", i)
+                if end < 0:
+                    raise ConfigError(file, key, "a closed ${VAR}", repr(text[i:i + 30]))
+                buf.append(text[i:end + 1])  # left for systemd (or the shell of the command) to expand
+                i = end + 1
+            elif c == "$" and text.startswith("$$", i):
+                buf.append("$$")  # systemd's literal dollar: "$${x}" is a dollar, then a placeholder
+                i += 2
+            elif text.startswith("{{", i) or text.startswith("}}", i):
+                buf.append(c)
+                i += 2
+            elif c == "{":
+                m = _PLACEHOLDER.match(text, i)
+                if not m:
+                    raise ConfigError(file, key, "a placeholder {NAME}, or {{ for a literal brace",
+                                      repr(text[i:i + 30]))
+                parts += ["".join(buf), (m.group(1),)]
+                buf = []
+                i = m.end()
+            elif c == "}":
+                raise ConfigError(file, key, "}} for a literal closing brace", repr(text[max(0, i - 20):i + 1]))
+            else:
+                buf.append(c)
+                i += 1
+        parts.append("".join(buf))
+        return cls(tuple(p for p in parts if p != ""))
+
+    @property
+    def names(self) -> list[str]:
+        return [p[0] for p in self.parts if isinstance(p, tuple)]
+
+    def expand(self, values: Mapping[str, str]) -> str:
+        return "".join(p if isinstance(p, str) else values[p[0]] for p in self.parts)
+
+
+def text_of(v: Scalar) -> str:
+    """A value as it is written into a drop-in or command: TOML's spelling for booleans."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int  # 1-based, in plan order
+    values: tuple[tuple[str, Scalar], ...]
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return dict(self.values)
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+
+    def slug(self, width: int) -> str:
+        words = "_".join(f"{k}={text_of(v)}" for k, v in self.values)
+        return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str
+    target: str | None
+    command: tuple[Template, ...]  # one template per word
+    dropin: Template | None
+    timeout: float | None
+    attempts: int
+    points: tuple[Point, ...]
+
+    def command_for(self, point: Point, out: str) -> list[str]:
+        values = {k: text_of(v) for k, v in point.values} | {"out": out}
+        return [w.expand(values) for w in self.command]
+
+    def dropin_for(self, point: Point, out: str) -> str | None:
+        if self.dropin is None:
+            return None
+        text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out})
+        return text if text.endswith("\n") else text + "\n"
+
+
+PLAN_KEYS: Final = {
+    "target": "the genready target to sweep (default: the only one)",
+    "command": "the benchmark: a string split like a shell (no shell), or a list of words",
+    "dropin": "unit file text for the target's unit, per point (a runtime drop-in)",
+    "timeout": "seconds to wait for a verified start per point (default: the target's load_timeout)",
+    "attempts": "runs per point when a run is invalidated or the server does not come up (default 2)",
+    "matrix": "a table NAME = [values]: the points are their cartesian product, in file order",
+    "points": "[[points]] tables of NAME = value: points listed one by one",
+}
+
+
+def _found(v: object) -> str:
+    kinds = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "a table", list: "array"}
+    kind = kinds.get(type(v), type(v).__name__)
+    return kind if isinstance(v, dict) else f"{kind} {v!r}"[:80]
+
+
+def _scalar(file: str, key: str, v: object) -> Scalar:
+    if isinstance(v, str):
+        if any(ord(c) < 32 for c in v):
+            raise ConfigError(file, key, "a value on one line (it is written into a unit file)", repr(v))
+        return v
+    if isinstance(v, bool | int | float):
+        return v
+    raise ConfigError(file, key, "a string, number or boolean", _found(v))
+
+
+def _name(file: str, key: str, name: str) -> str:
+    if not _NAME.fullmatch(name) or name == "out":
+        raise ConfigError(file, key, "a name of letters, digits and _ (not 'out', which is the point's folder)",
+                          repr(name))
+    return name
+
+
+def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
+    """Validate a decoded PLAN.toml, or raise ConfigError naming file, key, expected and found."""
+    for key in data:
+        if key not in PLAN_KEYS:
+            raise ConfigError(file, key, "one of the known keys: " + ", ".join(PLAN_KEYS), f"unknown key {key!r}")
+    target = data.get("target")
+    if target is not None and not (isinstance(target, str) and target):
+        raise ConfigError(file, "target", "a target name (string)", _found(target))
+
+    raw_cmd = data.get("command")
+    if isinstance(raw_cmd, str):
+        try:
+            words = shlex.split(raw_cmd)
+        except ValueError as e:
+            raise ConfigError(file, "command", "a command line with balanced quotes", str(e)) from None
+        where = ["command"] * len(words)
+    elif isinstance(raw_cmd, list) and all(isinstance(w, str) for w in raw_cmd):
+        words, where = raw_cmd, [f"command[{i}]" for i in range(len(raw_cmd))]
+    elif raw_cmd is None:
+        raise ConfigError(file, "command", f"a string or a list of strings ({PLAN_KEYS['command']})",
+                          "nothing (the key is required)")
+    else:
+        raise ConfigError(file, "command", "a string or a list of strings", _found(raw_cmd))
+    if not words:
+        raise ConfigError(file, "command", "a command (at least one word)", "an empty command")
+    command = tuple(Template.parse(w, file, k) for w, k in zip(words, where, strict=True))
+
+    dropin = None
+    if "dropin" in data:
+        text = data["dropin"]
+        if not isinstance(text, str):
+            raise ConfigError(file, "dropin", "unit file text (a string)", _found(text))
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip()[0] not in "#;"), "")
+        if not first.startswith("["):
+            raise ConfigError(file, "dropin", "unit file text beginning with a section such as [Service]",
+                              repr(first[:40]) if first else "no settings")
+        dropin = Template.parse(text, file, "dropin")
+
+    timeout = data.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+            raise ConfigError(file, "timeout", "a number of seconds > 0", _found(timeout))
+        timeout = float(timeout)
+    attempts = data.get("attempts", 2)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigError(file, "attempts", "an integer >= 1", _found(attempts))
+
+    points = _points(data, file)
+    used: dict[str, str] = {}  # placeholder -> the key it appears in
+    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
+        for name in tpl.names if tpl else []:
+            used.setdefault(name, key)
+    for p in points:
+        for name, key in used.items():
+            if name != "out" and name not in dict(p.values):
+                raise ConfigError(file, key, f"a value for {{{name}}} in every point",
+                                  f"none in point {p.index} ({p.label})")
+    return Plan(file, target, command, dropin, timeout, attempts, points)
+
+
+def _points(data: Mapping[str, Any], file: str) -> tuple[Point, ...]:
+    values: list[tuple[tuple[str, Scalar], ...]] = []
+    if "matrix" in data:
+        matrix = data["matrix"]
+        if not isinstance(matrix, dict) or not matrix:
+            raise ConfigError(file, "matrix", "a table of NAME = [values]", "an empty table" if matrix == {}
+                              else _found(matrix))
+        axes: list[list[tuple[str, Scalar]]] = []
+        for name, vs in matrix.items():
+            key = f"matrix.{_name(file, f'matrix.{name}', name)}"
+            if not isinstance(vs, list) or not vs:
+                raise ConfigError(file, key, "a non-empty array of values", _found(vs))
+            axes.append([(name, _scalar(file, f"{key}[{i}]", v)) for i, v in enumerate(vs)])
+        values += [tuple(combo) for combo in itertools.product(*axes)]
+    if "points" in data:
+        pts = data["points"]
+        if not isinstance(pts, list) or not pts or not all(isinstance(p, dict) for p in pts):
+            raise ConfigError(file, "points", "[[points]] tables of NAME = value", _found(pts))
+        for i, p in enumerate(pts):
+            if not p:
+                raise ConfigError(file, f"points[{i}]", "at least one NAME = value", "an empty table")
+            values.append(tuple((_name(file, f"points[{i}].{k}", k), _scalar(file, f"points[{i}].{k}", v))
+                                for k, v in p.items()))
+    if not values:
+        raise ConfigError(file, "matrix", "at least one point: a [matrix] table or [[points]] tables", "none")
+    seen: dict[str, int] = {}
+    for i, v in enumerate(values, 1):
+        key = json.dumps(dict(v), sort_keys=True)
+        if key in seen:
+            raise ConfigError(file, "points", "every point once",
+                              f"point {i} ({Point(i, v).label}) repeats point {seen[key]}")
+        seen[key] = i
+    return tuple(Point(i, v) for i, v in enumerate(values, 1))
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
+    except ValueError as e:
+        raise ConfigError(str(path), "", "valid TOML", str(e)) from None
+    return parse_plan(data, str(path))
+
+
+# --- results.jsonl --------------------------------------------------------------------------------
+
+
+def same_point(a: object, b: Mapping[str, Scalar]) -> bool:
+    return isinstance(a, dict) and a == dict(b)
+
+
+def read_results(path: Path) -> list[dict[str, Any]]:
+    """Every complete, readable line of a results file (a torn last line, from a crash, is skipped)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    out = []
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            print(f"genready sweep: {path}:{lineno}: skipping an unreadable line", file=sys.stderr)
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+class ResultsLog:
+    """DIR/results.jsonl, append-only: each line one write, fsync'd before `append` returns (as records.py).
+
+    One sweep per DIR at a time (a lock file), so two sweeps never interleave their points.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / RESULTS_FILE
+        self._lock = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise SweepError(f"another sweep is writing {folder}") from None
+        existed = self.path.exists()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if not existed:
+            _fsync_dir(folder)
+        # A line torn by a crash must not glue itself to the next one.
+        size = os.fstat(self._fd).st_size
+        if size and not _last_byte_is_newline(self.path, size):
+            _write_all(self._fd, b"\n")
+
+    def append(self, rec: Mapping[str, Any]) -> None:
+        _write_all(self._fd, (json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        for fd in (self._fd, self._lock):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _last_byte_is_newline(path: Path, size: int) -> bool:
+    with path.open("rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+# --- the unit, over D-Bus -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnitState:
+    load_state: str
+    active_state: str
+    sub_state: str
+    job: int
+    invocation_id: str
+    main_pid: int
+    n_restarts: int
+    result: str
+    exit_code: int  # ExecMainCode (CLD_*), 0 if none
+    exit_status: int
+    fragment_path: str
+    dropin_paths: tuple[str, ...]
+
+    @property
+    def failed_start(self) -> bool:
+        """No job pending and the unit is down, or waiting to be restarted after a failure."""
+        return self.job == 0 and (self.active_state in ("failed", "inactive") or self.sub_state == "auto-restart")
+
+    def how_it_ended(self) -> str:
+        code = {1: "exited", 2: "killed", 3: "dumped"}.get(self.exit_code)
+        return f"Result={self.result}" + (f", {code} with status {self.exit_status}" if code else "")
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Systemd:
+    """The calls the sweep makes to the target's manager, on one connection."""
+
+    def __init__(self, bus_kind: str, unit: str) -> None:
+        self.bus_kind = bus_kind
+        self.unit = unit
+        self._bus = watcher.open_bus(bus_kind)
+
+    def _call(self, path: bytes, iface: bytes, method: bytes, args: list[tuple[int, bytes]] | None = None) -> Any:
+        return self._bus.call_method(watcher.SYSTEMD, path, iface, method, args or [])
+
+    def _manager(self, method: bytes, *args: bytes) -> Any:
+        return self._call(watcher.MANAGER_PATH, watcher.MANAGER_IFACE, method, [(ord("s"), a) for a in args])
+
+    def state(self) -> UnitState:
+        self._manager(b"LoadUnit", self.unit.encode())  # a unit not loaded yet has no properties to read
+        path = watcher.unit_path(self.unit)
+        u = self._call(path, watcher.PROPS_IFACE, b"GetAll", [(ord("s"), watcher.UNIT_IFACE)]).body or {}
+        s = self._call(path, watcher.PROPS_IFACE, b"GetAll", [(ord("s"), watcher.SERVICE_IFACE)]).body or {}
+        job = u.get(b"Job") or (0, b"/")
+        return UnitState(
+            load_state=_s(u.get(b"LoadState", b"")), active_state=_s(u.get(b"ActiveState", b"")),
+            sub_state=_s(u.get(b"SubState", b"")), job=int(job[0]),
+            invocation_id=bytes(u.get(b"InvocationID") or b"").hex(), main_pid=int(s.get(b"MainPID", 0)),
+            n_restarts=int(s.get(b"NRestarts", 0)), result=_s(s.get(b"Result", b"")),
+            exit_code=int(s.get(b"ExecMainCode", 0)), exit_status=int(s.get(b"ExecMainStatus", 0)),
+            fragment_path=_s(u.get(b"FragmentPath", b"")),
+            dropin_paths=tuple(_s(p) for p in u.get(b"DropInPaths") or []))
+
+    def unit_paths(self) -> list[str]:
+        paths = self._bus.get_property(watcher.SYSTEMD, watcher.MANAGER_PATH, watcher.MANAGER_IFACE,
+                                       b"UnitPath", b"as")
+        return [_s(p) for p in paths]
+
+    def reload(self) -> None:
+        """Manager.Reload: returns once the manager has re-read every unit file (as daemon-reload)."""
+        self._manager(b"Reload")
+
+    def restart(self) -> None:
+        """Queue a restart job ("replace"); a failed unit's start limit is reset first."""
+        with contextlib.suppress(Exception):  # not failed: nothing to reset
+            self._manager(b"ResetFailedUnit", self.unit.encode())
+        self._manager(b"RestartUnit", self.unit.encode(), b"replace")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._bus.close()
+
+
+def runtime_dir(bus_kind: str, unit_paths: Sequence[str]) -> Path:
+    """The manager's runtime unit directory (`systemctl edit --runtime` writes there)."""
+    if bus_kind == "system":
+        base = Path("/run/systemd/system")
+    else:
+        base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") / "systemd" / "user"
+    if str(base) not in unit_paths:
+        raise SweepError(f"the {bus_kind} manager does not load units from {base} (its UnitPath: "
+                         f"{' '.join(unit_paths)}); is XDG_RUNTIME_DIR the manager's?")
+    return base
+
+
+def output_files(state: UnitState) -> list[Path]:
+    """Files the unit's stdout/stderr go to (StandardOutput=file:/append:/truncate:), from its unit files.
+
+    systemd does not publish these paths on D-Bus, so they are read from the fragment and drop-ins
+    it loaded; a path with a %-specifier is skipped rather than guessed.
+    """
+    settings: dict[str, str] = {}
+    for path in (state.fragment_path, *state.dropin_paths):
+        if not path:
+            continue
+        try:
+            text = Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+        section = ""
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("["):
+                section = line
+            elif section == "[Service]" and "=" in line:
+                k, v = (x.strip() for x in line.split("=", 1))
+                if k in ("StandardOutput", "StandardError"):
+                    settings[k] = v
+    out: list[Path] = []
+    for v in settings.values():
+        kind, _, where = v.partition(":")
+        if kind in ("file", "append", "truncate") and where.startswith("/") and "%" not in where:
+            out.append(Path(where))
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class OutputMark:
+    """Where the unit's output stood when a start was requested, to show only that start's lines."""
+
+    since: float
+    sizes: dict[Path, int] = field(default_factory=dict)
+
+    @classmethod
+    def take(cls, state: UnitState) -> OutputMark:
+        sizes = {}
+        for p in output_files(state):
+            with contextlib.suppress(OSError):
+                sizes[p] = p.stat().st_size
+            sizes.setdefault(p, 0)
+        return cls(time.time(), sizes)
+
+    def lines(self, bus_kind: str, unit: str, n: int = OUTPUT_LINES) -> list[str]:
+        """The last `n` lines the unit wrote since the mark: from its output files, else from the journal."""
+        if self.sizes:
+            out: list[str] = []
+            for p, size in self.sizes.items():
+                try:
+                    with p.open("rb") as f:
+                        if os.fstat(f.fileno()).st_size >= size:  # a truncate: file starts again from 0
+                            f.seek(size)
+                        out += f.read().decode(errors="replace").splitlines()
+                except OSError:
+                    continue
+            return out[-n:]
+        cmd = ["journalctl", "--user-unit" if bus_kind == "user" else "--unit", unit, "--since",
+               f"@{int(self.since)}", "-o", "cat", "-n", str(n), "--no-pager", "-q"]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return done.stdout.splitlines()[-n:] if done.returncode == 0 else []
+
+
+# --- running a sweep ------------------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    """One try at one point, and what became of it (a results.jsonl line)."""
+
+    point: Point
+    attempt: int
+    out: str  # relative to DIR
+    status: Status = Status.NOT_READY
+    reason: str = ""
+    pid: int | None = None
+    invocation_id: str | None = None
+    load_seconds: float | None = None
+    exit_code: int | None = None
+    started_at: float = field(default_factory=time.time)
+    ran_at: float | None = None
+    ended_at: float | None = None
+    unit_result: str | None = None
+    journal: list[str] | None = None
+
+    @property
+    def run_seconds(self) -> float | None:
+        return None if self.ran_at is None or self.ended_at is None else self.ended_at - self.ran_at
+
+    def to_json(self, target: str, unit: str) -> dict[str, Any]:
+        rec: dict[str, Any] = {
+            "point": self.point.as_dict(), "status": self.status.value, "target": target, "unit": unit,
+            "pid": self.pid, "invocation_id": self.invocation_id, "load_seconds": self.load_seconds,
+            "exit_code": self.exit_code, "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
+            "run_seconds": None if self.run_seconds is None else round(self.run_seconds, 3),
+            "attempt": self.attempt, "out": self.out,
+        }
+        if self.reason:
+            rec["reason"] = self.reason
+        if self.status is Status.NOT_READY:
+            rec["unit_result"] = self.unit_result
+            rec["journal"] = self.journal or []
+        return rec
+
+
+class Interrupted(Exception):
+    """A SIGINT or SIGTERM arrived: stop this point, clean up, exit."""
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    if s < 10:
+        return f"{max(0.0, s):.1f}s"
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+class Sweep:
+    def __init__(self, plan: Plan, *, base: str, target: str, unit: str, bus_kind: str, timeout: float,
+                 results: Path, keep_config: bool, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
+        self.plan, self.base, self.target, self.unit, self.bus_kind = plan, base, target, unit, bus_kind
+        self.timeout, self.results, self.keep_config = timeout, results, keep_config
+        self.out, self.err = out, err
+        self.tty = err.isatty()
+        self.width = len(str(len(plan.points)))
+        self.sd: Systemd | None = None
+        self.log: ResultsLog | None = None
+        self.dropin_path: Path | None = None
+        self.dropin_written = False
+        self.restored = True  # False from the first drop-in until the unit is verified on its own config
+        self.child: subprocess.Popen[Any] | None = None
+        self.pinned: dict[str, Any] = {}  # the verified instance the current command runs against
+        self.signals = 0
+        self.cleaning = False
+        self.finished: dict[int, Attempt] = {}  # point index -> its last attempt in this run
+        self.durations: list[float] = []  # load + run seconds of ok attempts, for the ETA
+        self.last_load: float | None = None
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+        name = signal.Signals(signum).name
+        if self.signals == 1:
+            self.say(f"{name}: stopping{' the running command' if self.child else ''}, then cleaning up "
+                     "(again to exit at once)")
+            if self.child is not None and self.child.poll() is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(self.child.pid, signal.SIGINT)
+            return
+        self._exit_now(name)
+
+    def _exit_now(self, name: str) -> NoReturn:
+        left = []
+        if self.child is not None and self.child.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.child.pid, signal.SIGKILL)
+            left.append(f"the command (pid {self.child.pid}) was killed; its results are incomplete")
+        ctl = "systemctl --user" if self.bus_kind == "user" else "systemctl"
+        if self.dropin_path is not None and self.dropin_path.exists():
+            left.append(f"the drop-in {self.dropin_path} is still in place: rm {self.dropin_path} && "
+                        f"{ctl} daemon-reload && genready restart {self.target}")
+        elif not self.restored:
+            left.append(f"{self.unit} is on its own configuration again but its start was not verified: "
+                        f"genready wait {self.target}")
+        self.say(f"{name} again: exiting at once. " + ("Left to clean up: " + "; ".join(left) if left else
+                                                     "Nothing left to clean up."))
+        os._exit(EX_INTERRUPTED)
+
+    def _check_signals(self) -> None:
+        if self.signals and not self.cleaning:
+            raise Interrupted()
+
+    # -- output ----------------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        if self.tty:
+            self.err.write("\r\033[K")
+        self.err.write(f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n")
+        self.err.flush()
+
+    def progress(self, point: Point, text: str, *, transient: bool = False) -> None:
+        line = f"[{point.index}/{len(self.plan.points)}] {point.label}: {text}"
+        if transient and self.tty:
+            self.err.write("\r\033[K" + line[:200])
+            self.err.flush()
+        else:
+            self.say(line)
+
+    def eta(self, point: Point) -> str:
+        if not self.durations:
+            return ""
+        left = sum(1 for p in self.plan.points if p.index >= point.index and p.index not in self.finished)
+        return f", ETA {_duration(left * sum(self.durations) / len(self.durations))}"
+
+    # -- the sweep -------------------------------------------------------------------------------
+
+    def run(self, skip: set[int]) -> int:
+        """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not, 130 if interrupted."""
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        interrupted = False
+        try:
+            self.sd = Systemd(self.bus_kind, self.unit)
+            state = self.sd.state()
+            if state.load_state != "loaded":
+                raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
+            self.dropin_path = runtime_dir(self.bus_kind, self.sd.unit_paths()) / f"{self.unit}.d" / DROPIN_NAME
+            if self.dropin_path.exists():
+                self.say(f"{self.dropin_path} was left by an earlier sweep; replacing it")
+                self.dropin_written, self.restored = True, False
+            self.log = ResultsLog(self.results)
+            for point in self.plan.points:
+                if point.index in skip:
+                    continue
+                self._point(point)
+        except Interrupted:
+            interrupted = True
+        finally:
+            self.cleaning = True
+            try:
+                self._cleanup()
+            finally:
+                if self.sd:
+                    self.sd.close()
+                if self.log:
+                    self.log.close()
+                for s, h in old.items():
+                    signal.signal(s, h)
+        self.summary(skip)
+        if interrupted:
+            return EX_INTERRUPTED
+        return 0 if all(a.status is Status.OK for a in self.finished.values()) else 1
+
+    def _point(self, point: Point) -> None:
+        for n in range(1, self.plan.attempts + 1):
+            att = self._attempt(point, n)
+            self.finished[point.index] = att
+            if att.status not in RETRIED or self.signals:
+                break
+            if n < self.plan.attempts:
+                self.progress(point, f"retrying ({n + 1} of {self.plan.attempts} runs)")
+        self._check_signals()
+
+    def _folder(self, point: Point) -> tuple[Path, int]:
+        """A fresh folder for this attempt: DIR/NN-point/attempt-K, K one past the last that exists."""
+        base = self.results / point.slug(self.width)
+        k = 1
+        while (base / f"attempt-{k}").exists():
+            k += 1
+        path = base / f"attempt-{k}"
+        path.mkdir(parents=True)
+        return path, k
+
+    def _attempt(self, point: Point, n: int) -> Attempt:
+        folder, k = self._folder(point)
+        att = Attempt(point, k, str(folder.relative_to(self.results)))
+        (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
+        try:
+            self._reconfigure(point, folder)
+            self._restart_and_wait(point, att)
+            if att.pid is not None:
+                self._run(point, att, folder)
+        except Interrupted:
+            att.status, att.reason = Status.INVALIDATED, "the sweep was interrupted"
+            if att.ended_at is None:
+                att.ended_at = time.time()
+            self._record(att)
+            raise
+        att.ended_at = att.ended_at or time.time()
+        self._record(att)
+        return att
+
+    def _record(self, att: Attempt) -> None:
+        assert self.log is not None
+        self.log.append(att.to_json(self.target, self.unit))
+        took = f" in {_duration(att.run_seconds)}" if att.run_seconds is not None else ""
+        why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
+        self.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
+
+    def _reconfigure(self, point: Point, folder: Path) -> None:
+        text = self.plan.dropin_for(point, str(folder))
+        if text is None:
+            return
+        (folder / "dropin.conf").write_text(text)
+        assert self.dropin_path is not None and self.sd is not None
+        self.restored = False
+        self._write_dropin(text)
+        self.sd.reload()
+
+    def _write_dropin(self, text: str) -> None:
+        assert self.dropin_path is not None
+        tmp = self.dropin_path.with_name(f".{DROPIN_NAME}.tmp")
+        try:
+            self.dropin_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(f"# written by genready sweep {self.plan.path}; removed when the sweep ends\n{text}")
+            os.replace(tmp, self.dropin_path)
+        except PermissionError as e:
+            hint = (" (a runtime drop-in for a system unit needs root: run the sweep with sudo, or sweep a "
+                    "user manager's unit)" if self.bus_kind == "system" else "")
+            raise SweepError(f"cannot write {self.dropin_path}: {e.strerror}{hint}") from None
+        self.dropin_written = True
+
+    def _restart_and_wait(self, point: Point, att: Attempt) -> None:
+        """Restart, then wait for a verified start newer than the restart; fills att (pid or not_ready)."""
+        assert self.sd is not None
+        before = self.sd.state()
+        mark = OutputMark.take(before)
+        t0 = time.time()  # since= compares with the new process's start: taken before asking systemd
+        att.started_at = t0
+        try:
+            self.sd.restart()
+        except Exception as e:
+            raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {e} (restarting a "
+                             "system unit needs root or a polkit rule)") from None
+        self.progress(point, f"restarting {self.unit}{self.eta(point)}")
+        deadline = time.monotonic() + self.timeout
+        last_line = time.monotonic()
+        body: Any = {}
+        # Our start may zero NRestarts (systemd flushes it on a start it did not schedule itself):
+        # any rise above the lowest value seen since is an automatic restart after a failure.
+        n_low = before.n_restarts
+        while True:
+            self._check_signals()
+            wait = max(0.0, min(POLL, deadline - time.monotonic()))
+            try:
+                code, body = client.request(self.base, f"/ready/{self.target}?since={t0:.6f}&wait={wait:.3f}",
+                                            timeout=wait + 30)
+            except client.Unreachable as e:
+                code, body = 0, {"reason": f"genready unreachable: {e}"}
+                time.sleep(wait)
+            if code == 200 and isinstance(body, dict):
+                att.pid, att.invocation_id = body.get("pid"), body.get("invocation_id")
+                att.load_seconds = body.get("load_seconds")
+                self.pinned = body
+                self.last_load = time.time() - t0
+                return
+            if code in (400, 404):
+                raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
+            state = self.sd.state()
+            n_low = min(n_low, state.n_restarts)
+            if state.n_restarts > n_low or state.failed_start:
+                att.reason = (f"{self.unit} failed to start ({state.how_it_ended()})" if state.failed_start else
+                              f"{self.unit} failed and systemd restarted it ({state.how_it_ended()})")
+                break
+            if time.monotonic() >= deadline:
+                detail = body.get("reason") or body.get("last_error") if isinstance(body, dict) else ""
+                att.reason = f"no verified start within {self.timeout:g}s" + (f" ({detail})" if detail else "")
+                break
+            if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY):
+                last_line = time.monotonic()
+                last = f" (last load {_duration(self.last_load)})" if self.last_load else ""
+                self.progress(point, f"loading pid {state.main_pid} for {_duration(time.time() - t0)}{last}"
+                              f"{self.eta(point)}", transient=True)
+        state = self.sd.state()
+        att.status, att.unit_result = Status.NOT_READY, state.result
+        att.pid, att.invocation_id = state.main_pid or None, state.invocation_id or None
+        att.journal = mark.lines(self.bus_kind, self.unit)
+
+    def _run(self, point: Point, att: Attempt, folder: Path) -> None:
+        cmd = self.plan.command_for(point, str(folder))
+        env = dict(os.environ, **guard.guard_env(self.target, self.pinned),
+                   GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
+        self.progress(point, f"ready pid {att.pid} (loaded in {att.load_seconds}s); running {shlex.join(cmd)[:120]}")
+        att.ran_at = time.time()
+        with (folder / "stdout.log").open("wb") as so, (folder / "stderr.log").open("wb") as se:
+            try:
+                # Its own session: a Ctrl-C reaches the sweep, which stops the command once, on purpose.
+                self.child = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                              start_new_session=True)
+            except OSError as e:
+                att.ended_at = time.time()
+                att.status, att.exit_code, att.reason = Status.FAILED, 127, f"cannot run {cmd[0]}: {e.strerror}"
+                return
+            try:
+                res = guard.run_pinned(self.base, self.target, self.pinned, self.child, wait=self._wait_child)
+            finally:
+                self.child = None
+        att.ended_at = time.time()
+        att.exit_code = res.returncode
+        if self.signals:
+            raise Interrupted()
+        if res.problem:
+            att.status, att.reason = Status.INVALIDATED, res.problem
+        elif res.returncode != 0:
+            att.status, att.reason = Status.FAILED, f"the command exited {res.returncode}"
+        else:
+            att.status = Status.OK
+            self.durations.append((att.load_seconds or 0) + (att.run_seconds or 0))
+
+    def _wait_child(self, child: subprocess.Popen[Any]) -> int:
+        """child.wait(), but a signal stops the child: SIGINT, then SIGTERM, then SIGKILL, STOP_GRACE apart."""
+        stop_at: float | None = None
+        escalate = iter((signal.SIGTERM, signal.SIGKILL))
+        while True:
+            try:
+                return child.wait(0.2)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.signals:
+                now = time.monotonic()
+                stop_at = stop_at or now
+                if now - stop_at >= STOP_GRACE:
+                    stop_at = now
+                    with contextlib.suppress(OSError, StopIteration):
+                        os.killpg(child.pid, next(escalate))
+
+    def _cleanup(self) -> None:
+        if self.sd is None or not self.dropin_written:
+            return
+        assert self.dropin_path is not None
+        if self.keep_config:
+            self.say(f"keeping {self.dropin_path} (--keep-config); {self.unit} runs the last point's configuration")
+            return
+        self.dropin_path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.dropin_path.parent.rmdir()  # only if empty: other drop-ins are not ours
+        self.sd.reload()
+        self.dropin_written = False
+        self.say(f"removed {self.dropin_path}; restarting {self.unit} on its own configuration")
+        t0 = time.time()
+        self.sd.restart()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            wait = max(0.0, min(POLL, deadline - time.monotonic()))
+            try:
+                code, body = client.request(self.base, f"/ready/{self.target}?since={t0:.6f}&wait={wait:.3f}",
+                                            timeout=wait + 30)
+            except client.Unreachable:
+                code, body = 0, None
+                time.sleep(wait)
+            if code == 200 and isinstance(body, dict):
+                self.restored = True
+                self.say(f"{self.unit} is back on its own configuration: pid {body.get('pid')} verified")
+                return
+            state = self.sd.state()
+            if state.failed_start:
+                self.say(f"{self.unit} failed to start on its own configuration ({state.how_it_ended()})")
+                return
+        self.say(f"{self.unit} restarted on its own configuration, not verified within {self.timeout:g}s")
+
+    # -- the summary -------------------------------------------------------------------------------
+
+    def summary(self, skipped: set[int]) -> None:
+        rows = [["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"]]
+        for p in self.plan.points:
+            a = self.finished.get(p.index)
+            if a is None:
+                rows.append([p.label, "ok (earlier run)" if p.index in skipped else "not run", "-", "-", "-", "-"])
+                continue
+            rows.append([p.label, a.status.value, str(a.attempt), str(a.pid or "-"),
+                         "-" if a.load_seconds is None else f"{a.load_seconds:.1f}",
+                         "-" if a.run_seconds is None else f"{a.run_seconds:.1f}"])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        self.out.write("".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
+                               for r in rows))
+        ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
+        self.out.write(f"{ok}/{len(self.plan.points)} points ok; results in {self.results / RESULTS_FILE}\n")
+        self.out.flush()
+
+
+# --- entry points -----------------------------------------------------------------------------------
+
+
+def ok_points(plan: Plan, results: Path) -> set[int]:
+    """Indices of the plan's points that already have an `ok` line in DIR/results.jsonl."""
+    recs = read_results(results / RESULTS_FILE)
+    return {p.index for p in plan.points
+            if any(r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) for r in recs)}
+
+
+def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str]) -> int:
+    """Print what the sweep would do; touch nothing."""
+    where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
+        f"/{unit}.d/{DROPIN_NAME}"
+    width = len(str(len(plan.points)))
+    out.write(f"# {len(plan.points)} points, {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
+    for p in plan.points:
+        folder = results / p.slug(width) / "attempt-N"
+        out.write(f"\n[{p.index}/{len(plan.points)}] {p.label}" + ("  (ok earlier: skipped with --resume)"
+                                                                   if p.index in skip else "") + "\n")
+        text = plan.dropin_for(p, str(folder))
+        if text is not None:
+            out.write("  drop-in:\n" + "".join(f"    {ln}\n" for ln in text.splitlines()))
+        out.write(f"  command: {shlex.join(plan.command_for(p, str(folder)))}\n")
+    return 0
+
+
+def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
+    """`genready sweep`, called by the CLI with the parsed arguments, the config and the daemon's URL."""
+    from genready.cli import die  # the CLI imports this module only when `sweep` runs
+
+    try:
+        plan = load_plan(Path(args.plan))
+    except ConfigError as e:
+        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=EX_CONFIG)
+    target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    if target is None:
+        die(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}", status=EX_CONFIG)
+    if target not in cfg.targets:
+        die(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}", status=EX_CONFIG)
+    tcfg = cfg.targets[target]
+    results = Path(args.results)
+    skip = ok_points(plan, results) if args.resume else set()
+    if args.dry_run:
+        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout)
+    try:
+        code, _ = client.request(base, f"/ready/{target}")
+    except client.Unreachable as e:
+        client.unreachable(base, e)
+    if code == 404:
+        die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=2)
+    sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
+                  timeout=plan.timeout or tcfg.load_timeout, results=results, keep_config=args.keep_config)
+    if skip:
+        sweep.say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
+    try:
+        return sweep.run(skip)
+    except SweepError as e:
+        die(str(e), status=1)
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            die(f"{e}", hint="a system unit's runtime drop-in needs root", status=1)
+        raise
+

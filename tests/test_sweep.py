@@ -1,0 +1,298 @@
+"""`genready sweep`: the plan's rules in-process, then whole sweeps against simulator units in the
+private systemd user manager, with a real genready daemon verifying every start.
+
+The point commands are a small script (written per test) that records what it saw: its
+GENREADY_* environment, the /v1/models answer of the server and the command line of the
+verified PID, read from /proc. The unit's stderr goes to a file (StandardError=append:):
+there is no journald here, and the sweep takes a failed start's lines from that file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomli_w
+
+from genready import sweep
+from genready.config import ConfigError
+from genready.usermanager import UserManager
+from tests.helpers import GENREADY, PY, REPO, Genready, free_port, show, wait_for
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+UNIT = "sw-sim.service"
+
+# --- the plan, in-process ------------------------------------------------------------------------
+
+
+def plan(text: str) -> sweep.Plan:
+    return sweep.parse_plan(sweep.tomllib.loads(text), "plan.toml")
+
+
+def test_the_shipped_example_plan_parses() -> None:
+    p = sweep.load_plan(REPO / "units" / "examples" / "sweep-spec-decoding.toml")
+    assert len(p.points) == 8 and p.target == "sglang"
+    text = p.dropin_for(p.points[-1], "/o")
+    assert text is not None and "--speculative-num-steps 5 \\\n    --speculative-eagle-topk 4" in text
+
+
+def test_matrix_in_file_order_then_points_and_placeholders() -> None:
+    p = plan('''
+command = "bench --budget {budget} --topk {topk} --out {out} --lit {{x}} --env ${HOME} $USER"
+dropin = """
+[Service]
+Environment=SPEC_BUDGET={budget} SPEC_TOPK={topk} OTHER=${KEEP} $$ {{}}
+"""
+[matrix]
+budget = [8, 16, 32]
+topk = [4, 8]
+[[points]]
+budget = 64
+topk = 1
+''')
+    assert [pt.label for pt in p.points] == ["budget=8 topk=4", "budget=8 topk=8", "budget=16 topk=4",
+                                             "budget=16 topk=8", "budget=32 topk=4", "budget=32 topk=8",
+                                             "budget=64 topk=1"]
+    pt = p.points[2]
+    assert p.command_for(pt, "/r/x y") == ["bench", "--budget", "16", "--topk", "4", "--out", "/r/x y",
+                                           "--lit", "{x}", "--env", "${HOME}", "$USER"]
+    assert p.dropin_for(pt, "/o") == "[Service]\nEnvironment=SPEC_BUDGET=16 SPEC_TOPK=4 OTHER=${KEEP} $$ {}\n"
+    assert p.attempts == 2 and p.timeout is None and p.target is None
+
+
+@pytest.mark.parametrize(("text", "key", "says"), [
+    ('command = "x"\nbogus = 1\n[matrix]\na = [1]', "bogus", "unknown key"),
+    ('[matrix]\na = [1]', "command", "required"),
+    ('command = "x {b}"\n[matrix]\na = [1]', "command", "a value for {b}"),
+    ('command = "x"\ndropin = "[Service]\\nA={nope}"\n[matrix]\na = [1]', "dropin", "a value for {nope}"),
+    ('command = "x"\n[matrix]', "matrix", "a table"),
+    ('command = "x"\n[matrix]\na = []', "matrix.a", "non-empty array"),
+    ('command = "x"', "matrix", "at least one point"),
+    ('command = "x {a"\n[matrix]\na = [1]', "command", "placeholder"),
+    ('command = "x }"\n[matrix]\na = [1]', "command", "}}"),
+    ('command = "x \'unclosed"\n[matrix]\na = [1]', "command", "balanced quotes"),
+    ('command = "x"\ndropin = "Environment=A=1"\n[matrix]\na = [1]', "dropin", "section"),
+    ('command = "x"\nattempts = 0\n[matrix]\na = [1]', "attempts", "integer >= 1"),
+    ('command = "x"\ntimeout = -1\n[matrix]\na = [1]', "timeout", "> 0"),
+    ('command = "x"\n[matrix]\nout = [1]', "matrix.out", "not 'out'"),
+    ('command = "x"\n[matrix]\na = [1, 1]', "points", "every point once"),
+    ('command = "x"\n[matrix]\na = ["two\\nlines"]', "matrix.a[0]", "one line"),
+])
+def test_plan_errors_name_file_key_expected_found(text: str, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        plan(text)
+    assert e.value.file == "plan.toml" and e.value.key == key, str(e.value)
+    assert says in str(e.value)
+
+
+def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:
+    (tmp_path / "plan.toml").write_text('command = "x {b}"\n[matrix]\na = [1]\n')
+    (tmp_path / "g.toml").write_text('[targets.t]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n')
+    p = subprocess.run([*GENREADY, "sweep", str(tmp_path / "plan.toml"), "--results", str(tmp_path / "r"),
+                        "--config", str(tmp_path / "g.toml")], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 78, p.stderr
+    assert f"{tmp_path / 'plan.toml'}: command: expected a value for {{b}} in every point" in p.stderr
+
+
+# --- whole sweeps against the private manager -----------------------------------------------------
+
+# The command of every point: records what it saw; optional behaviours by flag.
+SCRIPT = r'''
+import json, os, subprocess, sys, time, urllib.request
+url, out, log, mode, marker = sys.argv[1:6]
+pid = int(os.environ["GENREADY_PID"])
+models = json.load(urllib.request.urlopen(url + "/v1/models", timeout=5))
+seen = {"model": models["data"][0]["id"], "pid": pid, "invocation_id": os.environ["GENREADY_INVOCATION_ID"],
+        "cmdline": open(f"/proc/{pid}/cmdline").read().split("\0"),
+        "point": json.loads(os.environ["GENREADY_SWEEP_POINT"]), "out": os.environ["GENREADY_SWEEP_OUT"]}
+with open(os.path.join(out, "seen.json"), "w") as f:
+    json.dump(seen, f)
+print("measured", seen["model"])
+if mode == "restart-once" and not os.path.exists(marker):
+    open(marker, "w").close()
+    subprocess.run(["systemctl", "--user", "restart", "--no-block", os.environ["GENREADY_UNIT"]], check=True)
+if mode.startswith("block-at-") and seen["point"]["n"] == int(mode[9:]) and not os.path.exists(marker):
+    open(marker, "w").close()
+    while True:
+        time.sleep(0.02)
+with open(log, "a") as f:
+    f.write(json.dumps(seen["point"]) + "\n")
+'''
+
+
+class Rig:
+    """A simulator unit whose flags come from $SIM_FLAGS, a genready watching it, and a plan writer."""
+
+    def __init__(self, manager: UserManager, tmp: Path) -> None:
+        self.manager, self.tmp = manager, tmp
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.sim_log = tmp / "sim.log"
+        # $SIM_FLAGS (not ${…}) is split into words by systemd; empty means no extra flags.
+        manager.install_unit(UNIT, f"""[Unit]
+StartLimitIntervalSec=0
+[Service]
+Environment=SIM_FLAGS=
+ExecStart={PY} -m genready.cli simulate --port {self.port} --load-seconds 0.2 $SIM_FLAGS
+TimeoutStopSec=10
+StandardError=append:{self.sim_log}
+""")
+        manager.systemctl("start", UNIT)
+        self.g = Genready(manager, tmp, {"t": {"unit": UNIT, "url": self.url, **FAST}}).start()
+        wait_for(lambda: self.g.get("/ready/t")[0] == 200, 20, "the first start verified")
+        self.script = tmp / "cmd.py"
+        self.script.write_text(SCRIPT)
+        self.ran = tmp / "ran.log"
+        self.results = tmp / "results"
+
+    def write_plan(self, matrix: dict[str, list[Any]] | None = None, *, points: list[dict[str, Any]] | None = None,
+                   flags: str = "--model m-{budget}-{topk}", mode: str = "plain", **extra: Any) -> Path:
+        doc: dict[str, Any] = {
+            "target": "t", "timeout": 20,
+            "command": [PY, str(self.script), self.url, "{out}", str(self.ran), mode, str(self.tmp / "marker")],
+            "dropin": f'[Service]\nEnvironment="SIM_FLAGS={flags}"\n', **extra}
+        if matrix:
+            doc["matrix"] = matrix
+        if points:
+            doc["points"] = points
+        path = self.tmp / "plan.toml"
+        path.write_text(tomli_w.dumps(doc))
+        return path
+
+    def sweep(self, plan: Path, *args: str) -> subprocess.Popen[str]:
+        self.err = self.tmp / f"sweep-{time.monotonic_ns()}.err"
+        return subprocess.Popen([*GENREADY, "sweep", str(plan), "--results", str(self.results), "--config",
+                                 str(self.g.config_path), *args], env=self.manager.env, text=True,
+                                stdout=subprocess.PIPE, stderr=self.err.open("w"))
+
+    def run(self, plan: Path, *args: str) -> tuple[int, str]:
+        p = self.sweep(plan, *args)
+        out, _ = p.communicate(timeout=120)
+        print(out, self.err.read_text())
+        return p.returncode, out
+
+    def results_lines(self) -> list[dict[str, Any]]:
+        path = self.results / "results.jsonl"
+        return [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+
+    def assert_restored(self) -> None:
+        """No drop-in of ours left, and the unit's verified start runs the unit's own command line."""
+        dropins = self.manager.show(UNIT, "DropInPaths")["DropInPaths"]
+        assert sweep.DROPIN_NAME not in dropins, dropins
+        runtime = Path(self.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d"
+        assert not runtime.exists() or not any(runtime.iterdir())
+        code, body = self.g.get("/ready/t")
+        assert code == 200 and body["pid"] == show(self.manager, UNIT)[0], body
+        assert "--model" not in Path(f"/proc/{body['pid']}/cmdline").read_text()
+
+    def close(self) -> None:
+        self.g.stop()
+        self.manager.systemctl("stop", UNIT, check=False)
+        self.manager.systemctl("reset-failed", UNIT, check=False)
+        self.manager.remove_unit(UNIT)
+
+
+@pytest.fixture
+def rig(manager: UserManager, tmp_path: Path) -> Any:
+    r = Rig(manager, tmp_path)
+    yield r
+    r.close()
+
+
+def test_matrix_sweep_runs_each_point_on_its_own_verified_start(rig: Rig) -> None:
+    plan = rig.write_plan({"budget": [8, 16, 32], "topk": [4, 8]})
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    lines = rig.results_lines()
+    assert [ln["point"] for ln in lines] == [{"budget": b, "topk": k} for b in (8, 16, 32) for k in (4, 8)]
+    pids = set()
+    for ln in lines:
+        assert ln["status"] == "ok" and ln["attempt"] == 1 and ln["exit_code"] == 0, ln
+        seen = json.loads((rig.results / ln["out"] / "seen.json").read_text())
+        want = f"m-{ln['point']['budget']}-{ln['point']['topk']}"
+        # The server answered with this point's settings, and the verified PID was started with them.
+        assert seen["model"] == want and want in seen["cmdline"], seen
+        assert seen["pid"] == ln["pid"] and seen["invocation_id"] == ln["invocation_id"], (seen, ln)
+        assert seen["point"] == ln["point"] and seen["out"] == str(rig.results / ln["out"])
+        # ... and genready recorded that PID's start as verified, after the point's restart.
+        rec = next(r for r in rig.g.records("t") if r["invocation_id"] == ln["invocation_id"])
+        assert rec["main_pid"] == ln["pid"] and rec["ready_at"] is not None
+        assert rec["started_at"] >= ln["started_at"] and ln["load_seconds"] is not None
+        assert (rig.results / ln["out"] / "stdout.log").read_text() == f"measured {want}\n"
+        pids.add(ln["pid"])
+    assert len(pids) == 6
+    assert out.splitlines()[0].split() == ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD", "s", "RUN", "s"]
+    assert re.search(rf"^budget=32 topk=8\s+ok\s+1\s+{lines[-1]['pid']}\s+\d+\.\d\s+\d+\.\d$", out, re.M), out
+    assert "6/6 points ok" in out
+    rig.assert_restored()
+
+
+def test_a_point_that_fails_to_start_is_not_ready_with_its_output_and_the_sweep_goes_on(rig: Rig) -> None:
+    ok = "--load-seconds 0.2"
+    plan = rig.write_plan(points=[{"budget": 8, "topk": 4, "extra": ok},
+                                  {"budget": 99, "topk": 0, "extra": "--no-such-flag=oom"},
+                                  {"budget": 16, "topk": 4, "extra": ok}],
+                          flags="--model m-{budget}-{topk} {extra}")
+    # The second point's server refuses its arguments and exits: the unit fails on every attempt.
+    rc, out = rig.run(plan)
+    assert rc == 1, out
+    lines = rig.results_lines()
+    assert [(ln["point"]["budget"], ln["status"], ln["attempt"]) for ln in lines] == [
+        (8, "ok", 1), (99, "not_ready", 1), (99, "not_ready", 2), (16, "ok", 1)]
+    bad = lines[1]
+    assert "failed to start" in bad["reason"] and bad["unit_result"] != "success", bad
+    assert any("unrecognized arguments: --no-such-flag=oom" in ln for ln in bad["journal"]), bad["journal"]
+    assert not any("m-8-4" in ln for ln in bad["journal"])  # only that start's lines
+    assert "not_ready" in out and "2/3 points ok" in out
+    rig.assert_restored()
+
+
+def test_a_restart_during_the_run_invalidates_it_and_the_retry_is_ok(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"budget": 8, "topk": 4}], mode="restart-once")
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    first, second = rig.results_lines()
+    assert first["status"] == "invalidated" and "readiness" in first["reason"], first
+    assert first["exit_code"] == 0  # the command itself succeeded: its numbers are still not kept
+    assert second["status"] == "ok" and second["attempt"] == 2 and second["pid"] != first["pid"]
+    assert first["out"] != second["out"]
+    rig.assert_restored()
+
+
+def test_sigint_mid_sweep_cleans_up_and_resume_runs_each_point_ok_once(rig: Rig) -> None:
+    points = [{"n": i, "budget": 8, "topk": i} for i in (1, 2, 3)]
+    plan = rig.write_plan(points=points, mode="block-at-2")
+    p = rig.sweep(plan)
+    wait_for(lambda: (rig.tmp / "marker").exists() or p.poll() is not None, 60, "point 2's command running")
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, (out, rig.err.read_text())
+    assert [(ln["point"]["n"], ln["status"]) for ln in rig.results_lines()] == [(1, "ok"), (2, "invalidated")]
+    assert "interrupted" in rig.results_lines()[1]["reason"]
+    rig.assert_restored()
+
+    rc, out = rig.run(plan, "--resume")
+    assert rc == 0, out
+    lines = rig.results_lines()
+    oks = [ln["point"]["n"] for ln in lines if ln["status"] == "ok"]
+    assert sorted(oks) == [1, 2, 3], lines
+    assert [json.loads(x)["n"] for x in rig.ran.read_text().splitlines()] == [1, 2, 3]  # 1 was not re-run
+    assert "ok (earlier run)" in out
+    rig.assert_restored()
+
+
+def test_dry_run_changes_nothing(rig: Rig) -> None:
+    plan = rig.write_plan({"budget": [8, 16], "topk": [4]})
+    before = show(rig.manager, UNIT)
+    rc, out = rig.run(plan, "--dry-run")
+    assert rc == 0
+    assert "[2/2] budget=16 topk=4" in out and 'Environment="SIM_FLAGS=--model m-16-4"' in out
+    assert show(rig.manager, UNIT) == before
+    assert not rig.results.exists() and not rig.ran.exists()
+    assert rig.manager.show(UNIT, "DropInPaths")["DropInPaths"] == ""
