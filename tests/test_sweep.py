@@ -21,6 +21,7 @@ import pytest
 import tomli_w
 
 from genready import sweep
+from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.usermanager import UserManager
 from tests.helpers import GENREADY, PY, REPO, Genready, free_port, show, wait_for
@@ -32,7 +33,7 @@ UNIT = "sw-sim.service"
 
 
 def plan(text: str) -> sweep.Plan:
-    return sweep.parse_plan(sweep.tomllib.loads(text), "plan.toml")
+    return sweep.parse_plan(tomllib.loads(text), "plan.toml")
 
 
 def test_the_shipped_example_plan_parses() -> None:

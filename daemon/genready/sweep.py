@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import enum
 import errno
 import fcntl
 import itertools
@@ -38,14 +37,10 @@ from types import FrameType
 from typing import IO, Any, Final, NoReturn
 
 from genready import client, guard, watcher
+from genready.compat import StrEnum, tomllib
 from genready.config import EX_CONFIG, Config, ConfigError
 from genready.gate import iso
 from genready.records import _fsync_dir, _write_all
-
-try:  # Python 3.11+; Debian 12 and Ubuntu 22.04 ship tomli for 3.10
-    import tomllib
-except ImportError:  # pragma: no cover
-    import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
 
 RESULTS_FILE: Final = "results.jsonl"
 LOCK_FILE: Final = ".sweep.lock"
@@ -63,7 +58,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-class Status(str, enum.Enum):  # noqa: UP042  (enum.StrEnum is 3.11+)
+class Status(StrEnum):
     """What one attempt at one point came to (the `status` of a results.jsonl line)."""
 
     OK = "ok"  # the command exited 0 and the verified instance stayed ready throughout
