@@ -38,8 +38,9 @@ from typing import IO, Any, Final, NoReturn
 
 from genready import client, guard, watcher
 from genready.compat import StrEnum, tomllib
-from genready.config import EX_CONFIG, Config, ConfigError
-from genready.gate import iso
+from genready.config import Config, ConfigError
+from genready.exitcodes import Exit
+from genready.history import iso
 from genready.records import _fsync_dir, _write_all
 
 RESULTS_FILE: Final = "results.jsonl"
@@ -47,7 +48,6 @@ LOCK_FILE: Final = ".sweep.lock"
 # Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
 # "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
 DROPIN_NAME: Final = "zz-genready-sweep.conf"
-EX_INTERRUPTED: Final = 130
 OUTPUT_LINES: Final = 20  # lines of the unit's output kept in a not_ready record
 POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
 STOP_GRACE: Final = 10.0  # seconds an interrupted command gets after SIGINT, then SIGTERM, then SIGKILL
@@ -648,7 +648,7 @@ class Sweep:
                         f"genready wait {self.target}")
         self.say(f"{name} again: exiting at once. " + ("Left to clean up: " + "; ".join(left) if left else
                                                      "Nothing left to clean up."))
-        os._exit(EX_INTERRUPTED)
+        os._exit(Exit.INTERRUPTED)
 
     def _check_signals(self) -> None:
         if self.signals and not self.cleaning:
@@ -711,8 +711,8 @@ class Sweep:
                     signal.signal(s, h)
         self.summary(skip)
         if interrupted:
-            return EX_INTERRUPTED
-        return 0 if all(a.status is Status.OK for a in self.finished.values()) else 1
+            return Exit.INTERRUPTED
+        return Exit.OK if all(a.status is Status.OK for a in self.finished.values()) else Exit.TIMEOUT
 
     def _point(self, point: Point) -> None:
         for n in range(1, self.plan.attempts + 1):
@@ -975,12 +975,12 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     try:
         plan = load_plan(Path(args.plan))
     except ConfigError as e:
-        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=EX_CONFIG)
+        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=Exit.CONFIG)
     target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
     if target is None:
-        die(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}", status=EX_CONFIG)
+        die(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}", status=Exit.CONFIG)
     if target not in cfg.targets:
-        die(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}", status=EX_CONFIG)
+        die(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}", status=Exit.CONFIG)
     tcfg = cfg.targets[target]
     results = Path(args.results)
     skip = ok_points(plan, results) if args.resume else set()
@@ -991,7 +991,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except client.Unreachable as e:
         client.unreachable(base, e)
     if code == 404:
-        die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=2)
+        die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=Exit.USAGE)
     sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
                   timeout=plan.timeout or tcfg.load_timeout, results=results, keep_config=args.keep_config)
     if skip:
@@ -999,9 +999,9 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     try:
         return sweep.run(skip)
     except SweepError as e:
-        die(str(e), status=1)
+        die(str(e), status=Exit.TIMEOUT)
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
-            die(f"{e}", hint="a system unit's runtime drop-in needs root", status=1)
+            die(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT)
         raise
 
