@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from genready.usermanager import UserManager, unavailable_reason
+from tests.containers import Docker
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -39,3 +40,21 @@ def manager() -> Iterator[UserManager]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def docker() -> Iterator[Docker]:
+    """The host's dockerd with the test image; skips (fails under CI=true) when docker cannot run.
+    Every container named genready-test-* is removed afterwards, whatever the tests left."""
+    reason = Docker.unavailable()
+    if reason:
+        if IN_CI:
+            pytest.fail(f"docker tests cannot run in CI: {reason}")
+        pytest.skip(f"no docker: {reason}")
+    d = Docker()
+    d.ensure_image()
+    d.remove_test_containers()
+    try:
+        yield d
+    finally:
+        d.remove_test_containers()

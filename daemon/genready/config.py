@@ -22,6 +22,7 @@ DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")
 APIS: Final = ("sglang", "openai-completions", "openai-chat")
 BUSES: Final = ("system", "user")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+OWNERS: Final = ("process", "container")
 _REQUIRED: Final = object()
 _TARGET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # More targets than this is a mistake, not a host: each costs a probe task, a D-Bus match and
@@ -141,6 +142,16 @@ def _abs_path(v: str) -> str | None:
     return None if os.path.isabs(v) else "an absolute path"
 
 
+def _abs_path_or_empty(v: str) -> str | None:
+    return None if not v or os.path.isabs(v) else "an absolute path, or empty"
+
+
+def _container_name(v: str) -> str | None:
+    # Docker's and podman's own rule for container names.
+    ok = not v or re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", v)
+    return None if ok else "a container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*), or empty"
+
+
 def _unit(v: str) -> str | None:
     """The unit name as systemd itself would accept it for a running service (plain or instance)."""
     prefix, dot, suffix = v.rpartition(".")
@@ -185,6 +196,15 @@ TARGET_SETTINGS: Final = (
             _non_negative),
     Setting("failure_threshold", int, 3, "consecutive failed rechecks that revoke readiness", _at_least_one),
     Setting("verify_owner", bool, True, "prove the answer came from the unit's MainPID or a descendant"),
+    Setting("owner", str, "process",
+            'what verify_owner proves: "process" (the MainPID or a descendant served it) or "container" '
+            "(a container created by the unit's current start served it)", _one_of(OWNERS)),
+    Setting("container", str, "",
+            'owner = "container": the container\'s name; empty: the --name of the unit\'s docker/podman run',
+            _container_name),
+    Setting("container_socket", str, "",
+            "owner = \"container\": the engine's API socket; empty: /var/run/docker.sock or "
+            "/run/podman/podman.sock", _abs_path_or_empty),
     Setting("gate_startup", bool, True, "hold genready's own READY=1 until this target was verified"),
 )
 
@@ -223,6 +243,9 @@ class TargetConfig:
     recheck_interval: float
     failure_threshold: int
     verify_owner: bool
+    owner: str
+    container: str
+    container_socket: str
     gate_startup: bool
 
 

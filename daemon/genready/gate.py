@@ -294,7 +294,11 @@ class TargetGate:
         if not is_ready(before, inst):
             return ProbeResult(False, Failure.STALE_INSTANCE, f"before the probe systemd showed {_show(before)}",
                                None, 0.0, 0)
-        result = await self.prober.probe(inst.main_pid)
+        # The start time comes from the watcher's view (the fresh read skips it), only if that
+        # view is of this very instance; 0 makes owner = "container" refuse rather than guess.
+        s = self.snap
+        started = s.exec_main_start_us if s and (s.invocation_id, s.main_pid) == inst else 0
+        result = await self.prober.probe(inst.main_pid, started_us=started, invocation_id=inst.invocation_id)
         try:
             after = await self.fresh.read(self.unit)
         except Exception as e:

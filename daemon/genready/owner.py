@@ -152,14 +152,14 @@ def _diag_row(local: _IP, lport: int, remote: _IP, rport: int) -> TcpRow | None:
     return TcpRow((str(local), lport), (str(remote), rport), state, uid, inode)
 
 
-def _proc_rows(local: _IP, lport: int, remote: _IP, rport: int) -> Iterator[TcpRow]:
+def _proc_rows(local: _IP, lport: int, remote: _IP, rport: int, net_dir: str = "/proc/net") -> Iterator[TcpRow]:
     """Rows of /proc/net/tcp{,6} whose local/remote match, found by text search, not by parsing
     every line: the file can hold tens of thousands of rows on a busy server."""
     pairs: list[tuple[str, str]] = []
     if isinstance(local, ipaddress.IPv4Address):
-        pairs.append(("/proc/net/tcp", f" {encode_hex_addr((str(local), lport))}"
-                                       f" {encode_hex_addr((str(remote), rport))} "))
-    pairs.append(("/proc/net/tcp6", f" {encode_hex_addr((str(local), lport), v6=True)}"
+        pairs.append((f"{net_dir}/tcp", f" {encode_hex_addr((str(local), lport))}"
+                                        f" {encode_hex_addr((str(remote), rport))} "))
+    pairs.append((f"{net_dir}/tcp6", f" {encode_hex_addr((str(local), lport), v6=True)}"
                                     f" {encode_hex_addr((str(remote), rport), v6=True)} "))
     for path, key in pairs:
         try:
@@ -175,12 +175,14 @@ def _proc_rows(local: _IP, lport: int, remote: _IP, rport: int) -> Iterator[TcpR
             start = text.find(key, start + 1)
 
 
-def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True) -> TcpRow | None:
+def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: str = "/proc/net") -> TcpRow | None:
     """The socket on this host whose own addresses are exactly (local, remote), or None.
 
     Prefers a live socket over a TIME_WAIT leftover of the same 4-tuple. use_diag=False reads
-    /proc/net/tcp{,6} only.
+    /proc/net/tcp{,6} only. net_dir="/proc/PID/net" looks in PID's network namespace instead
+    (sock_diag only sees our own namespace, so that reads the files).
     """
+    use_diag = use_diag and net_dir == "/proc/net"
     global _diag_broken
     lip, rip = _ip(local[0]), _ip(remote[0])
     if type(lip) is not type(rip):
@@ -196,7 +198,7 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True) -> TcpRow 
             if row is not None:
                 return row
     best: TcpRow | None = None
-    for row in _proc_rows(lip, int(local[1]), rip, int(remote[1])):
+    for row in _proc_rows(lip, int(local[1]), rip, int(remote[1]), net_dir):
         if row.inode != 0:
             return row
         best = best or row

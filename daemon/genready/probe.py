@@ -23,6 +23,7 @@ from urllib.parse import quote, urlsplit
 from genready import __version__
 from genready.compat import StrEnum, timeout
 from genready.config import APIS, TargetConfig
+from genready.container import UnitStart, find_container_owner
 from genready.owner import Owner, find_owner
 
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
@@ -328,21 +329,23 @@ class Prober:
         self._open: set[_Conn] = set()
         self._closed = False
 
-    async def probe(self, main_pid: int) -> ProbeResult:
-        """One generation, classified; served_by_pid is checked against main_pid. Never raises
-        for server misbehaviour (only for cancellation, or after close())."""
+    async def probe(self, main_pid: int, *, started_us: int = 0, invocation_id: str = "") -> ProbeResult:
+        """One generation, classified; served_by_pid is checked against main_pid (owner = "process"),
+        or its container against the start at started_us (ExecMainStartTimestamp, realtime µs) and
+        invocation_id (owner = "container"). Never raises for server misbehaviour (only for
+        cancellation, or after close())."""
         if self._closed:
             raise RuntimeError("Prober is closed")
         t0 = time.monotonic()
         att = _Attempt()
         try:
-            return await self._probe(att, main_pid, t0)
+            return await self._probe(att, UnitStart(main_pid, started_us, invocation_id), t0)
         finally:
             # Also when cancelled (the gate cancels a probe whose instance is gone): never leak it.
             if att.conn is not None and att.conn in self._open:
                 await asyncio.shield(self._release(att.conn))
 
-    async def _probe(self, att: _Attempt, main_pid: int, t0: float) -> ProbeResult:
+    async def _probe(self, att: _Attempt, start: UnitStart, t0: float) -> ProbeResult:
         outcome: int | _Fail
         try:
             async with timeout(self._t.probe_timeout):
@@ -360,7 +363,7 @@ class Prober:
             conn = att.conn
             if conn is not None and self._t.verify_owner and not att.refused:
                 # Before closing: once closed, the server's socket loses its inode and the proof is gone.
-                owner = await asyncio.to_thread(find_owner, conn.local, conn.peer, main_pid)
+                owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
                 if owner.pid is None and conn.server_closes:
                     owner = Owner(None, False, owner.detail + " (the server answered Connection: close; "
                                                               "owner proof needs HTTP keep-alive)")
@@ -379,6 +382,11 @@ class Prober:
             await self._release(conn)
 
     # --- internals ---
+
+    def _owner(self, local: tuple[str, int], peer: tuple[str, int], start: UnitStart) -> Owner:
+        if self._t.owner == "container":
+            return find_container_owner(local, peer, start, self._t.container, self._t.container_socket)
+        return find_owner(local, peer, start.main_pid)
 
     def _result(self, outcome: int | _Fail, owner: Owner | None, seconds: float) -> ProbeResult:
         pid = owner.pid if owner else None

@@ -1,0 +1,405 @@
+"""Who answered, through a container engine: the container that serves our connection, and whether
+the unit's current start created it (`owner = "container"`).
+
+A published port hides the server from the plain owner proof (owner.py): with docker's userland
+proxy the host-side socket belongs to docker-proxy, a child of dockerd; with NAT (podman's
+netavark, docker with `userland-proxy: false`, or a connection to the container's own address) the
+server-side socket is not in the host's network namespace at all; only `--network host` leaves it
+in ours. So the connection is followed to the process that really serves it:
+
+- docker-proxy: its command line names the container address and port, and its backend socket to
+  that address is the exact 4-tuple the server's socket has inside the container.
+- NAT: /proc/net/nf_conntrack holds the translated (reply) tuple of our very connection.
+- host network: the server-side socket is in our namespace; its holder is found directly.
+
+Another namespace's sockets are read from /proc/PID/net/tcp of a process inside it. Not setns
+(the shipped unit has RestrictNamespaces=yes) and not sock_diag (netlink only sees our own
+namespace, and the unit allows no AF_NETLINK).
+
+The serving process's cgroup names its container (`…/docker-<id>.scope`, `/docker/<id>`,
+`…/libpod-<id>.scope`, `/libpod_parent/libpod-<id>`); the engine's API on its unix socket gives its
+name and creation time. The answer is trusted only if that container is named as configured (or
+as the unit's own `docker run --name` / conmon `-n` says) and was created after the unit's current
+ExecMainStartTimestamp: a lingering container of the previous start is older than that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import ipaddress
+import json
+import os
+import re
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+from genready.owner import (
+    Addr,
+    Owner,
+    TcpRow,
+    _all_pids,
+    _holds,
+    _stat,
+    decode_hex_addr,
+    encode_hex_addr,
+    find_tcp_row,
+)
+
+ENGINES: Final = ("docker", "podman")
+# Where each engine's API listens when the target's container_socket is empty (rootful defaults).
+DEFAULT_SOCKETS: Final = {"docker": "/var/run/docker.sock", "podman": "/run/podman/podman.sock"}
+_API_TIMEOUT: Final = 3.0  # a local daemon answers an inspect in milliseconds; this only bounds a wedge
+
+# One cgroup path segment that names a container, per engine. conmon's own scope
+# (libpod-conmon-<id>.scope) is not the container and does not match.
+_SEGMENTS: Final = (
+    (re.compile(r"docker-([0-9a-f]{64})\.scope"), "docker"),  # systemd cgroup driver
+    (re.compile(r"libpod-([0-9a-f]{64})(?:\.scope)?"), "podman"),  # systemd driver and cgroupfs
+)
+
+
+class EngineError(Exception):
+    """The engine's API could not say what the container is; the text says why."""
+
+
+@dataclass(frozen=True)
+class UnitStart:
+    """The unit's current start, as systemd reported it around the probe."""
+
+    main_pid: int
+    started_us: int  # ExecMainStartTimestamp, CLOCK_REALTIME µs; 0 = unknown
+    invocation_id: str = ""
+
+
+@dataclass(frozen=True)
+class Container:
+    """What the engine says about one container."""
+
+    engine: str
+    id: str
+    name: str
+    created_us: int  # CLOCK_REALTIME µs
+    env: tuple[str, ...]
+
+
+# --- which container a process is in -------------------------------------------------------------
+
+def container_of_cgroup(text: str) -> tuple[str, str] | None:
+    """(engine, container id) from the contents of /proc/PID/cgroup, or None if it names none."""
+    for line in text.splitlines():
+        path = line.split(":", 2)[-1]
+        parts = path.split("/")
+        # The innermost container wins: podman may nest a "container" subgroup under its scope.
+        for i in range(len(parts) - 1, -1, -1):
+            seg = parts[i]
+            for pattern, engine in _SEGMENTS:
+                if m := pattern.fullmatch(seg):
+                    return engine, m.group(1)
+            if i > 0 and parts[i - 1] == "docker" and re.fullmatch(r"[0-9a-f]{64}", seg):
+                return "docker", seg  # cgroupfs driver: /docker/<id>
+    return None
+
+
+def _cgroup(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def name_from_cmdline(argv: list[str]) -> str | None:
+    """The container name a `docker|podman run|create --name X` client, or conmon (`-n X`), gives."""
+    if not argv:
+        return None
+    prog = os.path.basename(argv[0])
+    flags = ("-n",) if prog == "conmon" else ("--name",)
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "--":
+            break
+        for flag in flags:
+            if arg == flag and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(flag + "="):
+                return arg[len(flag) + 1:]
+    return None
+
+
+# --- the engine's API ---------------------------------------------------------------------------
+
+def parse_time_us(text: str) -> int:
+    """RFC 3339 with up to nanoseconds ("2026-12-01T06:01:15.194190878Z", "…+01:00") -> epoch µs."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    base = datetime.datetime.fromisoformat(m.group(1) + ("+00:00" if m.group(3) == "Z" else m.group(3)))
+    frac = (m.group(2) or "0")[:6].ljust(6, "0")
+    return int(base.timestamp()) * 1_000_000 + int(frac)
+
+
+def inspect(engine: str, cid: str, sock_path: str = "") -> Container:
+    """Ask the engine (Docker's API; podman serves the same one) about container `cid`."""
+    path = sock_path or DEFAULT_SOCKETS[engine]
+    what = f"{engine}'s API at {path}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(_API_TIMEOUT)
+            s.connect(path)
+            # HTTP/1.0: the engine closes after one answer, so reading to EOF is the whole body.
+            s.sendall(f"GET /containers/{cid}/json HTTP/1.0\r\nHost: {engine}\r\n\r\n".encode("ascii"))
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    except FileNotFoundError:
+        raise EngineError(f"{what} does not exist (is the {engine} API service running? "
+                          "set container_socket if it listens elsewhere)") from None
+    except PermissionError:
+        raise EngineError(f"no permission to use {what} (genready needs access to the engine's "
+                          "API socket: run it as root or in the socket's group)") from None
+    except OSError as e:
+        raise EngineError(f"cannot ask {what}: {e.strerror or e}") from None
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if status != [b"200"]:
+        first = head.split(b"\r\n", 1)[0].decode(errors="replace")
+        raise EngineError(f"{what} answered {first!r} to GET /containers/{cid[:12]}/json")
+    try:
+        doc: dict[str, Any] = json.loads(body)
+        name = str(doc.get("Name") or "").lstrip("/")
+        created = parse_time_us(str(doc["Created"]))
+        env = tuple(str(e) for e in (doc.get("Config") or {}).get("Env") or ())
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise EngineError(f"{what} gave an inspect answer without a name or creation time: {e}") from None
+    return Container(engine, str(doc.get("Id") or cid), name, created, env)
+
+
+# --- following the connection to the process that serves it -----------------------------------
+
+def _socket_inodes(pid: int) -> set[int]:
+    out: set[int] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:["):
+                    out.add(int(link[8:-1]))
+    return out
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _namespaces() -> dict[str, list[int]]:
+    """Every network namespace a process is in, with its processes; ours first."""
+    ours = _netns(os.getpid())
+    out: dict[str, list[int]] = {ours: []} if ours else {}
+    for pid in _all_pids():
+        ns = _netns(pid)
+        if ns is not None:
+            out.setdefault(ns, []).append(pid)
+    return out
+
+
+def _holder(pids: list[int], inode: int) -> int | None:
+    target = f"socket:[{inode}]"
+    for pid in pids:
+        with contextlib.suppress(PermissionError):
+            if _holds(pid, target):
+                return pid
+    return None
+
+
+def _rows_to(remote: Addr, net_dir: str = "/proc/net") -> Iterator[TcpRow]:
+    """Rows whose remote address is exactly `remote` (a text search, like owner._proc_rows)."""
+    ip = ipaddress.ip_address(remote[0])
+    files = [(f"{net_dir}/tcp", f" {encode_hex_addr(remote)} ")] if ip.version == 4 else []
+    files.append((f"{net_dir}/tcp6", f" {encode_hex_addr(remote, v6=True)} "))
+    for path, key in files:
+        try:
+            with open(path, encoding="ascii") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            if key in line:
+                fields = line.split()
+                if len(fields) > 9 and decode_hex_addr(fields[2])[1] == remote[1]:
+                    yield TcpRow(decode_hex_addr(fields[1]), decode_hex_addr(fields[2]), int(fields[3], 16),
+                                 int(fields[7]), int(fields[9]))
+
+
+def conntrack_reply(local: Addr, peer: Addr, path: str = "/proc/net/nf_conntrack") -> tuple[Addr, Addr] | None:
+    """For our connection local -> peer, the (server local, server remote) pair after NAT, from the
+    reply tuple of its conntrack entry; None if there is none (or no conntrack file)."""
+    want = (ipaddress.ip_address(local[0]), local[1], ipaddress.ip_address(peer[0]), peer[1])
+    needle = f"sport={local[1]} dport={peer[1]} "
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                if needle not in line or " tcp " not in line:
+                    continue
+                kv = [tok.split("=", 1) for tok in line.split() if "=" in tok]
+                src = [v for k, v in kv if k == "src"]
+                dst = [v for k, v in kv if k == "dst"]
+                sport = [v for k, v in kv if k == "sport"]
+                dport = [v for k, v in kv if k == "dport"]
+                if len(src) < 2 or len(dst) < 2 or len(sport) < 2 or len(dport) < 2:
+                    continue
+                orig = (ipaddress.ip_address(src[0]), int(sport[0]), ipaddress.ip_address(dst[0]), int(dport[0]))
+                if orig != want:
+                    continue
+                return (str(ipaddress.ip_address(src[1])), int(sport[1])), \
+                       (str(ipaddress.ip_address(dst[1])), int(dport[1]))
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where the connection led: the serving process (None if not found) and how we got there."""
+
+    pid: int | None
+    lead: str = ""  # the hops before pid: "docker-proxy pid 812 → "
+    note: str = ""  # how pid was reached, after it: " (NAT to 10.88.0.5:30000)"
+    problem: str = ""  # why pid is None
+
+
+def _in_other_namespace(server_local: Addr, server_remote: Addr, nss: dict[str, list[int]]) -> tuple[int, int] | None:
+    """(holder pid, inode) of the socket (server_local, server_remote) in some other namespace."""
+    ours = _netns(os.getpid())
+    for ns, pids in nss.items():
+        if ns == ours or not pids:
+            continue
+        row = find_tcp_row(server_local, server_remote, net_dir=f"/proc/{pids[0]}/net")
+        if row is None or row.inode == 0:
+            continue
+        holder = _holder(pids, row.inode)
+        if holder is not None:
+            return holder, row.inode
+    return None
+
+
+def _through_proxy(proxy: int, argv: list[str], nss: dict[str, list[int]]) -> Route:
+    opts = {argv[i]: argv[i + 1] for i in range(1, len(argv) - 1) if argv[i].startswith("-")}
+    cip, cport = opts.get("-container-ip"), opts.get("-container-port")
+    hop = f"docker-proxy pid {proxy}"
+    if not cip or not cport or not cport.isdigit():
+        return Route(None, hop, problem="its command line names no -container-ip/-container-port")
+    backend = (cip, int(cport))
+    mine = _socket_inodes(proxy)
+    for row in _rows_to(backend):
+        if row.inode not in mine:
+            continue
+        # The proxy's backend connection, seen from inside: local = container address, remote = proxy.
+        found = _in_other_namespace(backend, row.local, nss)
+        if found is not None:
+            return Route(found[0], f"{hop} → ")
+    return Route(None, hop, problem=f"no connection from it to {cip}:{cport} is held by a process in a container "
+                           "(the container exited, or the proxy has not connected yet)")
+
+
+def follow(local: Addr, peer: Addr) -> Route:
+    """The process that serves our connection (local -> peer), through docker-proxy or NAT."""
+    row = find_tcp_row(peer, local)
+    nss = _namespaces()
+    if row is not None:
+        if row.inode == 0:
+            return Route(None, problem="not accepted yet (the server has not accept()ed the connection)")
+        holder = _holder(_all_pids(), row.inode)
+        if holder is None:
+            return Route(None, problem=f"no process holds socket inode {row.inode} (closed meanwhile, or unreadable)")
+        argv = _cmdline(holder)
+        st = _stat(holder)
+        if (st and st[0] == "docker-proxy") or (argv and os.path.basename(argv[0]) == "docker-proxy"):
+            return _through_proxy(holder, argv, nss)
+        return Route(holder)
+    # Not in our namespace: NAT'd into a container (the reply tuple says where), or a connection
+    # to a container's own address (the tuple is then just ours, mirrored).
+    pairs: list[tuple[Addr, Addr]] = []
+    nat = conntrack_reply(local, peer)
+    if nat is not None and nat != (peer, local):
+        pairs.append(nat)
+    pairs.append((peer, local))
+    for server_local, server_remote in pairs:
+        found = _in_other_namespace(server_local, server_remote, nss)
+        if found is not None:
+            via = "" if server_local == peer else f" (NAT to {server_local[0]}:{server_local[1]})"
+            return Route(found[0], note=via)
+    why = "" if nat is not None or os.path.exists("/proc/net/nf_conntrack") else \
+        " (no /proc/net/nf_conntrack to follow NAT: load nf_conntrack with its procfs support)"
+    return Route(None, problem=f"no process in any network namespace holds the server side of "
+                          f"{local[0]}:{local[1]} -> {peer[0]}:{peer[1]}{why}")
+
+
+# --- the verdict ------------------------------------------------------------------------------
+
+def _clock(us: int) -> str:
+    t = datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc)  # noqa: UP017 (no datetime.UTC on 3.10)
+    return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
+def judge(c: Container, start: UnitStart, expected_name: str | None) -> str | None:
+    """Why container `c` is not the one the unit's current start launched, or None if it is.
+
+    The unit's container is named as configured (or as its run command says), or, unnamed, carries
+    the start's INVOCATION_ID (`docker run -e INVOCATION_ID` copies it from the client, whose
+    environment systemd set); either way it was created after this start's ExecMainStartTimestamp.
+    """
+    ids = [e.split("=", 1)[1].replace("-", "").lower() for e in c.env if e.startswith("INVOCATION_ID=")]
+    if expected_name is not None and c.name != expected_name:
+        return f"not the unit's container {expected_name!r}: a foreign container"
+    if expected_name is None and not ids:
+        return ("the unit's container name is unknown: set container = \"NAME\" for this target, run it with "
+                "--name, or pass the start's identity with -e INVOCATION_ID")
+    if start.started_us <= 0:
+        return "systemd reports no start time for the unit (ExecMainStartTimestamp), so its age cannot be judged"
+    if c.created_us < start.started_us:
+        return f"before this start at {_clock(start.started_us)}: an old container"
+    if ids and start.invocation_id and ids[0] != start.invocation_id.replace("-", "").lower():
+        return f"its INVOCATION_ID {ids[0]} is not this start's {start.invocation_id}: another start's container"
+    if expected_name is None and not start.invocation_id:
+        return "systemd reports no InvocationID for the unit, and the container has no name to match"
+    return None
+
+
+def find_container_owner(local: Addr, peer: Addr, start: UnitStart, name: str = "", sock_path: str = "") -> Owner:
+    """Who serves our connection, and is it in the container that the unit's current start created?
+    Never raises for processes that vanish mid-scan."""
+    route = follow(local, peer)
+    if route.pid is None:
+        lead = f"answered by {route.lead}: " if route.lead else ""
+        return Owner(None, False, lead + route.problem)
+    st = _stat(route.pid)
+    by = f"{route.lead}pid {route.pid}" + (f" ({st[0]})" if st else "") + route.note
+    text = _cgroup(route.pid)
+    found = container_of_cgroup(text) if text is not None else None
+    if found is None:
+        where = (text or "").splitlines()[-1].split(":", 2)[-1] if text else "unreadable"
+        return Owner(route.pid, False, f"answered by {by}, which is in no container (cgroup {where})")
+    engine, cid = found
+    expected = name or (name_from_cmdline(_cmdline(start.main_pid)) if start.main_pid > 0 else None)
+    try:
+        c = inspect(engine, cid, sock_path)
+    except EngineError as e:
+        return Owner(route.pid, False, f"answered by {by} in {engine} container {cid[:12]}…: {e}")
+    who = f"answered by {by} → {engine} container {cid[:12]}… ({c.name}) created {_clock(c.created_us)}"
+    problem = judge(c, start, expected or None)
+    if problem:
+        return Owner(route.pid, False, f"{who}, {problem}")
+    return Owner(route.pid, True, f"{who}, after this start at {_clock(start.started_us)}")

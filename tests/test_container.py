@@ -1,0 +1,176 @@
+"""owner = "container" against real docker containers run by real systemd units.
+
+The simulator runs inside a container (tests/containers.py); genready must accept an answer only
+from the container that the unit's current start created: never from the previous start's
+container while it lingers, never from a container started outside the unit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genready.container import parse_time_us
+from genready.usermanager import UserManager
+from tests.containers import PREFIX, Docker
+from tests.helpers import Genready, free_port, http, show, wait_for
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "owner": "container"}
+
+
+@dataclass
+class Answer:
+    sent: float  # CLOCK_MONOTONIC, the clock of systemd's *TimestampMonotonic properties
+    received_wall: float  # CLOCK_REALTIME, the clock of a container's creation time
+    status: int
+
+
+class ReadyPoller(threading.Thread):
+    """Polls /ready/t every few ms and keeps every answer."""
+
+    def __init__(self, g: Genready) -> None:
+        super().__init__(daemon=True)
+        self.url = f"{g.base}/ready/t"
+        self.answers: list[Answer] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            sent = time.monotonic()
+            status, _ = http(self.url, timeout=5)
+            self.answers.append(Answer(sent, time.time(), status))
+            self._halt.wait(0.005)
+
+    def stop(self) -> list[Answer]:
+        self._halt.set()
+        if self.is_alive():
+            self.join(10)
+        return self.answers
+
+
+def ready(g: Genready) -> dict[str, Any] | None:
+    code, body = g.get("/ready/t")
+    return body if code == 200 and isinstance(body, dict) else None
+
+
+def created(c: dict[str, Any]) -> float:
+    return parse_time_us(c["Created"]) / 1e6
+
+
+def record_of(g: Genready, main_pid: int) -> dict[str, Any]:
+    return next(r for r in g.records("t") if r["main_pid"] == main_pid)
+
+
+def assert_no_false_ready(answers: list[Answer], old_left: float, new_created: float) -> None:
+    """No 200 to a request sent after the old start left `active` arrived before the new container
+    even existed: such a 200 could only have been the old container's answer."""
+    bad = [a for a in answers if a.status == 200 and a.sent > old_left and a.received_wall < new_created]
+    assert not bad, f"/ready said 200 before the new container existed: {bad[:3]}"
+
+
+def left_active_at(manager: UserManager, unit: str) -> float:
+    return int(manager.show(unit, "ActiveExitTimestampMonotonic")["ActiveExitTimestampMonotonic"]) / 1e6
+
+
+def test_published_port_verified_then_restart_with_lingering_old_container(
+        manager: UserManager, docker: Docker, tmp_path: Path) -> None:
+    """docker run -p: the answer comes through docker-proxy. On restart the old container keeps
+    answering (its simulator lingers after SIGTERM, the client is killed after 0.5 s) and the new
+    `docker run` fails until the name is free; only the new container may make the unit ready."""
+    unit, name, port = "tc-pub.service", PREFIX + "pub", free_port()
+    manager.install_unit(unit, docker.unit(name, port, "--linger-seconds", "4", log=tmp_path / "unit.log",
+                                           stop_timeout=0.5))
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    poller = ReadyPoller(g)
+    try:
+        first_pid, _ = show(manager, unit)
+        wait_for(lambda: ready(g), 60, "the first container verified")
+        old = docker.inspect(name)
+        assert old is not None
+        assert record_of(g, first_pid)["served_by_pid"] == old["State"]["Pid"]
+
+        poller.start()
+        manager.systemctl("restart", unit)
+        # The lie genready must not tell: the old container still generates after the restart.
+        assert http(f"http://127.0.0.1:{port}/v1/models", timeout=2)[0] == 200
+        assert (c := docker.inspect(name)) is not None and c["Id"] == old["Id"]
+        new = wait_for(lambda: (c := docker.inspect(name)) and c["Id"] != old["Id"] and c, 30, "the new container")
+        body = wait_for(lambda: ready(g), 30, "the new container verified")
+        answers = poller.stop()
+        assert_no_false_ready(answers, left_active_at(manager, unit), created(new))
+        assert body["pid"] == show(manager, unit)[0] != first_pid
+        assert record_of(g, body["pid"])["served_by_pid"] == new["State"]["Pid"]
+    finally:
+        poller.stop()
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+def test_network_host_restart_refuses_the_old_container(manager: UserManager, docker: Docker, tmp_path: Path) -> None:
+    """--network host, no --name, -e INVOCATION_ID: the new container loads for 2 s while the old
+    one lingers on the same port (SO_REUSEPORT), so for those seconds only the old one answers,
+    and it must be refused as old; then the new one is verified."""
+    unit, port = "tc-host.service", free_port()
+    args = docker.simulate_args("X", port, "--reuse-port", "--load-seconds", "2", "--linger-seconds", "5",
+                                network="host")
+    args[args.index("--name"):args.index("--name") + 2] = ["-e", "INVOCATION_ID", "--label", PREFIX + "host"]
+    manager.install_unit(unit, f"""[Service]
+ExecStart={docker.cli} {' '.join(args)}
+TimeoutStopSec=0.5
+StandardOutput=append:{tmp_path}/unit.log
+StandardError=append:{tmp_path}/unit.log
+""")
+
+    def containers() -> list[dict[str, Any]]:
+        ids = docker.run("ps", "-q", "--filter", f"label={PREFIX}host").stdout.split()
+        return [c for i in ids if (c := docker.inspect(i))]
+
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    poller = ReadyPoller(g)
+    try:
+        first_pid, _ = show(manager, unit)
+        wait_for(lambda: ready(g), 60, "the first container verified")
+        (old,) = containers()
+        assert record_of(g, first_pid)["served_by_pid"] == old["State"]["Pid"]
+        poller.start()
+        manager.systemctl("restart", unit)
+        wait_for(lambda: "an old container" in g.log(), 20, "genready refusing the lingering old container")
+        body = wait_for(lambda: ready(g), 30, "the new container verified")
+        answers = poller.stop()
+        new = next(c for c in containers() if c["Id"] != old["Id"])
+        assert_no_false_ready(answers, left_active_at(manager, unit), created(new))
+        assert record_of(g, body["pid"])["served_by_pid"] == new["State"]["Pid"]
+    finally:
+        poller.stop()
+        g.stop()
+        manager.systemctl("stop", unit)
+        for c in containers():
+            docker.run("rm", "-f", c["Id"], check=False)
+
+
+def test_foreign_container_on_the_published_port_is_refused(manager: UserManager, docker: Docker,
+                                                            tmp_path: Path) -> None:
+    """A container started outside the unit holds the port: the unit's `docker run` cannot start,
+    and the foreign container's answers never make the unit ready. Once it is gone, the unit's is."""
+    unit, name, foreign, port = "tc-foreign.service", PREFIX + "own", PREFIX + "foreign", free_port()
+    docker.run("run", "-d", *docker.simulate_args(foreign, port)[1:])
+    wait_for(lambda: http(f"http://127.0.0.1:{port}/v1/models")[0] == 200, 30, "the foreign container answering")
+    manager.install_unit(unit, docker.unit(name, port, log=tmp_path / "unit.log"))
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    try:
+        wait_for(lambda: "a foreign container" in g.log(), 30, "genready refusing the foreign container")
+        assert ready(g) is None
+        docker.run("rm", "-f", foreign)
+        body = wait_for(lambda: ready(g), 60, "the unit's own container verified")
+        own = docker.inspect(name)
+        assert own is not None and record_of(g, body["pid"])["served_by_pid"] == own["State"]["Pid"]
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+        docker.run("rm", "-f", foreign, check=False)
