@@ -7,13 +7,27 @@ container while it lingers, never from a container started outside the unit.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genready.container import parse_time_us
+import pytest
+
+from genready.config import ConfigError, parse
+from genready.container import (
+    Container,
+    EngineError,
+    UnitStart,
+    conntrack_reply,
+    container_of_cgroup,
+    inspect,
+    judge,
+    name_from_cmdline,
+    parse_time_us,
+)
 from genready.usermanager import UserManager
 from tests.containers import PREFIX, Docker
 from tests.helpers import Genready, free_port, http, show, wait_for
@@ -174,3 +188,90 @@ def test_foreign_container_on_the_published_port_is_refused(manager: UserManager
         g.stop()
         manager.systemctl("stop", unit)
         docker.run("rm", "-f", foreign, check=False)
+
+
+# --- the pieces, without an engine ----------------------------------------------------------------
+
+CID = "3f2a" + "0123456789abcdef" * 3 + "012345678901"
+
+
+@pytest.mark.parametrize(("cgroup", "expected"), [
+    (f"0::/docker/{CID}\n", ("docker", CID)),  # dockerd's cgroupfs driver (these machines)
+    (f"12:pids:/docker/{CID}\n1:name=systemd:/docker/{CID}\n0::/docker/{CID}\n", ("docker", CID)),
+    (f"0::/system.slice/docker-{CID}.scope\n", ("docker", CID)),  # systemd driver
+    (f"0::/machine.slice/libpod-{CID}.scope/container\n", ("podman", CID)),  # podman, nested subgroup
+    (f"0::/libpod_parent/libpod-{CID}\n", ("podman", CID)),  # podman's cgroupfs manager
+    (f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope\n", ("podman", CID)),
+    (f"0::/machine.slice/libpod-conmon-{CID}.scope\n", None),  # conmon is not the container
+    ("0::/app.slice/sglang.service\n", None),
+    (f"0::/docker-{CID[:12]}.scope\n", None),  # not a full id
+])
+def test_container_of_cgroup(cgroup: str, expected: tuple[str, str] | None) -> None:
+    assert container_of_cgroup(cgroup) == expected
+
+
+@pytest.mark.parametrize(("argv", "name"), [
+    (["/usr/bin/docker", "run", "--rm", "--name", "sglang", "-p", "30000:30000", "img"], "sglang"),
+    (["/usr/bin/podman", "run", "--name=sglang", "img"], "sglang"),
+    (["/usr/bin/conmon", "--api-version", "1", "-c", CID, "-n", "systemd-sglang"], "systemd-sglang"),
+    (["/usr/bin/docker", "run", "img", "--", "--name", "inner"], None),
+    (["/usr/bin/docker", "run", "img"], None),
+    ([], None),
+])
+def test_name_from_cmdline(argv: list[str], name: str | None) -> None:
+    assert name_from_cmdline(argv) == name
+
+
+def test_parse_time_us() -> None:
+    base = int(datetime.datetime(2026, 12, 1, 6, 1, 15, tzinfo=datetime.timezone.utc).timestamp()) * 10**6  # noqa: UP017
+    assert parse_time_us("2026-12-01T06:01:15.194190878Z") == base + 194190  # docker: ns, Z
+    assert parse_time_us("2026-12-01T07:01:15.5+01:00") == base + 500000  # podman: an offset
+    assert parse_time_us("2026-12-01T06:01:15Z") == base
+    with pytest.raises(ValueError):
+        parse_time_us("yesterday")
+
+
+def _c(name: str = "sglang", created_us: int = 2_000_000, env: tuple[str, ...] = ()) -> Container:
+    return Container("docker", CID, name, created_us, env)
+
+
+def test_judge() -> None:
+    start = UnitStart(4242, 1_000_000, "9f05091306134c968e0327f5410649e5")
+    assert judge(_c(), start, "sglang") is None
+    assert "an old container" in (judge(_c(created_us=999_999), start, "sglang") or "")
+    assert "a foreign container" in (judge(_c(name="other"), start, "sglang") or "")
+    assert "name is unknown" in (judge(_c(), start, None) or "")
+    # Unnamed, but carrying the start's identity: trusted only for this very start.
+    assert judge(_c(env=("INVOCATION_ID=9f05091306134c968e0327f5410649e5",)), start, None) is None
+    assert "another start's" in (judge(_c(env=("INVOCATION_ID=00",)), start, None) or "")
+    assert "no start time" in (judge(_c(), UnitStart(4242, 0), "sglang") or "")
+
+
+def test_conntrack_reply_names_the_translated_server_side(tmp_path: Path) -> None:
+    table = tmp_path / "nf_conntrack"
+    table.write_text(
+        "ipv4     2 tcp      6 86399 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=50362 dport=30001 "
+        "src=127.0.0.1 dst=127.0.0.1 sport=30001 dport=50362 [ASSURED] mark=0 zone=0 use=2\n"
+        "ipv4     2 tcp      6 86399 ESTABLISHED src=127.0.0.1 dst=127.0.0.1 sport=50362 dport=30000 "
+        "src=10.88.0.5 dst=10.88.0.1 sport=30000 dport=50362 [ASSURED] mark=0 zone=0 use=2\n")
+    local, peer = ("127.0.0.1", 50362), ("127.0.0.1", 30000)
+    assert conntrack_reply(local, peer, str(table)) == (("10.88.0.5", 30000), ("10.88.0.1", 50362))
+    assert conntrack_reply(("127.0.0.1", 1), peer, str(table)) is None
+    assert conntrack_reply(local, peer, str(tmp_path / "missing")) is None
+
+
+def test_engine_socket_missing_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match=r"does not exist .*container_socket"):
+        inspect("podman", CID, str(tmp_path / "podman.sock"))
+
+
+def test_owner_keys_in_config() -> None:
+    base = {"targets": {"t": {"unit": "s.service", "url": "http://127.0.0.1:1"}}}
+    t = parse(base).targets["t"]
+    assert (t.owner, t.container, t.container_socket) == ("process", "", "")
+    t = parse({"targets": {"t": {**base["targets"]["t"], "owner": "container", "container": "sglang"}}}).targets["t"]
+    assert (t.owner, t.container) == ("container", "sglang")
+    with pytest.raises(ConfigError, match=r"targets\.t\.owner: expected one of 'process', 'container'"):
+        parse({"targets": {"t": {**base["targets"]["t"], "owner": "docker"}}}, "g.toml")
+    with pytest.raises(ConfigError, match=r"targets\.t\.container_socket: expected an absolute path"):
+        parse({"targets": {"t": {**base["targets"]["t"], "container_socket": "docker.sock"}}}, "g.toml")
