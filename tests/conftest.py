@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TypeVar
 
 import pytest
 
 from genready.usermanager import UserManager, unavailable_reason
-from tests.containers import Docker
+from tests.containers import Docker, Engine, Podman
 
+E = TypeVar("E", bound=Engine)
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -42,19 +44,27 @@ def manager() -> Iterator[UserManager]:
                 os.environ[k] = v
 
 
-@pytest.fixture(scope="session")
-def docker() -> Iterator[Docker]:
-    """The host's dockerd with the test image; skips (fails under CI=true) when docker cannot run.
-    Every container named genready-test-* is removed afterwards, whatever the tests left."""
-    reason = Docker.unavailable()
+
+def _engine(kind: type[E]) -> Iterator[E]:
+    """A container engine for the session; skips (fails under CI=true) when it cannot run here.
+    Every test container is removed afterwards, whatever the tests left."""
+    reason = kind.unavailable()
     if reason:
         if IN_CI:
-            pytest.fail(f"docker tests cannot run in CI: {reason}")
-        pytest.skip(f"no docker: {reason}")
-    d = Docker()
-    d.ensure_image()
-    d.remove_test_containers()
+            pytest.fail(f"{kind.__name__.lower()} tests cannot run in CI: {reason}")
+        pytest.skip(f"no {kind.__name__.lower()}: {reason}")
+    engine = kind()
     try:
-        yield d
+        yield engine
     finally:
-        d.remove_test_containers()
+        engine.close()
+
+
+@pytest.fixture(scope="session")
+def docker() -> Iterator[Docker]:
+    yield from _engine(Docker)
+
+
+@pytest.fixture(scope="session")
+def podman() -> Iterator[Podman]:
+    yield from _engine(Podman)

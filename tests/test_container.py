@@ -16,11 +16,13 @@ from typing import Any
 
 import pytest
 
+from genready.compat import UTC
 from genready.config import ConfigError, parse
 from genready.container import (
     Container,
     EngineError,
     UnitStart,
+    conmon_container,
     conntrack_reply,
     container_of_cgroup,
     inspect,
@@ -29,7 +31,7 @@ from genready.container import (
     parse_time_us,
 )
 from genready.usermanager import UserManager
-from tests.containers import PREFIX, Docker
+from tests.containers import PREFIX, Docker, Podman
 from tests.helpers import Genready, free_port, http, show, wait_for
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "owner": "container"}
@@ -65,8 +67,8 @@ class ReadyPoller(threading.Thread):
         return self.answers
 
 
-def ready(g: Genready) -> dict[str, Any] | None:
-    code, body = g.get("/ready/t")
+def ready(g: Genready, target: str = "t") -> dict[str, Any] | None:
+    code, body = g.get(f"/ready/{target}")
     return body if code == 200 and isinstance(body, dict) else None
 
 
@@ -74,8 +76,8 @@ def created(c: dict[str, Any]) -> float:
     return parse_time_us(c["Created"]) / 1e6
 
 
-def record_of(g: Genready, main_pid: int) -> dict[str, Any]:
-    return next(r for r in g.records("t") if r["main_pid"] == main_pid)
+def record_of(g: Genready, main_pid: int, target: str = "t") -> dict[str, Any]:
+    return next(r for r in g.records(target) if r["main_pid"] == main_pid)
 
 
 def assert_no_false_ready(answers: list[Answer], old_left: float, new_created: float) -> None:
@@ -129,15 +131,9 @@ def test_network_host_restart_refuses_the_old_container(manager: UserManager, do
     one lingers on the same port (SO_REUSEPORT), so for those seconds only the old one answers,
     and it must be refused as old; then the new one is verified."""
     unit, port = "tc-host.service", free_port()
-    args = docker.simulate_args("X", port, "--reuse-port", "--load-seconds", "2", "--linger-seconds", "5",
-                                network="host")
-    args[args.index("--name"):args.index("--name") + 2] = ["-e", "INVOCATION_ID", "--label", PREFIX + "host"]
-    manager.install_unit(unit, f"""[Service]
-ExecStart={docker.cli} {' '.join(args)}
-TimeoutStopSec=0.5
-StandardOutput=append:{tmp_path}/unit.log
-StandardError=append:{tmp_path}/unit.log
-""")
+    manager.install_unit(unit, docker.unit("", port, "--reuse-port", "--load-seconds", "2", "--linger-seconds", "5",
+                                           network="host", extra=("-e", "INVOCATION_ID", "--label", PREFIX + "host"),
+                                           log=tmp_path / "unit.log", stop_timeout=0.5))
 
     def containers() -> list[dict[str, Any]]:
         ids = docker.run("ps", "-q", "--filter", f"label={PREFIX}host").stdout.split()
@@ -190,6 +186,31 @@ def test_foreign_container_on_the_published_port_is_refused(manager: UserManager
         docker.run("rm", "-f", foreign, check=False)
 
 
+def test_podman_conmon_main_pid(manager: UserManager, podman: Podman, tmp_path: Path) -> None:
+    """podman run --sdnotify=conmon (what Quadlet generates): conmon is the MainPID, the server a
+    descendant of it in the container's network namespace behind NAT. Both proofs accept it:
+    "process" by following the NAT'd connection, "container" through podman's API."""
+    unit, name, port = "tc-podman.service", PREFIX + "podman", free_port()
+    manager.install_unit(unit, podman.unit(name, port, log=tmp_path / "unit.log",
+                                           extra=("--sdnotify=conmon", "--cgroups=split", "-e", "INVOCATION_ID"),
+                                           service="Type=notify\nNotifyAccess=all"))
+    manager.systemctl("start", unit)
+    target = {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}
+    g = Genready(manager, tmp_path, {"p": {**target, "owner": "process"},
+                                     "c": {**target, "container_socket": podman.socket}}).start()
+    try:
+        main_pid, _ = show(manager, unit)
+        assert Path(f"/proc/{main_pid}/comm").read_text().strip() == "conmon"
+        wait_for(lambda: ready(g, "p") and ready(g, "c"), 60, "both targets verified")
+        c = podman.inspect(name)
+        assert c is not None
+        assert record_of(g, main_pid, "p")["served_by_pid"] == c["State"]["Pid"]
+        assert record_of(g, main_pid, "c")["served_by_pid"] == c["State"]["Pid"]
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
 # --- the pieces, without an engine ----------------------------------------------------------------
 
 CID = "3f2a" + "0123456789abcdef" * 3 + "012345678901"
@@ -201,6 +222,7 @@ CID = "3f2a" + "0123456789abcdef" * 3 + "012345678901"
     (f"0::/system.slice/docker-{CID}.scope\n", ("docker", CID)),  # systemd driver
     (f"0::/machine.slice/libpod-{CID}.scope/container\n", ("podman", CID)),  # podman, nested subgroup
     (f"0::/libpod_parent/libpod-{CID}\n", ("podman", CID)),  # podman's cgroupfs manager
+    (f"0::/system.slice/sglang.service/libpod-payload-{CID}\n", ("podman", CID)),  # --cgroups=split
     (f"0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{CID}.scope\n", ("podman", CID)),
     (f"0::/machine.slice/libpod-conmon-{CID}.scope\n", None),  # conmon is not the container
     ("0::/app.slice/sglang.service\n", None),
@@ -223,7 +245,7 @@ def test_name_from_cmdline(argv: list[str], name: str | None) -> None:
 
 
 def test_parse_time_us() -> None:
-    base = int(datetime.datetime(2026, 12, 1, 6, 1, 15, tzinfo=datetime.timezone.utc).timestamp()) * 10**6  # noqa: UP017
+    base = int(datetime.datetime(2026, 12, 1, 6, 1, 15, tzinfo=UTC).timestamp()) * 10**6
     assert parse_time_us("2026-12-01T06:01:15.194190878Z") == base + 194190  # docker: ns, Z
     assert parse_time_us("2026-12-01T07:01:15.5+01:00") == base + 500000  # podman: an offset
     assert parse_time_us("2026-12-01T06:01:15Z") == base
@@ -245,6 +267,18 @@ def test_judge() -> None:
     assert judge(_c(env=("INVOCATION_ID=9f05091306134c968e0327f5410649e5",)), start, None) is None
     assert "another start's" in (judge(_c(env=("INVOCATION_ID=00",)), start, None) or "")
     assert "no start time" in (judge(_c(), UnitStart(4242, 0), "sglang") or "")
+
+
+def test_conmon_pins_its_container() -> None:
+    argv = ["/usr/bin/conmon", "--api-version", "1", "-c", CID, "-u", CID, "-n", "sglang"]
+    assert conmon_container(argv) == CID
+    assert conmon_container(["/usr/bin/docker", "run", "-c", CID]) is None
+    start = UnitStart(4242, 5_000_000, "9f05091306134c968e0327f5410649e5")
+    # systemd moved ExecMainStartTimestamp to podman's MAINPID= message, after the container was
+    # created: the monitored id decides, not the age.
+    assert judge(_c(created_us=1), start, None, CID) is None
+    other = Container("podman", "ab" * 32, "sglang", 6_000_000, ())
+    assert "monitors container 3f2a" in (judge(other, start, None, CID) or "")
 
 
 def test_conntrack_reply_names_the_translated_server_side(tmp_path: Path) -> None:

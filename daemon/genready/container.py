@@ -17,10 +17,15 @@ Another namespace's sockets are read from /proc/PID/net/tcp of a process inside 
 namespace, and the unit allows no AF_NETLINK).
 
 The serving process's cgroup names its container (`…/docker-<id>.scope`, `/docker/<id>`,
-`…/libpod-<id>.scope`, `/libpod_parent/libpod-<id>`); the engine's API on its unix socket gives its
-name and creation time. The answer is trusted only if that container is named as configured (or
-as the unit's own `docker run --name` / conmon `-n` says) and was created after the unit's current
-ExecMainStartTimestamp: a lingering container of the previous start is older than that.
+`…/libpod-<id>.scope`, `/libpod_parent/libpod-<id>`, `<unit>/libpod-payload-<id>`); the engine's
+API on its unix socket gives its name and creation time. The answer is trusted only if that
+container is named as configured (or as the unit's own `docker run --name` says) and was
+created after the unit's current ExecMainStartTimestamp: a lingering container of the previous
+start is older than that. An unnamed container must carry the start's INVOCATION_ID (`-e
+INVOCATION_ID`). When the MainPID is podman's conmon (`--sdnotify=conmon`, Quadlet), its command
+line names the one container it monitors, which must be the one that answered; there the
+timestamp is no help, since systemd resets ExecMainStartTimestamp when podman sends MAINPID=,
+after the container was created.
 """
 
 from __future__ import annotations
@@ -36,15 +41,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from genready.compat import UTC
 from genready.owner import (
     Addr,
     Owner,
     TcpRow,
     _all_pids,
     _holds,
+    _is_descendant,
     _stat,
     decode_hex_addr,
     encode_hex_addr,
+    find_owner,
     find_tcp_row,
 )
 
@@ -58,6 +66,7 @@ _API_TIMEOUT: Final = 3.0  # a local daemon answers an inspect in milliseconds; 
 _SEGMENTS: Final = (
     (re.compile(r"docker-([0-9a-f]{64})\.scope"), "docker"),  # systemd cgroup driver
     (re.compile(r"libpod-([0-9a-f]{64})(?:\.scope)?"), "podman"),  # systemd driver and cgroupfs
+    (re.compile(r"libpod-payload-([0-9a-f]{64})"), "podman"),  # --cgroups=split: inside the unit's cgroup
 )
 
 
@@ -133,6 +142,16 @@ def name_from_cmdline(argv: list[str]) -> str | None:
                 return argv[i + 1]
             if arg.startswith(flag + "="):
                 return arg[len(flag) + 1:]
+    return None
+
+
+def conmon_container(argv: list[str]) -> str | None:
+    """The container id a conmon process monitors (its `-c ID`), or None if argv is not conmon's."""
+    if not argv or os.path.basename(argv[0]) != "conmon":
+        return None
+    for i, arg in enumerate(argv[1:-1], 1):
+        if arg in ("-c", "--cid") and re.fullmatch(r"[0-9a-f]{64}", argv[i + 1]):
+            return argv[i + 1]
     return None
 
 
@@ -350,20 +369,29 @@ def follow(local: Addr, peer: Addr) -> Route:
 # --- the verdict ------------------------------------------------------------------------------
 
 def _clock(us: int) -> str:
-    t = datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc)  # noqa: UP017 (no datetime.UTC on 3.10)
+    t = datetime.datetime.fromtimestamp(us / 1e6, UTC)
     return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
 
 
-def judge(c: Container, start: UnitStart, expected_name: str | None) -> str | None:
+def judge(c: Container, start: UnitStart, expected_name: str | None, monitored: str | None = None) -> str | None:
     """Why container `c` is not the one the unit's current start launched, or None if it is.
 
-    The unit's container is named as configured (or as its run command says), or, unnamed, carries
-    the start's INVOCATION_ID (`docker run -e INVOCATION_ID` copies it from the client, whose
-    environment systemd set); either way it was created after this start's ExecMainStartTimestamp.
+    monitored: the container id the unit's MainPID monitors, when that is conmon: then it must be
+    `c`. Otherwise the unit's container is named as configured (or as its run command says), or,
+    unnamed, carries the start's INVOCATION_ID (`docker run -e INVOCATION_ID` copies it from the
+    client, whose environment systemd set); and it was created after ExecMainStartTimestamp.
     """
     ids = [e.split("=", 1)[1].replace("-", "").lower() for e in c.env if e.startswith("INVOCATION_ID=")]
     if expected_name is not None and c.name != expected_name:
         return f"not the unit's container {expected_name!r}: a foreign container"
+    stranger = bool(ids and start.invocation_id and ids[0] != start.invocation_id.replace("-", "").lower())
+    another = f"its INVOCATION_ID {ids[0]} is not this start's {start.invocation_id}: another start's container" \
+        if stranger else ""
+    if monitored is not None:
+        if c.id != monitored:
+            return (f"the unit's main pid {start.main_pid} (conmon) monitors container {monitored[:12]}…, "
+                    "not this one: an old or foreign container")
+        return another or None
     if expected_name is None and not ids:
         return ("the unit's container name is unknown: set container = \"NAME\" for this target, run it with "
                 "--name, or pass the start's identity with -e INVOCATION_ID")
@@ -371,8 +399,8 @@ def judge(c: Container, start: UnitStart, expected_name: str | None) -> str | No
         return "systemd reports no start time for the unit (ExecMainStartTimestamp), so its age cannot be judged"
     if c.created_us < start.started_us:
         return f"before this start at {_clock(start.started_us)}: an old container"
-    if ids and start.invocation_id and ids[0] != start.invocation_id.replace("-", "").lower():
-        return f"its INVOCATION_ID {ids[0]} is not this start's {start.invocation_id}: another start's container"
+    if another:
+        return another
     if expected_name is None and not start.invocation_id:
         return "systemd reports no InvocationID for the unit, and the container has no name to match"
     return None
@@ -393,13 +421,40 @@ def find_container_owner(local: Addr, peer: Addr, start: UnitStart, name: str = 
         where = (text or "").splitlines()[-1].split(":", 2)[-1] if text else "unreadable"
         return Owner(route.pid, False, f"answered by {by}, which is in no container (cgroup {where})")
     engine, cid = found
-    expected = name or (name_from_cmdline(_cmdline(start.main_pid)) if start.main_pid > 0 else None)
+    main_argv = _cmdline(start.main_pid) if start.main_pid > 0 else []
+    monitored = conmon_container(main_argv)
+    expected = name or (None if monitored else name_from_cmdline(main_argv))
     try:
         c = inspect(engine, cid, sock_path)
     except EngineError as e:
         return Owner(route.pid, False, f"answered by {by} in {engine} container {cid[:12]}…: {e}")
     who = f"answered by {by} → {engine} container {cid[:12]}… ({c.name}) created {_clock(c.created_us)}"
-    problem = judge(c, start, expected or None)
+    problem = judge(c, start, expected or None, monitored)
     if problem:
         return Owner(route.pid, False, f"{who}, {problem}")
+    if monitored:
+        return Owner(route.pid, True, f"{who}, monitored by the unit's main pid {start.main_pid} (conmon)")
     return Owner(route.pid, True, f"{who}, after this start at {_clock(start.started_us)}")
+
+
+def find_process_owner(local: Addr, peer: Addr, main_pid: int) -> Owner:
+    """owner = "process" (owner.find_owner), also when the server's socket is in another network
+    namespace: podman under --sdnotify=conmon makes conmon the MainPID and the container's
+    processes its descendants, but with -p the serving socket sits in the container's namespace,
+    reached through NAT. A docker-proxy holder is refused with a hint at owner = "container"."""
+    if main_pid <= 0 or find_tcp_row(peer, local) is not None:
+        owner = find_owner(local, peer, main_pid)
+        st = _stat(owner.pid) if owner.pid is not None and not owner.trusted else None
+        if st is not None and st[0] == "docker-proxy":
+            return Owner(owner.pid, False, owner.detail + '; a published docker port: set owner = "container"')
+        return owner
+    route = follow(local, peer)
+    if route.pid is None:
+        return find_owner(local, peer, main_pid)  # its detail explains the miss in our namespace
+    st = _stat(route.pid)
+    by = f"pid {route.pid}" + (f" ({st[0]})" if st else "") + route.note
+    if route.pid == main_pid:
+        return Owner(route.pid, True, f"{by} (main)")
+    if _is_descendant(route.pid, main_pid):
+        return Owner(route.pid, True, f"{by} (descendant of main pid {main_pid})")
+    return Owner(route.pid, False, f"{by} is not main pid {main_pid} or its descendant")

@@ -23,8 +23,8 @@ from urllib.parse import quote, urlsplit
 from genready import __version__
 from genready.compat import StrEnum, timeout
 from genready.config import APIS, TargetConfig
-from genready.container import UnitStart, find_container_owner
-from genready.owner import Owner, find_owner
+from genready.container import UnitStart, find_container_owner, find_process_owner
+from genready.owner import Owner
 
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
@@ -386,7 +386,7 @@ class Prober:
     def _owner(self, local: tuple[str, int], peer: tuple[str, int], start: UnitStart) -> Owner:
         if self._t.owner == "container":
             return find_container_owner(local, peer, start, self._t.container, self._t.container_socket)
-        return find_owner(local, peer, start.main_pid)
+        return find_process_owner(local, peer, start.main_pid)
 
     def _result(self, outcome: int | _Fail, owner: Owner | None, seconds: float) -> ProbeResult:
         pid = owner.pid if owner else None
