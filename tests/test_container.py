@@ -100,7 +100,8 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
     manager.install_unit(unit, docker.unit(name, port, "--linger-seconds", "4", log=tmp_path / "unit.log",
                                            stop_timeout=0.5))
     manager.systemctl("start", unit)
-    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    target = {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}
+    g = Genready(manager, tmp_path, {"t": target, "p": {**target, "owner": "process"}}).start()
     poller = ReadyPoller(g)
     try:
         first_pid, _ = show(manager, unit)
@@ -108,6 +109,10 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
         old = docker.inspect(name)
         assert old is not None
         assert record_of(g, first_pid)["served_by_pid"] == old["State"]["Pid"]
+        # The process rule refuses docker-proxy (dockerd's child, not the unit's) and says what to do.
+        wait_for(lambda: 'set owner = "container"' in (g.status()["targets"]["p"]["last_error"] or ""), 10,
+                 "the process rule refusing docker-proxy")
+        assert ready(g, "p") is None
 
         poller.start()
         manager.systemctl("restart", unit)
@@ -117,6 +122,8 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
         new = wait_for(lambda: (c := docker.inspect(name)) and c["Id"] != old["Id"] and c, 30, "the new container")
         body = wait_for(lambda: ready(g), 30, "the new container verified")
         answers = poller.stop()
+        new = docker.inspect(new["Id"])  # first seen it may not have been running yet (no pid)
+        assert new is not None
         assert_no_false_ready(answers, left_active_at(manager, unit), created(new))
         assert body["pid"] == show(manager, unit)[0] != first_pid
         assert record_of(g, body["pid"])["served_by_pid"] == new["State"]["Pid"]
