@@ -235,7 +235,8 @@ def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
 def _target(url: str, api_: str = "sglang") -> TargetConfig:
     return TargetConfig(name="t", unit="t.service", url=url, api=api_, model="m", prompt="Say OK.", max_tokens=1,
                         probe_timeout=5.0, backoff_initial=0.25, backoff_max=2.0, warmup=1, load_timeout=1800.0,
-                        recheck_interval=0.0, failure_threshold=3, verify_owner=False, gate_startup=True)
+                        recheck_interval=0.0, failure_threshold=3, verify_owner=False, owner="process", container="",
+                        container_socket="", gate_startup=True)
 
 
 async def _canned(body: bytes) -> AsyncIterator[str]:
