@@ -101,6 +101,7 @@ class Genready:
         self.config_path.write_text(tomli_w.dumps(cfg))
         self.log_path = tmp / "genready.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.wrapper: list[str] = []  # a command genready runs under, e.g. ["prlimit", "--nofile=256:4096"]
 
     @property
     def base(self) -> str:
@@ -110,8 +111,8 @@ class Genready:
         env = self.um.env
         env.pop("NOTIFY_SOCKET", None)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([*GENREADY, "serve", "--config", str(self.config_path)], env=env,
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+            argv = [*self.wrapper, *GENREADY, "serve", "--config", str(self.config_path)]
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         try:
             wait_for(lambda: self.get("/status")[0] == 200 or self._dead(), 20, "genready's /status")
             assert self.proc.poll() is None, f"genready exited: {self.log()}"

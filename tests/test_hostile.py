@@ -7,17 +7,20 @@ Case numbers in the test names follow the issue: 5 bad unit names, 7 secrets and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from genready import api, config, records, stamp
+from genready import api, config, records, serving, stamp
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober
 from genready.usermanager import UserManager
@@ -277,3 +280,106 @@ def test_case8_exit_71_is_in_the_exit_code_tables() -> None:
     out = subprocess.run([*GENREADY, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
     assert "  71  " in out
 
+
+
+# -- case 4: file descriptors any local user could exhaust -------------------------------------
+
+def _limited(manager: UserManager, tmp_path: Path, nofile: int = 256) -> Genready:
+    """A genready whose soft RLIMIT_NOFILE is small enough to flood from a test."""
+    g = Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}})
+    g.wrapper = ["prlimit", f"--nofile={nofile}:4096", "--"]
+    return g
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    try:
+        return s.recv(1024) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True  # reset
+
+
+def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: UserManager, tmp_path: Path) -> None:
+    with _limited(manager, tmp_path) as g:
+        socks = []
+        for i in range(40):
+            s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
+            # Half a request head (slowloris), or nothing at all.
+            s.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")
+            s.setblocking(False)
+            socks.append(s)
+        t0 = time.monotonic()
+        assert g.get("/status")[0] == 200  # served meanwhile
+        wait_for(lambda: all(_closed_by_peer(s) for s in socks), serving.REQUEST_READ_TIMEOUT + 5,
+                 "every incomplete connection closed")
+        took = time.monotonic() - t0
+        for s in socks:
+            s.close()
+        assert took <= serving.REQUEST_READ_TIMEOUT + 3, took
+
+
+def test_case4_connections_over_the_cap_get_a_503_and_the_api_recovers(manager: UserManager, tmp_path: Path) -> None:
+    cap = serving.connection_cap(1, 256)
+    with _limited(manager, tmp_path) as g:
+        idle = [socket.create_connection(("127.0.0.1", g.port), timeout=5) for _ in range(cap)]
+        try:
+            wait_for(lambda: g.get("/ready")[0] == 503 and "maximum" in str(g.get("/ready")[1]), 10,
+                     "a 503 naming the connection cap")
+            code, body = g.get("/ready")
+            assert code == 503 and f"maximum of {cap} connections" in body["error"], body
+            # Over twice the cap nothing is read: the descriptors stay free for probes and D-Bus.
+            more = []
+            for _ in range(cap + 20):
+                try:
+                    more.append(socket.create_connection(("127.0.0.1", g.port), timeout=5))
+                except OSError:
+                    break
+            for s in more:
+                s.close()
+        finally:
+            for s in idle:
+                s.close()
+        wait_for(lambda: g.get("/ready/t")[0] == 503 and g.get("/ready/t")[1].get("state") == "absent", 10,
+                 "ordinary answers again")
+        assert "Traceback" not in g.log()
+
+
+def test_case4_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path: Path) -> None:
+    limit = serving.connection_cap(1, 256) // 2
+    with _limited(manager, tmp_path) as g:
+        polls = []
+        try:
+            for _ in range(limit):
+                s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
+                s.sendall(b"GET /ready/t?wait=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+                polls.append(s)
+            wait_for(lambda: g.get("/ready/t?wait=1")[0] == 503
+                     and "too many long-polls" in str(g.get("/ready/t?wait=1")[1]), 10, "the long-poll cap")
+            code, body = g.get("/ready/t")  # a question without wait= is still answered
+            assert code == 503 and body["state"] == "absent", body
+        finally:
+            for s in polls:
+                s.close()
+        wait_for(lambda: g.get("/ready/t?wait=0.1")[1].get("state") == "absent", 10, "long-polls served again")
+
+
+async def test_case4_emfile_is_its_own_failure_class() -> None:
+    """Out of descriptors is genready's trouble, not the server's: never "refused". The limit is
+    lowered in this very process (restored after), so the EMFILE is real."""
+    async for url in _canned(b'{"text": "OK"}'):
+        prober = Prober(_target(url))
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+        filler: list[int] = []
+        try:
+            with contextlib.suppress(OSError):
+                while True:  # every descriptor left, taken
+                    filler.append(os.open("/dev/null", os.O_RDONLY))
+            r = await prober.probe(0)
+        finally:
+            for fd in filler:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            await prober.close()
+        assert r.failure is Failure.LOCAL_RESOURCES and "EMFILE" in r.detail, r

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from genready.serving import ConnectionGuard
 
 MAX_WAIT = 3600.0
+CLIENT_CHECK = 1.0  # seconds between checks that a long-poll's client is still connected
 _INVOCATION = re.compile(r"[0-9a-f]{32}")
 # ASCII only: str.isdigit() and float() also take '²', '①' or '٣'. Bounded, so a 5,000-digit
 # value is a 400, not int()'s ValueError (a 500) or a float of inf.
@@ -158,9 +159,13 @@ async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str 
         # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(g.wait_changed(left)) for g in chosen]
         waits.append(asyncio.ensure_future(stopping.wait()))
-        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        # Woken each CLIENT_CHECK seconds too: aiohttp 3.9+ does not cancel a handler whose client
+        # went away, and a long-poll nobody reads would hold its slot for up to MAX_WAIT.
+        _, pending = await asyncio.wait(waits, timeout=min(left, CLIENT_CHECK), return_when=asyncio.FIRST_COMPLETED)
         for p in pending:
             p.cancel()
+        if request.transport is None or request.transport.is_closing():
+            return web.json_response({"error": "the client went away"}, status=503)
 
 
 def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import json
 import os
@@ -29,6 +30,7 @@ from genready.owner import Owner
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
 _EXCERPT_CHARS: Final = 200
+_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 class Failure(StrEnum):
@@ -40,6 +42,9 @@ class Failure(StrEnum):
     BAD_RESPONSE = "bad_response"  # 200 but not JSON, wrong shape, 0 tokens, or over the size cap
     FOREIGN_OWNER = "foreign_owner"  # served by a process that is not the MainPID or its descendant, or unprovable
     STALE_INSTANCE = "stale_instance"  # the unit changed around the probe (set by the caller, never here)
+    # genready itself is out of file descriptors or memory (EMFILE, ENFILE, ENOMEM, ENOBUFS): says
+    # nothing about the server, so it must not read as "refused".
+    LOCAL_RESOURCES = "local_resources"
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,14 @@ def _oserror(e: OSError) -> str:
     if isinstance(e, socket.gaierror):
         return e.strerror or str(e)
     return os.strerror(e.errno) if e.errno else (str(e) or type(e).__name__)
+
+
+def _os_fail(e: OSError, what: str) -> _Fail:
+    """An OSError as a failure: genready's own shortage (EMFILE…) is not the server refusing."""
+    if e.errno in _RESOURCE_ERRNOS:
+        return _Fail(Failure.LOCAL_RESOURCES, f"{what}: genready itself is out of resources: {_oserror(e)} "
+                                              f"({errno.errorcode.get(e.errno or 0, e.errno)})")
+    return _Fail(Failure.REFUSED, f"{what}: {_oserror(e)}")
 
 
 def _is_local(family: int, sockaddr: tuple[Any, ...]) -> bool:
@@ -357,7 +370,7 @@ class Prober:
             outcome = f
         except OSError as e:  # reset, broken pipe, TLS failure mid-exchange
             att.refused = True
-            outcome = _Fail(Failure.REFUSED, f"the connection failed {att.phase}: {_oserror(e)}")
+            outcome = _os_fail(e, f"the connection failed {att.phase}")
         owner: Owner | None = None
         try:
             conn = att.conn
@@ -453,7 +466,7 @@ class Prober:
         except OSError as e:
             if isinstance(e, TimeoutError):
                 raise
-            raise _Fail(Failure.REFUSED, f"{what}: the connection failed: {_oserror(e)}") from None
+            raise _os_fail(e, f"{what}: the connection failed") from None
         if resp.status != 200:
             raise _Fail(Failure.HTTP_STATUS, f"{what}: HTTP {resp.status} {resp.reason}".rstrip()
                         + (f": {_excerpt(resp.body)}" if resp.body else ""))
@@ -473,7 +486,7 @@ class Prober:
                                            proto=socket.IPPROTO_TCP)
         except OSError as e:
             att.refused = True
-            raise _Fail(Failure.REFUSED, f"cannot resolve {self._host}: {_oserror(e)}") from None
+            raise _os_fail(e, f"cannot resolve {self._host}") from None
         addrs: list[tuple[int, tuple[Any, ...]]] = []
         for info in infos:
             if (info[0], info[4]) not in addrs:

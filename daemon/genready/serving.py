@@ -102,7 +102,8 @@ class ConnectionGuard:
             self.summarizer.note("api", "connections over the cap",
                                  f"API: {n} connections, over twice the cap of {self.max_connections}: "
                                  "closing new ones unanswered", level=logging.WARNING)
-            transport.abort()
+            # Not now: aiohttp's handler for it has not started yet and would find itself torn down.
+            asyncio.get_running_loop().call_soon(transport.abort)
             return
         conn = _Conn(over_cap=n > self.max_connections)
         self._conns[transport] = conn
