@@ -29,7 +29,8 @@ def target(url: str, api: str = "sglang", **kw: Any) -> TargetConfig:
     values: dict[str, Any] = dict(
         name="t", unit="llm.service", url=url, api=api, model="", prompt="Say OK.", max_tokens=1,
         probe_timeout=5.0, backoff_initial=0.25, backoff_max=2.0, warmup=1, load_timeout=1800.0,
-        recheck_interval=0.0, failure_threshold=3, verify_owner=True, gate_startup=True)
+        recheck_interval=0.0, failure_threshold=3, verify_owner=True, owner="process", container="",
+        container_socket="", gate_startup=True)
     values.update(kw)
     return TargetConfig(**values)
 
