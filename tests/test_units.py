@@ -67,6 +67,8 @@ def lines(path: Path) -> list[str]:
 
 # --- systemd-analyze verify ---------------------------------------------------------------
 
+UNIT_SUFFIXES = (".service", ".path", ".socket", ".timer", ".target")  # what systemd loads as a unit
+
 # The units name binaries that a system install has and this machine has not. verify checks
 # that every Exec*= binary exists, so the copies point at stand-ins that do exist: genready's
 # real console script (the one this checkout installs) and this interpreter for SGLang's venv.
@@ -85,7 +87,7 @@ def unit_copies(dest: Path) -> list[Path]:
                 (dest / src.name).mkdir()
                 for conf in src.glob("*.conf"):
                     (dest / src.name / conf.name).write_text(rewrite(conf.read_text(), verify_mapping()))
-            elif src.suffix in (".service", ".path", ".socket", ".timer", ".target"):
+            elif src.suffix in UNIT_SUFFIXES:
                 (dest / src.name).write_text(rewrite(src.read_text(), verify_mapping()))
                 name = src.name.replace("@.", "@sglang.")
                 to_verify.append(dest / name)
@@ -93,8 +95,8 @@ def unit_copies(dest: Path) -> list[Path]:
 
 
 def unit_files() -> list[Path]:
-    """Every unit file shipped (drop-in dirs and env files are not units of their own)."""
-    return sorted(p for d in (UNITS, EXAMPLES) for p in d.iterdir() if p.is_file() and p.suffix != ".env")
+    """Every unit file shipped (drop-in dirs, env files and sweep plans are not units of their own)."""
+    return sorted(p for d in (UNITS, EXAMPLES) for p in d.iterdir() if p.is_file() and p.suffix in UNIT_SUFFIXES)
 
 
 def test_every_unit_file_is_covered() -> None:
