@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from genready import compat
+from genready import apis, compat
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober, ProbeResult
 
-APIS = ["sglang", "openai-completions", "openai-chat"]
+APIS = list(apis.NAMES)
 OPENAI = ["openai-completions", "openai-chat"]
-ROUTE = {"sglang": "/generate", "openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions"}
+ROUTE = {name: api.path for name, api in apis.APIS.items()}
 ME = os.getpid()  # the in-test servers run in this process
 
 

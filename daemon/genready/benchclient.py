@@ -33,19 +33,14 @@ from typing import Any, Final, TextIO
 
 import aiohttp
 
+from genready import apis
+from genready.apis import APIS, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 
-APIS: Final = ("sglang", "openai-completions", "openai-chat")
-PATHS: Final = {"sglang": "/generate", "openai-completions": "/v1/completions",
-                "openai-chat": "/v1/chat/completions"}
 # A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
 FALLBACK_MODEL: Final = "default"
 PROGRESS_WIDTH: Final = 30
 PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
-
-
-class BadResponse(Exception):
-    """A 200 whose body is not a generation of the requested API."""
 
 
 @dataclass(frozen=True)
@@ -91,64 +86,30 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-def request_body(api: str, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
-    """The JSON body of one non-streaming generation for `api`."""
-    if api == "sglang":
-        return {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
-    if api == "openai-completions":
-        return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "temperature": 0}
-
-
-def completion_tokens(api: str, body: Any) -> int:
-    """Generated tokens in a 200 answer of `api`; BadResponse if it is not a generation."""
-    if not isinstance(body, dict):
-        raise BadResponse("the body is not a JSON object")
-    if api == "sglang":
-        meta = body.get("meta_info")
-        if not isinstance(body.get("text"), str) or not isinstance(meta, dict):
-            raise BadResponse("no text/meta_info in the answer")
-        n = meta.get("completion_tokens")
-        if not isinstance(n, int):
-            ids = body.get("output_ids")
-            n = len(ids) if isinstance(ids, list) else None
-    else:
-        choices = body.get("choices")
-        if not isinstance(choices, list) or not choices:
-            raise BadResponse("no choices in the answer")
-        usage = body.get("usage")
-        n = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise BadResponse("no completion token count in the answer")
-    return n
-
-
 async def discover_model(session: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
     """The first model id from /v1/models, or None when it cannot be read."""
     try:
-        async with session.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with session.get(url + MODELS_PATH, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status != 200:
                 return None
-            data = await r.json(content_type=None)
-        model = data["data"][0]["id"]
-        return model if isinstance(model, str) and model else None
-    except (aiohttp.ClientError, ValueError, KeyError, IndexError, TypeError):
+            return model_from_list(await r.read())
+    except (aiohttp.ClientError, BadAnswer):
         return None
     except TIMEOUT_ERRORS:
         return None
 
 
-async def one_request(session: aiohttp.ClientSession, url: str, api: str, body: dict[str, Any],
+async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
                       timeout: float) -> Outcome:
     t0 = time.perf_counter()
     try:
-        async with session.post(url + PATHS[api], json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             raw = await r.read()
             took = time.perf_counter() - t0
             if r.status != 200:
                 return Outcome(False, took, error=f"HTTP {r.status}")
-        tokens = completion_tokens(api, json.loads(raw))
+        # The probe's rule (apis.py): a 200 counts only if it shows a generated token.
+        tokens = api.generated_tokens(raw)
     except TIMEOUT_ERRORS:
         return Outcome(False, time.perf_counter() - t0, error=f"timeout ({timeout:g} s)")
     except aiohttp.ClientConnectorError as e:
@@ -158,7 +119,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: str, body: 
         return Outcome(False, time.perf_counter() - t0, error=f"cannot connect: {why}")
     except aiohttp.ClientError as e:
         return Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
-    except (ValueError, BadResponse) as e:
+    except BadAnswer as e:
         return Outcome(False, time.perf_counter() - t0, error=f"bad response: {e}")
     return Outcome(True, took, tokens)
 
@@ -196,19 +157,19 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
     summary = Summary(requests, concurrency)
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        if api != "sglang" and model is None:
+        if APIS[api].needs_model and model is None:
             model = await discover_model(session, url, timeout)
             if model is None:
                 print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
-        body = request_body(api, model or "", prompt, max_tokens)
+        body = APIS[api].body(prompt=prompt, max_tokens=max_tokens, model=model or "")
         todo = iter(range(requests))
 
         async def worker() -> None:
             # Workers pull from one shared iterator: exactly `requests` requests in total.
             for _ in todo:
-                summary.outcomes.append(await one_request(session, url, api, body, timeout))
+                summary.outcomes.append(await one_request(session, url, APIS[api], body, timeout))
                 progress.update(len(summary.outcomes), summary.failed)
 
         t0 = time.perf_counter()
@@ -299,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "latency p50/p99. Under `genready guard` it also names the verified server pid it measured. "
         "Exit status 1 if any request failed.")
     p.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL (default: %(default)s)")
-    p.add_argument("--api", choices=APIS, default="sglang",
+    p.add_argument("--api", choices=apis.NAMES, default="sglang",
                    help="sglang: POST /generate; openai-completions / openai-chat: POST /v1/completions, "
                    "/v1/chat/completions (default: %(default)s)")
     p.add_argument("-n", "--requests", type=_positive_int, default=50, metavar="N",

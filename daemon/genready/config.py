@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
+from genready import apis
 from genready.compat import tomllib
 
 DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")
-APIS: Final = ("sglang", "openai-completions", "openai-chat")
 BUSES: Final = ("system", "user")
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 OWNERS: Final = ("process", "container")
@@ -183,7 +183,7 @@ TARGET_SETTINGS: Final = (
     Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", _unit),
     Setting("url", str, _REQUIRED, "the server's base URL", _url),
     Setting("api", str, "sglang", 'how to generate: "sglang" | "openai-completions" | "openai-chat"',
-            _one_of(APIS)),
+            _one_of(apis.NAMES)),
     Setting("model", str, "", "model name for OpenAI APIs; empty: discovered from /v1/models"),
     Setting("prompt", str, "Say OK.", "the probe's prompt"),
     Setting("max_tokens", int, 1, "tokens the probe asks for", _at_least_one),

@@ -22,14 +22,14 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from genready import __version__
+from genready.apis import APIS, EXCERPT_CHARS, MODELS_PATH, BadAnswer, excerpt, model_from_list
 from genready.compat import StrEnum, timeout
-from genready.config import APIS, TargetConfig
+from genready.config import TargetConfig
 from genready.container import UnitStart, find_container_owner, find_process_owner
 from genready.owner import Owner
 
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
-_EXCERPT_CHARS: Final = 200
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
@@ -71,12 +71,6 @@ class _Response:
     reason: str
     headers: Mapping[str, str]
     body: bytes
-
-
-def _excerpt(data: bytes | str, limit: int = _EXCERPT_CHARS) -> str:
-    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _oserror(e: OSError) -> str:
@@ -152,27 +146,27 @@ class _Conn:
                 more = b""
                 with contextlib.suppress(TimeoutError, OSError):
                     async with timeout(0.05):  # whatever else already arrived, for the detail
-                        more = await self.reader.read(_EXCERPT_CHARS)
-                raise _Fail(Failure.BAD_RESPONSE, f"not an HTTP answer: {_excerpt(first + more)}")
+                        more = await self.reader.read(EXCERPT_CHARS)
+                raise _Fail(Failure.BAD_RESPONSE, f"not an HTTP answer: {excerpt(first + more)}")
             raw = first + await self.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as e:
             if not e.partial and not self.answered:
                 raise _Fail(Failure.REFUSED, "the server closed the connection without answering") from None
-            raise _Fail(Failure.BAD_RESPONSE, f"the connection closed mid-header: {_excerpt(e.partial)}") from None
+            raise _Fail(Failure.BAD_RESPONSE, f"the connection closed mid-header: {excerpt(e.partial)}") from None
         except asyncio.LimitOverrunError:
             raise _Fail(Failure.BAD_RESPONSE, f"response headers longer than {_HEAD_LIMIT} bytes") from None
         self.answered = True
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isdigit() and len(parts[1]) == 3):
-            raise _Fail(Failure.BAD_RESPONSE, f"malformed status line: {_excerpt(lines[0])}")
+            raise _Fail(Failure.BAD_RESPONSE, f"malformed status line: {excerpt(lines[0])}")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             if not line:
                 continue
             name, sep, value = line.partition(":")
             if not sep or not name or name != name.strip():
-                raise _Fail(Failure.BAD_RESPONSE, f"malformed header line: {_excerpt(line)}")
+                raise _Fail(Failure.BAD_RESPONSE, f"malformed header line: {excerpt(line)}")
             key = name.lower()
             headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
         return int(parts[1]), parts[2] if len(parts) > 2 else "", headers
@@ -182,12 +176,12 @@ class _Conn:
             te = headers.get("transfer-encoding", "").lower()
             if te:
                 if te.split(",")[-1].strip() != "chunked":
-                    raise _Fail(Failure.BAD_RESPONSE, f"unsupported Transfer-Encoding: {_excerpt(te)}")
+                    raise _Fail(Failure.BAD_RESPONSE, f"unsupported Transfer-Encoding: {excerpt(te)}")
                 return await self._chunked(cap, strict=strict)
             if "content-length" in headers:
                 cl = headers["content-length"]
                 if not cl.isdigit():
-                    raise _Fail(Failure.BAD_RESPONSE, f"bad Content-Length: {_excerpt(cl)}")
+                    raise _Fail(Failure.BAD_RESPONSE, f"bad Content-Length: {excerpt(cl)}")
                 n = int(cl)
                 if n > cap:
                     if strict:
@@ -220,7 +214,7 @@ class _Conn:
                 try:
                     size = int(line.split(b";", 1)[0].strip(), 16)
                 except ValueError:
-                    raise _Fail(Failure.BAD_RESPONSE, f"bad chunk size: {_excerpt(line)}") from None
+                    raise _Fail(Failure.BAD_RESPONSE, f"bad chunk size: {excerpt(line)}") from None
                 if size == 0:
                     # Trailers, if any, end with an empty line.
                     while await self.reader.readuntil(b"\r\n") != b"\r\n":
@@ -254,69 +248,6 @@ class _Attempt:
     phase: str = "starting"
     conn: _Conn | None = None
     refused: bool = False  # the connection failed: there is no server side left to check
-
-
-def _count(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
-
-
-def _json(body: bytes, what: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: not JSON: {_excerpt(body) or '(empty body)'}") from None
-    if not isinstance(doc, dict):
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: expected a JSON object, got {type(doc).__name__}: {_excerpt(body)}")
-    if "error" in doc or doc.get("object") == "error":
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: the server reported an error: {_excerpt(body)}")
-    return doc
-
-
-def _typed(doc: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
-    v = doc.get(key)
-    if v is not None and not isinstance(v, kind):
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: {key!r} is {type(v).__name__}, expected {kind.__name__}")
-    return v
-
-
-def _tokens_sglang(doc: dict[str, Any]) -> int:
-    what = "POST /generate"
-    text = _typed(doc, "text", str, what)
-    ids = _typed(doc, "output_ids", list, what)
-    meta = _typed(doc, "meta_info", dict, what)
-    if text is None and ids is None and meta is None:
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: no text, output_ids or meta_info in {_excerpt(json.dumps(doc))}")
-    _consistent(what, (meta or {}).get("completion_tokens"), bool(text) or bool(ids))
-    return max(_count((meta or {}).get("completion_tokens")), len(ids or ()), 1 if text else 0)
-
-
-def _consistent(what: str, count: Any, has_output: bool) -> None:
-    """A server that says it generated 0 tokens but returns output contradicts itself: whichever
-    half is wrong, this answer proves no generation, so it is bad_response, not ready."""
-    if count == 0 and not isinstance(count, bool) and has_output:
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: completion_tokens is 0 but the answer has output "
-                                          "(a contradiction; not a generation we can trust)")
-
-
-def _tokens_openai(doc: dict[str, Any], chat: bool) -> int:
-    what = "POST /v1/chat/completions" if chat else "POST /v1/completions"
-    choices = _typed(doc, "choices", list, what)
-    usage = _typed(doc, "usage", dict, what)
-    if choices is None and usage is None:
-        raise _Fail(Failure.BAD_RESPONSE, f"{what}: no choices or usage in {_excerpt(json.dumps(doc))}")
-    text: Any = None
-    if choices:
-        first = choices[0]
-        if not isinstance(first, dict):
-            raise _Fail(Failure.BAD_RESPONSE, f"{what}: choices[0] is {type(first).__name__}, expected an object")
-        if chat:
-            msg = _typed(first, "message", dict, what)
-            text = (msg or {}).get("content")
-        else:
-            text = first.get("text")
-    has_text = isinstance(text, str) and text != ""
-    _consistent(what, (usage or {}).get("completion_tokens"), has_text)
-    return max(_count((usage or {}).get("completion_tokens")), 1 if has_text else 0)
 
 
 class Prober:
@@ -419,22 +350,12 @@ class Prober:
         by = f" from {owner.detail}" if owner else " (owner not checked)"
         return ProbeResult(True, None, f"{tokens} token(s) in {seconds:.3f} s{by}", pid, seconds, tokens)
 
-    def _payload(self, model: str) -> tuple[str, dict[str, Any]]:
-        t = self._t
-        if t.api == "sglang":
-            return "/generate", {"text": t.prompt,
-                                 "sampling_params": {"max_new_tokens": t.max_tokens, "temperature": 0}}
-        if t.api == "openai-completions":
-            return "/v1/completions", {"model": model, "prompt": t.prompt, "max_tokens": t.max_tokens,
-                                       "temperature": 0}
-        return "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": t.prompt}],
-                                        "max_tokens": t.max_tokens, "temperature": 0}
-
     async def _generate(self, att: _Attempt) -> int:
+        api = APIS[self._t.api]
         model = ""
-        if self._t.api != "sglang":
+        if api.needs_model:
             model = self._t.model or self._model or await self._discover(att)
-        path, payload = self._payload(model)
+        path, payload = api.path, api.body(prompt=self._t.prompt, max_tokens=self._t.max_tokens, model=model)
         att.phase = f"connecting to {self._host}:{self._port}"
         att.conn = await self._connect(att)
         att.phase = f"waiting for the answer to POST {path}"
@@ -442,12 +363,11 @@ class Prober:
         resp = await att.conn.response(self._max_body)
         if resp.status != 200:
             raise _Fail(Failure.HTTP_STATUS, f"POST {path}: HTTP {resp.status} {resp.reason}".rstrip()
-                        + (f": {_excerpt(resp.body)}" if resp.body else ""))
-        doc = _json(resp.body, f"POST {path}")
-        tokens = _tokens_sglang(doc) if self._t.api == "sglang" else _tokens_openai(doc, self._t.api == "openai-chat")
-        if tokens < 1:
-            raise _Fail(Failure.BAD_RESPONSE, f"POST {path}: 200 but 0 generated tokens: {_excerpt(resp.body)}")
-        return tokens
+                        + (f": {excerpt(resp.body)}" if resp.body else ""))
+        try:
+            return api.generated_tokens(resp.body)
+        except BadAnswer as e:
+            raise _Fail(Failure.BAD_RESPONSE, str(e)) from None
 
     async def _discover(self, att: _Attempt) -> str:
         """The model id from GET /v1/models (data[0].id). Its own connection: this proves nothing."""
@@ -457,7 +377,7 @@ class Prober:
         try:
             conn = await self._connect(sub)
             try:
-                await conn.request("GET", self._base + "/v1/models", self._host_header, None)
+                await conn.request("GET", self._base + MODELS_PATH, self._host_header, None)
                 resp = await conn.response(self._max_body)
             finally:
                 await self._release(conn)
@@ -469,13 +389,11 @@ class Prober:
             raise _os_fail(e, f"{what}: the connection failed") from None
         if resp.status != 200:
             raise _Fail(Failure.HTTP_STATUS, f"{what}: HTTP {resp.status} {resp.reason}".rstrip()
-                        + (f": {_excerpt(resp.body)}" if resp.body else ""))
-        doc = _json(resp.body, what)
-        data = doc.get("data")
-        first = data[0] if isinstance(data, list) and data else None
-        model = first.get("id") if isinstance(first, dict) else None
-        if not isinstance(model, str) or not model:
-            raise _Fail(Failure.BAD_RESPONSE, f"{what}: no model listed (data[0].id): {_excerpt(resp.body)}")
+                        + (f": {excerpt(resp.body)}" if resp.body else ""))
+        try:
+            model = model_from_list(resp.body)
+        except BadAnswer as e:
+            raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
         self._model = model
         return model
 

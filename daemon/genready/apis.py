@@ -1,0 +1,148 @@
+"""The LLM server APIs genready speaks: per API, the route, the request body, and how an answer is read.
+
+Used by the probe (one generation proves a server can generate) and by the bench client (many
+generations measure it), so both send the same request and judge an answer by the same rule:
+
+    A 200 answer is a generation when it is a JSON object of the API's shape, carries no
+    "error", and shows at least one generated token: the server's own count
+    (meta_info.completion_tokens / usage.completion_tokens), the number of output_ids, or, when
+    the server gives no count, non-empty generated text (counted as 1). A count of 0 next to
+    output is a contradiction, and no generation either.
+
+The rule is the probe's, which is the lenient one on purpose: servers differ in what they
+fill in (SGLang versions without meta_info, a reasoning model's chat answer with `content:
+null` but a usage count), and any one of them is evidence that a token was generated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+MODELS_PATH: Final = "/v1/models"
+EXCERPT_CHARS: Final = 200
+
+
+class BadAnswer(Exception):
+    """A 200 whose body is not a generation of the API (the text says what was wrong)."""
+
+
+def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
+    """One line of at most `limit` characters, for error details."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _count(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def _typed(doc: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
+    v = doc.get(key)
+    if v is not None and not isinstance(v, kind):
+        raise BadAnswer(f"{what}: {key!r} is {type(v).__name__}, expected {kind.__name__}")
+    return v
+
+
+def json_object(body: bytes, what: str) -> dict[str, Any]:
+    """The answer as a JSON object; BadAnswer if it is not one, or if the server reports an error."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        raise BadAnswer(f"{what}: not JSON: {excerpt(body) or '(empty body)'}") from None
+    if not isinstance(doc, dict):
+        raise BadAnswer(f"{what}: expected a JSON object, got {type(doc).__name__}: {excerpt(body)}")
+    if "error" in doc or doc.get("object") == "error":
+        raise BadAnswer(f"{what}: the server reported an error: {excerpt(body)}")
+    return doc
+
+
+def _consistent(what: str, count: Any, has_output: bool) -> None:
+    """A server that says it generated 0 tokens but returns output contradicts itself: whichever
+    half is wrong, this answer proves no generation, so it is a bad answer, not ready."""
+    if count == 0 and not isinstance(count, bool) and has_output:
+        raise BadAnswer(f"{what}: completion_tokens is 0 but the answer has output "
+                        "(a contradiction; not a generation we can trust)")
+
+
+def _tokens_sglang(doc: Mapping[str, Any], what: str) -> int:
+    text = _typed(doc, "text", str, what)
+    ids = _typed(doc, "output_ids", list, what)
+    meta = _typed(doc, "meta_info", dict, what)
+    if text is None and ids is None and meta is None:
+        raise BadAnswer(f"{what}: no text, output_ids or meta_info in {excerpt(json.dumps(doc))}")
+    _consistent(what, (meta or {}).get("completion_tokens"), bool(text) or bool(ids))
+    return max(_count((meta or {}).get("completion_tokens")), len(ids or ()), 1 if text else 0)
+
+
+def _tokens_openai(doc: Mapping[str, Any], what: str, *, chat: bool) -> int:
+    choices = _typed(doc, "choices", list, what)
+    usage = _typed(doc, "usage", dict, what)
+    if choices is None and usage is None:
+        raise BadAnswer(f"{what}: no choices or usage in {excerpt(json.dumps(doc))}")
+    text: Any = None
+    if choices:
+        first = choices[0]
+        if not isinstance(first, dict):
+            raise BadAnswer(f"{what}: choices[0] is {type(first).__name__}, expected an object")
+        if chat:
+            msg = _typed(first, "message", dict, what)
+            text = (msg or {}).get("content")
+        else:
+            text = first.get("text")
+    has_text = isinstance(text, str) and text != ""
+    _consistent(what, (usage or {}).get("completion_tokens"), has_text)
+    return max(_count((usage or {}).get("completion_tokens")), 1 if has_text else 0)
+
+
+@dataclass(frozen=True)
+class ServerApi:
+    """One generation API: where to POST, what to send, how to count what came back."""
+
+    name: str
+    path: str
+    needs_model: bool  # the OpenAI routes want a model name (discovered from /v1/models)
+    _body: Callable[[str, str, int], dict[str, Any]]
+    _tokens: Callable[[Mapping[str, Any], str], int]
+
+    def body(self, *, prompt: str, max_tokens: int, model: str = "") -> dict[str, Any]:
+        """The JSON body of one non-streaming, greedy generation."""
+        return self._body(prompt, model, max_tokens)
+
+    def generated_tokens(self, body: bytes) -> int:
+        """Tokens generated according to a 200 answer's body (>= 1); BadAnswer if it is no generation."""
+        what = f"POST {self.path}"
+        tokens = self._tokens(json_object(body, what), what)
+        if tokens < 1:
+            raise BadAnswer(f"{what}: 200 but 0 generated tokens: {excerpt(body)}")
+        return tokens
+
+
+APIS: Final[dict[str, ServerApi]] = {a.name: a for a in (
+    ServerApi("sglang", "/generate", False,
+              lambda prompt, model, n: {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
+              _tokens_sglang),
+    ServerApi("openai-completions", "/v1/completions", True,
+              lambda prompt, model, n: {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0},
+              lambda doc, what: _tokens_openai(doc, what, chat=False)),
+    ServerApi("openai-chat", "/v1/chat/completions", True,
+              lambda prompt, model, n: {"model": model, "messages": [{"role": "user", "content": prompt}],
+                                        "max_tokens": n, "temperature": 0},
+              lambda doc, what: _tokens_openai(doc, what, chat=True)),
+)}
+NAMES: Final[tuple[str, ...]] = tuple(APIS)
+
+
+def model_from_list(body: bytes) -> str:
+    """The first model id of a GET /v1/models answer (data[0].id); BadAnswer if there is none."""
+    what = f"GET {MODELS_PATH}"
+    doc = json_object(body, what)
+    data = doc.get("data")
+    first = data[0] if isinstance(data, list) and data else None
+    model = first.get("id") if isinstance(first, dict) else None
+    if not isinstance(model, str) or not model:
+        raise BadAnswer(f"{what}: no model listed (data[0].id): {excerpt(body)}")
+    return model

@@ -1,0 +1,61 @@
+"""The one rule for a generation's answer (genready.apis), shared by the probe and the bench client."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from genready import apis
+from genready.apis import APIS, BadAnswer
+
+
+@pytest.mark.parametrize(("api", "body", "tokens"), [
+    ("sglang", {"text": "x", "meta_info": {"completion_tokens": 3}}, 3),
+    ("sglang", {"text": "x"}, 1),  # no count: the non-empty text proves one token
+    ("sglang", {"output_ids": [10, 11]}, 2),
+    ("sglang", {"meta_info": {"completion_tokens": 1}}, 1),
+    ("openai-completions", {"choices": [{"text": "hi"}]}, 1),
+    ("openai-completions", {"choices": [], "usage": {"completion_tokens": 3}}, 3),
+    ("openai-chat", {"choices": [{"message": {"content": None}}], "usage": {"completion_tokens": 1}}, 1),
+    ("openai-chat", {"choices": [{"message": {"content": "hello"}}]}, 1),
+])
+def test_a_generation_counts_its_tokens(api: str, body: object, tokens: int) -> None:
+    assert APIS[api].generated_tokens(json.dumps(body).encode()) == tokens
+
+
+@pytest.mark.parametrize(("api", "body", "says"), [
+    ("sglang", [1, 2], "expected a JSON object"),
+    ("sglang", {"foo": 1}, "no text, output_ids or meta_info"),
+    ("sglang", {"text": ""}, "0 generated tokens"),
+    ("sglang", {"text": 5}, "'text' is int"),
+    ("sglang", {"error": "oom"}, "reported an error"),
+    ("openai-completions", {"object": "error", "message": "x"}, "reported an error"),
+    ("openai-completions", {"id": "x"}, "no choices or usage"),
+    ("openai-chat", {"choices": [{"message": {}}]}, "0 generated tokens"),
+    ("openai-chat", {"choices": [{}], "usage": {"completion_tokens": True}}, "0 generated tokens"),
+    ("openai-chat", {"choices": ["x"]}, "choices[0] is str"),
+])
+def test_anything_else_is_a_bad_answer(api: str, body: object, says: str) -> None:
+    with pytest.raises(BadAnswer, match=says.replace("[", r"\[").replace("]", r"\]")):
+        APIS[api].generated_tokens(json.dumps(body).encode())
+
+
+def test_not_json() -> None:
+    with pytest.raises(BadAnswer, match="not JSON"):
+        APIS["sglang"].generated_tokens(b"<html>")
+
+
+@pytest.mark.parametrize("name", apis.NAMES)
+def test_bodies_ask_for_a_short_greedy_generation(name: str) -> None:
+    body = APIS[name].body(prompt="p", max_tokens=1, model="m")
+    params = body.get("sampling_params", body)  # SGLang's native API nests them
+    assert params["temperature"] == 0
+    assert params.get("max_tokens", params.get("max_new_tokens")) == 1
+    assert ("model" in body) == APIS[name].needs_model
+
+
+def test_model_list() -> None:
+    assert apis.model_from_list(b'{"data": [{"id": "llama"}]}') == "llama"
+    with pytest.raises(BadAnswer, match="no model listed"):
+        apis.model_from_list(b'{"data": []}')
