@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from genready import benchclient
 from genready.usermanager import UserManager
 from tests.helpers import code_paths
 
@@ -104,6 +105,14 @@ def test_every_unit_file_is_covered() -> None:
     assert {"genready.service", "genready-bench@.path", "genready-bench@.service", "sglang.service"} <= names
     assert (EXAMPLES / "sglang.service.d" / "spec-decoding.conf").exists()
     assert (EXAMPLES / "bench-sglang.env").exists()
+
+
+def test_example_bench_command_is_one_the_bench_client_accepts() -> None:
+    # The shipped example once passed a flag the bench client never had (--label).
+    env = (EXAMPLES / "bench-sglang.env").read_text()
+    command = shlex.split(re.findall(r"(?m)^GENREADY_BENCH_COMMAND=(.*)$", env)[0])
+    assert command[1:3] == ["-m", "genready.benchclient"], command
+    benchclient.build_parser().parse_args(command[3:])  # exits 2 on an unknown flag
 
 
 def run_verify(paths: list[Path], *, user: bool, env: dict[str, str] | None = None) -> None:
@@ -434,7 +443,7 @@ def test_bench_runs_once_per_stamp_skips_when_not_ready_and_has_no_start_limit(b
     bench.wait_runs(1)
     env = (EXAMPLES / "bench-sglang.env").read_text()
     command = shlex.split(re.findall(r"(?m)^GENREADY_BENCH_COMMAND=(.*)$", env)[0])
-    assert "tp8 baseline" in command
+    assert "Summarize the plot of Hamlet." in command  # a quoted argument stayed one word
     assert bench.runs() == ["".join(f"[{word}]" for word in command)]
     assert bench.calls()[:2] == ["wait sglang --timeout 0", "guard sglang -- " + " ".join(command)]
     assert bench.service_state() == {"ActiveState": "inactive", "Result": "success"}
