@@ -18,11 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.helpers import Genready, free_port, sim_unit, wait_for
-
-from genready.usermanager import UserManager
+from genready_dev.harness import Genready, booted_manager, free_port, sim_unit, wait_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -52,7 +48,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
     rows = []
-    with UserManager(tmp / "sd") as um:
+    with booted_manager(tmp / "sd") as um:
         for phase, flags in (("one target ready, idle", ()), ("one target loading (probing)", ("--load-seconds",
                                                                                                 "3600"))):
             port = free_port()

@@ -20,11 +20,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.helpers import Genready, free_port, http, show, sim_unit, wait_for
-
-from genready.usermanager import UserManager
+from genready_dev.harness import Genready, booted_manager, free_port, http, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 
 BACKOFF_MAX = 2.0
 
@@ -45,14 +42,10 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))]
 
 
-def ready_pid(g: Genready) -> int | None:
-    code, body = g.get("/ready/sim")
-    return int(body["pid"]) if code == 200 else None
-
 
 def one_restart(um: UserManager, g: Genready, unit: str, port: int) -> tuple[float, float]:
     """(revocation lag, detection lag) in seconds for one `systemctl restart --no-block`."""
-    old = wait_for(lambda: ready_pid(g), 60, "ready")
+    old = wait_for(lambda: g.ready_pid("sim"), 60, "ready")
     first_503: list[float] = []
 
     def poll() -> None:
@@ -70,7 +63,7 @@ def one_restart(um: UserManager, g: Genready, unit: str, port: int) -> tuple[flo
     new = wait_for(lambda: (p := show(um, unit)[0]) not in (0, old) and p, 60, "new pid")
     wait_for(lambda: can_generate(port), 60, "the new simulator generating", interval=0.005)
     t_gen = time.perf_counter()
-    wait_for(lambda: ready_pid(g) == new, 60, "ready again", interval=0.002)
+    wait_for(lambda: g.ready_pid("sim") == new, 60, "ready again", interval=0.002)
     return first_503[0] - t_restart, time.perf_counter() - t_gen
 
 
@@ -83,7 +76,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
     revocation: list[float] = []
     detection: list[float] = []
-    with UserManager(tmp / "sd") as um:
+    with booted_manager(tmp / "sd") as um:
         port = free_port()
         unit = "bench-sim.service"
         um.install_unit(unit, sim_unit(port, "--load-seconds", str(args.load_seconds), "--linger-seconds",

@@ -19,11 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.helpers import Genready, free_port, http, sim_unit, wait_for
-
-from genready.usermanager import UserManager
+from genready_dev.harness import Genready, booted_manager, free_port, http, sim_unit, wait_for
 
 HELLO = """
 import sys
@@ -58,7 +54,7 @@ def main() -> int:
     if shutil.which("wrk") is None:
         subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True, capture_output=True)
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
-    with UserManager(tmp / "sd") as um:
+    with booted_manager(tmp / "sd") as um:
         port = free_port()
         um.install_unit("bench-sim.service", sim_unit(port))
         um.systemctl("start", "bench-sim.service")

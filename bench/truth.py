@@ -31,11 +31,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from tests.helpers import Genready, free_port, show, sim_unit, wait_for
-
-from genready.usermanager import UserManager
+from genready_dev.harness import Genready, booted_manager, free_port, show, sim_unit, wait_for
 
 GEN_BODY = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode()
 
@@ -101,7 +97,7 @@ def main() -> int:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
     windows: list[tuple[float, float]] = []
-    with UserManager(tmp / "sd") as um:
+    with booted_manager(tmp / "sd") as um:
         port = free_port()
         unit = "bench-truth.service"
         um.install_unit(unit, sim_unit(port, "--load-seconds", "2", "--linger-seconds", "2"))

@@ -1,4 +1,4 @@
-"""Shared fixtures: one private systemd user manager per test session, and helpers around it."""
+"""Shared fixtures: one private systemd user manager per test session, and container engines."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import TypeVar
 
 import pytest
 
-from genready.usermanager import UserManager, unavailable_reason
+from genready_dev.harness import booted_manager
+from genready_dev.usermanager import UserManager, unavailable_reason
 from tests.containers import Docker, Engine, Podman
 
 E = TypeVar("E", bound=Engine)
@@ -27,22 +28,9 @@ def manager() -> Iterator[UserManager]:
         if IN_CI:
             pytest.fail(f"systemd tests cannot run in CI: {reason}")
         pytest.skip(f"no private systemd user manager: {reason}")
-    um = UserManager()
-    um.start()
-    saved = {k: os.environ.get(k) for k in ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")}
-    # In-process pystemd (user_mode) finds the bus through these.
-    os.environ["XDG_RUNTIME_DIR"] = um.env["XDG_RUNTIME_DIR"]
-    os.environ["DBUS_SESSION_BUS_ADDRESS"] = um.env["DBUS_SESSION_BUS_ADDRESS"]
-    try:
+    # set_env: in-process pystemd (user_mode) finds the bus through XDG_RUNTIME_DIR.
+    with booted_manager(set_env=True) as um:
         yield um
-    finally:
-        um.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
 
 
 def _engine(kind: type[E]) -> Iterator[E]:

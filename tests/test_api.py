@@ -22,9 +22,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import genready
 from genready import api, openapi
-from genready.usermanager import UserManager
+from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 from tests.conftest import IN_CI
-from tests.helpers import GENREADY, Genready, free_port, show, sim_unit, wait_for
 
 UNIT = "ta-sim.service"
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from genready import apis, benchclient
-from tests.helpers import PY, env_without_notify, free_port, wait_for
+from genready_dev.harness import PY, env_without_notify, free_port, wait_for
 
 BENCH = [PY, "-m", "genready.benchclient"]
 GUARD_ENV = {"GENREADY_PID": "4242", "GENREADY_INVOCATION_ID": "0123456789abcdef0123456789abcdef",

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from genready import demo
-from genready.usermanager import UserManager, unavailable_reason
+from genready_dev import demo
+from genready_dev.harness import GENREADY, env_without_notify, wait_for
+from genready_dev.usermanager import UserManager, unavailable_reason
 from tests.conftest import IN_CI
-from tests.helpers import GENREADY, env_without_notify, wait_for
 
 FAST_BUDGET = 30.0  # seconds: the demo's CI smoke mode must stay cheap
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from genready.usermanager import UserManager
-from tests.helpers import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
 
@@ -63,10 +63,6 @@ def poller() -> Iterator[list[ReadyPoller]]:
         p.stop()
 
 
-def ready_pid(g: Genready, target: str = "t") -> int | None:
-    code, body = g.get(f"/ready/{target}")
-    return body["pid"] if code == 200 else None
-
 
 def start_sim_target(manager: UserManager, tmp: Path, unit: str, *flags: str, restart: str = "no",
                      **target: Any) -> tuple[Genready, int]:
@@ -100,7 +96,7 @@ def test_restart_with_lingering_old_process(manager: UserManager, tmp_path: Path
     g, port = start_sim_target(manager, tmp_path, unit, "--load-seconds", "1", "--linger-seconds", "3")
     try:
         old_pid, _ = show(manager, unit)
-        wait_for(lambda: ready_pid(g) == old_pid, 20, "the first start verified")
+        wait_for(lambda: g.ready_pid("t") == old_pid, 20, "the first start verified")
         p = ReadyPoller(g, "t")
         poller.append(p)
         p.start()
@@ -108,7 +104,7 @@ def test_restart_with_lingering_old_process(manager: UserManager, tmp_path: Path
         # The old process still answers generations while it lingers: the lie genready must not tell.
         naive = http(f"http://127.0.0.1:{port}/v1/models", timeout=2)[0] if not block else 0
         new_pid = wait_for(lambda: (pid := show(manager, unit)[0]) not in (0, old_pid) and pid, 20, "new pid")
-        wait_for(lambda: ready_pid(g) == new_pid, 30, "the new start verified")
+        wait_for(lambda: g.ready_pid("t") == new_pid, 30, "the new start verified")
         answers = p.stop()
         t_stop = left_active_at(manager, unit)
         assert_never_stale(answers, t_stop, new_pid)
@@ -136,7 +132,7 @@ def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserMa
         assert code == 503 and body["state"] in ("loading", "starting"), body
         assert body["ready"] is False and body["pid"] == pid
         assert body["last_error"] is None or "http_status" in body["last_error"]
-        wait_for(lambda: ready_pid(g) == pid, 20, "ready after load")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "ready after load")
         assert time.time() - models_ok_at > 1.0  # /v1/models said 200 long before a generation worked
     finally:
         g.stop()
@@ -176,12 +172,12 @@ def test_crash_revokes_then_ready_after_automatic_restart(manager: UserManager, 
     g, _ = start_sim_target(manager, tmp_path, unit, "--crash-after", "1.5", restart="always")
     try:
         first, _ = show(manager, unit)
-        wait_for(lambda: ready_pid(g) == first, 20, "first start verified")
+        wait_for(lambda: g.ready_pid("t") == first, 20, "first start verified")
         p = ReadyPoller(g, "t")
         poller.append(p)
         p.start()
         # Every start crashes 1.5 s after it is ready; the next one must be verified in turn.
-        wait_for(lambda: ready_pid(g) not in (None, first), 20, "a restarted server verified")
+        wait_for(lambda: g.ready_pid("t") not in (None, first), 20, "a restarted server verified")
         answers = p.stop()
         assert any(a.status == 503 for a in answers), "the crash was never visible on /ready"
         recs = {r["main_pid"]: r for r in g.records("t")}
@@ -199,7 +195,7 @@ def test_hang_times_out_and_rechecks_revoke(manager: UserManager, tmp_path: Path
                             recheck_interval=0.2, failure_threshold=2)
     try:
         pid, _ = show(manager, unit)
-        wait_for(lambda: ready_pid(g) == pid, 20, "verified before the hang")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "verified before the hang")
         wait_for(lambda: g.get("/ready/t")[0] == 503, 20, "revoked by failed rechecks")
         body = g.get("/ready/t")[1]
         assert body["state"] in ("loading", "stuck") and "timeout" in (body["last_error"] or ""), body
@@ -217,7 +213,7 @@ def test_restart_then_ready_is_never_200(manager: UserManager, tmp_path: Path) -
     g, _ = start_sim_target(manager, tmp_path, unit, "--load-seconds", "0.2", "--linger-seconds", "0.2")
     try:
         for i in range(50):
-            pid = wait_for(lambda: ready_pid(g), 20, f"ready before restart {i}")
+            pid = wait_for(lambda: g.ready_pid("t"), 20, f"ready before restart {i}")
             assert pid == show(manager, unit)[0]
             manager.systemctl("restart", unit)
             code, body = g.get("/ready/t")
@@ -232,7 +228,7 @@ def test_ready_query_semantics(manager: UserManager, tmp_path: Path) -> None:
     g, _ = start_sim_target(manager, tmp_path, unit, "--load-seconds", "0.5")
     try:
         pid, inv = show(manager, unit)
-        wait_for(lambda: ready_pid(g) == pid, 20, "verified")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "verified")
         code, body = g.get("/ready/t")
         assert code == 200 and body["invocation_id"] == inv and body["unit"] == unit and body["load_seconds"] > 0
         assert g.get("/ready")[0] == 200  # every target

@@ -29,8 +29,8 @@ import pytest
 
 from genready.compat import UTC
 from genready.history import from_iso
-from genready.usermanager import UserManager
-from tests.helpers import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 from tests.test_units import UNITS, genready_binary, inaccessible_nodes, rewrite  # noqa: F401 (fixture)
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -89,10 +89,6 @@ def unix_ts(manager: UserManager, unit: str, prop: str) -> float:
 def record_of(g: Genready, pid: int, name: str = "t") -> dict[str, Any]:
     return next(r for r in g.records(name) if r["main_pid"] == pid)
 
-
-def ready_pid(g: Genready, name: str = "t") -> int | None:
-    code, body = g.get(f"/ready/{name}")
-    return body["pid"] if code == 200 else None
 
 
 def new_main_pid(manager: UserManager, unit: str, old: int) -> int:
@@ -305,7 +301,7 @@ def test_guard(manager: UserManager, tmp_path: Path) -> None:
     guard = [*GENREADY, "guard", "t", "--url", g.base, "--"]
     try:
         pid, inv = show(manager, sim)
-        wait_for(lambda: ready_pid(g) == pid, 20, "verified")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "verified")
 
         # A quiet run: CMD's exit status passes through; the pinned instance is in its env.
         env_out = tmp_path / "env.out"
@@ -325,7 +321,7 @@ def test_guard(manager: UserManager, tmp_path: Path) -> None:
             wait_for(started.exists, 20, "the guarded command started")
             manager.systemctl("restart", sim)
             new = new_main_pid(manager, sim, pid)
-            wait_for(lambda: ready_pid(g) == new, 20, "the new start verified")
+            wait_for(lambda: g.ready_pid("t") == new, 20, "the new start verified")
         finally:
             go.touch()
             _, err = run.communicate(timeout=30)
@@ -354,7 +350,7 @@ def test_restart_and_wait_exit_codes(manager: UserManager, tmp_path: Path) -> No
     cfg = str(g.config_path)
     try:
         old, _ = show(manager, sim)
-        wait_for(lambda: ready_pid(g) == old, 20, "verified")
+        wait_for(lambda: g.ready_pid("t") == old, 20, "verified")
 
         # restart returns once a start newer than the restart is verified, and names it.
         t0 = time.time()
@@ -370,7 +366,7 @@ def test_restart_and_wait_exit_codes(manager: UserManager, tmp_path: Path) -> No
         print(f"\ngenready restart took {t_ret - t0:.2f}s; returned {t_ret - ready_at:.3f}s after the "
               f"verification of pid {pid}")
         assert t0 < start and start + 1.0 <= ready_at <= t_ret
-        assert ready_pid(g) == pid
+        assert g.ready_pid("t") == pid
 
         # wait: 0 ready (printing the pid), 1 timeout, 69 unreachable, 2 usage.
         p = cli(manager, "wait", "--config", cfg, "--timeout", "0")  # the only target by default
@@ -404,7 +400,7 @@ def test_reloading_sighup_and_sigterm(manager: UserManager, tmp_path: Path) -> N
         manager.systemctl("start", gr, timeout=60)
         gpid = show(manager, gr)[0]
         old = show(manager, sim)[0]
-        assert ready_pid(g) == old
+        assert g.ready_pid("t") == old
         assert manager.show(gr, "StatusText")["StatusText"].startswith(f"t: ready pid {old} ")
 
         # RELOADING=1 while the restarted backend loads and is re-verified, then READY=1.
@@ -413,12 +409,12 @@ def test_reloading_sighup_and_sigterm(manager: UserManager, tmp_path: Path) -> N
         wait_for(lambda: active_state(manager, gr) == "reloading", 10, f"{gr} reloading")
         t_reloading = time.monotonic()
         new = new_main_pid(manager, sim, old)
-        assert ready_pid(g) is None
+        assert g.ready_pid("t") is None
         status = manager.show(gr, "StatusText")["StatusText"]
         assert status.startswith("t: ") and "ready" not in status, status
         wait_for(lambda: active_state(manager, gr) == "active", 20, f"{gr} active again")
         t_active = time.monotonic()
-        assert ready_pid(g) == new
+        assert g.ready_pid("t") == new
         assert show(manager, gr)[0] == gpid  # the same genready throughout: a reload, not a restart
         print(f"\n{gr}: reloading {t_reloading - t0:.3f}s after the restart request, for "
               f"{t_active - t_reloading:.2f}s (the backend loads for 2 s)")
@@ -431,7 +427,7 @@ def test_reloading_sighup_and_sigterm(manager: UserManager, tmp_path: Path) -> N
         st = wait_for(lambda: (s := g.status())["config_error"] and s, 10, "config_error in /status")
         assert "targets.t.colour" in st["config_error"], st["config_error"]
         assert show(manager, gr)[0] == gpid and active_state(manager, gr) == "active"
-        assert ready_pid(g) == new
+        assert g.ready_pid("t") == new
         status = manager.show(gr, "StatusText")["StatusText"]
         assert "config reload refused" in status and "targets.t.colour" in status, status
         # Fixed: the next SIGHUP clears the error.
@@ -494,7 +490,7 @@ def test_watchdog_kills_and_restarts_a_stopped_genready(manager: UserManager, tm
         assert manager.show(gr, "NRestarts")["NRestarts"] == "1"
         # SIGABRT, systemd's default WatchdogSignal= ("dumped" where core dumps are enabled).
         assert stops(g) in (["watchdog killed ABRT"], ["watchdog dumped ABRT"]), stops(g)
-        assert ready_pid(g) == show(manager, sim)[0]
+        assert g.ready_pid("t") == show(manager, sim)[0]
         assert new != gpid
         with pytest.raises(ProcessLookupError):
             os.kill(gpid, 0)

@@ -36,14 +36,6 @@ def addr(sockaddr: tuple[str, int] | tuple[str, int, int, int]) -> tuple[str, in
     return sockaddr[0], sockaddr[1]
 
 
-def wait_for(cond: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
-
-
 class Pair:
     """A listener and a connected client on loopback; accept() on demand."""
 

@@ -8,15 +8,11 @@ from typing import Any
 
 import tomli_w
 
-from genready.usermanager import UserManager
-from tests.helpers import Genready, free_port, show, sim_unit, wait_for
+from genready_dev.harness import Genready, free_port, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
 
-
-def ready_pid(g: Genready, target: str) -> int | None:
-    code, body = g.get(f"/ready/{target}")
-    return int(body["pid"]) if code == 200 else None
 
 
 def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path: Path) -> None:
@@ -28,7 +24,7 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
     g = Genready(manager, tmp_path, {"a": a}).start()
     try:
         pid_a = show(manager, "tr-a.service")[0]
-        wait_for(lambda: ready_pid(g, "a") == pid_a, 20, "a verified")
+        wait_for(lambda: g.ready_pid("a") == pid_a, 20, "a verified")
         targets: dict[str, Any] = {
             "a": {**a, "warmup": 2},
             "b": {"unit": "tr-b.service", "url": f"http://127.0.0.1:{ports['tr-b.service']}", **FAST}}
@@ -38,9 +34,9 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
         assert g.proc is not None
         g.proc.send_signal(signal.SIGHUP)
         pid_b = show(manager, "tr-b.service")[0]
-        wait_for(lambda: ready_pid(g, "b") == pid_b, 20, "the added target verified")
+        wait_for(lambda: g.ready_pid("b") == pid_b, 20, "the added target verified")
         # a's settings changed: its verification is redone under them, for the same start.
-        wait_for(lambda: ready_pid(g, "a") == pid_a, 20, "a verified again")
+        wait_for(lambda: g.ready_pid("a") == pid_a, 20, "a verified again")
         recs = g.records("a")
         assert len(recs) == 1 and recs[0]["probes"] >= 2
         assert "config_changed" in g.get("/metrics")[1]
@@ -48,7 +44,7 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
         g.config_path.write_text(tomli_w.dumps(cfg))
         g.proc.send_signal(signal.SIGHUP)
         wait_for(lambda: g.get("/ready/a")[0] == 404, 20, "a removed")
-        assert ready_pid(g, "b") == pid_b
+        assert g.ready_pid("b") == pid_b
         assert g.proc.poll() is None
     finally:
         g.stop()

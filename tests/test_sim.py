@@ -24,15 +24,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from genready_dev.harness import free_port
+
 DEADLINE = 10.0  # generous: a deadline, not a duration; tests end as soon as the condition holds
 SHORT = aiohttp.ClientTimeout(total=5)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Sim:

@@ -23,14 +23,14 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from genready import benchclient
-from genready.usermanager import UserManager
-from tests.helpers import code_paths
+from genready_dev.harness import code_paths, wait_for
+from genready_dev.usermanager import UserManager
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 EXAMPLES = UNITS / "examples"
@@ -50,16 +50,6 @@ def rewrite(text: str, mapping: dict[str, str]) -> str:
     for old, new in mapping.items():
         text = text.replace(old, new)
     return text
-
-
-def wait_until(what: str, pred: Callable[[], bool], timeout: float = 10.0) -> float:
-    """Poll `pred` until true; return the seconds it took, fail naming `what` on the deadline."""
-    start = time.monotonic()
-    while not pred():
-        if time.monotonic() - start > timeout:
-            pytest.fail(f"timed out after {timeout}s waiting for: {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 def lines(path: Path) -> list[str]:
@@ -343,8 +333,8 @@ def test_hardened_genready_service_runs(
             assert out["CapBnd"] == 1 << 2 | 1 << 19, out  # CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE
             assert out.get("owner_found") is True, out
             manager.systemctl("reload", unit, timeout=30)
-            wait_until("StatusText=reloaded",
-                       lambda: manager.show(unit, "StatusText")["StatusText"] == "reloaded")
+            wait_for(lambda: manager.show(unit, "StatusText")["StatusText"] == "reloaded", 10,
+                     "StatusText=reloaded")
             assert manager.show(unit, "ActiveState")["ActiveState"] == "active"
         else:
             assert "owner_found" not in out and "Permission denied" in str(out.get("error")), out
@@ -412,8 +402,8 @@ class Bench:
         return self.manager.show(self.path_unit, "ActiveState", "SubState", "Result")
 
     def wait_runs(self, n: int) -> None:
-        wait_until(f"{n} benchmark runs, then the service inactive",
-                   lambda: len(self.runs()) >= n and self.service_state()["ActiveState"] == "inactive")
+        wait_for(lambda: len(self.runs()) >= n and self.service_state()["ActiveState"] == "inactive", 10,
+                 f"{n} benchmark runs, then the service inactive")
         assert len(self.runs()) == n, self.runs()
 
     def remove(self) -> None:
@@ -452,8 +442,9 @@ def test_bench_runs_once_per_stamp_skips_when_not_ready_and_has_no_start_limit(b
     (bench.root / "not-ready-sglang").touch()
     n_calls = len(bench.calls())
     bench.trigger()
-    wait_until("the skipped start", lambda: len(bench.calls()) > n_calls
-               and bench.service_state() == {"ActiveState": "inactive", "Result": "exec-condition"})
+    wait_for(lambda: len(bench.calls()) > n_calls
+             and bench.service_state() == {"ActiveState": "inactive", "Result": "exec-condition"}, 10,
+             "the skipped start")
     assert len(bench.runs()) == 1
     assert bench.path_state()["ActiveState"] == "active", bench.path_state()
     (bench.root / "not-ready-sglang").unlink()
@@ -483,7 +474,7 @@ def test_bench_default_start_limit_would_kill_the_path_unit(
             b.trigger()
             b.wait_runs(1 + i)
         b.trigger()
-        wait_until("the path unit failing", lambda: b.path_state()["ActiveState"] == "failed")
+        wait_for(lambda: b.path_state()["ActiveState"] == "failed", 10, "the path unit failing")
         assert b.path_state()["Result"] == "unit-start-limit-hit"
         assert len(b.runs()) == 5
     finally:

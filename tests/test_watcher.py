@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from genready.usermanager import UserManager
 from genready.watcher import Snapshot, Watcher, unit_path
-from tests.helpers import Genready, free_port, show, wait_for
+from genready_dev.harness import Genready, free_port, show, wait_for
+from genready_dev.usermanager import UserManager
 
 SLEEPER = """[Unit]
 StartLimitIntervalSec=0

@@ -263,14 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
     sp.set_defaults(func=cmd_sweep)
 
-    from genready import sim  # the simulator owns its flags
-
-    sp = add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes")
-    sim.add_arguments(sp)
-    sp.set_defaults(func=sim.main)
+    # Dev tooling (genready_dev) is imported only when its subcommand runs; main() hands
+    # `simulate` its arguments untouched, so its flags live with the simulator alone.
+    add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes "
+        "(`genready simulate --help` lists its flags)")
 
     def cmd_demo(args: argparse.Namespace) -> int:
-        from genready import demo  # lazy: only the demo needs its imports
+        from genready_dev import demo
 
         return demo.main(args)
 
@@ -292,7 +291,12 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    head, cmd = _split_command(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulate"]:
+        from genready_dev import sim
+
+        return sim.cli(argv[1:])
+    head, cmd = _split_command(argv)
     args = build_parser().parse_args(head)
     if cmd is not None:
         args.cmd = cmd

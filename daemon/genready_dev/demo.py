@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,8 +39,10 @@ from typing import Any, Final
 import tomli_w
 
 from genready import client
+from genready.gate import State
 from genready.owner import find_owner
-from genready.usermanager import UserManager, unavailable_reason
+from genready_dev.harness import free_port
+from genready_dev.usermanager import UserManager, unavailable_reason
 
 TARGET: Final = "sim"
 SIM_UNIT: Final = "sim.service"
@@ -425,7 +426,7 @@ class Watch:
             pid = body.get("pid") if isinstance(body.get("pid"), int) else None
             # One row per change of verdict; pids matter once a process is being probed.
             key: tuple[object, ...] = (code, pid) if code == 200 else (
-                code, state, pid if state in ("loading", "warming", "stuck") else None)
+                code, state, pid if state in (State.LOADING, State.WARMING, State.STUCK) else None)
             if key != last:
                 if code == 200:
                     self.add(Event(t, "genready", "ready", pid, data={"load": body.get("load_seconds")}))
@@ -568,13 +569,6 @@ class Timeline:
 
 
 # -- the demo ----------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 def tail_text(path: Path, lines: int = 12) -> str:
     try:

@@ -1,7 +1,14 @@
-"""Test helpers: conditions with deadlines, free ports, and genready / simulator processes."""
+"""The one harness for tests, benchmarks and the demo: deadlines, ports, a private systemd, genready.
+
+Everything that waits goes through `wait_for(predicate, timeout, what)`: a poll with a
+deadline that fails naming what it waited for, never a fixed sleep. `booted_manager()` is the
+one way to boot a private `systemd --user` (usermanager.py); `Genready` runs `genready serve`
+against it as a real process; `sim_unit` writes a unit that runs the simulator.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,16 +18,40 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import tomli_w
 
-from genready.usermanager import UserManager
+from genready_dev.usermanager import UserManager, unavailable_reason
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+GENREADY = [PY, "-m", "genready.cli"]
+
+
+def wait_for(predicate: Callable[[], T | None], timeout: float = 20.0, what: str = "condition",
+             interval: float = 0.02) -> T:
+    """Poll `predicate` until it returns something truthy (and return that); AssertionError
+    naming `what` and the last value at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def code_paths() -> list[Path]:
@@ -29,27 +60,6 @@ def code_paths() -> list[Path]:
     /tmp, PrivateTmp= hides it; under /root or /home, ProtectHome= does."""
     paths = sorted({REPO, Path(sys.base_prefix).resolve()})
     return [p for p in paths if not any(p != q and p.is_relative_to(q) for q in paths)]
-PY = sys.executable
-GENREADY = [PY, "-m", "genready.cli"]
-
-
-def wait_for(cond: Callable[[], T | None], timeout: float = 20.0, what: str = "condition", interval: float = 0.02) -> T:
-    """Poll `cond` until it returns something truthy; AssertionError naming `what` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def http(url: str, timeout: float = 5.0) -> tuple[int, Any]:
@@ -68,6 +78,36 @@ def http(url: str, timeout: float = 5.0) -> tuple[int, Any]:
         return status, raw.decode(errors="replace")
 
 
+@contextlib.contextmanager
+def booted_manager(root: Path | None = None, *, set_env: bool = False) -> Iterator[UserManager]:
+    """A private systemd user manager for the `with` block, stopped (units and all) after it.
+
+    RuntimeError if it cannot run here (callers decide: skip, fail, or say why). With
+    `set_env`, this process's XDG_RUNTIME_DIR and DBUS_SESSION_BUS_ADDRESS point at it for the
+    block, so in-process pystemd (user_mode) finds its bus.
+    """
+    reason = unavailable_reason()
+    if reason:
+        raise RuntimeError(f"no private systemd user manager here: {reason}")
+    um = UserManager(root)
+    um.start()
+    keys = ("XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS")
+    saved = {k: os.environ.get(k) for k in keys}
+    if set_env:
+        for k in keys:
+            os.environ[k] = um.env[k]
+    try:
+        yield um
+    finally:
+        um.stop()
+        if set_env:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def sim_unit(port: int, *flags: str, restart: str = "no", extra: str = "") -> str:
     """A unit file running the simulator, output kept in a file (there is no journald here)."""
     args = " ".join(["--port", str(port), *flags])
@@ -81,6 +121,18 @@ RestartSec=0.1
 TimeoutStopSec=30
 {extra}
 """
+
+
+def show(um: UserManager, unit: str) -> tuple[int, str]:
+    """(MainPID, InvocationID) as systemctl reports them."""
+    p = um.show(unit, "MainPID", "InvocationID")
+    return int(p["MainPID"]), p["InvocationID"]
+
+
+def env_without_notify() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("NOTIFY_SOCKET", None)
+    return env
 
 
 class Genready:
@@ -127,6 +179,11 @@ class Genready:
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, Any]:
         return http(self.base + path, timeout)
 
+    def ready_pid(self, target: str) -> int | None:
+        """The verified pid /ready/TARGET names, or None while it answers anything but 200."""
+        code, body = self.get(f"/ready/{target}")
+        return int(body["pid"]) if code == 200 else None
+
     def status(self) -> dict[str, Any]:
         code, body = self.get("/status")
         if code == 0 and self.proc is not None and self.proc.poll() is None:
@@ -162,15 +219,3 @@ class Genready:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def show(um: UserManager, unit: str) -> tuple[int, str]:
-    """(MainPID, InvocationID) as systemctl reports them."""
-    p = um.show(unit, "MainPID", "InvocationID")
-    return int(p["MainPID"]), p["InvocationID"]
-
-
-def env_without_notify() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("NOTIFY_SOCKET", None)
-    return env

@@ -507,3 +507,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     return asyncio.run(Simulator(args).run())
+
+
+def cli(argv: list[str]) -> int:
+    """`genready simulate ARGS`."""
+    p = argparse.ArgumentParser(prog="genready simulate", description="An LLM-server simulator with SGLang's "
+                                "HTTP surface and its failure modes (for tests, the demo and dry runs).")
+    add_arguments(p)
+    return main(p.parse_args(argv))
