@@ -1,16 +1,18 @@
-"""The `genready` command line: one subcommand per job, exit codes documented in --help."""
+"""The `genready` command line: one subcommand per job, exit codes documented in --help.
+
+`genready wait TARGET --timeout 0` runs in units' ExecCondition=, so start-up time matters:
+this module imports only what parsing needs, and each subcommand imports its own modules
+(asyncio, aiohttp, pystemd, the dev tooling) when it runs. bench/cli_start.py measures it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
-
-import tomli_w
 
 from genready import __version__, config, exitcodes
 from genready.exitcodes import Exit
@@ -35,6 +37,8 @@ def load_config(path: str | None) -> config.Config:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
+    import tomli_w
+
     cfg = load_config(args.config)
     if warning := config.listen_warning(cfg.daemon):
         print(f"genready: warning: {warning}", file=sys.stderr)
@@ -137,6 +141,8 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
+    import asyncio
+
     from genready import watcher
 
     cfg = load_config(args.config)

@@ -7,17 +7,10 @@ banned-api list in pyproject.toml points each forbidden spelling here.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import datetime
 import enum
-import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
-
-import aiohttp
-from aiohttp import web
+from typing import TYPE_CHECKING, Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,14 +20,17 @@ else:
 __all__ = ["TIMEOUT_ERRORS", "UTC", "AppRunner", "StrEnum", "app_key", "sock_site", "tcp_site", "timeout",
            "tomllib", "wait_for"]
 
-T = TypeVar("T")
-
 UTC = datetime.timezone.utc  # datetime.UTC is 3.11+
 
 # Up to 3.10, asyncio.TimeoutError (raised by asyncio.wait_for and by aiohttp's client timeouts)
 # is not the builtin TimeoutError, so `except TimeoutError` lets it through. Catch this tuple
 # around anything that can raise the asyncio one.
-TIMEOUT_ERRORS: tuple[type[Exception], ...] = (TimeoutError, asyncio.TimeoutError)
+if sys.version_info >= (3, 11):
+    TIMEOUT_ERRORS: tuple[type[Exception], ...] = (TimeoutError,)  # asyncio's is the builtin one
+else:
+    import asyncio
+
+    TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)
 
 
 class StrEnum(str, enum.Enum):
@@ -52,79 +48,19 @@ class StrEnum(str, enum.Enum):
         return name.lower()  # what enum.StrEnum gives auto()
 
 
-if sys.version_info >= (3, 11):
-    timeout = asyncio.timeout
-    wait_for = asyncio.wait_for
-else:
-    @contextlib.asynccontextmanager
-    async def timeout(delay: float | None) -> AsyncIterator[None]:
-        """asyncio.timeout (3.11+): cancel the block after `delay` seconds and raise the builtin
-        TimeoutError instead. (Without Task.uncancel, a cancellation from outside arriving in the
-        same instant as the deadline is reported as the timeout.)"""
-        if delay is None:
-            yield
-            return
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("timeout() must be used inside a task")
-        fired = False
+# The asyncio and aiohttp differences live in _compat_async.py and load on first use: importing
+# asyncio and aiohttp costs ~0.2 s, and the CLI (`genready wait` in a unit's ExecCondition=,
+# through config's tomllib) must not pay it. Import them from here as usual.
+if TYPE_CHECKING:
+    from genready._compat_async import AppRunner, app_key, sock_site, tcp_site, timeout, wait_for
 
-        def fire() -> None:
-            nonlocal fired
-            fired = True
-            task.cancel()
-
-        handle = asyncio.get_running_loop().call_later(delay, fire)
-        try:
-            yield
-        except asyncio.CancelledError:
-            if fired:
-                raise TimeoutError from None
-            raise
-        finally:
-            handle.cancel()
-
-    async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
-        """asyncio.wait_for, raising the builtin TimeoutError as it does on 3.11+."""
-        try:
-            return await asyncio.wait_for(aw, timeout)
-        except asyncio.TimeoutError:
-            raise TimeoutError from None
+_ASYNC: frozenset[str] = frozenset({"AIOHTTP_VERSION", "AppRunner", "app_key", "sock_site", "tcp_site", "timeout",
+                                    "wait_for"})
 
 
-# aiohttp 3.9 added web.AppKey and moved the graceful-shutdown wait from the sites to AppRunner.
-AIOHTTP_VERSION = tuple(int(p) for p in aiohttp.__version__.split(".")[:2])
-_AIOHTTP_39 = AIOHTTP_VERSION >= (3, 9)
+def __getattr__(name: str) -> Any:
+    if name in _ASYNC:
+        from genready import _compat_async
 
-
-def app_key(name: str, t: type[T]) -> web.AppKey[T]:
-    """A typed application key on aiohttp 3.9+ (where string keys warn); the string itself on 3.8."""
-    if _AIOHTTP_39:
-        return web.AppKey(name, t)
-    return name  # type: ignore[return-value]  # 3.8's Application takes any hashable key
-
-
-class AppRunner(web.AppRunner):
-    """web.AppRunner with `shutdown_timeout` said once, whichever aiohttp is installed. 3.9+ takes it
-    here; 3.8 takes it on each site, and given to 3.8's AppRunner it is passed on to every
-    connection's handler as an unknown argument, which drops each connection without a word."""
-
-    def __init__(self, app: web.Application, *, shutdown_timeout: float, **kwargs: Any) -> None:
-        if _AIOHTTP_39:
-            kwargs["shutdown_timeout"] = shutdown_timeout
-        super().__init__(app, **kwargs)
-        self.site_shutdown_timeout = shutdown_timeout
-
-
-def _site_kwargs(runner: web.BaseRunner, kwargs: dict[str, Any]) -> dict[str, Any]:
-    if not _AIOHTTP_39 and isinstance(runner, AppRunner):
-        kwargs["shutdown_timeout"] = runner.site_shutdown_timeout
-    return kwargs
-
-
-def tcp_site(runner: web.BaseRunner, host: str | None, port: int | None, **kwargs: Any) -> web.TCPSite:
-    return web.TCPSite(runner, host, port, **_site_kwargs(runner, kwargs))
-
-
-def sock_site(runner: web.BaseRunner, sock: socket.socket, **kwargs: Any) -> web.SockSite:
-    return web.SockSite(runner, sock, **_site_kwargs(runner, kwargs))
+        return getattr(_compat_async, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

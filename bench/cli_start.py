@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Start-up cost of the CLI: `genready wait TARGET --timeout 0` against a running, ready daemon.
+
+That command is the ExecCondition= of genready-bench@.service and the first line of most scripts,
+so its wall time is mostly Python start-up and imports. Goal (issue 9): <= 150 ms on these machines.
+A private user manager runs the simulator and `genready serve`; the CLI is then run N times
+(exit 0 each time) and its wall time reported as p50 / p90 / max, next to a bare `python -c pass`.
+
+`--pythonpath DIR` times another checkout's CLI (its `daemon/` directory) against the same daemon,
+for a before/after in one run:
+
+    git worktree add /tmp/old <commit> && .venv/bin/python bench/cli_start.py --pythonpath /tmp/old/daemon
+
+Run as root: .venv/bin/python bench/cli_start.py [--runs 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from genready_dev.harness import Genready, booted_manager, free_port, sim_unit, wait_for
+
+
+def timed(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        out.append(time.perf_counter() - t0)
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    return sorted(out)
+
+
+def row(name: str, t: list[float]) -> str:
+    p90 = t[min(len(t) - 1, int(0.9 * len(t)))]
+    return f"| {name} | {statistics.median(t) * 1000:.0f} | {p90 * 1000:.0f} | {t[-1] * 1000:.0f} |"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
+                    help="also time the CLI found in DIR (another checkout's daemon/ directory)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="genready-cli-bench-") as d:
+        tmp = Path(d)
+        with booted_manager(tmp / "sd") as um:
+            port = free_port()
+            um.install_unit("sim.service", sim_unit(port))
+            um.systemctl("start", "sim.service")
+            with Genready(um, tmp, {"t": {"unit": "sim.service", "url": f"http://127.0.0.1:{port}"}}) as g:
+                wait_for(lambda: g.ready_pid("t"), 30, "the target ready")
+                env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+                cli = [sys.executable, "-m", "genready.cli", "wait", "t", "--timeout", "0",
+                       "--config", str(g.config_path)]
+                rows = [row("python3 -c pass (floor)", timed([sys.executable, "-c", "pass"], env, args.runs)),
+                        row("genready wait t --timeout 0 (this checkout)", timed(cli, env, args.runs))]
+                for path in args.pythonpath:
+                    rows.append(row(f"genready wait t --timeout 0 ({path})",
+                                    timed(cli, {**env, "PYTHONPATH": path}, args.runs)))
+    print(f"{args.runs} runs each, wall ms")
+    print("| command | p50 | p90 | max |\n|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The product apart from its tooling: what each entry point imports (in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def imported_by(module: str) -> set[str]:
+    code = f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return {m.split(".")[0] for m in json.loads(out)}
+
+
+def test_the_cli_imports_only_what_parsing_needs() -> None:
+    # `genready wait X --timeout 0` runs in ExecCondition=: no event loop, HTTP server, D-Bus or
+    # dev tooling before a subcommand asks for it (bench/cli_start.py measures the time).
+    heavy = imported_by("genready.cli") & {"asyncio", "aiohttp", "pystemd", "prometheus_client", "genready_dev",
+                                          "tomli_w"}
+    assert not heavy
+
+
+@pytest.mark.parametrize("module", ["genready.daemon", "genready.benchclient", "genready.client"])
+def test_the_product_never_imports_the_dev_tooling(module: str) -> None:
+    assert "genready_dev" not in imported_by(module)
