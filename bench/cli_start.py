@@ -5,6 +5,8 @@ That command is the ExecCondition= of genready-bench@.service and the first line
 so its wall time is mostly Python start-up and imports. Goal (issue 9): <= 150 ms on these machines.
 A private user manager runs the simulator and `genready serve`; the CLI is then run N times
 (exit 0 each time) and its wall time reported as p50 / p90 / max, next to a bare `python -c pass`.
+Each checkout is byte-compiled first, as an installed package is (dh_python3, pip): with
+PYTHONDONTWRITEBYTECODE set, as on the project's machines, every run would compile from source.
 
 `--pythonpath DIR` times another checkout's CLI (its `daemon/` directory) against the same daemon,
 for a before/after in one run:
@@ -17,6 +19,7 @@ Run as root: .venv/bin/python bench/cli_start.py [--runs 20]
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import statistics
 import subprocess
@@ -44,12 +47,23 @@ def row(name: str, t: list[float]) -> str:
     return f"| {name} | {statistics.median(t) * 1000:.0f} | {p90 * 1000:.0f} | {t[-1] * 1000:.0f} |"
 
 
+def byte_compile(daemon_dir: Path) -> None:
+    for pkg in ("genready", "genready_dev"):
+        if (daemon_dir / pkg).is_dir():
+            compileall.compile_dir(daemon_dir / pkg, quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--pythonpath", action="append", default=[], metavar="DIR",
                     help="also time the CLI found in DIR (another checkout's daemon/ directory)")
     args = ap.parse_args()
+    import genready
+
+    byte_compile(Path(genready.__file__).resolve().parent.parent)
+    for path in args.pythonpath:
+        byte_compile(Path(path))
     with tempfile.TemporaryDirectory(prefix="genready-cli-bench-") as d:
         tmp = Path(d)
         with booted_manager(tmp / "sd") as um:
