@@ -35,6 +35,8 @@ def test_a_generation_counts_its_tokens(api: str, body: object, tokens: int) -> 
     ("openai-chat", {"choices": [{"message": {}}]}, "0 generated tokens"),
     ("openai-chat", {"choices": [{}], "usage": {"completion_tokens": True}}, "0 generated tokens"),
     ("openai-chat", {"choices": ["x"]}, "choices[0] is str"),
+    ("sglang", {"text": "x", "meta_info": {"completion_tokens": 0}}, "contradiction"),
+    ("openai-completions", {"choices": [{"text": "x"}], "usage": {"completion_tokens": 0}}, "contradiction"),
 ])
 def test_anything_else_is_a_bad_answer(api: str, body: object, says: str) -> None:
     with pytest.raises(BadAnswer, match=says.replace("[", r"\[").replace("]", r"\]")):

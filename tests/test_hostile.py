@@ -23,9 +23,9 @@ import pytest
 from genready import api, config, records, serving, stamp
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober
-from genready.usermanager import UserManager
 from genready.watcher import Watcher
-from tests.helpers import GENREADY, Genready, free_port, wait_for
+from genready_dev.harness import GENREADY, Genready, free_port, wait_for
+from genready_dev.usermanager import UserManager
 
 GOOD_TARGET = '[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n'
 
