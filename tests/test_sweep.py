@@ -23,8 +23,8 @@ import tomli_w
 from genready import sweep
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.usermanager import UserManager
-from tests.helpers import GENREADY, PY, REPO, Genready, free_port, show, wait_for
+from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, show, wait_for
+from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
 UNIT = "sw-sim.service"
