@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import PY, code_paths
+from genready_dev.harness import PY, code_paths
 
 PREFIX = "genready-test-"  # every container a test starts is named (or labelled) so, and removed
 DIRS = ("etc", "tmp", "proc", "sys", "dev")

@@ -30,9 +30,9 @@ from genready.container import (
     name_from_cmdline,
     parse_time_us,
 )
-from genready.usermanager import UserManager
+from genready_dev.harness import Genready, free_port, http, show, wait_for
+from genready_dev.usermanager import UserManager
 from tests.containers import PREFIX, Docker, Podman
-from tests.helpers import Genready, free_port, http, show, wait_for
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "owner": "container"}
 
