@@ -68,6 +68,9 @@ def verify_mapping() -> dict[str, str]:
     return {"/usr/bin/genready": genready_binary(), "/opt/sglang/bin/python3": sys.executable}
 
 
+UNIT_SUFFIXES = (".service", ".path", ".socket", ".timer", ".target")
+
+
 def unit_copies(dest: Path) -> list[Path]:
     """Copy every unit (and drop-in dir) of units/ and units/examples/ into one flat dir, rewritten.
     Returns the paths to verify: templates by an instance name (a template cannot be loaded)."""
