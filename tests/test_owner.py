@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import codecs
+import json
 import os
 import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from genready import owner
 from genready.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
+from genready_dev.harness import REPO
 
 DEADLINE = 10.0
 
@@ -323,8 +329,9 @@ def test_holder_exiting_mid_lookup_is_not_an_error(holder: Callable[[int], Holde
 def _as_nobody(check: Callable[[], object], close: list[socket.socket]) -> object:
     """Run check() in a forked child that closed `close` (a fork shares every fd, so the child
     would otherwise hold the very socket it looks for) and dropped to uid/gid 65534."""
-    import json
-
+    # The child as uid 65534 cannot import from this interpreter's tree under /root (mode
+    # 0700): load the codec owner.py's reads need while still root.
+    codecs.lookup("ascii")
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never return into pytest
@@ -366,6 +373,75 @@ def test_permission_denied_is_reported_never_trusted(pairs: Callable[..., Pair])
     assert pid is None and trusted is False
     assert "permission denied" in detail
     assert unavailable is not None and "CAP_SYS_PTRACE" in unavailable
+
+
+# What genready.service grants its (DynamicUser=) uid: exactly these, as ambient capabilities.
+OWNER_CAPS = ("sys_ptrace", "dac_read_search")
+DRIVER = """
+import json, sys
+from genready import owner
+local, peer, main_pid = (sys.argv[1], int(sys.argv[2])), (sys.argv[3], int(sys.argv[4])), int(sys.argv[5])
+o = owner.find_owner(local, peer, main_pid)
+print(json.dumps({"uid": __import__("os").geteuid(), "pid": o.pid, "trusted": o.trusted, "detail": o.detail,
+                  "unavailable": owner.owner_check_unavailable()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def readable_code() -> Iterator[Path]:
+    """A copy of the genready package that uid 65534 can read: this checkout and pytest's
+    tmp_path may sit under directories of mode 0700."""
+    root = Path(tempfile.mkdtemp(prefix="genready-code-"))
+    try:
+        shutil.copytree(REPO / "daemon" / "genready", root / "genready")
+        for path in (root, *root.rglob("*")):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        yield root
+    finally:
+        shutil.rmtree(root)
+
+
+def _setpriv_find_owner(code: Path, p: Pair, main_pid: int, caps: tuple[str, ...]) -> dict[str, object]:
+    """find_owner in a process exec'd by setpriv as uid/gid 65534, no groups, holding `caps` as
+    ambient capabilities (how systemd hands AmbientCapabilities= to a non-root service).
+    Debian's /usr/bin/python3: without the capabilities, uid 65534 cannot reach this venv's."""
+    spec = ",".join(f"+{c}" for c in caps) or "-all"
+    args = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+            f"--inh-caps={spec}", f"--ambient-caps={spec}",
+            SYSTEM_PYTHON, "-c", DRIVER, *map(str, (*p.local, *p.peer, main_pid))]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=DEADLINE,
+                          env={"PYTHONPATH": str(code), "PATH": "/usr/bin:/bin"}, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout)
+    return result
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+needs_setpriv = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not os.path.exists(SYSTEM_PYTHON),
+    reason="needs root, setpriv (util-linux) and /usr/bin/python3")
+
+
+@needs_setpriv
+@pytest.mark.parametrize("caps", [OWNER_CAPS, ("sys_ptrace",), ("dac_read_search",), ()],
+                         ids=["both", "sys_ptrace-only", "dac_read_search-only", "none"])
+def test_unprivileged_owner_proof_of_a_root_server(
+        pairs: Callable[..., Pair], readable_code: Path, caps: tuple[str, ...]) -> None:
+    """genready.service runs as an unprivileged uid with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH:
+    with both it proves a server running as root; with either missing it trusts nothing and
+    the failure names the capability that is missing."""
+    p = pairs()
+    p.accept()  # the server side is held by this process, running as root
+    out = _setpriv_find_owner(readable_code, p, os.getpid(), caps)
+    assert out["uid"] == 65534
+    if caps == OWNER_CAPS:
+        assert (out["pid"], out["trusted"]) == (os.getpid(), True), out
+        assert out["unavailable"] is None
+        return
+    assert (out["pid"], out["trusted"]) == (None, False), out
+    missing = " and ".join(f"CAP_{c.upper()}" for c in OWNER_CAPS if c not in caps)
+    assert "permission denied" in str(out["detail"]) and f"lacks {missing})" in str(out["detail"]), out
+    assert f"without {missing}:" in str(out["unavailable"]), out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="root with all capabilities expected")

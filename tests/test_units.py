@@ -1,9 +1,10 @@
 """The unit files in units/: systemd's own checks, and the units really running in a user manager.
 
 - `systemd-analyze verify` (system and user manager) on every unit, any warning a failure.
-- `systemd-analyze security --offline=yes` on genready.service: exposure at most 3.0.
-- genready.service's exact [Service] hardening running a Python probe that does what the
-  daemon does (pystemd over D-Bus, sd_notify, /proc/net/tcp, another user's /proc/PID/fd).
+- `systemd-analyze security --offline=yes` on genready.service: exposure at most 2.0.
+- genready.service's exact [Service] hardening, as a non-root uid, running a Python probe that
+  does what the daemon does (pystemd over D-Bus, sd_notify, the real owner proof of a server
+  running as root: sock_diag over AF_NETLINK, /proc/PID/fd with the ambient capabilities).
 - genready-bench@.path/.service in the user manager: PathChanged per atomic rename,
   ExecCondition skips, no start limit.
 
@@ -16,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -34,7 +35,7 @@ from genready_dev.usermanager import UserManager
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 EXAMPLES = UNITS / "examples"
-MAX_EXPOSURE = 3.0
+MAX_EXPOSURE = 2.0  # 2.0 measured on systemd 252 (see the unit's comments)
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 
@@ -181,17 +182,19 @@ def test_security_exposure() -> None:
 
 PROBE = r'''
 """Does, under genready.service's hardening, what genready serve does; reports as STATUS=."""
-import json, os, signal, socket, sys, time
+import errno, json, os, signal, socket, sys, time
 
+from genready import owner  # the real owner proof, not a copy
 from genready.notify import Notifier  # sdnotify
 import aiohttp  # noqa: F401  (C extensions under MemoryDenyWriteExecute)
 import pystemd.dbuslib, pystemd.systemd1
 
-helper_pid, port, unit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-out = {"pid": os.getpid(), "watchdog_interval": Notifier.watchdog_interval()}
+server_pid, port, unit = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+out = {"pid": os.getpid(), "uid": os.geteuid(), "watchdog_interval": Notifier.watchdog_interval()}
 with open("/proc/self/status") as f:
     status = dict(line.split(":", 1) for line in f)
-out["CapBnd"] = int(status["CapBnd"], 16)
+for key in ("CapBnd", "CapAmb", "CapEff"):
+    out[key] = int(status[key], 16)
 out["NoNewPrivs"], out["Seccomp"] = int(status["NoNewPrivs"]), int(status["Seccomp"])
 try:
     with pystemd.dbuslib.DBus(user_mode=True) as bus:
@@ -200,24 +203,25 @@ try:
         out["main_pid"] = u.Service.MainPID
 except Exception as e:
     out["error"] = f"dbus: {e!r}"
-# Resolve a name the way aiohttp does (AI_ADDRCONFIG: glibc asks netlink, which is not among
-# the allowed address families, and falls back) and connect over TCP.
-addr = socket.getaddrinfo("localhost", port, socket.AF_INET, socket.SOCK_STREAM, 0,
-                          socket.AI_ADDRCONFIG)[0][4]
-with socket.create_connection(addr, timeout=5):
+# Resolve a name the way aiohttp does (AI_ADDRCONFIG: glibc asks netlink) and connect over TCP.
+addr = socket.getaddrinfo("localhost", port, socket.AF_INET, socket.SOCK_STREAM, 0, socket.AI_ADDRCONFIG)[0][4]
+with socket.create_connection(addr, timeout=5) as conn:
+    local, peer = conn.getsockname()[:2], conn.getpeername()[:2]
     out["connected"] = True
-inode = None
-with open("/proc/net/tcp") as f:
-    for row in f.readlines()[1:]:
-        fields = row.split()
-        if int(fields[1].split(":")[1], 16) == port and fields[3] == "0A":  # LISTEN
-            inode = fields[9]
-out["inode"] = inode
-try:
-    fds = os.listdir(f"/proc/{helper_pid}/fd")
-    out["owner_found"] = f"socket:[{inode}]" in [os.readlink(f"/proc/{helper_pid}/fd/{fd}") for fd in fds]
-except OSError as e:
-    out["error"] = f"fd: {e!r}"
+    try:  # the fast path on its own, to see whether the sandbox lets it work
+        owner._diag_row(owner._ip(peer[0]), peer[1], owner._ip(local[0]), local[1])
+        out["sock_diag"] = "ok"
+    except OSError as e:
+        out["sock_diag"] = errno.errorcode.get(e.errno or 0, str(e))
+    deadline = time.monotonic() + 10
+    while True:
+        found = owner.find_owner(local, peer, server_pid)
+        if not found.detail.startswith("not accepted yet") or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    out["owner"] = {"pid": found.pid, "trusted": found.trusted, "detail": found.detail}
+    out["diag_broken"] = owner._diag_broken
+out["unavailable"] = owner.owner_check_unavailable()
 
 n = Notifier()
 hup = False
@@ -233,6 +237,17 @@ while True:
         n.reloading(status="reloading")
         n.ready(status="reloaded")
 '''
+
+SERVER = """
+import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+s.listen()
+print(s.getsockname()[1], flush=True)
+held = []
+while True:
+    held.append(s.accept()[0])
+"""
 
 
 @pytest.fixture(scope="module")
@@ -254,17 +269,15 @@ def inaccessible_nodes(manager: UserManager) -> None:
 
 
 @pytest.fixture
-def nobody_listener() -> Iterator[tuple[int, int]]:
-    """(pid, port): a process of another user (nobody) holding a listening TCP socket, as an
-    LLM server run by its own user would."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        proc = subprocess.Popen(["sleep", "120"], pass_fds=[s.fileno()], user=65534, group=65534,
-                                extra_groups=[], stdin=subprocess.DEVNULL)
-        port = s.getsockname()[1]
+def root_server() -> Iterator[tuple[int, int]]:
+    """(pid, port): a server running as root that accepts and holds connections, as an LLM
+    server run by root would; genready's uid reads its /proc/PID/fd only with the capabilities."""
+    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     try:
-        yield proc.pid, port
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        assert ready, "the server did not print its port within 10 s"
+        yield proc.pid, int(proc.stdout.readline())
     finally:
         proc.kill()
         proc.wait(10)
@@ -284,6 +297,16 @@ def hardened_variant(text: str, *, exec_start: str, probe_dir: Path, manager: Us
             line = "ProtectHome=tmpfs"
         elif line == "WantedBy=multi-user.target":
             line = "WantedBy=default.target"
+        elif line.startswith("ConfigurationDirectory="):
+            # In a user manager (252) it is $XDG_CONFIG_HOME/genready, the very path of
+            # StateDirectory=, which DynamicUser= turns into a symlink into private/: the two
+            # collide (status 226/NAMESPACE). On a host they are /etc/genready and /var/lib/genready.
+            continue
+        elif line == "DynamicUser=yes":
+            # Still a DynamicUser= unit, but as a static uid (the man page: an existing user of
+            # the name User= gives is used): this manager's dbus-daemon turns away a uid it cannot
+            # resolve, and a dynamic uid resolves through nss-systemd only when PID 1 allocated it.
+            out.append("User=nobody")
         out.append(line)
         if line == "[Service]":
             # The test's runtime dir (bus, notify socket) and the probe live under /tmp, which
@@ -302,22 +325,39 @@ def status_json(manager: UserManager, unit: str) -> dict[str, object]:
     return data
 
 
-@pytest.mark.parametrize("caps", ["as shipped", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"])
+CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE = 1 << 2, 1 << 19
+
+# Each variant changes one thing of the shipped unit; the rest is the shipped hardening.
+VARIANTS = {
+    "as shipped": {},
+    "CAP_SYS_PTRACE only": {"CapabilityBoundingSet": "CAP_SYS_PTRACE", "AmbientCapabilities": "CAP_SYS_PTRACE"},
+    "CAP_DAC_READ_SEARCH only": {"CapabilityBoundingSet": "CAP_DAC_READ_SEARCH",
+                                 "AmbientCapabilities": "CAP_DAC_READ_SEARCH"},
+    "without AF_NETLINK": {"RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_hardened_genready_service_runs(
-    manager: UserManager, inaccessible_nodes: None, nobody_listener: tuple[int, int],
-    tmp_path: Path, caps: str,
+    manager: UserManager, inaccessible_nodes: None, root_server: tuple[int, int],
+    tmp_path: Path, variant: str,
 ) -> None:
-    """Under the shipped hardening: sd_notify works (READY=1 ends `systemctl start`, reload
-    goes RELOADING=1 … READY=1), pystemd talks D-Bus, and the owner proof reads /proc/net/tcp
-    and the fds of another user's process. With either capability alone it cannot."""
-    helper_pid, port = nobody_listener
-    unit = f"tu-genready-{'full' if caps == 'as shipped' else caps.lower().replace('_', '-')}.service"
+    """Under the shipped hardening, as the unit's transient (DynamicUser=) uid: sd_notify works
+    (READY=1 ends `systemctl start`, reload goes RELOADING=1 … READY=1), pystemd talks D-Bus,
+    and the real find_owner proves a server running as root, via sock_diag (AF_NETLINK).
+    With either capability alone it trusts nothing and names the missing one; without
+    AF_NETLINK it remembers sock_diag as unavailable and still proves it from /proc/net/tcp."""
+    server_pid, port = root_server
+    unit = f"tu-genready-{re.sub(r'[^a-z]+', '-', variant.lower())}.service"
+    tmp_path.chmod(0o755)  # the probe runs as the unit's own uid, not root
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
+    probe.chmod(0o644)
     text = (UNITS / "genready.service").read_text()
-    if caps != "as shipped":
-        text = re.sub(r"(?m)^CapabilityBoundingSet=.*$", f"CapabilityBoundingSet={caps}", text)
-    exec_start = f"{sys.executable} {probe} {helper_pid} {port} {unit}"
+    for key, value in VARIANTS[variant].items():
+        text, n = re.subn(rf"(?m)^{key}=.*$", f"{key}={value}", text)
+        assert n == 1, key
+    exec_start = f"{sys.executable} {probe} {server_pid} {port} {unit}"
     manager.install_unit(unit, hardened_variant(text, exec_start=exec_start, probe_dir=tmp_path,
                                                 manager=manager))
     try:
@@ -328,19 +368,29 @@ def test_hardened_genready_service_runs(
         out = status_json(manager, unit)
         assert props["ActiveState"] == "active"
         assert out["pid"] == out["main_pid"] == int(props["MainPID"]), out
+        assert out["uid"] != 0, out  # DynamicUser=yes
         assert out["watchdog_interval"] == 15.0  # WatchdogSec=30 reached the process
-        assert out["inode"] not in (None, "0")
         assert out["connected"] is True
         assert (out["NoNewPrivs"], out["Seccomp"]) == (1, 2)  # 2: a seccomp filter is loaded
-        if caps == "as shipped":
-            assert out["CapBnd"] == 1 << 2 | 1 << 19, out  # CAP_DAC_READ_SEARCH, CAP_SYS_PTRACE
-            assert out.get("owner_found") is True, out
+        found = out["owner"]
+        assert isinstance(found, dict)
+        if variant in ("as shipped", "without AF_NETLINK"):
+            assert out["CapBnd"] == out["CapAmb"] == out["CapEff"] == CAP_DAC_READ_SEARCH | CAP_SYS_PTRACE, out
+            assert (found["pid"], found["trusted"]) == (server_pid, True), out
+            assert out["unavailable"] is None, out
+        else:
+            missing = "CAP_DAC_READ_SEARCH" if variant == "CAP_SYS_PTRACE only" else "CAP_SYS_PTRACE"
+            assert (found["pid"], found["trusted"]) == (None, False), out
+            assert f"lacks {missing})" in found["detail"] and f"without {missing}:" in str(out["unavailable"]), out
+        if variant == "without AF_NETLINK":
+            assert (out["sock_diag"], out["diag_broken"]) == ("EAFNOSUPPORT", True), out
+        else:
+            assert (out["sock_diag"], out["diag_broken"]) == ("ok", False), out
+        if variant == "as shipped":
             manager.systemctl("reload", unit, timeout=30)
             wait_for(lambda: manager.show(unit, "StatusText")["StatusText"] == "reloaded", 10,
                      "StatusText=reloaded")
             assert manager.show(unit, "ActiveState")["ActiveState"] == "active"
-        else:
-            assert "owner_found" not in out and "Permission denied" in str(out.get("error")), out
     finally:
         manager.remove_unit(unit)
 

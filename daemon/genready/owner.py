@@ -117,6 +117,10 @@ def parse_tcp_line(line: str) -> TcpRow:
 # when nearly empty (the kernel walks its whole hash table) and grows with the connection count.
 # So the netlink lookup comes first and /proc/net/tcp is the fallback (no tcp_diag, seccomp, …).
 _diag_broken = False
+# Errors that say sock_diag cannot work in this process at all, so it is not tried again:
+# EPERM/EACCES (seccomp, an LSM), EAFNOSUPPORT (a unit's RestrictAddressFamilies= without
+# AF_NETLINK), EPROTONOSUPPORT (a kernel without NETLINK_SOCK_DIAG).
+_DIAG_UNAVAILABLE: Final = frozenset({errno.EPERM, errno.EACCES, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT})
 
 
 def _diag_row(local: _IP, lport: int, remote: _IP, rport: int) -> TcpRow | None:
@@ -190,10 +194,10 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
     if use_diag and not _diag_broken:
         try:
             row = _diag_row(lip, int(local[1]), rip, int(remote[1]))
-        except PermissionError:
-            _diag_broken = True  # seccomp or an LSM: don't pay for the attempt again
-        except OSError:
-            pass
+        except OSError as e:
+            # Don't pay for an attempt that cannot succeed again; other errors may be transient.
+            if e.errno in _DIAG_UNAVAILABLE:
+                _diag_broken = True
         else:
             if row is not None:
                 return row
@@ -367,12 +371,12 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
             gone = "" if os.path.exists(f"/proc/{main_pid}") else f"; main pid {main_pid} does not exist"
             detail = f"pid {pid} is not main pid {main_pid} or its descendant{who}{gone}"
         if trusted_denied:
-            detail += f"; permission denied reading fds of the unit's {_pids(denied[:trusted_denied])}"
+            detail += (f"; permission denied reading fds of the unit's {_pids(denied[:trusted_denied])}"
+                       f" ({_denied_because()})")
         return Owner(pid, False, detail)
     if denied:
-        return Owner(None, False, f"permission denied reading fds of {_pids(denied)} (needs root, or "
-                                  f"CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH); socket inode {row.inode} "
-                                  "not found elsewhere")
+        return Owner(None, False, f"permission denied reading fds of {_pids(denied)} ({_denied_because()}); "
+                                  f"socket inode {row.inode} not found elsewhere")
     return Owner(None, False, f"no process holds socket inode {row.inode} "
                               "(closed meanwhile, or held in another pid namespace)")
 
@@ -393,6 +397,28 @@ def _effective_caps() -> int:
     return 0
 
 
+def missing_capabilities() -> list[str]:
+    """The capabilities this process lacks to read other users' /proc/PID/fd, by name.
+
+    Measured: root without CAP_SYS_PTRACE can list another uid's /proc/PID/fd but not readlink
+    it; a non-root user with CAP_SYS_PTRACE alone cannot even open the directory (mode 0500).
+    """
+    caps = _effective_caps()
+    missing = []
+    if not caps & (1 << _CAP_SYS_PTRACE):
+        missing.append("CAP_SYS_PTRACE")
+    if not caps & ((1 << _CAP_DAC_READ_SEARCH) | (1 << _CAP_DAC_OVERRIDE)):
+        missing.append("CAP_DAC_READ_SEARCH")
+    return missing
+
+
+def _denied_because() -> str:
+    missing = missing_capabilities()
+    if missing:
+        return f"genready (uid {os.geteuid()}) lacks {' and '.join(missing)}"
+    return "although CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH are held: an LSM or another pid namespace?"
+
+
 def owner_check_unavailable() -> str | None:
     """Why this process cannot prove the owner of every server here, or None if it can.
 
@@ -405,14 +431,7 @@ def owner_check_unavailable() -> str | None:
         return "/proc is not mounted or not readable"
     if not os.access("/proc/net/tcp", os.R_OK):
         return "/proc/net/tcp is not readable"
-    caps = _effective_caps()
-    missing = []
-    # Measured: root without CAP_SYS_PTRACE can list another uid's /proc/PID/fd but not readlink
-    # it; a non-root user with CAP_SYS_PTRACE alone cannot even open the directory (mode 0500).
-    if not caps & (1 << _CAP_SYS_PTRACE):
-        missing.append("CAP_SYS_PTRACE")
-    if not caps & ((1 << _CAP_DAC_READ_SEARCH) | (1 << _CAP_DAC_OVERRIDE)):
-        missing.append("CAP_DAC_READ_SEARCH")
+    missing = missing_capabilities()
     if missing:
         uid = os.geteuid()
         return (f"running as uid {uid} without {' and '.join(missing)}: the fds of other users' processes "

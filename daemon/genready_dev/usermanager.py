@@ -34,6 +34,18 @@ exec {systemd} --user
 """
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 
+# A host's system bus admits every uid; a session bus only its owner. Sandboxed test units that
+# run as another user (genready.service has DynamicUser=yes) must reach this manager's bus the
+# way they reach the system bus, so its dbus-daemon admits any uid too (and the notify socket,
+# below, is made world-writable like a host's).
+_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <include>/usr/share/dbus-1/session.conf</include>
+  <policy context="default"><allow user="*"/></policy>
+</busconfig>
+"""
+
 
 def _hierarchies() -> list[Path]:
     """The cgroup hierarchies systemd uses here: v2 at the root, or name=systemd + unified (hybrid)."""
@@ -90,6 +102,13 @@ class UserManager:
         """Boot the manager and return once its bus answers; RuntimeError if it never does."""
         self.runtime_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.unit_dir.mkdir(parents=True, exist_ok=True)
+        bus_config = self.root / "bus.conf"
+        bus_config.write_text(_BUS_CONFIG)
+        dropin = self.unit_dir / "dbus.service.d"
+        dropin.mkdir(exist_ok=True)
+        (dropin / "any-uid.conf").write_text(
+            f"[Service]\nExecStart=\nExecStart=/usr/bin/dbus-daemon --config-file={bus_config} --address=systemd: "
+            "--nofork --nopidfile --systemd-activation --syslog-only\n")
         env = self.env
         env.pop("NOTIFY_SOCKET", None)  # a manager inside a unit must not notify that unit's manager
         env["SYSTEMD_LOG_TARGET"] = "console"  # there is no journald: keep the manager's log in a file
@@ -105,6 +124,9 @@ class UserManager:
                 raise RuntimeError(f"systemd --user exited ({self.proc.returncode}); see {self.log_path}")
             # is-system-running says "offline" here even when the manager works; this does not lie.
             if self.systemctl("show-environment", check=False, timeout=5).returncode == 0:
+                # A host's /run/systemd/notify admits every uid (a DynamicUser= unit's READY=1);
+                # the user manager made its own one 0755.
+                (self.runtime_dir / "systemd" / "notify").chmod(0o777)
                 return
             time.sleep(0.05)
         self.stop()
