@@ -1,0 +1,103 @@
+"""schedule.py in-process: which outcomes are retried fast, which back off, and the caps.
+
+No clocks and no sleeping: the schedule is pure, and jitter is pinned (or bounded) here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from genready.probe import Failure, ProbeResult
+from genready.schedule import FAST_RETRY, SLOW_ANSWER, Cost, Schedule, cost
+
+
+def failed(failure: Failure, status: int | None = None, seconds: float = 0.002) -> ProbeResult:
+    return ProbeResult(False, failure, "detail", None, seconds, 0, status)
+
+
+OK = ProbeResult(True, None, "1 token(s)", 4242, 0.01, 1, 200)
+REFUSED = failed(Failure.REFUSED)
+LOADING_503 = failed(Failure.HTTP_STATUS, 503)  # llama.cpp's {"message":"Loading model"}, at once
+TIMEOUT = failed(Failure.TIMEOUT, seconds=30.0)
+
+
+def schedule(initial: float = 0.25, maximum: float = 2.0) -> Schedule:
+    return Schedule(initial, maximum, jitter=lambda: 1.0)
+
+
+@pytest.mark.parametrize(("result", "expected"), [
+    (OK, Cost.SUCCESS),
+    (REFUSED, Cost.NOTHING),
+    (LOADING_503, Cost.CHEAP),
+    (failed(Failure.HTTP_STATUS, 500), Cost.CHEAP),
+    (failed(Failure.HTTP_STATUS, 502), Cost.CHEAP),
+    (failed(Failure.HTTP_STATUS, 503, seconds=SLOW_ANSWER + 0.1), Cost.COSTLY),  # slow: the server worked
+    (failed(Failure.HTTP_STATUS, 429), Cost.COSTLY),  # "too many requests": slow down
+    (failed(Failure.HTTP_STATUS, 408), Cost.COSTLY),
+    (failed(Failure.HTTP_STATUS, 401), Cost.REJECTED),
+    (failed(Failure.HTTP_STATUS, 404), Cost.REJECTED),
+    (failed(Failure.HTTP_STATUS, None), Cost.COSTLY),  # no status known: assume the worst
+    (TIMEOUT, Cost.COSTLY),
+    (failed(Failure.BAD_RESPONSE, 200), Cost.COSTLY),  # it generated (something)
+    (failed(Failure.FOREIGN_OWNER, 503), Cost.COSTLY),  # someone else's server: don't hammer it
+    (failed(Failure.STALE_INSTANCE), Cost.COSTLY),
+])
+def test_cost_of_each_outcome(result: ProbeResult, expected: Cost) -> None:
+    assert cost(result) is expected
+
+
+def test_refused_and_fast_503_retry_fast_without_growing() -> None:
+    s = schedule()
+    assert [s.after(REFUSED) for _ in range(20)] == [FAST_RETRY] * 20
+    assert [s.after(LOADING_503) for _ in range(20)] == [FAST_RETRY] * 20
+
+
+def test_timeouts_back_off_from_initial_doubling_to_max() -> None:
+    s = schedule(0.25, 2.0)
+    assert [s.after(TIMEOUT) for _ in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+
+
+def test_cheap_failures_between_costly_ones_neither_reset_nor_advance_the_backoff() -> None:
+    s = schedule(0.25, 2.0)
+    assert s.after(TIMEOUT) == 0.25
+    assert s.after(TIMEOUT) == 0.5
+    assert s.after(LOADING_503) == FAST_RETRY
+    assert s.after(REFUSED) == FAST_RETRY
+    assert s.after(TIMEOUT) == 1.0
+
+
+def test_success_resets_the_backoff_and_paces_warmup_at_backoff_initial() -> None:
+    s = schedule(0.25, 2.0)
+    for _ in range(5):
+        s.after(TIMEOUT)
+    assert s.after(OK) == 0.25
+    assert s.after(TIMEOUT) == 0.25
+
+
+def test_rejected_retries_at_backoff_max() -> None:
+    s = schedule(0.25, 2.0)
+    assert s.after(failed(Failure.HTTP_STATUS, 401)) == 2.0
+    assert s.after(TIMEOUT) == 0.25  # and does not advance the costly backoff
+
+
+def test_a_slow_server_gets_at_most_a_few_requests_per_second() -> None:
+    # Whatever it answers, a server that takes SLOW_ANSWER or more per answer is not retried fast.
+    s = schedule(0.25, 2.0)
+    slow = failed(Failure.HTTP_STATUS, 503, seconds=SLOW_ANSWER)
+    delays = [s.after(slow) for _ in range(10)]
+    rate = len(delays) / sum(d + SLOW_ANSWER for d in delays)
+    assert delays[0] == 0.25 and delays[-1] == 2.0
+    assert rate < 5
+
+
+def test_backoff_max_bounds_every_delay_even_the_fast_one() -> None:
+    s = Schedule(0.01, 0.05, jitter=lambda: 1.2)
+    for r in (REFUSED, LOADING_503, TIMEOUT, OK, failed(Failure.HTTP_STATUS, 400)):
+        assert s.after(r) <= 0.05
+
+
+def test_jitter_stays_within_bounds() -> None:
+    s = Schedule(0.25, 2.0)  # real random jitter
+    fast = [s.after(LOADING_503) for _ in range(200)]
+    assert min(fast) >= FAST_RETRY * 0.8 and max(fast) <= FAST_RETRY * 1.2
+    assert len(set(fast)) > 1  # it does vary: genreadys must not probe in lockstep
