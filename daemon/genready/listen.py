@@ -1,0 +1,113 @@
+"""Watch, rather than probe, for a loading server to start listening on its port.
+
+SGLang and vLLM bind their port only once the model is loaded: for minutes every probe is
+refused. A probe costs two systemd reads and a connection attempt; a sock_diag dump of the
+host's LISTEN sockets costs a fraction of that. So after a refused probe the gate asks this
+module to wait: it looks every WATCH_INTERVAL for a LISTEN socket on the target's port held by
+the unit's MainPID or a descendant, and returns the moment one appears, so a server that was
+refusing is probed within one watch interval of its listen(). Whatever the watch sees, the
+probe still proves everything itself; the watch only decides *when* to probe.
+
+It falls back to the schedule's plain delay when it cannot see the port: a target on another
+host, a URL that is not host:port, or a host without sock_diag (reading /proc/net/tcp instead
+costs milliseconds, more than the probe it would save). And while watching, a probe still goes
+out every `cap` seconds, in case the server listens where this namespace cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import time
+from typing import Final
+from urllib.parse import urlsplit
+
+from genready import owner
+
+log = logging.getLogger("genready.listen")
+
+WATCH_INTERVAL: Final = 0.1  # seconds between looks at the port while nothing listens
+
+
+def _is_local_host(host: str) -> bool:
+    """Is `host` an address of this machine (so its listening sockets are ours to see)? No DNS:
+    a name other than localhost counts as remote."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((host, 0))  # succeeds only for one of our own addresses
+        except OSError:
+            return False
+    return True
+
+
+def port_of(url: str) -> int | None:
+    """The TCP port of a target URL on this host, or None when the watch cannot apply."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    if port is None or not parts.hostname or not _is_local_host(parts.hostname):
+        return None
+    return port
+
+
+class ListenWatch:
+    """Is the unit's server listening on the target's port yet? One per target."""
+
+    def __init__(self, url: str) -> None:
+        self.port = port_of(url)
+        self.looks = 0  # sock_diag dumps made (for the bench and tests)
+        self._pid = 0
+        self._mine: dict[int, bool | None] = {}  # inode -> owner.unit_holds(inode, self._pid)
+
+    @property
+    def usable(self) -> bool:
+        return self.port is not None
+
+    def listening(self, main_pid: int) -> tuple[bool, bool]:
+        """(anything listens on the port, a listener is the unit's or cannot be told apart)."""
+        assert self.port is not None
+        self.looks += 1
+        try:
+            rows = owner.listeners(self.port)
+        except OSError as e:
+            log.info("cannot watch port %d for listeners (%s): probing on the plain schedule instead", self.port, e)
+            self.port = None
+            return True, True
+        if main_pid != self._pid:
+            self._pid, self._mine = main_pid, {}
+        ours = False
+        for row in rows:
+            if row.inode not in self._mine:
+                # One fd scan of the unit's processes per new listening socket, then remembered.
+                self._mine[row.inode] = owner.unit_holds(row.inode, main_pid)
+            ours = ours or self._mine[row.inode] is not False
+        return bool(rows), ours
+
+    async def pause(self, delay: float, main_pid: int, cap: float) -> None:
+        """Wait before the next probe after a refused one: `delay` if something listens already
+        (the refusal came from it), else until a listener of the unit's appears, at most `cap`."""
+        if not self.usable:
+            await asyncio.sleep(delay)
+            return
+        anything, _ = self.listening(main_pid)
+        if anything:
+            await asyncio.sleep(delay)
+            return
+        deadline = time.monotonic() + max(delay, cap)
+        while (left := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(WATCH_INTERVAL, left))
+            if not self.usable or self.listening(main_pid)[1]:
+                return

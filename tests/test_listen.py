@@ -1,0 +1,155 @@
+"""listen.py and owner.listeners against real sockets and real processes.
+
+The watch decides only when the next probe goes out; these tests check that it sees a
+listener appear (and whose it is), and that it falls back to the plain delay when it cannot see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from genready import compat, owner
+from genready.listen import ListenWatch, port_of
+
+# A process that listens on a port it prints, until its stdin closes.
+LISTENER = """
+import socket, sys
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
+print(s.getsockname()[1], flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def foreign_listener() -> Iterator[tuple[int, int]]:
+    """(pid, port) of a listener in a child process: not a descendant of any other child."""
+    p = subprocess.Popen([sys.executable, "-c", LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        yield p.pid, int(p.stdout.readline())
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+@pytest.fixture
+def bystander() -> Iterator[int]:
+    """The pid of an unrelated process, standing in for a unit's MainPID that does not listen."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(("url", "watchable"), [
+    ("http://127.0.0.1:30000", True),
+    ("http://localhost:8080/v1", True),
+    ("http://[::1]:30000", True),
+    ("http://0.0.0.0:30000", True),
+    ("http://127.0.0.1", True),  # port 80
+    ("http://192.0.2.1:30000", False),  # TEST-NET: not an address of this host
+    ("http://gpu-box.example:30000", False),  # a name: no DNS here, so not known to be local
+    ("unix:/run/vllm.sock", False),
+])
+def test_only_targets_on_this_host_are_watched(url: str, watchable: bool) -> None:
+    assert (port_of(url) is not None) is watchable
+
+
+def test_listeners_sees_ipv4_and_ipv6_listeners_and_agrees_with_proc() -> None:
+    with socket.socket() as s4, socket.socket(socket.AF_INET6) as s6, socket.socket() as connected:
+        s4.bind(("127.0.0.1", 0))
+        port = s4.getsockname()[1]
+        assert owner.listeners(port) == []  # bound, not yet listening
+        s4.listen()
+        s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            s6.bind(("::1", port))
+            s6.listen()
+            want = {("127.0.0.1", port), ("::1", port)}
+        except OSError:  # no IPv6 loopback here
+            want = {("127.0.0.1", port)}
+        connected.connect(("127.0.0.1", port))  # an established socket on the port is no listener
+        rows = owner.listeners(port)
+        assert {r.local for r in rows} == want
+        assert all(r.state == 10 and r.inode > 0 for r in rows)
+        assert sorted(rows, key=lambda r: r.inode) == sorted(owner.proc_listeners(port), key=lambda r: r.inode)
+        assert owner.listeners(port + 1 if port < 65535 else port - 1) == []
+
+
+def test_unit_holds_tells_the_unit_s_listener_from_a_foreign_one(foreign_listener: tuple[int, int],
+                                                                  bystander: int) -> None:
+    pid, port = foreign_listener
+    (row,) = owner.listeners(port)
+    assert owner.unit_holds(row.inode, pid) is True  # the main pid itself
+    assert owner.unit_holds(row.inode, os.getpid()) is True  # a descendant of the main pid
+    assert owner.unit_holds(row.inode, bystander) is False
+    assert owner.unit_holds(row.inode, 0) is None  # no main pid: cannot tell
+
+
+async def test_pause_returns_when_the_unit_starts_listening() -> None:
+    port = free_port()
+    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    pause = asyncio.ensure_future(watch.pause(0.01, os.getpid(), cap=60))
+    await until(lambda: watch.looks >= 3, "a few looks at the port")
+    assert not pause.done()  # nothing listens: it keeps watching
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        t0 = time.monotonic()
+        await compat.wait_for(pause, 10)  # far below the cap of 60 s
+    assert time.monotonic() - t0 < 10
+
+
+async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(foreign_listener: tuple[int, int],
+                                                                            bystander: int) -> None:
+    _, port = foreign_listener
+    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    # Something listens already at the start: the refusal came from it, so the plain delay applies.
+    t0 = time.monotonic()
+    await compat.wait_for(watch.pause(0.05, bystander, cap=60), 10)
+    assert time.monotonic() - t0 < 10 and watch.looks == 1
+
+
+async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_the_cap(bystander: int) -> None:
+    port = free_port()
+    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    pause = asyncio.ensure_future(watch.pause(0.01, bystander, cap=1.0))
+    await until(lambda: watch.looks >= 1, "the first look at the port")
+    with socket.socket() as s:  # held by this process: not the bystander's
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        t0 = time.monotonic()
+        await compat.wait_for(pause, 10)
+        looks = watch.looks
+    assert time.monotonic() - t0 > 0.5  # it kept waiting for the unit's own listener, up to the cap
+    assert looks >= 5
+
+
+async def test_pause_is_a_plain_sleep_for_a_target_it_cannot_see() -> None:
+    watch = ListenWatch("http://192.0.2.1:30000")
+    assert not watch.usable
+    await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
+    assert watch.looks == 0
