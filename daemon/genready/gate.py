@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +24,10 @@ from typing import NamedTuple, Protocol
 from genready.compat import StrEnum, wait_for
 from genready.config import TargetConfig
 from genready.history import History, from_iso, iso
+from genready.listen import ListenWatch
 from genready.probe import Failure, Prober, ProbeResult
 from genready.records import RecordStore, StartRecord
+from genready.schedule import Cost, Schedule, cost
 from genready.watcher import FreshReader, Snapshot
 
 log = logging.getLogger("genready.gate")
@@ -148,6 +149,7 @@ class TargetGate:
         self.listener = listener
         self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
+        self.listen = ListenWatch(cfg.url)
         self.snap: Snapshot | None = None
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
@@ -255,7 +257,7 @@ class TargetGate:
             self._task = asyncio.get_running_loop().create_task(self._probe_loop(want), name=f"probe-{self.name}")
 
     async def _probe_loop(self, inst: Instance) -> None:
-        delay = self.cfg.backoff_initial
+        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max)
         while self._probe_wanted() == inst:  # also guards against a cancellation lost in a race
             if self.verified and self.verified.instance == inst:
                 await asyncio.sleep(self.cfg.recheck_interval)
@@ -271,7 +273,6 @@ class TargetGate:
                         and self._verify(inst, result) and not self.cfg.recheck_interval):
                     self._set_state()
                     return
-                delay = self.cfg.backoff_initial
             else:
                 p.successes = 0
                 p.failures += 1
@@ -280,10 +281,16 @@ class TargetGate:
                     self._revoke(Revocation.RECHECK_FAILED)
             self._set_state()
             if not (self.verified and self.verified.instance == inst):
-                # Jitter keeps many genreadys (or targets) from probing in lockstep; backoff_max
-                # stays a bound, since it bounds how late a server that can generate is noticed.
-                await asyncio.sleep(min(self.cfg.backoff_max, delay * random.uniform(0.8, 1.2)))
-                delay = min(delay * 2, self.cfg.backoff_max)
+                await self._pause(schedule, result, inst)
+
+    async def _pause(self, schedule: Schedule, result: ProbeResult, inst: Instance) -> None:
+        """Wait before the next probe: as long as the schedule says for what `result` cost the
+        server, or, after a refused connection, until the server listens (listen.py)."""
+        delay = schedule.after(result)
+        if cost(result) is Cost.NOTHING:
+            await self.listen.pause(delay, inst.main_pid, cap=self.cfg.backoff_max)
+        else:
+            await asyncio.sleep(delay)
 
     async def _probe_once(self, inst: Instance) -> ProbeResult:
         """One generation with the instance proof around it: same instance before and after."""
@@ -299,6 +306,11 @@ class TargetGate:
         s = self.snap
         started = s.exec_main_start_us if s and (s.invocation_id, s.main_pid) == inst else 0
         result = await self.prober.probe(inst.main_pid, started_us=started, invocation_id=inst.invocation_id)
+        if not result.ok:
+            # Only a success needs the second read: a failure proves nothing to bracket, and while
+            # a server loads, failures come every fraction of a second (schedule.py). A change of
+            # instance meanwhile arrives as a D-Bus event and restarts probing anyway.
+            return result
         try:
             after = await self.fresh.read(self.unit)
         except Exception as e:
@@ -372,6 +384,7 @@ class TargetGate:
         await self.close()
         self.cfg = cfg
         self.prober = self._prober_factory(cfg)
+        self.listen = ListenWatch(cfg.url)
         if self.verified is not None:
             if self.ready:
                 self._revoke(Revocation.CONFIG_CHANGED)
