@@ -512,6 +512,27 @@ async def test_foreign_owner_outranks_the_failure_it_served(sim: Sim, unrelated_
     assert "HTTP 503" in r.detail and r.served_by_pid == ME
 
 
+async def test_a_repeated_5xx_from_a_proven_server_skips_the_owner_scan(sim: Sim, unrelated_pid: int) -> None:
+    # While loading, the same 503 comes several times a second: its owner is proven once per main
+    # pid; a new status, a 200 or another main pid is checked again (a 200 always is).
+    sim.mode = "503"
+    prober = Prober(target(sim.url, "sglang"))
+    try:
+        first, repeat = await prober.probe(ME), await prober.probe(ME)
+        assert first.served_by_pid == ME and first.status == 503, first
+        assert repeat.failure is Failure.HTTP_STATUS and repeat.served_by_pid is None, repeat
+        other = await prober.probe(unrelated_pid)  # another instance: proven anew, and it is not the unit's
+        assert other.failure is Failure.FOREIGN_OWNER, other
+        assert (await prober.probe(unrelated_pid)).failure is Failure.FOREIGN_OWNER  # never skipped: not proven
+        sim.mode = "ok"
+        ok = await prober.probe(ME)
+        assert ok.ok and ok.served_by_pid == ME, ok
+        sim.mode = "503"
+        assert (await prober.probe(ME)).served_by_pid == ME  # after a success: proven anew
+    finally:
+        await prober.close()
+
+
 async def test_owner_not_checked_when_disabled(sim: Sim, unrelated_pid: int) -> None:
     r = await probe_once(target(sim.url, "sglang", verify_owner=False), main_pid=unrelated_pid)
     assert r.ok and r.served_by_pid is None, r
