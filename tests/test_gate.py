@@ -139,6 +139,26 @@ def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserMa
         manager.systemctl("stop", unit)
 
 
+# backoff_max 30 s: a backoff schedule alone would notice these loads only after ~25 s.
+@pytest.mark.parametrize("shape", ["bind-late", "bind-early"])
+def test_a_loading_server_is_noticed_without_waiting_for_backoff_max(manager: UserManager, tmp_path: Path,
+                                                                     shape: str) -> None:
+    unit = f"tg-pace-{shape}.service"
+    flags = ["--load-seconds", "2", *(["--bind-early"] if shape == "bind-early" else [])]
+    g, _ = start_sim_target(manager, tmp_path, unit, *flags, backoff_initial=30.0, backoff_max=30.0)
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: ready_pid(g) == pid, 15, "ready soon after the load, far before backoff_max")
+        probes = g.status()["targets"]["t"]["probes"]
+        if shape == "bind-late":
+            assert probes == 2, probes  # refused once, then watched (not probed) until it listened
+        else:
+            assert probes > 3, probes  # the 503s were retried fast
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
 def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path: Path) -> None:
     unit = "tg-foreign.service"
     port = free_port()

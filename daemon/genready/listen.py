@@ -76,7 +76,7 @@ class ListenWatch:
     def usable(self) -> bool:
         return self.port is not None
 
-    def listening(self, main_pid: int) -> tuple[bool, bool]:
+    async def listening(self, main_pid: int) -> tuple[bool, bool]:
         """(anything listens on the port, a listener is the unit's or cannot be told apart)."""
         assert self.port is not None
         self.looks += 1
@@ -91,8 +91,9 @@ class ListenWatch:
         ours = False
         for row in rows:
             if row.inode not in self._mine:
-                # One fd scan of the unit's processes per new listening socket, then remembered.
-                self._mine[row.inode] = owner.unit_holds(row.inode, main_pid)
+                # One fd scan of the unit's processes per new listening socket, then remembered;
+                # in a thread, as a server with many processes and fds can take milliseconds.
+                self._mine[row.inode] = await asyncio.to_thread(owner.unit_holds, row.inode, main_pid)
             ours = ours or self._mine[row.inode] is not False
         return bool(rows), ours
 
@@ -102,12 +103,12 @@ class ListenWatch:
         if not self.usable:
             await asyncio.sleep(delay)
             return
-        anything, _ = self.listening(main_pid)
+        anything, _ = await self.listening(main_pid)
         if anything:
             await asyncio.sleep(delay)
             return
         deadline = time.monotonic() + max(delay, cap)
         while (left := deadline - time.monotonic()) > 0:
             await asyncio.sleep(min(WATCH_INTERVAL, left))
-            if not self.usable or self.listening(main_pid)[1]:
+            if not self.usable or (await self.listening(main_pid))[1]:
                 return
