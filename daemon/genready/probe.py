@@ -276,8 +276,8 @@ class Prober:
         self._host_header = f"{host}:{parts.port}" if parts.port else host
         self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
         self._model: str | None = None  # discovered from /v1/models; dropped after any failure
-        # (main pid, status) of the last 5xx whose server side was proven the unit's; see _probe.
-        self._proven_5xx: tuple[int, int] | None = None
+        # (start, status) of the last 5xx whose server side was proven the unit's; see _probe.
+        self._proven_5xx: tuple[UnitStart, int] | None = None
         self._open: set[_Conn] = set()
         self._closed = False
 
@@ -313,9 +313,9 @@ class Prober:
         owner: Owner | None = None
         # A failed answer's owner only names the culprit (foreign_owner); nothing is verified by it.
         # A loading server answers the same 5xx several times a second (schedule.py): once its
-        # owner was proven for this main pid, repeats skip the /proc scan, a fifth of the probe.
+        # owner was proven for this start, repeats skip the /proc scan, a fifth of the probe.
         status = outcome.status if isinstance(outcome, _Fail) else None
-        repeat = status is not None and status >= 500 and self._proven_5xx == (main_pid, status)
+        repeat = status is not None and status >= 500 and self._proven_5xx == (start, status)
         try:
             conn = att.conn
             if conn is not None and self._t.verify_owner and not att.refused and not repeat:
@@ -330,7 +330,7 @@ class Prober:
         result = self._result(outcome, owner, time.monotonic() - t0)
         if not repeat:
             proven = status is not None and status >= 500 and owner is not None and owner.trusted
-            self._proven_5xx = (main_pid, status) if proven and status is not None else None
+            self._proven_5xx = (start, status) if proven and status is not None else None
         if not result.ok:
             self._model = None  # the server may have been replaced: ask again next time
         return result
