@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from genready import compat, owner
-from genready.listen import ListenWatch, port_of
+from genready.listen import ListenWatch, in_our_netns, port_of
 
 # A process that listens on a port it prints, until its stdin closes.
 LISTENER = """
@@ -150,6 +150,27 @@ async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_th
 
 async def test_pause_is_a_plain_sleep_for_a_target_it_cannot_see() -> None:
     watch = ListenWatch("http://192.0.2.1:30000")
+    assert not watch.usable
+    await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
+    assert watch.looks == 0
+
+
+def test_a_unit_with_a_process_in_another_network_namespace_is_not_watched() -> None:
+    assert in_our_netns(os.getpid())
+    # A child in its own network namespace, as a container's server reached through NAT would be.
+    p = subprocess.Popen(["unshare", "--net", "sh", "-c", "sleep 60"], stdin=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 10
+        while in_our_netns(os.getpid()):  # until unshare has switched namespaces
+            assert time.monotonic() < end, "the child never left our network namespace"
+            time.sleep(0.01)
+    finally:
+        p.kill()
+        p.wait(10)
+
+
+async def test_owner_container_targets_are_not_watched() -> None:
+    watch = ListenWatch(f"http://127.0.0.1:{free_port()}", enabled=False)
     assert not watch.usable
     await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
     assert watch.looks == 0

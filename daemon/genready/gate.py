@@ -149,7 +149,7 @@ class TargetGate:
         self.listener = listener
         self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
-        self.listen = ListenWatch(cfg.url)
+        self.listen = ListenWatch(cfg.url, enabled=cfg.owner == "process")
         self.snap: Snapshot | None = None
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
@@ -384,7 +384,7 @@ class TargetGate:
         await self.close()
         self.cfg = cfg
         self.prober = self._prober_factory(cfg)
-        self.listen = ListenWatch(cfg.url)
+        self.listen = ListenWatch(cfg.url, enabled=cfg.owner == "process")
         if self.verified is not None:
             if self.ready:
                 self._revoke(Revocation.CONFIG_CHANGED)

@@ -9,9 +9,11 @@ refusing is probed within one watch interval of its listen(). Whatever the watch
 probe still proves everything itself; the watch only decides *when* to probe.
 
 It falls back to the schedule's plain delay when it cannot see the port: a target on another
-host, a URL that is not host:port, or a host without sock_diag (reading /proc/net/tcp instead
-costs milliseconds, more than the probe it would save). And while watching, a probe still goes
-out every `cap` seconds, in case the server listens where this namespace cannot see.
+host, a URL that is not host:port, a server in a container (owner = "container", or a process
+of the unit in another network namespace, reached through NAT), or a host without sock_diag
+(reading /proc/net/tcp instead costs milliseconds, more than the probe it would save). And
+while watching, a probe still goes out every `cap` seconds, in case the server listens where
+this namespace cannot see.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 import time
 from typing import Final
@@ -51,6 +54,22 @@ def _is_local_host(host: str) -> bool:
     return True
 
 
+def _netns(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def in_our_netns(main_pid: int) -> bool:
+    """Do the MainPID and all its descendants share genready's network namespace? A server in
+    another one listens where sock_diag here cannot see it."""
+    ours = _netns("self")
+    if ours is None:
+        return False
+    return all(_netns(pid) in (ours, None) for pid in (main_pid, *owner.descendants(main_pid)))
+
+
 def port_of(url: str) -> int | None:
     """The TCP port of a target URL on this host, or None when the watch cannot apply."""
     try:
@@ -66,8 +85,8 @@ def port_of(url: str) -> int | None:
 class ListenWatch:
     """Is the unit's server listening on the target's port yet? One per target."""
 
-    def __init__(self, url: str) -> None:
-        self.port = port_of(url)
+    def __init__(self, url: str, *, enabled: bool = True) -> None:
+        self.port = port_of(url) if enabled else None
         self.looks = 0  # sock_diag dumps made (for the bench and tests)
         self._pid = 0
         self._mine: dict[int, bool | None] = {}  # inode -> owner.unit_holds(inode, self._pid)
@@ -100,7 +119,7 @@ class ListenWatch:
     async def pause(self, delay: float, main_pid: int, cap: float) -> None:
         """Wait before the next probe after a refused one: `delay` if something listens already
         (the refusal came from it), else until a listener of the unit's appears, at most `cap`."""
-        if not self.usable:
+        if not self.usable or not await asyncio.to_thread(in_our_netns, main_pid):
             await asyncio.sleep(delay)
             return
         anything, _ = await self.listening(main_pid)

@@ -524,3 +524,8 @@ def unit_holds(inode: int, main_pid: int) -> bool | None:
         except PermissionError:
             unreadable = True
     return None if unreadable else False
+
+
+def descendants(main_pid: int) -> list[int]:
+    """main_pid's descendants (not main_pid itself), breadth first; [] if it is gone."""
+    return list(_descendants(main_pid))
