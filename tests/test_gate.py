@@ -148,7 +148,7 @@ def test_a_loading_server_is_noticed_without_waiting_for_backoff_max(manager: Us
     g, _ = start_sim_target(manager, tmp_path, unit, *flags, backoff_initial=30.0, backoff_max=30.0)
     try:
         pid, _ = show(manager, unit)
-        wait_for(lambda: ready_pid(g) == pid, 15, "ready soon after the load, far before backoff_max")
+        wait_for(lambda: g.ready_pid("t") == pid, 15, "ready soon after the load, far before backoff_max")
         probes = g.status()["targets"]["t"]["probes"]
         if shape == "bind-late":
             assert probes == 2, probes  # refused once, then watched (not probed) until it listened
