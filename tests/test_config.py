@@ -153,6 +153,29 @@ BAD: list[Bad] = [
         "a finite number > 0"),
     Bad("recheck-interval-nan", target(recheck_interval="nan"), f"{T}.recheck_interval", "number nan"),
     Bad("failure-threshold-zero", target(failure_threshold="0"), f"{T}.failure_threshold", "integer 0"),
+    # credentials, TLS, unix sockets (files that exist are tested below, with real files)
+    Bad("api-key-file-missing", target(api_key_file='"/nonexistent/genready.key"'), f"{T}.api_key_file",
+        "/nonexistent/genready.key: No such file or directory", "a readable file holding the API key"),
+    Bad("api-key-file-relative", target(api_key_file='"genready.key"'), f"{T}.api_key_file",
+        "string 'genready.key'", "an absolute path"),
+    Bad("api-key-credential-without-systemd", target(api_key_credential='"vllm-key"'),
+        f"{T}.api_key_credential", "credential 'vllm-key' but $CREDENTIALS_DIRECTORY is not set",
+        "$CREDENTIALS_DIRECTORY"),
+    Bad("api-key-credential-with-slash", target(api_key_credential='"a/b"'), f"{T}.api_key_credential",
+        "string 'a/b'", "a credential name"),
+    Bad("ca-file-with-http", target(ca_file='"/etc/ssl/certs/ca-certificates.crt"'), f"{T}.ca_file",
+        "url 'http://127.0.0.1:30000'", "an https:// url"),
+    Bad("tls-verify-with-http", target(tls_verify="false"), f"{T}.tls_verify", "url 'http://127.0.0.1:30000'"),
+    Bad("ca-file-missing", target(ca_file='"/nonexistent/ca.pem"').replace("http://", "https://"),
+        f"{T}.ca_file", "'/nonexistent/ca.pem'", "a readable PEM bundle"),
+    Bad("client-key-without-cert", target(client_key_file='"/k.pem"').replace("http://", "https://"),
+        f"{T}.client_cert_file", "nothing", "a client certificate"),
+    Bad("unix-relative", target().replace('"http://127.0.0.1:30000"', '"unix:run/vllm.sock"'), f"{T}.url",
+        "string 'unix:run/vllm.sock'", "unix:/absolute/path"),
+    Bad("path-prefix-with-http", target(path_prefix='"/v2"'), f"{T}.path_prefix", "'/v2'",
+        "no path_prefix with an http(s) URL"),
+    Bad("path-prefix-relative", target(path_prefix='"v2"').replace('"http://127.0.0.1:30000"', '"unix:/s"'),
+        f"{T}.path_prefix", "string 'v2'", 'an HTTP path starting with "/"'),
     # the file itself
     Bad("path-is-a-directory", Special.DIRECTORY, "", "Is a directory", "a readable TOML file"),
     Bad("file-missing", Special.MISSING, "", "No such file or directory", "a readable TOML file"),
@@ -354,7 +377,8 @@ def test_good_variants_parse(tmp_path: Path, text: str) -> None:
 def test_settings_tables_match_the_dataclasses() -> None:
     assert [s.name for s in config.DAEMON_SETTINGS] == [f.name for f in fields(config.DaemonConfig)]
     target_fields = [f.name for f in fields(config.TargetConfig)]
-    assert ["name", *(s.name for s in config.TARGET_SETTINGS)] == target_fields
+    # api_key is read from the file api_key_file/api_key_credential names: not a setting itself.
+    assert ["name", *(s.name for s in config.TARGET_SETTINGS), "api_key"] == target_fields
 
 
 @pytest.mark.parametrize("s", config.DAEMON_SETTINGS + config.TARGET_SETTINGS, ids=lambda s: s.name)
@@ -412,3 +436,83 @@ def test_tomli_w_can_print_every_default() -> None:
     """check-config prints with tomli_w; a default it cannot serialize would be a traceback."""
     cfg = config.parse(tomllib.loads(TARGET))
     assert tomllib.loads(tomli_w.dumps(cfg.to_toml_dict())) == cfg.to_toml_dict()
+
+
+# --- credentials: the key is read at load, never printed ------------------------------------------
+
+KEY = "sk-genready-test-4d9c1f"
+
+
+def test_api_key_file_is_read_stripped_and_never_printed(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text(f"  {KEY}\n")
+    path = materialize(tmp_path, target(api_key_file=f'"{key}"'))
+    assert config.load(path).targets["sglang"].api_key == KEY
+    assert KEY not in repr(config.load(path))
+    r = check_config("--config", str(path))
+    assert r.returncode == 0, r.stderr
+    assert KEY not in r.stdout + r.stderr
+    assert printed_config(r.stdout)["targets"]["sglang"]["api_key_file"] == str(key)
+
+
+def test_api_key_credential_reads_credentials_directory(tmp_path: Path) -> None:
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "vllm-key").write_text(KEY)
+    path = materialize(tmp_path, target(api_key_credential='"vllm-key"'))
+    r = check_config("--config", str(path), env=clean_env(CREDENTIALS_DIRECTORY=str(creds)))
+    assert r.returncode == 0, r.stderr
+    assert KEY not in r.stdout + r.stderr
+    (creds / "vllm-key").unlink()
+    r = check_config("--config", str(path), env=clean_env(CREDENTIALS_DIRECTORY=str(creds)))
+    assert r.returncode == 78
+    assert f"{T}.api_key_credential" in r.stderr and "No such file" in r.stderr
+
+
+@pytest.mark.parametrize(("content", "says"), [(b"", "empty"), (b"  \n", "empty"), (b"sk-first\nsk-second\n", "several lines"),
+                                               (b"\xff\xfe", "undecodable")])
+def test_unusable_api_key_file_is_exit_78_without_its_content(tmp_path: Path, content: bytes, says: str) -> None:
+    key = tmp_path / "key"
+    key.write_bytes(content)
+    r = check_config("--config", str(materialize(tmp_path, target(api_key_file=f'"{key}"'))))
+    assert r.returncode == 78, r
+    assert f"{T}.api_key_file" in r.stderr and says in r.stderr
+    assert "sk-" not in r.stderr
+
+
+def test_both_key_sources_is_an_error(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    with pytest.raises(config.ConfigError) as err:
+        config.load(materialize(tmp_path, target(api_key_file=f'"{key}"', api_key_credential='"k"')))
+    assert err.value.key == f"{T}.api_key_credential"
+
+
+def test_a_rotated_key_is_a_changed_config(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text(KEY)
+    path = materialize(tmp_path, target(api_key_file=f'"{key}"'))
+    before = config.load(path)
+    key.write_text(KEY + "-2")
+    assert config.load(path) != before
+
+
+def test_unix_url_and_path_prefix(tmp_path: Path) -> None:
+    content = target(path_prefix='"/api"').replace('"http://127.0.0.1:30000"', '"unix:/run/vllm/api.sock"')
+    t = config.load(materialize(tmp_path, content)).targets["sglang"]
+    assert (t.unix_path, t.path_prefix) == ("/run/vllm/api.sock", "/api")
+
+
+def test_tls_verify_false_is_a_warning(tmp_path: Path) -> None:
+    content = target(tls_verify="false").replace("http://", "https://")
+    t = config.load(materialize(tmp_path, content)).targets["sglang"]
+    assert t.warnings == ["tls_verify = false: the server's certificate is not checked"]
+
+
+def test_a_file_that_is_not_pem_is_a_config_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "ca.pem"
+    bogus.write_text("not a certificate\n")
+    content = target(ca_file=f'"{bogus}"').replace("http://", "https://")
+    r = check_config("--config", str(materialize(tmp_path, content)))
+    assert r.returncode == 78, r
+    assert f"{T}.ca_file" in r.stderr and "PEM" in r.stderr

@@ -11,7 +11,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -104,12 +104,13 @@ def _has_userinfo(v: str) -> bool:
 
 
 def _url(v: str) -> str | None:
-    expected = "an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000)"
+    expected = ("an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000), "
+                "or unix:/absolute/path of a unix socket")
+    if v.startswith("unix:"):
+        return None if os.path.isabs(v[5:]) and "\0" not in v else expected
     if _has_userinfo(v):
         # Never used for anything, and shown to every local user by /status and check-config.
-        where = ("put an API key in api_key_file" if any(t.name == "api_key_file" for t in TARGET_SETTINGS)
-                 else "genready sends none")
-        return f"a URL without user:password@ (credentials do not belong in a URL; {where})"
+        return "a URL without user:password@ (credentials do not belong in a URL; put an API key in api_key_file)"
     try:  # urlsplit itself raises on e.g. "http://[::1"; .port on a port outside 0-65535
         parts = urlsplit(v)
         port = parts.port
@@ -152,6 +153,17 @@ def _container_name(v: str) -> str | None:
     return None if ok else "a container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*), or empty"
 
 
+def _path_prefix(v: str) -> str | None:
+    return None if v == "" or (v.startswith("/") and "?" not in v and "#" not in v) else \
+        'an HTTP path starting with "/" (or "" for none)'
+
+
+def _credential_name(v: str) -> str | None:
+    # systemd's credential names are file names in $CREDENTIALS_DIRECTORY.
+    return None if v == "" or (v not in (".", "..") and "/" not in v and "\0" not in v) else \
+        "a credential name as in LoadCredential=NAME:… (no '/')"
+
+
 def _unit(v: str) -> str | None:
     """The unit name as systemd itself would accept it for a running service (plain or instance)."""
     prefix, dot, suffix = v.rpartition(".")
@@ -181,7 +193,7 @@ DAEMON_SETTINGS: Final = (
 
 TARGET_SETTINGS: Final = (
     Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", _unit),
-    Setting("url", str, _REQUIRED, "the server's base URL", _url),
+    Setting("url", str, _REQUIRED, 'the server\'s base URL, or "unix:/path" for a unix socket', _url),
     Setting("api", str, "sglang", 'how to generate: "sglang" | "openai-completions" | "openai-chat"',
             _one_of(apis.NAMES)),
     Setting("model", str, "", "model name for OpenAI APIs; empty: discovered from /v1/models"),
@@ -206,6 +218,17 @@ TARGET_SETTINGS: Final = (
             "owner = \"container\": the engine's API socket; empty: /var/run/docker.sock or "
             "/run/podman/podman.sock", _abs_path_or_empty),
     Setting("gate_startup", bool, True, "hold genready's own READY=1 until this target was verified"),
+    Setting("path_prefix", str, "", "for unix: URLs, the HTTP path the server's routes are under",
+            _path_prefix),
+    Setting("api_key_file", str, "", "file holding the server's API key, sent as Authorization: Bearer",
+            _abs_path_or_empty),
+    Setting("api_key_credential", str, "", "the same, from the systemd credential $CREDENTIALS_DIRECTORY/NAME",
+            _credential_name),
+    Setting("ca_file", str, "", "PEM bundle of CAs to trust for an https:// server, besides the system's",
+            _abs_path_or_empty),
+    Setting("tls_verify", bool, True, "verify the https:// server's certificate and name (false: warned)"),
+    Setting("client_cert_file", str, "", "PEM client certificate for mutual TLS", _abs_path_or_empty),
+    Setting("client_key_file", str, "", "its private key (if not in client_cert_file)", _abs_path_or_empty),
 )
 
 
@@ -247,6 +270,29 @@ class TargetConfig:
     container: str
     container_socket: str
     gate_startup: bool
+    path_prefix: str = ""
+    api_key_file: str = ""
+    api_key_credential: str = ""
+    ca_file: str = ""
+    tls_verify: bool = True
+    client_cert_file: str = ""
+    client_key_file: str = ""
+    # The key itself, read at load: compared (a rotated key is a changed config on SIGHUP) but
+    # never printed (repr=False; to_toml_dict writes only the table's keys).
+    api_key: str = field(default="", repr=False)
+
+    @property
+    def unix_path(self) -> str | None:
+        """The socket path of a unix: URL, else None."""
+        return self.url[5:] if self.url.startswith("unix:") else None
+
+    @property
+    def warnings(self) -> list[str]:
+        """Settings that weaken what a verified start proves; logged and shown in /status."""
+        out = []
+        if not self.tls_verify and self.url.startswith("https:"):
+            out.append("tls_verify = false: the server's certificate is not checked")
+        return out
 
 
 @dataclass(frozen=True)
@@ -257,10 +303,7 @@ class Config:
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective config, defaults filled in, in the file's own shape."""
-        targets = {
-            name: {f.name: getattr(t, f.name) for f in fields(t) if f.name != "name"}
-            for name, t in self.targets.items()
-        }
+        targets = {name: {s.name: getattr(t, s.name) for s in TARGET_SETTINGS} for name, t in self.targets.items()}
         daemon = {f.name: getattr(self.daemon, f.name) for f in fields(self.daemon)}
         return {"daemon": daemon, "targets": targets}
 
@@ -352,8 +395,67 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
         if values["backoff_max"] < values["backoff_initial"]:
             raise ConfigError(file, f"targets.{name}.backoff_max", "a number >= backoff_initial",
                               repr(values["backoff_max"]))
-        targets[name] = TargetConfig(name=name, **values)
+        _check_transport(file, f"targets.{name}", values)
+        targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values), **values)
     return Config(path=file, daemon=daemon, targets=targets)
+
+
+def _check_transport(file: str, prefix: str, v: dict[str, Any]) -> None:
+    """Keys that only make sense together, and TLS files that must load."""
+    unix, https = v["url"].startswith("unix:"), v["url"].startswith("https:")
+    if v["path_prefix"] and not unix:
+        raise ConfigError(file, f"{prefix}.path_prefix", "no path_prefix with an http(s) URL (put the path "
+                          "in the url)", repr(v["path_prefix"]))
+    for key in ("ca_file", "client_cert_file", "client_key_file"):
+        if v[key] and not https:
+            raise ConfigError(file, f"{prefix}.{key}", "an https:// url for TLS settings", f"url {v['url']!r}")
+    if not v["tls_verify"] and not https:
+        raise ConfigError(file, f"{prefix}.tls_verify", "an https:// url for TLS settings", f"url {v['url']!r}")
+    if v["client_key_file"] and not v["client_cert_file"]:
+        raise ConfigError(file, f"{prefix}.client_cert_file", "a client certificate for client_key_file",
+                          "nothing")
+    if https:
+        from genready import tls
+
+        try:
+            tls.client_context(v["ca_file"], v["tls_verify"], v["client_cert_file"], v["client_key_file"])
+        except tls.TlsSetupError as e:
+            raise ConfigError(file, f"{prefix}.{e.key}", e.problem, repr(v[e.key])) from None
+
+
+def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:
+    """The API key from api_key_file or api_key_credential, stripped; "" if neither is set."""
+    if v["api_key_file"] and v["api_key_credential"]:
+        raise ConfigError(file, f"{prefix}.api_key_credential", "api_key_file or api_key_credential, not both",
+                          "both")
+    if v["api_key_file"]:
+        key, path = f"{prefix}.api_key_file", v["api_key_file"]
+    elif v["api_key_credential"]:
+        key, name = f"{prefix}.api_key_credential", v["api_key_credential"]
+        creds = os.environ.get("CREDENTIALS_DIRECTORY", "")
+        if not creds:
+            raise ConfigError(file, key, "$CREDENTIALS_DIRECTORY, set by systemd for a service with "
+                              f"LoadCredential={name}:PATH (or LoadCredentialEncrypted=)",
+                              f"credential {name!r} but $CREDENTIALS_DIRECTORY is not set")
+        path = os.path.join(creds, name)
+    else:
+        return ""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(file, key, "a readable file holding the API key",
+                          f"{path}: {e.strerror or e}") from None
+    try:
+        secret = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(file, key, "a UTF-8 text file holding the API key", f"{path}: undecodable bytes") from None
+    # Never echo the content: an error names the file and what is wrong with it, nothing more.
+    if not secret:
+        raise ConfigError(file, key, "a file holding the API key", f"{path}: empty")
+    if not (secret.isascii() and secret.isprintable()):  # it goes into an HTTP header
+        raise ConfigError(file, key, "one line of printable ASCII (the API key)",
+                          f"{path}: several lines or non-ASCII characters")
+    return secret
 
 
 def resolve_path(cli_path: str | None) -> Path:

@@ -2,7 +2,9 @@
 
 Tests, the demo and users' dry runs need a server that fails the way real ones do, on demand:
 late bind, early bind with 503s, an old process that keeps answering after SIGTERM, crashes,
-hangs, failing generations, slow tokens, two processes on one port. Each is one flag.
+hangs, failing generations, slow tokens, two processes on one port. Each is one flag. So is
+what real deployments add: an API key, TLS (mutual too), a unix socket, a model without a chat
+template, several models, a server that refuses every generation with one 4xx status.
 
 It never reveals its PID in a response: genready has to prove who answered on its own.
 Lifecycle events go to stderr, one flushed line each:
@@ -16,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import signal
 import socket
+import ssl
+import stat
 import sys
 import time
 import uuid
@@ -172,12 +177,25 @@ def native_error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-_OPENAI_ERROR_TYPES = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+_OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
+                       503: "ServiceUnavailableError"}
+# vLLM's answer to a chat request for a model whose tokenizer has no chat template.
+NO_CHAT_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide "
+                    "a chat template if the tokenizer does not define one.")
 
 
 def openai_error(status: int, message: str) -> web.Response:
-    return web.json_response({"object": "error", "message": message, "type": _OPENAI_ERROR_TYPES[status],
+    return web.json_response({"object": "error", "message": message,
+                              "type": _OPENAI_ERROR_TYPES.get(status, "BadRequestError"),
                               "param": None, "code": status}, status=status)
+
+
+def rejection(status: int) -> web.Response:
+    """--reject: FastAPI's shape for a validation error (422), a plain detail otherwise."""
+    if status == 422:
+        return web.json_response({"detail": [{"type": "missing", "loc": ["body", "input"], "msg": "Field required",
+                                              "input": None}]}, status=status)
+    return web.json_response({"detail": f"simulated refusal (--reject {status})"}, status=status)
 
 
 ErrorFn = Callable[[int, str], web.Response]
@@ -196,6 +214,7 @@ class Simulator:
         self._stop = asyncio.Event()
         self._exit_at: float | None = None
         self._runner: compat.AppRunner | None = None
+        self._uds_bound: str | None = None
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -211,6 +230,9 @@ class Simulator:
         life.cancel()
         await asyncio.wait([life])  # its failure, if any, was logged by _lifecycle_done
         await self._runner.cleanup()
+        if self._uds_bound:
+            with contextlib.suppress(OSError):
+                os.unlink(self._uds_bound)
         self.log("exiting", code=self.exit_code)
         return self.exit_code
 
@@ -240,6 +262,19 @@ class Simulator:
 
     async def _bind(self) -> None:
         a = self.a
+        sock = self._unix_socket(a.uds) if a.uds else self._tcp_socket()
+        assert self._runner is not None
+        # SockSite listens on our socket as is: the bind happens exactly when we say.
+        await compat.sock_site(self._runner, sock, ssl_context=self._tls()).start()
+        if a.uds:
+            self.log("bound", addr=f"unix:{a.uds}", tls=a.tls_cert is not None)
+            return
+        host, port = sock.getsockname()[:2]
+        self.log("bound", addr=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+                 reuse_port=a.reuse_port, tls=a.tls_cert is not None)
+
+    def _tcp_socket(self) -> socket.socket:
+        a = self.a
         infos = socket.getaddrinfo(a.host, a.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, type_, proto, _, addr = infos[0]
         sock = socket.socket(family, type_, proto)
@@ -252,12 +287,36 @@ class Simulator:
         except OSError as e:
             sock.close()
             raise OSError(e.errno, f"cannot bind {a.host}:{a.port}: {e.strerror}") from e
-        assert self._runner is not None
-        # SockSite listens on our socket as is: the bind happens exactly when we say.
-        await compat.sock_site(self._runner, sock).start()
-        host, port = sock.getsockname()[:2]
-        self.log("bound", addr=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-                 reuse_port=a.reuse_port)
+        return sock
+
+    def _unix_socket(self, path: str) -> socket.socket:
+        # Like uvicorn (vLLM --uds): a socket file left by a dead server is replaced; any
+        # other file at the path is an error, never deleted.
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise OSError(17, f"cannot bind unix:{path}: not a socket file")
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(path)
+            sock.setblocking(False)
+        except OSError as e:
+            sock.close()
+            raise OSError(e.errno, f"cannot bind unix:{path}: {e.strerror}") from e
+        self._uds_bound = path
+        return sock
+
+    def _tls(self) -> ssl.SSLContext | None:
+        a = self.a
+        if a.tls_cert is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(a.tls_cert, a.tls_key)
+        if a.tls_client_ca:
+            # vLLM's --ssl-ca-certs with --ssl-cert-reqs 2: mutual TLS.
+            ctx.load_verify_locations(a.tls_client_ca)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
 
     def _on_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
@@ -289,7 +348,18 @@ class Simulator:
                 await self._forever()
             return await handler(request)
 
-        app = web.Application(middlewares=[hang])
+        @web.middleware
+        async def api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+            # SGLang's --api-key: only /health* goes through without the key (Bearer or x-api-key).
+            key = self.a.api_key
+            if key is None or request.path.startswith("/health"):
+                return await handler(request)
+            given = request.headers.get("Authorization", "")
+            if given == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+                return await handler(request)
+            return web.json_response({"error": "Unauthorized"}, status=401)
+
+        app = web.Application(middlewares=[hang, api_key])
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/health", self.health)
@@ -323,6 +393,8 @@ class Simulator:
         """The checks every generation passes, in the order SGLang makes them: ready, valid, ok."""
         if not self.loaded:
             return error(503, "the model is still loading")
+        if self.a.reject is not None:
+            return rejection(self.a.reject)
         try:
             raw = await request.read()
             try:
@@ -337,10 +409,9 @@ class Simulator:
         return req
 
     async def models(self, request: web.Request) -> web.Response:
-        m = self.a.model
         return web.json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": self._created, "owned_by": "sglang", "root": m,
-             "max_model_len": CONTEXT_LENGTH}]})
+             "max_model_len": CONTEXT_LENGTH} for m in (self.a.model, *self.a.extra_model)]})
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.a.model, "tokenizer_path": self.a.model,
@@ -414,6 +485,8 @@ class Simulator:
         req = await self._admit(request, parse_chat, openai_error)
         if isinstance(req, web.Response):
             return req
+        if self.a.no_chat_template:
+            return openai_error(400, NO_CHAT_TEMPLATE)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.a.model}
         usage = _usage(req.prompt_tokens, req.max_tokens)
 
@@ -477,6 +550,19 @@ def _port(s: str) -> int:
     return v
 
 
+def _client_error(s: str) -> int:
+    v = int(s)
+    if not 400 <= v <= 499:
+        raise argparse.ArgumentTypeError(f"must be a 4xx status, not {s!r}")
+    return v
+
+
+def _file(s: str) -> str:
+    if not os.access(s, os.R_OK):
+        raise argparse.ArgumentTypeError(f"cannot read {s!r}")
+    return s
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=_port, default=30000,
@@ -503,9 +589,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds per generated token, also paces streamed chunks (default: %(default)s)")
     p.add_argument("--reuse-port", action="store_true",
                    help="set SO_REUSEPORT so an old and a new process can listen on the port at once")
+    p.add_argument("--uds", metavar="PATH", help="listen on this unix socket instead of --host/--port "
+                   "(vLLM --uds, llama.cpp --host PATH.sock); a stale socket file there is replaced")
+    p.add_argument("--api-key", metavar="KEY", help="answer 401 {\"error\":\"Unauthorized\"} to every request "
+                   "without `Authorization: Bearer KEY` (or x-api-key: KEY), except /health* (SGLang --api-key)")
+    p.add_argument("--tls-cert", type=_file, metavar="PEM", help="serve HTTPS with this certificate (chain); "
+                   "needs --tls-key (SGLang/vLLM --ssl-certfile)")
+    p.add_argument("--tls-key", type=_file, metavar="PEM", help="the certificate's private key (--ssl-keyfile)")
+    p.add_argument("--tls-client-ca", type=_file, metavar="PEM", help="mutual TLS: require a client certificate "
+                   "signed by this CA (vLLM --ssl-ca-certs with --ssl-cert-reqs 2)")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="answer chat completions 400 like vLLM for a model without a chat template")
+    p.add_argument("--extra-model", action="append", default=[], metavar="NAME",
+                   help="list another model in /v1/models (repeatable), as a server with LoRA adapters does")
+    p.add_argument("--reject", type=_client_error, metavar="STATUS",
+                   help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
 
 
 def main(args: argparse.Namespace) -> int:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        print("genready simulate: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.tls_client_ca and not args.tls_cert:
+        print("genready simulate: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        return 2
     return asyncio.run(Simulator(args).run())
 
 
