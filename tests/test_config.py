@@ -469,8 +469,9 @@ def test_api_key_credential_reads_credentials_directory(tmp_path: Path) -> None:
     assert f"{T}.api_key_credential" in r.stderr and "No such file" in r.stderr
 
 
-@pytest.mark.parametrize(("content", "says"), [(b"", "empty"), (b"  \n", "empty"), (b"sk-first\nsk-second\n", "several lines"),
-                                               (b"\xff\xfe", "undecodable")])
+@pytest.mark.parametrize(("content", "says"), [
+    (b"", "empty"), (b"  \n", "empty"), (b"sk-first\nsk-second\n", "several lines"), (b"\xff\xfe", "undecodable"),
+])
 def test_unusable_api_key_file_is_exit_78_without_its_content(tmp_path: Path, content: bytes, says: str) -> None:
     key = tmp_path / "key"
     key.write_bytes(content)

@@ -45,11 +45,11 @@ async def probe_once(t: TargetConfig, main_pid: int = ME, **kw: Any) -> ProbeRes
 
 def ok_doc(path: str, model: str) -> dict[str, Any]:
     usage = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
-    if path == "/generate":
+    if path.endswith("/generate"):
         return {"text": " OK", "output_ids": [11],
                 "meta_info": {"id": "a", "finish_reason": {"type": "length"}, "prompt_tokens": 3,
                               "completion_tokens": 1, "e2e_latency": 0.01}}
-    if path == "/v1/completions":
+    if path.endswith("/v1/completions"):
         return {"id": "c", "object": "text_completion", "model": model,
                 "choices": [{"index": 0, "text": " OK", "finish_reason": "length"}], "usage": usage}
     return {"id": "c", "object": "chat.completion", "model": model,
@@ -58,9 +58,9 @@ def ok_doc(path: str, model: str) -> dict[str, Any]:
 
 
 def zero_doc(path: str) -> dict[str, Any]:
-    if path == "/generate":
+    if path.endswith("/generate"):
         return {"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}
-    if path == "/v1/completions":
+    if path.endswith("/v1/completions"):
         return {"choices": [{"index": 0, "text": ""}], "usage": {"completion_tokens": 0}}
     return {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}}],
             "usage": {"completion_tokens": 0}}
@@ -77,15 +77,23 @@ class Sim:
     client_ports: list[int] = field(default_factory=list)
     url: str = ""
     release: asyncio.Event = field(default_factory=asyncio.Event)  # ends "hang" handlers at teardown
+    key: str = ""  # if set, generations without `Authorization: Bearer KEY` get 401
+    auth: list[str | None] = field(default_factory=list)  # the Authorization header of each request
+    status_body: str = '{"detail": "refused"}'  # the body for mode "status:NNN"
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append((request.path, body))
+        self.auth.append(request.headers.get("Authorization"))
+        if self.key and request.headers.get("Authorization") != f"Bearer {self.key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
         peer = request.transport.get_extra_info("peername") if request.transport else None
         self.client_ports.append(peer[1] if peer else -1)
-        if request.path != "/generate" and body.get("model") != self.model:
+        if not request.path.endswith("/generate") and body.get("model") != self.model:
             return web.json_response({"object": "error", "message": "model not found"}, status=404)
         mode = self.mode
+        if mode.startswith("status:"):
+            return web.Response(status=int(mode[7:]), text=self.status_body)
         if mode == "ok":
             return web.json_response(ok_doc(request.path, self.model))
         if mode == "chunked":
@@ -115,6 +123,11 @@ class Sim:
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         self.seen.append((request.path, None))
+        self.auth.append(request.headers.get("Authorization"))
+        if self.models_mode == "401":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        if self.models_mode == "two":
+            return web.json_response({"object": "list", "data": [{"id": self.model}, {"id": "lora-a"}]})
         if self.models_mode == "ok":
             return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
         if self.models_mode == "503":
@@ -400,10 +413,10 @@ async def test_http_503(sim: Sim, api: str) -> None:
 
 
 @pytest.mark.parametrize("api", OPENAI)
-async def test_unknown_model_is_http_status(sim: Sim, api: str) -> None:
+async def test_unknown_model_is_rejected(sim: Sim, api: str) -> None:
     r = await probe_once(target(sim.url, api, model="nope"))
-    assert r.failure is Failure.HTTP_STATUS, r
-    assert "HTTP 404" in r.detail and "model not found" in r.detail
+    assert r.failure is Failure.REJECTED, r
+    assert "HTTP 404" in r.detail and "model not found" in r.detail and "set model" in r.detail
 
 
 # --- bad_response -------------------------------------------------------------------------------
@@ -486,7 +499,7 @@ async def test_rediscovery_after_a_failure(sim: Sim, api: str) -> None:
         assert [p for p, _ in sim.seen].count("/v1/models") == 1  # cached while it works
         sim.model = "m2"  # the server was replaced by one serving another model
         r = await prober.probe(ME)
-        assert r.failure is Failure.HTTP_STATUS, r
+        assert r.failure is Failure.REJECTED, r
         r = await prober.probe(ME)
         assert r.ok, r
         assert sim.generations()[-1][1]["model"] == "m2"
@@ -566,3 +579,185 @@ async def test_a_closed_prober_refuses_to_probe(sim: Sim) -> None:
     await prober.close()
     with pytest.raises(RuntimeError):
         await prober.probe(ME)
+
+
+# --- rejected: the server is up and refuses the probe ---------------------------------------------
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 413, 422])
+async def test_client_errors_are_rejected(sim: Sim, status: int) -> None:
+    sim.mode = f"status:{status}"
+    r = await probe_once(target(sim.url, "sglang"))
+    assert r.failure is Failure.REJECTED, r
+    assert f"HTTP {status}" in r.detail and "refused" in r.detail  # the server's answer, excerpted
+    assert r.served_by_pid == ME
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503])
+async def test_errors_the_server_may_get_over_stay_http_status(sim: Sim, status: int) -> None:
+    sim.mode = f"status:{status}"
+    r = await probe_once(target(sim.url, "sglang"))
+    assert r.failure is Failure.HTTP_STATUS, r
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_401_without_a_key_says_set_api_key_file(sim: Sim, api: str) -> None:
+    sim.key = "sk-right"
+    r = await probe_once(target(sim.url, api, model="m1"))
+    assert r.failure is Failure.REJECTED, r
+    assert "HTTP 401" in r.detail and "Unauthorized" in r.detail and "set api_key_file" in r.detail
+
+
+async def test_a_wrong_key_says_the_key_was_refused(sim: Sim) -> None:
+    sim.key = "sk-right"
+    r = await probe_once(target(sim.url, api_key="sk-wrong"))
+    assert r.failure is Failure.REJECTED, r
+    assert "refused the API key" in r.detail and "sk-wrong" not in r.detail
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_the_key_goes_with_discovery_and_generation(sim: Sim, api: str) -> None:
+    sim.key = "sk-right"
+    r = await probe_once(target(sim.url, api, api_key="sk-right"))
+    assert r.ok, r
+    assert sim.auth == ["Bearer sk-right", "Bearer sk-right"]  # GET /v1/models, then the generation
+
+
+async def test_no_key_no_header(sim: Sim) -> None:
+    assert (await probe_once(target(sim.url))).ok
+    assert sim.auth == [None]
+
+
+async def test_chat_without_template_says_use_completions(sim: Sim) -> None:
+    sim.mode, sim.status_body = "status:400", json.dumps({"object": "error", "message": (
+        "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat "
+        "template if the tokenizer does not define one."), "type": "BadRequestError", "code": 400})
+    r = await probe_once(target(sim.url, "openai-chat"))
+    assert r.failure is Failure.REJECTED, r
+    assert 'use api = "openai-completions"' in r.detail
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_two_models_are_not_guessed(sim: Sim, api: str) -> None:
+    sim.models_mode = "two"
+    r = await probe_once(target(sim.url, api))
+    assert r.failure is Failure.REJECTED, r
+    assert "'m1'" in r.detail and "'lora-a'" in r.detail and "set model" in r.detail
+    assert sim.generations() == []
+
+
+async def test_discovery_401_is_rejected(sim: Sim) -> None:
+    sim.models_mode = "401"  # vLLM guards /v1/models too
+    r = await probe_once(target(sim.url, "openai-chat"))
+    assert r.failure is Failure.REJECTED, r
+    assert r.detail.startswith("model discovery") and "set api_key_file" in r.detail
+
+
+# --- unix sockets -------------------------------------------------------------------------------
+
+@pytest.fixture
+async def unix_sim(tmp_path: Any) -> AsyncIterator[tuple[Sim, str]]:
+    sim = Sim()
+    app = web.Application()
+    app.router.add_post("/api/generate", sim.generate)
+    app.router.add_get("/api/v1/models", sim.models)
+    app.router.add_post("/api/v1/completions", sim.generate)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    path = str(tmp_path / "llm.sock")
+    await web.UnixSite(runner, path).start()
+    yield sim, path
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("api", ["sglang", "openai-completions"])
+async def test_unix_socket_with_owner_proof(unix_sim: tuple[Sim, str], api: str) -> None:
+    sim, path = unix_sim
+    r = await probe_once(target(f"unix:{path}", api, path_prefix="/api"))
+    assert r.ok, r
+    assert sim.generations()
+    assert r.served_by_pid == ME and "SO_PEERCRED" in r.detail
+
+
+async def test_unix_socket_of_a_foreign_process(unix_sim: tuple[Sim, str], unrelated_pid: int) -> None:
+    _, path = unix_sim
+    r = await probe_once(target(f"unix:{path}", path_prefix="/api"), main_pid=unrelated_pid)
+    assert r.failure is Failure.FOREIGN_OWNER, r
+    assert f"pid {ME} listens on the socket" in r.detail
+
+
+async def test_unix_socket_nobody_listens(tmp_path: Any) -> None:
+    r = await probe_once(target(f"unix:{tmp_path}/none.sock"))
+    assert r.failure is Failure.REFUSED, r
+    assert "No such file" in r.detail
+
+
+# --- TLS ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from tests.pki import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+async def start_tls_sim(cert: Any, key: Any, client_ca: Any = None) -> tuple[Sim, web.AppRunner]:
+    import ssl
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    if client_ca is not None:
+        ctx.load_verify_locations(str(client_ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    sim = Sim()
+    app = web.Application()
+    app.router.add_post("/generate", sim.generate)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
+    await site.start()
+    sim.url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    return sim, runner
+
+
+async def test_tls_with_ca_file(pki: Any) -> None:
+    sim, runner = await start_tls_sim(pki.server_cert, pki.server_key)
+    try:
+        r = await probe_once(target(sim.url, ca_file=str(pki.ca)))
+        assert r.ok and r.served_by_pid == ME, r
+        r = await probe_once(target(sim.url))  # the system store does not know our CA
+        assert r.failure is Failure.TLS, r
+        assert "certificate verify failed: unable to get local issuer certificate" in r.detail
+        assert "set ca_file" in r.detail
+    finally:
+        await runner.cleanup()
+
+
+async def test_self_signed_is_tls_not_refused(pki: Any) -> None:
+    sim, runner = await start_tls_sim(pki.self_signed_cert, pki.self_signed_key)
+    try:
+        r = await probe_once(target(sim.url))
+        assert r.failure is Failure.TLS, r
+        assert "certificate verify failed: self-signed certificate" in r.detail
+        r = await probe_once(target(sim.url, tls_verify=False))
+        assert r.ok, r
+    finally:
+        await runner.cleanup()
+
+
+async def test_mutual_tls(pki: Any) -> None:
+    sim, runner = await start_tls_sim(pki.server_cert, pki.server_key, client_ca=pki.ca)
+    try:
+        r = await probe_once(target(sim.url, ca_file=str(pki.ca), client_cert_file=str(pki.client_cert),
+                                    client_key_file=str(pki.client_key)))
+        assert r.ok, r
+        r = await probe_once(target(sim.url, ca_file=str(pki.ca)))
+        assert r.failure is Failure.TLS, r
+        assert "client certificate" in r.detail
+    finally:
+        await runner.cleanup()
+
+
+async def test_https_to_a_plain_http_server_is_tls(sim: Sim) -> None:
+    r = await probe_once(target(sim.url.replace("http://", "https://")))
+    assert r.failure is Failure.TLS, r
+    assert "does not speak TLS" in r.detail

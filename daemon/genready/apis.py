@@ -136,13 +136,18 @@ APIS: Final[dict[str, ServerApi]] = {a.name: a for a in (
 NAMES: Final[tuple[str, ...]] = tuple(APIS)
 
 
-def model_from_list(body: bytes) -> str:
-    """The first model id of a GET /v1/models answer (data[0].id); BadAnswer if there is none."""
+def models_from_list(body: bytes) -> list[str]:
+    """The model ids of a GET /v1/models answer (data[].id), in its order; BadAnswer if there is none."""
     what = f"GET {MODELS_PATH}"
     doc = json_object(body, what)
     data = doc.get("data")
-    first = data[0] if isinstance(data, list) and data else None
-    model = first.get("id") if isinstance(first, dict) else None
-    if not isinstance(model, str) or not model:
+    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+    models = [m for m in ids if isinstance(m, str) and m]
+    if not models:
         raise BadAnswer(f"{what}: no model listed (data[0].id): {excerpt(body)}")
-    return model
+    return models
+
+
+def model_from_list(body: bytes) -> str:
+    """The first model id of a GET /v1/models answer (data[0].id); BadAnswer if there is none."""
+    return models_from_list(body)[0]

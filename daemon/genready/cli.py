@@ -42,6 +42,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if warning := config.listen_warning(cfg.daemon):
         print(f"genready: warning: {warning}", file=sys.stderr)
+    if args.probe:
+        from genready import preflight
+
+        sys.stdout.write(f"# {cfg.path}: valid; one probe per target now\n")
+        sys.stdout.flush()
+        return asyncio.run(preflight.run(cfg, sys.stdout))
     sys.stdout.write(f"# {cfg.path}: valid; effective configuration, defaults filled in\n")
     sys.stdout.write(tomli_w.dumps(cfg.to_toml_dict()))
     return 0
@@ -211,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("check-config", "validate the config and print it as TOML, defaults filled in")
     sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
                     f"{config.DEFAULT_PATH})")
+    sp.add_argument("--probe", action="store_true", help="then send one probe to each target now and print a "
+                    "verdict line each (ok and the pid that served it, or the failure class and detail); exit 0 "
+                    "if every target generated, else 1")
     sp.set_defaults(func=cmd_check_config)
 
     config_help = f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})"

@@ -27,6 +27,8 @@ from genready.watcher import FreshReader, Snapshot, Watcher
 
 log = logging.getLogger("genready")
 SHUTDOWN_GRACE = 0.5  # seconds in-flight HTTP requests get to finish at shutdown
+# Failures that do not go away while a model loads: someone has to act.
+_NEEDS_AN_ADMIN = frozenset({Failure.FOREIGN_OWNER, Failure.REJECTED, Failure.TLS})
 
 
 def _duration(seconds: float) -> str:
@@ -132,6 +134,8 @@ class Daemon:
         self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
         self.metrics.register_target(t.name, t.unit)
         stamp.remove(self.cfg.daemon.runtime_dir, t.name)  # a stamp from an earlier run proves nothing now
+        for w in t.warnings:
+            log.warning("%s: %s", t.name, w)
         if t.verify_owner and self.owner_problem:
             log.warning("%s: cannot prove who answers generations: %s; no start will be verified "
                         "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
@@ -228,7 +232,7 @@ class Daemon:
             self.summarizer.flush(gate.name)
         else:
             self.summarizer.note(gate.name, str(result.failure), f"{gate.name}: probe failed: {result.failure}",
-                                 level=logging.WARNING if result.failure is Failure.FOREIGN_OWNER else logging.INFO,
+                                 level=logging.WARNING if result.failure in _NEEDS_AN_ADMIN else logging.INFO,
                                  detail=result.detail, pid=gate.snap.main_pid if gate.snap else None)
         self._update_systemd()
 

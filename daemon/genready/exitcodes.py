@@ -24,7 +24,8 @@ class Exit(enum.IntEnum):
 
 MEANING: dict[Exit, str] = {
     Exit.OK: "success (ready, config valid, …)",
-    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep)",
+    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep); "
+                  "a probe failed (check-config --probe)",
     Exit.USAGE: "usage error",
     Exit.UNAVAILABLE: "the genready daemon is unreachable (EX_UNAVAILABLE)",
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",

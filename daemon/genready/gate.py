@@ -52,6 +52,7 @@ class State(StrEnum):
     READY = "ready"  # is_ready() holds
     STUCK = "stuck"  # still not verified after load_timeout
     UNKNOWN = "unknown"  # no connection to systemd
+    REJECTED = "rejected"  # the server is up and refuses the probe (4xx but 408/429, ambiguous model)
 
 
 class Revocation(StrEnum):
@@ -223,6 +224,9 @@ class TargetGate:
             return State.STARTING, f"{self.unit} is {s.active_state}/{s.sub_state}"
         p = self.progress
         err = f"probe {p.probes}: {p.last_error}" if p.last_error else "waiting for the first generation"
+        if p.last_failure == Failure.REJECTED:
+            # Up, and refusing: waiting longer changes nothing until someone fixes the server or the config.
+            return State.REJECTED, p.last_error.split(": ", 1)[1]
         if time.time() - p.waiting_since > self.cfg.load_timeout:
             return State.STUCK, f"no verified generation after load_timeout ({self.cfg.load_timeout:g}s); {err}"
         if p.successes:
@@ -375,7 +379,7 @@ class TargetGate:
             "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
             **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
-            "probes": p.probes, "last_error": p.last_error or None,
+            "probes": p.probes, "last_error": p.last_error or None, "warnings": self.cfg.warnings,
             "snapshot": s.to_json() if s else None,
         }
 

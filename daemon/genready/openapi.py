@@ -71,6 +71,8 @@ TARGET_STATUS = {
         "reason": {"type": "string"}, "ready": {"type": "boolean"}, "pid": _INT_OR_NULL,
         "invocation_id": _STR_OR_NULL, "ready_since": _STR_OR_NULL, "load_seconds": _NUM_OR_NULL,
         "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": _STR_OR_NULL,
+        "warnings": {"type": "array", "items": {"type": "string"},
+                     "description": "settings that weaken the proof, e.g. tls_verify = false"},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
     },

@@ -529,3 +529,24 @@ def unit_holds(inode: int, main_pid: int) -> bool | None:
 def descendants(main_pid: int) -> list[int]:
     """main_pid's descendants (not main_pid itself), breadth first; [] if it is gone."""
     return list(_descendants(main_pid))
+
+
+# --- unix sockets -------------------------------------------------------------------------------
+
+def unix_owner(peer_pid: int, main_pid: int) -> Owner:
+    """Who serves a unix-socket connection, from the kernel's SO_PEERCRED pid of it (the process
+    that called listen() on the server's socket), under the same MainPID-or-descendant rule."""
+    if peer_pid <= 0:
+        return Owner(None, False, "the kernel gave no peer credentials (SO_PEERCRED) for the unix socket")
+    st = _stat(peer_pid)
+    if st is None:
+        return Owner(None, False, f"the socket's listener, pid {peer_pid} (SO_PEERCRED), no longer exists")
+    if main_pid > 0 and peer_pid == main_pid:
+        return Owner(peer_pid, True, f"pid {peer_pid} (main, SO_PEERCRED)")
+    if main_pid > 0 and _is_descendant(peer_pid, main_pid):
+        return Owner(peer_pid, True, f"pid {peer_pid} (descendant of main pid {main_pid}, SO_PEERCRED)")
+    who = f" (comm {st[0]!r}, parent {st[1]})"
+    if main_pid <= 0:
+        return Owner(peer_pid, False, f"pid {peer_pid} listens on the socket but the unit has no main pid{who}")
+    return Owner(peer_pid, False, f"pid {peer_pid} listens on the socket (SO_PEERCRED) and is not main pid "
+                                  f"{main_pid} or its descendant{who}")

@@ -15,18 +15,19 @@ import json
 import os
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
-from genready import __version__
-from genready.apis import APIS, EXCERPT_CHARS, MODELS_PATH, BadAnswer, excerpt, model_from_list
+from genready import __version__, tls
+from genready.apis import APIS, EXCERPT_CHARS, MODELS_PATH, BadAnswer, excerpt, models_from_list
 from genready.compat import StrEnum, timeout
 from genready.config import TargetConfig
 from genready.container import UnitStart, find_container_owner, find_process_owner
-from genready.owner import Owner
+from genready.owner import Owner, unix_owner
 
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
@@ -38,7 +39,9 @@ class Failure(StrEnum):
 
     REFUSED = "refused"  # no connection, or it was reset/closed before any answer
     TIMEOUT = "timeout"  # no complete answer within probe_timeout
-    HTTP_STATUS = "http_status"  # an answer, but not 200
+    HTTP_STATUS = "http_status"  # an answer, but not 200: 5xx, 408, 429 (the server may get there)
+    REJECTED = "rejected"  # the server is up and refuses the probe: 4xx but 408/429, or an ambiguous model
+    TLS = "tls"  # the TLS handshake or session failed: certificate verification, client certificate, …
     BAD_RESPONSE = "bad_response"  # 200 but not JSON, wrong shape, 0 tokens, or over the size cap
     FOREIGN_OWNER = "foreign_owner"  # served by a process that is not the MainPID or its descendant, or unprovable
     STALE_INSTANCE = "stale_instance"  # the unit changed around the probe (set by the caller, never here)
@@ -108,18 +111,31 @@ def _is_local(family: int, sockaddr: tuple[Any, ...]) -> bool:
 # cap is not a hard stop. The requests are three fixed JSON POSTs and one GET; answers are
 # Content-Length, chunked or close-delimited, which is all this needs to read.
 class _Conn:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, unix: bool = False) -> None:
         self.reader, self.writer = reader, writer
-        sockname, peername = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
-        # IPv6 socket addresses are 4-tuples; owner.py wants (host, port).
-        self.local: tuple[str, int] = (str(sockname[0]), int(sockname[1]))
-        self.peer: tuple[str, int] = (str(peername[0]), int(peername[1]))
+        self.unix = unix
+        self.local: tuple[str, int] = ("", 0)
+        self.peer: tuple[str, int] = ("", 0)
+        self.peer_pid = 0  # unix: the server's pid from SO_PEERCRED (0: unknown)
+        if unix:
+            with contextlib.suppress(OSError):
+                sock = writer.get_extra_info("socket")
+                creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                self.peer_pid = struct.unpack("3i", creds)[0]
+        else:
+            sockname, peername = writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+            # IPv6 socket addresses are 4-tuples; owner.py wants (host, port).
+            self.local = (str(sockname[0]), int(sockname[1]))
+            self.peer = (str(peername[0]), int(peername[1]))
         self.answered = False  # the server sent at least a status line
         self.server_closes = False  # it said Connection: close
+        self.tls_closed_hint: str | None = None  # TLS: what a close without any answer most likely means
 
-    async def request(self, method: str, path: str, host: str, body: bytes | None) -> None:
+    async def request(self, method: str, path: str, host: str, body: bytes | None, api_key: str = "") -> None:
         head = [f"{method} {path} HTTP/1.1", f"Host: {host}", f"User-Agent: genready/{__version__}",
                 "Accept: application/json", "Accept-Encoding: identity"]
+        if api_key:
+            head.append(f"Authorization: Bearer {api_key}")
         if body is not None:
             head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("ascii") + (body or b""))
@@ -151,6 +167,11 @@ class _Conn:
                 raise _Fail(Failure.BAD_RESPONSE, f"not an HTTP answer: {excerpt(first + more)}")
             raw = first + await self.reader.readuntil(b"\r\n\r\n")
         except asyncio.IncompleteReadError as e:
+            if not e.partial and not self.answered and self.tls_closed_hint is not None:
+                # TLS 1.3 completes the client's side of the handshake before the server checks our
+                # certificate; a server that refuses it (uvicorn, aiohttp) just closes, with no alert.
+                raise _Fail(Failure.TLS, "the server closed the TLS connection right after the handshake, "
+                                         f"without answering: {self.tls_closed_hint}") from None
             if not e.partial and not self.answered:
                 raise _Fail(Failure.REFUSED, "the server closed the connection without answering") from None
             raise _Fail(Failure.BAD_RESPONSE, f"the connection closed mid-header: {excerpt(e.partial)}") from None
@@ -261,20 +282,28 @@ class Prober:
             raise ValueError("max_body must be >= 1")
         self._t = target
         self._max_body = max_body
-        parts = urlsplit(target.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"not an http(s) URL: {target.url!r}")
-        self._host = parts.hostname
-        self._port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            ipaddress.ip_address(self._host.split("%", 1)[0])
-            self._numeric = True
-        except ValueError:
-            self._numeric = False
-        self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        self._host_header = f"{host}:{parts.port}" if parts.port else host
-        self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        self._unix = target.unix_path
+        self._ssl: ssl.SSLContext | None = None
+        self._numeric = True
+        if self._unix is not None:
+            self._host, self._port, self._host_header = "localhost", 0, "localhost"
+            self._base = quote(target.path_prefix.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        else:
+            parts = urlsplit(target.url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"not an http(s) or unix: URL: {target.url!r}")
+            self._host = parts.hostname
+            self._port = parts.port or (443 if parts.scheme == "https" else 80)
+            try:
+                ipaddress.ip_address(self._host.split("%", 1)[0])
+            except ValueError:
+                self._numeric = False
+            if parts.scheme == "https":
+                self._ssl = tls.client_context(target.ca_file, target.tls_verify, target.client_cert_file,
+                                               target.client_key_file)
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            self._host_header = f"{host}:{parts.port}" if parts.port else host
+            self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
         self._model: str | None = None  # discovered from /v1/models; dropped after any failure
         # (start, status) of the last 5xx whose server side was proven the unit's; see _probe.
         self._proven_5xx: tuple[UnitStart, int] | None = None
@@ -307,7 +336,10 @@ class Prober:
                                              f"({att.phase})")
         except _Fail as f:
             outcome = f
-        except OSError as e:  # reset, broken pipe, TLS failure mid-exchange
+        except ssl.SSLError as e:  # before OSError: it is one
+            att.refused = True
+            outcome = _Fail(Failure.TLS, f"TLS failed {att.phase}: {tls.describe(e)}")
+        except OSError as e:  # reset, broken pipe
             att.refused = True
             outcome = _os_fail(e, f"the connection failed {att.phase}")
         owner: Owner | None = None
@@ -320,7 +352,10 @@ class Prober:
             conn = att.conn
             if conn is not None and self._t.verify_owner and not att.refused and not repeat:
                 # Before closing: once closed, the server's socket loses its inode and the proof is gone.
-                owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
+                if conn.unix:  # SO_PEERCRED names the listener: the process rule, whatever `owner` says
+                    owner = await asyncio.to_thread(unix_owner, conn.peer_pid, start.main_pid)
+                else:
+                    owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
                 if owner.pid is None and conn.server_closes:
                     owner = Owner(None, False, owner.detail + " (the server answered Connection: close; "
                                                               "owner proof needs HTTP keep-alive)")
@@ -372,14 +407,14 @@ class Prober:
         if api.needs_model:
             model = self._t.model or self._model or await self._discover(att)
         path, payload = api.path, api.body(prompt=self._t.prompt, max_tokens=self._t.max_tokens, model=model)
-        att.phase = f"connecting to {self._host}:{self._port}"
+        att.phase = f"connecting to {self._where}"
         att.conn = await self._connect(att)
         att.phase = f"waiting for the answer to POST {path}"
-        await att.conn.request("POST", self._base + path, self._host_header, json.dumps(payload).encode())
+        await att.conn.request("POST", self._base + path, self._host_header, json.dumps(payload).encode(),
+                               self._t.api_key)
         resp = await att.conn.response(self._max_body)
         if resp.status != 200:
-            raise _Fail(Failure.HTTP_STATUS, f"POST {path}: HTTP {resp.status} {resp.reason}".rstrip()
-                        + (f": {excerpt(resp.body)}" if resp.body else ""), resp.status)
+            raise self._not_ok(f"POST {path}", resp)
         try:
             return api.generated_tokens(resp.body)
         except BadAnswer as e:
@@ -393,27 +428,74 @@ class Prober:
         try:
             conn = await self._connect(sub)
             try:
-                await conn.request("GET", self._base + MODELS_PATH, self._host_header, None)
+                await conn.request("GET", self._base + MODELS_PATH, self._host_header, None, self._t.api_key)
                 resp = await conn.response(self._max_body)
             finally:
                 await self._release(conn)
         except _Fail as f:
             raise _Fail(f.failure, f"{what}: {f.detail}", f.status) from None
+        except ssl.SSLError as e:
+            raise _Fail(Failure.TLS, f"{what}: TLS failed: {tls.describe(e)}") from None
         except OSError as e:
             if isinstance(e, TimeoutError):
                 raise
             raise _os_fail(e, f"{what}: the connection failed") from None
         if resp.status != 200:
-            raise _Fail(Failure.HTTP_STATUS, f"{what}: HTTP {resp.status} {resp.reason}".rstrip()
-                        + (f": {excerpt(resp.body)}" if resp.body else ""), resp.status)
+            raise self._not_ok(what, resp)
         try:
-            model = model_from_list(resp.body)
+            models = models_from_list(resp.body)
         except BadAnswer as e:
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
-        self._model = model
-        return model
+        if len(models) > 1:
+            # Guessing would verify one model while the admin means another (a LoRA adapter, say).
+            shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10
+                                                                else "")
+            raise _Fail(Failure.REJECTED, f"{what}: the server lists {len(models)} models ({shown}): "
+                                          f"set model = {models[0]!r} (or another of them) for this target")
+        self._model = models[0]
+        return models[0]
+
+    def _not_ok(self, what: str, resp: _Response) -> _Fail:
+        """A non-200 answer: `rejected` for a client error the server will repeat until someone acts,
+        `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests)."""
+        seen = f"{what}: HTTP {resp.status} {resp.reason}".rstrip() + (f": {excerpt(resp.body)}" if resp.body else "")
+        if 400 <= resp.status < 500 and resp.status not in (408, 429):
+            return _Fail(Failure.REJECTED, f"{seen}; {self._fix(resp.status, resp.body, what)}", resp.status)
+        return _Fail(Failure.HTTP_STATUS, seen, resp.status)
+
+    def _fix(self, status: int, body: bytes, what: str) -> str:
+        """The likely fix for a refusal, in terms of this target's config keys."""
+        text = body.decode("utf-8", "replace").lower()
+        t = self._t
+        if status == 401:
+            if t.api_key:
+                return ("the server refused the API key: make api_key_file (or api_key_credential) hold the key "
+                        "the server was started with (--api-key), then reload genready")
+            return "the server wants an API key: set api_key_file (or api_key_credential) to a file holding it"
+        if status == 403:
+            return "the server forbids this request: check the API key and the server's access rules"
+        if "chat template" in text or "chat_template" in text:
+            return 'the model has no chat template: use api = "openai-completions"'
+        if "model" in text and ("not found" in text or "does not exist" in text) and APIS[t.api].needs_model:
+            return "the server does not serve that model: set model to one listed by GET /v1/models (or \"\")"
+        if status in (404, 405) and MODELS_PATH in what:
+            return 'the server offers no model list (GET /v1/models): set model = "NAME" for this target'
+        if status in (404, 405):
+            where = "path_prefix" if self._unix is not None else "the url's path"
+            return (f"the server has no {what} here: check api ({t.api!r}; sglang serves /generate, vLLM and "
+                    f"llama.cpp /v1/...) and {where}")
+        if status == 422:
+            return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
+                    "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
+        return "the server refuses the probe's request: check api, model, prompt and max_tokens"
+
+    @property
+    def _where(self) -> str:
+        return f"unix:{self._unix}" if self._unix is not None else f"{self._host}:{self._port}"
 
     async def _connect(self, att: _Attempt) -> _Conn:
+        if self._unix is not None:
+            return await self._connect_unix(att, self._unix)
         loop = asyncio.get_running_loop()
         try:
             if self._numeric:
@@ -445,8 +527,6 @@ class Prober:
             try:
                 sock.setblocking(False)
                 await loop.sock_connect(sock, sockaddr)
-                reader, writer = await asyncio.open_connection(
-                    sock=sock, ssl=self._ssl, server_hostname=self._host if self._ssl else None, limit=_HEAD_LIMIT)
             except OSError as e:
                 sock.close()
                 errors.append(f"{sockaddr[0]!s} port {sockaddr[1]!s}: {_oserror(e)}")
@@ -454,11 +534,53 @@ class Prober:
             except BaseException:
                 sock.close()
                 raise
+            try:
+                reader, writer = await asyncio.open_connection(
+                    sock=sock, ssl=self._ssl, server_hostname=self._host if self._ssl else None, limit=_HEAD_LIMIT)
+            except BaseException as e:
+                sock.close()
+                if self._ssl is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                    # The server took the connection: what failed is the TLS handshake, never "refused".
+                    att.refused = True
+                    why = tls.describe(e) if isinstance(e, ssl.SSLError) else (
+                        f"the server closed the connection during the handshake ({_oserror(e)})")
+                    raise _Fail(Failure.TLS, f"TLS handshake with {sockaddr[0]!s} port {sockaddr[1]!s} failed: "
+                                             f"{why}{self._tls_hint(e)}") from None
+                if isinstance(e, OSError) and not isinstance(e, TimeoutError):
+                    errors.append(f"{sockaddr[0]!s} port {sockaddr[1]!s}: {_oserror(e)}")
+                    continue
+                raise
             conn = _Conn(reader, writer)
+            if self._ssl is not None:
+                conn.tls_closed_hint = (
+                    "was our client certificate (client_cert_file) refused?" if self._t.client_cert_file else
+                    "does it require a client certificate (mutual TLS)? set client_cert_file and client_key_file")
             self._open.add(conn)
             return conn
         att.refused = True
         raise _Fail(Failure.REFUSED, "cannot connect to " + "; ".join(errors))
+
+    def _tls_hint(self, e: BaseException) -> str:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            msg = e.verify_message or ""
+            if "hostname" in msg.lower() or "ip address mismatch" in msg.lower():
+                return " (the url's host must be a name or IP address in the certificate)"
+            if not self._t.ca_file:
+                return " (set ca_file to the CA that signed the server's certificate)"
+            return f" (is {self._t.ca_file} the CA that signed the server's certificate?)"
+        return ""
+
+    async def _connect_unix(self, att: _Attempt, path: str) -> _Conn:
+        try:
+            reader, writer = await asyncio.open_unix_connection(path, limit=_HEAD_LIMIT)
+        except OSError as e:
+            if isinstance(e, TimeoutError):
+                raise
+            att.refused = True
+            raise _os_fail(e, f"cannot connect to unix:{path}") from None
+        conn = _Conn(reader, writer, unix=True)
+        self._open.add(conn)
+        return conn
 
     async def _release(self, conn: _Conn) -> None:
         self._open.discard(conn)

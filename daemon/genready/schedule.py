@@ -45,6 +45,8 @@ def cost(result: ProbeResult) -> Cost:
         return Cost.SUCCESS
     if result.failure is Failure.REFUSED:
         return Cost.NOTHING
+    if result.failure is Failure.REJECTED:
+        return Cost.REJECTED
     if result.failure is Failure.HTTP_STATUS and result.status is not None:
         if result.status in (408, 429):
             return Cost.COSTLY  # "too slow" / "too many": the server asks us to slow down

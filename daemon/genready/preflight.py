@@ -1,0 +1,59 @@
+"""`genready check-config --probe`: one probe per target, now, with a verdict line each.
+
+For an admin about to install a config: it answers "would genready verify these servers?" before
+genready.service depends on it. The probe is the daemon's own (same request, same owner proof,
+against the MainPID systemd reports right now); nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TextIO
+
+from genready.config import Config, TargetConfig
+from genready.probe import Prober, ProbeResult
+from genready.watcher import FreshReader
+
+BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit
+
+
+async def _main_pid(fresh: FreshReader, t: TargetConfig) -> tuple[int, str]:
+    """(the unit's MainPID now, a note when that is not a running unit's)."""
+    try:
+        snap = await asyncio.wait_for(fresh.read(t.unit), BUS_TIMEOUT)
+    except Exception as e:  # any bus failure: the probe still runs, its owner cannot be proven
+        return 0, f"systemd could not be asked about {t.unit} ({e or type(e).__name__})"
+    if snap.absent:
+        return 0, f"{t.unit} does not exist"
+    if snap.active_state != "active":
+        return snap.main_pid, f"{t.unit} is {snap.active_state}/{snap.sub_state}"
+    return snap.main_pid, ""
+
+
+async def _one(fresh: FreshReader, t: TargetConfig) -> tuple[ProbeResult, str]:
+    main_pid, note = await _main_pid(fresh, t)
+    prober = Prober(t)
+    try:
+        return await prober.probe(main_pid), note
+    finally:
+        await prober.close()
+
+
+def verdict(name: str, r: ProbeResult, note: str) -> str:
+    tail = f" [{note}]" if note else ""
+    if r.ok:
+        who = f"pid {r.served_by_pid}" if r.served_by_pid else "owner not checked"
+        return f"{name}: ok ({who}): {r.detail}{tail}"
+    return f"{name}: {r.failure}: {r.detail}{tail}"
+
+
+async def run(cfg: Config, out: TextIO) -> int:
+    """Probe every target at once; print a verdict line each, in config order. 0 if all generated."""
+    fresh = FreshReader(cfg.daemon.bus)
+    try:
+        results = await asyncio.gather(*(_one(fresh, t) for t in cfg.targets.values()))
+    finally:
+        fresh.close()
+    for (name, _), (r, note) in zip(cfg.targets.items(), results, strict=True):
+        out.write(verdict(name, r, note) + "\n")
+    return 0 if all(r.ok for r, _ in results) else 1
