@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TextIO
 
+from genready import compat
 from genready.config import Config, TargetConfig
 from genready.probe import Prober, ProbeResult
 from genready.watcher import FreshReader
@@ -20,7 +21,7 @@ BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit
 async def _main_pid(fresh: FreshReader, t: TargetConfig) -> tuple[int, str]:
     """(the unit's MainPID now, a note when that is not a running unit's)."""
     try:
-        snap = await asyncio.wait_for(fresh.read(t.unit), BUS_TIMEOUT)
+        snap = await compat.wait_for(fresh.read(t.unit), BUS_TIMEOUT)
     except Exception as e:  # any bus failure: the probe still runs, its owner cannot be proven
         return 0, f"systemd could not be asked about {t.unit} ({e or type(e).__name__})"
     if snap.absent:
