@@ -528,3 +528,55 @@ def test_invalid_flags_exit_2(flags: list[str]) -> None:
                        capture_output=True, text=True, timeout=DEADLINE)
     assert r.returncode == 2
     assert "error" in r.stderr
+
+
+# -- what real deployments add ------------------------------------------------------------------
+
+async def test_api_key_guards_everything_but_health(start: Any) -> None:
+    sim = start("--api-key", "sk-sim", "--extra-model", "lora-a")
+    sim.wait_log_sync("ready")
+    async with aiohttp.ClientSession(timeout=SHORT) as s:
+        async with s.post(sim.url + "/generate", json=NATIVE) as r:
+            assert (r.status, await r.json()) == (401, {"error": "Unauthorized"})
+        async with s.get(sim.url + "/v1/models") as r:
+            assert r.status == 401
+        async with s.get(sim.url + "/health") as r:
+            assert r.status == 200
+        async with s.post(sim.url + "/generate", json=NATIVE, headers={"Authorization": "Bearer sk-sim"}) as r:
+            assert r.status == 200
+        async with s.get(sim.url + "/v1/models", headers={"x-api-key": "sk-sim"}) as r:
+            assert [m["id"] for m in (await r.json())["data"]] == ["sim-model", "lora-a"]
+
+
+async def test_no_chat_template_and_reject(start: Any) -> None:
+    a, b = start("--no-chat-template"), start("--reject", "422")
+    a.wait_log_sync("ready")
+    b.wait_log_sync("ready")
+    status, body = await post(a.url + "/v1/chat/completions", CHAT)
+    assert status == 400 and "chat template" in body["message"]
+    assert (await post(a.url + "/v1/completions", COMPLETION))[0] == 200
+    status, body = await post(b.url + "/generate", NATIVE)
+    assert status == 422 and body["detail"][0]["msg"] == "Field required"
+
+
+async def test_unix_socket(start: Any, tmp_path: Path) -> None:
+    path = tmp_path / "sim.sock"
+    path.touch()  # not a socket: never deleted, an error
+    bad = start("--uds", str(path))
+    assert "not a socket file" in bad.wait_log_sync("error")
+    path.unlink()
+    sim = start("--uds", str(path))
+    assert f"addr=unix:{path}" in sim.wait_log_sync("bound")
+    conn = aiohttp.UnixConnector(path=str(path))
+    async with aiohttp.ClientSession(connector=conn, timeout=SHORT) as s, \
+            s.post("http://localhost/generate", json=NATIVE) as r:
+        assert r.status == 200
+    sim.proc.send_signal(signal.SIGTERM)
+    sim.wait_log_sync("exiting")
+    assert not path.exists()  # it cleans up after itself
+
+
+def test_tls_flags_go_together() -> None:
+    r = subprocess.run([sys.executable, "-m", "genready.cli", "simulate", "--tls-cert", "/dev/null"],
+                       capture_output=True, text=True, timeout=DEADLINE)
+    assert r.returncode == 2 and "go together" in r.stderr

@@ -30,6 +30,10 @@ for h in {hierarchies}; do
 done
 mount -t tmpfs tmpfs /run/systemd
 mkdir -p /run/systemd/system
+# As on a host booted with systemd: mounts shared (new peer groups, inside this namespace only).
+# systemd mounts a unit's LoadCredential= directory from a child namespace; under the private
+# propagation unshare gave us, the unit would see an empty $CREDENTIALS_DIRECTORY.
+mount --make-rshared /
 exec {systemd} --user
 """
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
