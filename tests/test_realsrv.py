@@ -86,7 +86,11 @@ def sim(manager: UserManager, tmp: Path, unit: str, *flags: str) -> int:
 
 
 def targets(w: World) -> dict[str, dict[str, Any]]:
-    p, https = w.ports, lambda name: f"https://127.0.0.1:{w.ports[name]}"
+    p = w.ports
+
+    def https(name: str) -> str:
+        return f"https://127.0.0.1:{p[name]}"
+
     return {
         "key_file": {"unit": "rs-key.service", "url": f"http://127.0.0.1:{p['rs-key']}",
                      "api_key_file": str(w.key_file), **FAST},
