@@ -13,29 +13,32 @@ from typing import TextIO
 from genready import compat
 from genready.config import Config, TargetConfig
 from genready.probe import Prober, ProbeResult
-from genready.watcher import FreshReader
+from genready.watcher import FreshReader, Snapshot
 
 BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit
 
 
-async def _main_pid(fresh: FreshReader, t: TargetConfig) -> tuple[int, str]:
-    """(the unit's MainPID now, a note when that is not a running unit's)."""
+async def _unit_now(fresh: FreshReader, t: TargetConfig) -> tuple[Snapshot | None, str]:
+    """(systemd's view of the unit now, a note when that is not a running unit's)."""
     try:
         snap = await compat.wait_for(fresh.read(t.unit), BUS_TIMEOUT)
     except Exception as e:  # any bus failure: the probe still runs, its owner cannot be proven
-        return 0, f"systemd could not be asked about {t.unit} ({e or type(e).__name__})"
+        return None, f"systemd could not be asked about {t.unit} ({e or type(e).__name__})"
     if snap.absent:
-        return 0, f"{t.unit} does not exist"
+        return None, f"{t.unit} does not exist"
     if snap.active_state != "active":
-        return snap.main_pid, f"{t.unit} is {snap.active_state}/{snap.sub_state}"
-    return snap.main_pid, ""
+        return snap, f"{t.unit} is {snap.active_state}/{snap.sub_state}"
+    return snap, ""
 
 
 async def _one(fresh: FreshReader, t: TargetConfig) -> tuple[ProbeResult, str]:
-    main_pid, note = await _main_pid(fresh, t)
+    snap, note = await _unit_now(fresh, t)
     prober = Prober(t)
     try:
-        return await prober.probe(main_pid), note
+        if snap is None:
+            return await prober.probe(0), note
+        return await prober.probe(snap.main_pid, started_us=snap.exec_main_start_us,
+                                  invocation_id=snap.invocation_id), note
     finally:
         await prober.close()
 
