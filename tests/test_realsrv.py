@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready.usermanager import UserManager
-from tests.helpers import GENREADY, PY, free_port, http, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, PY, free_port, http, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 from tests.pki import Pki, make_pki
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "gate_startup": False}

@@ -43,6 +43,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if warning := config.listen_warning(cfg.daemon):
         print(f"genready: warning: {warning}", file=sys.stderr)
     if args.probe:
+        import asyncio
+
         from genready import preflight
 
         sys.stdout.write(f"# {cfg.path}: valid; one probe per target now\n")
