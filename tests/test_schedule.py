@@ -36,6 +36,9 @@ def schedule(initial: float = 0.25, maximum: float = 2.0) -> Schedule:
     (failed(Failure.HTTP_STATUS, 408), Cost.COSTLY),
     (failed(Failure.HTTP_STATUS, 401), Cost.REJECTED),
     (failed(Failure.HTTP_STATUS, 404), Cost.REJECTED),
+    (failed(Failure.REJECTED, 401), Cost.REJECTED),  # what the probe reports for a 4xx refusal
+    (failed(Failure.REJECTED), Cost.REJECTED),  # several models listed: no status of its own
+    (failed(Failure.TLS), Cost.COSTLY),  # a handshake is work, and a bad certificate stays bad
     (failed(Failure.HTTP_STATUS, None), Cost.COSTLY),  # no status known: assume the worst
     (TIMEOUT, Cost.COSTLY),
     (failed(Failure.BAD_RESPONSE, 200), Cost.COSTLY),  # it generated (something)
