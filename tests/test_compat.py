@@ -87,50 +87,59 @@ def test_tomllib_parses() -> None:
         compat.tomllib.loads("a = ")
 
 
-async def _serve(hang: asyncio.Event, shutdown_timeout: float) -> tuple[compat.AppRunner, str]:
-    async def hello(request: web.Request) -> web.Response:
-        return web.Response(text=request.app[GREETING])
+class Served:
+    """A real aiohttp server on loopback, with a handler that runs until released."""
 
-    async def forever(request: web.Request) -> web.Response:
-        hang.set()
-        await asyncio.sleep(3600)
-        return web.Response(text="never")
+    def __init__(self) -> None:
+        self.hanging = asyncio.Event()
+        self.release = asyncio.Event()
+        self.runner: compat.AppRunner | None = None
+        self.url = ""
 
-    app = web.Application()
-    app[GREETING] = "hello"
-    app.router.add_get("/", hello)
-    app.router.add_get("/forever", forever)
-    runner = compat.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
-    await runner.setup()
-    await compat.tcp_site(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async def start(self, shutdown_timeout: float) -> None:
+        async def hello(request: web.Request) -> web.Response:
+            return web.Response(text=request.app[GREETING])
+
+        async def hang(request: web.Request) -> web.Response:
+            self.hanging.set()
+            await self.release.wait()
+            return web.Response(text="released")
+
+        app = web.Application()
+        app[GREETING] = "hello"
+        app.router.add_get("/", hello)
+        app.router.add_get("/hang", hang)
+        self.runner = compat.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+        await self.runner.setup()
+        await compat.tcp_site(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[compat.AppRunner, str, asyncio.Event]]:
-    hang = asyncio.Event()
-    runner, url = await _serve(hang, shutdown_timeout=0.2)
+async def served() -> AsyncIterator[Served]:
+    s = Served()
+    await s.start(shutdown_timeout=0.2)
     try:
-        yield runner, url, hang
+        yield s
     finally:
-        await runner.cleanup()
+        s.release.set()  # aiohttp 3.8 leaves a handler running after its client left
+        assert s.runner is not None
+        await s.runner.cleanup()
 
 
-async def test_runner_serves_and_app_keys_work(served: tuple[compat.AppRunner, str, asyncio.Event]) -> None:
+async def test_runner_serves_and_app_keys_work(served: Served) -> None:
     # Given to aiohttp 3.8's AppRunner, shutdown_timeout made it drop every connection unanswered.
-    _, url, _ = served
-    async with aiohttp.ClientSession() as s, s.get(url + "/") as r:
+    async with aiohttp.ClientSession() as s, s.get(served.url + "/") as r:
         assert (r.status, await r.text()) == (200, "hello")
 
 
-async def test_shutdown_timeout_bounds_the_wait_for_a_running_handler(
-        served: tuple[compat.AppRunner, str, asyncio.Event]) -> None:
-    runner, url, hang = served
+async def test_shutdown_timeout_bounds_the_wait_for_a_running_handler(served: Served) -> None:
+    assert served.runner is not None
     async with aiohttp.ClientSession() as s:
-        pending = asyncio.create_task(s.get(url + "/forever"))
-        await compat.wait_for(hang.wait(), 10)
+        pending = asyncio.create_task(s.get(served.url + "/hang"))
+        await compat.wait_for(served.hanging.wait(), 10)
         t0 = time.monotonic()
-        await runner.cleanup()
+        await served.runner.cleanup()
         took = time.monotonic() - t0
         with pytest.raises(aiohttp.ClientError):
             await pending
@@ -138,13 +147,11 @@ async def test_shutdown_timeout_bounds_the_wait_for_a_running_handler(
     assert took < 10, f"cleanup took {took:.1f} s"
 
 
-async def test_timeout_errors_catch_aiohttp_client_timeouts(
-        served: tuple[compat.AppRunner, str, asyncio.Event]) -> None:
-    _, url, _ = served
+async def test_timeout_errors_catch_aiohttp_client_timeouts(served: Served) -> None:
     caught: BaseException | None = None
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.1)) as s:
         try:
-            await s.get(url + "/forever")
+            await s.get(served.url + "/hang")
         except compat.TIMEOUT_ERRORS as e:
             caught = e
     assert caught is not None
