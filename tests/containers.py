@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -23,7 +24,9 @@ from typing import Any
 
 from genready_dev.harness import PY, code_paths
 
-PREFIX = "genready-test-"  # every container a test starts is named (or labelled) so, and removed
+# Every container a test starts is named (or labelled) so, and removed. The pid keeps test sessions
+# running at once on one host (one dockerd) from sharing names and removing each other's containers.
+PREFIX = f"genready-test-{os.getpid()}-"
 DIRS = ("etc", "tmp", "proc", "sys", "dev")
 
 
