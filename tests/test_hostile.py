@@ -24,7 +24,7 @@ from genready import api, config, records, serving, stamp
 from genready.config import TargetConfig
 from genready.probe import Failure, Prober
 from genready.watcher import Watcher
-from genready_dev.harness import GENREADY, Genready, free_port, wait_for
+from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
 GOOD_TARGET = '[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n'
@@ -383,3 +383,128 @@ async def test_case4_emfile_is_its_own_failure_class() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
             await prober.close()
         assert r.failure is Failure.LOCAL_RESOURCES and "EMFILE" in r.detail, r
+
+
+# -- cases 2 and 3: a full state_dir, a read-only runtime_dir ----------------------------------
+# genready runs in a private mount namespace with a small tmpfs on each directory (unshare
+# execs, so the PID is genready's); the test fills or remounts them with nsenter.
+
+_MOUNT = 'mount -t tmpfs -o size=256k tmpfs "$1" && mount -t tmpfs -o size=256k tmpfs "$2" && shift 2 && exec "$@"'
+
+
+def _in_own_mounts(g: Genready) -> None:
+    g.state_dir.mkdir(parents=True, exist_ok=True)
+    g.runtime_dir.mkdir(parents=True, exist_ok=True)
+    g.wrapper = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _MOUNT, "sh",
+                 str(g.state_dir), str(g.runtime_dir)]
+
+
+def _ns(g: Genready, *argv: str) -> None:
+    assert g.proc is not None
+    subprocess.run(["nsenter", "-t", str(g.proc.pid), "-m", "--", *argv], check=True, capture_output=True, timeout=10)
+
+
+def _inside(g: Genready, path: Path) -> Path:
+    """`path` as genready's mount namespace sees it."""
+    assert g.proc is not None
+    return Path(f"/proc/{g.proc.pid}/root") / path.relative_to("/")
+
+
+def _metric(g: Genready, name: str, **labels: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    code, text = g.get("/metrics")
+    assert code == 200
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    raise AssertionError(f"no {name} {labels}")
+
+
+def _three_surfaces(g: Genready, target: str) -> tuple[bool, bool, bool]:
+    """(/ready says 200, /status says ready, genready_ready is 1): never allowed to disagree."""
+    return (g.get(f"/ready/{target}")[0] == 200, g.status()["targets"][target]["state"] == "ready",
+            _metric(g, "genready_ready", target=target) == 1)
+
+
+def _fill(state: Path) -> None:
+    """Fill the state dir's tmpfs to the last byte, including the free end of records.jsonl's last
+    page (blank lines, which a load skips): the next record write fails with ENOSPC."""
+    with contextlib.suppress(OSError), (state / "filler").open("wb", buffering=0) as f:
+        while True:
+            f.write(b"\0" * 4096)
+    for name, byte in (("filler", b"\0"), (records.RECORDS_FILE, b"\n")):
+        with contextlib.suppress(OSError), (state / name).open("ab", buffering=0) as f:
+            while True:
+                f.write(byte)
+
+
+def _sim_target(manager: UserManager, unit: str) -> dict[str, Any]:
+    port = free_port()
+    manager.install_unit(unit, sim_unit(port, "--load-seconds", "0.3"))
+    manager.systemctl("restart", unit)
+    return {"unit": unit, "url": f"http://127.0.0.1:{port}", "backoff_initial": 0.05, "backoff_max": 0.3}
+
+
+def _agree_on_new_pid(g: Genready, manager: UserManager, unit: str, old_pid: int) -> int:
+    def verified_new() -> int | None:
+        pid = show(manager, unit)[0]
+        code, _ = g.get(f"/ready/s?pid={pid}")
+        return pid if pid != old_pid and code == 200 and _three_surfaces(g, "s") == (True, True, True) else None
+    return wait_for(verified_new, 20, "the new start verified, on all three surfaces")
+
+
+def test_case2_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp_path: Path) -> None:
+    unit = "th-full.service"
+    g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
+    _in_own_mounts(g)
+    try:
+        with g:
+            wait_for(lambda: g.get("/ready/s")[0] == 200, 20, "first start verified")
+            pid0 = show(manager, unit)[0]
+            _fill(_inside(g, g.state_dir))
+            manager.systemctl("restart", unit)
+            pid1 = _agree_on_new_pid(g, manager, unit, pid0)
+            inv1 = show(manager, unit)[1]
+            assert _metric(g, "genready_record_errors_total") >= 1
+            recs = g.records("s")
+            assert recs[0]["invocation_id"] == inv1 and recs[0]["main_pid"] == pid1 and recs[0]["ready_at"]
+            records_file = _inside(g, g.state_dir / "records.jsonl")
+            assert inv1 not in records_file.read_text()
+            assert g.log().count("cannot write start records") == 1, g.log()
+            # A second restart while still full: still verified, still logged only once.
+            manager.systemctl("restart", unit)
+            pid2 = _agree_on_new_pid(g, manager, unit, pid1)
+            assert g.log().count("cannot write start records") == 1
+            # Space again: the records catch up on disk.
+            (_inside(g, g.state_dir) / "filler").unlink()
+            wait_for(lambda: inv1 in records_file.read_text() and show(manager, unit)[1] in records_file.read_text(),
+                     10, "the records kept in memory written to disk")
+            assert "start records are written" in g.log() and pid2 > 0
+    finally:
+        manager.systemctl("stop", unit)
+
+
+def test_case3_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: UserManager,
+                                                                      tmp_path: Path) -> None:
+    unit = "th-ro.service"
+    g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
+    _in_own_mounts(g)
+    try:
+        with g:
+            stamp_file = _inside(g, stamp.stamp_path(g.runtime_dir, "s"))
+            wait_for(lambda: g.get("/ready/s")[0] == 200 and stamp_file.exists(), 20, "first start verified")
+            pid0 = show(manager, unit)[0]
+            _ns(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
+            manager.systemctl("restart", unit)
+            pid1 = _agree_on_new_pid(g, manager, unit, pid0)
+            assert _metric(g, "genready_stamp_errors_total", target="s") >= 1
+            assert json.loads(stamp_file.read_text())["pid"] == pid0  # stuck: nothing can remove it
+            assert "cannot update the ready stamp" in g.log()
+            _ns(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
+            wait_for(lambda: json.loads(stamp_file.read_text())["pid"] == pid1, 10, "the stamp caught up")
+            assert _three_surfaces(g, "s") == (True, True, True)
+            assert "ready stamp is up to date again" in g.log()
+    finally:
+        manager.systemctl("stop", unit)

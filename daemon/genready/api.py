@@ -125,6 +125,9 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
         polls: LongPolls = request.app[LONG_POLLS]  # type: ignore[assignment]
         if polls.active >= polls.limit:
             polls.refused += 1
+            metrics_: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
+            if metrics_ is not None:
+                metrics_.api_refused("long_polls")
             return web.json_response({"error": f"too many long-polls in flight (limit {polls.limit}); retry "
                                                "shortly, or ask without wait="},
                                      status=503, headers={"Retry-After": "1"})

@@ -26,6 +26,8 @@ from genready.records import RecordStore, StartRecord
 from genready.watcher import FreshReader, Snapshot, Watcher
 
 log = logging.getLogger("genready")
+UPKEEP_INTERVAL = 2.0  # seconds between retries of records and stamps that could not be written
+SHUTDOWN_DEADLINE = 3.0  # seconds after which a stuck shutdown is cut short (faulthandler exits)
 SHUTDOWN_GRACE = 0.5  # seconds in-flight HTTP requests get to finish at shutdown
 # Failures that do not go away while a model loads: someone has to act.
 _NEEDS_AN_ADMIN = frozenset({Failure.FOREIGN_OWNER, Failure.REJECTED, Failure.TLS})
@@ -52,6 +54,7 @@ class Daemon:
         self.sent_ready = False
         self.listening = False
         self.reloading = False
+        self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
         self.gates: dict[str, TargetGate] = {}
         self._runner: compat.AppRunner | None = None
@@ -65,6 +68,8 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.should_exit.set)
         loop.add_signal_handler(signal.SIGHUP, self._request_reload)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.siginterrupt(sig, False)  # SA_RESTART: a signal does not fail the calls it interrupts
         await self.startup()
         try:
             await self.main_loop()
@@ -76,11 +81,14 @@ class Daemon:
         d = self.cfg.daemon
         self.store = RecordStore(Path(d.state_dir))
         self.store.load()
+        self.store.on_error = self._record_error
+        self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
         self.fresh = FreshReader(d.bus)
         for t in self.cfg.targets.values():
             self._add_gate(t)
         self._start_watcher()
-        self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)))
+        self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)),
+                                             on_refuse=self.metrics.api_refused)
         app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard,
                            max_long_polls=max(1, self.guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
@@ -101,6 +109,7 @@ class Daemon:
             log.warning("%s", warning)
         if self.notifier.watchdog_interval():
             self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
+        self._tasks.append(asyncio.create_task(self._upkeep(), name="upkeep"))
         self._update_systemd()
 
     async def main_loop(self) -> None:
@@ -112,28 +121,37 @@ class Daemon:
                 await self._reload()
 
     async def shutdown(self) -> None:
+        # A hard bound, from a C thread that needs no GIL: whatever blocks (pystemd holds the GIL
+        # in its D-Bus calls), genready exits, with every thread's stack in the log saying where.
+        faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE, exit=True)
+        t0 = time.monotonic()
         self.notifier.stopping(status="genready: stopping")
         if self._runner is not None:
             self._runner.app[api.STOPPING].set()
         log.info("shutting down")
         await self._stop_watcher()
+        t1 = time.monotonic()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for g in self.gates.values():
-            await g.close()
+        # All at once: one after the other, each waiting for its probe to unwind, adds up over many targets.
+        await asyncio.gather(*(g.close() for g in self.gates.values()), return_exceptions=True)
+        t2 = time.monotonic()
         if self._runner is not None:
             await self._runner.cleanup()
+        t3 = time.monotonic()
         self.fresh.close()
         self.summarizer.flush_all()
         self.store.close()
+        log.info("shutdown took %.0f ms (watcher %.0f, gates %.0f, HTTP %.0f)", (time.monotonic() - t0) * 1000,
+                 (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000)
 
     def _add_gate(self, t: config.TargetConfig) -> None:
         self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
         self.metrics.register_target(t.name, t.unit)
-        stamp.remove(self.cfg.daemon.runtime_dir, t.name)  # a stamp from an earlier run proves nothing now
+        self.stamps.set(t.name, None)  # a stamp from an earlier run proves nothing now
         for w in t.warnings:
             log.warning("%s: %s", t.name, w)
         if t.verify_owner and self.owner_problem:
@@ -190,7 +208,7 @@ class Daemon:
                 gate = self.gates.pop(name)
                 await gate.close()
                 self.metrics.forget_target(name, old_t.unit)
-                stamp.remove(self.cfg.daemon.runtime_dir, name)
+                self.stamps.forget(name)
             elif new_t != old_t:
                 await self.gates[name].reconfigure(new_t)
         for name, new_t in new.targets.items():
@@ -247,12 +265,50 @@ class Daemon:
         assert gate.verified is not None
         v = gate.verified.to_json()
         # `ready_at` is the stamp's first spelling of `ready_since`: kept for existing readers.
-        stamp.write(self.cfg.daemon.runtime_dir, gate.name,
-                    {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]})
+        self.stamps.set(gate.name, {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]})
 
     def revoked(self, gate: TargetGate, reason: Revocation) -> None:
         self.metrics.revoked(gate.name, gate.unit, reason)
-        stamp.remove(self.cfg.daemon.runtime_dir, gate.name)
+        self.stamps.set(gate.name, None)
+
+    # -- outputs that may fail without stopping anything -------------------------------------
+
+    async def _upkeep(self) -> None:
+        """Catch up on records and stamps a full or read-only directory kept from being written."""
+        while True:
+            await asyncio.sleep(UPKEEP_INTERVAL)
+            self.catch_up()
+
+    def catch_up(self) -> None:
+        if self.store.unsynced:
+            self.store.sync()
+        if self.records_failing and not self.store.unsynced:
+            self.records_failing = False
+            log.warning("start records are written to %s again; the ones kept in memory meanwhile are on disk",
+                        self.store.path)
+        self.stamps.retry()
+
+    def _record_error(self, e: OSError) -> None:
+        self.metrics.record_error()
+        if not self.records_failing:
+            self.records_failing = True
+            log.error("cannot write start records to %s: %s; readiness is not affected: records are kept in "
+                      "memory and written once that works again (retried every %g s)", self.store.path,
+                      e.strerror or e, UPKEEP_INTERVAL)
+
+    def _stamp_error(self, target: str, e: OSError, first: bool) -> None:
+        gate = self.gates.get(target)
+        if first:
+            self.metrics.stamp_error(target, gate.unit if gate else "")
+        path = stamp.stamp_path(self.stamps.runtime_dir, target)
+        self.summarizer.note(f"stamp:{target}", f"stamp error {e.errno}",
+                             f"{target}: cannot update the ready stamp {path}: {e.strerror or e}; /ready, /status "
+                             f"and the metrics are not affected; retried every {UPKEEP_INTERVAL:g} s",
+                             level=logging.ERROR)
+
+    def _stamp_fixed(self, target: str) -> None:
+        self.summarizer.flush(f"stamp:{target}")
+        log.warning("%s: the ready stamp is up to date again", target)
 
     # -- telling systemd -----------------------------------------------------------------
 

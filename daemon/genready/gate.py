@@ -177,7 +177,13 @@ class TargetGate:
     def on_snapshot(self, snap: Snapshot | None) -> None:
         """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
         was_ready, self.snap = self.ready, snap
-        if snap is not None and (started := self.history.observe(snap)) is not None:
+        try:
+            started = self.history.observe(snap) if snap is not None else None
+        except Exception:
+            # Records are history: whatever goes wrong there, following systemd must go on.
+            log.exception("%s: updating the start records failed", self.name)
+            started = None
+        if started is not None:
             self.listener.start_seen(self, started)
         if was_ready and not self.ready:
             assert self.verified is not None

@@ -3,6 +3,10 @@
 The gate decides readiness; this module only remembers what systemd showed about each start
 (InvocationID): when it began, became active, ended and how, and the gate's verdicts on it
 (ready_at, revoked_at). Records live in the crash-safe RecordStore (records.py).
+
+Records are history, not a precondition of readiness: a write that fails (a state_dir full of
+model weights, or read-only) keeps the record in memory and never stops the gate; the store
+reports the error and writes the records once it can (RecordStore.remember/sync).
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ class History:
                 active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
                 n_restarts=s.n_restarts,
             )
-            self.store.put(rec)
+            self.store.remember(rec)
         if rec.ended_at is not None:
             return created  # an ended start is final
         new = rec
@@ -79,7 +83,7 @@ class History:
         if s.n_restarts != new.n_restarts and alive:
             new = replace(new, n_restarts=s.n_restarts)
         if new != rec:
-            self.store.put(new)
+            self.store.remember(new)
         return created
 
     def mark_ready(self, invocation_id: str, *, ready_at: float, load_seconds: float | None, probes: int,
@@ -90,13 +94,13 @@ class History:
             return None
         rec = replace(rec, ready_at=iso(ready_at), load_seconds=load_seconds, probes=probes,
                       served_by_pid=served_by_pid, revoked_at=None, revoke_reason=None)
-        self.store.put(rec)
+        self.store.remember(rec)
         return rec
 
     def mark_revoked(self, invocation_id: str, reason: str) -> None:
         rec = self.get(invocation_id)
         if rec is not None:
-            self.store.put(replace(rec, revoked_at=iso(time.time()), revoke_reason=str(reason)))
+            self.store.remember(replace(rec, revoked_at=iso(time.time()), revoke_reason=str(reason)))
 
     def _ended(self, rec: StartRecord, s: Snapshot | None) -> StartRecord:
         if s is None or s.invocation_id != rec.invocation_id:
@@ -111,7 +115,7 @@ class History:
     def _end_open_records(self, s: Snapshot) -> None:
         for rec in self.store.newest(self.target, 5):
             if rec.ended_at is None and rec.invocation_id != s.invocation_id:
-                self.store.put(self._ended(rec, None))
+                self.store.remember(self._ended(rec, None))
 
     def _reconcile(self, s: Snapshot) -> None:
         """After genready restarts: close records whose start systemd no longer runs."""
@@ -119,4 +123,4 @@ class History:
         for rec in self.store.all(self.target):
             gone = rec.invocation_id != s.invocation_id or s.active_state in ("inactive", "failed")
             if rec.ended_at is None and gone:
-                self.store.put(self._ended(rec, s))
+                self.store.remember(self._ended(rec, s))

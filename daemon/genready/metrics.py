@@ -27,6 +27,10 @@ REVOCATION_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in Revocation)
 # The readiness endpoint's two everyday answers: ready / not ready.
 READY_CODES: Final[tuple[int, ...]] = (200, 503)
 
+# Why the API turned a client away (serving.py): over the connection cap, over the long-poll
+# cap, or no complete request within the read timeout.
+API_REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout")
+
 # Model loads take minutes (a 70B model from cold disk: 5-20 min); the top bucket matches the
 # longest load_timeout anyone should configure before calling the server stuck.
 LOAD_BUCKETS: Final[tuple[float, ...]] = (
@@ -95,6 +99,22 @@ class Metrics:
         )
         for code in READY_CODES:
             self._ready_requests.labels(code=str(code))
+        # Outputs that failed without stopping anything (issue 10): a full or read-only directory.
+        self._record_errors = Counter(
+            "genready_record_errors", "Failed writes of start records (state_dir full or read-only); readiness "
+            "is unaffected and the records are written once possible", registry=r,
+        )
+        self._stamp_errors = Counter(
+            "genready_stamp_errors", "Failed writes or removals of the target's ready stamp (runtime_dir); "
+            "retried until they succeed", _LABELS, registry=r,
+        )
+        self._api_refused = Counter(
+            "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
+            "and connections closed for not sending a complete request in time, by why",
+            ("why",), registry=r,
+        )
+        for why in API_REFUSALS:
+            self._api_refused.labels(why=why)
 
     def register_target(self, target: str, unit: str) -> None:
         """Create the target's series at their zero values (state "unknown" until first observed).
@@ -111,6 +131,7 @@ class Metrics:
         self._ready.labels(target, unit).set(0)
         self._main_pid.labels(target, unit).set(0)
         self._starts.labels(target, unit)
+        self._stamp_errors.labels(target, unit)
         self._foreign.labels(target, unit)
         self._load.labels(target, unit)
         self._probe_seconds.labels(target, unit)
@@ -125,7 +146,7 @@ class Metrics:
         if key not in self._results:
             return
         for metric in (self._state, self._ready, self._main_pid, self._starts, self._foreign, self._load,
-                       self._probe_seconds):
+                       self._probe_seconds, self._stamp_errors):
             metric.remove(target, unit)
         for result in self._results.pop(key):
             self._probes.remove(target, unit, result)
@@ -166,6 +187,16 @@ class Metrics:
     def foreign_answer(self, target: str, unit: str) -> None:
         self.register_target(target, unit)
         self._foreign.labels(target, unit).inc()
+
+    def record_error(self) -> None:
+        self._record_errors.inc()
+
+    def stamp_error(self, target: str, unit: str) -> None:
+        self.register_target(target, unit)
+        self._stamp_errors.labels(target, unit).inc()
+
+    def api_refused(self, why: str) -> None:
+        self._api_refused.labels(why=why).inc()
 
     def ready_request(self, code: int) -> None:
         self._ready_requests.labels(code=str(code)).inc()

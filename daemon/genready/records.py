@@ -20,7 +20,7 @@ import tempfile
 import threading
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -185,6 +185,9 @@ class RecordStore:
         self._closed = False
         self._lines = 0  # complete lines in the file, live or superseded
         self._compact_not_before = 0  # after a failed compaction, wait for the file to grow again
+        self._unsynced = False  # remember() kept records in memory that the file does not have
+        # Called (under the store's lock: it must not call back into the store) for every failed write.
+        self.on_error: Callable[[OSError], None] | None = None
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -206,6 +209,56 @@ class RecordStore:
             self._apply(rec)
             self._lines += 1
             self._maybe_compact()
+
+    def remember(self, rec: StartRecord) -> OSError | None:
+        """put(), except that a failed write (disk full, read-only) keeps `rec` in memory and returns
+        the error instead of raising: the records are history, and whoever keeps them must go on.
+        Unwritten records are written by the next successful remember() or sync()."""
+        with self._mutex:
+            self._ensure_open()
+            if self._records.get(rec.target, {}).get(rec.invocation_id) == rec:
+                return None
+            if self._unsynced:
+                self._apply(rec)
+                return self._sync_locked(report=True)
+            try:
+                self._append(_encode(rec))
+            except OSError as e:
+                self._apply(rec)
+                self._unsynced = True
+                self._report(e)
+                return e
+            self._apply(rec)
+            self._lines += 1
+            self._maybe_compact()
+            return None
+
+    @property
+    def unsynced(self) -> bool:
+        """Some records live only in memory since a write failed."""
+        return self._unsynced
+
+    def sync(self) -> OSError | None:
+        """Write the records a failed write left in memory only (the whole file, atomically); the
+        error if that fails too."""
+        with self._mutex:
+            if not self._unsynced or self._closed:
+                return None
+            return self._sync_locked(report=False)
+
+    def _sync_locked(self, *, report: bool) -> OSError | None:
+        try:
+            self._compact(self._live())
+        except OSError as e:
+            if report:
+                self._report(e)
+            return e
+        self._unsynced = False
+        return None
+
+    def _report(self, e: OSError) -> None:
+        if self.on_error is not None:
+            self.on_error(e)
 
     def get(self, target: str, invocation_id: str) -> StartRecord | None:
         """The stored version of one record, or None."""

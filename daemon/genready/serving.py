@@ -65,8 +65,9 @@ class ConnectionGuard:
     """Counts and times the API's connections; see the module docstring."""
 
     def __init__(self, max_connections: int, *, read_timeout: float = REQUEST_READ_TIMEOUT,
-                 summarizer: Summarizer | None = None) -> None:
+                 summarizer: Summarizer | None = None, on_refuse: Callable[[str], None] = lambda why: None) -> None:
         self.max_connections = max_connections
+        self.on_refuse = on_refuse  # ("connections" | "read_timeout"), for the metrics
         self.read_timeout = read_timeout
         self.summarizer = summarizer or Summarizer(log, interval=LOG_INTERVAL)
         self._conns: dict[asyncio.BaseTransport, _Conn] = {}
@@ -99,6 +100,7 @@ class ConnectionGuard:
         if n > 2 * self.max_connections:
             # No answer: reading the request would hold the descriptor the reserve is for.
             self.refused += 1
+            self.on_refuse("connections")
             self.summarizer.note("api", "connections over the cap",
                                  f"API: {n} connections, over twice the cap of {self.max_connections}: "
                                  "closing new ones unanswered", level=logging.WARNING)
@@ -126,6 +128,7 @@ class ConnectionGuard:
             return
         if not conn.over_cap:
             self.timed_out += 1
+            self.on_refuse("read_timeout")
         transport.close()
 
     @web.middleware
@@ -136,6 +139,7 @@ class ConnectionGuard:
             return await handler(request)
         if conn.over_cap:
             self.refused += 1
+            self.on_refuse("connections")
             self.summarizer.note("api", "connections over the cap",
                                  f"API: more than {self.max_connections} connections open: answering 503 "
                                  "to new ones", level=logging.WARNING)

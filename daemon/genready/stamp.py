@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -43,3 +44,53 @@ def remove(runtime_dir: str | Path, target: str) -> None:
     """Remove the stamp of `target`, if there is one."""
     stamp_path(runtime_dir, target).unlink(missing_ok=True)
 
+
+
+class Stamps:
+    """What each target's stamp should be (its content, or absent), applied at once and retried
+    until it holds. A stamp that cannot be written or removed (read-only or full runtime_dir) is
+    reported through `on_error` and never raises into the gate: /ready, /status and the metrics
+    come from the gate, so a failing stamp cannot make them disagree."""
+
+    def __init__(self, runtime_dir: str | Path, on_error: Callable[[str, OSError, bool], None],
+                 on_fixed: Callable[[str], None]) -> None:
+        self.runtime_dir = runtime_dir
+        self.on_error = on_error  # (target, error, first failure of this change?)
+        self.on_fixed = on_fixed  # (target) after a failure, the stamp is as it should be again
+        self._pending: dict[str, dict[str, object] | None] = {}  # target -> content not yet applied
+        self._failing: set[str] = set()  # targets whose last attempt failed
+
+    def set(self, target: str, data: dict[str, object] | None) -> None:
+        """Make the stamp of `target` hold `data` (None: no stamp)."""
+        self._pending[target] = data
+        self._apply(target, first=True)
+
+    def forget(self, target: str) -> None:
+        """Remove the stamp of a target that is no longer configured (best effort, retried)."""
+        self.set(target, None)
+
+    @property
+    def pending(self) -> list[str]:
+        """Targets whose stamp is not yet what it should be."""
+        return list(self._pending)
+
+    def retry(self) -> None:
+        for target in list(self._pending):
+            self._apply(target, first=False)
+
+    def _apply(self, target: str, *, first: bool) -> None:
+        data = self._pending[target]
+        try:
+            if data is None:
+                remove(self.runtime_dir, target)
+            else:
+                write(self.runtime_dir, target, data)
+        except OSError as e:
+            self._failing.add(target)
+            self.on_error(target, e, first)
+            return
+        if self._pending.get(target) is data:
+            del self._pending[target]
+        if target in self._failing:
+            self._failing.discard(target)
+            self.on_fixed(target)
