@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from pystemd.dbuslib import DBus
 
@@ -117,6 +118,21 @@ def apply_properties(snap: Snapshot, iface: bytes, changed: dict[bytes, Any]) ->
     return replace(snap, **updates) if updates else snap
 
 
+T = TypeVar("T")
+
+
+def retry_eintr(call: Callable[[], T], attempts: int = 3) -> T:
+    """pystemd keeps the GIL in sd-bus's blocking calls, so a signal arriving meanwhile (SIGTERM,
+    SIGHUP) makes the wait fail with EINTR. That says nothing about the bus or the unit: ask again."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except Exception as e:
+            if abs(getattr(e, "errno", 0) or 0) != errno.EINTR or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def open_bus(kind: str) -> DBus:
     """A connected bus to the "system" or "user" manager; raises pystemd's DBusError if unreachable."""
     bus = DBus(user_mode=(kind == "user"))
@@ -205,13 +221,14 @@ class Watcher:
             try:
                 await bus_answers(self.bus_kind)
                 self._connect()
+                await self._watch_units()
                 backoff = 0.1
                 assert self._lost is not None
                 await self._lost
             except asyncio.CancelledError:
                 # Stopping is not losing the bus: nobody should be told the targets are unknown.
                 self.on_change = lambda unit, snap: None
-                self._disconnect("shutting down")
+                self._disconnect("shutting down", lost=False)
                 raise
             except Exception as e:  # pystemd raises DBusError and, from callbacks, SystemError
                 self._disconnect(f"{type(e).__name__}: {e}")
@@ -243,8 +260,6 @@ class Watcher:
         self._callbacks = (on_props, on_manager)
         # Without Subscribe() systemd emits no unit signals at all, even during a restart.
         bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
-        for path in self._by_path:
-            bus.match_signal(SYSTEMD, path, PROPS_IFACE, b"PropertiesChanged", on_props)
         # Not UnitNew/UnitRemoved: reading a not-found unit loads it (UnitNew) and systemd
         # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
         # without daemon-reload announces itself through PropertiesChanged on its path.
@@ -253,12 +268,24 @@ class Watcher:
         loop.add_reader(self._fd, self._drain)
         self.connected = True
         self.last_error = ""
-        log.info("connected to the %s bus; watching %s", self.bus_kind, ", ".join(self.units))
-        for unit in self.units:
-            self._refresh(unit)
-        self._drain()  # the reads above may have queued signals without making the fd readable
+        shown = ", ".join(self.units) if len(self.units) <= 10 else f"{len(self.units)} units"
+        log.info("connected to the %s bus; watching %s", self.bus_kind, shown)
 
-    def _disconnect(self, why: str) -> None:
+    async def _watch_units(self) -> None:
+        """Subscribe to and read each unit, yielding to the event loop between units: with many
+        targets, the API and the probes of units already read run meanwhile (start-up is not
+        one long blocking stretch)."""
+        bus = self._bus
+        on_props = self._callbacks[0]
+        for unit in self.units:
+            if self._bus is not bus or bus is None:
+                return  # lost meanwhile: run() reconnects
+            bus.match_signal(SYSTEMD, unit_path(unit), PROPS_IFACE, b"PropertiesChanged", on_props)
+            self._refresh(unit)
+            self._drain()  # the read may have queued signals without making the fd readable
+            await asyncio.sleep(0)
+
+    def _disconnect(self, why: str, *, lost: bool = True) -> None:
         bus, self._bus = self._bus, None
         was_connected, self.connected = self.connected, False
         self._forget_fd()
@@ -266,7 +293,7 @@ class Watcher:
             with contextlib.suppress(Exception):
                 bus.close()
         self._snaps.clear()  # after a reconnect every unit is reported afresh
-        if was_connected:
+        if was_connected and lost:
             self.last_error = why
             log.warning("lost the %s bus (%s); every target is unknown until it is back", self.bus_kind, why)
             for unit in self.units:
@@ -344,7 +371,8 @@ class Watcher:
         path = unit_path(unit)
         try:
             for iface in (UNIT_IFACE, SERVICE_IFACE):
-                reply = bus.call_method(SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)])
+                reply = retry_eintr(lambda iface=iface: bus.call_method(  # type: ignore[misc]
+                    SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)]))
                 self._read_cookie[(unit, iface)] = reply.get_cookie()
                 snap = apply_properties(snap, iface, reply.body or {})
         except Exception as e:
@@ -370,7 +398,7 @@ class Watcher:
         try:
             if bus.get_fd() < 0:
                 return False
-            bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Version", b"s")
+            retry_eintr(lambda: bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Version", b"s"))
         except Exception:
             return False
         return True
@@ -437,7 +465,7 @@ class FreshReader:
         self.reads += 1
         try:
             def get(iface: bytes, prop: bytes, sig: bytes) -> Any:
-                return bus.get_property(SYSTEMD, path, iface, prop, sig)
+                return retry_eintr(lambda: bus.get_property(SYSTEMD, path, iface, prop, sig))
 
             first = {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay"),
                      b"LoadState": get(UNIT_IFACE, b"LoadState", b"s")}
