@@ -13,6 +13,7 @@ import os
 import resource
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,8 +23,9 @@ import pytest
 
 from genready import api, config, records, serving, stamp
 from genready.config import TargetConfig
-from genready.probe import Failure, Prober
-from genready.watcher import Watcher
+from genready.gate import TargetGate
+from genready.probe import Failure, Prober, ProbeResult
+from genready.watcher import FreshReader, Watcher
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -235,11 +237,10 @@ def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
     assert len(config.load(path).targets) == config.MAX_TARGETS
 
 
-def _target(url: str, api_: str = "sglang") -> TargetConfig:
-    return TargetConfig(name="t", unit="t.service", url=url, api=api_, model="m", prompt="Say OK.", max_tokens=1,
-                        probe_timeout=5.0, backoff_initial=0.25, backoff_max=2.0, warmup=1, load_timeout=1800.0,
-                        recheck_interval=0.0, failure_threshold=3, verify_owner=False, owner="process", container="",
-                        container_socket="", gate_startup=True)
+def _target(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
+    """A full TargetConfig with every default, from the config's own table (new keys included)."""
+    table = {"unit": "t.service", "url": url, "api": api_, "model": "m", "verify_owner": False, **kw}
+    return config.parse({"targets": {"t": table}}).targets["t"]
 
 
 async def _canned(body: bytes) -> AsyncIterator[str]:
@@ -508,3 +509,146 @@ def test_case3_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: 
             assert "ready stamp is up to date again" in g.log()
     finally:
         manager.systemctl("stop", unit)
+
+
+# -- case 1: a malformed answer never kills probing ---------------------------------------------
+
+MALFORMED = {
+    "negative chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+    "0x chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+    "huge chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 40 + b"\r\n",
+    "superscript Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\nab",
+    "4,300-digit Content-Length": b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 4300 + b"\r\n\r\n",
+    "superscript status": b"HTTP/1.1 \xb2\xb2\xb2 OK\r\nContent-Length: 0\r\n\r\n",
+    "Arabic-Indic status": "HTTP/1.1 ٢٠٠ OK\r\nContent-Length: 0\r\n\r\n".encode(),
+}
+
+
+async def _raw(answer_bytes: bytes) -> AsyncIterator[str]:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer_bytes)
+            await writer.drain()
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
+async def test_case1_a_malformed_answer_is_bad_response_not_an_exception(raw: bytes) -> None:
+    async for url in _raw(raw):
+        prober = Prober(_target(url, probe_timeout=3.0))
+        try:
+            r = await prober.probe(0)
+        finally:
+            await prober.close()
+        assert not r.ok and r.failure is Failure.BAD_RESPONSE, r
+
+
+# A server that answers garbage for its first requests, then like SGLang (HTTP/1.1 keep-alive:
+# the owner proof checks the connection while it is open).
+FLAKY_SERVER = r"""
+import asyncio, json, sys
+BAD = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+       b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
+       b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 4300 + b"\r\n\r\n",
+       b"HTTP/1.1 \xb2\xb2\xb2 OK\r\n\r\n"]
+seen = 0
+async def serve(reader, writer):
+    global seen
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
+            await reader.readexactly(n)
+            seen += 1
+            if seen <= len(BAD):
+                writer.write(BAD[seen - 1]); await writer.drain(); writer.close(); return
+            body = json.dumps({"text": " OK", "output_ids": [11], "meta_info": {"completion_tokens": 1}}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                         + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+    except Exception:
+        writer.close()
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1]))
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def test_case1_probing_goes_on_after_malformed_answers(manager: UserManager, tmp_path: Path) -> None:
+    script = tmp_path / "flaky.py"
+    script.write_text(FLAKY_SERVER)
+    port = free_port()
+    unit = "th-flaky.service"
+    manager.install_unit(unit, f"[Service]\nExecStart={sys.executable} {script} {port}\n")
+    manager.systemctl("restart", unit)
+    try:
+        with Genready(manager, tmp_path, {"f": {"unit": unit, "url": f"http://127.0.0.1:{port}",
+                                                "backoff_initial": 0.05, "backoff_max": 0.2}}) as g:
+            wait_for(lambda: g.get("/ready/f")[0] == 200, 20, "verified after the garbage")
+            assert g.get("/ready/f")[1]["pid"] == show(manager, unit)[0]
+            assert g.status()["targets"]["f"]["probes"] >= len(MALFORMED) - 3 + 1
+            assert _metric(g, "genready_probes_total", target="f", result="bad_response") == 4
+            assert "Traceback" not in g.log()
+    finally:
+        manager.systemctl("stop", unit)
+
+
+class _DiesOnce(Prober):
+    """Stands in for a probe that raises: the real Prober now turns every exception into a
+    result, so the supervisor behind it can only be shown with an injected fault."""
+
+    calls = 0
+
+    async def probe(self, main_pid: int, **kw: Any) -> ProbeResult:
+        _DiesOnce.calls += 1
+        if _DiesOnce.calls == 1:
+            raise RuntimeError("injected: the probe task dies")
+        return ProbeResult(True, None, "1 token(s)", main_pid, 0.001, 1)
+
+
+class _Recorder:
+    """The gate's Listener, keeping the PIDs of verified starts."""
+
+    def __init__(self) -> None:
+        self.verified_pids: list[int] = []
+
+    def state_changed(self, gate: Any, old: Any, new: Any) -> None: ...
+    def probed(self, gate: Any, result: ProbeResult) -> None: ...
+    def revoked(self, gate: Any, reason: Any) -> None: ...
+    def start_seen(self, gate: Any, record: Any) -> None: ...
+
+    def verified(self, gate: Any, record: Any) -> None:
+        self.verified_pids.append(record.main_pid)
+
+
+async def test_case1_a_probe_task_that_dies_is_restarted(manager: UserManager, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    unit = "th-dies.service"
+    manager.install_unit(unit, "[Service]\nExecStart=/bin/sleep infinity\n")
+    manager.systemctl("restart", unit)
+    fresh = FreshReader("user")
+    listener = _Recorder()
+    with records.RecordStore(tmp_path / "state") as store:
+        cfg = _target("http://127.0.0.1:1", unit=unit, backoff_initial=0.05, backoff_max=0.1)
+        gate = TargetGate(cfg, store, fresh, listener, prober_factory=_DiesOnce)
+        try:
+            gate.on_snapshot(await fresh.read(unit))
+            for _ in range(200):
+                if gate.ready:
+                    break
+                await asyncio.sleep(0.02)
+            assert gate.ready and gate.probe_restarts == 1 and listener.verified_pids == [show(manager, unit)[0]]
+            assert "the probe loop died and is restarted" in caplog.text
+        finally:
+            await gate.close()
+            fresh.close()
+            manager.systemctl("stop", unit)

@@ -158,6 +158,7 @@ class TargetGate:
         self.ever_verified = False
         self.progress = ProbeProgress()
         self._task: asyncio.Task[None] | None = None
+        self.probe_restarts = 0  # probe loops that died and were restarted (see _probe_task_done)
         self._changed = asyncio.Event()
 
     @property
@@ -265,6 +266,24 @@ class TargetGate:
             if self.progress.instance != want:
                 self.progress = ProbeProgress(instance=want)
             self._task = asyncio.get_running_loop().create_task(self._probe_loop(want), name=f"probe-{self.name}")
+            self._task.add_done_callback(self._probe_task_done)
+
+    def _probe_task_done(self, task: asyncio.Task[None]) -> None:
+        """The supervisor: a probe loop that died of an exception is logged and started again
+        (after backoff_max), instead of leaving the target in `loading` with nothing probing."""
+        if task.cancelled() or task.exception() is None:
+            return
+        self.probe_restarts += 1
+        log.error("%s: the probe loop died and is restarted in %g s (restart %d)", self.name, self.cfg.backoff_max,
+                  self.probe_restarts, exc_info=task.exception())
+
+        def restart() -> None:
+            if self._task is task:  # nothing rescheduled probing meanwhile
+                self._task = None
+                self._schedule_probing()
+                self._set_state()
+
+        asyncio.get_running_loop().call_later(self.cfg.backoff_max, restart)
 
     async def _probe_loop(self, inst: Instance) -> None:
         schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max)

@@ -12,7 +12,9 @@ import contextlib
 import errno
 import ipaddress
 import json
+import logging
 import os
+import re
 import socket
 import ssl
 import struct
@@ -29,8 +31,14 @@ from genready.config import TargetConfig
 from genready.container import UnitStart, find_container_owner, find_process_owner
 from genready.owner import Owner, unix_owner
 
+log = logging.getLogger("genready.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
+# ASCII digits only, and bounded: str.isdigit() takes '²', and int() refuses over 4,300 digits
+# with a ValueError, which no malformed answer may turn into anything but bad_response.
+_STATUS: Final = re.compile(r"[1-5][0-9][0-9]")
+_LENGTH: Final = re.compile(r"[0-9]{1,18}")
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
@@ -48,6 +56,8 @@ class Failure(StrEnum):
     # genready itself is out of file descriptors or memory (EMFILE, ENFILE, ENOMEM, ENOBUFS): says
     # nothing about the server, so it must not read as "refused".
     LOCAL_RESOURCES = "local_resources"
+    # An exception inside genready's probe that no rule classifies (a bug: logged with its traceback).
+    PROBE_ERROR = "probe_error"
 
 
 @dataclass(frozen=True)
@@ -180,7 +190,7 @@ class _Conn:
         self.answered = True
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not (parts[1].isdigit() and len(parts[1]) == 3):
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not _STATUS.fullmatch(parts[1]):
             raise _Fail(Failure.BAD_RESPONSE, f"malformed status line: {excerpt(lines[0])}")
         headers: dict[str, str] = {}
         for line in lines[1:]:
@@ -202,7 +212,7 @@ class _Conn:
                 return await self._chunked(cap, strict=strict)
             if "content-length" in headers:
                 cl = headers["content-length"]
-                if not cl.isdigit():
+                if not _LENGTH.fullmatch(cl):
                     raise _Fail(Failure.BAD_RESPONSE, f"bad Content-Length: {excerpt(cl)}")
                 n = int(cl)
                 if n > cap:
@@ -233,10 +243,10 @@ class _Conn:
         try:
             while True:
                 line = await self.reader.readuntil(b"\r\n")
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise _Fail(Failure.BAD_RESPONSE, f"bad chunk size: {excerpt(line)}") from None
+                field = line.split(b";", 1)[0].strip()
+                if not _CHUNK_SIZE.fullmatch(field):  # int(x, 16) also takes "-1", "+a" and "0x10"
+                    raise _Fail(Failure.BAD_RESPONSE, f"bad chunk size: {excerpt(line)}")
+                size = int(field, 16)
                 if size == 0:
                     # Trailers, if any, end with an empty line.
                     while await self.reader.readuntil(b"\r\n") != b"\r\n":
@@ -308,6 +318,7 @@ class Prober:
         # (start, status) of the last 5xx whose server side was proven the unit's; see _probe.
         self._proven_5xx: tuple[UnitStart, int] | None = None
         self._open: set[_Conn] = set()
+        self._logged: set[tuple[str, str]] = set()  # kinds of unexpected exception already logged
         self._closed = False
 
     async def probe(self, main_pid: int, *, started_us: int = 0, invocation_id: str = "") -> ProbeResult:
@@ -321,6 +332,9 @@ class Prober:
         att = _Attempt()
         try:
             return await self._probe(att, UnitStart(main_pid, started_us, invocation_id), t0)
+        except Exception as e:  # the last line of defence: a probe returns a result, it does not die
+            f = self._unexpected(e, Failure.PROBE_ERROR, att.phase)
+            return ProbeResult(False, f.failure, f.detail, None, time.monotonic() - t0, 0)
         finally:
             # Also when cancelled (the gate cancels a probe whose instance is gone): never leak it.
             if att.conn is not None and att.conn in self._open:
@@ -342,6 +356,11 @@ class Prober:
         except OSError as e:  # reset, broken pipe
             att.refused = True
             outcome = _os_fail(e, f"the connection failed {att.phase}")
+        except Exception as e:
+            # Whatever an answer can make the parser raise, it is a classified failure, never a
+            # dead probe: bad_response once the server said anything, else genready's own fault.
+            answered = att.conn is not None and att.conn.answered
+            outcome = self._unexpected(e, Failure.BAD_RESPONSE if answered else Failure.PROBE_ERROR, att.phase)
         owner: Owner | None = None
         # A failed answer's owner only names the culprit (foreign_owner); nothing is verified by it.
         # A loading server answers the same 5xx several times a second (schedule.py): once its
@@ -352,10 +371,14 @@ class Prober:
             conn = att.conn
             if conn is not None and self._t.verify_owner and not att.refused and not repeat:
                 # Before closing: once closed, the server's socket loses its inode and the proof is gone.
-                if conn.unix:  # SO_PEERCRED names the listener: the process rule, whatever `owner` says
-                    owner = await asyncio.to_thread(unix_owner, conn.peer_pid, start.main_pid)
-                else:
-                    owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
+                try:
+                    if conn.unix:  # SO_PEERCRED names the listener: the process rule, whatever `owner` says
+                        owner = await asyncio.to_thread(unix_owner, conn.peer_pid, start.main_pid)
+                    else:
+                        owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
+                except Exception as e:  # an unreadable /proc entry, a bug: no proof, and said so
+                    self._unexpected(e, Failure.FOREIGN_OWNER, "checking who answered")
+                    owner = Owner(None, False, f"the owner check failed: {type(e).__name__}: {e}")
                 if owner.pid is None and conn.server_closes:
                     owner = Owner(None, False, owner.detail + " (the server answered Connection: close; "
                                                               "owner proof needs HTTP keep-alive)")
@@ -369,6 +392,16 @@ class Prober:
         if not result.ok:
             self._model = None  # the server may have been replaced: ask again next time
         return result
+
+    def _unexpected(self, e: Exception, failure: Failure, phase: str) -> _Fail:
+        """An exception no rule classified: a failure of class `failure`, logged with its traceback
+        once per kind (a server repeating it would otherwise flood the log every retry)."""
+        kind = (type(e).__name__, phase)
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s: unexpected %s while %s, classified %s (logged once)", self._t.name,
+                        type(e).__name__, phase, failure, exc_info=e)
+        return _Fail(failure, f"{phase}: {type(e).__name__}: {excerpt(str(e) or repr(e))}")
 
     async def close(self) -> None:
         """Abort any connection in flight; the Prober cannot be used afterwards."""
