@@ -8,28 +8,36 @@ Run as root: .venv/bin/python bench/hostile.py [--only 1,4,6]
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 import os
+import resource
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import GENREADY, Genready, free_port, wait_for
+import tests.test_hostile as th
+from tests.helpers import GENREADY, Genready, free_port, show, sim_unit, wait_for
 
 from genready import config
+from genready.probe import Prober
 from genready.usermanager import UserManager
 
 CHECK_CONFIG_TIMEOUT = 30
 
 
-def line(case: int, title: str, figure: str) -> None:
-    print(f"case {case} | {title} | {figure}", flush=True)
+def line(case: int, title: str, figure: str, before: str = "") -> None:
+    print(f"case {case} | {title} | {figure}" + (f" | before (issue 10): {before}" if before else ""), flush=True)
 
 
 def ms(seconds: float) -> str:
@@ -87,6 +95,174 @@ def check_config(tmp: Path, text: str | bytes) -> subprocess.CompletedProcess[st
 
 GOOD = '[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n'
 SLEEPER = "[Service]\nExecStart=/bin/sleep infinity\n"
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+
+
+def sim(um: UserManager, unit: str) -> dict[str, Any]:
+    port = free_port()
+    um.install_unit(unit, sim_unit(port, "--load-seconds", "0.3"))
+    um.systemctl("restart", unit)
+    return {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}
+
+
+def restart_verified(g: Genready, um: UserManager, unit: str, target: str = "s", timeout: float = 30) -> float:
+    """Seconds from `systemctl restart` until /ready names the new MainPID."""
+    old = show(um, unit)[0]
+    t0 = time.monotonic()
+    um.systemctl("restart", "--no-block", unit)
+
+    def new_ready() -> bool:
+        pid = show(um, unit)[0]
+        return pid not in (0, old) and g.get(f"/ready/{target}?pid={pid}")[0] == 200
+
+    wait_for(new_ready, timeout, "the new start verified", interval=0.01)
+    return time.monotonic() - t0
+
+
+# -- case 1: malformed answers -------------------------------------------------------------------
+
+def case1(um: UserManager, tmp: Path) -> None:
+    script = tmp / "flaky.py"
+    script.write_text(th.FLAKY_SERVER)
+    port = free_port()
+    unit = "bh-flaky.service"
+    um.install_unit(unit, f"[Service]\nExecStart={sys.executable} {script} {port}\n")
+    um.systemctl("restart", unit)
+    with Genready(um, tmp, {"f": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}) as g:
+        t0 = time.monotonic()
+        wait_for(lambda: g.get("/ready/f")[0] == 200, 30, "verified", interval=0.01)
+        took = time.monotonic() - t0
+        probes = g.status()["targets"]["f"]["probes"]
+        bad = th._metric(g, "genready_probes_total", target="f", result="bad_response")
+        tracebacks = g.log().count("Traceback")
+    um.systemctl("stop", unit)
+    line(1, "4 malformed answers (chunk -1, CL '²', CL 4,300 digits, status '²²²'), then good ones",
+         f"verified {ms(took)} after genready's API was up; probes {probes} ({bad:.0f} bad_response); "
+         f"tracebacks {tracebacks}", "probe task died silently: loading, probes=0 until the next D-Bus event")
+
+
+# -- cases 2 and 3: full state_dir, read-only runtime_dir ----------------------------------------
+
+def case2(um: UserManager, tmp: Path) -> None:
+    unit = "bh-full.service"
+    g = Genready(um, tmp, {"s": sim(um, unit)})
+    th._in_own_mounts(g)
+    with g:
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        th._fill(th._inside(g, g.state_dir))
+        took = restart_verified(g, um, unit)
+        agree = th._three_surfaces(g, "s")
+        errors = th._metric(g, "genready_record_errors_total")
+        logged = g.log().count("cannot write start records")
+        inv = show(um, unit)[1]
+        t0 = time.monotonic()
+        (th._inside(g, g.state_dir) / "filler").unlink()
+        records = th._inside(g, g.state_dir) / "records.jsonl"
+        wait_for(lambda: inv in records.read_text(), 30, "caught up", interval=0.05)
+        caught = time.monotonic() - t0
+    um.systemctl("stop", unit)
+    line(2, "restart with state_dir full (tmpfs), then space freed",
+         f"new start verified {ms(took)} after the restart; /ready,/status,metric agree: {all(agree)}; "
+         f"record errors counted {errors:.0f}, logged {logged}x; on disk {ms(caught)} after space was freed",
+         "503 'a job is pending' forever, also after freeing space and SIGHUP")
+
+
+def case3(um: UserManager, tmp: Path) -> None:
+    unit = "bh-ro.service"
+    g = Genready(um, tmp, {"s": sim(um, unit)})
+    th._in_own_mounts(g)
+    with g:
+        stamp_file = th._inside(g, g.runtime_dir / "s.ready")
+        wait_for(lambda: g.get("/ready/s")[0] == 200 and stamp_file.exists(), 30, "verified")
+        th._ns(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
+        took = restart_verified(g, um, unit)
+        agree = th._three_surfaces(g, "s")
+        errors = th._metric(g, "genready_stamp_errors_total", target="s")
+        pid = show(um, unit)[0]
+        t0 = time.monotonic()
+        th._ns(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
+        wait_for(lambda: json.loads(stamp_file.read_text())["pid"] == pid, 30, "stamp caught up", interval=0.05)
+        caught = time.monotonic() - t0
+    um.systemctl("stop", unit)
+    line(3, "restart with runtime_dir read-only, then writable again",
+         f"new start verified {ms(took)} after the restart; /ready,/status,metric agree: {all(agree)}; "
+         f"stamp errors counted {errors:.0f}; stamp names the new PID {ms(caught)} after remount rw",
+         "/ready 200 while /status said loading and genready_ready 0; stale stamp, no log")
+
+
+# -- case 4: file descriptors --------------------------------------------------------------------
+
+def case4(um: UserManager, tmp: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client opens thousands
+    unit = "bh-fd.service"
+    g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
+    g.wrapper = ["prlimit", "--nofile=1024:1024", "--"]  # the limit the issue measured under
+    answers: dict[str, int] = {}
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            code, body = g.get("/ready/s", timeout=2)
+            kind = {200: "ready", 0: "no answer"}.get(code, f"{code}")
+            if code == 503:
+                kind = "503 over cap" if "maximum" in str(body) else "503 not ready"
+            answers[kind] = answers.get(kind, 0) + 1
+            stop.wait(0.05)
+
+    socks: list[socket.socket] = []
+    slow: list[socket.socket] = []
+    with g:
+        assert g.proc is not None
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        fd0 = fds(g.proc.pid)
+        log0 = g.log_path.stat().st_size
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        t0 = time.monotonic()
+        for i in range(3100):  # 2,000 long-polls (pid=1 never is ready) and 1,100 slowloris connections
+            try:
+                s = socket.create_connection(("127.0.0.1", g.port), timeout=2)
+                s.sendall(b"GET /ready/s?wait=600&pid=1 HTTP/1.1\r\nHost: x\r\n\r\n" if i % 3 else
+                          b"GET /ready HTTP/1.1\r\nHost: x\r\n")
+                s.setblocking(False)
+                (socks if i % 3 else slow).append(s)
+            except OSError:
+                pass
+        fd_peak = fds(g.proc.pid)
+        opened = time.monotonic() - t0
+        t0 = time.monotonic()
+        took = restart_verified(g, um, unit, timeout=60)
+        wait_for(lambda: all(th._closed_by_peer(s) for s in slow), 30, "slowloris closed", interval=0.2)
+        slow_closed = time.monotonic() - t0
+        for s in socks + slow:
+            s.close()
+        wait_for(lambda: fds(g.proc.pid) < fd0 + 10 if g.proc else True, 30, "flood gone", interval=0.1)
+        stop.set()
+        poller.join(5)
+        fd1 = fds(g.proc.pid)
+        refused = {why: th._metric(g, "genready_api_refused_total", why=why)
+                   for why in ("connections", "long_polls", "read_timeout")}
+        log_bytes = g.log_path.stat().st_size - log0
+        emfile = th._metric(g, "genready_probes_total", target="s", result="local_resources")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    um.systemctl("stop", unit)
+    line(4, "3,100 connections (2/3 long-polls, 1/3 slowloris) under LimitNOFILE=1024",
+         f"fds {fd0} -> peak {fd_peak} -> {fd1}; /ready polled meanwhile: {answers}; restart verified in "
+         f"{ms(took)}; flood opened in {opened:.1f} s, its {len(slow)} slowloris all closed {slow_closed:.1f} s "
+         f"later; refused {refused}; EMFILE probes {emfile:.0f}; log {log_bytes} bytes",
+         "/ready unanswered, EMFILE as refused, restart verified after 35.6 s, 66 MB of tracebacks")
+
+
+# -- case 5: unit names --------------------------------------------------------------------------
+
+def case5(um: UserManager, tmp: Path) -> None:
+    results = []
+    for unit in ("foo@.service", "x" * 300 + ".service"):
+        r = check_config(tmp, GOOD.replace('"t.service"', json.dumps(unit)))
+        results.append(f"{unit[:14]}{'…' if len(unit) > 14 else ''}: exit {r.returncode}")
+    line(5, "check-config with an invalid unit name", "; ".join(results),
+         "accepted, then every target unknown in a reconnect loop at serve")
 
 
 # -- case 6: many targets ------------------------------------------------------------------------
@@ -121,7 +297,64 @@ def case6(um: UserManager, tmp: Path) -> None:
         um.systemctl("stop", *[f"bh-many{j}.service" for j in range(i, min(n, i + 50))])
 
 
-CASES: dict[int, Callable[[UserManager, Path], None]] = {6: case6}
+
+
+# -- case 7: secrets and exposure ----------------------------------------------------------------
+
+def case7(um: UserManager, tmp: Path) -> None:
+    r = check_config(tmp, GOOD.replace("http://127.0.0.1:30000", "http://admin:pw@127.0.0.1:30000/"))
+    w = check_config(tmp, '[daemon]\nlisten = "0.0.0.0:9901"\n\n' + GOOD)
+    victim = tmp / "victim"
+    victim.write_text("precious\n")
+    state = tmp / "state"
+    state.mkdir()
+    (state / "records.jsonl").symlink_to(victim)
+    cfg = tmp / "link.toml"
+    cfg.write_text(f'[daemon]\nlisten = "127.0.0.1:{free_port()}"\nbus = "user"\nstate_dir = "{state}"\n'
+                   f'runtime_dir = "{tmp / "run"}"\n\n' + GOOD)
+    s = subprocess.run([*GENREADY, "serve", "--config", str(cfg)], capture_output=True, text=True, timeout=30,
+                       check=False, env=um.env)
+    untouched = victim.read_text() == "precious\n"
+    line(7, "userinfo URL; listen 0.0.0.0; records.jsonl a symlink",
+         f"userinfo: exit {r.returncode}, password shown: {'pw@' in r.stderr}; 0.0.0.0 warned by check-config: "
+         f"{'not a loopback' in w.stderr}; symlink: serve exit {s.returncode}, target untouched: "
+         f"{untouched}",
+         "userinfo accepted and shown in /status; no warning; symlink followed")
+
+
+# -- case 8: small ones --------------------------------------------------------------------------
+
+def case8(um: UserManager, tmp: Path) -> None:
+    with Genready(um, tmp, {"t": {"unit": "bh-none.service", "url": "http://127.0.0.1:1"}}, log_level="info") as g:
+        codes = [g.get("/ready?pid=" + q)[0] for q in ("%C2%B2", "%E2%91%A0", "%D9%A3", "1" * 5000)]
+        log0 = g.log_path.stat().st_size
+        n = 100
+        for _ in range(n):
+            with socket.create_connection(("127.0.0.1", g.port), timeout=5) as s:
+                s.sendall(b"GET /ready HTTP/1.1\r\nBad Header\r\n\r\n")
+                s.recv(4096)
+        per_request = (g.log_path.stat().st_size - log0) / n
+    bom = check_config(tmp, b"\xef\xbb\xbf" + GOOD.encode())
+
+    async def zero_tokens() -> str:
+        async for url in th._canned(json.dumps({"text": "OK", "meta_info": {"completion_tokens": 0}}).encode()):
+            prober = Prober(th._target(url))
+            try:
+                return str((await prober.probe(0)).failure)
+            finally:
+                await prober.close()
+        return "?"
+
+    failure = asyncio.run(zero_tokens())
+    table = "| 71 |" in (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line(8, "pid=²/①/٣/5,000 digits; 100 malformed requests; BOM; text with 0 tokens; exit 71",
+         f"/ready answers {codes}; log {per_request:.0f} bytes per malformed request; BOM: exit {bom.returncode} "
+         f"{'(named)' if 'BOM' in bom.stderr else ''}; 0-token text: {failure}; 71 in README: {table}",
+         "500 with traceback; 544 bytes/request; 'invalid statement'; ready; 71 undocumented")
+
+
+CASES: dict[int, Callable[[UserManager, Path], None]] = {
+    1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8}
 
 
 def main() -> int:
