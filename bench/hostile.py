@@ -27,11 +27,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tests.test_hostile as th
-from tests.helpers import GENREADY, Genready, free_port, show, sim_unit, wait_for
 
 from genready import config
 from genready.probe import Prober
-from genready.usermanager import UserManager
+from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 
 CHECK_CONFIG_TIMEOUT = 30
 
