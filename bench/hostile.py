@@ -242,7 +242,7 @@ def case4(um: UserManager, tmp: Path) -> None:
         poller.join(5)
         fd1 = fds(g.proc.pid)
         refused = {why: th._metric(g, "genready_api_refused_total", why=why)
-                   for why in ("connections", "long_polls", "read_timeout")}
+                   for why in ("evicted", "connections", "long_polls", "read_timeout")}
         log_bytes = g.log_path.stat().st_size - log0
         emfile = th._metric(g, "genready_probes_total", target="s", result="local_resources")
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -28,8 +28,8 @@ REVOCATION_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in Revocation)
 READY_CODES: Final[tuple[int, ...]] = (200, 503)
 
 # Why the API turned a client away (serving.py): over the connection cap, over the long-poll
-# cap, or no complete request within the read timeout.
-API_REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout")
+# cap, no complete request within the read timeout, or closed while idle to make room.
+API_REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout", "evicted")
 
 # Model loads take minutes (a 70B model from cold disk: 5-20 min); the top bucket matches the
 # longest load_timeout anyone should configure before calling the server stuck.

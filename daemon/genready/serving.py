@@ -5,9 +5,10 @@ half-sent requests use up its file descriptors and the probes fail with them. So
 
 * a request must arrive complete within REQUEST_READ_TIMEOUT of the connection opening or
   of the previous answer, else the connection is closed (slowloris);
-* at most `max_connections` connections are served; the next ones get a 503 saying so and
-  are closed quickly; beyond twice that they are closed at once, unanswered, so the file
-  descriptors reserved for probes, D-Bus and records stay free;
+* at most `max_connections` connections are served; a new one beyond that closes the oldest
+  connection not in a request (idle or half-sent), or if every one is in a request (long-polls),
+  gets a 503 saying so and is closed quickly; beyond twice the cap new ones are closed at once,
+  unanswered, so the file descriptors reserved for probes, D-Bus and records stay free;
 * malformed requests are logged in one line (then counted), never as a traceback;
 * event-loop errors such as accept() failing with EMFILE are logged once per interval.
 """
@@ -73,6 +74,7 @@ class ConnectionGuard:
         self._conns: dict[asyncio.BaseTransport, _Conn] = {}
         self.refused = 0  # connections answered 503 or closed for being over the cap
         self.timed_out = 0  # connections closed for not sending a complete request in time
+        self.evicted = 0  # idle connections closed to make room for a new one over the cap
 
     @property
     def open(self) -> int:
@@ -97,6 +99,8 @@ class ConnectionGuard:
 
     def _opened(self, transport: asyncio.Transport) -> None:
         n = len(self._conns) + 1
+        if n > self.max_connections and self._evict_oldest_idle():
+            n -= 1
         if n > 2 * self.max_connections:
             # No answer: reading the request would hold the descriptor the reserve is for.
             self.refused += 1
@@ -110,6 +114,21 @@ class ConnectionGuard:
         conn = _Conn(over_cap=n > self.max_connections)
         self._conns[transport] = conn
         self._arm(transport, conn)
+
+    def _evict_oldest_idle(self) -> bool:
+        """Close the oldest connection that is not in a request (idle keep-alive, or a request
+        head still arriving): else a flood of those would turn every real client away, while a
+        real request is answered within milliseconds of its connection opening."""
+        for transport, conn in self._conns.items():  # oldest first
+            if not conn.in_request:
+                del self._conns[transport]
+                if conn.timer is not None:
+                    conn.timer.cancel()
+                self.evicted += 1
+                self.on_refuse("evicted")
+                asyncio.get_running_loop().call_soon(transport.close)  # see _opened's abort
+                return True
+        return False
 
     def _closed(self, transport: asyncio.BaseTransport | None) -> None:
         conn = self._conns.pop(transport, None) if transport is not None else None
