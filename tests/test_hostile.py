@@ -652,3 +652,25 @@ async def test_case1_a_probe_task_that_dies_is_restarted(manager: UserManager, t
             await gate.close()
             fresh.close()
             manager.systemctl("stop", unit)
+
+
+def test_case4_event_loop_errors_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio reports accept() failing with EMFILE through the loop's exception handler on every
+    retry; genready's handler logs the first, counts the rest, and says how many at the next line."""
+    now = [0.0]
+    handler = serving.LoopErrors(interval=60.0, clock=lambda: now[0])
+    loop = asyncio.new_event_loop()
+    try:
+        emfile = OSError(24, "Too many open files")
+        with caplog.at_level("ERROR", logger="genready.api"):
+            for _ in range(1000):
+                handler(loop, {"message": "socket.accept() out of system resource", "exception": emfile})
+                now[0] += 0.01  # 1,000 in 10 s
+            now[0] = 61.0
+            handler(loop, {"message": "socket.accept() out of system resource", "exception": emfile})
+    finally:
+        loop.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "Too many open files" in lines[0] and "and 999 more" in lines[1]
+    assert not any(r.exc_info for r in caplog.records)  # an OSError is a line, not a traceback
