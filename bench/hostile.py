@@ -295,6 +295,7 @@ def case6(um: UserManager, tmp: Path) -> None:
     line(6, f"{config.MAX_TARGETS + 1} targets", f"check-config exit {r.returncode}: {r.stderr.splitlines()[0][-60:]}")
     for i in range(0, n, 50):
         um.systemctl("stop", *[f"bh-many{j}.service" for j in range(i, min(n, i + 50))])
+    case6_sigterm(um, tmp)
 
 
 
@@ -351,6 +352,37 @@ def case8(um: UserManager, tmp: Path) -> None:
          f"/ready answers {codes}; log {per_request:.0f} bytes per malformed request; BOM: exit {bom.returncode} "
          f"{'(named)' if 'BOM' in bom.stderr else ''}; 0-token text: {failure}; 71 in README: {table}",
          "500 with traceback; 544 bytes/request; 'invalid statement'; ready; 71 undocumented")
+
+
+def case6_sigterm(um: UserManager, tmp: Path) -> None:
+    """SIGTERM in states that used to delay it: a probe waiting on a server that never answers,
+    long-polls in flight, keep-alive connections open, just after start."""
+    port = free_port()
+    unit = "bh-hang.service"
+    um.install_unit(unit, sim_unit(port, "--hang-after", "0"))
+    um.systemctl("restart", unit)
+    results: list[str] = []
+    for state in ("just started", "a probe hanging (probe_timeout 30 s)", "50 long-polls in flight",
+                  "50 idle keep-alive connections"):
+        d = tmp / str(len(results))
+        d.mkdir()
+        g = Genready(um, d, {"h": {"unit": unit, "url": f"http://127.0.0.1:{port}", "probe_timeout": 30.0}})
+        socks: list[socket.socket] = []
+        with g:
+            if state != "just started":
+                wait_for(lambda g=g: g.status()["targets"]["h"]["state"] == "loading", 30, "probing")  # type: ignore[misc]
+                time.sleep(0.3)  # not synchronisation: lets the first probe get stuck in the hung server
+            for _ in range(50 if "50" in state else 0):
+                s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
+                s.sendall(b"GET /ready/h?wait=600 HTTP/1.1\r\nHost: x\r\n\r\n" if "long-polls" in state
+                          else b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                socks.append(s)
+            time.sleep(0.2)  # not synchronisation: the requests reach their handlers
+            results.append(f"{state}: {ms(sigterm_seconds(g))}")
+        for s in socks:
+            s.close()
+    um.systemctl("stop", unit)
+    line(6, "SIGTERM -> exit", "; ".join(results), "1.8-2.0 s even idle")
 
 
 CASES: dict[int, Callable[[UserManager, Path], None]] = {
