@@ -104,3 +104,13 @@ def test_jitter_stays_within_bounds() -> None:
     fast = [s.after(LOADING_503) for _ in range(200)]
     assert min(fast) >= FAST_RETRY * 0.8 and max(fast) <= FAST_RETRY * 1.2
     assert len(set(fast)) > 1  # it does vary: genreadys must not probe in lockstep
+
+
+@pytest.mark.parametrize("failure", list(Failure))
+def test_every_failure_class_has_a_deliberate_cost(failure: Failure) -> None:
+    # Only "nothing answered" is free to retry; any class added later backs off until someone
+    # decides otherwise here and in schedule.cost.
+    expected = Cost.NOTHING if failure is Failure.REFUSED else Cost.COSTLY
+    if failure.value == "rejected":  # issue 11's class for a refusal that needs an admin
+        expected = Cost.REJECTED
+    assert cost(failed(failure)) is expected
