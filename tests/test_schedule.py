@@ -21,8 +21,12 @@ LOADING_503 = failed(Failure.HTTP_STATUS, 503)  # llama.cpp's {"message":"Loadin
 TIMEOUT = failed(Failure.TIMEOUT, seconds=30.0)
 
 
-def schedule(initial: float = 0.25, maximum: float = 2.0) -> Schedule:
-    return Schedule(initial, maximum, jitter=lambda: 1.0)
+def schedule(initial: float = 0.25, maximum: float = 2.0, patience: float = float("inf")) -> Schedule:
+    return Schedule(initial, maximum, patience=patience, jitter=lambda: 1.0)
+
+
+def secs(s: Schedule, result: ProbeResult, waited: float = 0.0) -> float:
+    return s.after(result, waited).seconds
 
 
 @pytest.mark.parametrize(("result", "expected"), [
@@ -51,43 +55,43 @@ def test_cost_of_each_outcome(result: ProbeResult, expected: Cost) -> None:
 
 def test_refused_and_fast_503_retry_fast_without_growing() -> None:
     s = schedule()
-    assert [s.after(REFUSED) for _ in range(20)] == [FAST_RETRY] * 20
-    assert [s.after(LOADING_503) for _ in range(20)] == [FAST_RETRY] * 20
+    assert [secs(s, REFUSED) for _ in range(20)] == [FAST_RETRY] * 20
+    assert [secs(s, LOADING_503) for _ in range(20)] == [FAST_RETRY] * 20
 
 
 def test_timeouts_back_off_from_initial_doubling_to_max() -> None:
     s = schedule(0.25, 2.0)
-    assert [s.after(TIMEOUT) for _ in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    assert [secs(s, TIMEOUT) for _ in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
 
 
 def test_cheap_failures_between_costly_ones_neither_reset_nor_advance_the_backoff() -> None:
     s = schedule(0.25, 2.0)
-    assert s.after(TIMEOUT) == 0.25
-    assert s.after(TIMEOUT) == 0.5
-    assert s.after(LOADING_503) == FAST_RETRY
-    assert s.after(REFUSED) == FAST_RETRY
-    assert s.after(TIMEOUT) == 1.0
+    assert secs(s, TIMEOUT) == 0.25
+    assert secs(s, TIMEOUT) == 0.5
+    assert secs(s, LOADING_503) == FAST_RETRY
+    assert secs(s, REFUSED) == FAST_RETRY
+    assert secs(s, TIMEOUT) == 1.0
 
 
 def test_success_resets_the_backoff_and_paces_warmup_at_backoff_initial() -> None:
     s = schedule(0.25, 2.0)
     for _ in range(5):
-        s.after(TIMEOUT)
-    assert s.after(OK) == 0.25
-    assert s.after(TIMEOUT) == 0.25
+        secs(s, TIMEOUT)
+    assert secs(s, OK) == 0.25
+    assert secs(s, TIMEOUT) == 0.25
 
 
 def test_rejected_retries_at_backoff_max() -> None:
     s = schedule(0.25, 2.0)
-    assert s.after(failed(Failure.HTTP_STATUS, 401)) == 2.0
-    assert s.after(TIMEOUT) == 0.25  # and does not advance the costly backoff
+    assert secs(s, failed(Failure.HTTP_STATUS, 401)) == 2.0
+    assert secs(s, TIMEOUT) == 0.25  # and does not advance the costly backoff
 
 
 def test_a_slow_server_gets_at_most_a_few_requests_per_second() -> None:
     # Whatever it answers, a server that takes SLOW_ANSWER or more per answer is not retried fast.
     s = schedule(0.25, 2.0)
     slow = failed(Failure.HTTP_STATUS, 503, seconds=SLOW_ANSWER)
-    delays = [s.after(slow) for _ in range(10)]
+    delays = [secs(s, slow) for _ in range(10)]
     rate = len(delays) / sum(d + SLOW_ANSWER for d in delays)
     assert delays[0] == 0.25 and delays[-1] == 2.0
     assert rate < 5
@@ -96,12 +100,12 @@ def test_a_slow_server_gets_at_most_a_few_requests_per_second() -> None:
 def test_backoff_max_bounds_every_delay_even_the_fast_one() -> None:
     s = Schedule(0.01, 0.05, jitter=lambda: 1.2)
     for r in (REFUSED, LOADING_503, TIMEOUT, OK, failed(Failure.HTTP_STATUS, 400)):
-        assert s.after(r) <= 0.05
+        assert secs(s, r) <= 0.05
 
 
 def test_jitter_stays_within_bounds() -> None:
     s = Schedule(0.25, 2.0)  # real random jitter
-    fast = [s.after(LOADING_503) for _ in range(200)]
+    fast = [secs(s, LOADING_503) for _ in range(200)]
     assert min(fast) >= FAST_RETRY * 0.8 and max(fast) <= FAST_RETRY * 1.2
     assert len(set(fast)) > 1  # it does vary: genreadys must not probe in lockstep
 
@@ -114,3 +118,19 @@ def test_every_failure_class_has_a_deliberate_cost(failure: Failure) -> None:
     if failure.value == "rejected":  # issue 11's class for a refusal that needs an admin
         expected = Cost.REJECTED
     assert cost(failed(failure)) is expected
+
+
+def test_only_a_refusal_asks_to_watch_the_port() -> None:
+    s = schedule()
+    assert s.after(REFUSED).watch
+    assert not any(s.after(r).watch for r in (LOADING_503, TIMEOUT, OK, failed(Failure.HTTP_STATUS, 404)))
+
+
+def test_a_stuck_start_backs_off_even_for_cheap_failures() -> None:
+    # Past load_timeout nobody waits on a tight lag: a server that never finishes loading gets a
+    # probe per backoff_max at most, not five a second forever, and no port watch.
+    s = schedule(0.25, 2.0, patience=1800.0)
+    assert secs(s, LOADING_503, waited=1799.0) == FAST_RETRY
+    assert [secs(s, LOADING_503, waited=1800.0) for _ in range(5)] == [0.25, 0.5, 1.0, 2.0, 2.0]
+    stuck_refusal = s.after(REFUSED, waited=3600.0)
+    assert stuck_refusal == (2.0, False)

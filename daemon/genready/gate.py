@@ -27,7 +27,7 @@ from genready.history import History, from_iso, iso
 from genready.listen import ListenWatch
 from genready.probe import Failure, Prober, ProbeResult
 from genready.records import RecordStore, StartRecord
-from genready.schedule import Cost, Schedule, cost
+from genready.schedule import Schedule
 from genready.watcher import FreshReader, Snapshot
 
 log = logging.getLogger("genready.gate")
@@ -286,7 +286,7 @@ class TargetGate:
         asyncio.get_running_loop().call_later(self.cfg.backoff_max, restart)
 
     async def _probe_loop(self, inst: Instance) -> None:
-        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max)
+        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max, patience=self.cfg.load_timeout)
         while self._probe_wanted() == inst:  # also guards against a cancellation lost in a race
             if self.verified and self.verified.instance == inst:
                 await asyncio.sleep(self.cfg.recheck_interval)
@@ -315,11 +315,11 @@ class TargetGate:
     async def _pause(self, schedule: Schedule, result: ProbeResult, inst: Instance) -> None:
         """Wait before the next probe: as long as the schedule says for what `result` cost the
         server, or, after a refused connection, until the server listens (listen.py)."""
-        delay = schedule.after(result)
-        if cost(result) is Cost.NOTHING:
-            await self.listen.pause(delay, inst.main_pid, cap=self.cfg.backoff_max)
+        wait = schedule.after(result, time.time() - self.progress.waiting_since)
+        if wait.watch:
+            await self.listen.pause(wait.seconds, inst.main_pid, cap=self.cfg.backoff_max)
         else:
-            await asyncio.sleep(delay)
+            await asyncio.sleep(wait.seconds)
 
     async def _probe_once(self, inst: Instance) -> ProbeResult:
         """One generation with the instance proof around it: same instance before and after."""

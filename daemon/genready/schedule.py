@@ -9,6 +9,10 @@ than 408/429 means the server is up and refuses the probe's request: no retry so
 that, so it is retried at `backoff_max`. A success during warmup is a real generation: the next
 one follows after `backoff_initial`.
 
+Fast retries are for a server someone is waiting for. Once a start has waited longer than
+`load_timeout` (the target is `stuck`), refusals and fast 5xx back off like everything else:
+a server that never finishes costs a probe per `backoff_max`, not five a second forever.
+
 Pure logic, no clock and no I/O: the gate sleeps (or waits for the listen watcher, listen.py)
 for the delay this returns. Any failure class this module does not know is treated as costly.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import enum
 import random
 from collections.abc import Callable
-from typing import Final
+from typing import Final, NamedTuple
 
 from genready.probe import Failure, ProbeResult
 
@@ -57,6 +61,13 @@ def cost(result: ProbeResult) -> Cost:
     return Cost.COSTLY
 
 
+class Wait(NamedTuple):
+    """What to do before the next probe."""
+
+    seconds: float
+    watch: bool  # nothing answered: the gate may wait for the port to listen instead (listen.py)
+
+
 class Schedule:
     """The retry delays of one target's probing of one instance.
 
@@ -66,19 +77,23 @@ class Schedule:
     timeout still backs off for the timeouts.
     """
 
-    def __init__(self, backoff_initial: float, backoff_max: float, *, fast: float = FAST_RETRY,
-                 jitter: Callable[[], float] | None = None) -> None:
+    def __init__(self, backoff_initial: float, backoff_max: float, *, patience: float = float("inf"),
+                 fast: float = FAST_RETRY, jitter: Callable[[], float] | None = None) -> None:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         # A fast retry is never slower than the costly case's cap: backoff_max bounds how late a
         # server that can generate is noticed.
         self.fast = min(fast, backoff_max)
+        self.patience = patience  # load_timeout: how long fast retries are worth their cost
         self._jitter = jitter or (lambda: random.uniform(1 - JITTER, 1 + JITTER))
         self._backoff = backoff_initial
 
-    def after(self, result: ProbeResult) -> float:
-        """Seconds to wait after `result` before probing again."""
-        return self.delay(cost(result))
+    def after(self, result: ProbeResult, waited: float = 0.0) -> Wait:
+        """What to do after `result`, `waited` seconds after the start began to be probed."""
+        c = cost(result)
+        if waited >= self.patience and c in (Cost.NOTHING, Cost.CHEAP):
+            c = Cost.COSTLY  # stuck: nobody is waiting on a tight lag any more
+        return Wait(self.delay(c), c is Cost.NOTHING)
 
     def delay(self, c: Cost) -> float:
         if c is Cost.SUCCESS:
