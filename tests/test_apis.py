@@ -61,3 +61,38 @@ def test_model_list() -> None:
     assert apis.model_from_list(b'{"data": [{"id": "llama"}]}') == "llama"
     with pytest.raises(BadAnswer, match="no model listed"):
         apis.model_from_list(b'{"data": []}')
+
+
+@pytest.mark.parametrize(("api", "events", "counts", "new"), [
+    # SGLang's native stream repeats the cumulative answer; the count is the server's.
+    ("sglang", [b'{"text": " a", "output_ids": [1], "meta_info": {"completion_tokens": 1}}',
+                b'{"text": " a b c", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}',
+                b'{"text": " a b c", "output_ids": [1, 2, 3], "meta_info": {"completion_tokens": 3}}'],
+     [1, 3, 3], [True, True, False]),
+    # OpenAI: a piece per event; the role-only first delta and the finish event carry no output;
+    # the usage event raises the count (two tokens per piece here) without being an output event.
+    ("openai-chat", [b'{"choices": [{"delta": {"role": "assistant", "content": ""}}]}',
+                     b'{"choices": [{"delta": {"content": "Hi"}}]}',
+                     b'{"choices": [{"delta": {"content": " there"}}]}',
+                     b'{"choices": [{"delta": {}, "finish_reason": "length"}]}',
+                     b'{"choices": [], "usage": {"completion_tokens": 4}}'],
+     [0, 1, 2, 2, 4], [False, True, True, False, False]),
+    ("openai-completions", [b'{"choices": [{"text": " x"}]}', b'{"choices": [{"text": ""}], "usage": null}'],
+     [1, 1], [True, False]),
+])
+def test_stream_events_count_tokens_and_mark_output(api: str, events: list[bytes], counts: list[int],
+                                                    new: list[bool]) -> None:
+    n, seen_counts, seen_new = 0, [], []
+    for ev in events:
+        n, fresh = apis.streamed(apis.APIS[api], ev, n)
+        seen_counts.append(n)
+        seen_new.append(fresh)
+    assert (seen_counts, seen_new) == (counts, new)
+
+
+def test_stream_bodies_ask_for_a_stream_and_openai_for_usage() -> None:
+    assert apis.stream_body(apis.APIS["sglang"], prompt="p", max_tokens=3)["stream"] is True
+    chat = apis.stream_body(apis.APIS["openai-chat"], prompt="p", max_tokens=3, model="m")
+    assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
+    with pytest.raises(apis.BadAnswer, match="error"):
+        apis.streamed(apis.APIS["openai-chat"], b'{"object": "error", "message": "boom"}', 0)

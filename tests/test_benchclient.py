@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import random
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,14 +64,17 @@ def test_every_api_counts_and_names_the_guarded_pid(sim: Sim, api: str, tmp_path
               "--output", str(out), env=GUARD_ENV)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0] == (f"benchclient: 12 requests at concurrency 3 to {sim.url} ({api}, max_tokens 5), "
-                        "target sglang, pid 4242")
+    assert lines[0] == (f"benchclient: 12 requests at concurrency 3 to {sim.url} ({api}, max_tokens 5, "
+                        "streaming), target sglang, pid 4242")
     assert "  requests   12 ok, 0 failed" in lines
     assert any(line.startswith("  rate       ") and " requests/s, " in line and " tokens/s over " in line
                for line in lines)
     assert any(line.startswith("  latency    p50 ") and ", p99 " in line for line in lines)
     assert lines[-1] == ("  served by pid 4242 (invocation 0123456789abcdef0123456789abcdef, unit sglang.service)")
-    assert r.stderr == ""  # no progress bar: stderr is not a terminal
+    assert any(line.startswith("  ttft       p50 ") for line in lines)
+    assert any(line.startswith("  itl        p50 ") for line in lines)
+    # Not a terminal: plain progress lines, no bar.
+    assert "\r" not in r.stderr and "benchclient: 12/12 done" in r.stderr.splitlines()
     result = json.loads(out.read_text())
     assert (result["ok"], result["failed"], result["api"], result["target"]) == (12, 0, api, "sglang")
     assert result["served_by"] == {"pid": "4242", "invocation_id": GUARD_ENV["GENREADY_INVOCATION_ID"],
@@ -78,6 +82,50 @@ def test_every_api_counts_and_names_the_guarded_pid(sim: Sim, api: str, tmp_path
     # 5 tokens per request, counted from the server's own usage figures.
     assert result["tokens_per_second"] == pytest.approx(5 * result["requests_per_second"], rel=1e-3)
     assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
+    assert 0 < result["ttft_p50_ms"] <= result["ttft_p99_ms"] <= result["e2e_p99_ms"]
+    assert result["output_tokens"] == 60 and result["stream"] is True
+
+
+@pytest.mark.parametrize("api", apis.NAMES)
+def test_streaming_times_the_first_token_and_the_gaps_between_tokens(tmp_path: Path, api: str) -> None:
+    """The simulator paces each token by --token-latency: the gaps the client sees are token gaps,
+    not whole requests, and the first token comes one gap after the request, not at its end."""
+    s = Sim(tmp_path, "--token-latency", "0.03")
+    try:
+        out = tmp_path / "r.jsonl"
+        r = bench("--url", s.url, "--api", api, "-n", "4", "-c", "2", "--max-tokens", "6", "--label", "pace",
+                  "--output", str(out), env={"GENREADY_SWEEP_POINT": '{"budget": 8}', **GUARD_ENV})
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert 25 <= res["itl_p50_ms"] <= 150, res  # one token's latency, with room for a busy machine
+    assert 25 <= res["ttft_p50_ms"] < res["e2e_p50_ms"], res
+    assert res["e2e_p50_ms"] >= 6 * 30 * 0.9, res
+    assert res["output_tokens"] == 24 and res["label"] == "pace"
+    assert res["sweep_point"] == {"budget": 8} and res["served_by"]["pid"] == "4242"
+    assert '  sweep point {"budget": 8}' in r.stdout and ", label pace," in r.stdout.splitlines()[0]
+
+
+def test_poisson_arrivals_follow_the_seeded_schedule(sim: Sim, tmp_path: Path) -> None:
+    """--request-rate spaces the sends by exponential gaps; with --seed the schedule is known."""
+    rng = random.Random(7)
+    gaps = sum(rng.expovariate(10.0) for _ in range(7))  # 8 requests: 7 gaps between sends
+    out = tmp_path / "p.jsonl"
+    r = bench("--url", sim.url, "-n", "8", "-c", "8", "--request-rate", "10", "--seed", "7", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["wall_seconds"] >= gaps and res["request_rate"] == 10.0 and res["ok"] == 8
+    assert "Poisson 10 requests/s" in r.stdout.splitlines()[0]
+
+
+def test_no_stream_has_no_token_timings(sim: Sim, tmp_path: Path) -> None:
+    out = tmp_path / "n.jsonl"
+    r = bench("--url", sim.url, "-n", "3", "--no-stream", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["stream"] is False and res["ttft_p50_ms"] is None and res["itl_p50_ms"] is None
+    assert "ttft" not in r.stdout and "streaming" not in r.stdout
 
 
 def test_no_pid_line_outside_guard(sim: Sim) -> None:

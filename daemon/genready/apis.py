@@ -151,3 +151,54 @@ def models_from_list(body: bytes) -> list[str]:
 def model_from_list(body: bytes) -> str:
     """The first model id of a GET /v1/models answer (data[0].id); BadAnswer if there is none."""
     return models_from_list(body)[0]
+
+
+# --- streaming (the bench client's TTFT and inter-token latency) -----------------------------------
+#
+# A stream is SSE `data: {json}` events ending with `data: [DONE]`. SGLang's native stream repeats
+# the cumulative text/output_ids/meta_info in every event; the OpenAI routes send each new piece
+# (choices[0].text, or choices[0].delta.content) and, with stream_options.include_usage, a last
+# event with usage.completion_tokens. `streamed_tokens` turns either into a running token count.
+
+
+def _stream_body(api: ServerApi, prompt: str, max_tokens: int, model: str) -> dict[str, Any]:
+    body = api.body(prompt=prompt, max_tokens=max_tokens, model=model)
+    body["stream"] = True
+    if api.needs_model:  # the OpenAI routes: ask for the final usage event, the server's own count
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _openai_piece(doc: Mapping[str, Any], what: str) -> bool:
+    choices = _typed(doc, "choices", list, what)
+    first = choices[0] if choices else None
+    if not isinstance(first, dict):
+        return False
+    delta = first.get("delta")
+    piece = (delta.get("content") or delta.get("reasoning_content")) if isinstance(delta, dict) else first.get("text")
+    return isinstance(piece, str) and piece != ""
+
+
+def streamed(api: ServerApi, event: bytes, before: int) -> tuple[int, bool]:
+    """After one stream event's JSON: (generated tokens so far, never below `before`; whether the
+    event carried new output). Only events with output time tokens: a final usage event may raise
+    the count (several tokens per piece, as in speculative decoding) but carries none.
+
+    BadAnswer if the event is not JSON of the API's shape, or reports an error."""
+    what = f"POST {api.path} (stream)"
+    doc = json_object(event, what)
+    if not api.needs_model:
+        ids = _typed(doc, "output_ids", list, what)
+        meta = _typed(doc, "meta_info", dict, what)
+        text = _typed(doc, "text", str, what)
+        now = max(before, _count((meta or {}).get("completion_tokens")), len(ids or ()),
+                  1 if text and not before else 0)
+        return now, now > before
+    usage = _typed(doc, "usage", dict, what)
+    piece = _openai_piece(doc, what)
+    return max(before + piece, _count((usage or {}).get("completion_tokens"))), piece
+
+
+def stream_body(api: ServerApi, *, prompt: str, max_tokens: int, model: str = "") -> dict[str, Any]:
+    """The JSON body of one streaming, greedy generation."""
+    return _stream_body(api, prompt, max_tokens, model)

@@ -1,20 +1,29 @@
-"""`python -m genready.benchclient`: a small benchmark client for one LLM server.
+"""`genready-bench-client` (`python -m genready.benchclient`): a benchmark client for one LLM server.
 
-N requests at concurrency C against SGLang's native API or the OpenAI routes, then one
-result block: requests ok/failed, requests/s, tokens/s, latency p50/p99. Run under
-`genready guard TARGET -- python -m genready.benchclient …` it also prints which verified
-server process it measured (guard sets GENREADY_PID, GENREADY_INVOCATION_ID, GENREADY_UNIT),
-so a result can always be traced to one server start. Exit status 1 if any request failed.
+N requests against SGLang's native API or the OpenAI routes, at a fixed concurrency C or
+arriving as a Poisson process (`--request-rate R`, at most C in flight), streamed by default.
+It reports what SGLang's bench_serving and vLLM's benchmark_serving report: time to first
+token and inter-token latency (p50/p99, from the stream), end-to-end latency, output tokens/s
+and requests/s. Requests and the token count follow apis.py, the probe's definitions.
+
+Run under `genready guard` or `genready sweep` it names the verified server process it
+measured (GENREADY_PID, GENREADY_INVOCATION_ID, GENREADY_UNIT) and the sweep point
+(GENREADY_SWEEP_POINT), so a result can always be traced to one server start. Exit status 1
+if any request failed.
 
 The result block is meant for people, but its lines are stable for scripts and the demo:
 
-    benchclient: N requests at concurrency C to URL (API, max_tokens M)[, target T][, pid P]
+    benchclient: N requests at concurrency C to URL (API, max_tokens M[, streaming][, Poisson R/s])[, …]
       requests   N ok, F failed[ (…error kinds…)]
       rate       R requests/s, T tokens/s over S s
       latency    p50 X ms, p99 Y ms
+      ttft       p50 X ms, p99 Y ms          (streaming only)
+      itl        p50 X ms, p99 Y ms          (streaming only)
       served by pid P (invocation I, unit U)
+      sweep point {…}
 
-`--output FILE` appends the same result as one JSON object per line.
+`--output FILE` appends the same result as one JSON object per line. A progress bar goes to
+stderr on a terminal, a plain line per 10 % otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import asyncio
 import json
 import math
 import os
+import random
 import sys
 import time
 from collections import Counter
@@ -49,6 +59,8 @@ class Outcome:
     seconds: float
     tokens: int = 0
     error: str = ""
+    ttft: float | None = None  # seconds to the first event with output (streaming only)
+    itl: tuple[float, ...] = ()  # seconds between later events with output
 
 
 @dataclass
@@ -76,6 +88,13 @@ class Summary:
     def latencies_ms(self) -> list[float]:
         # Only successful requests: a refused connection's 1 ms would flatter the server.
         return sorted(o.seconds * 1000 for o in self.outcomes if o.ok)
+
+    def ttfts_ms(self) -> list[float]:
+        return sorted(o.ttft * 1000 for o in self.outcomes if o.ok and o.ttft is not None)
+
+    def itls_ms(self) -> list[float]:
+        # Every gap of every request, as bench_serving pools them: a p99 of token gaps, not of requests.
+        return sorted(gap * 1000 for o in self.outcomes if o.ok for gap in o.itl)
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float | None:
@@ -124,17 +143,68 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
     return Outcome(True, took, tokens)
 
 
+async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
+                     timeout: float) -> Outcome:
+    """One streamed generation: TTFT and the gaps between events that carried output."""
+    t0 = time.perf_counter()
+    tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
+    try:
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+            if r.status != 200:
+                await r.read()
+                return Outcome(False, time.perf_counter() - t0, error=f"HTTP {r.status}")
+            async for raw in r.content:  # one SSE line at a time
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                tokens, new = apis.streamed(api, data, tokens)
+                if new:
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
+            took = time.perf_counter() - t0
+        if not done:
+            raise BadAnswer("the stream ended without data: [DONE]")
+        if tokens < 1:
+            raise BadAnswer("the stream carried no generated token")
+    except TIMEOUT_ERRORS:
+        return Outcome(False, time.perf_counter() - t0, error=f"timeout ({timeout:g} s)")
+    except aiohttp.ClientConnectorError as e:
+        err = e.os_error
+        why = os.strerror(err.errno) if err.errno else str(err)
+        return Outcome(False, time.perf_counter() - t0, error=f"cannot connect: {why}")
+    except (aiohttp.ClientError, ValueError) as e:  # ValueError: an SSE line over aiohttp's line limit
+        return Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
+    except BadAnswer as e:
+        return Outcome(False, time.perf_counter() - t0, error=f"bad response: {e}")
+    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps))
+
+
 class Progress:
-    """A one-line progress bar on a terminal; silent on anything else (logs stay clean)."""
+    """A one-line progress bar on a terminal; on anything else a plain line per 10 % (logs stay readable)."""
 
     def __init__(self, total: int, stream: TextIO) -> None:
         self.total = total
         self.stream = stream
         self.enabled = stream.isatty()
         self._last = 0.0
+        self._tenths = 0
 
     def update(self, done: int, failed: int, *, force: bool = False) -> None:
         if not self.enabled:
+            tenths = 10 * done // max(1, self.total)
+            if tenths > self._tenths:
+                self._tenths = tenths
+                self.stream.write(f"benchclient: {done}/{self.total} done" + (f", {failed} failed" if failed else "")
+                                  + "\n")
+                self.stream.flush()
             return
         now = time.monotonic()
         if not force and now - self._last < PROGRESS_INTERVAL and done < self.total:
@@ -152,28 +222,56 @@ class Progress:
 
 
 async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens: int, timeout: float,
-              prompt: str, model: str | None, progress: Progress) -> Summary:
-    """Send `requests` generations, at most `concurrency` at a time; every one time-bounded."""
+              prompt: str, model: str | None, progress: Progress, stream: bool = True,
+              request_rate: float | None = None, seed: int | None = None) -> Summary:
+    """Send `requests` generations, at most `concurrency` at a time; every one time-bounded.
+
+    Without `request_rate` C workers send back to back; with it, requests arrive as a Poisson
+    process of that rate (exponential gaps, as bench_serving's --request-rate), still at most C
+    in flight."""
     summary = Summary(requests, concurrency)
+    server = APIS[api]
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector) as session:
-        if APIS[api].needs_model and model is None:
+        if server.needs_model and model is None:
             model = await discover_model(session, url, timeout)
             if model is None:
                 print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
-        body = APIS[api].body(prompt=prompt, max_tokens=max_tokens, model=model or "")
-        todo = iter(range(requests))
+        if stream:
+            body = apis.stream_body(server, prompt=prompt, max_tokens=max_tokens, model=model or "")
+        else:
+            body = server.body(prompt=prompt, max_tokens=max_tokens, model=model or "")
+        send = one_stream if stream else one_request
 
-        async def worker() -> None:
-            # Workers pull from one shared iterator: exactly `requests` requests in total.
-            for _ in todo:
-                summary.outcomes.append(await one_request(session, url, APIS[api], body, timeout))
-                progress.update(len(summary.outcomes), summary.failed)
+        async def one() -> None:
+            summary.outcomes.append(await send(session, url, server, body, timeout))
+            progress.update(len(summary.outcomes), summary.failed)
 
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+        if request_rate is None:
+            todo = iter(range(requests))
+
+            async def worker() -> None:
+                for _ in todo:  # workers pull from one shared iterator: exactly `requests` in total
+                    await one()
+
+            await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+        else:
+            rng = random.Random(seed)
+            slots = asyncio.Semaphore(concurrency)
+
+            async def limited() -> None:
+                async with slots:
+                    await one()
+
+            tasks = []
+            for i in range(requests):
+                tasks.append(asyncio.ensure_future(limited()))
+                if i + 1 < requests:
+                    await asyncio.sleep(rng.expovariate(request_rate))
+            await asyncio.gather(*tasks)
         summary.wall_seconds = time.perf_counter() - t0
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
@@ -189,18 +287,32 @@ def served_by(env: Mapping[str, str]) -> dict[str, str] | None:
             "unit": env.get("GENREADY_UNIT", "?")}
 
 
+def sweep_point(env: Mapping[str, str]) -> Any:
+    """The sweep point `genready sweep` runs us for (GENREADY_SWEEP_POINT, JSON), if any."""
+    raw = env.get("GENREADY_SWEEP_POINT")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 def header(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     s = served_by(env)
+    how = "".join([", streaming" if args.stream else "",
+                   f", Poisson {args.request_rate:g} requests/s" if args.request_rate else ""])
     return (f"benchclient: {args.requests} requests at concurrency {args.concurrency} to {args.url} "
-            f"({args.api}, max_tokens {args.max_tokens})"
-            + (f", target {args.target}" if args.target else "") + (f", pid {s['pid']}" if s else ""))
+            f"({args.api}, max_tokens {args.max_tokens}{how})"
+            + (f", target {args.target}" if args.target else "") + (f", label {args.label}" if args.label else "")
+            + (f", pid {s['pid']}" if s else ""))
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} ms"
 
 
-def format_summary(s: Summary, env: Mapping[str, str]) -> str:
+def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) -> str:
     lat = s.latencies_ms()
     wall = max(s.wall_seconds, 1e-9)
     errors = s.errors()
@@ -213,23 +325,39 @@ def format_summary(s: Summary, env: Mapping[str, str]) -> str:
         f"  rate       {s.ok / wall:.1f} requests/s, {s.tokens / wall:.1f} tokens/s over {s.wall_seconds:.2f} s",
         f"  latency    p50 {_ms(percentile(lat, 50))}, p99 {_ms(percentile(lat, 99))}",
     ]
+    if stream:
+        ttft, itl = s.ttfts_ms(), s.itls_ms()
+        lines.append(f"  ttft       p50 {_ms(percentile(ttft, 50))}, p99 {_ms(percentile(ttft, 99))}")
+        lines.append(f"  itl        p50 {_ms(percentile(itl, 50))}, p99 {_ms(percentile(itl, 99))}")
     who = served_by(env)
     if who:
         lines.append(f"  served by pid {who['pid']} (invocation {who['invocation_id']}, unit {who['unit']})")
+    point = sweep_point(env)
+    if point is not None:
+        lines.append(f"  sweep point {json.dumps(point)}")
     return "\n".join(lines) + "\n"
 
 
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
 def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) -> dict[str, Any]:
-    lat = s.latencies_ms()
+    lat, ttft, itl = s.latencies_ms(), s.ttfts_ms(), s.itls_ms()
     wall = max(s.wall_seconds, 1e-9)
     return {
-        "time": time.time(), "target": args.target, "url": args.url, "api": args.api,
-        "requests": s.requests, "concurrency": s.concurrency, "max_tokens": args.max_tokens,
+        "time": time.time(), "label": args.label, "target": args.target, "url": args.url, "api": args.api,
+        "requests": s.requests, "concurrency": s.concurrency, "request_rate": args.request_rate,
+        "stream": args.stream, "max_tokens": args.max_tokens,
         "ok": s.ok, "failed": s.failed, "errors": dict(s.errors()),
         "wall_seconds": round(s.wall_seconds, 6), "requests_per_second": round(s.ok / wall, 3),
-        "tokens_per_second": round(s.tokens / wall, 3),
-        "latency_p50_ms": percentile(lat, 50), "latency_p99_ms": percentile(lat, 99),
-        "served_by": served_by(env),
+        "tokens_per_second": round(s.tokens / wall, 3), "output_tokens": s.tokens,
+        "output_tokens_per_second": round(s.tokens / wall, 3),
+        "latency_p50_ms": _r(percentile(lat, 50)), "latency_p99_ms": _r(percentile(lat, 99)),
+        "e2e_p50_ms": _r(percentile(lat, 50)), "e2e_p99_ms": _r(percentile(lat, 99)),
+        "ttft_p50_ms": _r(percentile(ttft, 50)), "ttft_p99_ms": _r(percentile(ttft, 99)),
+        "itl_p50_ms": _r(percentile(itl, 50)), "itl_p99_ms": _r(percentile(itl, 99)),
+        "served_by": served_by(env), "sweep_point": sweep_point(env),
     }
 
 
@@ -256,9 +384,10 @@ def _positive_float(s: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m genready.benchclient",
-        description="Send N generations at concurrency C to an LLM server and print requests/s, tokens/s and "
-        "latency p50/p99. Under `genready guard` it also names the verified server pid it measured. "
-        "Exit status 1 if any request failed.")
+        description="Send N generations to an LLM server, at concurrency C or as Poisson arrivals, and print "
+        "time to first token and inter-token latency (streaming), end-to-end latency (p50/p99), output tokens/s "
+        "and requests/s. Under `genready guard` or `genready sweep` it also names the verified server pid it "
+        "measured and the sweep point. Exit status 1 if any request failed.")
     p.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL (default: %(default)s)")
     p.add_argument("--api", choices=apis.NAMES, default="sglang",
                    help="sglang: POST /generate; openai-completions / openai-chat: POST /v1/completions, "
@@ -269,11 +398,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests in flight at once (default: %(default)s)")
     p.add_argument("--max-tokens", type=_positive_int, default=32, metavar="M",
                    help="tokens to generate per request (default: %(default)s)")
+    p.add_argument("--request-rate", type=_positive_float, metavar="R",
+                   help="send requests as a Poisson process of R requests/s (at most C in flight); "
+                   "default: C requests back to back")
+    p.add_argument("--seed", type=int, help="random seed of the Poisson arrivals, for a repeatable schedule")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
+                   help="stream the answers, for time to first token and inter-token latency (default: on)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
                    help="seconds one request may take, connecting included (default: %(default)s)")
     p.add_argument("--model", help="model name for the OpenAI APIs (default: the first of /v1/models)")
     p.add_argument("--prompt", default="Write one sentence about systemd.", help="the prompt of every request")
     p.add_argument("--target", metavar="NAME", help="genready target name, for the report only")
+    p.add_argument("--label", metavar="TEXT", help="a name for this run, kept in the report and its JSON line")
     p.add_argument("--output", metavar="FILE", help="also append the result as one JSON line to FILE")
     return p
 
@@ -285,8 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(header(args, env), flush=True)
     summary = asyncio.run(run(
         args.url, args.api, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
-        timeout=args.timeout, prompt=args.prompt, model=args.model, progress=Progress(args.requests, sys.stderr)))
-    sys.stdout.write(format_summary(summary, env))
+        timeout=args.timeout, prompt=args.prompt, model=args.model, progress=Progress(args.requests, sys.stderr),
+        stream=args.stream, request_rate=args.request_rate, seed=args.seed))
+    sys.stdout.write(format_summary(summary, env, stream=args.stream))
     sys.stdout.flush()
     if args.output:
         try:
