@@ -116,6 +116,24 @@ def test_demo_fast_shows_the_race_and_cleans_up() -> None:
     assert re.search(r"^demo finished in \d+\.\d s$", out, re.M)
 
 
+def test_demo_sweep_runs_a_2x2_sweep_in_under_a_minute_and_cleans_up() -> None:
+    needs_manager()
+    rc, out, err, took = run_demo("--sweep")
+    assert rc == 0, f"exit {rc}\n--- stdout\n{out}\n--- stderr\n{err}"
+    assert took < 60, f"demo --sweep took {took:.1f}s\n{out}"
+    assert "Traceback" not in err and "4/4 points ok" in out
+    rows = re.findall(r"^  token_latency=(\S+) concurrency=(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    assert len(rows) == 4, out
+    for _, _, verified, measured, ttft, itl in rows:
+        assert verified == measured and float(ttft) > 0 and float(itl) > 0
+    assert len({r[2] for r in rows}) == 4  # four points, four server starts
+    assert "[4/4] token_latency=0.005 concurrency=4: ok" in err  # the sweep's own progress lines
+    m = re.search(r"manager in (/tmp/genready-sweep-demo-\S+) ", out)
+    assert m, out
+    assert not Path(m[1]).exists()
+    assert processes_mentioning(m[1]) == [], f"left running: {processes_mentioning(m[1])}"
+
+
 def test_a_failed_step_is_reported_and_everything_is_cleaned_up(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     needs_manager()

@@ -294,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(`genready simulate --help` lists its flags)")
 
     def cmd_demo(args: argparse.Namespace) -> int:
+        if args.sweep:
+            from genready_dev import sweepdemo
+
+            return sweepdemo.run(keep=args.keep)
         from genready_dev import demo
 
         return demo.main(args)
@@ -302,6 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
              "(root; < 60 s; cleans up after itself)")
     sp.add_argument("--fast", action="store_true", help="shorter load and linger times, for CI smoke runs")
     sp.add_argument("--keep", action="store_true", help="keep the temporary directory (units, config, logs)")
+    sp.add_argument("--sweep", action="store_true", help="instead: a 2x2 `genready sweep` on the simulator, each "
+                    "point benchmarked on its own verified start (< 60 s)")
     sp.set_defaults(func=cmd_demo)
     return p
 
