@@ -105,7 +105,7 @@ def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:
 
 # The command of every point: records what it saw; optional behaviours by flag.
 SCRIPT = r'''
-import json, os, subprocess, sys, time, urllib.request
+import json, os, signal, subprocess, sys, time, urllib.request
 url, out, log, mode, marker = sys.argv[1:6]
 pid = int(os.environ["GENREADY_PID"])
 models = json.load(urllib.request.urlopen(url + "/v1/models", timeout=5))
@@ -118,7 +118,10 @@ print("measured", seen["model"])
 if mode == "restart-once" and not os.path.exists(marker):
     open(marker, "w").close()
     subprocess.run(["systemctl", "--user", "restart", "--no-block", os.environ["GENREADY_UNIT"]], check=True)
-if mode.startswith("block-at-") and seen["point"]["n"] == int(mode[9:]) and not os.path.exists(marker):
+if mode.startswith(("block-at-", "stubborn-at-")) and seen["point"]["n"] == int(mode.split("-")[-1]) \
+        and not os.path.exists(marker):
+    if mode.startswith("stubborn"):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     open(marker, "w").close()
     while True:
         time.sleep(0.02)
@@ -286,6 +289,24 @@ def test_sigint_mid_sweep_cleans_up_and_resume_runs_each_point_ok_once(rig: Rig)
     assert [json.loads(x)["n"] for x in rig.ran.read_text().splitlines()] == [1, 2, 3]  # 1 was not re-run
     assert "ok (earlier run)" in out
     rig.assert_restored()
+
+
+def test_a_second_sigint_exits_at_once_naming_what_is_left(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8, "topk": 1}], mode="stubborn-at-1")
+    p = rig.sweep(plan)
+    wait_for(lambda: (rig.tmp / "marker").exists() or p.poll() is not None, 60, "the command running")
+    p.send_signal(signal.SIGINT)  # the command ignores it: the sweep would wait STOP_GRACE for it
+    wait_for(lambda: "again to exit at once" in rig.err.read_text(), 10, "the first SIGINT acknowledged")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=10)
+    err = rig.err.read_text()
+    assert p.returncode == 130 and time.monotonic() - t0 < sweep.STOP_GRACE, err
+    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweep.DROPIN_NAME
+    assert f"the drop-in {dropin} is still in place" in err and "was killed" in err, err
+    assert dropin.exists()
+    dropin.unlink()  # the cleanup the message asked for, so the next test finds the unit as it was
+    rig.manager.systemctl("daemon-reload")
 
 
 def test_dry_run_changes_nothing(rig: Rig) -> None:
