@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready import sweep
+from genready import sweep, sweepplan
 from genready.compat import tomllib
 from genready.config import ConfigError
 from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, show, wait_for
@@ -32,12 +32,12 @@ UNIT = "sw-sim.service"
 # --- the plan, in-process ------------------------------------------------------------------------
 
 
-def plan(text: str) -> sweep.Plan:
-    return sweep.parse_plan(tomllib.loads(text), "plan.toml")
+def plan(text: str) -> sweepplan.Plan:
+    return sweepplan.parse_plan(tomllib.loads(text), "plan.toml")
 
 
 def test_the_shipped_example_plan_parses() -> None:
-    p = sweep.load_plan(REPO / "units" / "examples" / "sweep-spec-decoding.toml")
+    p = sweepplan.load_plan(REPO / "units" / "examples" / "sweep-spec-decoding.toml")
     assert len(p.points) == 8 and p.target == "sglang"
     text = p.dropin_for(p.points[-1], "/o")
     assert text is not None and "--speculative-num-steps 5 \\\n    --speculative-eagle-topk 4" in text

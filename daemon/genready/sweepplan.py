@@ -1,0 +1,261 @@
+"""A `genready sweep` plan: PLAN.toml parsed into points, with `{name}` placeholders.
+
+`{name}` is a matrix (or [[points]]) value and `{out}` the point's folder; nothing else is a
+placeholder: systemd's `$VAR`/`${VAR}` (and `$$`) pass through for systemd, `{{`/`}}` write a
+literal brace. The points are the matrix's cartesian product in file order, then [[points]].
+A bad plan is a ConfigError naming file, key, expected and found, exit 78 (as config.py).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from genready.compat import tomllib
+from genready.config import ConfigError
+
+Scalar = str | int | float | bool
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+@dataclass(frozen=True)
+class Template:
+    """Text with `{name}` placeholders; `{{`/`}}` are literal braces, `$VAR`/`${VAR}` are systemd's."""
+
+    parts: tuple[str | tuple[str], ...]  # literal text, or (placeholder name,)
+
+    @classmethod
+    def parse(cls, text: str, file: str, key: str) -> Template:
+        parts: list[str | tuple[str]] = []
+        buf: list[str] = []
+        i, n = 0, len(text)
+        while i < n:
+            c = text[i]
+            if c == "$" and text.startswith("${", i):
+                end = text.find("}", i)
+                if end < 0:
+                    raise ConfigError(file, key, "a closed ${VAR}", repr(text[i:i + 30]))
+                buf.append(text[i:end + 1])  # left for systemd (or the shell of the command) to expand
+                i = end + 1
+            elif c == "$" and text.startswith("$$", i):
+                buf.append("$$")  # systemd's literal dollar: "$${x}" is a dollar, then a placeholder
+                i += 2
+            elif text.startswith("{{", i) or text.startswith("}}", i):
+                buf.append(c)
+                i += 2
+            elif c == "{":
+                m = _PLACEHOLDER.match(text, i)
+                if not m:
+                    raise ConfigError(file, key, "a placeholder {NAME}, or {{ for a literal brace",
+                                      repr(text[i:i + 30]))
+                parts += ["".join(buf), (m.group(1),)]
+                buf = []
+                i = m.end()
+            elif c == "}":
+                raise ConfigError(file, key, "}} for a literal closing brace", repr(text[max(0, i - 20):i + 1]))
+            else:
+                buf.append(c)
+                i += 1
+        parts.append("".join(buf))
+        return cls(tuple(p for p in parts if p != ""))
+
+    @property
+    def names(self) -> list[str]:
+        return [p[0] for p in self.parts if isinstance(p, tuple)]
+
+    def expand(self, values: Mapping[str, str]) -> str:
+        return "".join(p if isinstance(p, str) else values[p[0]] for p in self.parts)
+
+
+def text_of(v: Scalar) -> str:
+    """A value as it is written into a drop-in or command: TOML's spelling for booleans."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int  # 1-based, in plan order
+    values: tuple[tuple[str, Scalar], ...]
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return dict(self.values)
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+
+    def slug(self, width: int) -> str:
+        words = "_".join(f"{k}={text_of(v)}" for k, v in self.values)
+        return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
+
+
+@dataclass(frozen=True)
+class Plan:
+    path: str
+    target: str | None
+    command: tuple[Template, ...]  # one template per word
+    dropin: Template | None
+    timeout: float | None
+    attempts: int
+    points: tuple[Point, ...]
+
+    def command_for(self, point: Point, out: str) -> list[str]:
+        values = {k: text_of(v) for k, v in point.values} | {"out": out}
+        return [w.expand(values) for w in self.command]
+
+    def dropin_for(self, point: Point, out: str) -> str | None:
+        if self.dropin is None:
+            return None
+        text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out})
+        return text if text.endswith("\n") else text + "\n"
+
+
+PLAN_KEYS: Final = {
+    "target": "the genready target to sweep (default: the only one)",
+    "command": "the benchmark: a string split like a shell (no shell), or a list of words",
+    "dropin": "unit file text for the target's unit, per point (a runtime drop-in)",
+    "timeout": "seconds to wait for a verified start per point (default: the target's load_timeout)",
+    "attempts": "runs per point when a run is invalidated or the server does not come up (default 2)",
+    "matrix": "a table NAME = [values]: the points are their cartesian product, in file order",
+    "points": "[[points]] tables of NAME = value: points listed one by one",
+}
+
+
+def _found(v: object) -> str:
+    kinds = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "a table", list: "array"}
+    kind = kinds.get(type(v), type(v).__name__)
+    return kind if isinstance(v, dict) else f"{kind} {v!r}"[:80]
+
+
+def _scalar(file: str, key: str, v: object) -> Scalar:
+    if isinstance(v, str):
+        if any(ord(c) < 32 for c in v):
+            raise ConfigError(file, key, "a value on one line (it is written into a unit file)", repr(v))
+        return v
+    if isinstance(v, bool | int | float):
+        return v
+    raise ConfigError(file, key, "a string, number or boolean", _found(v))
+
+
+def _name(file: str, key: str, name: str) -> str:
+    if not _NAME.fullmatch(name) or name == "out":
+        raise ConfigError(file, key, "a name of letters, digits and _ (not 'out', which is the point's folder)",
+                          repr(name))
+    return name
+
+
+def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
+    """Validate a decoded PLAN.toml, or raise ConfigError naming file, key, expected and found."""
+    for key in data:
+        if key not in PLAN_KEYS:
+            raise ConfigError(file, key, "one of the known keys: " + ", ".join(PLAN_KEYS), f"unknown key {key!r}")
+    target = data.get("target")
+    if target is not None and not (isinstance(target, str) and target):
+        raise ConfigError(file, "target", "a target name (string)", _found(target))
+
+    raw_cmd = data.get("command")
+    if isinstance(raw_cmd, str):
+        try:
+            words = shlex.split(raw_cmd)
+        except ValueError as e:
+            raise ConfigError(file, "command", "a command line with balanced quotes", str(e)) from None
+        where = ["command"] * len(words)
+    elif isinstance(raw_cmd, list) and all(isinstance(w, str) for w in raw_cmd):
+        words, where = raw_cmd, [f"command[{i}]" for i in range(len(raw_cmd))]
+    elif raw_cmd is None:
+        raise ConfigError(file, "command", f"a string or a list of strings ({PLAN_KEYS['command']})",
+                          "nothing (the key is required)")
+    else:
+        raise ConfigError(file, "command", "a string or a list of strings", _found(raw_cmd))
+    if not words:
+        raise ConfigError(file, "command", "a command (at least one word)", "an empty command")
+    command = tuple(Template.parse(w, file, k) for w, k in zip(words, where, strict=True))
+
+    dropin = None
+    if "dropin" in data:
+        text = data["dropin"]
+        if not isinstance(text, str):
+            raise ConfigError(file, "dropin", "unit file text (a string)", _found(text))
+        first = next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip()[0] not in "#;"), "")
+        if not first.startswith("["):
+            raise ConfigError(file, "dropin", "unit file text beginning with a section such as [Service]",
+                              repr(first[:40]) if first else "no settings")
+        dropin = Template.parse(text, file, "dropin")
+
+    timeout = data.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
+            raise ConfigError(file, "timeout", "a number of seconds > 0", _found(timeout))
+        timeout = float(timeout)
+    attempts = data.get("attempts", 2)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ConfigError(file, "attempts", "an integer >= 1", _found(attempts))
+
+    points = _points(data, file)
+    used: dict[str, str] = {}  # placeholder -> the key it appears in
+    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
+        for name in tpl.names if tpl else []:
+            used.setdefault(name, key)
+    for p in points:
+        for name, key in used.items():
+            if name != "out" and name not in dict(p.values):
+                raise ConfigError(file, key, f"a value for {{{name}}} in every point",
+                                  f"none in point {p.index} ({p.label})")
+    return Plan(file, target, command, dropin, timeout, attempts, points)
+
+
+def _points(data: Mapping[str, Any], file: str) -> tuple[Point, ...]:
+    values: list[tuple[tuple[str, Scalar], ...]] = []
+    if "matrix" in data:
+        matrix = data["matrix"]
+        if not isinstance(matrix, dict) or not matrix:
+            raise ConfigError(file, "matrix", "a table of NAME = [values]", "an empty table" if matrix == {}
+                              else _found(matrix))
+        axes: list[list[tuple[str, Scalar]]] = []
+        for name, vs in matrix.items():
+            key = f"matrix.{_name(file, f'matrix.{name}', name)}"
+            if not isinstance(vs, list) or not vs:
+                raise ConfigError(file, key, "a non-empty array of values", _found(vs))
+            axes.append([(name, _scalar(file, f"{key}[{i}]", v)) for i, v in enumerate(vs)])
+        values += [tuple(combo) for combo in itertools.product(*axes)]
+    if "points" in data:
+        pts = data["points"]
+        if not isinstance(pts, list) or not pts or not all(isinstance(p, dict) for p in pts):
+            raise ConfigError(file, "points", "[[points]] tables of NAME = value", _found(pts))
+        for i, p in enumerate(pts):
+            if not p:
+                raise ConfigError(file, f"points[{i}]", "at least one NAME = value", "an empty table")
+            values.append(tuple((_name(file, f"points[{i}].{k}", k), _scalar(file, f"points[{i}].{k}", v))
+                                for k, v in p.items()))
+    if not values:
+        raise ConfigError(file, "matrix", "at least one point: a [matrix] table or [[points]] tables", "none")
+    seen: dict[str, int] = {}
+    for i, v in enumerate(values, 1):
+        key = json.dumps(dict(v), sort_keys=True)
+        if key in seen:
+            raise ConfigError(file, "points", "every point once",
+                              f"point {i} ({Point(i, v).label}) repeats point {seen[key]}")
+        seen[key] = i
+    return tuple(Point(i, v) for i, v in enumerate(values, 1))
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
+    except ValueError as e:
+        raise ConfigError(str(path), "", "valid TOML", str(e)) from None
+    return parse_plan(data, str(path))
