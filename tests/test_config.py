@@ -508,6 +508,8 @@ def test_tls_verify_false_is_a_warning(tmp_path: Path) -> None:
     content = target(tls_verify="false").replace("http://", "https://")
     t = config.load(materialize(tmp_path, content)).targets["sglang"]
     assert t.warnings == ["tls_verify = false: the server's certificate is not checked"]
+    r = check_config("--config", str(tmp_path / "genready.toml"))
+    assert r.returncode == 0 and f"warning: {T}: tls_verify = false" in r.stderr
 
 
 def test_a_file_that_is_not_pem_is_a_config_error(tmp_path: Path) -> None:

@@ -44,6 +44,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if warning := config.listen_warning(cfg.daemon):
         print(f"genready: warning: {warning}", file=sys.stderr)
+    for t in cfg.targets.values():
+        for w in t.warnings:
+            print(f"genready: warning: targets.{t.name}: {w}", file=sys.stderr)
     if args.probe:
         import asyncio
 
