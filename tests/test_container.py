@@ -8,6 +8,7 @@ container while it lingers, never from a container started outside the unit.
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 import time
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ from genready.container import (
     name_from_cmdline,
     parse_time_us,
 )
-from genready_dev.harness import Genready, free_port, http, show, wait_for
+from genready_dev.harness import PY, Genready, free_port, http, show, wait_for
 from genready_dev.usermanager import UserManager
 from tests.containers import PREFIX, Docker, Podman
+from tests.test_units import UNITS, hardened_variant
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "owner": "container"}
 
@@ -216,6 +218,64 @@ def test_podman_conmon_main_pid(manager: UserManager, podman: Podman, tmp_path: 
     finally:
         g.stop()
         manager.systemctl("stop", unit)
+
+
+HARDENED_PROBE = r'''
+"""Under genready.service's hardening: the container proof of one connection, as STATUS=."""
+import json, socket, sys, time
+from genready.container import UnitStart, find_container_owner
+from genready.notify import Notifier
+
+port, name, since_us = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+out = {}
+with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.recv(65536)
+    owner = find_container_owner(s.getsockname(), s.getpeername(), UnitStart(0, since_us), name)
+    out = {"pid": owner.pid, "trusted": owner.trusted, "detail": owner.detail}
+try:
+    with open("/proc/net/nf_conntrack") as f:  # the NAT path (podman) reads this
+        out["conntrack"] = bool(f.readline() or True)
+except OSError as e:
+    out["conntrack"] = repr(e)
+Notifier().ready(status=json.dumps(out))
+while True:
+    time.sleep(1)
+'''
+
+
+def test_container_proof_under_the_shipped_hardening(manager: UserManager, docker: Docker, inaccessible_nodes: None,
+                                                     tmp_path: Path) -> None:
+    """genready.service's own sandbox (RestrictNamespaces=yes, no AF_NETLINK, two capabilities)
+    lets the proof read another namespace's /proc/PID/net/tcp, the conntrack table and the
+    docker socket: why it uses those and not setns or sock_diag."""
+    name, port = PREFIX + "hardened", free_port()
+    since_us = int(time.time() * 1e6)
+    docker.run("run", "-d", *docker.simulate_args(name, port)[1:])
+    wait_for(lambda: http(f"http://127.0.0.1:{port}/v1/models")[0] == 200, 30, "the container answering")
+    probe = tmp_path / "probe.py"
+    probe.write_text(HARDENED_PROBE)
+    unit = "tc-hardened.service"
+    text = hardened_variant((UNITS / "genready.service").read_text(), probe_dir=tmp_path, manager=manager,
+                            exec_start=f"{PY} {probe} {port} {name} {since_us}")
+    # In the test's user manager a unit with ProtectControlGroups=yes sees an empty tmpfs on /run
+    # (seen with systemd 252 here, not under a system manager's units): bind the socket back in,
+    # read-only as ProtectSystem=strict leaves /run on a host; connect() works through that.
+    text = text.replace("[Service]\n", f"[Service]\nBindReadOnlyPaths={docker.socket}\n", 1)
+    manager.install_unit(unit, text)
+    try:
+        start = manager.systemctl("start", unit, check=False, timeout=30)
+        log = (tmp_path / "out.log").read_text() if (tmp_path / "out.log").exists() else ""
+        assert start.returncode == 0, start.stderr + log
+        out = json.loads(manager.show(unit, "StatusText")["StatusText"])
+        c = docker.inspect(name)
+        assert c is not None
+        assert out["trusted"] is True and out["pid"] == c["State"]["Pid"], out
+        assert "docker-proxy" in out["detail"], out
+        assert out["conntrack"] is True, out
+    finally:
+        manager.remove_unit(unit)
+        docker.run("rm", "-f", name, check=False)
 
 
 # --- the pieces, without an engine ----------------------------------------------------------------

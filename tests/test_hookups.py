@@ -31,7 +31,7 @@ from genready.compat import UTC
 from genready.history import from_iso
 from genready_dev.harness import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
-from tests.test_units import UNITS, genready_binary, inaccessible_nodes, rewrite  # noqa: F401 (fixture)
+from tests.test_units import UNITS, genready_binary, rewrite
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
 

@@ -250,24 +250,6 @@ while True:
 """
 
 
-@pytest.fixture(scope="module")
-def inaccessible_nodes(manager: UserManager) -> None:
-    """Give the manager's private /run/systemd the inaccessible nodes a booted host has.
-
-    systemd 252 running as root (even --user) masks paths for ProtectHome=yes,
-    ProtectKernelTunables= and ProtectKernelLogs= with /run/systemd/inaccessible/*, which
-    only PID 1 creates at boot; without them such units fail with status 226/NAMESPACE.
-    The user manager made the same nodes in $XDG_RUNTIME_DIR/systemd/inaccessible, so they
-    are bind-mounted there, inside the manager's own mount namespace (the host is untouched).
-    """
-    assert manager.proc is not None
-    pid = str(manager.proc.pid)  # unshare → sh → systemd: one process, exec'd in place
-    target = "/run/systemd/inaccessible"
-    source = manager.runtime_dir / "systemd" / "inaccessible"
-    script = f"test -e {target}/reg || {{ mkdir -p {target} && mount --bind {source} {target}; }}"
-    subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", script], check=True, timeout=10)
-
-
 @pytest.fixture
 def root_server() -> Iterator[tuple[int, int]]:
     """(pid, port): a server running as root that accepts and holds connections, as an LLM
