@@ -106,8 +106,7 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
     g = Genready(manager, tmp_path, {"t": target, "p": {**target, "owner": "process"}}).start()
     poller = ReadyPoller(g)
     try:
-        first_pid, _ = show(manager, unit)
-        wait_for(lambda: ready(g), 60, "the first container verified")
+        first_pid = wait_for(lambda: ready(g), 60, "the first container verified")["pid"]
         old = docker.inspect(name)
         assert old is not None
         assert record_of(g, first_pid)["served_by_pid"] == old["State"]["Pid"]
@@ -121,11 +120,12 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
         # The lie genready must not tell: the old container still generates after the restart.
         assert http(f"http://127.0.0.1:{port}/v1/models", timeout=2)[0] == 200
         assert (c := docker.inspect(name)) is not None and c["Id"] == old["Id"]
-        new = wait_for(lambda: (c := docker.inspect(name)) and c["Id"] != old["Id"] and c, 30, "the new container")
         body = wait_for(lambda: ready(g), 30, "the new container verified")
         answers = poller.stop()
-        new = docker.inspect(new["Id"])  # first seen it may not have been running yet (no pid)
-        assert new is not None
+        # By name, now: an earlier attempt may have made a container that failed to start (the
+        # old one's port not yet released) and was removed.
+        new = docker.inspect(name)
+        assert new is not None and new["Id"] != old["Id"]
         assert_no_false_ready(answers, left_active_at(manager, unit), created(new))
         assert body["pid"] == show(manager, unit)[0] != first_pid
         assert record_of(g, body["pid"])["served_by_pid"] == new["State"]["Pid"]
@@ -133,6 +133,7 @@ def test_published_port_verified_then_restart_with_lingering_old_container(
         poller.stop()
         g.stop()
         manager.systemctl("stop", unit)
+        docker.run("rm", "-f", name, check=False)  # it lingers after the stop: not into the next test
 
 
 def test_network_host_restart_refuses_the_old_container(manager: UserManager, docker: Docker, tmp_path: Path) -> None:
@@ -152,8 +153,7 @@ def test_network_host_restart_refuses_the_old_container(manager: UserManager, do
     g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
     poller = ReadyPoller(g)
     try:
-        first_pid, _ = show(manager, unit)
-        wait_for(lambda: ready(g), 60, "the first container verified")
+        first_pid = wait_for(lambda: ready(g), 60, "the first container verified")["pid"]
         (old,) = containers()
         assert record_of(g, first_pid)["served_by_pid"] == old["State"]["Pid"]
         poller.start()
@@ -192,7 +192,7 @@ def test_foreign_container_on_the_published_port_is_refused(manager: UserManager
     finally:
         g.stop()
         manager.systemctl("stop", unit)
-        docker.run("rm", "-f", foreign, check=False)
+        docker.run("rm", "-f", foreign, name, check=False)
 
 
 def test_podman_conmon_main_pid(manager: UserManager, podman: Podman, tmp_path: Path) -> None:
