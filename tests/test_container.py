@@ -246,9 +246,10 @@ while True:
 
 def test_container_proof_under_the_shipped_hardening(manager: UserManager, docker: Docker, inaccessible_nodes: None,
                                                      tmp_path: Path) -> None:
-    """genready.service's own sandbox (RestrictNamespaces=yes, no AF_NETLINK, two capabilities)
-    lets the proof read another namespace's /proc/PID/net/tcp, the conntrack table and the
-    docker socket: why it uses those and not setns or sock_diag."""
+    """genready.service's own sandbox (an unprivileged DynamicUser with CAP_SYS_PTRACE and
+    CAP_DAC_READ_SEARCH, RestrictNamespaces=yes) lets the proof read another namespace's
+    /proc/PID/net/tcp and the conntrack table (why it uses those, not setns), and, with
+    docker.sock out of its reach, dockerd's own file about the container."""
     name, port = PREFIX + "hardened", free_port()
     since_us = int(time.time() * 1e6)
     docker.run("run", "-d", *docker.simulate_args(name, port)[1:])
@@ -258,10 +259,6 @@ def test_container_proof_under_the_shipped_hardening(manager: UserManager, docke
     unit = "tc-hardened.service"
     text = hardened_variant((UNITS / "genready.service").read_text(), probe_dir=tmp_path, manager=manager,
                             exec_start=f"{PY} {probe} {port} {name} {since_us}")
-    # In the test's user manager a unit with ProtectControlGroups=yes sees an empty tmpfs on /run
-    # (seen with systemd 252 here, not under a system manager's units): bind the socket back in,
-    # read-only as ProtectSystem=strict leaves /run on a host; connect() works through that.
-    text = text.replace("[Service]\n", f"[Service]\nBindReadOnlyPaths={docker.socket}\n", 1)
     manager.install_unit(unit, text)
     try:
         start = manager.systemctl("start", unit, check=False, timeout=30)
@@ -275,6 +272,21 @@ def test_container_proof_under_the_shipped_hardening(manager: UserManager, docke
         assert out["conntrack"] is True, out
     finally:
         manager.remove_unit(unit)
+        docker.run("rm", "-f", name, check=False)
+
+
+def test_docker_without_its_api_reads_dockerds_file(docker: Docker, tmp_path: Path) -> None:
+    name = PREFIX + "files"
+    docker.run("run", "-d", "-e", "INVOCATION_ID=abc", *docker.simulate_args(name, free_port())[1:])
+    try:
+        c = docker.inspect(name)
+        assert c is not None
+        seen = inspect("docker", c["Id"], str(tmp_path / "no.sock"))
+        assert (seen.id, seen.name, seen.created_us) == (c["Id"], name, parse_time_us(c["Created"]))
+        assert "INVOCATION_ID=abc" in seen.env
+        with pytest.raises(EngineError, match=r"does not exist .*; and .*config\.v2\.json is unreadable"):
+            inspect("docker", "0" * 64, str(tmp_path / "no.sock"))
+    finally:
         docker.run("rm", "-f", name, check=False)
 
 

@@ -59,6 +59,7 @@ from genready.owner import (
 ENGINES: Final = ("docker", "podman")
 # Where each engine's API listens when the target's container_socket is empty (rootful defaults).
 DEFAULT_SOCKETS: Final = {"docker": "/var/run/docker.sock", "podman": "/run/podman/podman.sock"}
+DOCKER_ROOT: Final = "/var/lib/docker"  # dockerd's default data-root
 _API_TIMEOUT: Final = 3.0  # a local daemon answers an inspect in milliseconds; this only bounds a wedge
 
 # One cgroup path segment that names a container, per engine. conmon's own scope
@@ -167,8 +168,35 @@ def parse_time_us(text: str) -> int:
     return int(base.timestamp()) * 1_000_000 + int(frac)
 
 
+def _docker_files(cid: str, api_error: EngineError) -> Container:
+    """dockerd's own record of a container, for when its API socket is out of reach: the shipped
+    unit runs genready unprivileged, and access to docker.sock (the docker group) would make it
+    root-equivalent, while reading this root-only file takes just the CAP_DAC_READ_SEARCH it has."""
+    path = f"{DOCKER_ROOT}/containers/{cid}/config.v2.json"
+    try:
+        with open(path, "rb") as f:
+            doc: dict[str, Any] = json.load(f)
+        name = str(doc.get("Name") or "").lstrip("/")
+        created = parse_time_us(str(doc["Created"]))
+        env = tuple(str(e) for e in (doc.get("Config") or {}).get("Env") or ())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise EngineError(f"{api_error}; and {path} is unreadable too ({why})") from None
+    return Container("docker", str(doc.get("ID") or cid), name, created, env)
+
+
 def inspect(engine: str, cid: str, sock_path: str = "") -> Container:
-    """Ask the engine (Docker's API; podman serves the same one) about container `cid`."""
+    """Ask the engine (Docker's API; podman serves the same one) about container `cid`; for docker,
+    read dockerd's file about it when the API is unreachable."""
+    try:
+        return _inspect_api(engine, cid, sock_path)
+    except EngineError as e:
+        if engine != "docker":
+            raise
+        return _docker_files(cid, e)
+
+
+def _inspect_api(engine: str, cid: str, sock_path: str) -> Container:
     path = sock_path or DEFAULT_SOCKETS[engine]
     what = f"{engine}'s API at {path}"
     try:
@@ -424,6 +452,14 @@ def find_container_owner(local: Addr, peer: Addr, start: UnitStart, name: str = 
     main_argv = _cmdline(start.main_pid) if start.main_pid > 0 else []
     monitored = conmon_container(main_argv)
     expected = name or (None if monitored else name_from_cmdline(main_argv))
+    if monitored and not name:
+        # The MainPID (conmon) names the one container of this start: the cgroup's id must be it,
+        # and nothing else needs asking (podman's socket is root's alone).
+        who = f"answered by {by} → {engine} container {cid[:12]}…"
+        if cid != monitored:
+            return Owner(route.pid, False, f"{who}, but the unit's main pid {start.main_pid} (conmon) monitors "
+                                           f"container {monitored[:12]}…: an old or foreign container")
+        return Owner(route.pid, True, f"{who}, monitored by the unit's main pid {start.main_pid} (conmon)")
     try:
         c = inspect(engine, cid, sock_path)
     except EngineError as e:
