@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -25,7 +26,7 @@ from genready import api, config, records, serving, stamp
 from genready.config import TargetConfig
 from genready.gate import TargetGate
 from genready.probe import Failure, Prober, ProbeResult
-from genready.watcher import FreshReader, Watcher
+from genready.watcher import FreshReader, Watcher, retry_eintr
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -674,3 +675,34 @@ def test_case4_event_loop_errors_are_logged_once_per_interval(caplog: pytest.Log
     assert len(lines) == 2, lines
     assert "Too many open files" in lines[0] and "and 999 more" in lines[1]
     assert not any(r.exc_info for r in caplog.records)  # an OSError is a line, not a traceback
+
+
+def test_case6_an_interrupted_dbus_call_is_retried_only_if_it_was_quick() -> None:
+    """A signal during one of pystemd's blocking calls fails it with EINTR (pystemd raises an error
+    whose errno is -4). A quick call is asked again; one already stuck on a dead bus is not, so
+    SIGTERM reaches the event loop instead of waiting out another sd-bus timeout."""
+    class Interrupted(Exception):
+        errno = -errno.EINTR
+
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Interrupted("[err -4]: Interrupted system call")
+        return "answer"
+
+    assert retry_eintr(flaky) == "answer" and len(calls) == 2
+
+    def stuck() -> str:
+        time.sleep(0.05)  # stands for sd-bus waiting on a bus that does not answer
+        raise Interrupted("[err -4]: Interrupted system call")
+
+    with pytest.raises(Interrupted):
+        retry_eintr(stuck, quick=0.01)
+
+    def broken() -> str:
+        raise OSError(errno.ECONNRESET, "reset")
+
+    with pytest.raises(OSError):
+        retry_eintr(broken)

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeVar
@@ -121,14 +122,18 @@ def apply_properties(snap: Snapshot, iface: bytes, changed: dict[bytes, Any]) ->
 T = TypeVar("T")
 
 
-def retry_eintr(call: Callable[[], T], attempts: int = 3) -> T:
+def retry_eintr(call: Callable[[], T], attempts: int = 3, quick: float = 0.5) -> T:
     """pystemd keeps the GIL in sd-bus's blocking calls, so a signal arriving meanwhile (SIGTERM,
-    SIGHUP) makes the wait fail with EINTR. That says nothing about the bus or the unit: ask again."""
+    SIGHUP) makes the wait fail with EINTR. That says nothing about the bus or the unit: ask again,
+    but only if the interrupted call was quick. One that had already waited `quick` seconds is
+    stuck on an unanswering bus, and the signal (most likely SIGTERM) must get to the event loop."""
     for attempt in range(attempts):
+        t0 = time.monotonic()
         try:
             return call()
         except Exception as e:
-            if abs(getattr(e, "errno", 0) or 0) != errno.EINTR or attempt == attempts - 1:
+            eintr = abs(getattr(e, "errno", 0) or 0) == errno.EINTR
+            if not eintr or attempt == attempts - 1 or time.monotonic() - t0 > quick:
                 raise
     raise AssertionError("unreachable")
 
