@@ -209,3 +209,24 @@ def test_percentile_is_nearest_rank() -> None:
     assert benchclient.percentile(values, 99) == 99.0
     assert benchclient.percentile([7.0], 99) == 7.0
     assert benchclient.percentile([], 50) is None
+
+
+def test_api_key_from_a_genready_config_target(tmp_path: Path) -> None:
+    """--config takes the target's url, api and API key, as the probe uses them; without the key: 401s."""
+    s = Sim(tmp_path, "--api-key", "s3cret")
+    try:
+        keyfile = tmp_path / "key"
+        keyfile.write_text("s3cret\n")
+        cfg = tmp_path / "genready.toml"
+        cfg.write_text(f'[targets.llm]\nunit = "llm.service"\nurl = "{s.url}"\napi = "openai-chat"\n'
+                       f'api_key_file = "{keyfile}"\n')
+        r = bench("--config", str(cfg), "-n", "3", "--max-tokens", "2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.splitlines()[0].startswith(f"benchclient: 3 requests at concurrency 4 to {s.url} (openai-chat")
+        assert "target llm" in r.stdout.splitlines()[0]
+        r = bench("--url", s.url, "-n", "2", "--max-tokens", "2")
+        assert r.returncode == 1 and "2x HTTP 401" in r.stdout, r.stdout
+        r = bench("--url", s.url, "-n", "2", "--max-tokens", "2", "--api-key-file", str(keyfile))
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        s.stop()

@@ -34,21 +34,24 @@ import json
 import math
 import os
 import random
+import ssl
 import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, TextIO
 
 import aiohttp
 
-from genready import apis
+from genready import apis, config, tls
 from genready.apis import APIS, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 
 # A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
 FALLBACK_MODEL: Final = "default"
+DEFAULT_URL: Final = "http://127.0.0.1:30000"
 PROGRESS_WIDTH: Final = 30
 PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
 
@@ -223,7 +226,8 @@ class Progress:
 
 async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens: int, timeout: float,
               prompt: str, model: str | None, progress: Progress, stream: bool = True,
-              request_rate: float | None = None, seed: int | None = None) -> Summary:
+              request_rate: float | None = None, seed: int | None = None, api_key: str = "",
+              ssl_context: ssl.SSLContext | None = None) -> Summary:
     """Send `requests` generations, at most `concurrency` at a time; every one time-bounded.
 
     Without `request_rate` C workers send back to back; with it, requests arrive as a Poisson
@@ -231,8 +235,9 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
     in flight."""
     summary = Summary(requests, concurrency)
     server = APIS[api]
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=ssl_context if ssl_context is not None else True)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         if server.needs_model and model is None:
             model = await discover_model(session, url, timeout)
             if model is None:
@@ -388,10 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
         "time to first token and inter-token latency (streaming), end-to-end latency (p50/p99), output tokens/s "
         "and requests/s. Under `genready guard` or `genready sweep` it also names the verified server pid it "
         "measured and the sweep point. Exit status 1 if any request failed.")
-    p.add_argument("--url", default="http://127.0.0.1:30000", help="the server's base URL (default: %(default)s)")
-    p.add_argument("--api", choices=apis.NAMES, default="sglang",
+    p.add_argument("--url", help=f"the server's base URL (default: the --config target's, else {DEFAULT_URL})")
+    p.add_argument("--api", choices=apis.NAMES,
                    help="sglang: POST /generate; openai-completions / openai-chat: POST /v1/completions, "
-                   "/v1/chat/completions (default: %(default)s)")
+                   "/v1/chat/completions (default: the --config target's, else sglang)")
+    p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
+                   "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
+    p.add_argument("--api-key-file", metavar="FILE", help="send the key in FILE as Authorization: Bearer")
     p.add_argument("-n", "--requests", type=_positive_int, default=50, metavar="N",
                    help="requests in total (default: %(default)s)")
     p.add_argument("-c", "--concurrency", type=_positive_int, default=4, metavar="C",
@@ -408,21 +416,53 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds one request may take, connecting included (default: %(default)s)")
     p.add_argument("--model", help="model name for the OpenAI APIs (default: the first of /v1/models)")
     p.add_argument("--prompt", default="Write one sentence about systemd.", help="the prompt of every request")
-    p.add_argument("--target", metavar="NAME", help="genready target name, for the report only")
+    p.add_argument("--target", metavar="NAME", help="genready target name, for the report (and --config)")
     p.add_argument("--label", metavar="TEXT", help="a name for this run, kept in the report and its JSON line")
     p.add_argument("--output", metavar="FILE", help="also append the result as one JSON line to FILE")
     return p
 
 
+def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl.SSLContext | None]:
+    """Fill url/api/model from --config's target (explicit flags win); (API key, TLS context or None)."""
+    key, ctx = "", None
+    if args.config:
+        try:
+            cfg = config.load(Path(args.config))
+        except config.ConfigError as e:
+            raise SystemExit(f"benchclient: {e}") from None
+        name = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
+                                                              else None)
+        if name is None or name not in cfg.targets:
+            raise SystemExit(f"benchclient: name a target of {args.config} with --target: {', '.join(cfg.targets)}")
+        t = cfg.targets[name]
+        args.target = name
+        args.url, args.api, args.model = args.url or t.url, args.api or t.api, args.model or t.model or None
+        key = t.api_key
+        if t.url.startswith("https:"):
+            try:
+                ctx = tls.client_context(t.ca_file, t.tls_verify, t.client_cert_file, t.client_key_file)
+            except tls.TlsSetupError as e:
+                raise SystemExit(f"benchclient: {args.config}: targets.{name}: {e}") from None
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as e:
+            raise SystemExit(f"benchclient: cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
+    args.url = (args.url or DEFAULT_URL).rstrip("/")
+    args.api = args.api or "sglang"
+    return key, ctx
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.url = args.url.rstrip("/")
     env = os.environ
+    api_key, ssl_context = settings(args, env)
     print(header(args, env), flush=True)
     summary = asyncio.run(run(
         args.url, args.api, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
         timeout=args.timeout, prompt=args.prompt, model=args.model, progress=Progress(args.requests, sys.stderr),
-        stream=args.stream, request_rate=args.request_rate, seed=args.seed))
+        stream=args.stream, request_rate=args.request_rate, seed=args.seed, api_key=api_key,
+        ssl_context=ssl_context))
     sys.stdout.write(format_summary(summary, env, stream=args.stream))
     sys.stdout.flush()
     if args.output:
