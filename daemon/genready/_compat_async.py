@@ -15,6 +15,10 @@ from aiohttp import web
 
 T = TypeVar("T")
 
+# Up to 3.10, asyncio.TimeoutError (raised by asyncio.wait_for and by aiohttp's client timeouts)
+# is not the builtin TimeoutError, so `except TimeoutError` lets it through. Catch this tuple
+# around anything that can raise the asyncio one. (Here, not in compat.py: it needs asyncio.)
+TIMEOUT_ERRORS: tuple[type[Exception], ...] = (TimeoutError, asyncio.TimeoutError)
 
 if sys.version_info >= (3, 11):
     timeout = asyncio.timeout

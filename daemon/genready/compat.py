@@ -22,17 +22,6 @@ __all__ = ["TIMEOUT_ERRORS", "UTC", "AppRunner", "StrEnum", "app_key", "sock_sit
 
 UTC = datetime.timezone.utc  # datetime.UTC is 3.11+
 
-# Up to 3.10, asyncio.TimeoutError (raised by asyncio.wait_for and by aiohttp's client timeouts)
-# is not the builtin TimeoutError, so `except TimeoutError` lets it through. Catch this tuple
-# around anything that can raise the asyncio one.
-if sys.version_info >= (3, 11):
-    TIMEOUT_ERRORS: tuple[type[Exception], ...] = (TimeoutError,)  # asyncio's is the builtin one
-else:
-    import asyncio
-
-    TIMEOUT_ERRORS = (TimeoutError, asyncio.TimeoutError)
-
-
 class StrEnum(str, enum.Enum):
     """enum.StrEnum (3.11+) for 3.10 too: a member is its value in str(), f-strings and format().
     The same class on every version, so that behaviour cannot differ between them."""
@@ -52,10 +41,10 @@ class StrEnum(str, enum.Enum):
 # asyncio and aiohttp costs ~0.2 s, and the CLI (`genready wait` in a unit's ExecCondition=,
 # through config's tomllib) must not pay it. Import them from here as usual.
 if TYPE_CHECKING:
-    from genready._compat_async import AppRunner, app_key, sock_site, tcp_site, timeout, wait_for
+    from genready._compat_async import TIMEOUT_ERRORS, AppRunner, app_key, sock_site, tcp_site, timeout, wait_for
 
-_ASYNC: frozenset[str] = frozenset({"AIOHTTP_VERSION", "AppRunner", "app_key", "sock_site", "tcp_site", "timeout",
-                                    "wait_for"})
+_ASYNC: frozenset[str] = frozenset({"AIOHTTP_VERSION", "TIMEOUT_ERRORS", "AppRunner", "app_key", "sock_site",
+                                    "tcp_site", "timeout", "wait_for"})
 
 
 def __getattr__(name: str) -> Any:
