@@ -298,12 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def cmd_demo(args: argparse.Namespace) -> int:
         if args.sweep:
-            from genready_dev import sweepdemo
-
-            return sweepdemo.run(keep=args.keep)
-        from genready_dev import demo
-
-        return demo.main(args)
+            return int(_dev_module("sweepdemo").run(keep=args.keep))
+        return int(_dev_module("demo").main(args))
 
     sp = add("demo", "show the restart race and genready closing it, in a private systemd user manager "
              "(root; < 60 s; cleans up after itself)")
@@ -313,6 +309,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "point benchmarked on its own verified start (< 60 s)")
     sp.set_defaults(func=cmd_demo)
     return p
+
+
+def _dev_module(name: str) -> Any:
+    """genready_dev.NAME, or exit saying where it is: packages (the .deb) ship the product only."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"genready_dev.{name}")
+    except ModuleNotFoundError as e:
+        if e.name not in ("genready_dev", f"genready_dev.{name}"):
+            raise
+        die("the simulator and the demo are development tooling (genready_dev), not installed here",
+            hint="run them from a checkout: ./dev demo, or .venv/bin/genready simulate", status=Exit.USAGE)
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -327,9 +336,8 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:
-        from genready_dev import sim
-
-        return sim.cli(argv[1:])
+        sim = _dev_module("sim")
+        return int(sim.cli(argv[1:]))
     head, cmd = _split_command(argv)
     args = build_parser().parse_args(head)
     if cmd is not None:
