@@ -271,23 +271,27 @@ def _holder(pids: list[int], inode: int) -> int | None:
     return None
 
 
-def _rows_to(remote: Addr, net_dir: str = "/proc/net") -> Iterator[TcpRow]:
-    """Rows whose remote address is exactly `remote` (a text search, like owner._proc_rows)."""
-    ip = ipaddress.ip_address(remote[0])
-    files = [(f"{net_dir}/tcp", f" {encode_hex_addr(remote)} ")] if ip.version == 4 else []
-    files.append((f"{net_dir}/tcp6", f" {encode_hex_addr(remote, v6=True)} "))
+def _rows_at(addr: Addr, net_dir: str, column: int) -> Iterator[TcpRow]:
+    """Rows whose local (column 1) or remote (column 2) address is exactly `addr`: a text search,
+    like owner._proc_rows, for a table whose other address we do not know."""
+    ip = ipaddress.ip_address(addr[0])
+    files = [(f"{net_dir}/tcp", f" {encode_hex_addr(addr)} ")] if ip.version == 4 else []
+    files.append((f"{net_dir}/tcp6", f" {encode_hex_addr(addr, v6=True)} "))
     for path, key in files:
         try:
             with open(path, encoding="ascii") as f:
-                lines = f.read().splitlines()[1:]
+                text = f.read()
         except OSError:
             continue
-        for line in lines:
-            if key in line:
-                fields = line.split()
-                if len(fields) > 9 and decode_hex_addr(fields[2])[1] == remote[1]:
-                    yield TcpRow(decode_hex_addr(fields[1]), decode_hex_addr(fields[2]), int(fields[3], 16),
-                                 int(fields[7]), int(fields[9]))
+        start = text.find(key)
+        while start >= 0:
+            line_start = text.rfind("\n", 0, start) + 1
+            line_end = text.find("\n", start)
+            fields = text[line_start:line_end if line_end >= 0 else len(text)].split()
+            start = text.find(key, start + 1)
+            if len(fields) > 9 and fields[column] == key.strip():
+                yield TcpRow(decode_hex_addr(fields[1]), decode_hex_addr(fields[2]), int(fields[3], 16),
+                             int(fields[7]), int(fields[9]))
 
 
 def conntrack_reply(local: Addr, peer: Addr, path: str = "/proc/net/nf_conntrack") -> tuple[Addr, Addr] | None:
@@ -350,13 +354,22 @@ def _through_proxy(proxy: int, argv: list[str], nss: dict[str, list[int]]) -> Ro
         return Route(None, hop, problem="its command line names no -container-ip/-container-port")
     backend = (cip, int(cport))
     mine = _socket_inodes(proxy)
-    for row in _rows_to(backend):
-        if row.inode not in mine:
+    ours = _netns(os.getpid())
+    # Inside the containers, the server sides of connections to the backend address: their tables
+    # are small, unlike the host's. Each one's peer is the proxy's end, which the exact (sock_diag)
+    # lookup finds in our namespace; it must be a socket the proxy holds.
+    for ns, pids in nss.items():
+        if ns == ours or not pids:
             continue
-        # The proxy's backend connection, seen from inside: local = container address, remote = proxy.
-        found = _in_other_namespace(backend, row.local, nss)
-        if found is not None:
-            return Route(found[0], f"{hop} → ")
+        for row in _rows_at(backend, f"/proc/{pids[0]}/net", 1):
+            if row.inode == 0:
+                continue
+            proxy_side = find_tcp_row(row.remote, row.local)
+            if proxy_side is None or proxy_side.inode not in mine:
+                continue
+            holder = _holder(pids, row.inode)
+            if holder is not None:
+                return Route(holder, f"{hop} → ")
     return Route(None, hop, problem=f"no connection from it to {cip}:{cport} is held by a process in a container "
                            "(the container exited, or the proxy has not connected yet)")
 
@@ -364,7 +377,6 @@ def _through_proxy(proxy: int, argv: list[str], nss: dict[str, list[int]]) -> Ro
 def follow(local: Addr, peer: Addr) -> Route:
     """The process that serves our connection (local -> peer), through docker-proxy or NAT."""
     row = find_tcp_row(peer, local)
-    nss = _namespaces()
     if row is not None:
         if row.inode == 0:
             return Route(None, problem="not accepted yet (the server has not accept()ed the connection)")
@@ -374,7 +386,7 @@ def follow(local: Addr, peer: Addr) -> Route:
         argv = _cmdline(holder)
         st = _stat(holder)
         if (st and st[0] == "docker-proxy") or (argv and os.path.basename(argv[0]) == "docker-proxy"):
-            return _through_proxy(holder, argv, nss)
+            return _through_proxy(holder, argv, _namespaces())
         return Route(holder)
     # Not in our namespace: NAT'd into a container (the reply tuple says where), or a connection
     # to a container's own address (the tuple is then just ours, mirrored).
@@ -383,6 +395,7 @@ def follow(local: Addr, peer: Addr) -> Route:
     if nat is not None and nat != (peer, local):
         pairs.append(nat)
     pairs.append((peer, local))
+    nss = _namespaces()
     for server_local, server_remote in pairs:
         found = _in_other_namespace(server_local, server_remote, nss)
         if found is not None:
