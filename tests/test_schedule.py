@@ -115,7 +115,7 @@ def test_every_failure_class_has_a_deliberate_cost(failure: Failure) -> None:
     # Only "nothing answered" is free to retry; any class added later backs off until someone
     # decides otherwise here and in schedule.cost.
     expected = Cost.NOTHING if failure is Failure.REFUSED else Cost.COSTLY
-    if failure.value == "rejected":  # issue 11's class for a refusal that needs an admin
+    if failure is Failure.REJECTED:  # a refusal that needs an admin
         expected = Cost.REJECTED
     assert cost(failed(failure)) is expected
 
