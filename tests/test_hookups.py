@@ -13,6 +13,7 @@ deadlines (helpers.wait_for), never with sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import os
@@ -29,6 +30,7 @@ import pytest
 
 from genready.compat import UTC
 from genready.history import from_iso
+from genready.watcher import Snapshot, Watcher
 from genready_dev.harness import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 from tests.test_units import UNITS, genready_binary, rewrite
@@ -111,23 +113,53 @@ def remove_units(manager: UserManager, *units: str) -> None:
         manager.remove_unit(u)
 
 
-class StatePoller(threading.Thread):
-    """Records every distinct ActiveState of a unit, polling systemctl as fast as it answers."""
+class StateRecorder(threading.Thread):
+    """Records every distinct ActiveState of a unit from systemd's own D-Bus signals.
 
-    def __init__(self, manager: UserManager, unit: str) -> None:
+    genready's Watcher, on its own loop in this thread. Polling systemctl missed a 40 ms
+    `deactivating` on a loaded CI machine; systemd flushes its D-Bus queue between two
+    events, so each state it passes through arrives as its own PropertiesChanged.
+    """
+
+    def __init__(self, unit: str) -> None:
         super().__init__(daemon=True)
-        self.manager, self.unit = manager, unit
+        self.unit = unit
         self.seen: list[str] = []
-        self._halt = threading.Event()
+        self._subscribed = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._halt: asyncio.Event | None = None
 
     def run(self) -> None:
-        while not self._halt.is_set():
-            state = active_state(self.manager, self.unit)
-            if not self.seen or self.seen[-1] != state:
-                self.seen.append(state)
+        asyncio.run(self._main())
 
-    def stop(self) -> list[str]:
-        self._halt.set()
+    async def _main(self) -> None:
+        self._loop, self._halt = asyncio.get_running_loop(), asyncio.Event()
+        watcher = Watcher("user", [self.unit], self._on_change)
+        task = asyncio.create_task(watcher.run())
+        try:
+            await self._halt.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _on_change(self, unit: str, snap: Snapshot | None) -> None:
+        if snap is None:
+            return
+        if not self.seen or self.seen[-1] != snap.active_state:
+            self.seen.append(snap.active_state)
+        self._subscribed.set()
+
+    def start_recording(self) -> None:
+        """Start, and return once the first full read arrived (signals from then on are caught)."""
+        self.start()
+        assert self._subscribed.wait(10), f"no D-Bus snapshot of {self.unit} within 10 s"
+
+    def stop(self, until: str) -> list[str]:
+        """Wait (up to 5 s) for the state `until` to be signalled, then stop; the states seen."""
+        wait_for(lambda: until in self.seen, 5, f"{self.unit} signalled {until}")
+        assert self._loop is not None and self._halt is not None
+        self._loop.call_soon_threadsafe(self._halt.set)
         self.join(10)
         return self.seen
 
@@ -441,15 +473,15 @@ def test_reloading_sighup_and_sigterm(manager: UserManager, tmp_path: Path) -> N
         long_poll = http.client.HTTPConnection("127.0.0.1", g.port, timeout=30)
         long_poll.request("GET", f"/ready/t?since={time.time()}&wait=60")
         assert g.get("/status")[0] == 200  # answered after the long-poll's request was read
-        states = StatePoller(manager, gr)
-        states.start()
+        states = StateRecorder(gr)
+        states.start_recording()
         try:
             t0 = time.monotonic()
             os.kill(gpid, signal.SIGTERM)
             wait_for(lambda: active_state(manager, gr) == "inactive", 5, f"{gr} inactive after SIGTERM")
             took = time.monotonic() - t0
         finally:
-            seen = states.stop()
+            seen = states.stop(until="inactive")
         answer: int | str
         try:
             answer = long_poll.getresponse().status
