@@ -118,7 +118,7 @@ def test_state_is_exactly_one_and_ready_follows(m: Metrics) -> None:
         assert sorted(series) == sorted(STATES)
         assert [s for s, v in series.items() if v == 1] == [state]
         assert sum(series.values()) == 1
-        assert value(m, "genready_ready", target=T, unit=U) == (1 if state == "ready" else 0)
+        assert value(m, "genready_ready", target=T, unit=U) == 0  # the state name does not set it (outputs.py)
         # The other target is untouched.
         assert [s for s, v in state_series(m, "vllm", "vllm.service").items() if v == 1] == ["unknown"]
 
@@ -131,6 +131,7 @@ def test_unknown_state_is_rejected(m: Metrics) -> None:
 def test_register_target_again_does_not_reset(m: Metrics) -> None:
     m.register_target(T, U)
     m.set_state(T, U, "ready")
+    m.set_ready(T, U, True)
     m.start_seen(T, U)
     m.register_target(T, U)
     assert value(m, "genready_ready", target=T, unit=U) == 1
@@ -218,6 +219,7 @@ def busy(m: Metrics) -> Metrics:
     m.register_target(T, U)
     m.register_target("vllm", "vllm.service")
     m.set_state(T, U, "ready")
+    m.set_ready(T, U, True)
     m.set_main_pid(T, U, 4242)
     m.start_seen(T, U)
     m.loaded(T, U, 362.1)

@@ -12,7 +12,8 @@ import faulthandler
 import logging
 import signal
 import time
-from dataclasses import replace
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from genready import __version__, api, compat, config, serving, stamp
@@ -20,6 +21,7 @@ from genready.gate import Revocation, State, TargetGate
 from genready.log import Summarizer, event
 from genready.metrics import Metrics
 from genready.notify import Notifier
+from genready.outputs import Outputs
 from genready.owner import owner_check_unavailable
 from genready.probe import Failure, ProbeResult
 from genready.records import RecordStore, StartRecord
@@ -33,10 +35,27 @@ SHUTDOWN_GRACE = 0.5  # seconds in-flight HTTP requests get to finish at shutdow
 _NEEDS_AN_ADMIN = frozenset({Failure.FOREIGN_OWNER, Failure.REJECTED, Failure.TLS})
 
 
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else (
-        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
+@dataclass(frozen=True)
+class ReloadPlan:
+    """What a new configuration changes among the targets (names, in config order)."""
+
+    remove: tuple[str, ...]  # gone, or watching another unit now (removed, then added anew)
+    reconfigure: tuple[str, ...]  # same unit, other settings: re-probed under the new ones
+    add: tuple[str, ...]
+    units_changed: bool  # the set of watched units differs: the watcher starts over
+
+    @property
+    def empty(self) -> bool:
+        return not (self.remove or self.reconfigure or self.add)
+
+
+def reload_plan(old: Mapping[str, config.TargetConfig], new: Mapping[str, config.TargetConfig]) -> ReloadPlan:
+    """The diff between two configs' targets, decided before anything is touched."""
+    remove = tuple(n for n, t in old.items() if n not in new or new[n].unit != t.unit)
+    reconfigure = tuple(n for n, t in old.items() if n not in remove and new[n] != t)
+    add = tuple(n for n in new if n not in old or n in remove)
+    units_changed = {t.unit for t in old.values()} != {t.unit for t in new.values()}
+    return ReloadPlan(remove, reconfigure, add, units_changed)
 
 
 class Daemon:
@@ -51,14 +70,15 @@ class Daemon:
         self.should_exit = asyncio.Event()
         self.reload_requested = False
         self.config_error = ""
-        self.sent_ready = False
         self.listening = False
-        self.reloading = False
         self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
         self.gates: dict[str, TargetGate] = {}
         self._runner: compat.AppRunner | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._watcher_task: asyncio.Task[None] | None = None
+        # Everything startup() opens is pushed here as it is opened, so a failure halfway
+        # (e.g. the port is taken) closes exactly what was opened, in reverse order.
+        self._exit = contextlib.AsyncExitStack()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -70,7 +90,11 @@ class Daemon:
         loop.add_signal_handler(signal.SIGHUP, self._request_reload)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.siginterrupt(sig, False)  # SA_RESTART: a signal does not fail the calls it interrupts
-        await self.startup()
+        try:
+            await self.startup()
+        except BaseException:
+            await self._exit.aclose()
+            raise
         try:
             await self.main_loop()
         finally:
@@ -78,39 +102,63 @@ class Daemon:
         return 0
 
     async def startup(self) -> None:
-        d = self.cfg.daemon
+        """Open everything, each resource's cleanup pushed on `self._exit` right after it opens.
+
+        The API binds before the watcher starts: a port that is taken fails start-up before
+        anything talks to systemd or probes a server.
+        """
+        d, stack = self.cfg.daemon, self._exit
         self.store = RecordStore(Path(d.state_dir))
         self.store.load()
+        stack.callback(self.store.close)
         self.store.on_error = self._record_error
         self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
+        self.outputs = Outputs(self.notifier, self.stamps, self.metrics)
         self.fresh = FreshReader(d.bus)
+        stack.callback(self.fresh.close)
+        stack.callback(self.summarizer.flush_all)
+        self.watcher = self._new_watcher()  # /status reports on it from the first request
+        await self._serve_api(stack)
         for t in self.cfg.targets.values():
             self._add_gate(t)
-        self._start_watcher()
+        stack.push_async_callback(self._close_gates)
+        self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
+        stack.push_async_callback(self._stop_watcher)
+        if self.notifier.watchdog_interval():
+            self._background(stack, self._watchdog(), "watchdog")
+        self._background(stack, self._upkeep(), "upkeep")
+        self._update_outputs()
+
+    async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
+        d = self.cfg.daemon
         self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)),
                                              on_refuse=self.metrics.api_refused)
+        # The app holds self.gates itself: gates added later (and by reloads) are served.
         app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard,
                            max_long_polls=max(1, self.guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
         # then for it to take a cancellation), so a long-poll is cut after ~2 × SHUTDOWN_GRACE.
-        self._runner = compat.AppRunner(app, access_log=None, handle_signals=False,
-                                        shutdown_timeout=SHUTDOWN_GRACE, logger=serving.request_logger())
-        await self._runner.setup()
-        assert self._runner.server is not None
-        self.guard.install(self._runner.server)
-        site = compat.tcp_site(self._runner, d.host, d.port, reuse_address=True)
+        runner = compat.AppRunner(app, access_log=None, handle_signals=False,
+                                  shutdown_timeout=SHUTDOWN_GRACE, logger=serving.request_logger())
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        self._runner = runner
+        assert runner.server is not None
+        self.guard.install(runner.server)
+        site = compat.tcp_site(runner, d.host, d.port, reuse_address=True)
         await site.start()
         self.listening = True
         log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
-                 ", ".join(self.gates))
+                 ", ".join(t.name for t in self.cfg.targets.values()))
         if warning := config.listen_warning(d):
             log.warning("%s", warning)
-        if self.notifier.watchdog_interval():
-            self._tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
-        self._tasks.append(asyncio.create_task(self._upkeep(), name="upkeep"))
-        self._update_systemd()
+
+    @staticmethod
+    def _background(stack: contextlib.AsyncExitStack, coro: Coroutine[object, object, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        stack.push_async_callback(_cancel, task)
 
     async def main_loop(self) -> None:
         while not self.should_exit.is_set():
@@ -129,43 +177,30 @@ class Daemon:
         if self._runner is not None:
             self._runner.app[api.STOPPING].set()
         log.info("shutting down")
-        await self._stop_watcher()
-        t1 = time.monotonic()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._exit.aclose()
+        log.info("shutdown took %.0f ms", (time.monotonic() - t0) * 1000)
+
+    async def _close_gates(self) -> None:
         # All at once: one after the other, each waiting for its probe to unwind, adds up over many targets.
         await asyncio.gather(*(g.close() for g in self.gates.values()), return_exceptions=True)
-        t2 = time.monotonic()
-        if self._runner is not None:
-            await self._runner.cleanup()
-        t3 = time.monotonic()
-        self.fresh.close()
-        self.summarizer.flush_all()
-        self.store.close()
-        log.info("shutdown took %.0f ms (watcher %.0f, gates %.0f, HTTP %.0f)", (time.monotonic() - t0) * 1000,
-                 (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000)
 
     def _add_gate(self, t: config.TargetConfig) -> None:
-        self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
+        gate = self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
         self.metrics.register_target(t.name, t.unit)
-        self.stamps.set(t.name, None)  # a stamp from an earlier run proves nothing now
+        self.outputs.add(gate)
         for w in t.warnings:
             log.warning("%s: %s", t.name, w)
         if t.verify_owner and self.owner_problem:
             log.warning("%s: cannot prove who answers generations: %s; no start will be verified "
                         "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
 
-    def _start_watcher(self) -> None:
-        self.watcher = Watcher(self.cfg.daemon.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
-        self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
+    def _new_watcher(self) -> Watcher:
+        return Watcher(self.cfg.daemon.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
 
     async def _stop_watcher(self) -> None:
-        self._watcher_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self._watcher_task
+        if self._watcher_task is not None:
+            await _cancel(self._watcher_task)
+            self._watcher_task = None
 
     def _request_reload(self) -> None:
         self.reload_requested = True
@@ -173,8 +208,9 @@ class Daemon:
     async def _reload(self) -> None:
         """SIGHUP: re-read the config and apply it. A broken one is refused, the running one kept.
 
-        Targets are added, removed or re-probed under their new settings; the daemon's own
-        address, bus and directories are wired at startup and change only with a restart.
+        Targets are added, removed or re-probed under their new settings (`reload_plan`); the
+        daemon's own address, bus and directories are wired at startup and change only with a
+        restart.
         """
         path = config.resolve_path(self.config_path)
         try:
@@ -182,42 +218,37 @@ class Daemon:
         except config.ConfigError as e:
             self.config_error = str(e)
             log.error("config reload refused, keeping the running config: %s", e)
-            self._update_systemd()
+            self._update_outputs()
             return
         self.config_error = ""
         if new == self.cfg:
             log.info("config reloaded from %s: unchanged", path)
-            self._update_systemd()
+            self._update_outputs()
             return
-        if self.sent_ready:
-            self.reloading = True
-            self.notifier.reloading(status="genready: applying a new configuration")
+        self.outputs.begin_reload()
         fixed = [f"daemon.{k}" for k in ("listen", "bus", "state_dir", "runtime_dir")
                  if getattr(new.daemon, k) != getattr(self.cfg.daemon, k)]
         if fixed:
             log.warning("config reload: %s change(s) take effect at the next restart of genready", ", ".join(fixed))
         logging.getLogger("genready").setLevel(new.daemon.log_level.upper())
+        plan = reload_plan(self.cfg.targets, new.targets)
         old_targets = self.cfg.targets
         self.cfg = replace(new, daemon=replace(self.cfg.daemon, log_level=new.daemon.log_level))
-        units_changed = {t.unit for t in old_targets.values()} != {t.unit for t in new.targets.values()}
-        if units_changed:
+        if plan.units_changed:
             await self._stop_watcher()
-        for name, old_t in old_targets.items():
-            new_t = new.targets.get(name)
-            if new_t is None or new_t.unit != old_t.unit:
-                gate = self.gates.pop(name)
-                await gate.close()
-                self.metrics.forget_target(name, old_t.unit)
-                self.stamps.forget(name)
-            elif new_t != old_t:
-                await self.gates[name].reconfigure(new_t)
-        for name, new_t in new.targets.items():
-            if name not in self.gates:
-                self._add_gate(new_t)
-        if units_changed:
-            self._start_watcher()
+        for name in plan.remove:
+            await self.gates.pop(name).close()
+            self.metrics.forget_target(name, old_targets[name].unit)
+            self.outputs.forget(name)
+        for name in plan.reconfigure:
+            await self.gates[name].reconfigure(new.targets[name])
+        for name in plan.add:
+            self._add_gate(new.targets[name])
+        if plan.units_changed:
+            self.watcher = self._new_watcher()
+            self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
         event(log, logging.INFO, "config reloaded", path=str(path), targets=",".join(self.gates))
-        self._update_systemd()
+        self._update_outputs()
 
     async def _watchdog(self) -> None:
         # Pinged from the event loop itself, so a stuck loop stops the pings and systemd acts.
@@ -229,20 +260,20 @@ class Daemon:
     # -- gate events (the Listener protocol) ----------------------------------------------
 
     def _on_snapshot(self, unit: str, snap: Snapshot | None) -> None:
-        for g in self.gates.values():
+        for g in list(self.gates.values()):
             if g.unit == unit:
                 g.on_snapshot(snap)
                 self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
 
-    def state_changed(self, gate: TargetGate, old: State, new: State) -> None:
+    def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
         self.metrics.set_state(gate.name, gate.unit, new)
         event(log, logging.INFO, f"{gate.name}: {old} -> {new}", reason=gate.reason or None,
               pid=gate.snap.main_pid if gate.snap else None)
         if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
             self.summarizer.flush(gate.name)
-        self._update_systemd()
+        self._update_outputs()
 
-    def probed(self, gate: TargetGate, result: ProbeResult) -> None:
+    def on_probed(self, gate: TargetGate, result: ProbeResult) -> None:
         self.metrics.probe(gate.name, gate.unit, str(result.failure or "ok"), result.seconds)
         if result.failure is Failure.FOREIGN_OWNER:
             self.metrics.foreign_answer(gate.name, gate.unit)
@@ -252,24 +283,25 @@ class Daemon:
             self.summarizer.note(gate.name, str(result.failure), f"{gate.name}: probe failed: {result.failure}",
                                  level=logging.WARNING if result.failure in _NEEDS_AN_ADMIN else logging.INFO,
                                  detail=result.detail, pid=gate.snap.main_pid if gate.snap else None)
-        self._update_systemd()
+        self._update_outputs()
 
-    def start_seen(self, gate: TargetGate, record: StartRecord) -> None:
+    def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None:
         self.metrics.start_seen(gate.name, gate.unit)
         event(log, logging.INFO, f"{gate.name}: new start recorded", invocation=record.invocation_id,
               pid=record.main_pid or None)
 
-    def verified(self, gate: TargetGate, record: StartRecord) -> None:
+    def on_verified(self, gate: TargetGate, record: StartRecord) -> None:
         if record.load_seconds is not None:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
-        assert gate.verified is not None
-        v = gate.verified.to_json()
-        # `ready_at` is the stamp's first spelling of `ready_since`: kept for existing readers.
-        self.stamps.set(gate.name, {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]})
+        self._update_outputs()
 
-    def revoked(self, gate: TargetGate, reason: Revocation) -> None:
+    def on_revoked(self, gate: TargetGate, reason: Revocation) -> None:
         self.metrics.revoked(gate.name, gate.unit, reason)
-        self.stamps.set(gate.name, None)
+        self._update_outputs()
+
+    def _update_outputs(self) -> None:
+        notes = [f"config reload refused: {self.config_error}"] if self.config_error else []
+        self.outputs.update(self.gates.values(), listening=self.listening, notes=notes)
 
     # -- outputs that may fail without stopping anything -------------------------------------
 
@@ -310,40 +342,6 @@ class Daemon:
         self.summarizer.flush(f"stamp:{target}")
         log.warning("%s: the ready stamp is up to date again", target)
 
-    # -- telling systemd -----------------------------------------------------------------
-
-    def _status_line(self, g: TargetGate) -> str:
-        if g.ready and g.verified:
-            load = f" (loaded in {_duration(g.verified.load_seconds)})" if g.verified.load_seconds else ""
-            return f"{g.name}: ready pid {g.verified.instance.main_pid}{load}"
-        if g.state in (State.LOADING, State.WARMING, State.STUCK) and g.snap:
-            p = g.progress
-            err = f", probe {p.probes}: {p.last_failure}" if p.last_failure else ""
-            return f"{g.name}: {g.state} pid {g.snap.main_pid} for {_duration(time.time() - p.waiting_since)}{err}"
-        return f"{g.name}: {g.state}" + (f" ({g.reason})" if g.reason else "")
-
-    def _update_systemd(self) -> None:
-        lines = [self._status_line(g) for g in self.gates.values()]
-        if self.config_error:
-            lines.append(f"config reload refused: {self.config_error}")
-        gated = [g for g in self.gates.values() if g.cfg.gate_startup]
-        if not self.sent_ready:
-            # READY=1 only once the API answers and every gating target was verified at least once.
-            if self.listening and all(g.ever_verified for g in gated):
-                self.sent_ready = True
-                self.notifier.ready(status="\n".join(lines))
-                log.info("all gating targets verified: READY=1 sent to systemd")
-                return
-        elif not self.reloading and not all(g.ready for g in gated):
-            self.reloading = True
-            self.notifier.reloading(status="\n".join(lines))
-            return
-        elif self.reloading and all(g.ready for g in gated):
-            self.reloading = False
-            self.notifier.ready(status="\n".join(lines))
-            return
-        self.notifier.status("\n".join(lines))
-
     def _status_extra(self) -> dict[str, object]:
         return {
             "bus": self.cfg.daemon.bus,
@@ -352,9 +350,16 @@ class Daemon:
             "owner_proof": self.owner_problem or "available",
             "config": self.cfg.path,
             "config_error": self.config_error or None,
-            "systemd_ready_sent": self.sent_ready,
+            "systemd_ready_sent": self.outputs.sent_ready,
             "fresh_reads": self.fresh.reads,
         }
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait until it has ended, whatever it ended with."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def serve(cfg: config.Config, config_path: str | None) -> int:

@@ -101,13 +101,16 @@ def _show(s: Snapshot) -> str:
 
 
 class Listener(Protocol):
-    """What the daemon does with the gate's events (notify, stamps, metrics, logs)."""
+    """What the daemon does with the gate's events (metrics, logs, and a nudge to outputs.py).
 
-    def state_changed(self, gate: TargetGate, old: State, new: State) -> None: ...
-    def probed(self, gate: TargetGate, result: ProbeResult) -> None: ...
-    def verified(self, gate: TargetGate, record: StartRecord) -> None: ...
-    def revoked(self, gate: TargetGate, reason: Revocation) -> None: ...
-    def start_seen(self, gate: TargetGate, record: StartRecord) -> None: ...
+    An event says what happened; whether a target is ready is always asked of `gate.ready`.
+    """
+
+    def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None: ...
+    def on_probed(self, gate: TargetGate, result: ProbeResult) -> None: ...
+    def on_verified(self, gate: TargetGate, record: StartRecord) -> None: ...
+    def on_revoked(self, gate: TargetGate, reason: Revocation) -> None: ...
+    def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None: ...
 
 
 @dataclass
@@ -155,7 +158,6 @@ class TargetGate:
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
         self.verified: Verification | None = None
-        self.ever_verified = False
         self.progress = ProbeProgress()
         self._task: asyncio.Task[None] | None = None
         self.probe_restarts = 0  # probe loops that died and were restarted (see _probe_task_done)
@@ -185,7 +187,7 @@ class TargetGate:
             log.exception("%s: updating the start records failed", self.name)
             started = None
         if started is not None:
-            self.listener.start_seen(self, started)
+            self.listener.on_start_seen(self, started)
         if was_ready and not self.ready:
             assert self.verified is not None
             self._revoke(revocation_reason(snap, self.verified.instance))
@@ -202,14 +204,14 @@ class TargetGate:
         # Even for the same instance (a job came and went): warmup and load_timeout count anew.
         self.progress.successes = 0
         self.progress.waiting_since = time.time()
-        self.listener.revoked(self, reason)
+        self.listener.on_revoked(self, reason)
 
     def _set_state(self) -> None:
         new, reason = self._derive_state()
         self.reason = reason
         if new != self.state:
             old, self.state = self.state, new
-            self.listener.state_changed(self, old, new)
+            self.listener.on_state_changed(self, old, new)
         self._changed.set()
         self._changed = asyncio.Event()
 
@@ -251,9 +253,13 @@ class TargetGate:
         # server still activating) could be announced while /ready still says no.
         return instance_of(s) if s.active_state == "active" else None
 
+    def _verified_as(self, inst: Instance) -> bool:
+        """Is `inst` the verified instance? (It may no longer be ready: that is `ready`'s question.)"""
+        return self.verified is not None and self.verified.instance == inst
+
     def _schedule_probing(self) -> None:
         want = self._probe_wanted()
-        if want is not None and self.verified and self.verified.instance == want and not self.cfg.recheck_interval:
+        if want is not None and self._verified_as(want) and not self.cfg.recheck_interval:
             want = None
         running = self._task is not None and not self._task.done()
         if running and self.progress.instance == want:
@@ -286,31 +292,55 @@ class TargetGate:
         asyncio.get_running_loop().call_later(self.cfg.backoff_max, restart)
 
     async def _probe_loop(self, inst: Instance) -> None:
-        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max, patience=self.cfg.load_timeout)
-        while self._probe_wanted() == inst:  # also guards against a cancellation lost in a race
-            if self.verified and self.verified.instance == inst:
-                await asyncio.sleep(self.cfg.recheck_interval)
-            result = await self._probe_once(inst)
-            p = self.progress
-            p.probes += 1
-            self.listener.probed(self, result)
-            if result.ok:
-                p.successes += 1
-                p.failures = 0
-                p.last_error = ""
-                if (not (self.verified and self.verified.instance == inst) and p.successes >= self.cfg.warmup
-                        and self._verify(inst, result) and not self.cfg.recheck_interval):
-                    self._set_state()
-                    return
+        """Probe `inst` until it is verified; then, with recheck_interval, keep rechecking it,
+        and after a revocation by rechecks, probe it until verified again."""
+        while self._probe_wanted() == inst:
+            if not self._verified_as(inst):
+                await self._probe_until_verified(inst)
+            elif self.cfg.recheck_interval:
+                await self._recheck_while_verified(inst)
             else:
-                p.successes = 0
-                p.failures += 1
-                p.last_error = f"{result.failure}: {result.detail}"
-                if self.verified and self.verified.instance == inst and p.failures >= self.cfg.failure_threshold:
-                    self._revoke(Revocation.RECHECK_FAILED)
+                return
+
+    async def _probe_until_verified(self, inst: Instance) -> None:
+        """Probe on the schedule until `warmup` generations in a row succeed and `inst` is
+        verified, or until `inst` is no longer the one to probe."""
+        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max, patience=self.cfg.load_timeout)
+        # The loop condition also guards against a cancellation lost in a race.
+        while self._probe_wanted() == inst:
+            result = await self._probe_once(inst)
+            self._count(result)
+            if result.ok and self.progress.successes >= self.cfg.warmup and self._verify(inst, result):
+                self._set_state()
+                return
             self._set_state()
-            if not (self.verified and self.verified.instance == inst):
-                await self._pause(schedule, result, inst)
+            await self._pause(schedule, result, inst)
+
+    async def _recheck_while_verified(self, inst: Instance) -> None:
+        """Probe every recheck_interval while `inst` stays verified; revoke after failure_threshold
+        failures in a row."""
+        while self._probe_wanted() == inst and self._verified_as(inst):
+            await asyncio.sleep(self.cfg.recheck_interval)
+            if not (self._probe_wanted() == inst and self._verified_as(inst)):
+                return
+            result = await self._probe_once(inst)
+            self._count(result)
+            if not result.ok and self.progress.failures >= self.cfg.failure_threshold:
+                self._revoke(Revocation.RECHECK_FAILED)
+            self._set_state()
+
+    def _count(self, result: ProbeResult) -> None:
+        p = self.progress
+        p.probes += 1
+        if result.ok:
+            p.successes += 1
+            p.failures = 0
+            p.last_error = ""
+        else:
+            p.successes = 0
+            p.failures += 1
+            p.last_error = f"{result.failure}: {result.detail}"
+        self.listener.on_probed(self, result)
 
     async def _pause(self, schedule: Schedule, result: ProbeResult, inst: Instance) -> None:
         """Wait before the next probe: as long as the schedule says for what `result` cost the
@@ -358,13 +388,12 @@ class TargetGate:
         started = from_iso(rec.started_at) if rec else None
         load = round(now - started, 3) if started else None
         self.verified = Verification(inst, now, load, started)
-        self.ever_verified = True
         rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
                  inst.invocation_id, load, self.progress.probes)
         if rec is not None:
-            self.listener.verified(self, rec)
+            self.listener.on_verified(self, rec)
         return True
 
     # -- questions from the API --------------------------------------------------------------

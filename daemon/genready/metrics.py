@@ -159,7 +159,11 @@ class Metrics:
             raise ValueError(f"unknown state {state!r}; one of {', '.join(STATES)}")
         self.register_target(target, unit)
         self._state.labels(target, unit).state(state)
-        self._ready.labels(target, unit).set(1 if state == "ready" else 0)
+
+    def set_ready(self, target: str, unit: str, ready: bool) -> None:
+        """The genready_ready gauge: outputs.py sets it from the readiness rule, not from a state name."""
+        self.register_target(target, unit)
+        self._ready.labels(target, unit).set(1 if ready else 0)
 
     def set_main_pid(self, target: str, unit: str, pid: int) -> None:
         self.register_target(target, unit)

@@ -1,0 +1,110 @@
+"""What genready says about readiness outside its HTTP API: sd_notify (READY=1, RELOADING=1,
+STATUS=), the ready stamps and the `genready_ready` gauge.
+
+Each one is recomputed from the readiness rule (`TargetGate.ready`, i.e. `gate.is_ready`) at
+the moment it is sent, never taken from an event's payload or from a flag remembered since:
+a target verified and then revoked before genready's first READY=1 gets no READY=1, and a
+stamp or gauge can only say "ready" while /ready would say 200.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from genready.gate import State, TargetGate
+from genready.metrics import Metrics
+from genready.notify import Notifier
+from genready.stamp import Stamps
+
+log = logging.getLogger("genready")
+
+_NO_STAMP: dict[str, object] = {}  # "not yet decided": differs from every payload, including None
+
+
+def duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else (
+        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
+
+
+def stamp_payload(gate: TargetGate) -> dict[str, object] | None:
+    """The ready stamp's content while the target is ready, else None (no stamp)."""
+    if not gate.ready or gate.verified is None:
+        return None
+    v = gate.verified.to_json()
+    # `ready_at` is the stamp's first spelling of `ready_since`: kept for existing readers.
+    return {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]}
+
+
+def status_line(g: TargetGate) -> str:
+    """One target's part of STATUS= (what `systemctl status genready` shows)."""
+    if g.ready and g.verified:
+        load = f" (loaded in {duration(g.verified.load_seconds)})" if g.verified.load_seconds else ""
+        return f"{g.name}: ready pid {g.verified.instance.main_pid}{load}"
+    if g.state in (State.LOADING, State.WARMING, State.STUCK) and g.snap:
+        p = g.progress
+        err = f", probe {p.probes}: {p.last_failure}" if p.last_failure else ""
+        return f"{g.name}: {g.state} pid {g.snap.main_pid} for {duration(time.time() - p.waiting_since)}{err}"
+    return f"{g.name}: {g.state}" + (f" ({g.reason})" if g.reason else "")
+
+
+class Outputs:
+    """Keeps sd_notify, the stamps and the gauge in line with the rule; `update()` after any change.
+
+    systemd hears READY=1 once the API listens and every `gate_startup` target is ready;
+    after that, RELOADING=1 while one of them is not, and READY=1 when all are again.
+    """
+
+    def __init__(self, notifier: Notifier, stamps: Stamps, metrics: Metrics) -> None:
+        self.notifier = notifier
+        self.stamps = stamps
+        self.metrics = metrics
+        self.sent_ready = False  # READY=1 was sent once: start-up is over for systemd
+        self.reloading = False  # RELOADING=1 was sent and its READY=1 not yet
+        self._stamped: dict[str, dict[str, object] | None] = {}
+
+    def add(self, gate: TargetGate) -> None:
+        """A target appears: a stamp left by an earlier run proves nothing now."""
+        self._stamped[gate.name] = None
+        self.stamps.set(gate.name, None)
+
+    def forget(self, name: str) -> None:
+        """A target is no longer configured: its stamp goes (the metrics forget it themselves)."""
+        self._stamped.pop(name, None)
+        self.stamps.forget(name)
+
+    def begin_reload(self) -> None:
+        """A new configuration is being applied (SIGHUP): RELOADING=1 once start-up is over."""
+        if self.sent_ready:
+            self.reloading = True
+            self.notifier.reloading(status="genready: applying a new configuration")
+
+    def update(self, gates: Iterable[TargetGate], *, listening: bool, notes: Iterable[str] = ()) -> None:
+        """Bring every output in line with `gate.ready` now; `notes` are extra STATUS= lines."""
+        gates = list(gates)
+        for g in gates:
+            ready = g.ready
+            self.metrics.set_ready(g.name, g.unit, ready)
+            payload = stamp_payload(g)
+            if self._stamped.get(g.name, _NO_STAMP) != payload:
+                self._stamped[g.name] = payload
+                self.stamps.set(g.name, payload)
+        status = "\n".join([*(status_line(g) for g in gates), *notes])
+        all_ready = all(g.ready for g in gates if g.cfg.gate_startup)
+        if not self.sent_ready:
+            if listening and all_ready:
+                self.sent_ready = True
+                self.notifier.ready(status=status)
+                log.info("all gating targets verified: READY=1 sent to systemd")
+                return
+        elif not self.reloading and not all_ready:
+            self.reloading = True
+            self.notifier.reloading(status=status)
+            return
+        elif self.reloading and all_ready:
+            self.reloading = False
+            self.notifier.ready(status=status)
+            return
+        self.notifier.status(status)

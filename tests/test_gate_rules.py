@@ -1,0 +1,275 @@
+"""The gate's decisions, in-process and table-driven: every state, every revocation reason,
+and the instance proof around a probe (see gatefakes.py for why these use stand-ins)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genready.gate import Instance, Revocation, State, is_ready
+from genready.probe import Failure
+from tests.gatefakes import Rig, failed, snap, target
+
+
+@pytest.fixture
+async def make_rig(tmp_path: Path) -> AsyncIterator[Callable[..., Rig]]:
+    rigs: list[Rig] = []
+
+    def make(**cfg: Any) -> Rig:
+        rigs.append(Rig(tmp_path / str(len(rigs)), **cfg))
+        return rigs[-1]
+
+    yield make
+    for r in rigs:
+        await r.close()
+
+
+# --- the rule itself --------------------------------------------------------------------------
+
+A = Instance("inv-a", 100)
+
+
+@pytest.mark.parametrize(("shown", "verified", "ready"), [
+    (snap(), A, True),
+    (snap(), None, False),  # nothing verified
+    (None, A, False),  # no connection to systemd
+    (snap(pid=101), A, False),  # another MainPID
+    (snap(inv="inv-b"), A, False),  # another start
+    (snap(job=3), A, False),  # a job is pending
+    (snap("deactivating"), A, False),
+    (snap("reloading"), A, False),  # only `active` counts
+    (snap("activating"), A, False),
+], ids=["same-instance", "unverified", "bus-lost", "pid", "invocation", "job", "deactivating", "reloading",
+        "activating"])
+def test_is_ready(shown: Any, verified: Instance | None, ready: bool) -> None:
+    assert is_ready(shown, verified) is ready
+
+
+# --- every state ------------------------------------------------------------------------------
+
+async def _unknown(r: Rig) -> None:
+    r.show(snap("inactive", 0, ""))
+    r.show(None)
+
+
+async def _absent(r: Rig) -> None:
+    r.show(snap("inactive", 0, "", load="not-found"))
+
+
+async def _absent_refused(r: Rig) -> None:
+    r.show(snap("inactive", 0, "", error="org.freedesktop.DBus.Error.InvalidArgs: bad name"))
+
+
+async def _inactive(r: Rig) -> None:
+    r.show(snap("failed", 0, "inv-a", sub="failed"))
+
+
+async def _starting_job(r: Rig) -> None:
+    r.show(snap("inactive", 0, "", job=7))
+
+
+async def _starting_activating(r: Rig) -> None:
+    r.show(snap("activating", 0, "inv-a", sub="start-pre"))
+
+
+async def _loading(r: Rig) -> None:
+    r.prober.answer = lambda pid: failed()
+    r.show(snap())
+    await r.until(lambda: r.gate.progress.probes >= 2, "two failed probes")
+
+
+async def _warming(r: Rig) -> None:
+    hold = asyncio.Event()
+    r.prober.queue.append(r.prober.answer(100))
+    r.prober.during = lambda: setattr(r.prober, "hold", hold if r.prober.calls > 1 else None)
+    r.show(snap())
+    await r.until(lambda: r.gate.progress.successes == 1 and r.prober.calls == 2, "one success, the next held")
+
+
+async def _ready(r: Rig) -> None:
+    await r.ready(snap())
+
+
+async def _stuck(r: Rig) -> None:
+    r.prober.answer = lambda pid: failed()
+    r.show(snap())
+    await r.until(lambda: r.gate.state == State.STUCK, "stuck after load_timeout")
+
+
+async def _rejected(r: Rig) -> None:
+    r.prober.answer = lambda pid: failed(Failure.REJECTED, 401)
+    r.show(snap())
+    await r.until(lambda: r.gate.progress.probes >= 1, "a rejected probe")
+
+
+STATE_ROWS: dict[str, tuple[Callable[[Rig], Awaitable[None]], dict[str, Any], State, str]] = {
+    # name: (what happens, target settings, expected state, a word of the expected reason)
+    "unknown": (_unknown, {}, State.UNKNOWN, "no connection to systemd"),
+    "absent": (_absent, {}, State.ABSENT, "does not exist"),
+    "absent-refused": (_absent_refused, {}, State.ABSENT, "refuses to report"),
+    "inactive": (_inactive, {}, State.INACTIVE, "is failed"),
+    "starting-job": (_starting_job, {}, State.STARTING, "a job is pending"),
+    "starting-activating": (_starting_activating, {}, State.STARTING, "activating/start-pre"),
+    "loading": (_loading, {}, State.LOADING, "http_status"),
+    "warming": (_warming, {"warmup": 3}, State.WARMING, "1/3 generations verified"),
+    "ready": (_ready, {}, State.READY, ""),
+    "stuck": (_stuck, {"load_timeout": 0.05}, State.STUCK, "load_timeout"),
+    "rejected": (_rejected, {}, State.REJECTED, "rejected (scripted)"),
+}
+
+
+def test_the_table_has_a_row_for_every_state() -> None:
+    assert {row[2] for row in STATE_ROWS.values()} == set(State)
+
+
+@pytest.mark.parametrize("row", STATE_ROWS)
+async def test_state(make_rig: Callable[..., Rig], row: str) -> None:
+    happen, cfg, state, reason = STATE_ROWS[row]
+    r = make_rig(**cfg)
+    await happen(r)
+    await r.until(lambda: r.gate.state == state, f"state {state}")
+    assert reason in r.gate.reason
+    assert r.gate.ready is (state == State.READY)
+    assert r.events.states[-1] == state  # the listener heard the state the gate is in
+    body = r.gate.to_json()
+    assert body["state"] == state and body["ready"] is (state == State.READY)
+
+
+# --- every revocation reason -------------------------------------------------------------------
+
+async def _pid_changed(r: Rig) -> None:
+    r.show(snap(pid=101))
+
+
+async def _invocation_changed(r: Rig) -> None:
+    r.show(snap(pid=200, inv="inv-b"))
+
+
+async def _left_active(r: Rig) -> None:
+    r.show(snap("deactivating", sub="stop-sigterm"))
+
+
+async def _job_queued(r: Rig) -> None:
+    r.show(snap(job=9))
+
+
+async def _bus_lost(r: Rig) -> None:
+    r.show(None)
+
+
+async def _rechecks_fail(r: Rig) -> None:
+    r.prober.answer = lambda pid: failed(Failure.TIMEOUT, None)
+    await r.until(lambda: not r.gate.ready, "revoked by rechecks")
+
+
+async def _config_changed(r: Rig) -> None:
+    await r.gate.reconfigure(replace(r.gate.cfg, probe_timeout=7.0))
+
+
+REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[str, Any]]] = {
+    Revocation.PID_CHANGED: (_pid_changed, {}),
+    Revocation.INVOCATION_CHANGED: (_invocation_changed, {}),
+    Revocation.INACTIVE: (_left_active, {}),
+    Revocation.JOB_QUEUED: (_job_queued, {}),
+    Revocation.BUS_LOST: (_bus_lost, {}),
+    Revocation.RECHECK_FAILED: (_rechecks_fail, {"recheck_interval": 0.01, "failure_threshold": 2}),
+    Revocation.CONFIG_CHANGED: (_config_changed, {}),
+}
+
+
+def test_the_table_has_a_row_for_every_revocation() -> None:
+    assert set(REVOCATION_ROWS) == set(Revocation)
+
+
+@pytest.mark.parametrize("reason", list(REVOCATION_ROWS))
+async def test_revocation(make_rig: Callable[..., Rig], reason: Revocation) -> None:
+    happen, cfg = REVOCATION_ROWS[reason]
+    r = make_rig(**cfg)
+    await r.ready(snap())
+    assert [rec.main_pid for rec in r.events.verified] == [100]
+    await happen(r)
+    assert not r.gate.ready
+    assert r.events.revoked == [reason]
+    rec = r.gate.history.get("inv-a")
+    assert rec is not None and rec.revoke_reason == reason and rec.revoked_at
+
+
+async def test_rechecks_that_fail_fewer_times_than_the_threshold_keep_readiness(
+        make_rig: Callable[..., Rig]) -> None:
+    r = make_rig(recheck_interval=0.01, failure_threshold=3)
+    await r.ready(snap())
+    n = r.prober.calls
+    r.prober.queue.extend([failed(Failure.TIMEOUT, None), failed(Failure.TIMEOUT, None)])
+    await r.until(lambda: r.prober.calls >= n + 4, "two failed rechecks and two good ones")
+    assert r.gate.ready and r.events.revoked == []
+
+
+async def test_revoked_by_rechecks_then_verified_again_counts_warmup_anew(make_rig: Callable[..., Rig]) -> None:
+    r = make_rig(recheck_interval=0.01, failure_threshold=1, warmup=2)
+    await r.ready(snap())
+    r.prober.queue.append(failed(Failure.TIMEOUT, None))
+    await r.until(lambda: r.events.revoked == [Revocation.RECHECK_FAILED], "revoked")
+    await r.until(lambda: r.gate.ready, "verified again")
+    assert len(r.events.verified) == 2
+    # warmup 2: two successes before each verification, and the one failure between.
+    oks = [p.ok for p in r.events.probes]
+    assert oks[:2] == [True, True] and False in oks[2:]
+
+
+# --- the instance proof around a probe -------------------------------------------------------
+
+async def test_a_success_while_systemd_changed_instance_does_not_verify(make_rig: Callable[..., Rig]) -> None:
+    """The server answered, but by then systemd shows another start: the answer proves nothing."""
+    r = make_rig()
+    r.prober.during = lambda: setattr(r.fresh, "snap", snap(pid=200, inv="inv-b"))
+    r.show(snap())
+    await r.until(lambda: r.prober.calls >= 1 and r.events.probes, "the first probe")
+    first = r.events.probes[0]
+    assert not first.ok and first.failure == Failure.STALE_INSTANCE and "now shows pid 200" in first.detail
+    assert not r.gate.ready and r.events.verified == []
+
+
+async def test_no_probe_counts_while_the_fresh_read_disagrees_with_the_event(make_rig: Callable[..., Rig]) -> None:
+    """The D-Bus event said pid 100; a fresh read says a job is pending: not probed as ready."""
+    r = make_rig()
+    r.gate.on_snapshot(snap())
+    r.fresh.snap = snap(job=4)
+    await r.until(lambda: len(r.events.probes) >= 2, "two probes")
+    assert r.prober.calls == 0
+    assert all(p.failure == Failure.STALE_INSTANCE for p in r.events.probes)
+    assert not r.gate.ready
+
+
+async def test_a_verification_belongs_to_one_instance(make_rig: Callable[..., Rig]) -> None:
+    r = make_rig()
+    await r.ready(snap())
+    r.prober.answer = lambda pid: failed()
+    r.show(snap(pid=200, inv="inv-b"))
+    assert r.gate.verified is None and not r.gate.ready
+    # The old instance coming back in an event (a stale view) does not make it ready again.
+    r.show(snap())
+    await r.until(lambda: r.gate.progress.probes >= 1, "probing the instance afresh")
+    assert not r.gate.ready and len(r.events.verified) == 1
+
+
+async def test_check_reads_systemd_afresh(make_rig: Callable[..., Rig]) -> None:
+    """/ready's question: ready in the gate's view, but a fresh read shows a job: no."""
+    r = make_rig()
+    await r.ready(snap())
+    v, why = await r.gate.check()
+    assert v is not None and v.instance == A and why == ""
+    r.fresh.snap = snap(job=5)
+    v, why = await r.gate.check()
+    assert v is None and "with a job pending" in why
+    v, why = await r.gate.check(pid=999)
+    assert v is None and "not 999" in why
+
+
+def test_target_defaults_come_from_the_config_table() -> None:
+    cfg = target()
+    assert cfg.warmup == 1 and cfg.recheck_interval == 0
