@@ -26,8 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import tests.test_hostile as th
-
+import genready_dev.hostile as th
 from genready import config
 from genready.probe import Prober
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
@@ -133,7 +132,7 @@ def case1(um: UserManager, tmp: Path) -> None:
         wait_for(lambda: g.get("/ready/f")[0] == 200, 30, "verified", interval=0.01)
         took = time.monotonic() - t0
         probes = g.status()["targets"]["f"]["probes"]
-        bad = th._metric(g, "genready_probes_total", target="f", result="bad_response")
+        bad = th.metric(g, "genready_probes_total", target="f", result="bad_response")
         tracebacks = g.log().count("Traceback")
     um.systemctl("stop", unit)
     line(1, "4 malformed answers (chunk -1, CL '²', CL 4,300 digits, status '²²²'), then good ones",
@@ -146,18 +145,18 @@ def case1(um: UserManager, tmp: Path) -> None:
 def case2(um: UserManager, tmp: Path) -> None:
     unit = "bh-full.service"
     g = Genready(um, tmp, {"s": sim(um, unit)})
-    th._in_own_mounts(g)
+    th.in_own_mounts(g)
     with g:
         wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
-        th._fill(th._inside(g, g.state_dir))
+        th.fill(th.inside(g, g.state_dir))
         took = restart_verified(g, um, unit)
-        agree = th._three_surfaces(g, "s")
-        errors = th._metric(g, "genready_record_errors_total")
+        agree = th.three_surfaces(g, "s")
+        errors = th.metric(g, "genready_record_errors_total")
         logged = g.log().count("cannot write start records")
         inv = show(um, unit)[1]
         t0 = time.monotonic()
-        (th._inside(g, g.state_dir) / "filler").unlink()
-        records = th._inside(g, g.state_dir) / "records.jsonl"
+        (th.inside(g, g.state_dir) / "filler").unlink()
+        records = th.inside(g, g.state_dir) / "records.jsonl"
         wait_for(lambda: inv in records.read_text(), 30, "caught up", interval=0.05)
         caught = time.monotonic() - t0
     um.systemctl("stop", unit)
@@ -170,17 +169,17 @@ def case2(um: UserManager, tmp: Path) -> None:
 def case3(um: UserManager, tmp: Path) -> None:
     unit = "bh-ro.service"
     g = Genready(um, tmp, {"s": sim(um, unit)})
-    th._in_own_mounts(g)
+    th.in_own_mounts(g)
     with g:
-        stamp_file = th._inside(g, g.runtime_dir / "s.ready")
+        stamp_file = th.inside(g, g.runtime_dir / "s.ready")
         wait_for(lambda: g.get("/ready/s")[0] == 200 and stamp_file.exists(), 30, "verified")
-        th._ns(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
+        th.ns_run(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
         took = restart_verified(g, um, unit)
-        agree = th._three_surfaces(g, "s")
-        errors = th._metric(g, "genready_stamp_errors_total", target="s")
+        agree = th.three_surfaces(g, "s")
+        errors = th.metric(g, "genready_stamp_errors_total", target="s")
         pid = show(um, unit)[0]
         t0 = time.monotonic()
-        th._ns(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
+        th.ns_run(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
         wait_for(lambda: json.loads(stamp_file.read_text())["pid"] == pid, 30, "stamp caught up", interval=0.05)
         caught = time.monotonic() - t0
     um.systemctl("stop", unit)
@@ -233,7 +232,7 @@ def case4(um: UserManager, tmp: Path) -> None:
         opened = time.monotonic() - t0
         t0 = time.monotonic()
         took = restart_verified(g, um, unit, timeout=60)
-        wait_for(lambda: all(th._closed_by_peer(s) for s in slow), 30, "slowloris closed", interval=0.2)
+        wait_for(lambda: all(th.closed_by_peer(s) for s in slow), 30, "slowloris closed", interval=0.2)
         slow_closed = time.monotonic() - t0
         for s in socks + slow:
             s.close()
@@ -241,10 +240,10 @@ def case4(um: UserManager, tmp: Path) -> None:
         stop.set()
         poller.join(5)
         fd1 = fds(g.proc.pid)
-        refused = {why: th._metric(g, "genready_api_refused_total", why=why)
+        refused = {why: th.metric(g, "genready_api_refused_total", why=why)
                    for why in ("evicted", "connections", "long_polls", "read_timeout")}
         log_bytes = g.log_path.stat().st_size - log0
-        emfile = th._metric(g, "genready_probes_total", target="s", result="local_resources")
+        emfile = th.metric(g, "genready_probes_total", target="s", result="local_resources")
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     um.systemctl("stop", unit)
     line(4, "3,100 connections (2/3 long-polls, 1/3 slowloris) under LimitNOFILE=1024",
@@ -338,8 +337,8 @@ def case8(um: UserManager, tmp: Path) -> None:
     bom = check_config(tmp, b"\xef\xbb\xbf" + GOOD.encode())
 
     async def zero_tokens() -> str:
-        async for url in th._canned(json.dumps({"text": "OK", "meta_info": {"completion_tokens": 0}}).encode()):
-            prober = Prober(th._target(url))
+        async for url in th.canned(json.dumps({"text": "OK", "meta_info": {"completion_tokens": 0}}).encode()):
+            prober = Prober(th.target_config(url))
             try:
                 return str((await prober.probe(0)).failure)
             finally:

@@ -23,11 +23,22 @@ from typing import Any
 import pytest
 
 from genready import api, config, records, serving, stamp
-from genready.config import TargetConfig
 from genready.gate import TargetGate
 from genready.probe import Failure, Prober, ProbeResult
 from genready.watcher import FreshReader, Watcher, retry_eintr
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.hostile import (
+    FLAKY_SERVER,
+    canned,
+    closed_by_peer,
+    fill,
+    in_own_mounts,
+    inside,
+    metric,
+    ns_run,
+    target_config,
+    three_surfaces,
+)
 from genready_dev.usermanager import UserManager
 
 GOOD_TARGET = '[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n'
@@ -238,28 +249,6 @@ def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
     assert len(config.load(path).targets) == config.MAX_TARGETS
 
 
-def _target(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
-    """A full TargetConfig with every default, from the config's own table (new keys included)."""
-    table = {"unit": "t.service", "url": url, "api": api_, "model": "m", "verify_owner": False, **kw}
-    return config.parse({"targets": {"t": table}}).targets["t"]
-
-
-async def _canned(body: bytes) -> AsyncIterator[str]:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                     + str(len(body)).encode() + b"\r\n\r\n" + body)
-        await writer.drain()
-        await reader.read()  # until the probe closes
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-
-
 @pytest.mark.parametrize(("api_", "doc"), [
     ("sglang", {"text": "OK", "meta_info": {"completion_tokens": 0}}),
     ("sglang", {"text": "", "output_ids": [11], "meta_info": {"completion_tokens": 0}}),
@@ -267,8 +256,8 @@ async def _canned(body: bytes) -> AsyncIterator[str]:
     ("openai-chat", {"choices": [{"message": {"content": "OK"}}], "usage": {"completion_tokens": 0}}),
 ])
 async def test_case8_text_with_zero_completion_tokens_is_bad_response(api_: str, doc: dict[str, Any]) -> None:
-    async for url in _canned(json.dumps(doc).encode()):
-        prober = Prober(_target(url, api_))
+    async for url in canned(json.dumps(doc).encode()):
+        prober = Prober(target_config(url, api_))
         try:
             r = await prober.probe(0)
         finally:
@@ -293,15 +282,6 @@ def _limited(manager: UserManager, tmp_path: Path, nofile: int = 256) -> Genread
     return g
 
 
-def _closed_by_peer(s: socket.socket) -> bool:
-    try:
-        return s.recv(1024) == b""
-    except BlockingIOError:
-        return False
-    except OSError:
-        return True  # reset
-
-
 def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: UserManager, tmp_path: Path) -> None:
     with _limited(manager, tmp_path) as g:
         socks = []
@@ -313,7 +293,7 @@ def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: U
             socks.append(s)
         t0 = time.monotonic()
         assert g.get("/status")[0] == 200  # served meanwhile
-        wait_for(lambda: all(_closed_by_peer(s) for s in socks), serving.REQUEST_READ_TIMEOUT + 5,
+        wait_for(lambda: all(closed_by_peer(s) for s in socks), serving.REQUEST_READ_TIMEOUT + 5,
                  "every incomplete connection closed")
         took = time.monotonic() - t0
         for s in socks:
@@ -338,9 +318,9 @@ def test_case4_idle_connections_over_the_cap_make_room_for_real_requests(manager
             code, body = g.get("/ready/t")
             assert code == 503 and body.get("state") == "absent", body
             # The oldest idle ones made room; genready's descriptors stay bounded by the cap.
-            wait_for(lambda: all(_closed_by_peer(s) for s in idle[:extra]), 5, "the oldest idle connections closed")
+            wait_for(lambda: all(closed_by_peer(s) for s in idle[:extra]), 5, "the oldest idle connections closed")
             assert len(os.listdir(f"/proc/{g.proc.pid}/fd")) <= fd0 + cap + 5
-            assert _metric(g, "genready_api_refused_total", why="evicted") >= extra
+            assert metric(g, "genready_api_refused_total", why="evicted") >= extra
         finally:
             for s in idle:
                 s.close()
@@ -369,8 +349,8 @@ def test_case4_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path:
 async def test_case4_emfile_is_its_own_failure_class() -> None:
     """Out of descriptors is genready's trouble, not the server's: never "refused". The limit is
     lowered in this very process (restored after), so the EMFILE is real."""
-    async for url in _canned(b'{"text": "OK"}'):
-        prober = Prober(_target(url))
+    async for url in canned(b'{"text": "OK"}'):
+        prober = Prober(target_config(url))
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
         filler: list[int] = []
@@ -391,57 +371,6 @@ async def test_case4_emfile_is_its_own_failure_class() -> None:
 # genready runs in a private mount namespace with a small tmpfs on each directory (unshare
 # execs, so the PID is genready's); the test fills or remounts them with nsenter.
 
-_MOUNT = 'mount -t tmpfs -o size=256k tmpfs "$1" && mount -t tmpfs -o size=256k tmpfs "$2" && shift 2 && exec "$@"'
-
-
-def _in_own_mounts(g: Genready) -> None:
-    g.state_dir.mkdir(parents=True, exist_ok=True)
-    g.runtime_dir.mkdir(parents=True, exist_ok=True)
-    g.wrapper = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _MOUNT, "sh",
-                 str(g.state_dir), str(g.runtime_dir)]
-
-
-def _ns(g: Genready, *argv: str) -> None:
-    assert g.proc is not None
-    subprocess.run(["nsenter", "-t", str(g.proc.pid), "-m", "--", *argv], check=True, capture_output=True, timeout=10)
-
-
-def _inside(g: Genready, path: Path) -> Path:
-    """`path` as genready's mount namespace sees it."""
-    assert g.proc is not None
-    return Path(f"/proc/{g.proc.pid}/root") / path.relative_to("/")
-
-
-def _metric(g: Genready, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    code, text = g.get("/metrics")
-    assert code == 200
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    raise AssertionError(f"no {name} {labels}")
-
-
-def _three_surfaces(g: Genready, target: str) -> tuple[bool, bool, bool]:
-    """(/ready says 200, /status says ready, genready_ready is 1): never allowed to disagree."""
-    return (g.get(f"/ready/{target}")[0] == 200, g.status()["targets"][target]["state"] == "ready",
-            _metric(g, "genready_ready", target=target) == 1)
-
-
-def _fill(state: Path) -> None:
-    """Fill the state dir's tmpfs to the last byte, including the free end of records.jsonl's last
-    page (blank lines, which a load skips): the next record write fails with ENOSPC."""
-    with contextlib.suppress(OSError), (state / "filler").open("wb", buffering=0) as f:
-        while True:
-            f.write(b"\0" * 4096)
-    for name, byte in (("filler", b"\0"), (records.RECORDS_FILE, b"\n")):
-        with contextlib.suppress(OSError), (state / name).open("ab", buffering=0) as f:
-            while True:
-                f.write(byte)
-
-
 def _sim_target(manager: UserManager, unit: str) -> dict[str, Any]:
     port = free_port()
     manager.install_unit(unit, sim_unit(port, "--load-seconds", "0.3"))
@@ -453,26 +382,26 @@ def _agree_on_new_pid(g: Genready, manager: UserManager, unit: str, old_pid: int
     def verified_new() -> int | None:
         pid = show(manager, unit)[0]
         code, _ = g.get(f"/ready/s?pid={pid}")
-        return pid if pid != old_pid and code == 200 and _three_surfaces(g, "s") == (True, True, True) else None
+        return pid if pid != old_pid and code == 200 and three_surfaces(g, "s") == (True, True, True) else None
     return wait_for(verified_new, 20, "the new start verified, on all three surfaces")
 
 
 def test_case2_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp_path: Path) -> None:
     unit = "th-full.service"
     g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
-    _in_own_mounts(g)
+    in_own_mounts(g)
     try:
         with g:
             wait_for(lambda: g.get("/ready/s")[0] == 200, 20, "first start verified")
             pid0 = show(manager, unit)[0]
-            _fill(_inside(g, g.state_dir))
+            fill(inside(g, g.state_dir))
             manager.systemctl("restart", unit)
             pid1 = _agree_on_new_pid(g, manager, unit, pid0)
             inv1 = show(manager, unit)[1]
-            assert _metric(g, "genready_record_errors_total") >= 1
+            assert metric(g, "genready_record_errors_total") >= 1
             recs = g.records("s")
             assert recs[0]["invocation_id"] == inv1 and recs[0]["main_pid"] == pid1 and recs[0]["ready_at"]
-            records_file = _inside(g, g.state_dir / "records.jsonl")
+            records_file = inside(g, g.state_dir / "records.jsonl")
             assert inv1 not in records_file.read_text()
             assert g.log().count("cannot write start records") == 1, g.log()
             # A second restart while still full: still verified, still logged only once.
@@ -480,7 +409,7 @@ def test_case2_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp
             pid2 = _agree_on_new_pid(g, manager, unit, pid1)
             assert g.log().count("cannot write start records") == 1
             # Space again: the records catch up on disk.
-            (_inside(g, g.state_dir) / "filler").unlink()
+            (inside(g, g.state_dir) / "filler").unlink()
             wait_for(lambda: inv1 in records_file.read_text() and show(manager, unit)[1] in records_file.read_text(),
                      10, "the records kept in memory written to disk")
             assert "start records are written" in g.log() and pid2 > 0
@@ -492,21 +421,21 @@ def test_case3_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: 
                                                                       tmp_path: Path) -> None:
     unit = "th-ro.service"
     g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
-    _in_own_mounts(g)
+    in_own_mounts(g)
     try:
         with g:
-            stamp_file = _inside(g, stamp.stamp_path(g.runtime_dir, "s"))
+            stamp_file = inside(g, stamp.stamp_path(g.runtime_dir, "s"))
             wait_for(lambda: g.get("/ready/s")[0] == 200 and stamp_file.exists(), 20, "first start verified")
             pid0 = show(manager, unit)[0]
-            _ns(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
+            ns_run(g, "mount", "-o", "remount,ro", str(g.runtime_dir))
             manager.systemctl("restart", unit)
             pid1 = _agree_on_new_pid(g, manager, unit, pid0)
-            assert _metric(g, "genready_stamp_errors_total", target="s") >= 1
+            assert metric(g, "genready_stamp_errors_total", target="s") >= 1
             assert json.loads(stamp_file.read_text())["pid"] == pid0  # stuck: nothing can remove it
             assert "cannot update the ready stamp" in g.log()
-            _ns(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
+            ns_run(g, "mount", "-o", "remount,rw", str(g.runtime_dir))
             wait_for(lambda: json.loads(stamp_file.read_text())["pid"] == pid1, 10, "the stamp caught up")
-            assert _three_surfaces(g, "s") == (True, True, True)
+            assert three_surfaces(g, "s") == (True, True, True)
             assert "ready stamp is up to date again" in g.log()
     finally:
         manager.systemctl("stop", unit)
@@ -544,44 +473,12 @@ async def _raw(answer_bytes: bytes) -> AsyncIterator[str]:
 @pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
 async def test_case1_a_malformed_answer_is_bad_response_not_an_exception(raw: bytes) -> None:
     async for url in _raw(raw):
-        prober = Prober(_target(url, probe_timeout=3.0))
+        prober = Prober(target_config(url, probe_timeout=3.0))
         try:
             r = await prober.probe(0)
         finally:
             await prober.close()
         assert not r.ok and r.failure is Failure.BAD_RESPONSE, r
-
-
-# A server that answers garbage for its first requests, then like SGLang (HTTP/1.1 keep-alive:
-# the owner proof checks the connection while it is open).
-FLAKY_SERVER = r"""
-import asyncio, json, sys
-BAD = [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
-       b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n",
-       b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 4300 + b"\r\n\r\n",
-       b"HTTP/1.1 \xb2\xb2\xb2 OK\r\n\r\n"]
-seen = 0
-async def serve(reader, writer):
-    global seen
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            n = int([l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0])
-            await reader.readexactly(n)
-            seen += 1
-            if seen <= len(BAD):
-                writer.write(BAD[seen - 1]); await writer.drain(); writer.close(); return
-            body = json.dumps({"text": " OK", "output_ids": [11], "meta_info": {"completion_tokens": 1}}).encode()
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\n\r\n" + body)
-            await writer.drain()
-    except Exception:
-        writer.close()
-async def main():
-    server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1]))
-    await server.serve_forever()
-asyncio.run(main())
-"""
 
 
 def test_case1_probing_goes_on_after_malformed_answers(manager: UserManager, tmp_path: Path) -> None:
@@ -597,7 +494,7 @@ def test_case1_probing_goes_on_after_malformed_answers(manager: UserManager, tmp
             wait_for(lambda: g.get("/ready/f")[0] == 200, 20, "verified after the garbage")
             assert g.get("/ready/f")[1]["pid"] == show(manager, unit)[0]
             assert g.status()["targets"]["f"]["probes"] >= len(MALFORMED) - 3 + 1
-            assert _metric(g, "genready_probes_total", target="f", result="bad_response") == 4
+            assert metric(g, "genready_probes_total", target="f", result="bad_response") == 4
             assert "Traceback" not in g.log()
     finally:
         manager.systemctl("stop", unit)
@@ -639,7 +536,7 @@ async def test_case1_a_probe_task_that_dies_is_restarted(manager: UserManager, t
     fresh = FreshReader("user")
     listener = _Recorder()
     with records.RecordStore(tmp_path / "state") as store:
-        cfg = _target("http://127.0.0.1:1", unit=unit, backoff_initial=0.05, backoff_max=0.1)
+        cfg = target_config("http://127.0.0.1:1", unit=unit, backoff_initial=0.05, backoff_max=0.1)
         gate = TargetGate(cfg, store, fresh, listener, prober_factory=_DiesOnce)
         try:
             gate.on_snapshot(await fresh.read(unit))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,3 +27,21 @@ def test_the_cli_imports_only_what_parsing_needs() -> None:
 @pytest.mark.parametrize("module", ["genready.daemon", "genready.benchclient", "genready.client"])
 def test_the_product_never_imports_the_dev_tooling(module: str) -> None:
     assert "genready_dev" not in imported_by(module)
+
+
+def test_the_readme_layout_names_every_module() -> None:
+    """The README's layout section is the map a newcomer reads: a module missing from it is drift."""
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("## Benchmarks")]
+    for package in ("genready", "genready_dev"):
+        for path in sorted((root / "daemon" / package).glob("*.py")):
+            if path.stem != "__init__":
+                assert f"`{path.stem}`" in layout, f"README's Layout does not name {package}.{path.stem}"
+
+
+def test_bench_scripts_do_not_import_tests() -> None:
+    root = Path(__file__).resolve().parents[1]
+    for path in sorted((root / "bench").glob("*.py")):
+        text = path.read_text()
+        assert "from tests" not in text and "import tests" not in text, path.name
