@@ -18,6 +18,7 @@ import pytest
 
 from genready import compat, owner
 from genready.listen import ListenWatch, in_our_netns, port_of
+from genready_dev.harness import free_port
 
 # A process that listens on a port it prints, until its stdin closes.
 LISTENER = """
@@ -56,12 +57,6 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> N
     while not cond():
         assert time.monotonic() < end, f"timed out waiting for {what}"
         await asyncio.sleep(0.005)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(("url", "watchable"), [
