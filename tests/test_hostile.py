@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from genready_dev.hostile import (
     inside,
     metric,
     ns_run,
+    raw_server,
     target_config,
     three_surfaces,
 )
@@ -454,25 +454,9 @@ MALFORMED = {
 }
 
 
-async def _raw(answer_bytes: bytes) -> AsyncIterator[str]:
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(Exception):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(answer_bytes)
-            await writer.drain()
-            await reader.read()
-        writer.close()
-
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-
-
 @pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
 async def test_case1_a_malformed_answer_is_bad_response_not_an_exception(raw: bytes) -> None:
-    async for url in _raw(raw):
+    async for url in raw_server(raw):
         prober = Prober(target_config(url, probe_timeout=3.0))
         try:
             r = await prober.probe(0)

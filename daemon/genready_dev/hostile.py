@@ -26,13 +26,14 @@ def target_config(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
     return config.parse({"targets": {"t": table}}).targets["t"]
 
 
-async def canned(body: bytes) -> AsyncIterator[str]:
+async def raw_server(answer_bytes: bytes) -> AsyncIterator[str]:
+    """A loopback server answering every request with exactly `answer_bytes`; yields its URL."""
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
-                     + str(len(body)).encode() + b"\r\n\r\n" + body)
-        await writer.drain()
-        await reader.read()  # until the probe closes
+        with contextlib.suppress(Exception):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer_bytes)
+            await writer.drain()
+            await reader.read()  # until the probe closes
         writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
@@ -40,6 +41,13 @@ async def canned(body: bytes) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
+
+
+async def canned(body: bytes) -> AsyncIterator[str]:
+    """A loopback server answering every request 200 with the JSON `body`; yields its URL."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async for url in raw_server(head + body):
+        yield url
 
 
 def closed_by_peer(s: socket.socket) -> bool:
