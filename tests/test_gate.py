@@ -123,7 +123,8 @@ def test_restart_with_lingering_old_process(manager: UserManager, tmp_path: Path
 
 def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserManager, tmp_path: Path) -> None:
     unit = "tg-early.service"
-    g, port = start_sim_target(manager, tmp_path, unit, "--load-seconds", "3", "--bind-early")
+    # 5 s: room for a slow start of the simulator on a loaded machine before /v1/models answers.
+    g, port = start_sim_target(manager, tmp_path, unit, "--load-seconds", "5", "--bind-early")
     try:
         pid, _ = show(manager, unit)
         wait_for(lambda: http(f"http://127.0.0.1:{port}/v1/models")[0] == 200, 10, "/v1/models during load")
@@ -189,14 +190,15 @@ def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path:
 def test_crash_revokes_then_ready_after_automatic_restart(manager: UserManager, tmp_path: Path,
                                                           poller: list[ReadyPoller]) -> None:
     unit = "tg-crash.service"
-    g, _ = start_sim_target(manager, tmp_path, unit, "--crash-after", "1.5", restart="always")
+    # 3 s of readiness per start: long enough to be seen between two polls on a loaded machine.
+    g, _ = start_sim_target(manager, tmp_path, unit, "--crash-after", "3", restart="always")
     try:
         first, _ = show(manager, unit)
         wait_for(lambda: g.ready_pid("t") == first, 20, "first start verified")
         p = ReadyPoller(g, "t")
         poller.append(p)
         p.start()
-        # Every start crashes 1.5 s after it is ready; the next one must be verified in turn.
+        # Every start crashes 3 s after it is ready; the next one must be verified in turn.
         wait_for(lambda: g.ready_pid("t") not in (None, first), 20, "a restarted server verified")
         answers = p.stop()
         assert any(a.status == 503 for a in answers), "the crash was never visible on /ready"
