@@ -325,7 +325,8 @@ class TargetGate:
                 return
             result = await self._probe_once(inst)
             self._count(result)
-            if not result.ok and self.progress.failures >= self.cfg.failure_threshold:
+            # Verified still? An event may have revoked it while the probe was out.
+            if not result.ok and self.progress.failures >= self.cfg.failure_threshold and self._verified_as(inst):
                 self._revoke(Revocation.RECHECK_FAILED)
             self._set_state()
 
