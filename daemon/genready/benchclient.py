@@ -121,6 +121,12 @@ async def discover_model(session: aiohttp.ClientSession, url: str, timeout: floa
         return None
 
 
+# What a request to the server may raise that is the server's doing (or the network's).
+_REQUEST_ERRORS: tuple[type[BaseException], ...] = (*TIMEOUT_ERRORS, aiohttp.ClientError, BadAnswer)
+# A stream adds ValueError: an SSE line over aiohttp's line limit.
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, ValueError)
+
+
 async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
                       timeout: float) -> Outcome:
     t0 = time.perf_counter()
@@ -132,18 +138,24 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
                 return Outcome(False, took, error=f"HTTP {r.status}")
         # The probe's rule (apis.py): a 200 counts only if it shows a generated token.
         tokens = api.generated_tokens(raw)
-    except TIMEOUT_ERRORS:
-        return Outcome(False, time.perf_counter() - t0, error=f"timeout ({timeout:g} s)")
-    except aiohttp.ClientConnectorError as e:
+    except _REQUEST_ERRORS as e:
+        return _failed(e, t0, timeout)
+    return Outcome(True, took, tokens)
+
+
+def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
+    """The Outcome of a request started at `t0` that raised `e`, in words a reader can act on."""
+    took = time.perf_counter() - t0
+    if isinstance(e, TIMEOUT_ERRORS):
+        return Outcome(False, took, error=f"timeout ({timeout:g} s)")
+    if isinstance(e, aiohttp.ClientConnectorError):
         # asyncio words refusals as "Connect call failed (addr)"; the errno says it shorter.
         err = e.os_error
         why = os.strerror(err.errno) if err.errno else str(err)
-        return Outcome(False, time.perf_counter() - t0, error=f"cannot connect: {why}")
-    except aiohttp.ClientError as e:
-        return Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
-    except BadAnswer as e:
-        return Outcome(False, time.perf_counter() - t0, error=f"bad response: {e}")
-    return Outcome(True, took, tokens)
+        return Outcome(False, took, error=f"cannot connect: {why}")
+    if isinstance(e, BadAnswer):
+        return Outcome(False, took, error=f"bad response: {e}")
+    return Outcome(False, took, error=f"{type(e).__name__}: {e}")
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
@@ -177,16 +189,8 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
             raise BadAnswer("the stream ended without data: [DONE]")
         if tokens < 1:
             raise BadAnswer("the stream carried no generated token")
-    except TIMEOUT_ERRORS:
-        return Outcome(False, time.perf_counter() - t0, error=f"timeout ({timeout:g} s)")
-    except aiohttp.ClientConnectorError as e:
-        err = e.os_error
-        why = os.strerror(err.errno) if err.errno else str(err)
-        return Outcome(False, time.perf_counter() - t0, error=f"cannot connect: {why}")
-    except (aiohttp.ClientError, ValueError) as e:  # ValueError: an SSE line over aiohttp's line limit
-        return Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}")
-    except BadAnswer as e:
-        return Outcome(False, time.perf_counter() - t0, error=f"bad response: {e}")
+    except _STREAM_ERRORS as e:
+        return _failed(e, t0, timeout)
     return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps))
 
 
