@@ -22,7 +22,6 @@ Run as root: .venv/bin/python bench/lag.py [--restarts 10] [--shapes bind-late,b
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -30,32 +29,15 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genready_dev.harness import Genready, booted_manager, free_port, http, show, sim_unit, wait_for
+from genready_dev.harness import Genready, answers_ok, booted_manager, free_port, http, pct, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
-GEN_BODY = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode()
 SHAPES = {"bind-late": (), "bind-early": ("--bind-early",)}
 NAIVE_INTERVAL = 0.1
 TRUTH_INTERVAL = 0.005
-
-
-def ok(url: str, post: bool = False, timeout: float = 2.0) -> bool:
-    req = urllib.request.Request(url, data=GEN_BODY if post else None, method="POST" if post else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -76,7 +58,7 @@ class Poller(threading.Thread):
     def run(self) -> None:
         while not self.halt.is_set():
             sent = time.monotonic()
-            v = ok(self.url, timeout=1.0)
+            v = answers_ok(self.url, timeout=1.0)
             self.answers.append((sent, time.monotonic(), v))
             self.halt.wait(max(0.0, self.interval - (time.monotonic() - sent)))
 
@@ -117,7 +99,7 @@ def one_restart(um: UserManager, g: Genready, unit: str, port: int, env_file: Pa
                          "/ready revoked", interval=0.002)
     new = wait_for(lambda: (p := show(um, unit)[0]) not in (0, old) and p, 30, "the new pid", interval=0.01)
     t_new, cpu_new = time.monotonic(), cpu_seconds(gpid)
-    wait_for(lambda: ok(f"http://127.0.0.1:{port}/generate", post=True, timeout=1), 60,
+    wait_for(lambda: answers_ok(f"http://127.0.0.1:{port}/generate", post=True, timeout=1), 60,
              "the new process generating", interval=TRUTH_INTERVAL)
     t_gen, cpu_gen = time.monotonic(), cpu_seconds(gpid)
     waiter.join(70)

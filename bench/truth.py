@@ -21,29 +21,15 @@ Run as root: .venv/bin/python bench/truth.py [--restarts 30]
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from genready_dev.harness import Genready, booted_manager, free_port, show, sim_unit, wait_for
-
-GEN_BODY = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode()
-
-
-def ok(url: str, post: bool = False, timeout: float = 2.0) -> bool:
-    req = urllib.request.Request(url, data=GEN_BODY if post else None, method="POST" if post else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
+from genready_dev.harness import Genready, answers_ok, booted_manager, free_port, pct, show, sim_unit, wait_for
 
 
 @dataclass
@@ -57,7 +43,7 @@ class Checker:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             sent = time.monotonic()
-            verdict = ok(self.url, self.post)
+            verdict = answers_ok(self.url, self.post)
             self.answers.append((sent, time.monotonic(), verdict))
             stop.wait(max(0.0, self.interval - (time.monotonic() - sent)))
 
@@ -84,11 +70,6 @@ def held_ready_seconds(c: Checker, start: float, end: float) -> float:
             total += received - t
         t, v = received, verdict
     return total + (end - t if v else 0.0)
-
-
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
 def main() -> int:
@@ -119,7 +100,7 @@ def main() -> int:
                     um.systemctl("restart", "--no-block", unit)
                     t_queued = time.monotonic()
                     wait_for(lambda old=old: show(um, unit)[0] not in (0, old), 30, "new pid")  # type: ignore[misc]
-                    wait_for(lambda: ok(f"{sim}/generate", post=True, timeout=1), 30, "new process generating",
+                    wait_for(lambda: answers_ok(f"{sim}/generate", post=True, timeout=1), 30, "new process generating",
                              interval=0.005)
                     windows.append((t_queued, time.monotonic()))
                     print(f"restart {i + 1}/{args.restarts}", file=sys.stderr)

@@ -78,6 +78,27 @@ def http(url: str, timeout: float = 5.0) -> tuple[int, Any]:
         return status, raw.decode(errors="replace")
 
 
+# A one-token generation in SGLang's native API (what the simulator serves).
+GEN_BODY = json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 1}}).encode()
+
+
+def answers_ok(url: str, post: bool = False, timeout: float = 2.0) -> bool:
+    """Does `url` answer 200 (POSTing GEN_BODY when `post`)? Any failure is False."""
+    req = urllib.request.Request(url, data=GEN_BODY if post else None, method="POST" if post else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def pct(xs: list[float], p: float) -> float:
+    """The p-th percentile by nearest rank (nan for no data), as the benchmarks report it."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
+
+
 @contextlib.contextmanager
 def booted_manager(root: Path | None = None, *, set_env: bool = False) -> Iterator[UserManager]:
     """A private systemd user manager for the `with` block, stopped (units and all) after it.
