@@ -31,7 +31,16 @@ import pytest
 from genready.compat import UTC
 from genready.history import from_iso
 from genready.watcher import Snapshot, Watcher
-from genready_dev.harness import GENREADY, PY, Genready, code_paths, free_port, show, sim_unit, wait_for
+from genready_dev.harness import (
+    GENREADY,
+    Genready,
+    code_paths,
+    free_port,
+    genready_service,
+    show,
+    sim_unit,
+    wait_for,
+)
 from genready_dev.usermanager import UserManager
 from tests.test_units import UNITS, genready_binary, rewrite
 
@@ -57,22 +66,7 @@ def genready_unit(g: Genready, extra: str = "") -> str:
     stops.log (an inactive unit is unloaded, and its Result with it)."""
     script = g.tmp / "stopped.sh"
     script.write_text(f'echo "$SERVICE_RESULT $EXIT_CODE $EXIT_STATUS" >> {g.tmp}/stops.log\n')
-    return f"""[Unit]
-Description=genready under test
-StartLimitIntervalSec=0
-
-[Service]
-Type=notify
-NotifyAccess=main
-ExecStart={PY} -m genready.cli serve --config {g.config_path}
-ExecReload=/bin/kill -HUP $MAINPID
-TimeoutStartSec=60
-TimeoutStopSec=10
-StandardOutput=append:{g.log_path}
-StandardError=append:{g.log_path}
-ExecStopPost=/bin/sh {script}
-{extra}
-"""
+    return genready_service(g.config_path, g.log_path, f"TimeoutStartSec=60\nExecStopPost=/bin/sh {script}\n{extra}")
 
 
 def stops(g: Genready) -> list[str]:

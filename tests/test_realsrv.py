@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready_dev.harness import GENREADY, PY, free_port, http, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, PY, free_port, genready_service, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 from tests.pki import Pki, make_pki
 
@@ -152,19 +152,7 @@ def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Ite
     w = World(manager, tmp, pki, free_port(), tmp / "genready.toml", tmp / "genready.log", key_file, cred_dir,
               ports, sock, foreign_sock, foreign)
     write_config(w)
-    manager.install_unit(GENREADY_UNIT, f"""[Unit]
-StartLimitIntervalSec=0
-
-[Service]
-Type=notify
-NotifyAccess=main
-ExecStart={PY} -m genready.cli serve --config {w.config}
-ExecReload=/bin/kill -HUP $MAINPID
-LoadCredential=llm-key:{cred_src}
-TimeoutStopSec=10
-StandardOutput=append:{w.log}
-StandardError=append:{w.log}
-""")
+    manager.install_unit(GENREADY_UNIT, genready_service(w.config, w.log, f"LoadCredential=llm-key:{cred_src}"))
     try:
         manager.systemctl("start", *(f"{u}.service" for u in UNITS))
         r = manager.systemctl("start", GENREADY_UNIT, check=False)

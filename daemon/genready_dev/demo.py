@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import tomli_w
 
@@ -910,27 +910,22 @@ def _ignore_signals() -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
-def run(*, fast: bool = False, keep: bool = False) -> int:
-    """The whole demo; its exit status (0: shown and checked, 1: failed, 130: interrupted)."""
-    style = Style(sys.stdout.isatty())
-    reason = unavailable_reason()
-    if reason:
-        print(f"genready demo: cannot run here: {reason}", file=sys.stderr)
-        print("hint: run it as root on a Linux machine with systemd installed (it need not be booted with "
-              "systemd): sudo ./dev demo", file=sys.stderr)
-        return 1
-    demo = Demo(FAST if fast else FULL, keep=keep, style=style)
+class _Story(Protocol):
+    layout: Layout
+
+    def cleanup(self) -> list[str]: ...
+
+
+def run_checked(demo: _Story, style: Style, story: Callable[[], None]) -> tuple[int, list[str]]:
+    """Run `story`, then always clean `demo` up: (exit status, cleanup problems).
+
+    0: shown and checked; 1: failed (with the logs that explain it); 130: interrupted by
+    Ctrl-C, SIGTERM or SIGHUP. Cleanup runs with those signals ignored.
+    """
     rc = 0
     with _signals_interrupt():
         try:
-            demo.intro()
-            demo.boot()
-            demo.install()
-            old = demo.start_services()
-            demo.start_path_unit()
-            tl = demo.restart(old)
-            demo.verdict(tl)
-            demo.where_next()
+            story()
         except DemoFailed as e:
             rc = 1
             print(f"\n{style.red('demo failed:')} {e}", file=sys.stderr, flush=True)
@@ -948,6 +943,31 @@ def run(*, fast: bool = False, keep: bool = False) -> int:
             problems = demo.cleanup()
     for p in problems:
         print(f"cleanup: {p}", file=sys.stderr)
+    return rc, problems
+
+
+def run(*, fast: bool = False, keep: bool = False) -> int:
+    """The whole demo; its exit status (0: shown and checked, 1: failed, 130: interrupted)."""
+    style = Style(sys.stdout.isatty())
+    reason = unavailable_reason()
+    if reason:
+        print(f"genready demo: cannot run here: {reason}", file=sys.stderr)
+        print("hint: run it as root on a Linux machine with systemd installed (it need not be booted with "
+              "systemd): sudo ./dev demo", file=sys.stderr)
+        return 1
+    demo = Demo(FAST if fast else FULL, keep=keep, style=style)
+
+    def story() -> None:
+        demo.intro()
+        demo.boot()
+        demo.install()
+        old = demo.start_services()
+        demo.start_path_unit()
+        tl = demo.restart(old)
+        demo.verdict(tl)
+        demo.where_next()
+
+    rc, problems = run_checked(demo, style, story)
     kept = f"kept {demo.layout.root}" if keep else f"removed {demo.layout.root} (--keep keeps it)"
     if problems:
         print(f"Cleanup INCOMPLETE (see above); {demo.layout.root} may remain.")

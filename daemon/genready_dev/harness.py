@@ -99,6 +99,25 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(p / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
+def genready_service(config: Path, log: Path, extra: str = "") -> str:
+    """`genready serve --config CONFIG` as a Type=notify unit text for a private manager, its
+    output appended to `log`; `extra` lines go at the end of [Service]."""
+    return f"""[Unit]
+Description=genready under test
+StartLimitIntervalSec=0
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={PY} -m genready.cli serve --config {config}
+ExecReload=/bin/kill -HUP $MAINPID
+TimeoutStopSec=10
+StandardOutput=append:{log}
+StandardError=append:{log}
+{extra}
+"""
+
+
 @contextlib.contextmanager
 def booted_manager(root: Path | None = None, *, set_env: bool = False) -> Iterator[UserManager]:
     """A private systemd user manager for the `with` block, stopped (units and all) after it.

@@ -33,11 +33,9 @@ from genready_dev.demo import (
     DemoFailed,
     Layout,
     Style,
-    _ignore_signals,
-    _signals_interrupt,
     exec_line,
     path_value,
-    tail_text,
+    run_checked,
 )
 from genready_dev.harness import free_port
 from genready_dev.usermanager import UserManager, unavailable_reason
@@ -200,30 +198,14 @@ def run(*, keep: bool = False) -> int:
         print(f"genready demo: cannot run here: {reason}", file=sys.stderr)
         return 1
     demo = SweepDemo(keep=keep, style=style)
-    rc = 0
-    with _signals_interrupt():
-        try:
-            demo.boot()
-            demo.install()
-            done = demo.sweep()
-            demo.verdict(done.returncode)
-        except DemoFailed as e:
-            rc = 1
-            print(f"\n{style.red('demo failed:')} {e}", file=sys.stderr, flush=True)
-            for name in e.logs:
-                path = demo.layout.log(name)
-                print(f"--- last lines of {path}:\n{tail_text(path)}", file=sys.stderr)
-        except KeyboardInterrupt:
-            rc = 130
-            print("\ndemo interrupted", file=sys.stderr, flush=True)
-        except Exception as e:  # an unexpected bug: say what, still clean up
-            rc = 1
-            print(f"\n{style.red('demo failed:')} unexpected {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        finally:
-            _ignore_signals()
-            problems = demo.cleanup()
-    for p in problems:
-        print(f"cleanup: {p}", file=sys.stderr)
+
+    def story() -> None:
+        demo.boot()
+        demo.install()
+        done = demo.sweep()
+        demo.verdict(done.returncode)
+
+    rc, problems = run_checked(demo, style, story)
     print(f"Cleaned up: stopped the units and the private manager. Sweep demo {'finished' if rc == 0 else 'FAILED'} "
           f"in {time.monotonic() - demo.started:.1f} s")
     return rc if not problems else (rc or 1)
