@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from genready import outputs
 from genready.metrics import Metrics
 from genready.notify import Notifier
 from genready.outputs import Outputs, stamp_payload
@@ -148,3 +149,22 @@ async def test_a_gate_that_is_not_gating_start_up_does_not_hold_ready(manager: M
         s.agree()
     finally:
         await rig.close()
+
+
+async def test_probe_progress_is_rate_limited_and_state_changes_are_not(manager: Manager, surfaces: Surfaces,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Several loading targets are each probed several times a second: STATUS= carries their
+    # progress at most once per PROGRESS_EVERY, while a change of state is sent at once.
+    gate = surfaces.rig.gate
+    surfaces.listening = True
+    surfaces.rig.show(snap("inactive", 0, ""))
+    assert manager.heard()[-1] == "STATUS=t: inactive (t.service is inactive)"
+    surfaces.out.progress([gate])  # well within PROGRESS_EVERY (1 s) of that STATUS=
+    assert manager.heard() == []
+    surfaces.rig.show(snap("activating", 0, "inv-b"))  # a new state: starting
+    heard = manager.heard()
+    assert heard and heard[-1].startswith("STATUS=t: starting"), heard
+    monkeypatch.setattr(outputs, "PROGRESS_EVERY", 0.0)
+    surfaces.out.progress([gate], notes=["a note"])
+    heard = manager.heard()
+    assert len(heard) == 1 and heard[0].startswith("STATUS=t: starting") and heard[0].endswith("; a note"), heard

@@ -283,7 +283,7 @@ class Daemon:
             self.summarizer.note(gate.name, str(result.failure), f"{gate.name}: probe failed: {result.failure}",
                                  level=logging.WARNING if result.failure in _NEEDS_AN_ADMIN else logging.INFO,
                                  detail=result.detail, pid=gate.snap.main_pid if gate.snap else None)
-        self._update_outputs()
+        self.outputs.progress(self.gates.values(), notes=self._notes())
 
     def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None:
         self.metrics.start_seen(gate.name, gate.unit)
@@ -300,8 +300,10 @@ class Daemon:
         self._update_outputs()
 
     def _update_outputs(self) -> None:
-        notes = [f"config reload refused: {self.config_error}"] if self.config_error else []
-        self.outputs.update(self.gates.values(), listening=self.listening, notes=notes)
+        self.outputs.update(self.gates.values(), listening=self.listening, notes=self._notes())
+
+    def _notes(self) -> list[str]:
+        return [f"config reload refused: {self.config_error}"] if self.config_error else []
 
     # -- outputs that may fail without stopping anything -------------------------------------
 

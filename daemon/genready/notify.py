@@ -32,7 +32,10 @@ _ELLIPSIS: Final = "…"
 def one_line(text: str, max_bytes: int = STATUS_MAX_BYTES) -> str:
     """`text` as one line for STATUS=: non-blank lines stripped and joined with "; ",
     control characters replaced by spaces, cut to `max_bytes` of UTF-8 ending in "…"."""
-    lines = ("".join(" " if unicodedata.category(c) == "Cc" else c for c in line).strip()
+    # isprintable() is False for every control character (and some others): only those lines
+    # pay for the per-character pass.
+    lines = (line.strip() if line.isprintable() else
+             "".join(" " if unicodedata.category(c) == "Cc" else c for c in line).strip()
              for line in text.splitlines())
     flat = STATUS_JOIN.join(line for line in lines if line)
     raw = flat.encode("utf-8")

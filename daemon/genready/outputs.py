@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from typing import Final
 
 from genready.gate import State, TargetGate
 from genready.metrics import Metrics
@@ -21,6 +22,12 @@ from genready.stamp import Stamps
 log = logging.getLogger("genready")
 
 _NO_STAMP: dict[str, object] = {}  # "not yet decided": differs from every payload, including None
+
+# A probe's outcome changes only STATUS='s progress words, at most once per this many seconds.
+# Loading servers are probed several times a second each; STATUS= is read by a person
+# (`systemctl status`), and rebuilding it for every target on every probe cost genready most of
+# a core with 200 loading targets.
+PROGRESS_EVERY: Final = 1.0
 
 
 def duration(seconds: float) -> str:
@@ -64,6 +71,7 @@ class Outputs:
         self.sent_ready = False  # READY=1 was sent once: start-up is over for systemd
         self.reloading = False  # RELOADING=1 was sent and its READY=1 not yet
         self._stamped: dict[str, dict[str, object] | None] = {}
+        self._status_sent = float("-inf")  # time.monotonic() of the last STATUS=
 
     def add(self, gate: TargetGate) -> None:
         """A target appears: a stamp left by an earlier run proves nothing now."""
@@ -91,7 +99,7 @@ class Outputs:
             if self._stamped.get(g.name, _NO_STAMP) != payload:
                 self._stamped[g.name] = payload
                 self.stamps.set(g.name, payload)
-        status = "\n".join([*(status_line(g) for g in gates), *notes])
+        status = self._status(gates, notes)
         all_ready = all(g.ready for g in gates if g.cfg.gate_startup)
         if not self.sent_ready:
             if listening and all_ready:
@@ -108,3 +116,14 @@ class Outputs:
             self.notifier.ready(status=status)
             return
         self.notifier.status(status)
+
+    def progress(self, gates: Iterable[TargetGate], *, notes: Iterable[str] = ()) -> None:
+        """A probe's outcome: only STATUS= changes (probe count, last failure), at most once per
+        PROGRESS_EVERY. Readiness never changes by a probe alone: a verification, revocation or
+        state change follows it as its own event, and `update()` sends that at once."""
+        if time.monotonic() - self._status_sent >= PROGRESS_EVERY:
+            self.notifier.status(self._status(list(gates), notes))
+
+    def _status(self, gates: list[TargetGate], notes: Iterable[str]) -> str:
+        self._status_sent = time.monotonic()
+        return "\n".join([*(status_line(g) for g in gates), *notes])
