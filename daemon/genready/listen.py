@@ -32,6 +32,28 @@ from genready import owner
 log = logging.getLogger("genready.listen")
 
 WATCH_INTERVAL: Final = 0.1  # seconds between looks at the port while nothing listens
+# Every loading target looks WATCH_INTERVAL apart; one dump of the host's LISTEN sockets
+# serves all looks within SHARED_FOR of it, so 200 loading targets cost ~1/SHARED_FOR dumps a
+# second instead of 2,000. It delays noticing a listen() by at most this much.
+SHARED_FOR: Final = 0.02
+
+
+class _ListenTable:
+    """The host's LISTEN sockets, dumped at most once per SHARED_FOR for every target's watch."""
+
+    def __init__(self) -> None:
+        self._at = float("-inf")
+        self._rows: list[owner.TcpRow] = []
+
+    def on_port(self, port: int) -> list[owner.TcpRow]:
+        """The LISTEN sockets on `port`; OSError when sock_diag is unusable."""
+        now = time.monotonic()
+        if now - self._at >= SHARED_FOR:
+            self._rows, self._at = owner.all_listeners(), now
+        return [r for r in self._rows if r.local[1] == port]
+
+
+_TABLE = _ListenTable()  # one per process: sock_diag answers for the whole network namespace
 
 
 def _is_local_host(host: str) -> bool:
@@ -100,7 +122,7 @@ class ListenWatch:
         assert self.port is not None
         self.looks += 1
         try:
-            rows = owner.listeners(self.port)
+            rows = _TABLE.on_port(self.port)
         except OSError as e:
             log.info("cannot watch port %d for listeners (%s): probing on the plain schedule instead", self.port, e)
             self.port = None

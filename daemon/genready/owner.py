@@ -273,17 +273,22 @@ def proc_listeners(port: int) -> list[TcpRow]:
     return rows
 
 
-def listeners(port: int) -> list[TcpRow]:
-    """The LISTEN sockets on `port` in this network namespace, any address, IPv4 and IPv6, from
-    sock_diag dumps: tens of microseconds, cheap enough to ask every 0.1 s while a server loads.
-    Raises OSError when sock_diag is unusable (then proc_listeners() is the slow way)."""
+def all_listeners() -> list[TcpRow]:
+    """Every LISTEN socket in this network namespace, IPv4 and IPv6, from sock_diag dumps: tens
+    of microseconds, cheap enough to ask every 0.1 s while a server loads. Raises OSError when
+    sock_diag is unusable (then proc_listeners() is the slow way)."""
     rows = list(_diag_listeners(socket.AF_INET))
     try:
         rows += _diag_listeners(socket.AF_INET6)
     except OSError as e:
         if e.errno not in (errno.ENOENT, errno.EAFNOSUPPORT, errno.EINVAL):
             raise  # else: a kernel without IPv6 (or its diag module) has no IPv6 listeners either
-    return [r for r in rows if r.local[1] == port]
+    return rows
+
+
+def listeners(port: int) -> list[TcpRow]:
+    """The LISTEN sockets on `port`, any address (see all_listeners)."""
+    return [r for r in all_listeners() if r.local[1] == port]
 
 
 # --- finding the process ------------------------------------------------------------------------
