@@ -50,7 +50,7 @@ class _ListenTable:
         now = time.monotonic()
         if now - self._at >= SHARED_FOR:
             self._rows, self._at = owner.all_listeners(), now
-        return [r for r in self._rows if r.local[1] == port]
+        return owner.listeners(port, self._rows)
 
 
 _TABLE = _ListenTable()  # one per process: sock_diag answers for the whole network namespace

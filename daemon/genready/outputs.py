@@ -125,5 +125,6 @@ class Outputs:
             self.notifier.status(self._status(list(gates), notes))
 
     def _status(self, gates: list[TargetGate], notes: Iterable[str]) -> str:
+        """The STATUS= text, built only to be sent at once: its time is what progress() paces by."""
         self._status_sent = time.monotonic()
         return "\n".join([*(status_line(g) for g in gates), *notes])

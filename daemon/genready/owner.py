@@ -286,9 +286,10 @@ def all_listeners() -> list[TcpRow]:
     return rows
 
 
-def listeners(port: int) -> list[TcpRow]:
-    """The LISTEN sockets on `port`, any address (see all_listeners)."""
-    return [r for r in all_listeners() if r.local[1] == port]
+def listeners(port: int, rows: list[TcpRow] | None = None) -> list[TcpRow]:
+    """The LISTEN sockets on `port`, any address: of `rows`, a dump already made by
+    all_listeners(), else of a new one."""
+    return [r for r in (all_listeners() if rows is None else rows) if r.local[1] == port]
 
 
 # --- finding the process ------------------------------------------------------------------------
