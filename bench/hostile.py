@@ -26,7 +26,7 @@ from typing import Any
 
 import genready_dev.hostile as th
 from genready import config
-from genready.probe import Prober
+from genready.probe.probe import Prober
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 

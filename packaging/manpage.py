@@ -33,7 +33,7 @@ PAGES = {
                             ("/run/genready/", "ready stamps, one TARGET.ready per target"),
                             ("/usr/share/doc/genready/examples/", "example units, bench env file, sweep plan")),
                      see_also=r"\fBsystemctl\fR(1), \fBsystemd.service\fR(5), \fBgenready-bench-client\fR(1)"),
-    "genready-bench-client": Page("genready.benchclient", "genready-bench-client",
+    "genready-bench-client": Page("genready.tools.benchclient", "genready-bench-client",
                                   "measure an LLM server's throughput and latency",
                                   see_also=r"\fBgenready\fR(1)"),
 }

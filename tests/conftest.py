@@ -75,3 +75,16 @@ def inaccessible_nodes(manager: UserManager) -> None:
     source = manager.runtime_dir / "systemd" / "inaccessible"
     script = f"test -e {target}/reg || {{ mkdir -p {target} && mount --bind {source} {target}; }}"
     subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", script], check=True, timeout=10)
+
+
+# What needs the real world: a systemd manager, a container engine, or the .deb. Marked from
+# the fixtures a test asks for, so a new test cannot forget its mark; `pytest -m "not system"`
+# is then the in-process layer.
+_SYSTEM_FIXTURES = frozenset({"manager", "docker", "podman", "inaccessible_nodes"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & _SYSTEM_FIXTURES or item.get_closest_marker("deb"):
+            item.add_marker(pytest.mark.system)

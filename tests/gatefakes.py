@@ -18,10 +18,10 @@ from typing import Any
 
 from genready import config
 from genready.config import TargetConfig
-from genready.gate import Revocation, State, TargetGate
-from genready.probe import Failure, ProbeResult
-from genready.records import RecordStore, StartRecord
-from genready.watcher import Snapshot
+from genready.rule.gate import TargetGate
+from genready.rule.records import RecordStore, StartRecord
+from genready.systemd.watcher import Snapshot
+from genready.vocab import Failure, ProbeResult, Revocation, State
 
 UNIT = "t.service"
 

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import genready
-from genready import api, openapi
+from genready.serve import api, openapi
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 from tests.conftest import IN_CI

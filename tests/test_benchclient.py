@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from genready import apis, benchclient
+from genready import apis
+from genready.tools import benchclient
 from genready_dev.harness import PY, env_without_notify, free_port, wait_for
 
 BENCH = [PY, "-m", "genready.benchclient"]

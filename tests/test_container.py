@@ -19,7 +19,7 @@ import pytest
 
 from genready.compat import UTC
 from genready.config import ConfigError, parse
-from genready.container import (
+from genready.probe.container import (
     Container,
     EngineError,
     UnitStart,
@@ -223,8 +223,8 @@ def test_podman_conmon_main_pid(manager: UserManager, podman: Podman, tmp_path: 
 HARDENED_PROBE = r'''
 """Under genready.service's hardening: the container proof of one connection, as STATUS=."""
 import json, socket, sys, time
-from genready.container import UnitStart, find_container_owner
-from genready.notify import Notifier
+from genready.probe.container import UnitStart, find_container_owner
+from genready.systemd.notify import Notifier
 
 port, name, since_us = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 out = {}

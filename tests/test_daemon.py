@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from genready import config
-from genready.daemon import Daemon, ReloadPlan, reload_plan
-from genready.records import RecordStore
+from genready.rule.records import RecordStore
+from genready.serve.daemon import Daemon, ReloadPlan, reload_plan
 
 
 def targets(**units: Any) -> dict[str, config.TargetConfig]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from genready.gate import Instance, Revocation, State, is_ready
-from genready.probe import Failure
+from genready.rule.gate import is_ready
+from genready.vocab import Failure, Instance, Revocation, State
 from tests.gatefakes import Rig, failed, snap, target
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from genready.compat import UTC
-from genready.history import from_iso
-from genready.watcher import Snapshot, Watcher
+from genready.rule.history import from_iso
+from genready.systemd.watcher import Snapshot, Watcher
 from genready_dev.harness import (
     GENREADY,
     Genready,

@@ -21,10 +21,13 @@ from typing import Any
 
 import pytest
 
-from genready import api, config, records, serving, stamp
-from genready.gate import TargetGate
-from genready.probe import Failure, Prober, ProbeResult
-from genready.watcher import FreshReader, Watcher, retry_eintr
+from genready import config
+from genready.probe.probe import Prober
+from genready.rule import records
+from genready.rule.gate import TargetGate
+from genready.serve import api, serving, stamp
+from genready.systemd.watcher import FreshReader, Watcher, retry_eintr
+from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.hostile import (
     FLAKY_SERVER,
@@ -544,7 +547,7 @@ def test_case4_event_loop_errors_are_logged_once_per_interval(caplog: pytest.Log
     loop = asyncio.new_event_loop()
     try:
         emfile = OSError(24, "Too many open files")
-        with caplog.at_level("ERROR", logger="genready.api"):
+        with caplog.at_level("ERROR", logger="genready.serve.api"):
             for _ in range(1000):
                 handler(loop, {"message": "socket.accept() out of system resource", "exception": emfile})
                 now[0] += 0.01  # 1,000 in 10 s

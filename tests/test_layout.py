@@ -24,7 +24,7 @@ def test_the_cli_imports_only_what_parsing_needs() -> None:
     assert not heavy
 
 
-@pytest.mark.parametrize("module", ["genready.daemon", "genready.benchclient", "genready.client"])
+@pytest.mark.parametrize("module", ["genready.serve.daemon", "genready.benchclient", "genready.client.client"])
 def test_the_product_never_imports_the_dev_tooling(module: str) -> None:
     assert "genready_dev" not in imported_by(module)
 
@@ -35,9 +35,17 @@ def test_the_readme_layout_names_every_module() -> None:
     readme = (root / "README.md").read_text()
     layout = readme[readme.index("## Layout"):readme.index("## Benchmarks")]
     for package in ("genready", "genready_dev"):
-        for path in sorted((root / "daemon" / package).glob("*.py")):
+        for path in sorted((root / "daemon" / package).rglob("*.py")):
             if path.stem != "__init__":
                 assert f"`{path.stem}`" in layout, f"README's Layout does not name {package}.{path.stem}"
+    for folder in sorted(p for p in (root / "daemon" / "genready").iterdir() if (p / "__init__.py").exists()):
+        assert f"`{folder.name}/`" in layout, f"README's Layout does not name the folder {folder.name}/"
+
+
+def test_at_most_twelve_modules_at_the_top() -> None:
+    """The folders are the map: a module that lands at the top instead of in its folder is drift."""
+    top = [p.stem for p in (Path(__file__).resolve().parents[1] / "daemon" / "genready").glob("*.py")]
+    assert len(set(top) - {"__init__"}) <= 12, sorted(top)
 
 
 def test_bench_scripts_do_not_import_tests() -> None:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from genready import compat, owner
-from genready.listen import ListenWatch, in_our_netns, port_of
+from genready import compat
+from genready.probe import owner
+from genready.probe.listen import ListenWatch, in_our_netns, port_of
 from genready_dev.harness import free_port
 
 # A process that listens on a port it prints, until its stdin closes.

@@ -1,4 +1,4 @@
-"""genready.metrics: values move as the daemon reports, the exposition lints clean, and the shipped
+"""genready.serve.metrics: values move as the daemon reports, the exposition lints clean, and the shipped
 Prometheus scrape config and alert rules are valid and refer to metrics that exist."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from genready.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
+from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "packaging" / "prometheus"

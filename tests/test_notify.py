@@ -1,4 +1,4 @@
-"""genready.notify against a real AF_UNIX datagram socket standing in for systemd's notify socket."""
+"""genready.systemd.notify against a real AF_UNIX datagram socket standing in for systemd's notify socket."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from genready.notify import STATUS_MAX_BYTES, Notifier, one_line
+from genready.systemd.notify import STATUS_MAX_BYTES, Notifier, one_line
 
 
 class Listener:
@@ -161,7 +161,7 @@ def test_socket_error_is_logged_not_raised(
     path = short_dir / "gone.sock"
     monkeypatch.setenv("NOTIFY_SOCKET", str(path))
     n = Notifier()
-    with caplog.at_level(logging.DEBUG, logger="genready.notify"):
+    with caplog.at_level(logging.DEBUG, logger="genready.systemd.notify"):
         n.ready()  # nobody listens: connect fails
     assert n.notify("READY=1") is False
     assert any("failed" in r.getMessage() for r in caplog.records)

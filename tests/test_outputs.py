@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from genready import outputs
-from genready.metrics import Metrics
-from genready.notify import Notifier
-from genready.outputs import Outputs, stamp_payload
-from genready.stamp import Stamps, stamp_path
+from genready.serve import outputs
+from genready.serve.metrics import Metrics
+from genready.serve.outputs import Outputs, stamp_payload
+from genready.serve.stamp import Stamps, stamp_path
+from genready.systemd.notify import Notifier
 from tests.gatefakes import Rig, snap
 
 

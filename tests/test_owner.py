@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from genready import owner
-from genready.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
+from genready.probe import owner
+from genready.probe.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
 from genready_dev.harness import REPO
 
 DEADLINE = 10.0
@@ -379,7 +379,7 @@ def test_permission_denied_is_reported_never_trusted(pairs: Callable[..., Pair])
 OWNER_CAPS = ("sys_ptrace", "dac_read_search")
 DRIVER = """
 import json, sys
-from genready import owner
+from genready.probe import owner
 local, peer, main_pid = (sys.argv[1], int(sys.argv[2])), (sys.argv[3], int(sys.argv[4])), int(sys.argv[5])
 o = owner.find_owner(local, peer, main_pid)
 print(json.dumps({"uid": __import__("os").geteuid(), "pid": o.pid, "trusted": o.trusted, "detail": o.detail,

@@ -17,7 +17,8 @@ from aiohttp import web
 
 from genready import apis, compat
 from genready.config import TargetConfig
-from genready.probe import Failure, Prober, ProbeResult
+from genready.probe.probe import Prober
+from genready.vocab import Failure, ProbeResult
 
 APIS = list(apis.NAMES)
 OPENAI = ["openai-completions", "openai-chat"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from genready.probe import Failure, ProbeResult
-from genready.schedule import FAST_RETRY, SLOW_ANSWER, Cost, Schedule, cost
+from genready.rule.schedule import FAST_RETRY, SLOW_ANSWER, Cost, Schedule, cost
+from genready.vocab import Failure, ProbeResult
 
 
 def failed(failure: Failure, status: int | None = None, seconds: float = 0.002) -> ProbeResult:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready import sweep, sweepplan
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 

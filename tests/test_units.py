@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from genready import benchclient
+from genready.tools import benchclient
 from genready_dev.harness import code_paths, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -186,8 +186,8 @@ PROBE = r'''
 """Does, under genready.service's hardening, what genready serve does; reports as STATUS=."""
 import errno, json, os, signal, socket, sys, time
 
-from genready import owner  # the real owner proof, not a copy
-from genready.notify import Notifier  # sdnotify
+from genready.probe import owner  # the real owner proof, not a copy
+from genready.systemd.notify import Notifier  # sdnotify
 import aiohttp  # noqa: F401  (C extensions under MemoryDenyWriteExecute)
 import pystemd.dbuslib, pystemd.systemd1
 

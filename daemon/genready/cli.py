@@ -50,7 +50,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     if args.probe:
         import asyncio
 
-        from genready import preflight
+        from genready.tools import preflight
 
         sys.stdout.write(f"# {cfg.path}: valid; one probe per target now\n")
         sys.stdout.flush()
@@ -61,7 +61,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from genready import daemon, log
+    from genready import log
+    from genready.serve import daemon
 
     cfg = load_config(args.config)
     log.setup(args.log_level or cfg.daemon.log_level)
@@ -89,7 +90,7 @@ def _api_base(args: argparse.Namespace) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from genready import client
+    from genready.client import client
 
     data = client.get_json(_api_base(args), "/status")
     if args.json:
@@ -119,7 +120,7 @@ def _ready_path(target: str | None, **query: object) -> str:
 
 def wait_ready(base: str, target: str | None, timeout: float, since: float | None) -> tuple[int, Any]:
     """Long-poll /ready until ready or `timeout`; (HTTP status, body). Exits 69 if unreachable."""
-    from genready import client
+    from genready.client import client
 
     deadline = time.monotonic() + timeout
     while True:
@@ -162,7 +163,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 def cmd_restart(args: argparse.Namespace) -> int:
     import asyncio
 
-    from genready import watcher
+    from genready.systemd import watcher
 
     cfg = load_config(args.config)
     target = _one_target(args, cfg)
@@ -191,7 +192,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
 
 
 def cmd_guard(args: argparse.Namespace) -> int:
-    from genready import guard
+    from genready.client import guard
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -206,7 +207,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from genready import sweep  # lazy: only a sweep needs it
+    from genready.tools import sweep  # lazy: only a sweep needs it
 
     cfg = load_config(args.config)
     return sweep.main(args, cfg, _api_base(args))

@@ -38,9 +38,9 @@ from typing import Any, Final, Protocol
 
 import tomli_w
 
-from genready import client
-from genready.gate import State
-from genready.owner import find_owner
+from genready.client import client
+from genready.probe.owner import find_owner
+from genready.vocab import State
 from genready_dev.harness import free_port
 from genready_dev.usermanager import UserManager, unavailable_reason
 
@@ -323,7 +323,7 @@ def naive_check(port: int, hint_pid: int) -> tuple[bool, int | None, str]:
     """What `curl -sf /v1/models` tells a script: (answered 200, who answered it, why not).
 
     The script never learns who answered; the demo does, to show it: while the connection is
-    still open, the server side of it is looked up (genready.owner, the probe's own proof).
+    still open, the server side of it is looked up (genready.probe.owner, the probe's own proof).
     """
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
     try:

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from genready import config, records
+from genready import config
 from genready.config import TargetConfig
+from genready.rule import records
 from genready_dev.harness import Genready
 
 

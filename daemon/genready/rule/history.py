@@ -16,8 +16,9 @@ from dataclasses import replace
 from datetime import datetime
 
 from genready.compat import UTC
-from genready.records import RecordStore, StartRecord
-from genready.watcher import Snapshot
+from genready.rule.records import RecordStore, StartRecord
+from genready.systemd.watcher import Snapshot
+from genready.vocab import ALIVE
 
 # ExecMainCode is a CLD_* code from waitid(2); records keep it as text.
 EXIT_CODE_NAMES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
@@ -57,7 +58,7 @@ class History:
         rec = self.get(s.invocation_id)
         # activating/auto-restart still carries the old InvocationID while the new MainPID may
         # already be announced; only a start in progress or running owns its MainPID.
-        alive = s.active_state in ("activating", "active", "reloading") and s.sub_state != "auto-restart"
+        alive = s.active_state in ALIVE and s.sub_state != "auto-restart"
         created = None
         if rec is None:
             self._end_open_records(s)

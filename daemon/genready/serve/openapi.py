@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genready import __version__
-from genready.gate import Revocation, State
+from genready.vocab import Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}

@@ -12,8 +12,9 @@ from typing import TextIO
 
 from genready import compat
 from genready.config import Config, TargetConfig
-from genready.probe import Prober, ProbeResult
-from genready.watcher import FreshReader, Snapshot
+from genready.probe.probe import Prober
+from genready.systemd.watcher import FreshReader, Snapshot
+from genready.vocab import ProbeResult
 
 BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit
 

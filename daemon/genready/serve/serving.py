@@ -26,7 +26,7 @@ from aiohttp import web
 
 from genready.log import Summarizer
 
-log = logging.getLogger("genready.api")
+log = logging.getLogger("genready.serve.api")
 
 REQUEST_READ_TIMEOUT: Final = 10.0  # seconds for a whole request head to arrive
 OVER_CAP_TIMEOUT: Final = 1.0  # a connection over the cap gets this long to send the request for its 503
@@ -213,9 +213,9 @@ def _client_caused(exc: BaseException) -> bool:
 
 def request_logger() -> logging.Logger:
     """The logger to give aiohttp's server (`AppRunner(..., logger=...)`)."""
-    logger = logging.getLogger("genready.api.server")
+    logger = logging.getLogger("genready.serve.api.server")
     if not any(isinstance(f, RequestLog) for f in logger.filters):
-        logger.addFilter(RequestLog(Summarizer(logging.getLogger("genready.api"), interval=LOG_INTERVAL)))
+        logger.addFilter(RequestLog(Summarizer(logging.getLogger("genready.serve.api"), interval=LOG_INTERVAL)))
     return logger
 
 

@@ -19,52 +19,19 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from genready.compat import StrEnum, wait_for
+from genready.compat import wait_for
 from genready.config import TargetConfig
-from genready.history import History, from_iso, iso
-from genready.listen import ListenWatch
-from genready.probe import Failure, Prober, ProbeResult
-from genready.records import RecordStore, StartRecord
-from genready.schedule import Schedule
-from genready.watcher import FreshReader, Snapshot
+from genready.probe.listen import ListenWatch
+from genready.probe.probe import Prober
+from genready.rule.history import History, from_iso, iso
+from genready.rule.records import RecordStore, StartRecord
+from genready.rule.schedule import Schedule
+from genready.systemd.watcher import FreshReader, Snapshot
+from genready.vocab import DOWN, Failure, Instance, ProbeResult, Revocation, State
 
-log = logging.getLogger("genready.gate")
-
-
-
-class Instance(NamedTuple):
-    """One start of a unit, as systemd names it: a verification belongs to exactly one."""
-
-    invocation_id: str
-    main_pid: int
-
-
-class State(StrEnum):
-    """A target's state: the vocabulary of /ready, /status, the state metric and the logs."""
-
-    ABSENT = "absent"  # the unit does not exist
-    INACTIVE = "inactive"  # inactive, failed or deactivating
-    STARTING = "starting"  # a job is pending, or the unit is activating without a MainPID
-    LOADING = "loading"  # the MainPID runs; no generation verified yet
-    WARMING = "warming"  # some, not yet `warmup`, consecutive generations verified
-    READY = "ready"  # is_ready() holds
-    STUCK = "stuck"  # still not verified after load_timeout
-    UNKNOWN = "unknown"  # no connection to systemd
-    REJECTED = "rejected"  # the server is up and refuses the probe (4xx but 408/429, ambiguous model)
-
-
-class Revocation(StrEnum):
-    """Why readiness was revoked: the vocabulary of start records and the revocation metric."""
-
-    PID_CHANGED = "pid_changed"
-    INVOCATION_CHANGED = "invocation_changed"
-    INACTIVE = "inactive"  # the unit left `active`
-    JOB_QUEUED = "job_queued"  # a stop/restart job is pending
-    RECHECK_FAILED = "recheck_failed"  # failure_threshold rechecks in a row failed
-    BUS_LOST = "bus_lost"  # no connection to systemd: the instance cannot be vouched for
-    CONFIG_CHANGED = "config_changed"  # a reload changed the target's probe settings
+log = logging.getLogger("genready.rule.gate")
 
 
 
@@ -227,7 +194,7 @@ class TargetGate:
             return State.READY, ""
         if s.job_id != 0:
             return State.STARTING, "a job is pending for the unit"
-        if s.active_state in ("inactive", "failed", "deactivating"):
+        if s.active_state in DOWN:
             return State.INACTIVE, f"{self.unit} is {s.active_state}"
         if s.active_state != "active" and not (s.active_state == "activating" and s.main_pid):
             return State.STARTING, f"{self.unit} is {s.active_state}/{s.sub_state}"

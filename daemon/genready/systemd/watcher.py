@@ -26,7 +26,7 @@ from pystemd.dbuslib import DBus
 
 from genready import compat
 
-log = logging.getLogger("genready.watcher")
+log = logging.getLogger("genready.systemd.watcher")
 
 SYSTEMD: Final = b"org.freedesktop.systemd1"
 MANAGER_PATH: Final = b"/org/freedesktop/systemd1"

@@ -12,8 +12,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from genready.gate import Revocation, State
-from genready.probe import Failure
+from genready.vocab import REFUSALS, Failure, Revocation, State
 
 # Derived from the enums of the modules that decide them (gate: states and revocations, probe:
 # failure classes), so a new value shows up here, in the OpenAPI schema and in the docs at once.
@@ -29,7 +28,7 @@ READY_CODES: Final[tuple[int, ...]] = (200, 503)
 
 # Why the API turned a client away (serving.py): over the connection cap, over the long-poll
 # cap, no complete request within the read timeout, or closed while idle to make room.
-API_REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout", "evicted")
+API_REFUSALS: Final[tuple[str, ...]] = REFUSALS
 
 # Model loads take minutes (a 70B model from cold disk: 5-20 min); the top bucket matches the
 # longest load_timeout anyone should configure before calling the server stuck.

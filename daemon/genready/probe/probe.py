@@ -26,12 +26,13 @@ from urllib.parse import quote, urlsplit
 
 from genready import __version__, tls
 from genready.apis import APIS, EXCERPT_CHARS, MODELS_PATH, BadAnswer, excerpt, models_from_list
-from genready.compat import StrEnum, timeout
+from genready.compat import timeout
 from genready.config import TargetConfig
-from genready.container import UnitStart, find_container_owner, find_process_owner
-from genready.owner import Owner, unix_owner
+from genready.probe.container import UnitStart, find_container_owner, find_process_owner
+from genready.probe.owner import Owner, unix_owner
+from genready.vocab import Failure, ProbeResult
 
-log = logging.getLogger("genready.probe")
+log = logging.getLogger("genready.probe.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
 # ASCII digits only, and bounded: str.isdigit() takes '²', and int() refuses over 4,300 digits
@@ -40,37 +41,6 @@ _STATUS: Final = re.compile(r"[1-5][0-9][0-9]")
 _LENGTH: Final = re.compile(r"[0-9]{1,18}")
 _CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-
-
-class Failure(StrEnum):
-    """Why a probe failed; a stable vocabulary for logs, metrics and the API."""
-
-    REFUSED = "refused"  # no connection, or it was reset/closed before any answer
-    TIMEOUT = "timeout"  # no complete answer within probe_timeout
-    HTTP_STATUS = "http_status"  # an answer, but not 200: 5xx, 408, 429 (the server may get there)
-    REJECTED = "rejected"  # the server is up and refuses the probe: 4xx but 408/429, or an ambiguous model
-    TLS = "tls"  # the TLS handshake or session failed: certificate verification, client certificate, …
-    BAD_RESPONSE = "bad_response"  # 200 but not JSON, wrong shape, 0 tokens, or over the size cap
-    FOREIGN_OWNER = "foreign_owner"  # served by a process that is not the MainPID or its descendant, or unprovable
-    STALE_INSTANCE = "stale_instance"  # the unit changed around the probe (set by the caller, never here)
-    # genready itself is out of file descriptors or memory (EMFILE, ENFILE, ENOMEM, ENOBUFS): says
-    # nothing about the server, so it must not read as "refused".
-    LOCAL_RESOURCES = "local_resources"
-    # An exception inside genready's probe that no rule classifies (a bug: logged with its traceback).
-    PROBE_ERROR = "probe_error"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """The outcome of one probe."""
-
-    ok: bool
-    failure: Failure | None  # None iff ok
-    detail: str  # human text: what was seen, who served it
-    served_by_pid: int | None  # the process holding the server side, when the owner was checked and found
-    seconds: float  # wall time of the whole probe
-    tokens: int  # tokens the server says it generated (1 when only non-empty text proves it)
-    status: int | None = None  # the HTTP status of the last answer, if one came (for the retry schedule)
 
 
 class _Fail(Exception):

@@ -14,10 +14,11 @@ import time
 from collections.abc import Iterable
 from typing import Final
 
-from genready.gate import State, TargetGate
-from genready.metrics import Metrics
-from genready.notify import Notifier
-from genready.stamp import Stamps
+from genready.rule.gate import TargetGate
+from genready.serve.metrics import Metrics
+from genready.serve.stamp import Stamps
+from genready.systemd.notify import Notifier
+from genready.vocab import State
 
 log = logging.getLogger("genready")
 

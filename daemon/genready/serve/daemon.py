@@ -16,16 +16,17 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from genready import __version__, api, compat, config, serving, stamp
-from genready.gate import Revocation, State, TargetGate
+from genready import __version__, compat, config
 from genready.log import Summarizer, event
-from genready.metrics import Metrics
-from genready.notify import Notifier
-from genready.outputs import Outputs
-from genready.owner import owner_check_unavailable
-from genready.probe import Failure, ProbeResult
-from genready.records import RecordStore, StartRecord
-from genready.watcher import FreshReader, Snapshot, Watcher
+from genready.probe.owner import owner_check_unavailable
+from genready.rule.gate import TargetGate
+from genready.rule.records import RecordStore, StartRecord
+from genready.serve import api, serving, stamp
+from genready.serve.metrics import Metrics
+from genready.serve.outputs import Outputs
+from genready.systemd.notify import Notifier
+from genready.systemd.watcher import FreshReader, Snapshot, Watcher
+from genready.vocab import Failure, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready")
 UPKEEP_INTERVAL = 2.0  # seconds between retries of records and stamps that could not be written
@@ -66,7 +67,7 @@ class Daemon:
         self.config_path = config_path
         self.notifier = Notifier()
         self.metrics = Metrics(__version__)
-        self.summarizer = Summarizer(logging.getLogger("genready.probe"))
+        self.summarizer = Summarizer(logging.getLogger("genready.probe.probe"))
         self.should_exit = asyncio.Event()
         self.reload_requested = False
         self.config_error = ""

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from genready import __version__, openapi
+from genready import __version__
 from genready.compat import app_key
+from genready.serve import openapi
 
 if TYPE_CHECKING:
-    from genready.gate import TargetGate, Verification
-    from genready.metrics import Metrics
-    from genready.serving import ConnectionGuard
+    from genready.rule.gate import TargetGate, Verification
+    from genready.serve.metrics import Metrics
+    from genready.serve.serving import ConnectionGuard
 
 MAX_WAIT = 3600.0
 CLIENT_CHECK = 1.0  # seconds between checks that a long-poll's client is still connected

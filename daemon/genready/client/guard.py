@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from genready import client
+from genready.client import client
 from genready.exitcodes import Exit
 
 

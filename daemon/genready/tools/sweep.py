@@ -34,13 +34,14 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final, NoReturn
 
-from genready import client, guard, watcher
+from genready.client import client, guard
 from genready.compat import StrEnum
 from genready.config import Config, ConfigError
 from genready.exitcodes import Exit
-from genready.history import iso
-from genready.records import _fsync_dir, _write_all
-from genready.sweepplan import Plan, Point, Scalar, load_plan
+from genready.rule.history import iso
+from genready.rule.records import _fsync_dir, _write_all
+from genready.systemd import watcher
+from genready.tools.sweepplan import Plan, Point, Scalar, load_plan
 
 RESULTS_FILE: Final = "results.jsonl"
 LOCK_FILE: Final = ".sweep.lock"

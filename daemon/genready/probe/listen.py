@@ -27,9 +27,9 @@ import time
 from typing import Final
 from urllib.parse import urlsplit
 
-from genready import owner
+from genready.probe import owner
 
-log = logging.getLogger("genready.listen")
+log = logging.getLogger("genready.probe.listen")
 
 WATCH_INTERVAL: Final = 0.1  # seconds between looks at the port while nothing listens
 # Every loading target looks WATCH_INTERVAL apart; one dump of the host's LISTEN sockets

@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-from genready.probe import Failure, ProbeResult
+from genready.vocab import Failure, ProbeResult
 
 FAST_RETRY: Final = 0.2  # seconds between cheap retries: refused connections, fast 5xx
 # A failed probe that took longer than this made the server work (or it is overloaded): it is

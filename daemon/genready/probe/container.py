@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from genready.compat import UTC
-from genready.owner import (
+from genready.probe.owner import (
     Addr,
     Owner,
     TcpRow,

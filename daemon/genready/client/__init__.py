@@ -1,0 +1,1 @@
+"""The CLI's side of the daemon."""

@@ -1,0 +1,1 @@
+"""Asking the server, and proving who answered."""

@@ -1,0 +1,1 @@
+"""What "ready" means, and the memory of starts."""

@@ -1,0 +1,1 @@
+"""Jobs built on the rule: sweeps, the bench client, the pre-flight probe."""
