@@ -9,7 +9,9 @@ there is no journald here, and the sweep takes a failed start's lines from that 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -99,6 +101,79 @@ def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:
                         "--config", str(tmp_path / "g.toml")], capture_output=True, text=True, timeout=30)
     assert p.returncode == 78, p.stderr
     assert f"{tmp_path / 'plan.toml'}: command: expected a value for {{b}} in every point" in p.stderr
+
+
+def test_points_with_the_same_dropin_form_one_group_even_when_the_file_alternates() -> None:
+    p = plan('''
+command = "bench -c {c} --budget {budget}"
+dropin = "[Service]\\nEnvironment=BUDGET={budget}\\n"
+[[points]]
+budget = 8
+c = 1
+[[points]]
+budget = 16
+c = 1
+[[points]]
+budget = 8
+c = 4
+[[points]]
+budget = 16
+c = 4
+[[points]]
+budget = 8
+c = 16
+''')
+    assert [[pt.index for pt in g] for g in p.groups()] == [[1, 3, 5], [2, 4]]
+    assert sweep.loads_line(5, p.groups(), False) == "5 points, 2 server configurations: 2 loads"
+    assert sweep.loads_line(5, p.groups(), True) == "5 points, 2 server configurations: 5 loads (--restart-each)"
+
+
+def test_a_dropin_with_out_or_none_at_all() -> None:
+    with_out = plan('command = "x"\ndropin = "[Service]\\nEnvironment=O={out}"\n[matrix]\na = [1, 2]')
+    assert [[pt.index for pt in g] for g in with_out.groups()] == [[1], [2]]  # every point its own folder
+    without = plan('command = "x {a}"\n[matrix]\na = [1, 2, 3]')
+    assert [[pt.index for pt in g] for g in without.groups()] == [[1, 2, 3]]  # the unit's own configuration
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_shards_cover_every_point_exactly_once_and_keep_groups_whole(n: int) -> None:
+    p = plan('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}"\n[matrix]\na = [1, 2, 3, 4]\nc = [1, 2, 3]')
+    groups = p.groups()
+    shards = [sweepplan.Shard.parse(f"{k}/{n}").take(groups) for k in range(1, n + 1)]
+    assert sorted(pt.index for gs in shards for g in gs for pt in g) == [pt.index for pt in p.points]
+    assert all(g in groups for gs in shards for g in gs)  # whole groups: each load happens on one host only
+
+
+@pytest.mark.parametrize("bad", ["0/2", "3/2", "x/y", "1", "1/0", "-1/2", ""])
+def test_a_bad_shard_is_refused_naming_the_flag(bad: str) -> None:
+    with pytest.raises(ValueError, match="--shard: expected K/N with 1 <= K <= N"):
+        sweepplan.Shard.parse(bad)
+
+
+def _plan_and_config(tmp_path: Path) -> list[str]:
+    (tmp_path / "plan.toml").write_text('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}\\n"\n'
+                                        '[matrix]\na = [1, 2]\nc = [1, 2, 3, 4]\n')
+    (tmp_path / "g.toml").write_text('[targets.t]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n')
+    return [*GENREADY, "sweep", str(tmp_path / "plan.toml"), "--results", str(tmp_path / "r"), "--config",
+            str(tmp_path / "g.toml"), "--dry-run"]
+
+
+@pytest.mark.parametrize("bad", ["0/2", "x/y"])
+def test_a_bad_shard_exits_64(tmp_path: Path, bad: str) -> None:
+    p = subprocess.run([*_plan_and_config(tmp_path), "--shard", bad], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 64 and f"--shard: expected K/N with 1 <= K <= N (e.g. 1/4), found '{bad}'" in p.stderr
+
+
+def test_dry_run_says_points_configurations_and_loads(tmp_path: Path) -> None:
+    args = _plan_and_config(tmp_path)
+    out = subprocess.run(args, capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.startswith("# 8 points, 2 server configurations: 2 loads;"), out
+    assert "## server configuration 2: points 5, 6, 7, 8" in out
+    out = subprocess.run([*args, "--restart-each"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.startswith("# 8 points, 2 server configurations: 8 loads (--restart-each);"), out
+    out = subprocess.run([*args, "--shard", "2/2"], capture_output=True, text=True, timeout=30, check=True).stdout
+    assert out.startswith("# 4 points, 1 server configuration: 1 load (shard 2/2: 4 of the plan's 8 points)"), out
+    assert "[1/8]" not in out and "[5/8]" in out
 
 
 # --- whole sweeps against the private manager -----------------------------------------------------
@@ -318,3 +393,64 @@ def test_dry_run_changes_nothing(rig: Rig) -> None:
     assert show(rig.manager, UNIT) == before
     assert not rig.results.exists() and not rig.ran.exists()
     assert rig.manager.show(UNIT, "DropInPaths")["DropInPaths"] == ""
+
+
+def test_one_load_per_server_configuration_in_group_order(rig: Rig) -> None:
+    # The file alternates the server setting; the sweep runs budget 8's points, then budget 16's.
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8}, {"n": 2, "budget": 16}, {"n": 3, "budget": 8},
+                                  {"n": 4, "budget": 16}], flags="--model m-{budget}")
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    lines = rig.results_lines()
+    assert [(ln["point"]["n"], ln["restarted"], ln["group"]) for ln in lines] == [
+        (1, True, 1), (3, False, 1), (2, True, 2), (4, False, 2)]
+    assert lines[0]["pid"] == lines[1]["pid"] and lines[2]["pid"] == lines[3]["pid"] != lines[0]["pid"]
+    assert lines[1]["load_seconds"] == lines[0]["load_seconds"]  # the load of the instance that served it
+    for ln in lines:
+        seen = json.loads((rig.results / ln["out"] / "seen.json").read_text())
+        assert seen["model"] == f"m-{ln['point']['budget']}" and seen["pid"] == ln["pid"], (seen, ln)
+        assert ln["host"] and ln["index"] == ln["point"]["n"]
+    assert "4/4 points ok, 2 loads" in out
+    rig.assert_restored()
+
+
+def test_restart_each_starts_every_point_fresh(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8}, {"n": 2, "budget": 8}], flags="--model m-{budget}")
+    rc, out = rig.run(plan, "--restart-each")
+    assert rc == 0, out
+    lines = rig.results_lines()
+    assert [ln["restarted"] for ln in lines] == [True, True] and lines[0]["pid"] != lines[1]["pid"]
+    assert "2/2 points ok, 2 loads" in out
+    rig.assert_restored()
+
+
+class KillBetween(sweep.Sweep):
+    """A sweep whose group's instance is killed (kill -9) before point 2, once the daemon has seen it go."""
+
+    def __init__(self, rig: Rig, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.rig = rig
+
+    def _reuse(self, point: sweepplan.Point, att: sweep.Attempt, folder: Path) -> bool:
+        if point.index == 2 and self.group_pinned is not None:
+            pid = self.group_pinned["pid"]
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: self.rig.g.get("/ready/t")[1].get("pid") != pid, 20, "the daemon seeing it gone")
+        return super()._reuse(point, att, folder)
+
+
+def test_a_reused_instance_that_died_between_points_restarts(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in rig.manager.env.items():
+        monkeypatch.setenv(k, v)
+    path = rig.write_plan(points=[{"n": 1, "budget": 8}, {"n": 2, "budget": 8}, {"n": 3, "budget": 8}],
+                          flags="--model m-{budget}")
+    out, err = io.StringIO(), io.StringIO()
+    s = KillBetween(rig, sweepplan.load_plan(path), base=rig.g.base, target="t", unit=UNIT, bus_kind="user",
+                    timeout=20, results=rig.results, keep_config=False, out=out, err=err)
+    assert s.run(set()) == 0, err.getvalue()
+    lines = rig.results_lines()
+    assert [(ln["point"]["n"], ln["status"], ln["restarted"]) for ln in lines] == [
+        (1, "ok", True), (2, "ok", True), (3, "ok", False)], err.getvalue()
+    assert lines[0]["pid"] != lines[1]["pid"] == lines[2]["pid"]
+    assert "no longer usable" in err.getvalue()
+    rig.assert_restored()

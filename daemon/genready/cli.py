@@ -213,6 +213,52 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return sweep.main(args, cfg, _api_base(args))
 
 
+SWEEP_TOOLS = """also:
+  genready sweep restore [TARGET]   remove a killed sweep's drop-in, restart the unit on its own
+                                    configuration and wait until that start is verified
+  genready sweep report DIR [DIR...] [--format table|csv|markdown|json]
+                                    one table of the points of one or more results folders
+"""
+
+
+def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
+    """`genready sweep restore` and `genready sweep report`: words after `sweep`, not plan files."""
+    if name == "restore":
+        p = argparse.ArgumentParser(prog="genready sweep restore", epilog=EXIT_CODES,
+                                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    description="remove the drop-in a killed sweep left on TARGET's unit, reload, "
+                                    "restart the unit on its own configuration and wait until that start is "
+                                    "verified; refuses (75) while the sweep that wrote it is still running")
+        p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
+        p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait for the verified start "
+                       "(default: the target's load_timeout)")
+        p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or "
+                       f"{config.DEFAULT_PATH})")
+        p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+        return p
+    from genready.tools.sweepreport import FORMATS
+
+    p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                description="merge the results folders of one plan (e.g. its shards) into one "
+                                "table in plan order: status, pid, load and run seconds, and the bench client's "
+                                "accept length, output tokens/s, TTFT p50 and ITL p50 from {out}/bench.jsonl; the "
+                                "best value of each figure is marked")
+    p.add_argument("folders", nargs="+", metavar="DIR", help="a sweep's --results folder")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    return p
+
+
+def cmd_sweep_tool(name: str, argv: list[str]) -> int:
+    from genready.tools import sweep
+
+    args = sweep_tool_parser(name).parse_args(argv)
+    if name == "report":
+        return sweep.report_main(args.folders, args.format)
+    cfg = load_config(args.config)
+    return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="genready",
@@ -288,9 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "change nothing")
     sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "
                     "the end instead of restoring the unit's own configuration")
+    sp.add_argument("--restart-each", action="store_true", help="restart the unit for every point, also between "
+                    "points with the same drop-in (by default such points share one verified start: one load per "
+                    "server configuration)")
+    sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
+                    "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
     sp.add_argument("--config", metavar="PATH", help=config_help)
     sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
     sp.set_defaults(func=cmd_sweep)
+    sp.epilog = (SWEEP_TOOLS + "\n" + (sp.epilog or ""))
 
     # Dev tooling (genready_dev) is imported only when its subcommand runs; main() hands
     # `simulate` its arguments untouched, so its flags live with the simulator alone.
@@ -339,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         sim = _dev_module("sim")
         return int(sim.cli(argv[1:]))
+    if argv[:1] == ["sweep"] and argv[1:2] in (["restore"], ["report"]):
+        return cmd_sweep_tool(argv[1], argv[2:])
     head, cmd = _split_command(argv)
     args = build_parser().parse_args(head)
     if cmd is not None:

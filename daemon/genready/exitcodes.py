@@ -14,6 +14,8 @@ class Exit(enum.IntEnum):
     OK = 0
     TIMEOUT = 1
     USAGE = 2
+    BAD_ARGUMENT = 64  # EX_USAGE
+    BAD_DATA = 65  # EX_DATAERR
     UNAVAILABLE = 69  # EX_UNAVAILABLE
     CANNOT_START = 71  # EX_OSERR
     TEMPFAIL = 75  # EX_TEMPFAIL
@@ -27,6 +29,10 @@ MEANING: dict[Exit, str] = {
     Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep); "
                   "a probe failed (check-config --probe)",
     Exit.USAGE: "usage error",
+    Exit.BAD_ARGUMENT: "a flag's value is not what it expects: sweep --shard, bench client --random-input-len with "
+                       "an API that takes no token ids (EX_USAGE)",
+    Exit.BAD_DATA: "an input file is missing, empty or malformed: the bench client's --dataset, a folder without "
+                   "results.jsonl given to sweep report (EX_DATAERR)",
     Exit.UNAVAILABLE: "the genready daemon is unreachable (EX_UNAVAILABLE)",
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
     Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",

@@ -22,7 +22,7 @@ from genready.client import client
 from genready.exitcodes import Exit
 
 
-def _check(base: str, target: str, pinned: Mapping[str, Any]) -> str | None:
+def check(base: str, target: str, pinned: Mapping[str, Any]) -> str | None:
     """None while the pinned instance is still ready and was never revoked; else why not."""
     try:
         code, body = client.request(base, f"/ready/{target}?pid={pinned['pid']}&invocation={pinned['invocation_id']}")
@@ -61,7 +61,7 @@ def run_pinned(base: str, target: str, pinned: Mapping[str, Any], child: subproc
 
     def follow() -> None:
         while not done.wait(interval):
-            why = _check(base, target, pinned)
+            why = check(base, target, pinned)
             if why:
                 problem.append(why)
                 return
@@ -73,7 +73,7 @@ def run_pinned(base: str, target: str, pinned: Mapping[str, Any], child: subproc
     finally:
         done.set()
         follower.join()
-    if not problem and (why := _check(base, target, pinned)):
+    if not problem and (why := check(base, target, pinned)):
         problem.append(why)
     return Guarded(rc, problem[0] if problem else "")
 

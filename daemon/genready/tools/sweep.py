@@ -11,8 +11,17 @@ point of a plan with the guarantees of `genready restart` and `genready guard`:
 3. the command runs pinned to that verified instance (guard.run_pinned);
 4. one fsync'd JSON line per attempt goes to DIR/results.jsonl.
 
-At the end, and on SIGINT/SIGTERM, the drop-in is removed and the unit restarted on its own
-configuration (unless --keep-config); a second SIGINT exits at once, naming what is left.
+Loading a large model takes minutes, so steps 1-2 happen once per *server configuration*:
+points whose rendered drop-ins are byte-identical form a group (Plan.groups), and the later
+points of a group reuse the group's verified instance if, checked right before their command
+(guard.check), it is still that very instance and ready; otherwise that point restarts.
+`--restart-each` restarts for every point (for cold-start measurements).
+
+At the end, and on SIGINT/SIGTERM/SIGHUP, the drop-in is removed and the unit restarted on its
+own configuration (unless --keep-config); a second signal exits at once, naming what is left.
+The drop-in's header names the sweep that wrote it (pid, start, plan, results), so a leftover
+of a sweep that was killed can be told from a running sweep's: `genready sweep restore TARGET`
+removes it, and a second sweep of the same unit refuses to start while the first is alive.
 """
 
 from __future__ import annotations
@@ -25,25 +34,28 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any, Final, NoReturn
 
 from genready.client import client, guard
+from genready.client.guard import check
 from genready.compat import StrEnum
 from genready.config import Config, ConfigError
 from genready.exitcodes import Exit
 from genready.rule.history import iso
 from genready.rule.records import _fsync_dir, _write_all
 from genready.systemd import watcher
-from genready.tools.sweepplan import Plan, Point, Scalar, load_plan
+from genready.tools import sweepreport
+from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
+from genready.tools.sweepreport import RESULTS_FILE, read_results
 
-RESULTS_FILE: Final = "results.jsonl"
 LOCK_FILE: Final = ".sweep.lock"
 # Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
 # "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
@@ -64,10 +76,15 @@ class Status(StrEnum):
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal went away
 
 
 class SweepError(Exception):
     """Something outside the plan stops the sweep (permissions, daemon, unit); the message says what."""
+
+
+class SweepBusy(SweepError):
+    """The unit's drop-in belongs to another sweep that is still running (exit 75)."""
 
 
 # --- results.jsonl --------------------------------------------------------------------------------
@@ -75,26 +92,6 @@ class SweepError(Exception):
 
 def same_point(a: object, b: Mapping[str, Scalar]) -> bool:
     return isinstance(a, dict) and a == dict(b)
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    """Every complete, readable line of a results file (a torn last line, from a crash, is skipped)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    out = []
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            rec = json.loads(raw)
-        except ValueError:
-            print(f"genready sweep: {path}:{lineno}: skipping an unreadable line", file=sys.stderr)
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 class ResultsLog:
@@ -230,6 +227,57 @@ def runtime_dir(bus_kind: str, unit_paths: Sequence[str]) -> Path:
     return base
 
 
+# --- whose drop-in is it ---------------------------------------------------------------------------
+
+OWNER_TAG: Final = "# genready-sweep-owner "  # then one JSON object: pid, pid_start, started, plan, results
+
+
+def _proc_start(pid: int) -> int | None:
+    """The start time of `pid` in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone.
+
+    With the PID alone a reused PID would pass for the sweep that wrote the drop-in."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def owner_header(plan: str, results: Path, started: float) -> str:
+    """The first lines of a drop-in this process writes: who wrote it, for people and for owner_of()."""
+    me = {"pid": os.getpid(), "pid_start": _proc_start(os.getpid()), "started": iso(started),
+          "plan": os.path.abspath(plan), "results": os.path.abspath(results)}
+    return (f"# written by genready sweep (pid {me['pid']}, started {me['started']}) for the plan {me['plan']}, "
+            f"results in {me['results']};\n# removed when that sweep ends. If it is gone: genready sweep restore "
+            f"TARGET\n{OWNER_TAG}{json.dumps(me)}\n")
+
+
+def owner_of(text: str) -> dict[str, Any] | None:
+    """The sweep named in a drop-in's header, or None (no header: an older genready wrote it)."""
+    for line in text.splitlines():
+        if line.startswith(OWNER_TAG):
+            try:
+                doc = json.loads(line[len(OWNER_TAG):])
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
+    return None
+
+
+def owner_alive(owner: Mapping[str, Any]) -> bool:
+    """Is the sweep that wrote the drop-in still running (the same process, not a reused PID)?"""
+    start = _proc_start(int(owner["pid"]))
+    return start is not None and (owner.get("pid_start") is None or owner.get("pid_start") == start)
+
+
+def describe_owner(owner: Mapping[str, Any]) -> str:
+    return (f"sweep pid {owner.get('pid')} (started {owner.get('started')}), plan {owner.get('plan')}, "
+            f"results {owner.get('results')}")
+
+
 def output_files(state: UnitState) -> list[Path]:
     """Files the unit's stdout/stderr go to (StandardOutput=file:/append:/truncate:), from its unit files.
 
@@ -309,6 +357,8 @@ class Attempt:
     point: Point
     attempt: int
     out: str  # relative to DIR
+    group: int = 1  # the point's server configuration (1-based, in the order groups run)
+    restarted: bool = True  # False: it ran on the instance verified for an earlier point of its group
     status: Status = Status.NOT_READY
     reason: str = ""
     pid: int | None = None
@@ -331,7 +381,8 @@ class Attempt:
             "pid": self.pid, "invocation_id": self.invocation_id, "load_seconds": self.load_seconds,
             "exit_code": self.exit_code, "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
             "run_seconds": None if self.run_seconds is None else round(self.run_seconds, 3),
-            "attempt": self.attempt, "out": self.out,
+            "attempt": self.attempt, "out": self.out, "index": self.point.index, "group": self.group,
+            "restarted": self.restarted, "host": socket.gethostname(),
         }
         if self.reason:
             rec["reason"] = self.reason
@@ -356,9 +407,13 @@ def _duration(s: float | None) -> str:
 
 class Sweep:
     def __init__(self, plan: Plan, *, base: str, target: str, unit: str, bus_kind: str, timeout: float,
-                 results: Path, keep_config: bool, out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
+                 results: Path, keep_config: bool, restart_each: bool = False, shard: Shard | None = None,
+                 out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
         self.plan, self.base, self.target, self.unit, self.bus_kind = plan, base, target, unit, bus_kind
         self.timeout, self.results, self.keep_config = timeout, results, keep_config
+        self.restart_each, self.shard = restart_each, shard
+        self.groups = shard.take(plan.groups()) if shard else plan.groups()
+        self.started = time.time()
         self.out, self.err = out, err
         self.tty = err.isatty()
         self.width = len(str(len(plan.points)))
@@ -372,8 +427,11 @@ class Sweep:
         self.signals = 0
         self.cleaning = False
         self.finished: dict[int, Attempt] = {}  # point index -> its last attempt in this run
-        self.durations: list[float] = []  # load + run seconds of ok attempts, for the ETA
+        self.load_times: list[float] = []  # seconds from restart to verified, for the ETA
+        self.run_times: list[float] = []  # seconds of ok commands, for the ETA
         self.last_load: float | None = None
+        self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
+        self.schedule: list[tuple[Point, bool]] = []  # the points to run, in order; True: a planned load
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -426,32 +484,38 @@ class Sweep:
         else:
             self.say(line)
 
-    def eta(self, point: Point) -> str:
-        if not self.durations:
+    def eta(self, point: Point, *, loading: bool) -> str:
+        """Loads left times the mean load, plus runs left times the mean run (once one of each is known)."""
+        if not self.load_times or not self.run_times:
             return ""
-        left = sum(1 for p in self.plan.points if p.index >= point.index and p.index not in self.finished)
-        return f", ETA {_duration(left * sum(self.durations) / len(self.durations))}"
+        at = next((i for i, (p, _) in enumerate(self.schedule) if p.index == point.index), len(self.schedule))
+        rest = self.schedule[at:]
+        loads = sum(1 for _, load in rest[1:] if load) + (1 if loading else 0)
+        left = loads * sum(self.load_times) / len(self.load_times) + \
+            len(rest) * sum(self.run_times) / len(self.run_times)
+        return f", ETA {_duration(left)}"
 
     # -- the sweep -------------------------------------------------------------------------------
 
     def run(self, skip: set[int]) -> int:
         """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not, 130 if interrupted."""
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         interrupted = False
+        self.schedule = [(p, self.restart_each or p is next(q for q in g if q.index not in skip))
+                         for g in self.groups for p in g if p.index not in skip]
         try:
             self.sd = Systemd(self.bus_kind, self.unit)
             state = self.sd.state()
             if state.load_state != "loaded":
                 raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
             self.dropin_path = runtime_dir(self.bus_kind, self.sd.unit_paths()) / f"{self.unit}.d" / DROPIN_NAME
-            if self.dropin_path.exists():
-                self.say(f"{self.dropin_path} was left by an earlier sweep; replacing it")
-                self.dropin_written, self.restored = True, False
+            self._take_over_leftover()
             self.log = ResultsLog(self.results)
-            for point in self.plan.points:
-                if point.index in skip:
-                    continue
-                self._point(point)
+            for n, group in enumerate(self.groups, 1):
+                self.group_pinned = None  # a new server configuration: its first point restarts
+                for point in group:
+                    if point.index not in skip:
+                        self._point(point, n)
         except Interrupted:
             interrupted = True
         finally:
@@ -470,10 +534,27 @@ class Sweep:
             return Exit.INTERRUPTED
         return Exit.OK if all(a.status is Status.OK for a in self.finished.values()) else Exit.TIMEOUT
 
-    def _point(self, point: Point) -> None:
+    def _take_over_leftover(self) -> None:
+        """A drop-in already there: another live sweep's stops us (SweepBusy); a dead one's is replaced."""
+        assert self.dropin_path is not None
+        try:
+            text = self.dropin_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return
+        owner = owner_of(text)
+        if owner is not None and owner.get("pid") != os.getpid() and owner_alive(owner):
+            raise SweepBusy(f"{self.dropin_path} belongs to a running {describe_owner(owner)}; two sweeps of "
+                            f"{self.unit} would change its configuration under each other")
+        who = f" ({describe_owner(owner)}, gone)" if owner else ""
+        self.say(f"{self.dropin_path} was left by an earlier sweep{who}; replacing it")
+        self.dropin_written, self.restored = True, False
+
+    def _point(self, point: Point, group: int = 1) -> None:
         for n in range(1, self.plan.attempts + 1):
-            att = self._attempt(point, n)
+            att = self._attempt(point, n, group)
             self.finished[point.index] = att
+            if att.status in RETRIED:
+                self.group_pinned = None  # that instance is not to be trusted again: restart
             if att.status not in RETRIED or self.signals:
                 break
             if n < self.plan.attempts:
@@ -490,13 +571,16 @@ class Sweep:
         path.mkdir(parents=True)
         return path, k
 
-    def _attempt(self, point: Point, n: int) -> Attempt:
+    def _attempt(self, point: Point, n: int, group: int = 1) -> Attempt:
         folder, k = self._folder(point)
-        att = Attempt(point, k, str(folder.relative_to(self.results)))
+        att = Attempt(point, k, str(folder.relative_to(self.results)), group)
         (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
         try:
-            self._reconfigure(point, folder)
-            self._restart_and_wait(point, att)
+            if not self._reuse(point, att, folder):
+                self._reconfigure(point, folder)
+                self._restart_and_wait(point, att)
+                if att.pid is not None and not self.restart_each:
+                    self.group_pinned = self.pinned
             if att.pid is not None:
                 self._run(point, att, folder)
         except Interrupted:
@@ -508,6 +592,25 @@ class Sweep:
         att.ended_at = att.ended_at or time.time()
         self._record(att)
         return att
+
+    def _reuse(self, point: Point, att: Attempt, folder: Path) -> bool:
+        """Run on the group's verified instance if it is still that very instance and ready (as guard checks)."""
+        if self.restart_each or self.group_pinned is None:
+            return False
+        why = check(self.base, self.target, self.group_pinned)
+        if why:
+            self.progress(point, f"the instance of this configuration is no longer usable ({why}); restarting")
+            self.group_pinned = None
+            return False
+        text = self.plan.dropin_for(point, str(folder))
+        if text is not None:
+            (folder / "dropin.conf").write_text(text)  # the same configuration, kept with the results
+        self.pinned = self.group_pinned
+        att.started_at = time.time()
+        att.restarted = False
+        att.pid, att.invocation_id = self.pinned.get("pid"), self.pinned.get("invocation_id")
+        att.load_seconds = self.pinned.get("load_seconds")
+        return True
 
     def _record(self, att: Attempt) -> None:
         assert self.log is not None
@@ -531,7 +634,7 @@ class Sweep:
         tmp = self.dropin_path.with_name(f".{DROPIN_NAME}.tmp")
         try:
             self.dropin_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(f"# written by genready sweep {self.plan.path}; removed when the sweep ends\n{text}")
+            tmp.write_text(owner_header(self.plan.path, self.results, self.started) + text)
             os.replace(tmp, self.dropin_path)
         except PermissionError as e:
             hint = (" (a runtime drop-in for a system unit needs root: run the sweep with sudo, or sweep a "
@@ -551,7 +654,7 @@ class Sweep:
         except Exception as e:
             raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {e} (restarting a "
                              "system unit needs root or a polkit rule)") from None
-        self.progress(point, f"restarting {self.unit}{self.eta(point)}")
+        self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
         deadline = time.monotonic() + self.timeout
         last_line = time.monotonic()
         body: Any = {}
@@ -572,6 +675,7 @@ class Sweep:
                 att.load_seconds = body.get("load_seconds")
                 self.pinned = body
                 self.last_load = time.time() - t0
+                self.load_times.append(self.last_load)
                 return
             if code in (400, 404):
                 raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
@@ -589,7 +693,7 @@ class Sweep:
                 last_line = time.monotonic()
                 last = f" (last load {_duration(self.last_load)})" if self.last_load else ""
                 self.progress(point, f"loading pid {state.main_pid} for {_duration(time.time() - t0)}{last}"
-                              f"{self.eta(point)}", transient=True)
+                              f"{self.eta(point, loading=True)}", transient=True)
         state = self.sd.state()
         att.status, att.unit_result = Status.NOT_READY, state.result
         att.pid, att.invocation_id = state.main_pid or None, state.invocation_id or None
@@ -599,7 +703,9 @@ class Sweep:
         cmd = self.plan.command_for(point, str(folder))
         env = dict(os.environ, **guard.guard_env(self.target, self.pinned),
                    GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
-        self.progress(point, f"ready pid {att.pid} (loaded in {att.load_seconds}s); running {shlex.join(cmd)[:120]}")
+        how = "started" if att.restarted else "reused"
+        self.progress(point, f"ready pid {att.pid} ({how}, loaded in {att.load_seconds}s)"
+                      f"{self.eta(point, loading=False)}; running {shlex.join(cmd)[:120]}")
         att.ran_at = time.time()
         with (folder / "stdout.log").open("wb") as so, (folder / "stderr.log").open("wb") as se:
             try:
@@ -624,7 +730,7 @@ class Sweep:
             att.status, att.reason = Status.FAILED, f"the command exited {res.returncode}"
         else:
             att.status = Status.OK
-            self.durations.append((att.load_seconds or 0) + (att.run_seconds or 0))
+            self.run_times.append(att.run_seconds or 0.0)
 
     def _wait_child(self, child: subprocess.Popen[Any]) -> int:
         """child.wait(), but a signal stops the child: SIGINT, then SIGTERM, then SIGKILL, STOP_GRACE apart."""
@@ -650,51 +756,64 @@ class Sweep:
         if self.keep_config:
             self.say(f"keeping {self.dropin_path} (--keep-config); {self.unit} runs the last point's configuration")
             return
-        self.dropin_path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            self.dropin_path.parent.rmdir()  # only if empty: other drop-ins are not ours
-        self.sd.reload()
+        self.restored = restore(self.sd, self.dropin_path, self.base, self.target, self.timeout, self.say,
+                                on_removed=self._removed)
+
+    def _removed(self) -> None:
         self.dropin_written = False
-        self.say(f"removed {self.dropin_path}; restarting {self.unit} on its own configuration")
-        t0 = time.time()
-        self.sd.restart()
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            wait = max(0.0, min(POLL, deadline - time.monotonic()))
-            try:
-                code, body = client.request(self.base, f"/ready/{self.target}?since={t0:.6f}&wait={wait:.3f}",
-                                            timeout=wait + 30)
-            except client.Unreachable:
-                code, body = 0, None
-                time.sleep(wait)
-            if code == 200 and isinstance(body, dict):
-                self.restored = True
-                self.say(f"{self.unit} is back on its own configuration: pid {body.get('pid')} verified")
-                return
-            state = self.sd.state()
-            if state.failed_start:
-                self.say(f"{self.unit} failed to start on its own configuration ({state.how_it_ended()})")
-                return
-        self.say(f"{self.unit} restarted on its own configuration, not verified within {self.timeout:g}s")
 
     # -- the summary -------------------------------------------------------------------------------
 
     def summary(self, skipped: set[int]) -> None:
-        rows = [["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"]]
+        rows = []
         for p in self.plan.points:
             a = self.finished.get(p.index)
             if a is None:
-                rows.append([p.label, "ok (earlier run)" if p.index in skipped else "not run", "-", "-", "-", "-"])
+                if self.shard is None or any(p in g for g in self.groups):
+                    rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped
+                                                else "not run"))
                 continue
-            rows.append([p.label, a.status.value, str(a.attempt), str(a.pid or "-"),
-                         "-" if a.load_seconds is None else f"{a.load_seconds:.1f}",
-                         "-" if a.run_seconds is None else f"{a.run_seconds:.1f}"])
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        self.out.write("".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n"
-                               for r in rows))
+            rows.append(sweepreport.row_of(a.to_json(self.target, self.unit), self.results))
+        sweepreport.mark_best(rows)
+        self.out.write(sweepreport.render(rows))
         ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
-        self.out.write(f"{ok}/{len(self.plan.points)} points ok; results in {self.results / RESULTS_FILE}\n")
+        n = sum(len(g) for g in self.groups)
+        loads = len(self.load_times)
+        self.out.write(f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") +
+                       f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n")
         self.out.flush()
+
+
+def restore(sd: Systemd, dropin: Path, base: str, target: str, timeout: float, say: Callable[[str], None], *,
+            on_removed: Callable[[], None] | None = None) -> bool:
+    """Remove the sweep's drop-in, reload, restart the unit on its own configuration and wait until that
+    start is verified; True if it was. The end of every sweep, and `genready sweep restore`."""
+    dropin.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        dropin.parent.rmdir()  # only if empty: other drop-ins are not ours
+    sd.reload()
+    if on_removed:
+        on_removed()
+    say(f"removed {dropin}; restarting {sd.unit} on its own configuration")
+    t0 = time.time()
+    sd.restart()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        wait = max(0.0, min(POLL, deadline - time.monotonic()))
+        try:
+            code, body = client.request(base, f"/ready/{target}?since={t0:.6f}&wait={wait:.3f}", timeout=wait + 30)
+        except client.Unreachable:
+            code, body = 0, None
+            time.sleep(wait)
+        if code == 200 and isinstance(body, dict):
+            say(f"{sd.unit} is back on its own configuration: pid {body.get('pid')} verified")
+            return True
+        state = sd.state()
+        if state.failed_start:
+            say(f"{sd.unit} failed to start on its own configuration ({state.how_it_ended()})")
+            return False
+    say(f"{sd.unit} restarted on its own configuration, not verified within {timeout:g}s")
+    return False
 
 
 # --- entry points -----------------------------------------------------------------------------------
@@ -707,20 +826,39 @@ def ok_points(plan: Plan, results: Path) -> set[int]:
             if any(r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) for r in recs)}
 
 
-def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str]) -> int:
-    """Print what the sweep would do; touch nothing."""
+def loads_line(n_points: int, groups: Sequence[Sequence[Point]], restart_each: bool) -> str:
+    """`8 points, 2 server configurations: 2 loads` (every point a load with --restart-each)."""
+    loads = n_points if restart_each else len(groups)
+
+    def n(k: int, word: str) -> str:
+        return f"{k} {word}{'' if k == 1 else 's'}"
+    return f"{n(n_points, 'point')}, {n(len(groups), 'server configuration')}: {n(loads, 'load')}" + \
+        (" (--restart-each)" if restart_each else "")
+
+
+def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str], *,
+            restart_each: bool = False, shard: Shard | None = None) -> int:
+    """Print what the sweep would do, in the order it would do it; touch nothing."""
     where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
         f"/{unit}.d/{DROPIN_NAME}"
     width = len(str(len(plan.points)))
-    out.write(f"# {len(plan.points)} points, {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
-    for p in plan.points:
-        folder = results / p.slug(width) / "attempt-N"
-        out.write(f"\n[{p.index}/{len(plan.points)}] {p.label}" + ("  (ok earlier: skipped with --resume)"
-                                                                   if p.index in skip else "") + "\n")
-        text = plan.dropin_for(p, str(folder))
-        if text is not None:
-            out.write("  drop-in:\n" + "".join(f"    {ln}\n" for ln in text.splitlines()))
-        out.write(f"  command: {shlex.join(plan.command_for(p, str(folder)))}\n")
+    groups = shard.take(plan.groups()) if shard else plan.groups()
+    todo = [[p for p in g if p.index not in skip] for g in groups]
+    todo = [g for g in todo if g]
+    out.write(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
+              + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
+              + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
+    for n, group in enumerate(groups, 1):
+        out.write(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
+        for i, p in enumerate(group):
+            folder = results / p.slug(width) / "attempt-N"
+            how = "restart" if restart_each or i == 0 else "reuse the verified instance, if still ready"
+            out.write(f"\n[{p.index}/{len(plan.points)}] {p.label}" + ("  (ok earlier: skipped with --resume)"
+                                                                       if p.index in skip else f"  ({how})") + "\n")
+            text = plan.dropin_for(p, str(folder))
+            if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):
+                out.write("  drop-in:\n" + "".join(f"    {ln}\n" for ln in text.splitlines()))
+            out.write(f"  command: {shlex.join(plan.command_for(p, str(folder)))}\n")
     return 0
 
 
@@ -728,6 +866,12 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     """`genready sweep`, called by the CLI with the parsed arguments, the config and the daemon's URL."""
     from genready.cli import die  # the CLI imports this module only when `sweep` runs
 
+    shard = None
+    if args.shard is not None:
+        try:
+            shard = Shard.parse(args.shard)
+        except ValueError as e:
+            die(str(e), status=Exit.BAD_ARGUMENT)
     try:
         plan = load_plan(Path(args.plan))
     except ConfigError as e:
@@ -741,7 +885,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     results = Path(args.results)
     skip = ok_points(plan, results) if args.resume else set()
     if args.dry_run:
-        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout)
+        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=args.restart_each,
+                       shard=shard)
     try:
         code, _ = client.request(base, f"/ready/{target}")
     except client.Unreachable as e:
@@ -749,11 +894,18 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if code == 404:
         die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=Exit.USAGE)
     sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
-                  timeout=plan.timeout or tcfg.load_timeout, results=results, keep_config=args.keep_config)
+                  timeout=plan.timeout or tcfg.load_timeout, results=results, keep_config=args.keep_config,
+                  restart_each=args.restart_each, shard=shard)
+    todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
+    todo = [g for g in todo if g]
+    sweep.say(loads_line(sum(map(len, todo)), todo, args.restart_each) + (f" (shard {shard})" if shard else ""))
     if skip:
         sweep.say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
     try:
         return sweep.run(skip)
+    except SweepBusy as e:
+        die(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
+            f"`genready sweep restore {target}`", status=Exit.TEMPFAIL)
     except SweepError as e:
         die(str(e), status=Exit.TIMEOUT)
     except OSError as e:
@@ -761,3 +913,49 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
             die(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT)
         raise
 
+
+def restore_main(target: str | None, cfg: Config, base: str, timeout: float | None) -> int:
+    """`genready sweep restore TARGET`: put the unit back on its own configuration after a killed sweep."""
+    from genready.cli import die
+
+    target = target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    if target is None or target not in cfg.targets:
+        die(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
+    unit = cfg.targets[target].unit
+
+    def say(text: str) -> None:
+        print(f"genready sweep restore: {text}", file=sys.stderr, flush=True)
+
+    sd = Systemd(cfg.daemon.bus, unit)
+    try:
+        dropin = runtime_dir(cfg.daemon.bus, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
+        try:
+            owner = owner_of(dropin.read_text(errors="replace"))
+        except FileNotFoundError:
+            say(f"{unit} has no sweep drop-in ({dropin}); nothing to restore")
+            return Exit.OK
+        if owner is not None and owner_alive(owner):
+            die(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
+                hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
+        say(f"{dropin} was left by " + (f"{describe_owner(owner)}, gone" if owner else "an earlier sweep"))
+        ok = restore(sd, dropin, base, target, timeout or cfg.targets[target].load_timeout, say)
+    except SweepError as e:
+        die(str(e), status=Exit.TIMEOUT)
+    except Exception as e:  # D-Bus: permission, no such unit
+        die(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
+            hint="a system unit needs root (its runtime drop-in, its restart)", status=Exit.TIMEOUT)
+    finally:
+        sd.close()
+    return Exit.OK if ok else Exit.TIMEOUT
+
+
+def report_main(folders: Sequence[str], fmt: str) -> int:
+    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures."""
+    from genready.cli import die
+
+    try:
+        rows = sweepreport.rows_of([Path(f) for f in folders])
+    except sweepreport.ReportError as e:
+        die(str(e), status=Exit.BAD_DATA)
+    sys.stdout.write(sweepreport.render(rows, fmt))
+    return Exit.OK

@@ -117,6 +117,19 @@ class Plan:
         text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out})
         return text if text.endswith("\n") else text + "\n"
 
+    def groups(self) -> list[tuple[Point, ...]]:
+        """The server configurations: points whose rendered drop-ins are byte-identical, one group each.
+
+        Groups come in the order of their first point, and keep the plan's order inside. A drop-in
+        that uses `{out}` differs for every point (each has its own folder): one point per group.
+        Without a drop-in every point runs on the unit's own configuration: one group."""
+        by_text: dict[str, list[Point]] = {}
+        for p in self.points:
+            key = str(p.index) if self.dropin is not None and "out" in self.dropin.names else \
+                self.dropin_for(p, "") or ""
+            by_text.setdefault(key, []).append(p)
+        return [tuple(g) for g in by_text.values()]
+
 
 PLAN_KEYS: Final = {
     "target": "the genready target to sweep (default: the only one)",
@@ -245,6 +258,33 @@ def _points(data: Mapping[str, Any], file: str) -> tuple[Point, ...]:
                               f"point {i} ({Point(i, v).label}) repeats point {seen[key]}")
         seen[key] = i
     return tuple(Point(i, v) for i, v in enumerate(values, 1))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """`--shard K/N`: this host runs the groups whose 0-based index is K-1 modulo N."""
+
+    k: int
+    n: int
+
+    @classmethod
+    def parse(cls, text: str) -> Shard:
+        """K/N with 1 <= K <= N; ValueError saying what is expected otherwise."""
+        k_s, sep, n_s = text.partition("/")
+        try:
+            k, n = int(k_s), int(n_s)
+        except ValueError:
+            k = n = 0
+        if not sep or not 1 <= k <= n:
+            raise ValueError(f"--shard: expected K/N with 1 <= K <= N (e.g. 1/4), found {text!r}")
+        return cls(k, n)
+
+    def take(self, groups: list[tuple[Point, ...]]) -> list[tuple[Point, ...]]:
+        # Whole groups go to one host, so no server configuration is loaded on two hosts.
+        return groups[self.k - 1::self.n]
+
+    def __str__(self) -> str:
+        return f"{self.k}/{self.n}"
 
 
 def load_plan(path: Path) -> Plan:
