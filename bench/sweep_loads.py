@@ -68,7 +68,7 @@ TimeoutStopSec=10
                 "dropin": '[Service]\nEnvironment="SIM_FLAGS=--token-latency {token_latency}"\n',
                 "matrix": {"token_latency": [0.001, 0.002], "concurrency": [1, 2, 4]},
             }))
-            rows = []
+            rows: list[tuple[str, int, int, float]] = []
             for name, flags in (("--restart-each (one load per point)", ("--restart-each",)),
                                 ("grouped (one load per server configuration)", ())):
                 wall, loads, ok = sweep(g, um.env, plan, tmp / f"results{len(rows)}", *flags)
