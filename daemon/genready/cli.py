@@ -60,6 +60,52 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from genready.systemd import unitexec
+    from genready.tools import unitinit
+
+    unit = args.unit if "." in args.unit else args.unit + ".service"
+    if problem := config.check_unit(unit):
+        die(f"{unit!r}: expected {problem}", status=Exit.USAGE)
+    bus = args.bus or _configured_bus(args.config)
+    try:
+        info = unitexec.read(bus, unit)
+    except Exception as e:  # pystemd's DBusError: no bus, or the manager refused
+        die(f"cannot read {unit} from the {bus} bus: {e}", hint="--bus user for a user unit; the system bus "
+            "needs a running systemd", status=Exit.UNAVAILABLE)
+    if info.load_state != "loaded":
+        die(f"{unit} is {info.load_state or 'unknown'} on the {bus} bus", hint="--bus user for a user unit",
+            status=Exit.USAGE)
+    name = args.name or unitinit.target_name(unit)
+    try:
+        prop = unitinit.propose(unit, info.commands, info.environment)
+    except unitinit.Unrecognised as e:
+        print(f"genready: {e}", file=sys.stderr)
+        sys.stdout.write(unitinit.template(unit, name))
+        return Exit.BAD_DATA
+    for w in prop.warnings:
+        print(f"genready: warning: {w}", file=sys.stderr)
+    block = unitinit.render(name, prop)
+    sys.stdout.write(block)
+    if not args.write:
+        return 0
+    path = str(config.resolve_path(args.config))
+    try:
+        unitinit.append_table(path, name, block)
+    except unitinit.WriteRefused as e:
+        die(f"not written: {e}", status=Exit.CONFIG)
+    print(f"genready: appended [targets.{name}] to {path}; check-config:", file=sys.stderr)
+    return cmd_check_config(argparse.Namespace(config=path, probe=False))
+
+
+def _configured_bus(path: str | None) -> str:
+    """The config's daemon.bus if a config loads, else "system" (init works without a config)."""
+    try:
+        return config.load(config.resolve_path(path)).daemon.bus
+    except config.ConfigError:
+        return "system"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from genready import log
     from genready.serve import daemon
@@ -283,6 +329,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_check_config)
 
     config_help = f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})"
+    sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise SGLang, vLLM "
+             "or llama.cpp (also inside docker/podman run) and print a [targets.NAME] table for it")
+    sp.add_argument("unit", metavar="UNIT", help="the server's unit, e.g. sglang.service")
+    sp.add_argument("--bus", choices=config.BUSES, help="the manager to ask (default: the config's daemon.bus, "
+                    "else system)")
+    sp.add_argument("--name", help="the target's name (default: the unit's name without .service)")
+    sp.add_argument("--write", action="store_true", help="append the table to the config file (atomically, "
+                    "comments kept; refused if the result would not load), then run check-config")
+    sp.add_argument("--config", metavar="PATH", help=config_help)
+    sp.set_defaults(func=cmd_init)
+
     sp = add("serve", "run the daemon: watch the targets, verify starts, serve the HTTP API")
     sp.add_argument("--config", metavar="PATH", help=config_help)
     sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")

@@ -164,8 +164,9 @@ def _credential_name(v: str) -> str | None:
         "a credential name as in LoadCredential=NAME:… (no '/')"
 
 
-def _unit(v: str) -> str | None:
-    """The unit name as systemd itself would accept it for a running service (plain or instance)."""
+def check_unit(v: str) -> str | None:
+    """What is wrong with `v` as a target's unit name, by systemd's own rules for a running service
+    (plain or instance), or None. `genready init` checks its UNIT with it too."""
     prefix, dot, suffix = v.rpartition(".")
     if not dot or suffix != "service" or not prefix:
         return "a unit name ending in .service (e.g. sglang.service)"
@@ -192,7 +193,7 @@ DAEMON_SETTINGS: Final = (
 )
 
 TARGET_SETTINGS: Final = (
-    Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", _unit),
+    Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", check_unit),
     Setting("url", str, _REQUIRED, 'the server\'s base URL, or "unix:/path" for a unix socket', _url),
     Setting("api", str, "sglang", 'how to generate: "sglang" | "openai-completions" | "openai-chat"',
             _one_of(apis.NAMES)),

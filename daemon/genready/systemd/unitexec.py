@@ -1,0 +1,109 @@
+"""What a unit runs: its ExecStart= command lines and environment, read over D-Bus.
+
+`genready init` needs these whether or not the unit is running: `Manager.LoadUnit` loads a unit
+that is not loaded yet, and the Service interface then carries ExecStart= (as systemd parsed it,
+specifiers resolved, `$VAR` references not yet expanded) and Environment=. EnvironmentFile=
+contents are not on the bus; they are read here from the files the unit names, when readable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from genready.systemd import watcher
+
+
+def _s(v: Any) -> str:
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+@dataclass(frozen=True)
+class UnitExec:
+    """The command lines and environment of one unit, as its manager holds them."""
+
+    unit: str
+    load_state: str
+    active_state: str
+    fragment_path: str
+    commands: tuple[tuple[str, ...], ...]  # one argv per ExecStart= line
+    environment: Mapping[str, str] = field(default_factory=dict)
+
+
+def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
+    """ExecStart's D-Bus value, a(sasbttttuii), as argv tuples. argv[0] may differ from the path
+    (`ExecStart=@/path name …`); the path is what runs, so it replaces argv[0]."""
+    out = []
+    for entry in exec_start or []:
+        path, argv = _s(entry[0]), [_s(a) for a in (entry[1] or [])]
+        out.append(tuple([path, *argv[1:]] if path else argv))
+    return tuple(out)
+
+
+def exec_fingerprint(exec_start: Any) -> str:
+    """A short digest of the command lines alone. The D-Bus value also carries the last run's
+    timestamps and PID, which change with every start; this does not."""
+    argvs = exec_argvs(exec_start)
+    if not argvs:
+        return ""
+    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
+
+
+def parse_environment(entries: Iterable[str]) -> dict[str, str]:
+    """KEY=VALUE strings (systemd's Environment= as the bus gives it) -> dict; later ones win."""
+    env: dict[str, str] = {}
+    for e in entries:
+        k, eq, v = e.partition("=")
+        if eq and k:
+            env[k] = v
+    return env
+
+
+def _env_file(path: str) -> dict[str, str]:
+    """One EnvironmentFile=, in systemd's simple form (KEY=VALUE lines, # comments, quotes)."""
+    env: dict[str, str] = {}
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return env
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        k, _, v = line.partition("=")
+        v = v.strip()
+        if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
+            v = v[1:-1]
+        env[k.strip().removeprefix("export ").strip()] = v
+    return env
+
+
+def read(bus_kind: str, unit: str) -> UnitExec:
+    """Load `unit` (it need not run) and read what it executes. Raises pystemd's errors."""
+    bus = watcher.open_bus(bus_kind)
+    try:
+        bus.call_method(watcher.SYSTEMD, watcher.MANAGER_PATH, watcher.MANAGER_IFACE, b"LoadUnit",
+                        [(ord("s"), unit.encode())])
+        path = watcher.unit_path(unit)
+        u = bus.call_method(watcher.SYSTEMD, path, watcher.PROPS_IFACE, b"GetAll",
+                            [(ord("s"), watcher.UNIT_IFACE)]).body or {}
+        load_state = _s(u.get(b"LoadState", b""))
+        s: dict[bytes, Any] = {}
+        if load_state == "loaded":
+            s = bus.call_method(watcher.SYSTEMD, path, watcher.PROPS_IFACE, b"GetAll",
+                                [(ord("s"), watcher.SERVICE_IFACE)]).body or {}
+    finally:
+        with contextlib.suppress(Exception):
+            bus.close()
+    env: dict[str, str] = {}
+    # systemd applies EnvironmentFile= after Environment=: a variable set in both takes the file's value.
+    env.update(parse_environment(_s(e) for e in s.get(b"Environment") or []))
+    for entry in s.get(b"EnvironmentFiles") or []:
+        env.update(_env_file(_s(entry[0])))
+    return UnitExec(unit=unit, load_state=load_state, active_state=_s(u.get(b"ActiveState", b"")),
+                    fragment_path=_s(u.get(b"FragmentPath", b"")), commands=exec_argvs(s.get(b"ExecStart")),
+                    environment=env)

@@ -1,0 +1,457 @@
+"""`genready init UNIT`: a `[targets.NAME]` table from what the unit runs.
+
+`target_from_exec` is the whole translation, a pure function from one ExecStart= argv and the
+unit's environment to a table: tests call it directly. The flags it reads, and their defaults,
+come from each server's own source:
+
+- SGLang: python/sglang/srt/server_args.py (host "127.0.0.1", port 30000, --api-key,
+  --served-model-name, --ssl-keyfile/--ssl-certfile, --fastapi-root-path, --model-path/--model).
+- vLLM: vllm/entrypoints/openai/cli_args.py (host None = every interface, port 8000, --uds,
+  --api-key or $VLLM_API_KEY, --ssl-keyfile/--ssl-certfile, --root-path) and
+  vllm/config/model.py (--served-model-name, several names: the first answers requests
+  without a model, vllm/entrypoints/openai/models/serving.py).
+- llama.cpp: common/arg.cpp (host "127.0.0.1", a host ending in ".sock" is a unix socket, port
+  8080, --api-key / $LLAMA_API_KEY, --api-key-file, --ssl-key-file/--ssl-cert-file, -a/--alias,
+  --api-prefix, and LLAMA_ARG_* variables for each).
+- llama-cpp-python (`python -m llama_cpp.server`): llama_cpp/server/settings.py (host
+  "localhost", port 8000, --api_key, --ssl_keyfile/--ssl_certfile, --root_path, --model_alias).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from genready.redact import redact
+
+NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Server:
+    """What one server's command line means to genready."""
+
+    label: str
+    api: str
+    host: str | None  # default listen address; None: every interface
+    port: int
+    flags: Mapping[str, str]  # command-line flag -> what it sets (host, port, key, …)
+    env: Mapping[str, str] = field(default_factory=dict)  # variable -> what it sets
+    key_fix: str = ""  # how to hand this server its key without exposing it
+
+
+SGLANG: Final = Server(
+    "SGLang", "sglang", "127.0.0.1", 30000,
+    {"--host": "host", "--port": "port", "--api-key": "key", "--served-model-name": "model",
+     "--model-path": "weights", "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls",
+     "--fastapi-root-path": "prefix"},
+    key_fix="SGLang takes its key only as --api-key: keep it in a file (LoadCredential=apikey:FILE) and start "
+            "SGLang from a small Python wrapper that reads $CREDENTIALS_DIRECTORY/apikey and launches the server "
+            "in-process, so the key never reaches a command line")
+VLLM: Final = Server(
+    "vLLM", "openai-completions", None, 8000,
+    {"--host": "host", "--port": "port", "--uds": "uds", "--api-key": "key", "--served-model-name": "model",
+     "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls", "--root-path": "prefix"},
+    {"VLLM_API_KEY": "key"},
+    key_fix="set VLLM_API_KEY from an EnvironmentFile= only root can read (a process's environment is private "
+            "to its user), instead of --api-key or Environment=")
+LLAMA_CPP: Final = Server(
+    "llama.cpp", "openai-completions", "127.0.0.1", 8080,
+    {"--host": "host", "--port": "port", "--api-key": "key", "--api-key-file": "key_file", "-a": "model",
+     "--alias": "model", "--ssl-key-file": "tls", "--ssl-cert-file": "tls", "--api-prefix": "prefix"},
+    {"LLAMA_ARG_HOST": "host", "LLAMA_ARG_PORT": "port", "LLAMA_API_KEY": "key", "LLAMA_ARG_ALIAS": "model",
+     "LLAMA_ARG_SSL_KEY_FILE": "tls", "LLAMA_ARG_SSL_CERT_FILE": "tls", "LLAMA_ARG_API_PREFIX": "prefix"},
+    key_fix="use --api-key-file FILE (or LoadCredential=apikey:FILE and "
+            "--api-key-file ${CREDENTIALS_DIRECTORY}/apikey)")
+LLAMA_CPP_PYTHON: Final = Server(
+    "llama-cpp-python", "openai-completions", "localhost", 8000,
+    {"--host": "host", "--port": "port", "--api_key": "key", "--model_alias": "model",
+     "--ssl_keyfile": "tls", "--ssl_certfile": "tls", "--root_path": "prefix"},
+    key_fix="pass the settings as a --config_file JSON file only the server's user can read, instead of --api_key")
+
+# Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
+_MULTI: Final = frozenset({"--served-model-name", "--api-key"})
+_SHELLS: Final = frozenset({"sh", "bash", "dash", "zsh"})
+_ENGINES: Final = frozenset({"docker", "podman"})
+# `docker run` / `podman run` options that take no value (every other option takes one).
+_ENGINE_BOOL: Final = frozenset({
+    "--rm", "-d", "--detach", "-i", "--interactive", "-t", "--tty", "--privileged", "--init", "--read-only",
+    "-P", "--publish-all", "--replace", "--no-healthcheck", "--oom-kill-disable", "--sig-proxy", "-q", "--quiet",
+    "--help", "--no-hosts", "--rmi", "--tls-verify", "--http-proxy", "--read-only-tmpfs", "--use-image-hosts",
+})
+# Images whose entrypoint is the server itself, so the arguments after the image are its flags.
+_IMAGE_ENTRYPOINTS: Final = (("vllm-openai", ("vllm", "serve")), ("vllm/vllm", ("vllm", "serve")),
+                             ("llama.cpp", ("llama-server",)), ("llama-cpp", ("llama-server",)))
+
+
+class Unrecognised(Exception):
+    """No SGLang, vLLM or llama.cpp server in the command line; the text says what was found."""
+
+
+@dataclass
+class Proposal:
+    """A target table, and what to tell the person who asked."""
+
+    server: str
+    table: dict[str, Any]
+    comments: list[str] = field(default_factory=list)  # printed above the table, as # lines
+    warnings: list[str] = field(default_factory=list)  # printed on stderr
+
+
+@dataclass
+class _Container:
+    engine: str
+    name: str
+    network_host: bool
+    publish: list[tuple[str, int, int]]  # (host ip or "", host port, container port)
+    env: dict[str, str]
+
+
+def target_name(unit: str) -> str:
+    """A target name from a unit name: `sglang@gpu0.service` -> `sglang-gpu0`."""
+    base = unit.removesuffix(".service")
+    return NAME_CHARS.sub("-", base).strip("-.")[:64] or "server"
+
+
+def shown(argv: Sequence[str]) -> str:
+    """A command line for a message: quoted as a shell would, keys masked, cut short."""
+    text = redact(shlex.join(argv))
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
+def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> Proposal:
+    """The target table for a unit whose ExecStart= is `argv` with Environment= `env`.
+
+    Raises Unrecognised when the command is none of the servers genready knows.
+    """
+    argv, env = _unwrap(list(argv), dict(env))
+    container: _Container | None = None
+    if argv and os.path.basename(argv[0]) in _ENGINES:
+        container, argv = _engine_run(argv)
+        env = {**env, **container.env}
+    found = _recognise(argv)
+    if found is None:
+        raise Unrecognised(f"{unit} runs {shown(argv) or 'nothing'}: no SGLang (sglang.launch_server, sglang serve), "
+                           "vLLM (vllm serve, vllm.entrypoints.openai.api_server) or llama.cpp (llama-server, "
+                           "llama_cpp.server) in it" + (f", inside {container.engine} run" if container else ""))
+    server, args = found
+    values, positional = _flags(server, args)
+    for var, what in server.env.items():
+        if var in env and what not in values:
+            values[what] = (env[var], f"${var}")
+    prop = Proposal(server.label, {"unit": unit})
+    _url(server, values, container, prop)
+    prop.table["api"] = server.api
+    # vLLM's /v1/models names the weights when no --served-model-name is given (its `serve MODEL`
+    # positional or --model); the others report a name genready can discover itself.
+    model = values.get("model", ("", ""))[0]
+    if server is VLLM and not model:
+        model = values.get("weights", ("", ""))[0] or positional
+    if server.api != "sglang" and model:  # SGLang's own API takes no model name
+        prop.table["model"] = model
+    _key(server, values, prop, unit)
+    if container is not None:
+        prop.table["owner"] = "container"
+        if container.name:
+            prop.table["container"] = container.name
+        else:
+            prop.comments.append(f"no --name on the {container.engine} run line: genready finds the container "
+                                 "by name; give it one (--name) and set container = \"NAME\"")
+    return prop
+
+
+def _unwrap(argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Look through `sh -c '…'`, `env K=V cmd`, `exec cmd` and `nice`-like prefixes to the command."""
+    for _ in range(8):  # a bound on wrappers of wrappers
+        if not argv:
+            break
+        base = os.path.basename(argv[0])
+        if base in _SHELLS and "-c" in argv[1:]:
+            script = argv[argv.index("-c") + 1] if argv.index("-c") + 1 < len(argv) else ""
+            try:
+                words = shlex.split(script, comments=True)
+            except ValueError:
+                break
+            # The last command of the script is the one that runs the server (`cd x && exec y`).
+            for sep in ("&&", ";", "||"):
+                if sep in words:
+                    words = words[len(words) - words[::-1].index(sep):]
+            argv = words
+        elif base == "env":
+            argv = argv[1:]
+            while argv and (argv[0].startswith("-") or "=" in argv[0]):
+                k, eq, v = argv.pop(0).partition("=")
+                if eq and not k.startswith("-"):
+                    env[k] = v
+        elif base in ("exec", "nice", "ionice", "taskset", "numactl", "stdbuf", "chrt", "setsid") and len(argv) > 1:
+            argv = argv[1:]
+            while argv and argv[0].startswith("-"):
+                argv = argv[1:]
+            if base in ("taskset", "chrt", "nice") and argv and re.fullmatch(r"[0-9a-fA-Fx,.-]+", argv[0]):
+                argv = argv[1:]  # their positional mask or priority
+        elif argv and "=" in argv[0] and not argv[0].startswith(("-", "/")):
+            k, _, v = argv.pop(0).partition("=")  # VAR=value cmd, from sh -c
+            env[k] = v
+        else:
+            break
+    return argv, env
+
+
+def _engine_run(argv: list[str]) -> tuple[_Container, list[str]]:
+    """Split `docker run [OPTIONS] IMAGE [CMD…]` into the container's settings and CMD."""
+    engine = os.path.basename(argv[0])
+    i = 1
+    while i < len(argv) and argv[i].startswith("-"):  # global options (--log-level x, …)
+        i += 1 if "=" in argv[i] or argv[i] in _ENGINE_BOOL else 2
+    if argv[i:i + 2] == ["container", "run"]:
+        i += 1
+    if i >= len(argv) or argv[i] != "run":
+        raise Unrecognised(f"{engine} {shown(argv[1:])}: not `{engine} run …`")
+    i += 1
+    c = _Container(engine, "", False, [], {})
+    entrypoint: list[str] = []
+    while i < len(argv) and argv[i].startswith("-"):
+        opt, eq, val = argv[i].partition("=")
+        if not eq and (opt in _ENGINE_BOOL or (not opt.startswith("--") and len(opt) > 2
+                                               and all(f"-{ch}" in _ENGINE_BOOL for ch in opt[1:]))):
+            i += 1
+            continue
+        if not eq:
+            val = argv[i + 1] if i + 1 < len(argv) else ""
+            i += 2
+        else:
+            i += 1
+        if opt == "--name":
+            c.name = val
+        elif opt in ("--network", "--net"):
+            c.network_host = val == "host"
+        elif opt in ("-p", "--publish"):
+            # [IP:][HOST_PORT:]CONTAINER_PORT[/tcp]; no HOST_PORT: the engine picks one at random
+            if m := re.fullmatch(r"(?:(?:(\[[0-9a-fA-F:.]+\]|[0-9.]*):)?(\d*):)?(\d+)(?:/tcp)?", val):
+                ip = (m.group(1) or "").strip("[]")
+                c.publish.append((ip, int(m.group(2) or 0), int(m.group(3))))
+        elif opt in ("-e", "--env"):
+            k, eq2, v = val.partition("=")
+            if eq2:
+                c.env[k] = v
+        elif opt == "--entrypoint":
+            entrypoint = shlex.split(val)
+    image = argv[i] if i < len(argv) else ""
+    cmd = argv[i + 1:]
+    if entrypoint:
+        cmd = [*entrypoint, *cmd]
+    elif not cmd or cmd[0].startswith("-"):
+        for fragment, ep in _IMAGE_ENTRYPOINTS:
+            if fragment in image:
+                cmd = [*ep, *cmd]
+                break
+    return c, cmd
+
+
+def _recognise(argv: list[str]) -> tuple[Server, list[str]] | None:
+    """(the server, its arguments after the program) or None."""
+    if not argv:
+        return None
+    base = os.path.basename(argv[0])
+    if base.startswith("python") or base in ("uv", "uvx"):
+        if "-m" in argv:
+            j = argv.index("-m")
+            module, rest = (argv[j + 1] if j + 1 < len(argv) else ""), argv[j + 2:]
+            for name, server in (("sglang.launch_server", SGLANG), ("vllm.entrypoints.openai.api_server", VLLM),
+                                 ("llama_cpp.server", LLAMA_CPP_PYTHON)):
+                if module == name:
+                    return server, rest
+            if module in ("sglang", "vllm") and rest[:1] == ["serve"]:
+                return (SGLANG if module == "sglang" else VLLM), rest[1:]
+        return None
+    if base in ("sglang", "vllm") and argv[1:2] == ["serve"]:
+        return (SGLANG if base == "sglang" else VLLM), argv[2:]
+    if base == "llama-server":
+        return LLAMA_CPP, argv[1:]
+    return None
+
+
+def _flags(server: Server, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
+    """What the arguments set: {what: (value, the flag that set it)}, and the first positional
+    (vLLM's `serve MODEL`). A flag given twice: the last wins, as with argparse."""
+    values: dict[str, tuple[str, str]] = {}
+    positional = ""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        flag, eq, val = a.partition("=") if a.startswith("--") else (a, "", "")
+        if flag in server.flags:
+            if not eq:
+                val = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            what = server.flags[flag]
+            if what == "tls":
+                values.setdefault("tls", (val, flag))
+            elif what not in values or flag not in _MULTI:
+                values[what] = (val, flag)
+            if flag in _MULTI:  # the rest of an nargs="+" list
+                while i + 1 < len(args) and not args[i + 1].startswith("-"):
+                    i += 1
+        elif not a.startswith("-") and not positional and i == 0:
+            positional = a
+        i += 1
+    return values, positional
+
+
+def _loopback(host: str | None) -> str:
+    if host in (None, "", "0.0.0.0"):
+        return "127.0.0.1"
+    if host in ("::", "[::]"):
+        return "::1"
+    return host.strip("[]")
+
+
+def _url(server: Server, values: dict[str, tuple[str, str]], container: _Container | None, prop: Proposal) -> None:
+    host = values["host"][0] if "host" in values else server.host
+    prefix = values.get("prefix", ("", ""))[0].rstrip("/")
+    if prefix and not prefix.startswith("/"):
+        prefix = "/" + prefix
+    uds = values["uds"][0] if "uds" in values else (host if host and host.endswith(".sock") else "")
+    if uds:
+        prop.table["url"] = f"unix:{uds}"
+        if prefix:
+            prop.table["path_prefix"] = prefix
+        if container is not None:
+            prop.comments.append(f"the socket {uds} is inside the container: mount it onto the host (-v) and "
+                                 "put the host's path in url")
+        return
+    try:
+        port = int(values["port"][0]) if "port" in values else server.port
+    except ValueError:
+        port = server.port
+        prop.comments.append(f"{values['port'][1]} {values['port'][0]!r} is not a number; check the port")
+    scheme = "https" if "tls" in values else "http"
+    if container is not None and not container.network_host:
+        published = [p for p in container.publish if p[2] == port]
+        if published:
+            ip, host_port, _ = published[0]
+            host, port = ip or None, host_port or port
+            if not host_port:
+                prop.comments.append(f"-p gives the container's port {port} a random host port: publish it at "
+                                     "a fixed one (-p HOST:CONTAINER) and put that in url")
+        else:
+            prop.comments.append(f"the server's port {port} is not published (-p) and the network is not host: "
+                                 "genready cannot reach it from the host")
+            host = None
+    h = _loopback(host)
+    if h != (host or "") and host not in (None, ""):
+        prop.comments.append(f"the server listens on {host}; genready asks it on loopback")
+    prop.table["url"] = f"{scheme}://{f'[{h}]' if ':' in h else h}:{port}{prefix}"
+    if scheme == "https":
+        prop.comments.append(f"{values['tls'][1]}: if the server's certificate is not signed by a CA this machine "
+                             "trusts, set ca_file = \"/path/to/ca.pem\" (the CA that signed it)")
+
+
+def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str) -> None:
+    if "key_file" in values:
+        path = values["key_file"][0]
+        if "${CREDENTIALS_DIRECTORY}" in path or "$CREDENTIALS_DIRECTORY" in path:
+            name = os.path.basename(path)
+            prop.table["api_key_credential"] = name
+            prop.comments.append(f"the server reads its key from the credential {name}: give genready.service "
+                                 f"the same LoadCredential={name}:… line")
+        else:
+            prop.table["api_key_file"] = path
+            prop.comments.append("genready sends the first line of api_key_file; llama.cpp accepts any line of it")
+        return
+    if "key" not in values:
+        return
+    how = values["key"][1]
+    where = ("in the unit's environment, which `systemctl show` prints to every local user" if how.startswith("$")
+             else "on the command line, which every local user can read in /proc/PID/cmdline")
+    prop.warnings.append(f"{unit} gives the server its API key {where} ({how}; the key is not shown here). "
+                         f"Fix: {server.key_fix}. genready reads the key from a file holding only the key: "
+                         "api_key_file (or api_key_credential)")
+    prop.comments.append("the server wants an API key: set api_key_file = \"/path/to/key\" (a file holding it, "
+                         "readable by genready) or api_key_credential")
+
+
+def template(unit: str, name: str) -> str:
+    """A commented table to fill in, for a server `init` does not recognise."""
+    lines = [f"[targets.{name}]", f'unit = "{unit}"', 'url = "http://127.0.0.1:PORT"  # the server\'s address',
+             'api = "openai-completions"  # "sglang" | "openai-completions" | "openai-chat"',
+             'model = ""  # empty: the first of /v1/models', 'api_key_file = ""  # a file holding the API key, if any']
+    return "# fill in and remove the leading '# ':\n" + "".join(f"# {line}\n" for line in lines)
+
+
+def render(name: str, prop: Proposal) -> str:
+    """The table as TOML (tomli-w), with the comments above it."""
+    import tomli_w
+
+    head = f"# {prop.table['unit']}: {prop.server}, read from its ExecStart= by `genready init`\n"
+    head += "".join(f"# {c}\n" for c in prop.comments)
+    return head + tomli_w.dumps({"targets": {name: prop.table}})
+
+
+def propose(unit: str, commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> Proposal:
+    """The first ExecStart= line that is a known server (a unit may have several); else Unrecognised."""
+    if not commands:
+        raise Unrecognised(f"{unit} has no ExecStart=")
+    error: Unrecognised | None = None
+    for argv in commands:
+        try:
+            return target_from_exec(unit, argv, env)
+        except Unrecognised as e:
+            error = e
+    assert error is not None
+    raise error
+
+
+class WriteRefused(Exception):
+    """--write would not give a valid config; nothing was written (the text says why)."""
+
+
+def append_table(path: str, name: str, block: str) -> None:
+    """Append `block` ([targets.NAME]) to the config at `path`, keeping every byte already there
+    (comments included), atomically: a temp file in the same directory, fsync'd, renamed over it.
+    The result is validated first; a config that would not load is never written."""
+    from genready import config
+    from genready.compat import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            old = f.read().decode("utf-8")
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        old, mode = "", 0o644
+    except (OSError, UnicodeDecodeError) as e:
+        raise WriteRefused(f"{path}: cannot read it: {e}") from None
+    try:
+        existing = tomllib.loads(old).get("targets", {}) if old else {}
+    except ValueError as e:
+        raise WriteRefused(f"{path} is not valid TOML now ({e}); fix it first") from None
+    if name in existing:
+        raise WriteRefused(f"{path} already has [targets.{name}]; choose another name with --name")
+    new = old + ("\n" if old and not old.endswith("\n") else "") + ("\n" if old else "") + block
+    try:
+        config.parse(tomllib.loads(new), path)
+    except config.ConfigError as e:
+        raise WriteRefused(f"with the new table the config would not load: {e}") from None
+    tmp = f"{path}.genready-init.{os.getpid()}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            os.write(fd, new.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the rename itself survives a crash
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise WriteRefused(f"cannot write {path}: {e.strerror or e}") from None
