@@ -32,8 +32,8 @@ MEANING: dict[Exit, str] = {
     Exit.BAD_ARGUMENT: "a flag's value is not what it expects: sweep --shard, bench client --random-input-len with "
                        "an API that takes no token ids (EX_USAGE)",
     Exit.BAD_DATA: "an input file is missing, empty or malformed: the bench client's --dataset, a folder without "
-                   "results.jsonl given to sweep report; init: the unit runs no server it recognises (a template to fill in "
-                   "is printed) (EX_DATAERR)",
+                   "results.jsonl given to sweep report; init: the unit runs no server it recognises (a template "
+                   "to fill in is printed) (EX_DATAERR)",
     Exit.UNAVAILABLE: "the genready daemon is unreachable; init: the systemd manager is (EX_UNAVAILABLE)",
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
     Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",
