@@ -86,12 +86,60 @@ topk = 1
     ('command = "x"\n[matrix]\nout = [1]', "matrix.out", "not 'out'"),
     ('command = "x"\n[matrix]\na = [1, 1]', "points", "every point once"),
     ('command = "x"\n[matrix]\na = ["two\\nlines"]', "matrix.a[0]", "one line"),
+    ('command = "x"\n[matrix]\na = [1, 1e309]', "matrix.a[1]", "a finite number, found inf"),
+    ('command = "x"\n[matrix]\na = [nan]', "matrix.a[0]", "a finite number, found nan"),
+    ('command = "x"\n[[points]]\na = -inf', "points[0].a", "a finite number, found -inf"),
+    # A value ending in a backslash would join the drop-in's next line to its own.
+    ('command = "x"\ndropin = "[Service]\\nEnvironment=A={a}\\nExecStartPre=/bin/true"\n[matrix]\n'
+     "b = [1, 2]\na = ['ok', 'bad\\']", "matrix.a[1]", r"'bad\\' in point 2 (b=1 a=bad\)"),
+    ("command = 'x'\ndropin = \"[Service]\\nEnvironment=A={a}\"\n[[points]]\na = 'x'\n[[points]]\na = 'y\\ '",
+     "points[1].a", "does not end in \\"),
 ])
 def test_plan_errors_name_file_key_expected_found(text: str, key: str, says: str) -> None:
     with pytest.raises(ConfigError) as e:
         plan(text)
     assert e.value.file == "plan.toml" and e.value.key == key, str(e.value)
     assert says in str(e.value)
+
+
+def test_values_reach_systemd_as_written_percent_doubled_in_the_dropin_only() -> None:
+    """systemd reads `%h` as the home directory and drops a whole line over an unknown `%Z`: a value's
+    `%` is doubled in the drop-in (the template's own specifiers stay), never in the command."""
+    p = plan(r'''
+command = "bench {v} {out}"
+dropin = "[Service]\nEnvironment=\"V={v}\" UNIT=%n\nExecStartPre=/bin/echo {out}\n"
+[matrix]
+v = ["%Z", "a%20b", "%h"]
+''')
+    assert [p.dropin_for(pt, "/r/50%") for pt in p.points] == [
+        f"[Service]\nEnvironment=\"V={v}\" UNIT=%n\nExecStartPre=/bin/echo /r/50%%\n" for v in ("%%Z", "a%%20b", "%%h")]
+    assert p.command_for(p.points[1], "/r/50%") == ["bench", "a%20b", "/r/50%"]
+    # Only in the drop-in: a trailing backslash in a command word is the command's business.
+    assert plan("command = 'x {a}'\n[matrix]\na = ['c:\\']").points[0].as_dict() == {"a": "c:\\"}
+
+
+def test_a_plan_of_too_many_points_is_refused_by_its_count_before_building_it() -> None:
+    axes = "".join(f"a{i} = [0, 1]\n" for i in range(20))
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e:
+        plan(f'command = "x"\n[matrix]\n{axes}')
+    assert time.monotonic() - t0 < 5  # a million points would take half a minute and 700 MB
+    assert (e.value.key, e.value.found) == ("matrix", "1,048,576 (1,048,576 from [matrix])"), str(e.value)
+    assert f"at most {sweepplan.MAX_POINTS:,} points" in str(e.value)
+    many = "".join(f"[[points]]\nn = {i}\n" for i in range(sweepplan.MAX_POINTS - 1))
+    with pytest.raises(ConfigError, match=r"points: expected at most 10,000 points, found 10,001 "
+                                          r"\(2 from \[matrix\] \+ 9,999 \[\[points\]\]\)"):
+        plan(f'command = "x"\n[matrix]\nb = [1, 2]\n{many}')
+    assert len(plan(f'command = "x"\n[matrix]\nb = [1]\n{many}').points) == sweepplan.MAX_POINTS
+
+
+def test_a_plan_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "plan.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="expected a regular file"):
+        sweepplan.load_plan(fifo)  # a plain open() would wait for a writer, for ever
+    with pytest.raises(ConfigError, match="expected a regular file"):
+        sweepplan.load_plan(tmp_path)
 
 
 def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:

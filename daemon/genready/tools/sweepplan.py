@@ -4,14 +4,21 @@
 placeholder: systemd's `$VAR`/`${VAR}` (and `$$`) pass through for systemd, `{{`/`}}` write a
 literal brace. The points are the matrix's cartesian product in file order, then [[points]].
 A bad plan is a ConfigError naming file, key, expected and found, exit 78 (as config.py).
+
+A value substituted into the drop-in reaches systemd as written: its `%` is doubled (systemd
+would read `%h` as a specifier, and drop a whole `Environment=` line over an unknown one such
+as `%Z`), and a value ending in `\\` is refused (systemd would join the next line to it).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import re
 import shlex
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +28,11 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 
 Scalar = str | int | float | bool
+# A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
+# million points. Counted before any point is built.
+MAX_POINTS: Final = 10_000
+# A plan file is read whole: bounded like the config file, and only a regular file (a FIFO would block).
+MAX_PLAN_BYTES: Final = 16 << 20
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -69,8 +81,14 @@ class Template:
     def names(self) -> list[str]:
         return [p[0] for p in self.parts if isinstance(p, tuple)]
 
-    def expand(self, values: Mapping[str, str]) -> str:
-        return "".join(p if isinstance(p, str) else values[p[0]] for p in self.parts)
+    def expand(self, values: Mapping[str, str], *, for_systemd: bool = False) -> str:
+        """The text with each placeholder replaced; `for_systemd`: each value's `%` doubled, so systemd's
+        specifier expansion gives the value back (the template's own `%h`, `%n`... stay specifiers)."""
+        def value(name: str) -> str:
+            v = values[name]
+            return v.replace("%", "%%") if for_systemd else v
+
+        return "".join(p if isinstance(p, str) else value(p[0]) for p in self.parts)
 
 
 def text_of(v: Scalar) -> str:
@@ -114,7 +132,7 @@ class Plan:
     def dropin_for(self, point: Point, out: str) -> str | None:
         if self.dropin is None:
             return None
-        text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out})
+        text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out}, for_systemd=True)
         return text if text.endswith("\n") else text + "\n"
 
     def groups(self) -> list[tuple[Point, ...]]:
@@ -153,6 +171,10 @@ def _scalar(file: str, key: str, v: object) -> Scalar:
         if any(ord(c) < 32 for c in v):
             raise ConfigError(file, key, "a value on one line (it is written into a unit file)", repr(v))
         return v
+    if isinstance(v, float) and not math.isfinite(v):
+        # TOML's inf/nan, or 1e309: a server flag of "inf" is rarely meant, and nan != nan, so a nan
+        # point would never be found ok again by --resume.
+        raise ConfigError(file, key, "a finite number", repr(v))
     if isinstance(v, bool | int | float):
         return v
     raise ConfigError(file, key, "a string, number or boolean", _found(v))
@@ -212,7 +234,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigError(file, "attempts", "an integer >= 1", _found(attempts))
 
-    points = _points(data, file)
+    points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
     used: dict[str, str] = {}  # placeholder -> the key it appears in
     for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
         for name in tpl.names if tpl else []:
@@ -225,39 +247,55 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     return Plan(file, target, command, dropin, timeout, attempts, points)
 
 
-def _points(data: Mapping[str, Any], file: str) -> tuple[Point, ...]:
-    values: list[tuple[tuple[str, Scalar], ...]] = []
+def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:
+    # Each value with the plan key it came from, so an error names the key (and the point).
+    values: list[tuple[tuple[str, Scalar, str], ...]] = []
     if "matrix" in data:
         matrix = data["matrix"]
         if not isinstance(matrix, dict) or not matrix:
             raise ConfigError(file, "matrix", "a table of NAME = [values]", "an empty table" if matrix == {}
                               else _found(matrix))
-        axes: list[list[tuple[str, Scalar]]] = []
+        axes: list[list[tuple[str, Scalar, str]]] = []
         for name, vs in matrix.items():
             key = f"matrix.{_name(file, f'matrix.{name}', name)}"
             if not isinstance(vs, list) or not vs:
                 raise ConfigError(file, key, "a non-empty array of values", _found(vs))
-            axes.append([(name, _scalar(file, f"{key}[{i}]", v)) for i, v in enumerate(vs)])
+            axes.append([(name, _scalar(file, f"{key}[{i}]", v), f"{key}[{i}]") for i, v in enumerate(vs)])
+        listed = data.get("points")
+        _check_count(file, math.prod(len(a) for a in axes), len(listed) if isinstance(listed, list) else 0)
         values += [tuple(combo) for combo in itertools.product(*axes)]
     if "points" in data:
         pts = data["points"]
         if not isinstance(pts, list) or not pts or not all(isinstance(p, dict) for p in pts):
             raise ConfigError(file, "points", "[[points]] tables of NAME = value", _found(pts))
+        _check_count(file, len(values), len(pts))
         for i, p in enumerate(pts):
             if not p:
                 raise ConfigError(file, f"points[{i}]", "at least one NAME = value", "an empty table")
-            values.append(tuple((_name(file, f"points[{i}].{k}", k), _scalar(file, f"points[{i}].{k}", v))
-                                for k, v in p.items()))
+            values.append(tuple((_name(file, f"points[{i}].{k}", k), _scalar(file, f"points[{i}].{k}", v),
+                                 f"points[{i}].{k}") for k, v in p.items()))
     if not values:
         raise ConfigError(file, "matrix", "at least one point: a [matrix] table or [[points]] tables", "none")
+    points = tuple(Point(i, tuple((n, v) for n, v, _ in vs)) for i, vs in enumerate(values, 1))
     seen: dict[str, int] = {}
-    for i, v in enumerate(values, 1):
-        key = json.dumps(dict(v), sort_keys=True)
-        if key in seen:
+    for p, vs in zip(points, values, strict=True):
+        for name, v, key in vs:
+            if name in dropin_names and text_of(v).rstrip().endswith("\\"):
+                raise ConfigError(file, key, "a value that does not end in \\ (in the drop-in, systemd would join "
+                                  "the next line to it)", f"{v!r} in point {p.index} ({p.label})")
+        k = json.dumps(p.as_dict(), sort_keys=True)
+        if k in seen:
             raise ConfigError(file, "points", "every point once",
-                              f"point {i} ({Point(i, v).label}) repeats point {seen[key]}")
-        seen[key] = i
-    return tuple(Point(i, v) for i, v in enumerate(values, 1))
+                              f"point {p.index} ({p.label}) repeats point {seen[k]}")
+        seen[k] = p.index
+    return points
+
+
+def _check_count(file: str, matrix: int, listed: int) -> None:
+    if matrix + listed > MAX_POINTS:
+        how = " + ".join(f"{n:,} {what}" for n, what in ((matrix, "from [matrix]"), (listed, "[[points]]")) if n)
+        raise ConfigError(file, "points" if listed else "matrix", f"at most {MAX_POINTS:,} points",
+                          f"{matrix + listed:,} ({how})")
 
 
 @dataclass(frozen=True)
@@ -289,9 +327,17 @@ class Shard:
 
 def load_plan(path: Path) -> Plan:
     try:
-        raw = path.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused as not a regular file.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ConfigError(str(path), "", "a regular file", "a FIFO, device or directory")
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_PLAN_BYTES + 1)
     except OSError as e:
         raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    if len(raw) > MAX_PLAN_BYTES:
+        raise ConfigError(str(path), "", f"a plan of at most {MAX_PLAN_BYTES >> 20} MiB", "a larger file")
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
