@@ -142,6 +142,20 @@ def test_a_plan_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path:
         sweepplan.load_plan(tmp_path)
 
 
+def test_dry_run_shows_line_breaks_systemd_does_not_make_escaped(tmp_path: Path) -> None:
+    """systemd breaks lines at \\n only: U+2028 and U+0085 are part of the value, so the dry run, which
+    shows one line per line systemd reads, shows them escaped."""
+    p = plan('command = "bench {v}"\ndropin = "[Service]\\nEnvironment=V={v}\\n"\n'
+             '[matrix]\nv = ["a\\u2028b", "c\\u0085d"]')
+    out = io.StringIO()
+    assert sweep.dry_run(p, tmp_path / "r", "u.service", "user", set(), out) == 0
+    text = out.getvalue()
+    assert "\u2028" not in text and "\x85" not in text
+    assert "[1/2] v=a\\u2028b  (restart)\n" in text and "[2/2] v=c\\x85d  (restart)\n" in text
+    assert "    Environment=V=a\\u2028b\n" in text and "  command: bench 'c\\x85d'\n" in text
+    assert p.dropin_for(p.points[0], "/o") == "[Service]\nEnvironment=V=a\u2028b\n"  # written as it is
+
+
 def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:
     (tmp_path / "plan.toml").write_text('command = "x {b}"\n[matrix]\na = [1]\n')
     (tmp_path / "g.toml").write_text('[targets.t]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n')

@@ -477,7 +477,7 @@ class Sweep:
         self.err.flush()
 
     def progress(self, point: Point, text: str, *, transient: bool = False) -> None:
-        line = f"[{point.index}/{len(self.plan.points)}] {point.label}: {text}"
+        line = f"[{point.index}/{len(self.plan.points)}] {shown(point.label)}: {text}"
         if transient and self.tty:
             self.err.write("\r\033[K" + line[:200])
             self.err.flush()
@@ -836,6 +836,12 @@ def loads_line(n_points: int, groups: Sequence[Sequence[Point]], restart_each: b
         (" (--restart-each)" if restart_each else "")
 
 
+def shown(text: str) -> str:
+    """`text` for a terminal, one line per line systemd sees: systemd breaks lines at \\n only, so
+    U+2028, U+0085 and other unprintable characters (a terminal might break or hide them) are shown escaped."""
+    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str], *,
             restart_each: bool = False, shard: Shard | None = None) -> int:
     """Print what the sweep would do, in the order it would do it; touch nothing."""
@@ -853,12 +859,12 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
         for i, p in enumerate(group):
             folder = results / p.slug(width) / "attempt-N"
             how = "restart" if restart_each or i == 0 else "reuse the verified instance, if still ready"
-            out.write(f"\n[{p.index}/{len(plan.points)}] {p.label}" + ("  (ok earlier: skipped with --resume)"
-                                                                       if p.index in skip else f"  ({how})") + "\n")
+            out.write(f"\n[{p.index}/{len(plan.points)}] {shown(p.label)}" + (
+                "  (ok earlier: skipped with --resume)" if p.index in skip else f"  ({how})") + "\n")
             text = plan.dropin_for(p, str(folder))
             if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):
-                out.write("  drop-in:\n" + "".join(f"    {ln}\n" for ln in text.splitlines()))
-            out.write(f"  command: {shlex.join(plan.command_for(p, str(folder)))}\n")
+                out.write("  drop-in:\n" + "".join(f"    {shown(ln)}\n" for ln in text.removesuffix("\n").split("\n")))
+            out.write(f"  command: {shown(shlex.join(plan.command_for(p, str(folder))))}\n")
     return 0
 
 
