@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -128,14 +129,30 @@ def _stream_flag(d: dict[str, Any]) -> bool:
     return v
 
 
+def _token_ids(v: object) -> int | None:
+    """The length of a prompt given as token ids (a list of non-negative ints), else None."""
+    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
+        return len(v)
+    return None
+
+
 def parse_native(body: dict[str, Any]) -> GenRequest:
-    text = body.get("text")
-    if not isinstance(text, str):
+    # SGLang's GenerateReqInput takes `text` or `input_ids` (a tokenizer-less client sends ids);
+    # python/sglang/srt/managers/io_struct.py.
+    text, ids = body.get("text"), body.get("input_ids")
+    if ids is not None:
+        n_ids = _token_ids(ids)
+        if n_ids is None:
+            raise BadRequest("input_ids must be a non-empty list of token ids")
+        prompt_tokens = n_ids
+    elif isinstance(text, str):
+        prompt_tokens = _count_words(text)
+    else:
         raise BadRequest("text must be a string")
     sp = _obj(body.get("sampling_params") or {}, "sampling_params")
     _check_temperature(sp)
     n = _max_tokens(sp, ("max_new_tokens",), NATIVE_DEFAULT_MAX_NEW_TOKENS)
-    return GenRequest(_count_words(text), n, _stream_flag(body))
+    return GenRequest(prompt_tokens, n, _stream_flag(body))
 
 
 def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...]) -> GenRequest:
@@ -149,8 +166,11 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
+    n_ids = _token_ids(prompt)  # the OpenAI completions API also takes the prompt as token ids
+    if n_ids is not None:
+        return _openai_common(body, n_ids, ("max_tokens",))
     if not isinstance(prompt, str):
-        raise BadRequest("prompt must be a string")
+        raise BadRequest("prompt must be a string or a list of token ids")
     return _openai_common(body, _count_words(prompt), ("max_tokens",))
 
 
@@ -215,6 +235,9 @@ class Simulator:
         self._exit_at: float | None = None
         self._runner: compat.AppRunner | None = None
         self._uds_bound: str | None = None
+        # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
+        self.spec_drafts = 0
+        self.spec_accepted = 0
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -364,6 +387,9 @@ class Simulator:
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/get_server_info", self.server_info)
+        app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/generate", self.generate)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
@@ -418,6 +444,52 @@ class Simulator:
                                   "is_generation": True, "preferred_sampling_params": None,
                                   "weight_version": "default"})
 
+    # -- speculative decoding (--spec-accept X): the figures servers report, each from its source --
+
+    def verify_steps(self, tokens: int) -> int:
+        """Verify steps for `tokens` output tokens at accept length X: each step yields X tokens on
+        average (the accepted drafts plus the target model's own token)."""
+        x: float = self.a.spec_accept
+        return math.ceil(tokens / x) if tokens else 0
+
+    def spec_done(self, tokens: int) -> None:
+        """Count a finished generation into the /metrics counters."""
+        if self.a.spec_accept is None:
+            return
+        steps = self.verify_steps(tokens)
+        self.spec_drafts += steps
+        self.spec_accepted += tokens - steps  # each step's own token is not an accepted draft
+
+    def spec_meta(self, tokens: int) -> dict[str, int]:
+        # SGLang adds meta_info["spec_verify_ct"] only when a speculative algorithm runs
+        # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it.
+        return {} if self.a.spec_accept is None else {"spec_verify_ct": self.verify_steps(tokens)}
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
+        # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
+        # python/sglang/srt/entrypoints/http_server.py.
+        return web.json_response({"model_path": self.a.model, "version": "sim", "internal_states": [
+            {"last_gen_throughput": 0.0, "avg_spec_accept_length": self.a.spec_accept}]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        # vLLM's speculative-decoding counters, per engine, exposed only when speculative decoding
+        # is configured: vllm:spec_decode_num_drafts / _num_draft_tokens / _num_accepted_tokens
+        # (prometheus_client adds "_total"); vllm/v1/spec_decode/metrics.py. Mean acceptance length
+        # = 1 + accepted / drafts there too.
+        lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
+                 "# TYPE vllm:num_requests_running gauge",
+                 f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
+        if self.a.spec_accept is not None:
+            k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
+            for name, doc, v in (("spec_decode_num_drafts", "Number of spec decoding drafts.", self.spec_drafts),
+                                 ("spec_decode_num_draft_tokens", "Number of draft tokens.", self.spec_drafts * k),
+                                 ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                                  self.spec_accepted)):
+                lines += [f"# HELP vllm:{name}_total {doc}", f"# TYPE vllm:{name}_total counter",
+                          f'vllm:{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
     async def health(self, request: web.Request) -> web.Response:
         # Newer SGLang answers both /health and /health_generate with a 1-token internal
         # generation, and 503 while starting or shutting down.
@@ -438,11 +510,12 @@ class Simulator:
             return {"text": text, "output_ids": list(ids), "meta_info": {
                 "id": rid, "finish_reason": {"type": "length", "length": req.max_tokens} if done else None,
                 "prompt_tokens": req.prompt_tokens, "completion_tokens": len(ids),
-                "cached_tokens": 0, "e2e_latency": round(time.monotonic() - t0, 6)}}
+                "cached_tokens": 0, "e2e_latency": round(time.monotonic() - t0, 6), **self.spec_meta(len(ids))}}
 
         if not req.stream:
             async for word, tid in self._tokens(req.max_tokens):
                 text, ids = text + word, [*ids, tid]
+            self.spec_done(len(ids))
             return web.json_response(chunk(True))
 
         async def events() -> AsyncIterator[dict[str, Any]]:
@@ -454,6 +527,7 @@ class Simulator:
                 yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
             if req.max_tokens == 0:
                 yield chunk(True)
+            self.spec_done(len(ids))
 
         return await self._sse(request, events())
 
@@ -470,11 +544,13 @@ class Simulator:
 
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            self.spec_done(req.max_tokens)
             return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for word, _ in self._tokens(req.max_tokens):
                 yield {**head, "choices": [choice(word, None)], "usage": None}
+            self.spec_done(req.max_tokens)
             yield {**head, "choices": [choice("", "length")], "usage": None}
             if req.include_usage:
                 yield {**head, "choices": [], "usage": usage}
@@ -492,6 +568,7 @@ class Simulator:
 
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            self.spec_done(req.max_tokens)
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
@@ -503,8 +580,13 @@ class Simulator:
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             yield delta({"role": "assistant", "content": ""}, None)
+            i = 0
             async for word, _ in self._tokens(req.max_tokens):
-                yield delta({"content": word}, None)
+                # --reasoning-tokens: a reasoning model's first tokens go in vLLM's DeltaMessage field
+                # `reasoning`, not `content` (vllm/entrypoints/openai/engine/protocol.py).
+                yield delta({"reasoning" if i < self.a.reasoning_tokens else "content": word}, None)
+                i += 1
+            self.spec_done(req.max_tokens)
             yield delta({}, "length")
             if req.include_usage:
                 yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
@@ -557,6 +639,13 @@ def _client_error(s: str) -> int:
     return v
 
 
+def _accept_length(s: str) -> float:
+    v = float(s)
+    if not 1 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 1 (tokens per verify step), not {s!r}")
+    return v
+
+
 def _file(s: str) -> str:
     if not os.access(s, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {s!r}")
@@ -602,6 +691,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer chat completions 400 like vLLM for a model without a chat template")
     p.add_argument("--extra-model", action="append", default=[], metavar="NAME",
                    help="list another model in /v1/models (repeatable), as a server with LoRA adapters does")
+    p.add_argument("--spec-accept", type=_accept_length, metavar="X",
+                   help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
+                   "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
+                   "vllm:spec_decode_* counters on GET /metrics")
+    p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
+                   help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
 
