@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import random
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from genready import apis
-from genready.tools import benchclient
+from genready.tools import benchclient, prompts
 from genready_dev.harness import PY, env_without_notify, free_port, wait_for
 
 BENCH = [PY, "-m", "genready.benchclient"]
@@ -231,3 +232,150 @@ def test_api_key_from_a_genready_config_target(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         s.stop()
+
+
+# --- accept length, prompts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("api", "stream"), [(a, True) for a in apis.NAMES] + [("sglang", False)])
+def test_accept_length_is_the_simulators_for_every_api(tmp_path: Path, api: str, stream: bool) -> None:
+    """--spec-accept 2.5 with 10 tokens per request: 4 verify steps each, so exactly 2.5 from SGLang's
+    spec_verify_ct and from vLLM's counters (1 + 6 accepted / 4 drafts per request)."""
+    s = Sim(tmp_path, "--spec-accept", "2.5", "--token-latency", "0.001")
+    try:
+        out = tmp_path / "a.jsonl"
+        r = bench("--url", s.url, "--api", api, "-n", "8", "-c", "2", "--max-tokens", "10", "--output", str(out),
+                  *([] if stream else ["--no-stream"]))
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["accept_length"] == 2.5, res
+    if api == "sglang":
+        assert res["accept_length_source"] == "meta_info.spec_verify_ct" and res["server_accept_length"] == 2.5
+        assert "  accept     length 2.50 (meta_info.spec_verify_ct), server average 2.50" in r.stdout
+    else:
+        assert res["accept_length_source"] == "/metrics spec_decode counters" and res["server_accept_length"] is None
+        assert "  accept     length 2.50 (/metrics spec_decode counters)" in r.stdout
+
+
+@pytest.mark.parametrize("api", apis.NAMES)
+def test_no_speculative_decoding_no_accept_length(sim: Sim, tmp_path: Path, api: str) -> None:
+    out = tmp_path / "n.jsonl"
+    r = bench("--url", sim.url, "--api", api, "-n", "2", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["accept_length"] is None and res["accept_length_source"] is None and res["server_accept_length"] is None
+    assert "  accept     length - (no speculative decoding seen)" in r.stdout
+
+
+def test_vllm_reasoning_deltas_time_the_first_token(tmp_path: Path) -> None:
+    """A reasoning model streams its thinking in delta.reasoning: that is the first token, not the answer's."""
+    s = Sim(tmp_path, "--reasoning-tokens", "100", "--token-latency", "0.01")
+    try:
+        out = tmp_path / "r.jsonl"
+        r = bench("--url", s.url, "--api", "openai-chat", "-n", "2", "-c", "1", "--max-tokens", "5", "--output",
+                  str(out))
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["ttft_p50_ms"] is not None and res["itl_p50_ms"] is not None and res["output_tokens"] == 10, res
+
+
+def test_vllm_counters_are_summed_over_engines() -> None:
+    page = ('# TYPE vllm:spec_decode_num_drafts_total counter\n'
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 6.0\n'
+            'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9\n'
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0\n')
+    assert benchclient.vllm_spec_counters(page) == (16.0, 20.0)
+    assert benchclient.vllm_spec_counters("vllm:num_requests_running 0\n") is None
+
+
+def test_random_ids_reach_every_api_that_takes_them(sim: Sim, tmp_path: Path) -> None:
+    for api in ("sglang", "openai-completions"):
+        out = tmp_path / f"{api}.jsonl"
+        r = bench("--url", sim.url, "--api", api, "-n", "4", "--random-input-len", "50", "--random-output-len", "6",
+                  "--random-range-ratio", "0.5", "--seed", "3", "--output", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(out.read_text())
+        assert res["ok"] == 4 and 4 * 3 <= res["output_tokens"] <= 4 * 6, res
+        assert res["prompts"] == "random ids: input 50, output 6, ratio 0.5" and res["seed"] == 3
+
+
+def test_random_ids_with_chat_exit_64() -> None:
+    r = bench("--url", "http://127.0.0.1:1", "--api", "openai-chat", "--random-input-len", "8")
+    assert r.returncode == 64 and "token ids, which openai-chat cannot take" in r.stderr, r.stderr
+
+
+def test_request_bodies_carry_ids_messages_and_sampling() -> None:
+    ids = prompts.Prompt(ids=(1001, 1002), max_tokens=7)
+    sg = benchclient.request_body(apis.APIS["sglang"], ids, max_tokens=3, model="", stream=True, temperature=0.7,
+                                  ignore_eos=True)
+    assert "text" not in sg and sg["input_ids"] == [1001, 1002] and sg["stream"] is True
+    assert sg["sampling_params"] == {"max_new_tokens": 7, "temperature": 0.7, "ignore_eos": True}
+    comp = benchclient.request_body(apis.APIS["openai-completions"], ids, max_tokens=3, model="m", stream=False)
+    assert comp["prompt"] == [1001, 1002] and comp["max_tokens"] == 7 and "ignore_eos" not in comp
+    chat = prompts.Prompt(messages=(("system", "be brief"), ("user", "hi")))
+    body = benchclient.request_body(apis.APIS["openai-chat"], chat, max_tokens=3, model="m", stream=False)
+    assert body["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert benchclient.request_body(apis.APIS["sglang"], chat, max_tokens=3, model="", stream=False)["text"] == \
+        "be brief\n\nhi"
+
+
+def test_the_builtin_set_is_varied_and_the_seed_repeats_the_order() -> None:
+    texts = {p.as_text() for p in prompts.BUILTIN}
+    assert len(prompts.BUILTIN) >= 24 and len(texts) == len(prompts.BUILTIN)
+    assert any(p.messages for p in prompts.BUILTIN)
+    a = prompts.schedule(prompts.BUILTIN, 50, random.Random(5))
+    assert a == prompts.schedule(prompts.BUILTIN, 50, random.Random(5)) != prompts.schedule(
+        prompts.BUILTIN, 50, random.Random(6))
+    assert set(a[:len(prompts.BUILTIN)]) == set(prompts.BUILTIN)  # each once before any repeats
+
+
+def test_datasets_jsonl_and_sharegpt_first_turn(tmp_path: Path) -> None:
+    jl = tmp_path / "d.jsonl"
+    jl.write_text('{"prompt": "one"}\n\n{"messages": [{"role": "system", "content": "s"}, '
+                  '{"role": "user", "content": "two"}, {"role": "assistant", "content": "x"}]}\n')
+    got = prompts.load_dataset(jl)
+    assert got == [prompts.Prompt("one"), prompts.Prompt(messages=(("system", "s"), ("user", "two")))]
+    sg = tmp_path / "sharegpt.json"
+    sg.write_text(json.dumps([{"id": "a", "conversations": [{"from": "human", "value": "q1"},
+                                                             {"from": "gpt", "value": "a1"},
+                                                             {"from": "human", "value": "q2"}]},
+                              {"id": "b", "conversations": [{"from": "gpt", "value": "hello"}]}], indent=1))
+    assert prompts.load_dataset(sg) == [prompts.Prompt(messages=(("user", "q1"),))]
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "d.jsonl: cannot read the dataset"),
+    ("", "d.jsonl:1: the dataset is empty"),
+    ('{"prompt": "ok"}\n{"prompt": "torn"\n', "d.jsonl:2: not a JSON object"),
+    ('{"prompt": "ok"}\n\n{"text": "x"}\n', "d.jsonl:3: expected \"prompt\", \"messages\" or \"conversations\""),
+    ('{"prompt": 7}\n', "d.jsonl:1: \"prompt\": expected non-empty text"),
+    ('[\n {"conversations": []},\n {"conversations": [{"from": "human"}]}\n]', "d.jsonl:3: a turn without"),
+    ('[\n {"prompt": "a"},\n {"prompt": \n', "d.jsonl:3: not valid JSON"),
+    ('[{"conversations": [{"from": "gpt", "value": "x"}]}]', "d.jsonl:1: no usable prompt in 1 entries"),
+])
+def test_a_bad_dataset_exits_65_naming_file_and_line(tmp_path: Path, content: str | None, says: str) -> None:
+    path = tmp_path / "d.jsonl"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(prompts.DatasetError, match=re.escape(says)):
+        prompts.load_dataset(path)
+    r = bench("--url", "http://127.0.0.1:1", "--dataset", str(path))
+    assert r.returncode == 65 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_dataset_is_sent(sim: Sim, tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"prompt number {i}"}) + "\n" for i in range(5)))
+    out = tmp_path / "o.jsonl"
+    r = bench("--url", sim.url, "--api", "openai-chat", "-n", "7", "--dataset", str(path), "--temperature", "0.5",
+              "--ignore-eos", "--output", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads(out.read_text())
+    assert res["ok"] == 7 and res["prompts"] == f"dataset {path} (5 prompts)"
+    assert res["temperature"] == 0.5 and res["ignore_eos"] is True

@@ -175,7 +175,10 @@ def _openai_piece(doc: Mapping[str, Any], what: str) -> bool:
     if not isinstance(first, dict):
         return False
     delta = first.get("delta")
-    piece = (delta.get("content") or delta.get("reasoning_content")) if isinstance(delta, dict) else first.get("text")
+    # A reasoning model's thinking comes first: vLLM streams it as delta.reasoning (DeltaMessage,
+    # vllm/entrypoints/openai/engine/protocol.py), SGLang and older vLLM as delta.reasoning_content.
+    piece = (delta.get("content") or delta.get("reasoning") or delta.get("reasoning_content")) \
+        if isinstance(delta, dict) else first.get("text")
     return isinstance(piece, str) and piece != ""
 
 

@@ -19,17 +19,29 @@ The result block is meant for people, but its lines are stable for scripts and t
       latency    p50 X ms, p99 Y ms
       ttft       p50 X ms, p99 Y ms          (streaming only)
       itl        p50 X ms, p99 Y ms          (streaming only)
+      accept     length L (SOURCE)[, server average A]   or: length - (no speculative decoding seen)
       served by pid P (invocation I, unit U)
       sweep point {…}
 
 `--output FILE` appends the same result as one JSON object per line. A progress bar goes to
 stderr on a terminal, a plain line per 10 % otherwise.
+
+The accept length of speculative decoding (tokens per verify step of the large model), the
+figure a speculative-decoding sweep compares, comes from the server:
+- SGLang (`--api sglang`): Σ meta_info.completion_tokens / Σ meta_info.spec_verify_ct over the
+  run's requests (sent only when a speculative algorithm runs), and, after the run, GET
+  /get_server_info's internal_states[0].avg_spec_accept_length as `server_accept_length`;
+- vLLM (the OpenAI APIs): GET /metrics before and after the run, 1 + Δaccepted / Δdrafts of its
+  spec_decode counters (vLLM's own "mean acceptance length").
+Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py),
+`--dataset FILE`, or random token ids (`--random-input-len`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -38,7 +50,7 @@ import ssl
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -48,12 +60,22 @@ import aiohttp
 from genready import apis, config, tls
 from genready.apis import APIS, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
+from genready.exitcodes import Exit
+from genready.tools import prompts as prompt_sets
+from genready.tools.prompts import Prompt
 
 # A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
 FALLBACK_MODEL: Final = "default"
 DEFAULT_URL: Final = "http://127.0.0.1:30000"
 PROGRESS_WIDTH: Final = 30
 PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
+SERVER_FIGURES_CAP: Final = 4 << 20  # bytes read of /metrics or /get_server_info: a figure, not a download
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py: Counter "vllm:spec_decode_num_drafts"
+# and "vllm:spec_decode_num_accepted_tokens"; prometheus_client exposes a counter as NAME_total).
+VLLM_DRAFTS: Final = "vllm:spec_decode_num_drafts_total"
+VLLM_ACCEPTED: Final = "vllm:spec_decode_num_accepted_tokens_total"
+# SGLang: GET /get_server_info (older: /server_info), python/sglang/srt/entrypoints/http_server.py.
+SGLANG_INFO_PATHS: Final = ("/get_server_info", "/server_info")
 
 
 @dataclass(frozen=True)
@@ -64,6 +86,7 @@ class Outcome:
     error: str = ""
     ttft: float | None = None  # seconds to the first event with output (streaming only)
     itl: tuple[float, ...] = ()  # seconds between later events with output
+    spec_verify_ct: int | None = None  # SGLang's verify steps for this request (speculative decoding only)
 
 
 @dataclass
@@ -72,6 +95,18 @@ class Summary:
     concurrency: int
     wall_seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
+    metrics_accept: float | None = None  # vLLM: 1 + Δaccepted / Δdrafts over the run
+    server_accept_length: float | None = None  # SGLang: avg_spec_accept_length after the run
+
+    def accept(self) -> tuple[float | None, str | None]:
+        """(accept length, where it came from); (None, None) without speculative decoding."""
+        verified = [o for o in self.outcomes if o.ok and o.spec_verify_ct]
+        if verified:
+            steps = sum(o.spec_verify_ct or 0 for o in verified)
+            return sum(o.tokens for o in verified) / steps, "meta_info.spec_verify_ct"
+        if self.metrics_accept is not None:
+            return self.metrics_accept, "/metrics spec_decode counters"
+        return None, None
 
     @property
     def ok(self) -> int:
@@ -140,7 +175,21 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
         tokens = api.generated_tokens(raw)
     except _REQUEST_ERRORS as e:
         return _failed(e, t0, timeout)
-    return Outcome(True, took, tokens)
+    return Outcome(True, took, tokens, spec_verify_ct=_verify_ct(api, raw))
+
+
+def _verify_ct(api: ServerApi, answer: bytes | None) -> int | None:
+    """SGLang's meta_info.spec_verify_ct in an answer (a stream's last event: it is cumulative).
+
+    SGLang sets it only when a speculative algorithm runs (python/sglang/srt/managers/tokenizer_manager.py)."""
+    if api.needs_model or not answer:
+        return None
+    try:
+        meta = json.loads(answer).get("meta_info")
+    except (ValueError, AttributeError):
+        return None
+    v = meta.get("spec_verify_ct") if isinstance(meta, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
@@ -163,6 +212,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     """One streamed generation: TTFT and the gaps between events that carried output."""
     t0 = time.perf_counter()
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
+    last_event: bytes | None = None
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             if r.status != 200:
@@ -177,6 +227,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                     done = True
                     break
                 tokens, new = apis.streamed(api, data, tokens)
+                last_event = data
                 if new:
                     now = time.perf_counter()
                     if first is None:
@@ -191,7 +242,51 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
             raise BadAnswer("the stream carried no generated token")
     except _STREAM_ERRORS as e:
         return _failed(e, t0, timeout)
-    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps))
+    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps), spec_verify_ct=_verify_ct(api, last_event))
+
+
+async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
+    """(status, at most SERVER_FIGURES_CAP bytes of the body) of a GET; (0, b"") if it failed."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as r:
+            return r.status, await r.content.read(SERVER_FIGURES_CAP)
+    except _STREAM_ERRORS:  # the request errors, and ValueError
+        return 0, b""
+
+
+def vllm_spec_counters(text: str) -> tuple[float, float] | None:
+    """(drafts, accepted tokens) summed over engines from a Prometheus /metrics page; None without them."""
+    sums = {VLLM_DRAFTS: 0.0, VLLM_ACCEPTED: 0.0}
+    seen = set()
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in sums:
+            try:
+                sums[name] += float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+            seen.add(name)
+    return (sums[VLLM_DRAFTS], sums[VLLM_ACCEPTED]) if len(seen) == 2 else None
+
+
+async def read_vllm_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[float, float] | None:
+    status, body = await _get_json_or_text(session, url + "/metrics", timeout)
+    return vllm_spec_counters(body.decode("utf-8", "replace")) if status == 200 else None
+
+
+async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
+    """internal_states[0].avg_spec_accept_length of SGLang's server info (None: not there, or no spec)."""
+    for path in SGLANG_INFO_PATHS:
+        status, body = await _get_json_or_text(session, url + path, timeout)
+        if status == 404:
+            continue  # an older SGLang: the other name
+        try:
+            states = json.loads(body).get("internal_states") if status == 200 else None
+            v = states[0].get("avg_spec_accept_length") if isinstance(states, list) and states else None
+        except (ValueError, AttributeError):
+            return None
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return None
 
 
 class Progress:
@@ -228,10 +323,37 @@ class Progress:
             self.stream.flush()
 
 
+def request_body(server: ServerApi, p: Prompt, *, max_tokens: int, model: str, stream: bool,
+                 temperature: float = 0.0, ignore_eos: bool = False) -> dict[str, Any]:
+    """The JSON body of one generation of `p`, on the API's shape (apis.py) with the run's sampling."""
+    n = p.max_tokens or max_tokens
+    body = (apis.stream_body(server, prompt=p.as_text(), max_tokens=n, model=model) if stream else
+            server.body(prompt=p.as_text(), max_tokens=n, model=model))
+    sampling = body.get("sampling_params", body)
+    sampling["temperature"] = temperature
+    if ignore_eos:
+        # SGLang's SamplingParams.ignore_eos; vLLM takes it as an extra sampling parameter of its OpenAI API.
+        sampling["ignore_eos"] = True
+    if "messages" in body:
+        body["messages"] = p.as_messages()
+    elif p.ids:
+        if "text" in body:  # SGLang's GenerateReqInput: input_ids instead of text
+            del body["text"]
+            body["input_ids"] = list(p.ids)
+        else:  # /v1/completions: the prompt as a list of token ids
+            body["prompt"] = list(p.ids)
+    return body
+
+
+def takes_token_ids(api: str) -> bool:
+    return "messages" not in APIS[api].body(prompt="", max_tokens=1, model="")
+
+
 async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens: int, timeout: float,
-              prompt: str, model: str | None, progress: Progress, stream: bool = True,
+              prompts: Sequence[Prompt], model: str | None, progress: Progress, stream: bool = True,
               request_rate: float | None = None, seed: int | None = None, api_key: str = "",
-              ssl_context: ssl.SSLContext | None = None) -> Summary:
+              ssl_context: ssl.SSLContext | None = None, temperature: float = 0.0,
+              ignore_eos: bool = False) -> Summary:
     """Send `requests` generations, at most `concurrency` at a time; every one time-bounded.
 
     Without `request_rate` C workers send back to back; with it, requests arrive as a Poisson
@@ -248,14 +370,14 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
                 print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
-        if stream:
-            body = apis.stream_body(server, prompt=prompt, max_tokens=max_tokens, model=model or "")
-        else:
-            body = server.body(prompt=prompt, max_tokens=max_tokens, model=model or "")
+        bodies = [request_body(server, p, max_tokens=max_tokens, model=model or "", stream=stream,
+                               temperature=temperature, ignore_eos=ignore_eos)
+                  for p in prompt_sets.schedule(prompts, requests, random.Random(seed))]
         send = one_stream if stream else one_request
+        before = await read_vllm_counters(session, url, timeout) if server.needs_model else None
 
-        async def one() -> None:
-            summary.outcomes.append(await send(session, url, server, body, timeout))
+        async def one(i: int) -> None:
+            summary.outcomes.append(await send(session, url, server, bodies[i], timeout))
             progress.update(len(summary.outcomes), summary.failed)
 
         t0 = time.perf_counter()
@@ -263,25 +385,31 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
             todo = iter(range(requests))
 
             async def worker() -> None:
-                for _ in todo:  # workers pull from one shared iterator: exactly `requests` in total
-                    await one()
+                for i in todo:  # workers pull from one shared iterator: exactly `requests` in total
+                    await one(i)
 
             await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
         else:
             rng = random.Random(seed)
             slots = asyncio.Semaphore(concurrency)
 
-            async def limited() -> None:
+            async def limited(i: int) -> None:
                 async with slots:
-                    await one()
+                    await one(i)
 
             tasks = []
             for i in range(requests):
-                tasks.append(asyncio.ensure_future(limited()))
+                tasks.append(asyncio.ensure_future(limited(i)))
                 if i + 1 < requests:
                     await asyncio.sleep(rng.expovariate(request_rate))
             await asyncio.gather(*tasks)
         summary.wall_seconds = time.perf_counter() - t0
+        if server.needs_model:
+            after = await read_vllm_counters(session, url, timeout)
+            if before is not None and after is not None and after[0] > before[0]:
+                summary.metrics_accept = 1 + (after[1] - before[1]) / (after[0] - before[0])
+        else:
+            summary.server_accept_length = await read_sglang_accept(session, url, timeout)
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
     return summary
@@ -338,6 +466,10 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) 
         ttft, itl = s.ttfts_ms(), s.itls_ms()
         lines.append(f"  ttft       p50 {_ms(percentile(ttft, 50))}, p99 {_ms(percentile(ttft, 99))}")
         lines.append(f"  itl        p50 {_ms(percentile(itl, 50))}, p99 {_ms(percentile(itl, 99))}")
+    length, source = s.accept()
+    server = "" if s.server_accept_length is None else f", server average {s.server_accept_length:.2f}"
+    lines.append(f"  accept     length {length:.2f} ({source}){server}" if length is not None else
+                 f"  accept     length - (no speculative decoding seen){server}")
     who = served_by(env)
     if who:
         lines.append(f"  served by pid {who['pid']} (invocation {who['invocation_id']}, unit {who['unit']})")
@@ -366,6 +498,10 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) ->
         "e2e_p50_ms": _r(percentile(lat, 50)), "e2e_p99_ms": _r(percentile(lat, 99)),
         "ttft_p50_ms": _r(percentile(ttft, 50)), "ttft_p99_ms": _r(percentile(ttft, 99)),
         "itl_p50_ms": _r(percentile(itl, 50)), "itl_p99_ms": _r(percentile(itl, 99)),
+        "accept_length": _r(s.accept()[0]), "accept_length_source": s.accept()[1],
+        "server_accept_length": _r(s.server_accept_length),
+        "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
+        "seed": args.seed,
         "served_by": served_by(env), "sweep_point": sweep_point(env),
     }
 
@@ -388,6 +524,53 @@ def _positive_float(s: str) -> float:
     if not v > 0 or math.isinf(v):  # also rejects nan
         raise argparse.ArgumentTypeError(f"must be a positive number, not {s!r}")
     return v
+
+
+def _number_from(lo: float, hi: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a number in [lo, hi] (nan refused), else a usage error saying `what`."""
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            v = math.nan
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {s!r}")
+        return v
+    return parse
+
+
+_ratio = _number_from(0.0, 1.0, "a number from 0 to 1")
+_non_negative_float = _number_from(0.0, sys.float_info.max, "a number >= 0")
+
+
+def prompt_set(args: argparse.Namespace) -> list[Prompt]:
+    """What to send, from the flags; exits 65 for a bad dataset and 64 for ids an API cannot take.
+    Sets args.prompt_source, the words the JSON line keeps."""
+    if args.random_input_len and not takes_token_ids(args.api):
+        print(f"benchclient: --random-input-len sends token ids, which {args.api} cannot take (it wants chat "
+              "messages); use --api sglang or openai-completions", file=sys.stderr)
+        raise SystemExit(Exit.BAD_ARGUMENT)
+    rng = random.Random(args.seed)
+    if args.random_input_len:
+        args.prompt_source = (f"random ids: input {args.random_input_len}, output "
+                              f"{args.random_output_len or args.max_tokens}, ratio {args.random_range_ratio:g}")
+        return [prompt_sets.random_prompt(rng, args.random_input_len, args.random_output_len,
+                                          args.random_range_ratio) for _ in range(args.requests)]
+    if args.dataset:
+        try:
+            base = prompt_sets.load_dataset(Path(args.dataset))
+        except prompt_sets.DatasetError as e:
+            print(f"benchclient: {e}", file=sys.stderr)
+            raise SystemExit(Exit.BAD_DATA) from None
+        args.prompt_source = f"dataset {args.dataset} ({len(base)} prompts)"
+    elif args.prompt is not None:
+        base, args.prompt_source = [Prompt(args.prompt)], "--prompt"
+    else:
+        base, args.prompt_source = list(prompt_sets.BUILTIN), f"built-in ({len(prompt_sets.BUILTIN)} prompts)"
+    if args.random_output_len:  # the same prompts, each with its own drawn output length
+        return [dataclasses.replace(p, max_tokens=prompt_sets.random_prompt(
+            rng, None, args.random_output_len, args.random_range_ratio).max_tokens) for p in base]
+    return base
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -413,13 +596,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-rate", type=_positive_float, metavar="R",
                    help="send requests as a Poisson process of R requests/s (at most C in flight); "
                    "default: C requests back to back")
-    p.add_argument("--seed", type=int, help="random seed of the Poisson arrivals, for a repeatable schedule")
+    p.add_argument("--seed", type=int, help="random seed of the prompts' order, random prompts and the Poisson "
+                   "arrivals: the same seed sends the same requests at the same times on every sweep point")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="stream the answers, for time to first token and inter-token latency (default: on)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
                    help="seconds one request may take, connecting included (default: %(default)s)")
     p.add_argument("--model", help="model name for the OpenAI APIs (default: the first of /v1/models)")
-    p.add_argument("--prompt", default="Write one sentence about systemd.", help="the prompt of every request")
+    p.add_argument("--prompt", help="one prompt for every request (default: the built-in set of "
+                   f"{len(prompt_sets.BUILTIN)} varied prompts: chat, code, reasoning, summarising)")
+    p.add_argument("--dataset", metavar="FILE", help="prompts from FILE: JSON Lines with \"prompt\" (text) or "
+                   "\"messages\" (chat) per line, or a ShareGPT-style JSON array (\"conversations\" of from/value); "
+                   "the first turn of each; exit 65 naming FILE:LINE if it is missing, empty or malformed")
+    p.add_argument("--random-input-len", type=_positive_int, metavar="N", help="send random token ids, N per "
+                   "prompt (no tokenizer needed): SGLang gets input_ids, /v1/completions a prompt of ids; "
+                   "openai-chat cannot take them (exit 64)")
+    p.add_argument("--random-output-len", type=_positive_int, metavar="M", help="generate M tokens per request "
+                   "(instead of --max-tokens); with --random-range-ratio, a length drawn per request")
+    p.add_argument("--random-range-ratio", type=_ratio, default=1.0, metavar="R", help="random lengths are "
+                   "drawn from [max(1, N*R), N], as SGLang's bench_serving (default 1: exactly N)")
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0, metavar="T",
+                   help="sampling temperature (default 0: greedy)")
+    p.add_argument("--ignore-eos", action="store_true", help="ask the server to generate the full length even "
+                   "past an end-of-sequence token (SGLang's and vLLM's ignore_eos)")
     p.add_argument("--target", metavar="NAME", help="genready target name, for the report (and --config)")
     p.add_argument("--label", metavar="TEXT", help="a name for this run, kept in the report and its JSON line")
     p.add_argument("--output", metavar="FILE", help="also append the result as one JSON line to FILE")
@@ -461,12 +660,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     env = os.environ
     api_key, ssl_context = settings(args, env)
+    prompts = prompt_set(args)
     print(header(args, env), flush=True)
     summary = asyncio.run(run(
         args.url, args.api, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
-        timeout=args.timeout, prompt=args.prompt, model=args.model, progress=Progress(args.requests, sys.stderr),
+        timeout=args.timeout, prompts=prompts, model=args.model, progress=Progress(args.requests, sys.stderr),
         stream=args.stream, request_rate=args.request_rate, seed=args.seed, api_key=api_key,
-        ssl_context=ssl_context))
+        ssl_context=ssl_context, temperature=args.temperature, ignore_eos=args.ignore_eos))
     sys.stdout.write(format_summary(summary, env, stream=args.stream))
     sys.stdout.flush()
     if args.output:
