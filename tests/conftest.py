@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import pytest
 
@@ -77,9 +78,10 @@ def inaccessible_nodes(manager: UserManager) -> None:
     subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", script], check=True, timeout=10)
 
 
-# What needs the real world: a systemd manager, a container engine, or the .deb. Marked from
-# the fixtures a test asks for, so a new test cannot forget its mark; `pytest -m "not system"`
-# is then the in-process layer.
+# What needs the real world (pyproject's `system` marker): a systemd manager, a container engine
+# or the .deb is marked from the fixtures a test asks for, so a new test cannot forget its mark;
+# a test that starts real processes (genready, the simulator, a CLI tool) carries the mark itself,
+# and _in_process_only fails it if it does not. `pytest -m "not system"` is the in-process layer.
 _SYSTEM_FIXTURES = frozenset({"manager", "docker", "podman", "inaccessible_nodes"})
 
 
@@ -88,3 +90,44 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = set(getattr(item, "fixturenames", ()))
         if names & _SYSTEM_FIXTURES or item.get_closest_marker("deb"):
             item.add_marker(pytest.mark.system)
+
+
+
+def _refuse_processes(*args: object, **kwargs: object) -> NoReturn:
+    pytest.fail("this test starts a process: mark it @pytest.mark.system (see pyproject's markers)")
+
+
+@contextlib.contextmanager
+def _in_process_only(item: pytest.Item) -> Iterator[None]:
+    """An item not marked `system` that starts a process fails, saying so: the in-process layer
+    stays fast, and honest, without anyone auditing it. Around each phase of the item, not in a
+    fixture, so a module-scoped fixture that starts a simulator is caught too. (pytest's Failed
+    is a BaseException: a test's own `except Exception` cannot swallow it.)"""
+    if item.get_closest_marker("system"):
+        yield
+        return
+    saved = subprocess.Popen._execute_child, os.fork  # type: ignore[attr-defined]
+    subprocess.Popen._execute_child = _refuse_processes  # type: ignore[attr-defined]
+    os.fork = _refuse_processes
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child, os.fork = saved  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _in_process_only(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _in_process_only(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    with _in_process_only(item):
+        yield

@@ -235,6 +235,7 @@ def test_long_poll_at_shutdown_gets_a_503_saying_so(manager: UserManager, tmp_pa
     assert code == 503 and body["reason"] == "genready is shutting down", body
 
 
+@pytest.mark.system
 def test_cli_against_something_that_is_not_genready() -> None:
     """A port that speaks another protocol is 'unreachable' (69) with a message, not a traceback."""
     with socket.socket() as srv:

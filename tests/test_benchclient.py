@@ -60,6 +60,7 @@ def bench(*args: str, env: dict[str, str] | None = None, timeout: float = 60) ->
 
 
 @pytest.mark.parametrize("api", apis.NAMES)
+@pytest.mark.system
 def test_every_api_counts_and_names_the_guarded_pid(sim: Sim, api: str, tmp_path: Path) -> None:
     out = tmp_path / "results.jsonl"
     r = bench("--url", sim.url, "--api", api, "-n", "12", "-c", "3", "--max-tokens", "5", "--target", "sglang",
@@ -89,6 +90,7 @@ def test_every_api_counts_and_names_the_guarded_pid(sim: Sim, api: str, tmp_path
 
 
 @pytest.mark.parametrize("api", apis.NAMES)
+@pytest.mark.system
 def test_streaming_times_the_first_token_and_the_gaps_between_tokens(tmp_path: Path, api: str) -> None:
     """The simulator paces each token by --token-latency: the gaps the client sees are token gaps,
     not whole requests, and the first token comes one gap after the request, not at its end."""
@@ -109,6 +111,7 @@ def test_streaming_times_the_first_token_and_the_gaps_between_tokens(tmp_path: P
     assert '  sweep point {"budget": 8}' in r.stdout and ", label pace," in r.stdout.splitlines()[0]
 
 
+@pytest.mark.system
 def test_poisson_arrivals_follow_the_seeded_schedule(sim: Sim, tmp_path: Path) -> None:
     """--request-rate spaces the sends by exponential gaps; with --seed the schedule is known."""
     rng = random.Random(7)
@@ -121,6 +124,7 @@ def test_poisson_arrivals_follow_the_seeded_schedule(sim: Sim, tmp_path: Path) -
     assert "Poisson 10 requests/s" in r.stdout.splitlines()[0]
 
 
+@pytest.mark.system
 def test_no_stream_has_no_token_timings(sim: Sim, tmp_path: Path) -> None:
     out = tmp_path / "n.jsonl"
     r = bench("--url", sim.url, "-n", "3", "--no-stream", "--output", str(out))
@@ -130,6 +134,7 @@ def test_no_stream_has_no_token_timings(sim: Sim, tmp_path: Path) -> None:
     assert "ttft" not in r.stdout and "streaming" not in r.stdout
 
 
+@pytest.mark.system
 def test_no_pid_line_outside_guard(sim: Sim) -> None:
     r = bench("--url", sim.url, "-n", "3")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -137,6 +142,7 @@ def test_no_pid_line_outside_guard(sim: Sim) -> None:
     assert ", pid " not in r.stdout.splitlines()[0]
 
 
+@pytest.mark.system
 def test_openai_model_is_discovered(sim: Sim, tmp_path: Path) -> None:
     """Without --model the client asks /v1/models, as a user would; the simulator's name comes back."""
     r = bench("--url", sim.url, "--api", "openai-chat", "-n", "2", "--output", str(tmp_path / "o.jsonl"))
@@ -144,6 +150,7 @@ def test_openai_model_is_discovered(sim: Sim, tmp_path: Path) -> None:
     assert "cannot read a model" not in r.stderr
 
 
+@pytest.mark.system
 def test_failing_server_exits_nonzero(tmp_path: Path) -> None:
     s = Sim(tmp_path, "--fail-rate", "1")
     try:
@@ -156,12 +163,14 @@ def test_failing_server_exits_nonzero(tmp_path: Path) -> None:
     assert "served by pid 4242" in r.stdout  # which server failed matters as much as which one worked
 
 
+@pytest.mark.system
 def test_unreachable_server_exits_nonzero() -> None:
     r = bench("--url", f"http://127.0.0.1:{free_port()}", "-n", "3")
     assert r.returncode == 1
     assert "0 ok, 3 failed (3x cannot connect: Connection refused)" in r.stdout
 
 
+@pytest.mark.system
 def test_hung_server_is_time_bounded(tmp_path: Path) -> None:
     """A server that accepts but never answers costs --timeout per request, not forever."""
     s = Sim(tmp_path, "--hang-after", "0")
@@ -173,6 +182,7 @@ def test_hung_server_is_time_bounded(tmp_path: Path) -> None:
     assert "0 ok, 4 failed (4x timeout (0.5 s))" in r.stdout
 
 
+@pytest.mark.system
 def test_progress_bar_only_on_a_terminal(sim: Sim) -> None:
     master, slave = pty.openpty()
     try:
@@ -199,6 +209,7 @@ def test_progress_bar_only_on_a_terminal(sim: Sim) -> None:
 
 
 @pytest.mark.parametrize("args", [["-n", "0"], ["-c", "-1"], ["--timeout", "nan"], ["--api", "grpc"]])
+@pytest.mark.system
 def test_usage_errors(args: list[str]) -> None:
     r = bench(*args)
     assert r.returncode == 2
@@ -213,6 +224,7 @@ def test_percentile_is_nearest_rank() -> None:
     assert benchclient.percentile([], 50) is None
 
 
+@pytest.mark.system
 def test_api_key_from_a_genready_config_target(tmp_path: Path) -> None:
     """--config takes the target's url, api and API key, as the probe uses them; without the key: 401s."""
     s = Sim(tmp_path, "--api-key", "s3cret")

@@ -220,6 +220,7 @@ def printed_config(out: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c.id for c in BAD])
+@pytest.mark.system
 def test_bad_config_is_a_clear_error_with_exit_78(tmp_path: Path, case: Bad) -> None:
     path = materialize(tmp_path, case.content)
     r = check_config("--config", str(path))
@@ -245,6 +246,7 @@ def test_bad_config_error_names_the_exact_key(tmp_path: Path, case: Bad) -> None
     assert (err.value.file, err.value.key) == (str(path), case.key)
 
 
+@pytest.mark.system
 def test_shipped_example_is_valid_and_printed_as_effective_config() -> None:
     r = check_config("--config", str(SHIPPED))
     assert r.returncode == 0, r.stderr
@@ -265,6 +267,7 @@ def test_shipped_example_shows_the_defaults() -> None:
         assert optional == {s.name: s.default for s in config.TARGET_SETTINGS if not s.required}, name
 
 
+@pytest.mark.system
 def test_minimal_config_gets_every_default(tmp_path: Path) -> None:
     path = materialize(tmp_path, TARGET)
     r = check_config("--config", str(path))
@@ -282,6 +285,7 @@ def test_minimal_config_gets_every_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("source", ["minimal", "shipped", "two-targets"])
+@pytest.mark.system
 def test_printed_config_round_trips(tmp_path: Path, source: str) -> None:
     text = {
         "minimal": TARGET,
@@ -302,6 +306,7 @@ def test_printed_config_round_trips(tmp_path: Path, source: str) -> None:
     assert replace(config.load(second), path=str(first)) == config.load(first)
 
 
+@pytest.mark.system
 def test_genready_config_env_is_honoured(tmp_path: Path) -> None:
     path = materialize(tmp_path, TARGET)
     r = check_config(env=clean_env(GENREADY_CONFIG=str(path)))
@@ -309,6 +314,7 @@ def test_genready_config_env_is_honoured(tmp_path: Path) -> None:
     assert r.stdout.startswith(f"# {path}: valid")
 
 
+@pytest.mark.system
 def test_config_flag_beats_env(tmp_path: Path) -> None:
     good = materialize(tmp_path, TARGET)
     missing = tmp_path / "nope.toml"
@@ -329,6 +335,7 @@ def test_default_path_when_neither_flag_nor_env(monkeypatch: pytest.MonkeyPatch)
     assert config.resolve_path("/tmp/flag.toml") == Path("/tmp/flag.toml")
 
 
+@pytest.mark.system
 def test_default_path_is_named_when_it_is_missing() -> None:
     if config.DEFAULT_PATH.exists():
         pytest.skip(f"{config.DEFAULT_PATH} exists on this machine")
@@ -337,6 +344,7 @@ def test_default_path_is_named_when_it_is_missing() -> None:
     assert f"genready: {config.DEFAULT_PATH}: expected a readable TOML file" in r.stderr
 
 
+@pytest.mark.system
 def test_ints_are_accepted_for_float_settings(tmp_path: Path) -> None:
     floats = [s.name for s in config.TARGET_SETTINGS if s.type is float]
     path = materialize(tmp_path, target(**{name: "7" for name in floats}))
@@ -443,6 +451,7 @@ def test_tomli_w_can_print_every_default() -> None:
 KEY = "sk-genready-test-4d9c1f"
 
 
+@pytest.mark.system
 def test_api_key_file_is_read_stripped_and_never_printed(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text(f"  {KEY}\n")
@@ -455,6 +464,7 @@ def test_api_key_file_is_read_stripped_and_never_printed(tmp_path: Path) -> None
     assert printed_config(r.stdout)["targets"]["sglang"]["api_key_file"] == str(key)
 
 
+@pytest.mark.system
 def test_api_key_credential_reads_credentials_directory(tmp_path: Path) -> None:
     creds = tmp_path / "creds"
     creds.mkdir()
@@ -472,6 +482,7 @@ def test_api_key_credential_reads_credentials_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("content", "says"), [
     (b"", "empty"), (b"  \n", "empty"), (b"sk-first\nsk-second\n", "several lines"), (b"\xff\xfe", "undecodable"),
 ])
+@pytest.mark.system
 def test_unusable_api_key_file_is_exit_78_without_its_content(tmp_path: Path, content: bytes, says: str) -> None:
     key = tmp_path / "key"
     key.write_bytes(content)
@@ -504,6 +515,7 @@ def test_unix_url_and_path_prefix(tmp_path: Path) -> None:
     assert (t.unix_path, t.path_prefix) == ("/run/vllm/api.sock", "/api")
 
 
+@pytest.mark.system
 def test_tls_verify_false_is_a_warning(tmp_path: Path) -> None:
     content = target(tls_verify="false").replace("http://", "https://")
     t = config.load(materialize(tmp_path, content)).targets["sglang"]
@@ -512,6 +524,7 @@ def test_tls_verify_false_is_a_warning(tmp_path: Path) -> None:
     assert r.returncode == 0 and f"warning: {T}: tls_verify = false" in r.stderr
 
 
+@pytest.mark.system
 def test_a_file_that_is_not_pem_is_a_config_error(tmp_path: Path) -> None:
     bogus = tmp_path / "ca.pem"
     bogus.write_text("not a certificate\n")

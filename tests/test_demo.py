@@ -61,6 +61,7 @@ def run_demo(*args: str, timeout: float = 90.0) -> tuple[int, str, str, float]:
     return proc.returncode, out, err, time.monotonic() - t0
 
 
+@pytest.mark.system
 def test_demo_fast_shows_the_race_and_cleans_up() -> None:
     needs_manager()
     rc, out, err, took = run_demo("--fast")
@@ -116,6 +117,7 @@ def test_demo_fast_shows_the_race_and_cleans_up() -> None:
     assert re.search(r"^demo finished in \d+\.\d s$", out, re.M)
 
 
+@pytest.mark.system
 def test_demo_sweep_runs_a_2x2_sweep_in_under_a_minute_and_cleans_up() -> None:
     needs_manager()
     rc, out, err, took = run_demo("--sweep")
@@ -134,6 +136,7 @@ def test_demo_sweep_runs_a_2x2_sweep_in_under_a_minute_and_cleans_up() -> None:
     assert processes_mentioning(m[1]) == [], f"left running: {processes_mentioning(m[1])}"
 
 
+@pytest.mark.system
 def test_a_failed_step_is_reported_and_everything_is_cleaned_up(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     needs_manager()
@@ -153,6 +156,7 @@ def test_a_failed_step_is_reported_and_everything_is_cleaned_up(monkeypatch: pyt
     assert "demo FAILED in " in cap.out
 
 
+@pytest.mark.system
 def test_sigterm_mid_demo_still_cleans_up(tmp_path: Path) -> None:
     """A CI timeout or a closed terminal must not leave a systemd manager running."""
     needs_manager()

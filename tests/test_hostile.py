@@ -69,6 +69,7 @@ def check_config(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProce
     (".service", "ending in .service"),
     ("sglang.socket", "ending in .service"),
 ])
+@pytest.mark.system
 def test_case5_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, unit: str, why: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
     assert r.returncode == 78, r.stderr
@@ -78,6 +79,7 @@ def test_case5_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, un
 
 @pytest.mark.parametrize("unit", ["a@b.service", "a@b@c.service", "x" * 247 + ".service",
                                   "sys-devices-x\\x2d1.service", "a:b_c-d.e.service"])
+@pytest.mark.system
 def test_case5_names_systemd_accepts_pass(tmp_path: Path, unit: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
     assert r.returncode == 0, r.stderr
@@ -120,6 +122,7 @@ async def test_case5_a_unit_systemd_refuses_is_that_targets_problem_only(manager
 
 @pytest.mark.parametrize("url", ["http://admin:pw@127.0.0.1:30000/", "http://admin@127.0.0.1:30000",
                                  "https://:secret@[::1]:8000/v1"])
+@pytest.mark.system
 def test_case7_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: Path, url: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"http://127.0.0.1:30000"', json.dumps(url)))
     assert r.returncode == 78, r.stderr
@@ -130,6 +133,7 @@ def test_case7_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: P
 @pytest.mark.parametrize(("listen", "warned"), [("0.0.0.0:9901", True), ("[::]:9901", True),
                                                 ("192.0.2.1:9901", True), ("127.0.0.1:9901", False),
                                                 ("[::1]:9901", False), ("localhost:9901", False)])
+@pytest.mark.system
 def test_case7_check_config_warns_about_a_non_loopback_listen(tmp_path: Path, listen: str, warned: bool) -> None:
     r = check_config(tmp_path, f'[daemon]\nlisten = "{listen}"\n\n' + GOOD_TARGET)
     assert r.returncode == 0, r.stderr
@@ -159,6 +163,7 @@ def test_case7_records_file_is_not_followed_through_a_symlink(tmp_path: Path) ->
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.system
 def test_case7_serve_refuses_a_symlinked_records_file_with_exit_71(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -236,12 +241,14 @@ def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path:
         assert 1 <= len(lines) <= 3, logged
 
 
+@pytest.mark.system
 def test_case8_a_config_with_a_bom_says_so(tmp_path: Path) -> None:
     r = check_config(tmp_path, b"\xef\xbb\xbf" + GOOD_TARGET.encode())
     assert r.returncode == 78
     assert "byte-order mark (BOM)" in r.stderr, r.stderr
 
 
+@pytest.mark.system
 def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
     text = "".join(f'[targets.t{i}]\nunit = "t{i}.service"\nurl = "http://127.0.0.1:{30000 + i}"\n'
                    for i in range(config.MAX_TARGETS + 1))
@@ -268,6 +275,7 @@ async def test_case8_text_with_zero_completion_tokens_is_bad_response(api_: str,
         assert not r.ok and r.failure is Failure.BAD_RESPONSE and "contradiction" in r.detail, r
 
 
+@pytest.mark.system
 def test_case8_exit_71_is_in_the_exit_code_tables() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "| 71 |" in readme

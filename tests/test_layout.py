@@ -16,6 +16,7 @@ def imported_by(module: str) -> set[str]:
     return {m.split(".")[0] for m in json.loads(out)}
 
 
+@pytest.mark.system
 def test_the_cli_imports_only_what_parsing_needs() -> None:
     # `genready wait X --timeout 0` runs in ExecCondition=: no event loop, HTTP server, D-Bus or
     # dev tooling before a subcommand asks for it (bench/cli_start.py measures the time).
@@ -25,6 +26,7 @@ def test_the_cli_imports_only_what_parsing_needs() -> None:
 
 
 @pytest.mark.parametrize("module", ["genready.serve.daemon", "genready.benchclient", "genready.client.client"])
+@pytest.mark.system
 def test_the_product_never_imports_the_dev_tooling(module: str) -> None:
     assert "genready_dev" not in imported_by(module)
 

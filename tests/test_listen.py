@@ -95,6 +95,7 @@ def test_listeners_sees_ipv4_and_ipv6_listeners_and_agrees_with_proc() -> None:
         assert owner.listeners(port + 1 if port < 65535 else port - 1) == []
 
 
+@pytest.mark.system
 def test_unit_holds_tells_the_unit_s_listener_from_a_foreign_one(foreign_listener: tuple[int, int],
                                                                   bystander: int) -> None:
     pid, port = foreign_listener
@@ -119,6 +120,7 @@ async def test_pause_returns_when_the_unit_starts_listening() -> None:
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.system
 async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(foreign_listener: tuple[int, int],
                                                                             bystander: int) -> None:
     _, port = foreign_listener
@@ -129,6 +131,7 @@ async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(fore
     assert time.monotonic() - t0 < 10 and watch.looks == 1
 
 
+@pytest.mark.system
 async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_the_cap(bystander: int) -> None:
     port = free_port()
     watch = ListenWatch(f"http://127.0.0.1:{port}")
@@ -151,6 +154,7 @@ async def test_pause_is_a_plain_sleep_for_a_target_it_cannot_see() -> None:
     assert watch.looks == 0
 
 
+@pytest.mark.system
 def test_a_unit_with_a_process_in_another_network_namespace_is_not_watched() -> None:
     assert in_our_netns(os.getpid())
     # A child in its own network namespace, as a container's server reached through NAT would be.

@@ -231,23 +231,27 @@ def busy(m: Metrics) -> Metrics:
     return m
 
 
+@pytest.mark.system
 def test_promtool_check_metrics(m: Metrics) -> None:
     body, _ = busy(m).render()
     out = run_promtool("check", "metrics", stdin=body)
     assert out.strip() == "", out
 
 
+@pytest.mark.system
 def test_promtool_check_rules() -> None:
     out = run_promtool("check", "rules", str(PROMETHEUS_DIR / "alerts.yml"))
     assert "SUCCESS" in out and "WARNING" not in out, out
 
 
+@pytest.mark.system
 def test_promtool_alert_rule_unit_tests() -> None:
     """alerts_test.yml: the rules fire (and stay quiet) on the series genready exposes."""
     out = run_promtool("test", "rules", str(PROMETHEUS_DIR / "alerts_test.yml"))
     assert "SUCCESS" in out, out
 
 
+@pytest.mark.system
 def test_promtool_check_config_with_scrape_snippet(tmp_path: Path) -> None:
     scrape = (PROMETHEUS_DIR / "scrape.yml").read_text()
     assert "127.0.0.1:9901" in scrape

@@ -276,6 +276,7 @@ def unrelated_pid() -> Iterator[int]:
     proc.wait()
 
 
+@pytest.mark.system
 def test_child_holding_the_socket_is_trusted_under_its_parent(holder: Callable[[int], Holder]) -> None:
     h = holder(0)
     assert h.leaf_pid == h.proc.pid
@@ -284,6 +285,7 @@ def test_child_holding_the_socket_is_trusted_under_its_parent(holder: Callable[[
     assert find_owner(h.local, h.peer, h.leaf_pid) == Owner(h.leaf_pid, True, f"pid {h.leaf_pid} (main)")
 
 
+@pytest.mark.system
 def test_grandchild_is_a_descendant(holder: Callable[[int], Holder]) -> None:
     h = holder(1)
     assert h.leaf_pid != h.proc.pid
@@ -291,6 +293,7 @@ def test_grandchild_is_a_descendant(holder: Callable[[int], Holder]) -> None:
     assert o == Owner(h.leaf_pid, True, f"pid {h.leaf_pid} (descendant of main pid {h.proc.pid})")
 
 
+@pytest.mark.system
 def test_unrelated_main_pid_makes_the_holder_foreign(holder: Callable[[int], Holder], unrelated_pid: int) -> None:
     h = holder(0)
     o = find_owner(h.local, h.peer, unrelated_pid)
@@ -299,6 +302,7 @@ def test_unrelated_main_pid_makes_the_holder_foreign(holder: Callable[[int], Hol
     assert "python" in o.detail  # names the process for the operator
 
 
+@pytest.mark.system
 def test_a_main_pid_that_does_not_exist(pairs: Callable[..., Pair]) -> None:
     p = pairs()
     p.accept()
@@ -315,6 +319,7 @@ def test_no_main_pid(pairs: Callable[..., Pair]) -> None:
     assert o.pid == os.getpid() and not o.trusted and "no main pid" in o.detail
 
 
+@pytest.mark.system
 def test_holder_exiting_mid_lookup_is_not_an_error(holder: Callable[[int], Holder]) -> None:
     h = holder(0)
     local, peer = h.local, h.peer
@@ -358,6 +363,7 @@ def _as_nobody(check: Callable[[], object], close: list[socket.socket]) -> objec
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a check as another user")
+@pytest.mark.system
 def test_permission_denied_is_reported_never_trusted(pairs: Callable[..., Pair]) -> None:
     p = pairs()
     srv = p.accept()  # held by this (root) process
@@ -425,6 +431,7 @@ needs_setpriv = pytest.mark.skipif(
 @needs_setpriv
 @pytest.mark.parametrize("caps", [OWNER_CAPS, ("sys_ptrace",), ("dac_read_search",), ()],
                          ids=["both", "sys_ptrace-only", "dac_read_search-only", "none"])
+@pytest.mark.system
 def test_unprivileged_owner_proof_of_a_root_server(
         pairs: Callable[..., Pair], readable_code: Path, caps: tuple[str, ...]) -> None:
     """genready.service runs as an unprivileged uid with CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH:

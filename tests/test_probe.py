@@ -511,6 +511,7 @@ async def test_rediscovery_after_a_failure(sim: Sim, api: str) -> None:
 # --- foreign_owner ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("api", APIS)
+@pytest.mark.system
 async def test_foreign_owner(sim: Sim, api: str, unrelated_pid: int) -> None:
     r = await probe_once(target(sim.url, api), main_pid=unrelated_pid)
     assert r.failure is Failure.FOREIGN_OWNER and not r.ok, r
@@ -519,6 +520,7 @@ async def test_foreign_owner(sim: Sim, api: str, unrelated_pid: int) -> None:
     assert len(sim.generations()) == 1  # it did generate; it just was not the unit's process
 
 
+@pytest.mark.system
 async def test_foreign_owner_outranks_the_failure_it_served(sim: Sim, unrelated_pid: int) -> None:
     sim.mode = "503"
     r = await probe_once(target(sim.url, "sglang"), main_pid=unrelated_pid)
@@ -526,6 +528,7 @@ async def test_foreign_owner_outranks_the_failure_it_served(sim: Sim, unrelated_
     assert "HTTP 503" in r.detail and r.served_by_pid == ME
 
 
+@pytest.mark.system
 async def test_a_repeated_5xx_from_a_proven_server_skips_the_owner_scan(sim: Sim, unrelated_pid: int) -> None:
     # While loading, the same 503 comes several times a second: its owner is proven once per main
     # pid; a new status, a 200 or another main pid is checked again (a 200 always is).
@@ -547,6 +550,7 @@ async def test_a_repeated_5xx_from_a_proven_server_skips_the_owner_scan(sim: Sim
         await prober.close()
 
 
+@pytest.mark.system
 async def test_owner_not_checked_when_disabled(sim: Sim, unrelated_pid: int) -> None:
     r = await probe_once(target(sim.url, "sglang", verify_owner=False), main_pid=unrelated_pid)
     assert r.ok and r.served_by_pid is None, r
@@ -679,6 +683,7 @@ async def test_unix_socket_with_owner_proof(unix_sim: tuple[Sim, str], api: str)
     assert r.served_by_pid == ME and "SO_PEERCRED" in r.detail
 
 
+@pytest.mark.system
 async def test_unix_socket_of_a_foreign_process(unix_sim: tuple[Sim, str], unrelated_pid: int) -> None:
     _, path = unix_sim
     r = await probe_once(target(f"unix:{path}", path_prefix="/api"), main_pid=unrelated_pid)
@@ -720,6 +725,7 @@ async def start_tls_sim(cert: Any, key: Any, client_ca: Any = None) -> tuple[Sim
     return sim, runner
 
 
+@pytest.mark.system  # the PKI is made with the openssl CLI
 async def test_tls_with_ca_file(pki: Any) -> None:
     sim, runner = await start_tls_sim(pki.server_cert, pki.server_key)
     try:
@@ -733,6 +739,7 @@ async def test_tls_with_ca_file(pki: Any) -> None:
         await runner.cleanup()
 
 
+@pytest.mark.system  # the PKI is made with the openssl CLI
 async def test_self_signed_is_tls_not_refused(pki: Any) -> None:
     sim, runner = await start_tls_sim(pki.self_signed_cert, pki.self_signed_key)
     try:
@@ -745,6 +752,7 @@ async def test_self_signed_is_tls_not_refused(pki: Any) -> None:
         await runner.cleanup()
 
 
+@pytest.mark.system  # the PKI is made with the openssl CLI
 async def test_mutual_tls(pki: Any) -> None:
     sim, runner = await start_tls_sim(pki.server_cert, pki.server_key, client_ca=pki.ca)
     try:

@@ -361,6 +361,7 @@ def run_child_until_killed(state: Path, run: str, mode: str, rng: random.Random)
     return [ln for ln in printed if ln not in ("loaded\n", "compacting\n")]
 
 
+@pytest.mark.system
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     acked: dict[str, int] = {}  # invocation_id -> highest stage whose put returned

@@ -26,6 +26,9 @@ import pytest
 
 from genready_dev.harness import free_port
 
+# Every test here runs the simulator as a real process.
+pytestmark = pytest.mark.system
+
 DEADLINE = 10.0  # generous: a deadline, not a duration; tests end as soon as the condition holds
 SHORT = aiohttp.ClientTimeout(total=5)
 

@@ -156,6 +156,7 @@ def test_dry_run_shows_line_breaks_systemd_does_not_make_escaped(tmp_path: Path)
     assert p.dropin_for(p.points[0], "/o") == "[Service]\nEnvironment=V=a\u2028b\n"  # written as it is
 
 
+@pytest.mark.system
 def test_a_bad_plan_exits_78_naming_the_key(tmp_path: Path) -> None:
     (tmp_path / "plan.toml").write_text('command = "x {b}"\n[matrix]\na = [1]\n')
     (tmp_path / "g.toml").write_text('[targets.t]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n')

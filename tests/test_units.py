@@ -126,12 +126,14 @@ def run_verify(paths: list[Path], *, user: bool, env: dict[str, str] | None = No
 
 @needs_analyze
 @pytest.mark.parametrize("name", [p.name for p in unit_files()])
+@pytest.mark.system
 def test_verify_system(tmp_path: Path, name: str) -> None:
     paths = {p.name: p for p in unit_copies(tmp_path)}
     run_verify([paths[name.replace("@.", "@sglang.")]], user=False)
 
 
 @needs_analyze
+@pytest.mark.system
 def test_verify_catches_a_warning(tmp_path: Path) -> None:
     """The check is not vacuous: a misspelt key is only a warning (exit 0), and still fails."""
     paths = {p.name: p for p in unit_copies(tmp_path)}
@@ -142,6 +144,7 @@ def test_verify_catches_a_warning(tmp_path: Path) -> None:
 
 
 @needs_analyze
+@pytest.mark.system
 def test_verify_catches_a_bad_dropin(tmp_path: Path) -> None:
     """verify reads sglang.service.d/ next to the unit: a drop-in that sets ExecStart=
     without clearing it first is caught."""
@@ -167,6 +170,7 @@ def test_verify_user_manager(manager: UserManager, tmp_path: Path) -> None:
 # --- systemd-analyze security ----------------------------------------------------------------
 
 @needs_analyze
+@pytest.mark.system
 def test_security_exposure() -> None:
     """--offline=yes (systemd ≥ 250) reads the unit file itself: no manager, no installed binary."""
     proc = subprocess.run(
