@@ -250,6 +250,7 @@ def test_api_key_from_a_genready_config_target(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("api", "stream"), [(a, True) for a in apis.NAMES] + [("sglang", False)])
+@pytest.mark.system
 def test_accept_length_is_the_simulators_for_every_api(tmp_path: Path, api: str, stream: bool) -> None:
     """--spec-accept 2.5 with 10 tokens per request: 4 verify steps each, so exactly 2.5 from SGLang's
     spec_verify_ct and from vLLM's counters (1 + 6 accepted / 4 drafts per request)."""
@@ -272,6 +273,7 @@ def test_accept_length_is_the_simulators_for_every_api(tmp_path: Path, api: str,
 
 
 @pytest.mark.parametrize("api", apis.NAMES)
+@pytest.mark.system
 def test_no_speculative_decoding_no_accept_length(sim: Sim, tmp_path: Path, api: str) -> None:
     out = tmp_path / "n.jsonl"
     r = bench("--url", sim.url, "--api", api, "-n", "2", "--output", str(out))
@@ -281,6 +283,7 @@ def test_no_speculative_decoding_no_accept_length(sim: Sim, tmp_path: Path, api:
     assert "  accept     length - (no speculative decoding seen)" in r.stdout
 
 
+@pytest.mark.system
 def test_vllm_reasoning_deltas_time_the_first_token(tmp_path: Path) -> None:
     """A reasoning model streams its thinking in delta.reasoning: that is the first token, not the answer's."""
     s = Sim(tmp_path, "--reasoning-tokens", "100", "--token-latency", "0.01")
@@ -306,6 +309,7 @@ def test_vllm_counters_are_summed_over_engines() -> None:
     assert benchclient.vllm_spec_counters("vllm:num_requests_running 0\n") is None
 
 
+@pytest.mark.system
 def test_random_ids_reach_every_api_that_takes_them(sim: Sim, tmp_path: Path) -> None:
     for api in ("sglang", "openai-completions"):
         out = tmp_path / f"{api}.jsonl"
@@ -317,6 +321,7 @@ def test_random_ids_reach_every_api_that_takes_them(sim: Sim, tmp_path: Path) ->
         assert res["prompts"] == "random ids: input 50, output 6, ratio 0.5" and res["seed"] == 3
 
 
+@pytest.mark.system
 def test_random_ids_with_chat_exit_64() -> None:
     r = bench("--url", "http://127.0.0.1:1", "--api", "openai-chat", "--random-input-len", "8")
     assert r.returncode == 64 and "token ids, which openai-chat cannot take" in r.stderr, r.stderr
@@ -371,6 +376,7 @@ def test_datasets_jsonl_and_sharegpt_first_turn(tmp_path: Path) -> None:
     ('[\n {"prompt": "a"},\n {"prompt": \n', "d.jsonl:3: not valid JSON"),
     ('[{"conversations": [{"from": "gpt", "value": "x"}]}]', "d.jsonl:1: no usable prompt in 1 entries"),
 ])
+@pytest.mark.system
 def test_a_bad_dataset_exits_65_naming_file_and_line(tmp_path: Path, content: str | None, says: str) -> None:
     path = tmp_path / "d.jsonl"
     if content is not None:
@@ -381,6 +387,7 @@ def test_a_bad_dataset_exits_65_naming_file_and_line(tmp_path: Path, content: st
     assert r.returncode == 65 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.system
 def test_a_dataset_is_sent(sim: Sim, tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"prompt number {i}"}) + "\n" for i in range(5)))

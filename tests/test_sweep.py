@@ -222,11 +222,13 @@ def _plan_and_config(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("bad", ["0/2", "x/y"])
+@pytest.mark.system
 def test_a_bad_shard_exits_64(tmp_path: Path, bad: str) -> None:
     p = subprocess.run([*_plan_and_config(tmp_path), "--shard", bad], capture_output=True, text=True, timeout=30)
     assert p.returncode == 64 and f"--shard: expected K/N with 1 <= K <= N (e.g. 1/4), found '{bad}'" in p.stderr
 
 
+@pytest.mark.system
 def test_dry_run_says_points_configurations_and_loads(tmp_path: Path) -> None:
     args = _plan_and_config(tmp_path)
     out = subprocess.run(args, capture_output=True, text=True, timeout=30, check=True).stdout
