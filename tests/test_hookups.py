@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from genready.compat import UTC
+from genready.exitcodes import Exit
 from genready.rule.history import from_iso
 from genready.systemd.watcher import Snapshot, Watcher
 from genready_dev.harness import (
@@ -394,7 +395,7 @@ def test_restart_and_wait_exit_codes(manager: UserManager, tmp_path: Path) -> No
         assert t0 < start and start + 1.0 <= ready_at <= t_ret
         assert g.ready_pid("t") == pid
 
-        # wait: 0 ready (printing the pid), 1 timeout, 69 unreachable, 2 usage.
+        # wait: 0 ready (printing the pid), 1 timeout, 69 unreachable, 2 usage, 64 a bad number.
         p = cli(manager, "wait", "--config", cfg, "--timeout", "0")  # the only target by default
         assert p.returncode == 0 and f"ready pid {pid} invocation {inv}" in p.stdout, p
         t1 = time.monotonic()
@@ -403,11 +404,11 @@ def test_restart_and_wait_exit_codes(manager: UserManager, tmp_path: Path) -> No
         p = cli(manager, "wait", "t", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0")
         assert p.returncode == 69 and "unreachable" in p.stderr, p
         p = cli(manager, "wait", "nope", "--url", g.base, "--timeout", "0")
-        assert p.returncode == 2 and "nope" in p.stderr, p
+        assert p.returncode == Exit.USAGE and "nope" in p.stderr, p
         p = cli(manager, "wait", "t", "--url", g.base, "--timeout", "soon")
-        assert p.returncode == 2, p
+        assert p.returncode == Exit.BAD_ARGUMENT, p
         p = cli(manager, "restart", "nope", "--config", cfg)
-        assert p.returncode == 2, p
+        assert p.returncode == Exit.USAGE, p
         assert show(manager, sim)[0] == pid  # a refused restart restarted nothing
     finally:
         g.stop()

@@ -10,24 +10,58 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from genready import __version__, config, exitcodes
+from genready import __version__, config, console, exitcodes
+from genready.client import GUARD_MIN_INTERVAL, GUARD_STOP_GRACE
 from genready.exitcodes import Exit
 
 EXIT_CODES = exitcodes.help_text()
+DAEMON_RETRY = 1.0  # seconds between attempts while `wait`/`restart` wait for an unreachable daemon
 
 
 def die(msg: str, *, hint: str = "", status: int = Exit.TIMEOUT) -> NoReturn:
     """Print a user-facing error (and a hint on what to do about it), then exit."""
-    print(f"genready: {msg}", file=sys.stderr)
+    console.err(f"genready: {msg}")
     if hint:
-        print(f"hint: {hint}", file=sys.stderr)
+        console.err(f"hint: {hint}")
     sys.exit(status)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its usage errors (exit 2) written so that a closed stderr cannot change the status."""
+
+    def error(self, message: str) -> NoReturn:
+        console.write(self.format_usage(), sys.stderr)
+        die(f"{self.prog}: {message}", status=Exit.USAGE)
+
+
+# Numeric flags: (lowest value, whether it is allowed). Parsed after argparse, so "soon", "nan",
+# "inf" and "-1" are all one kind of error (64, naming the flag), never an endless or hot loop.
+NUMBERS: dict[str, tuple[float, bool]] = {"timeout": (0.0, True), "since": (0.0, True), "interval": (0.0, False),
+                                          "kill_after": (0.0, True)}
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Turn each numeric flag given as text into a float, or exit 64 naming the flag."""
+    for dest, (lowest, inclusive) in NUMBERS.items():
+        text = getattr(args, dest, None)
+        if not isinstance(text, str):
+            continue  # absent, or its (numeric) default
+        flag = "--" + dest.replace("_", "-")
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v) or v < lowest or (v == lowest and not inclusive):
+            die(f"{flag}: expected a finite number {'>=' if inclusive else '>'} {lowest:g}, found {text!r}",
+                status=Exit.BAD_ARGUMENT)
+        setattr(args, dest, v)
 
 
 def load_config(path: str | None) -> config.Config:
@@ -43,20 +77,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config)
     if warning := config.listen_warning(cfg.daemon):
-        print(f"genready: warning: {warning}", file=sys.stderr)
+        console.err(f"genready: warning: {warning}")
     for t in cfg.targets.values():
         for w in t.warnings:
-            print(f"genready: warning: targets.{t.name}: {w}", file=sys.stderr)
+            console.err(f"genready: warning: targets.{t.name}: {w}")
     if args.probe:
         import asyncio
 
         from genready.tools import preflight
 
-        sys.stdout.write(f"# {cfg.path}: valid; one probe per target now\n")
-        sys.stdout.flush()
+        console.out(f"# {cfg.path}: valid; one probe per target now")
         return asyncio.run(preflight.run(cfg, sys.stdout))
-    sys.stdout.write(f"# {cfg.path}: valid; effective configuration, defaults filled in\n")
-    sys.stdout.write(tomli_w.dumps(cfg.to_toml_dict()))
+    console.write(f"# {cfg.path}: valid; effective configuration, defaults filled in\n"
+                  + tomli_w.dumps(cfg.to_toml_dict()), sys.stdout)
     return 0
 
 
@@ -120,8 +153,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Everything is closed and logged: skip the interpreter's teardown of every module and object,
     # which took longer than the shutdown itself (SIGTERM must end genready within ~300 ms).
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    console.write("", sys.stdout)  # flushes; a closed stream must not change the exit status
+    console.write("", sys.stderr)
     os._exit(rc)
 
 
@@ -139,10 +172,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from genready.client import client
 
     data = client.get_json(_api_base(args), "/status")
-    if args.json:
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-        return 0
-    sys.stdout.write(client.format_status(data))
+    console.write(json.dumps(data, indent=2) + "\n" if args.json else client.format_status(data), sys.stdout)
     return 0
 
 
@@ -165,10 +195,15 @@ def _ready_path(target: str | None, **query: object) -> str:
 
 
 def wait_ready(base: str, target: str | None, timeout: float, since: float | None) -> tuple[int, Any]:
-    """Long-poll /ready until ready or `timeout`; (HTTP status, body). Exits 69 if unreachable."""
+    """Long-poll /ready until ready or `timeout`; (HTTP status, body).
+
+    A daemon that does not answer (restarting, or not up yet) is waited for until `timeout`
+    too, then exit 69: readiness is what the caller waits for, and the daemon is on its way.
+    """
     from genready.client import client
 
     deadline = time.monotonic() + timeout
+    said = False
     while True:
         left = max(0.0, deadline - time.monotonic())
         chunk = min(left, 3000.0)  # the API caps one long-poll at 3600 s
@@ -176,21 +211,28 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
             code, body = client.request(base, _ready_path(target, wait=f"{chunk:.3f}", since=since),
                                         timeout=chunk + 30)
         except client.Unreachable as e:
-            client.unreachable(base, e)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                client.unreachable(base, e)
+            if not said:
+                said = True
+                console.err(f"genready: the daemon at {base} is unreachable ({e}); waiting for the daemon "
+                            f"(up to {left:.0f} s more)")
+            time.sleep(min(DAEMON_RETRY, left))
+            continue
         if code != 503 or deadline - time.monotonic() <= 0:
             return code, body
 
 
 def _print_ready(body: Any) -> None:
     for t in body.get("targets", [body]) if isinstance(body, dict) else []:
-        print(f"{t.get('target')}: ready pid {t.get('pid')} invocation {t.get('invocation_id')}"
-              f" (loaded in {t.get('load_seconds')}s)")
+        console.out(f"{t.get('target')}: ready pid {t.get('pid')} invocation {t.get('invocation_id')}"
+                    f" (loaded in {t.get('load_seconds')}s)")
 
 
 def _print_not_ready(body: Any) -> None:
     for t in body.get("targets", [body]) if isinstance(body, dict) else []:
-        print(f"genready: {t.get('target')}: not ready: {t.get('state')}: {t.get('reason') or t.get('error')}",
-              file=sys.stderr)
+        console.err(f"genready: {t.get('target')}: not ready: {t.get('state')}: {t.get('reason') or t.get('error')}")
 
 
 def cmd_wait(args: argparse.Namespace) -> int:
@@ -225,7 +267,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     except Exception as e:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
             hint="restarting a system unit needs root or a polkit rule", status=Exit.TIMEOUT)
-    print(f"{target}: restart of {unit} requested; waiting for a verified start newer than it", file=sys.stderr)
+    console.err(f"{target}: restart of {unit} requested; waiting for a verified start newer than it")
     code, body = wait_ready(_api_base(args), target, args.timeout, t0)
     if code == 200:
         _print_ready(body)
@@ -249,7 +291,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
     target = _one_target(args, cfg)
     if target is None:
         die("name the target to guard", status=Exit.USAGE)
-    return guard.run(_api_base(args), target, cmd, interval=args.interval)
+    return guard.run(_api_base(args), target, cmd, interval=args.interval, grace=args.kill_after)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -306,7 +348,7 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="genready",
         description="Ready means a real generation, served by the unit's current MainPID, succeeded.",
         epilog=EXIT_CODES,
@@ -358,21 +400,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid")
     client_args(sp)
-    sp.add_argument("--timeout", type=float, default=900.0, metavar="S", help="give up after S seconds "
-                    "(0: answer at once); default 900")
-    sp.add_argument("--since", type=float, metavar="TS", help="only count a start that began after this Unix time")
+    sp.add_argument("--timeout", default=900.0, metavar="S", help="give up after S seconds "
+                    "(0: answer at once); an unreachable daemon is waited for too (then exit 69); default 900")
+    sp.add_argument("--since", metavar="TS", help="only count a start that began after this Unix time")
     sp.set_defaults(func=cmd_wait)
 
     sp = add("restart", "restart TARGET's unit (D-Bus RestartUnit, your own privileges) and wait until a start "
              "newer than the restart is verified")
     client_args(sp)
-    sp.add_argument("--timeout", type=float, default=1800.0, metavar="S", help="default 1800")
+    sp.add_argument("--timeout", default=1800.0, metavar="S", help="default 1800")
     sp.set_defaults(func=cmd_restart)
 
     sp = add("guard", "run CMD only while TARGET is ready; exit 75 if it was not, or if the verified instance "
              "changed or readiness was revoked while CMD ran; otherwise CMD's exit status")
     client_args(sp)
-    sp.add_argument("--interval", type=float, default=0.2, metavar="S", help="how often to re-check readiness")
+    sp.add_argument("--interval", default=0.2, metavar="S",
+                    help=f"how often to re-check readiness (default 0.2; at least {GUARD_MIN_INTERVAL:g}: smaller "
+                    "values are raised to it)")
+    sp.add_argument("--kill-after", default=GUARD_STOP_GRACE, metavar="S",
+                    help="a signal guard gets (INT, TERM, HUP, QUIT) goes to CMD's whole process group; whatever "
+                    f"is left S seconds later gets SIGKILL, as do processes CMD leaves behind "
+                    f"(default {GUARD_STOP_GRACE:g})")
     # Not REMAINDER: that swallows options given after TARGET (`guard t --url U -- CMD` ran
     # "--url" as the command) and takes CMD's first word as TARGET when TARGET is omitted.
     # main() splits CMD off at the first "--"; without "--", plain words are still accepted.
@@ -444,6 +492,7 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    console.ensure_std_fds()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["simulate"]:
         sim = _dev_module("sim")
@@ -452,6 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_sweep_tool(argv[1], argv[2:])
     head, cmd = _split_command(argv)
     args = build_parser().parse_args(head)
+    check_numbers(args)
     if cmd is not None:
         args.cmd = cmd
     try:

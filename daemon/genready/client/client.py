@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from typing import Any, NoReturn
 
+from genready import console
 from genready.exitcodes import Exit
 
 
@@ -17,8 +18,8 @@ class Unreachable(Exception):
 
 
 def unreachable(base: str, e: Exception) -> NoReturn:
-    print(f"genready: the daemon at {base} is unreachable: {e}", file=sys.stderr)
-    print("hint: is genready.service running? `systemctl status genready`", file=sys.stderr)
+    console.err(f"genready: the daemon at {base} is unreachable: {e}")
+    console.err("hint: is genready.service running? `systemctl status genready`")
     sys.exit(Exit.UNAVAILABLE)
 
 

@@ -4,22 +4,114 @@ A benchmark's numbers are only worth keeping if the server it measured stayed th
 verified instance from start to end. guard pins that instance (pid, invocation, ready
 since) before CMD starts, re-checks it while CMD runs and once more after CMD exits.
 `genready sweep` runs each point's command through `run_pinned`, the same guarantee.
+
+CMD runs in a session (and process group) of its own, so guard can end everything CMD
+started: a signal guard gets (SIGINT, SIGTERM, SIGHUP, SIGQUIT) goes to the whole group, and
+GUARD_STOP_GRACE (10) seconds later whatever is left gets SIGKILL; when CMD exits, processes it left
+in its group (a forked daemon) are ended the same way. Nothing of CMD outlives guard,
+except a process that left the group on purpose (setsid, a systemd-run unit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
-from genready.client import client
+from genready import console
+from genready.client import GUARD_MIN_INTERVAL, GUARD_STOP_GRACE, client
 from genready.exitcodes import Exit
+
+# Signals guard passes on to CMD's group: anything that would otherwise end guard and leave CMD running.
+FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: killed by signal N (Popen says -N) is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`, from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        # "PID (COMM) STATE PPID PGRP ...": COMM may hold spaces and parentheses.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 2 and fields[0] != b"Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out
+
+
+class ProcessGroup:
+    """A child started with `start_new_session=True`, and every process in its group.
+
+    The group is signalled only while the leader is unreaped: its PID (the group's ID) cannot
+    be reused by an unrelated process before `wait` reaps it.
+    """
+
+    def __init__(self, child: subprocess.Popen[Any], grace: float = GUARD_STOP_GRACE) -> None:
+        self.child = child
+        self.grace = grace
+        self.left_behind = 0  # processes still in the group when the leader exited
+        self._kill_timer: threading.Timer | None = None
+        self._reaped = False
+        # Re-entrant: guard's signal handler runs on the main thread, possibly inside wait().
+        self._lock = threading.RLock()
+
+    def signal(self, sig: int) -> None:
+        with self._lock, contextlib.suppress(ProcessLookupError, PermissionError):
+            if not self._reaped:
+                os.killpg(self.child.pid, sig)
+
+    def stop(self, sig: int) -> None:
+        """Send `sig` to the group now, and SIGKILL `grace` seconds later if anything is left."""
+        self.signal(sig)
+        with self._lock:
+            if self._kill_timer is None and not self._reaped:
+                self._kill_timer = threading.Timer(self.grace, self.signal, (signal.SIGKILL,))
+                self._kill_timer.daemon = True
+                self._kill_timer.start()
+
+    def wait(self, child: subprocess.Popen[Any] | None = None) -> int:
+        """Wait for the leader to exit, end what it left in its group, then reap it: its status."""
+        pid = self.child.pid
+        # WNOWAIT: the leader stays a zombie, so its PID stays ours while the group is ended.
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        self.left_behind = len(self._end_leftovers(pid))
+        with self._lock:
+            if self._kill_timer is not None:
+                self._kill_timer.cancel()
+            rc = self.child.wait()
+            self._reaped = True
+        return rc
+
+    def _end_leftovers(self, pgid: int) -> list[int]:
+        """SIGTERM to what is left of the group; SIGKILL after `grace`. The processes found at first."""
+        first = [p for p in group_members(pgid) if p != pgid]
+        if not first:
+            return first
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.grace
+        while [p for p in group_members(pgid) if p != pgid]:
+            if time.monotonic() >= deadline:
+                self.signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+        return first
 
 
 def check(base: str, target: str, pinned: Mapping[str, Any]) -> str | None:
@@ -92,27 +184,43 @@ def pin(base: str, target: str) -> tuple[dict[str, Any] | None, str]:
     return pinned, ""
 
 
-def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2) -> int:
+def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2, grace: float = GUARD_STOP_GRACE) -> int:
     """Run `cmd` guarded by the readiness of `target`; CMD's status, or 75 (see module doc)."""
     pinned, why = pin(base, target)
     if pinned is None:
-        print(f"genready guard: {why}; not running {cmd[0]}", file=sys.stderr)
+        console.err(f"genready guard: {why}; not running {cmd[0]}")
         return Exit.TEMPFAIL
-    try:
-        child = subprocess.Popen(cmd, env=dict(os.environ, **guard_env(target, pinned)))
-    except OSError as e:
-        print(f"genready guard: cannot run {cmd[0]}: {e}", file=sys.stderr)
-        return Exit.NOT_RUN
+    group: ProcessGroup | None = None
+    early: list[int] = []  # a signal that came before CMD existed: CMD gets it as soon as it does
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        child.send_signal(signum)
+        if group is None:
+            early.append(signum)
+        else:
+            group.stop(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, forward)
-
-    result = run_pinned(base, target, pinned, child, interval=interval)
+    old = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        try:
+            # Its own session: a terminal's Ctrl-C or hang-up reaches guard, which stops the whole group.
+            child = subprocess.Popen(cmd, env=dict(os.environ, **guard_env(target, pinned)), start_new_session=True)
+        except OSError as e:
+            console.err(f"genready guard: cannot run {cmd[0]}: {e}")
+            return Exit.NOT_RUN
+        group = ProcessGroup(child, grace)
+        if early:
+            group.stop(early[0])
+        result = run_pinned(base, target, pinned, child, interval=max(interval, GUARD_MIN_INTERVAL),
+                            wait=group.wait)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    if group.left_behind:
+        console.err(f"genready guard: {cmd[0]} exited leaving {group.left_behind} process(es) in its process "
+                    "group; they were ended (SIGTERM, then SIGKILL)")
+    status = exit_status(result.returncode)
     if result.problem:
-        print(f"genready guard: {target} pid {pinned['pid']}: {result.problem}; the results of {cmd[0]} "
-              f"(exit {result.returncode}) are not trustworthy", file=sys.stderr)
+        console.err(f"genready guard: {target} pid {pinned['pid']}: {result.problem}; the results of {cmd[0]} "
+                    f"(exit {status}) are not trustworthy")
         return Exit.TEMPFAIL
-    return result.returncode
+    return status

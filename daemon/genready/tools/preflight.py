@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TextIO
 
-from genready import compat
+from genready import compat, console
 from genready.config import Config, TargetConfig
 from genready.probe.probe import Prober
 from genready.systemd.watcher import FreshReader, Snapshot
@@ -60,5 +60,5 @@ async def run(cfg: Config, out: TextIO) -> int:
     finally:
         fresh.close()
     for (name, _), (r, note) in zip(cfg.targets.items(), results, strict=True):
-        out.write(verdict(name, r, note) + "\n")
+        console.write(verdict(name, r, note) + "\n", out)
     return 0 if all(r.ok for r, _ in results) else 1

@@ -1,0 +1,290 @@
+"""Issue 24, the CLI's cases: guard ends all of CMD (#12), bad numbers (#9), closed output
+pipes (#17), `wait` across a daemon restart (#15).
+
+The process-group logic and the CLI's argument checks run in-process (real processes, no
+manager); what needs a verified target runs against the private systemd manager.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from genready.client.guard import ProcessGroup, exit_status, group_members
+from genready.exitcodes import Exit
+from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
+
+
+def alive(pid: int) -> bool:
+    """Is `pid` a live process (not gone, not a zombie waiting to be reaped)?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def run_cli(*args: str, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GENREADY, *args], capture_output=True, text=True, timeout=timeout, check=False, **kw)
+
+
+OUTPUTS = ("closed", "full", "broken")
+
+
+def exit_status_with(args: list[str], fd: int, how: str, timeout: float = 60) -> tuple[int, str]:
+    """Run the CLI with its stdout (`fd` 1) or stderr (2) closed, on /dev/full, or a pipe whose
+    reader is gone; (its exit status, the other stream's text)."""
+    argv = [*GENREADY, *args]
+    other = subprocess.PIPE
+    if how == "closed":
+        argv = ["sh", "-c", f'exec "$@" {fd}>&-', "sh", *argv]
+        out: Any = None
+    elif how == "full":
+        out = open("/dev/full", "wb")  # noqa: SIM115  # closed below
+    else:
+        r, w = os.pipe()
+        os.close(r)  # nobody reads: every write fails with EPIPE
+        out = w
+    kw = {"stdout": out, "stderr": other} if fd == 1 else {"stdout": other, "stderr": out}
+    try:
+        p = subprocess.run(argv, timeout=timeout, check=False, text=True, **kw)
+    finally:
+        if hasattr(out, "close"):
+            out.close()
+        elif isinstance(out, int):
+            os.close(out)
+    return p.returncode, (p.stderr if fd == 1 else p.stdout) or ""
+
+
+# -- in-process: the process group ---------------------------------------------------------------
+
+def test_12_a_killed_command_is_128_plus_the_signal() -> None:
+    assert exit_status(-signal.SIGKILL) == 137
+    assert exit_status(-signal.SIGHUP) == 129
+    assert exit_status(3) == 3
+
+
+def test_12_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    child = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"], start_new_session=True)
+    group = ProcessGroup(child, grace=5)
+    assert group.wait() == 0
+    forked = int(pidfile.read_text())
+    assert group.left_behind == 1
+    wait_for(lambda: not alive(forked), 10, "the forked daemon ended")
+    assert group_members(child.pid) == []
+
+
+def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    child = subprocess.Popen(["sh", "-c", f"trap '' TERM; touch {started}; while :; do sleep 0.05; done"],
+                             start_new_session=True)
+    group = ProcessGroup(child, grace=0.5)
+    wait_for(started.exists, 10, "the command started")
+    t0 = time.monotonic()
+    group.stop(signal.SIGTERM)
+    rc = group.wait()
+    took = time.monotonic() - t0
+    assert exit_status(rc) == 128 + signal.SIGKILL
+    assert 0.5 <= took < 5, took
+
+
+# -- in-process: bad numbers are usage errors (64), at once ------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["wait", "t", "--url", "http://127.0.0.1:1", "--timeout", "nan"],
+    ["wait", "t", "--url", "http://127.0.0.1:1", "--timeout", "inf"],
+    ["wait", "t", "--url", "http://127.0.0.1:1", "--timeout", "-1"],
+    ["wait", "t", "--url", "http://127.0.0.1:1", "--timeout", "soon"],
+    ["wait", "t", "--url", "http://127.0.0.1:1", "--since", "nan"],
+    ["restart", "t", "--timeout", "nan"],
+    ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "0", "--", "true"],
+    ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "-1", "--", "true"],
+    ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "nan", "--", "true"],
+    ["guard", "t", "--url", "http://127.0.0.1:1", "--kill-after", "inf", "--", "true"],
+])
+def test_9_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str]) -> None:
+    p = run_cli(*args, timeout=10)
+    assert p.returncode == Exit.BAD_ARGUMENT, p
+    flag = next(a for a in args if a.startswith("--") and a != "--url" and a != "--")
+    assert f"{flag}: expected a finite number" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+
+
+# -- in-process: closed or full output never changes an exit status ---------------------------
+
+@pytest.mark.parametrize("how", OUTPUTS)
+def test_17_an_unreachable_daemon_is_69_whoever_reads_stderr(how: str) -> None:
+    rc, out = exit_status_with(["wait", "t", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0"], 2, how)
+    assert rc == Exit.UNAVAILABLE, out
+
+
+@pytest.mark.parametrize("how", OUTPUTS)
+def test_17_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> None:
+    cfg = tmp_path / "g.toml"
+    cfg.write_text('[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n')
+    rc, err = exit_status_with(["check-config", "--config", str(cfg)], 1, how)
+    assert rc == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("how", OUTPUTS)
+@pytest.mark.parametrize(("args", "status"), [(["wait", "--timeout", "nan"], Exit.BAD_ARGUMENT),
+                                              (["no-such-command"], Exit.USAGE)])
+def test_17_a_usage_error_is_its_status_whoever_reads_stderr(how: str, args: list[str], status: Exit) -> None:
+    rc, _ = exit_status_with(args, 2, how)
+    assert rc == status
+
+
+# -- in-process: wait waits for the daemon too -------------------------------------------------
+
+def test_15_wait_waits_for_an_unreachable_daemon_until_its_timeout() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    p = run_cli("wait", "t", "--url", url, "--timeout", "1.5")
+    took = time.monotonic() - t0
+    assert p.returncode == Exit.UNAVAILABLE, p
+    assert "waiting for the daemon" in p.stderr, p.stderr
+    assert p.stderr.count("waiting for the daemon") == 1, p.stderr  # said once, not per attempt
+    assert took >= 1.5, took
+    # --timeout 0 (ExecCondition=) still answers at once.
+    t0 = time.monotonic()
+    p = run_cli("wait", "t", "--url", url, "--timeout", "0")
+    assert p.returncode == Exit.UNAVAILABLE and time.monotonic() - t0 < 5, p
+
+
+# -- with a manager: a verified target ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def verified(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Genready]:
+    tmp = tmp_path_factory.mktemp("guard")
+    unit = "tg-guard-sim.service"
+    port = free_port()
+    manager.install_unit(unit, sim_unit(port, "--load-seconds", "0.2"))
+    manager.systemctl("restart", unit)
+    g = Genready(manager, tmp, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    try:
+        pid = show(manager, unit)[0]
+        wait_for(lambda: g.ready_pid("t") == pid, 30, "verified")
+        yield g
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit, check=False)
+        manager.remove_unit(unit)
+
+
+def guard(g: Genready, script: str, *extra: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen([*GENREADY, "guard", "t", "--url", g.base, *extra, "--", "sh", "-c", script],
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGINT, signal.SIGTERM])
+def test_12_a_signal_to_guard_ends_cmd_and_everything_it_started(verified: Genready, tmp_path: Path,
+                                                                   sig: signal.Signals) -> None:
+    pids = tmp_path / "pids"
+    run = guard(verified, f"sleep 300 & echo $! > {pids}.tmp; mv {pids}.tmp {pids}; wait")
+    try:
+        wait_for(pids.exists, 20, "the command and its child started")
+        forked = int(pids.read_text())
+        run.send_signal(sig)
+        _, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + sig, err
+    wait_for(lambda: not alive(forked), 10, "the command's child ended")
+
+
+def test_12_a_cmd_ignoring_sigterm_is_killed_after_kill_after(verified: Genready, tmp_path: Path) -> None:
+    started = tmp_path / "started"
+    run = guard(verified, f"trap '' TERM; touch {started}; while :; do sleep 0.05; done", "--kill-after", "1")
+    try:
+        wait_for(started.exists, 20, "the command started")
+        t0 = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        _, err = run.communicate(timeout=30)
+        took = time.monotonic() - t0
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGKILL, err
+    assert 1 <= took < 10, took
+
+
+def test_12_a_daemon_forked_by_cmd_does_not_outlive_guard(verified: Genready, tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    run = guard(verified, f"sleep 300 & echo $! > {pidfile}; exit 0")
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert "leaving 1 process" in err, err
+    wait_for(lambda: not alive(int(pidfile.read_text())), 10, "the forked daemon ended")
+
+
+def test_12_guard_exits_137_when_cmd_is_sigkilled(verified: Genready) -> None:
+    run = guard(verified, "kill -9 $$")
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 137, err
+
+
+@pytest.mark.parametrize("how", OUTPUTS)
+def test_17_guard_says_75_whoever_reads_stderr(verified: Genready, manager: UserManager, how: str) -> None:
+    # Readiness lost while CMD runs (the unit restarted): 75 whether or not anyone reads why.
+    unit = verified.status()["targets"]["t"]["unit"]
+    old = show(manager, unit)[0]
+    flag = verified.tmp / f"restarted-{how}"
+    script = f"while [ ! -e {flag} ]; do sleep 0.05; done"
+    args = ["guard", "t", "--url", verified.base, "--", "sh", "-c", script]
+    result: list[tuple[int, str]] = []
+    t = threading.Thread(target=lambda: result.append(exit_status_with(args, 2, how)))
+    t.start()
+    try:
+        wait_for(lambda: _guarded_running(script), 20, "the guarded command running")
+        manager.systemctl("restart", unit)
+        wait_for(lambda: verified.ready_pid("t") not in (None, old), 30, "the new start verified")
+    finally:
+        flag.touch()
+        t.join(60)
+    assert result and result[0][0] == Exit.TEMPFAIL, result
+
+
+def _guarded_running(script: str) -> bool:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if script.encode() in (d / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+@pytest.mark.parametrize("how", OUTPUTS)
+def test_17_wait_says_0_whoever_reads_stdout(verified: Genready, how: str) -> None:
+    rc, err = exit_status_with(["wait", "t", "--url", verified.base, "--timeout", "10"], 1, how)
+    assert rc == 0 and "Traceback" not in err, err
+
+
+def test_15_wait_across_a_daemon_restart(verified: Genready, tmp_path: Path) -> None:
+    verified.stop()
+    err = tmp_path / "wait.err"
+    try:
+        with err.open("w") as f:
+            run = subprocess.Popen([*GENREADY, "wait", "t", "--url", verified.base, "--timeout", "60"],
+                                   stdout=subprocess.PIPE, stderr=f, text=True)
+        wait_for(lambda: "waiting for the daemon" in err.read_text(), 20, "wait saying it waits for the daemon")
+        assert run.poll() is None
+    finally:
+        verified.start()
+    out, _ = run.communicate(timeout=60)
+    assert run.returncode == 0, err.read_text()
+    assert "ready pid" in out, out
