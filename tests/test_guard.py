@@ -1,8 +1,9 @@
 """Issue 24, the CLI's cases: guard ends all of CMD (#12), bad numbers (#9), closed output
 pipes (#17), `wait` across a daemon restart (#15).
 
-The process-group logic and the CLI's argument checks run in-process (real processes, no
-manager); what needs a verified target runs against the private systemd manager.
+In-process where the logic allows (argument checks, the console's writes, `wait` against an
+unreachable daemon); the process group with real processes (marked system); what needs a
+verified target against the private systemd manager.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from genready import cli, console
 from genready.client.guard import ProcessGroup, exit_status, group_members
 from genready.exitcodes import Exit
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
@@ -33,10 +35,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
-
-
-def run_cli(*args: str, timeout: float = 30, **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*GENREADY, *args], capture_output=True, text=True, timeout=timeout, check=False, **kw)
 
 
 OUTPUTS = ("closed", "full", "broken")
@@ -75,6 +73,7 @@ def test_12_a_killed_command_is_128_plus_the_signal() -> None:
     assert exit_status(3) == 3
 
 
+@pytest.mark.system
 def test_12_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
     child = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"], start_new_session=True)
@@ -86,6 +85,7 @@ def test_12_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None
     assert group_members(child.pid) == []
 
 
+@pytest.mark.system
 def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     started = tmp_path / "started"
     child = subprocess.Popen(["sh", "-c", f"trap '' TERM; touch {started}; while :; do sleep 0.05; done"],
@@ -114,22 +114,54 @@ def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: P
     ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "nan", "--", "true"],
     ["guard", "t", "--url", "http://127.0.0.1:1", "--kill-after", "inf", "--", "true"],
 ])
-def test_9_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str]) -> None:
-    p = run_cli(*args, timeout=10)
-    assert p.returncode == Exit.BAD_ARGUMENT, p
-    flag = next(a for a in args if a.startswith("--") and a != "--url" and a != "--")
-    assert f"{flag}: expected a finite number" in p.stderr, p.stderr
-    assert "Traceback" not in p.stderr
+def test_9_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == Exit.BAD_ARGUMENT, err
+    flag = next(a for a in args if a.startswith("--") and a not in ("--url", "--"))
+    assert f"{flag}: expected a finite number" in err, err
+
+
+@pytest.mark.parametrize(("flag", "text", "value"), [("timeout", "0", 0.0), ("timeout", "1e3", 1000.0),
+                                                     ("interval", "0.01", 0.01), ("since", "1700000000.5",
+                                                                                  1700000000.5)])
+def test_9_good_numbers_are_floats(flag: str, text: str, value: float) -> None:
+    import argparse
+
+    args = argparse.Namespace(**{flag: text})
+    cli.check_numbers(args)
+    assert getattr(args, flag) == value
 
 
 # -- in-process: closed or full output never changes an exit status ---------------------------
 
+def test_17_a_write_to_a_pipe_nobody_reads_is_dropped_and_the_next_ones_too() -> None:
+    r, w = os.pipe()
+    os.close(r)
+    with os.fdopen(w, "w") as stream:
+        console.write("lost\n", stream)  # EPIPE: swallowed, and the fd now leads to /dev/null
+        console.write("also lost\n", stream)
+    # (closing flushed without raising: the interpreter's final flush would not fail either)
+
+
+def test_17_a_write_to_a_full_device_or_a_closed_stream_is_dropped() -> None:
+    with open("/dev/full", "w") as full:
+        console.write("x" * 10000, full)
+    closed = open(os.devnull, "w")  # noqa: SIM115
+    closed.close()
+    console.write("x", closed)
+    console.write("x", None)  # the fd was closed when Python started
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("how", OUTPUTS)
 def test_17_an_unreachable_daemon_is_69_whoever_reads_stderr(how: str) -> None:
     rc, out = exit_status_with(["wait", "t", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0"], 2, how)
     assert rc == Exit.UNAVAILABLE, out
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("how", OUTPUTS)
 def test_17_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> None:
     cfg = tmp_path / "g.toml"
@@ -138,6 +170,7 @@ def test_17_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> 
     assert rc == 0 and "Traceback" not in err, err
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("how", OUTPUTS)
 @pytest.mark.parametrize(("args", "status"), [(["wait", "--timeout", "nan"], Exit.BAD_ARGUMENT),
                                               (["no-such-command"], Exit.USAGE)])
@@ -148,19 +181,22 @@ def test_17_a_usage_error_is_its_status_whoever_reads_stderr(how: str, args: lis
 
 # -- in-process: wait waits for the daemon too -------------------------------------------------
 
-def test_15_wait_waits_for_an_unreachable_daemon_until_its_timeout() -> None:
+def test_15_wait_waits_for_an_unreachable_daemon_until_its_timeout(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
-    p = run_cli("wait", "t", "--url", url, "--timeout", "1.5")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["wait", "t", "--url", url, "--timeout", "1.5"])
     took = time.monotonic() - t0
-    assert p.returncode == Exit.UNAVAILABLE, p
-    assert "waiting for the daemon" in p.stderr, p.stderr
-    assert p.stderr.count("waiting for the daemon") == 1, p.stderr  # said once, not per attempt
+    err = capsys.readouterr().err
+    assert e.value.code == Exit.UNAVAILABLE, err
+    assert err.count("waiting for the daemon") == 1, err  # said once, not per attempt
     assert took >= 1.5, took
     # --timeout 0 (ExecCondition=) still answers at once.
     t0 = time.monotonic()
-    p = run_cli("wait", "t", "--url", url, "--timeout", "0")
-    assert p.returncode == Exit.UNAVAILABLE and time.monotonic() - t0 < 5, p
+    with pytest.raises(SystemExit) as e:
+        cli.main(["wait", "t", "--url", url, "--timeout", "0"])
+    assert e.value.code == Exit.UNAVAILABLE and time.monotonic() - t0 < 5
+    assert "waiting for the daemon" not in capsys.readouterr().err
 
 
 # -- with a manager: a verified target ---------------------------------------------------------
