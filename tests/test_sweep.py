@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,6 +266,13 @@ if mode.startswith(("block-at-", "stubborn-at-")) and seen["point"]["n"] == int(
     open(marker, "w").close()
     while True:
         time.sleep(0.02)
+if mode == "fill":  # the results folder's disk fills up during the run
+    try:
+        with open(os.path.join(out, "filler"), "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:
+        pass
 with open(log, "a") as f:
     f.write(json.dumps(seen["point"]) + "\n")
 '''
@@ -309,14 +317,16 @@ StandardError=append:{self.sim_log}
         path.write_text(tomli_w.dumps(doc))
         return path
 
-    def sweep(self, plan: Path, *args: str) -> subprocess.Popen[str]:
+    def sweep(self, plan: Path, *args: str, wrap: Sequence[str] = (), env: dict[str, str] | None = None,
+              stderr: Any = None) -> subprocess.Popen[str]:
         self.err = self.tmp / f"sweep-{time.monotonic_ns()}.err"
-        return subprocess.Popen([*GENREADY, "sweep", str(plan), "--results", str(self.results), "--config",
-                                 str(self.g.config_path), *args], env=self.manager.env, text=True,
-                                stdout=subprocess.PIPE, stderr=self.err.open("w"))
+        return subprocess.Popen([*wrap, *GENREADY, "sweep", str(plan), "--results", str(self.results), "--config",
+                                 str(self.g.config_path), *args], env={**self.manager.env, **(env or {})},
+                                text=True, stdout=subprocess.PIPE, stderr=stderr or self.err.open("w"))
 
-    def run(self, plan: Path, *args: str) -> tuple[int, str]:
-        p = self.sweep(plan, *args)
+    def run(self, plan: Path, *args: str, wrap: Sequence[str] = (), env: dict[str, str] | None = None
+            ) -> tuple[int, str]:
+        p = self.sweep(plan, *args, wrap=wrap, env=env)
         out, _ = p.communicate(timeout=120)
         print(out, self.err.read_text())
         return p.returncode, out
@@ -518,4 +528,152 @@ def test_a_reused_instance_that_died_between_points_restarts(rig: Rig, monkeypat
         (1, "ok", True), (2, "ok", True), (3, "ok", False)], err.getvalue()
     assert lines[0]["pid"] != lines[1]["pid"] == lines[2]["pid"]
     assert "no longer usable" in err.getvalue()
+    rig.assert_restored()
+
+
+# --- what systemd would rewrite, drop or refuse (issue 24) ---------------------------------------------
+
+
+def test_values_systemd_would_rewrite_reach_the_server_as_written(rig: Rig) -> None:
+    """`%h` was the home directory, `%Z` and `%20` made systemd drop the whole Environment= line (the server
+    ran its base configuration, recorded ok); a `%` in the results folder, pasted as {out}, likewise."""
+    rig.results = rig.tmp / "res%h%Z"
+    dropin = '[Service]\nEnvironment="SIM_FLAGS=--model m-{budget}-{topk}" "POINT_OUT={out}"\n'
+    plan = rig.write_plan(points=[{"budget": b, "topk": 1} for b in ("a%20b", "%h", "%Z", "100%")], dropin=dropin)
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    lines = rig.results_lines()
+    assert [ln["status"] for ln in lines] == ["ok"] * 4, lines
+    for ln in lines:
+        seen = json.loads((rig.results / ln["out"] / "seen.json").read_text())
+        assert seen["model"] == f"m-{ln['point']['budget']}-1", seen
+        environ = Path(f"/proc/{seen['pid']}/environ").read_bytes() if Path(f"/proc/{seen['pid']}").exists() else b""
+        assert not environ or f"POINT_OUT={rig.results / ln['out']}".encode() in environ.split(b"\0")
+    rig.assert_restored()
+
+
+@pytest.mark.parametrize(("dropin", "says"), [
+    ("[Service]\nEnviroment=SIM_FLAGS=--model m-{budget}\n", "Unknown key 'Enviroment' in section [Service]"),
+    ("[Service\nEnvironment=SIM_FLAGS=--model m-{budget}\n", "Invalid section header '[Service'"),
+    ("[Servcie]\nEnvironment=SIM_FLAGS=--model m-{budget}\n", "Unknown section 'Servcie'"),
+    ('[Service]\nEnvironment="SIM_FLAGS=--model m-{budget}\n', "Invalid syntax"),
+])
+def test_a_dropin_systemd_would_ignore_exits_78_before_anything_changes(rig: Rig, dropin: str, says: str) -> None:
+    """systemd ignores such lines (logging them) and the server ran its base configuration, recorded ok.
+    Every drop-in is checked with systemd-analyze verify first; if systemd would take none as written, the
+    plan is wrong: exit 78 naming the point and systemd's words, the unit not touched."""
+    plan = rig.write_plan(points=[{"budget": 8}, {"budget": 16}], dropin=dropin)
+    before = show(rig.manager, UNIT)
+    rc, out = rig.run(plan, "--dry-run")
+    err = rig.err.read_text()
+    assert rc == 78 and says in out and "systemd would not take this drop-in as written" in out, (out, err)
+    assert f"{plan}: dropin: expected unit file text systemd takes as written" in err and "(and 1 more" in err
+    rc, out = rig.run(plan)
+    err = rig.err.read_text()
+    assert rc == 78, (out, err)
+    assert "for point 1 (budget=8)" in err and says in err and sweep.DROPIN_NAME in err, err
+    assert show(rig.manager, UNIT) == before and not rig.results.exists()
+    assert rig.manager.show(UNIT, "DropInPaths")["DropInPaths"] == ""
+
+
+def _three_points_the_second_refused(rig: Rig) -> Path:
+    # An ExecStart= emptied by the second point's value: systemd refuses to start the unit at all.
+    return rig.write_plan(points=[{"n": 1, "reset": "#"}, {"n": 2, "reset": "ExecStart="}, {"n": 3, "reset": "#"}],
+                          dropin='[Service]\nEnvironment="SIM_FLAGS=--model m-{n}"\n{reset}\n')
+
+
+def test_a_dropin_systemd_refuses_is_one_point_not_ready_in_its_words(rig: Rig) -> None:
+    rc, out = rig.run(_three_points_the_second_refused(rig))
+    err = rig.err.read_text()
+    assert rc == 1, (out, err)
+    assert "systemd would not take the drop-in of 1 of 3 server configurations" in err
+    lines = rig.results_lines()
+    assert [(ln["point"]["n"], ln["status"], ln["attempt"]) for ln in lines] == [
+        (1, "ok", 1), (2, "not_ready", 1), (3, "ok", 1)], lines  # not retried: systemd would refuse again
+    assert "Service has no ExecStart=" in lines[1]["reason"] and lines[1]["pid"] is None, lines[1]
+    assert any("Service has no ExecStart=" in j for j in lines[1]["journal"])
+    assert "DBus" not in err and "Traceback" not in err
+    rig.assert_restored()
+
+
+def test_without_systemd_analyze_a_restart_systemd_refuses_is_not_ready_in_its_words(rig: Rig) -> None:
+    """No systemd-analyze on PATH: the sweep says it does not check, and systemd's own refusal of the
+    restart (D-Bus) is the point's not_ready, not an abort with pystemd's DBusBaseError."""
+    rc, out = rig.run(_three_points_the_second_refused(rig), env={"PATH": str(rig.tmp / "nothing")})
+    err = rig.err.read_text()
+    assert rc == 1, (out, err)
+    assert "not checking the drop-ins with systemd-analyze verify: systemd-analyze is not installed" in err
+    lines = rig.results_lines()
+    assert [(ln["point"]["n"], ln["status"]) for ln in lines] == [(1, "ok"), (2, "not_ready"), (3, "ok")], lines
+    assert lines[1]["reason"] == f"systemd refused to restart {UNIT}: Unit {UNIT} has a bad unit file setting."
+    assert "i bet you" not in err and "Traceback" not in err
+    rig.assert_restored()
+
+
+def test_a_closed_output_pipe_does_not_stop_the_sweep_or_its_restore(rig: Rig) -> None:
+    """`genready sweep ... 2>&1 | head -n 2`: the sweep died of EPIPE after point 1, with the drop-in removed
+    and the unit never restarted: the server ran point 1's configuration while the unit said base."""
+    plan = rig.write_plan(points=[{"budget": b, "topk": 1} for b in (8, 16, 32)])
+    p = rig.sweep(plan, stderr=subprocess.STDOUT)
+    assert p.stdout is not None
+    got = [p.stdout.readline(), p.stdout.readline()]
+    p.stdout.close()  # as head does after its lines
+    assert p.wait(timeout=120) == 0, got
+    assert [ln["status"] for ln in rig.results_lines()] == ["ok"] * 3
+    rig.assert_restored()
+
+
+def test_a_results_path_with_a_line_break_exits_64(tmp_path: Path) -> None:
+    """Pasted as {out} into a drop-in, a line break started a new directive (an ExecStartPre= that ran)."""
+    (tmp_path / "plan.toml").write_text('command = "x {out}"\ndropin = "[Service]\\nEnvironment=O={out}"\n'
+                                        '[matrix]\na = [1]\n')
+    (tmp_path / "g.toml").write_text('[targets.t]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n')
+    bad = str(tmp_path / "r\nExecStartPre=-/bin/touch /tmp/pwned")
+    p = subprocess.run([*GENREADY, "sweep", str(tmp_path / "plan.toml"), "--results", bad,
+                        "--config", str(tmp_path / "g.toml")], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 64, p.stderr
+    assert "--results: expected a path without control characters or line breaks, found \\n" in p.stderr
+    assert not Path(bad).exists()
+
+
+def test_a_results_folder_that_cannot_be_written_names_the_folder(tmp_path: Path) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "gone")
+    for folder, says in [(a_file, "it exists and is not a folder"),
+                         (dangling, f"it is a symlink to {tmp_path / 'gone'}, which does not exist"),
+                         (a_file / "sub", "Not a directory")]:
+        with pytest.raises(sweep.ResultsUnwritable) as e:
+            sweep.ResultsLog(folder)
+        assert str(e.value) == f"cannot write the results folder {folder}: {says}"
+
+
+def _tmpfs(results: Path, *options: str) -> list[str]:
+    """Run the sweep in a mount namespace of its own, its results folder a 256 KiB tmpfs."""
+    results.mkdir()
+    opts = ",".join(("size=256k", *options))
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+            f'mount -t tmpfs -o {opts} tmpfs "$1" && shift && exec "$@"', "sh", str(results)]
+
+
+def test_a_read_only_results_folder_exits_73_before_anything_changes(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"budget": 8, "topk": 1}])
+    before = show(rig.manager, UNIT)
+    rc, out = rig.run(plan, wrap=_tmpfs(rig.results, "ro"))
+    err = rig.err.read_text()
+    assert rc == 73, (out, err)
+    assert f"cannot write the results folder {rig.results}: Read-only file system" in err and "Traceback" not in err
+    assert show(rig.manager, UNIT) == before
+    assert rig.manager.show(UNIT, "DropInPaths")["DropInPaths"] == ""
+
+
+def test_a_disk_that_fills_mid_sweep_stops_cleanly_and_restores_the_unit(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"budget": b, "topk": 1} for b in (8, 16, 32)], mode="fill")
+    rc, out = rig.run(plan, wrap=_tmpfs(rig.results))
+    err = rig.err.read_text()
+    assert rc == 73, (out, err)
+    assert f"cannot write the results folder {rig.results}: No space left on device" in err, err
+    assert "Traceback" not in err and "back on its own configuration" in err
+    assert len(rig.ran.read_text().splitlines()) == 1  # point 1 ran; the sweep stopped before point 2's
     rig.assert_restored()

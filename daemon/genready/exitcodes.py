@@ -18,6 +18,7 @@ class Exit(enum.IntEnum):
     BAD_DATA = 65  # EX_DATAERR
     UNAVAILABLE = 69  # EX_UNAVAILABLE
     CANNOT_START = 71  # EX_OSERR
+    CANNOT_CREATE = 73  # EX_CANTCREAT
     TEMPFAIL = 75  # EX_TEMPFAIL
     CONFIG = 78  # EX_CONFIG
     NOT_RUN = 127  # the shell's "command not found"
@@ -29,13 +30,16 @@ MEANING: dict[Exit, str] = {
     Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep); "
                   "a probe failed (check-config --probe)",
     Exit.USAGE: "usage error",
-    Exit.BAD_ARGUMENT: "a flag's value is not what it expects: sweep --shard, bench client --random-input-len with "
+    Exit.BAD_ARGUMENT: "a flag's value is not what it expects: sweep --shard, sweep --results with a control "
+                       "character, bench client --random-input-len with "
                        "an API that takes no token ids (EX_USAGE)",
     Exit.BAD_DATA: "an input file is missing, empty or malformed: the bench client's --dataset, a folder without "
                    "results.jsonl given to sweep report; init: the unit runs no server it recognises (a template "
                    "to fill in is printed) (EX_DATAERR)",
     Exit.UNAVAILABLE: "the genready daemon is unreachable; init: the systemd manager is (EX_UNAVAILABLE)",
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
+    Exit.CANNOT_CREATE: "sweep: the results folder cannot be created or written (a file, a dangling symlink, "
+                        "read-only, full); the unit is restored first (EX_CANTCREAT)",
     Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",
     Exit.CONFIG: "invalid configuration or sweep plan (EX_CONFIG)",
     Exit.NOT_RUN: "guard could not run CMD",

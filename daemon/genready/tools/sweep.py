@@ -38,7 +38,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+import unicodedata
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -51,7 +52,7 @@ from genready.config import Config, ConfigError
 from genready.exitcodes import Exit
 from genready.rule.history import iso
 from genready.rule.records import _fsync_dir, _write_all
-from genready.systemd import watcher
+from genready.systemd import analyze, watcher
 from genready.tools import sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
@@ -87,6 +88,42 @@ class SweepBusy(SweepError):
     """The unit's drop-in belongs to another sweep that is still running (exit 75)."""
 
 
+class ResultsUnwritable(SweepError):
+    """The results folder cannot be created or written (exit 73, EX_CANTCREAT); the unit is restored first."""
+
+
+def unwritable(folder: Path, e: OSError) -> ResultsUnwritable:
+    """`e` in words that name the results folder, and what is wrong with it when that is the cause."""
+    if folder.is_symlink() and not folder.exists():
+        why = f"it is a symlink to {os.readlink(folder)}, which does not exist"
+    elif folder.exists() and not folder.is_dir():
+        why = "it exists and is not a folder"
+    else:
+        why = e.strerror or str(e)
+        if e.filename is not None and Path(os.fsdecode(e.filename)) != folder:
+            why += f" ({os.fsdecode(e.filename)})"
+    return ResultsUnwritable(f"cannot write the results folder {folder}: {why}")
+
+
+@contextlib.contextmanager
+def writing(folder: Path) -> Iterator[None]:
+    """Turns an OSError of writing under the results folder into ResultsUnwritable (exit 73)."""
+    try:
+        yield
+    except OSError as e:
+        raise unwritable(folder, e) from None
+
+
+def check_results_path(results: Path) -> str | None:
+    """Why `results` cannot be the results folder's path, or None. Its path is written into drop-ins ({out}),
+    where a line break would start a new directive (a `%` is doubled there, as any value's)."""
+    bad = next((c for c in str(results) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"--results: expected a path without control characters or line breaks, found {shown(bad)} in " \
+            f"{shown(str(results))!r}"
+    return None
+
+
 # --- results.jsonl --------------------------------------------------------------------------------
 
 
@@ -101,26 +138,33 @@ class ResultsLog:
     """
 
     def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / RESULTS_FILE
-        self._lock = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.folder, self.path = folder, folder / RESULTS_FILE
+        with writing(folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            self._lock = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock)
             raise SweepError(f"another sweep is writing {folder}") from None
-        existed = self.path.exists()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        if not existed:
-            _fsync_dir(folder)
-        # A line torn by a crash must not glue itself to the next one.
-        size = os.fstat(self._fd).st_size
-        if size and not _last_byte_is_newline(self.path, size):
-            _write_all(self._fd, b"\n")
+        try:
+            with writing(folder):
+                existed = self.path.exists()
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                if not existed:
+                    _fsync_dir(folder)
+                # A line torn by a crash must not glue itself to the next one.
+                size = os.fstat(self._fd).st_size
+                if size and not _last_byte_is_newline(self.path, size):
+                    _write_all(self._fd, b"\n")
+        except ResultsUnwritable:
+            os.close(self._lock)
+            raise
 
     def append(self, rec: Mapping[str, Any]) -> None:
-        _write_all(self._fd, (json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
-        os.fsync(self._fd)
+        with writing(self.folder):
+            _write_all(self._fd, (json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
+            os.fsync(self._fd)
 
     def close(self) -> None:
         for fd in (self._fd, self._lock):
@@ -370,6 +414,7 @@ class Attempt:
     ended_at: float | None = None
     unit_result: str | None = None
     journal: list[str] | None = None
+    retry: bool = True  # False: another attempt would meet the same refusal (systemd's, of the drop-in)
 
     @property
     def run_seconds(self) -> float | None:
@@ -431,6 +476,7 @@ class Sweep:
         self.run_times: list[float] = []  # seconds of ok commands, for the ETA
         self.last_load: float | None = None
         self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
+        self.check: analyze.DropinCheck | None = None  # systemd-analyze verify, when it can run
         self.schedule: list[tuple[Point, bool]] = []  # the points to run, in order; True: a planned load
 
     # -- signals ---------------------------------------------------------------------------------
@@ -471,16 +517,13 @@ class Sweep:
     # -- output ----------------------------------------------------------------------------------
 
     def say(self, text: str) -> None:
-        if self.tty:
-            self.err.write("\r\033[K")
-        self.err.write(f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n")
-        self.err.flush()
+        emit(self.err, ("\r\033[K" if self.tty else "") +
+             (f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n"))
 
     def progress(self, point: Point, text: str, *, transient: bool = False) -> None:
         line = f"[{point.index}/{len(self.plan.points)}] {shown(point.label)}: {text}"
         if transient and self.tty:
-            self.err.write("\r\033[K" + line[:200])
-            self.err.flush()
+            emit(self.err, "\r\033[K" + line[:200])
         else:
             self.say(line)
 
@@ -509,8 +552,9 @@ class Sweep:
             if state.load_state != "loaded":
                 raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
             self.dropin_path = runtime_dir(self.bus_kind, self.sd.unit_paths()) / f"{self.unit}.d" / DROPIN_NAME
+            self._check_plan(state, skip)  # before anything is touched: a refused drop-in is exit 78
+            self.log = ResultsLog(self.results)  # so is a results folder that cannot be written (73)
             self._take_over_leftover()
-            self.log = ResultsLog(self.results)
             for n, group in enumerate(self.groups, 1):
                 self.group_pinned = None  # a new server configuration: its first point restarts
                 for point in group:
@@ -534,6 +578,29 @@ class Sweep:
             return Exit.INTERRUPTED
         return Exit.OK if all(a.status is Status.OK for a in self.finished.values()) else Exit.TIMEOUT
 
+    def _check_plan(self, state: UnitState, skip: set[int]) -> None:
+        """Every server configuration still to run, as systemd would read it (systemd-analyze verify). If it
+        would take none as written, the plan is wrong: ConfigError naming the first point and systemd's words.
+        If only some, those points will be recorded not_ready, with systemd's words (`_reconfigure`)."""
+        if self.plan.dropin is None:
+            return
+        assert self.dropin_path is not None
+        try:
+            self.check = analyze.DropinCheck(self.unit, state.fragment_path, self.dropin_path,
+                                             user=self.bus_kind == "user")
+        except analyze.CannotVerify as e:
+            self.say(f"not checking the drop-ins with systemd-analyze verify: {e}")
+            return
+        points = [p for g in self.groups for p in g if p.index not in skip]
+        distinct, refused = refused_dropins(self.plan, points, self.results, self.check.complaints)
+        if not refused:
+            return
+        first = dropin_refused(self.plan, *next(iter(refused.items())))
+        if len(refused) == distinct:
+            raise first
+        self.say(f"systemd would not take the drop-in of {len(refused)} of {distinct} server configurations as "
+                 f"written; their points will be recorded not_ready: {first}")
+
     def _take_over_leftover(self) -> None:
         """A drop-in already there: another live sweep's stops us (SweepBusy); a dead one's is replaced."""
         assert self.dropin_path is not None
@@ -555,7 +622,7 @@ class Sweep:
             self.finished[point.index] = att
             if att.status in RETRIED:
                 self.group_pinned = None  # that instance is not to be trusted again: restart
-            if att.status not in RETRIED or self.signals:
+            if att.status not in RETRIED or not att.retry or self.signals:
                 break
             if n < self.plan.attempts:
                 self.progress(point, f"retrying ({n + 1} of {self.plan.attempts} runs)")
@@ -572,12 +639,12 @@ class Sweep:
         return path, k
 
     def _attempt(self, point: Point, n: int, group: int = 1) -> Attempt:
-        folder, k = self._folder(point)
+        with writing(self.results):
+            folder, k = self._folder(point)
+            (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
         att = Attempt(point, k, str(folder.relative_to(self.results)), group)
-        (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
         try:
-            if not self._reuse(point, att, folder):
-                self._reconfigure(point, folder)
+            if not self._reuse(point, att, folder) and self._reconfigure(point, att, folder):
                 self._restart_and_wait(point, att)
                 if att.pid is not None and not self.restart_each:
                     self.group_pinned = self.pinned
@@ -604,7 +671,8 @@ class Sweep:
             return False
         text = self.plan.dropin_for(point, str(folder))
         if text is not None:
-            (folder / "dropin.conf").write_text(text)  # the same configuration, kept with the results
+            with writing(self.results):
+                (folder / "dropin.conf").write_text(text)  # the same configuration, kept with the results
         self.pinned = self.group_pinned
         att.started_at = time.time()
         att.restarted = False
@@ -619,15 +687,24 @@ class Sweep:
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
         self.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
 
-    def _reconfigure(self, point: Point, folder: Path) -> None:
+    def _reconfigure(self, point: Point, att: Attempt, folder: Path) -> bool:
+        """Write and load the point's drop-in; False (att not_ready, not retried) if systemd would not take
+        it as written: the unit is not touched then."""
         text = self.plan.dropin_for(point, str(folder))
         if text is None:
-            return
-        (folder / "dropin.conf").write_text(text)
+            return True
+        with writing(self.results):
+            (folder / "dropin.conf").write_text(text)
+        complaints = self.check.complaints(text) if self.check else []
+        if complaints:
+            att.status, att.retry, att.journal = Status.NOT_READY, False, complaints
+            att.reason = f"systemd would not take the drop-in as written: {complaints[0]}"
+            return False
         assert self.dropin_path is not None and self.sd is not None
         self.restored = False
         self._write_dropin(text)
         self.sd.reload()
+        return True
 
     def _write_dropin(self, text: str) -> None:
         assert self.dropin_path is not None
@@ -652,8 +729,16 @@ class Sweep:
         try:
             self.sd.restart()
         except Exception as e:
-            raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {e} (restarting a "
-                             "system unit needs root or a polkit rule)") from None
+            if denied(e):
+                raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {dbus_words(e)} "
+                                 "(restarting a system unit needs root or a polkit rule)") from None
+            # systemd refused this configuration (a drop-in it cannot load, such as an empty ExecStart=):
+            # the point's doing, not the sweep's. Another attempt would be refused the same way.
+            state = self.sd.state()
+            att.status, att.retry, att.unit_result = Status.NOT_READY, False, state.result
+            att.reason = f"systemd refused to restart {self.unit}: {dbus_words(e)}"
+            att.journal = [dbus_words(e)]
+            return
         self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
         deadline = time.monotonic() + self.timeout
         last_line = time.monotonic()
@@ -707,7 +792,10 @@ class Sweep:
         self.progress(point, f"ready pid {att.pid} ({how}, loaded in {att.load_seconds}s)"
                       f"{self.eta(point, loading=False)}; running {shlex.join(cmd)[:120]}")
         att.ran_at = time.time()
-        with (folder / "stdout.log").open("wb") as so, (folder / "stderr.log").open("wb") as se:
+        with contextlib.ExitStack() as files:
+            with writing(self.results):
+                so = files.enter_context((folder / "stdout.log").open("wb"))
+                se = files.enter_context((folder / "stderr.log").open("wb"))
             try:
                 # Its own session: a Ctrl-C reaches the sweep, which stops the command once, on purpose.
                 self.child = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
@@ -775,13 +863,65 @@ class Sweep:
                 continue
             rows.append(sweepreport.row_of(a.to_json(self.target, self.unit), self.results))
         sweepreport.mark_best(rows)
-        self.out.write(sweepreport.render(rows))
+        text = sweepreport.render(rows)
         ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
         n = sum(len(g) for g in self.groups)
         loads = len(self.load_times)
-        self.out.write(f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") +
-                       f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n")
-        self.out.flush()
+        emit(self.out, text + f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") +
+             f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n")
+
+
+def emit(stream: IO[str], text: str) -> None:
+    """Write and flush progress or a summary; a reader that went away (`genready sweep ... | head`: EPIPE, or a
+    closed terminal: EIO) must not stop the sweep half-way, with a point's configuration left on the unit.
+    Its stream is pointed at /dev/null, so nothing later (Python's own flush at exit included) fails again."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):  # ValueError: the stream was closed
+        with contextlib.suppress(OSError, ValueError):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, stream.fileno())
+            os.close(null)
+
+
+def denied(e: BaseException) -> bool:
+    """A D-Bus error that says we may not (AccessDenied, InteractiveAuthorizationRequired), not that systemd
+    refused what we asked."""
+    return getattr(e, "errno", None) in (errno.EACCES, errno.EPERM) or type(e).__name__ in (
+        "DBusAccessDeniedError", "DBusInteractiveAuthorizationRequiredError")
+
+
+def dbus_words(e: BaseException) -> str:
+    """systemd's own message of a D-Bus error ("Unit x.service has a bad unit file setting."), without
+    pystemd's wrapping."""
+    msg = getattr(e, "err_message", None)
+    if isinstance(msg, bytes):
+        msg = msg.decode(errors="replace")
+    return msg or str(e)
+
+
+def refused_dropins(plan: Plan, points: Sequence[Point], results: Path,
+                    complaints: Callable[[str], list[str]]) -> tuple[int, dict[Point, list[str]]]:
+    """(how many distinct drop-ins the points have, the first point of each that systemd would not take as
+    written, with its words). Each distinct drop-in is checked once, rendered with `{out}` as DIR/OUT (the
+    points' own folders do not exist yet)."""
+    seen: set[str] = set()
+    refused: dict[Point, list[str]] = {}
+    for p in points:
+        text = plan.dropin_for(p, str(results / "OUT"))
+        if text is None or text in seen:
+            continue
+        seen.add(text)
+        if said := complaints(text):
+            refused[p] = said
+    return len(seen), refused
+
+
+def dropin_refused(plan: Plan, point: Point, complaints: Sequence[str]) -> ConfigError:
+    """The plan error for a drop-in systemd would not take as written, in systemd's words."""
+    return ConfigError(plan.path, "dropin", "unit file text systemd takes as written (systemd-analyze verify)",
+                       f"for point {point.index} ({shown(point.label)}): " + " / ".join(complaints))
 
 
 def restore(sd: Systemd, dropin: Path, base: str, target: str, timeout: float, say: Callable[[str], None], *,
@@ -843,14 +983,17 @@ def shown(text: str) -> str:
 
 
 def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str], *,
-            restart_each: bool = False, shard: Shard | None = None) -> int:
-    """Print what the sweep would do, in the order it would do it; touch nothing."""
+            restart_each: bool = False, shard: Shard | None = None,
+            check: Callable[[str], list[str]] | None = None) -> int:
+    """Print what the sweep would do, in the order it would do it; touch nothing. With `check`, each drop-in
+    is checked as systemd would read it: 78 if systemd would not take one as written, else 0."""
     where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
         f"/{unit}.d/{DROPIN_NAME}"
     width = len(str(len(plan.points)))
     groups = shard.take(plan.groups()) if shard else plan.groups()
     todo = [[p for p in g if p.index not in skip] for g in groups]
     todo = [g for g in todo if g]
+    refused = refused_dropins(plan, [p for g in todo for p in g], results, check)[1] if check else {}
     out.write(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
               + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
               + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
@@ -864,8 +1007,36 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
             text = plan.dropin_for(p, str(folder))
             if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):
                 out.write("  drop-in:\n" + "".join(f"    {shown(ln)}\n" for ln in text.removesuffix("\n").split("\n")))
+            if p in refused:
+                out.write("  systemd would not take this drop-in as written:\n"
+                          + "".join(f"    {shown(ln)}\n" for ln in refused[p]))
             out.write(f"  command: {shown(shlex.join(plan.command_for(p, str(folder))))}\n")
+    out.flush()
+    if refused:
+        first, said = next(iter(refused.items()))
+        print(f"genready sweep: {dropin_refused(plan, first, said)}" + (
+            f" (and {len(refused) - 1} more drop-ins)" if len(refused) > 1 else ""), file=sys.stderr)
+        return Exit.CONFIG
     return 0
+
+
+def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[str]] | None:
+    """The drop-in check for --dry-run (it only reads the unit's files), or None, saying why, if it cannot run."""
+    if plan.dropin is None:
+        return None
+    sd = None
+    try:
+        sd = Systemd(bus_kind, unit)
+        state = sd.state()
+        dropin = runtime_dir(bus_kind, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
+        return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
+    except Exception as e:  # no manager to ask (D-Bus), no systemd-analyze: the dry run goes on unchecked
+        print(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {dbus_words(e)}",
+              file=sys.stderr)
+        return None
+    finally:
+        if sd is not None:
+            sd.close()
 
 
 def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
@@ -889,10 +1060,13 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         die(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}", status=Exit.CONFIG)
     tcfg = cfg.targets[target]
     results = Path(args.results)
+    why = check_results_path(results)
+    if why:
+        die(why, status=Exit.BAD_ARGUMENT)
     skip = ok_points(plan, results) if args.resume else set()
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=args.restart_each,
-                       shard=shard)
+                       shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus))
     try:
         code, _ = client.request(base, f"/ready/{target}")
     except client.Unreachable as e:
@@ -909,6 +1083,11 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         sweep.say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
     try:
         return sweep.run(skip)
+    except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
+        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=Exit.CONFIG)
+    except ResultsUnwritable as e:
+        die(str(e), hint="make room, or fix the folder, then run again with --resume: the points already ok are kept",
+            status=Exit.CANNOT_CREATE)
     except SweepBusy as e:
         die(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
             f"`genready sweep restore {target}`", status=Exit.TEMPFAIL)
