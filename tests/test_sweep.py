@@ -623,6 +623,7 @@ def test_a_closed_output_pipe_does_not_stop_the_sweep_or_its_restore(rig: Rig) -
     rig.assert_restored()
 
 
+@pytest.mark.system
 def test_a_results_path_with_a_line_break_exits_64(tmp_path: Path) -> None:
     """Pasted as {out} into a drop-in, a line break started a new directive (an ExecStartPre= that ran)."""
     (tmp_path / "plan.toml").write_text('command = "x {out}"\ndropin = "[Service]\\nEnvironment=O={out}"\n'
@@ -634,6 +635,13 @@ def test_a_results_path_with_a_line_break_exits_64(tmp_path: Path) -> None:
     assert p.returncode == 64, p.stderr
     assert "--results: expected a path without control characters or line breaks, found \\n" in p.stderr
     assert not Path(bad).exists()
+
+
+def test_results_paths_with_control_characters_are_refused() -> None:
+    for bad in ("r\nExecStartPre=/bin/x", "r\u2028x", "r\x85x", "r\tx", "r\x7fx"):
+        why = sweep.check_results_path(Path(bad))
+        assert why is not None and why.startswith("--results: expected a path without control characters"), bad
+    assert sweep.check_results_path(Path("/srv/sweeps/100% é [a b]")) is None
 
 
 def test_a_results_folder_that_cannot_be_written_names_the_folder(tmp_path: Path) -> None:
