@@ -43,8 +43,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TextIO
 
+from genready import console
 from genready.client import client, guard
 from genready.client.guard import check
 from genready.compat import StrEnum
@@ -453,7 +454,7 @@ def _duration(s: float | None) -> str:
 class Sweep:
     def __init__(self, plan: Plan, *, base: str, target: str, unit: str, bus_kind: str, timeout: float,
                  results: Path, keep_config: bool, restart_each: bool = False, shard: Shard | None = None,
-                 out: IO[str] = sys.stdout, err: IO[str] = sys.stderr) -> None:
+                 out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
         self.plan, self.base, self.target, self.unit, self.bus_kind = plan, base, target, unit, bus_kind
         self.timeout, self.results, self.keep_config = timeout, results, keep_config
         self.restart_each, self.shard = restart_each, shard
@@ -517,13 +518,15 @@ class Sweep:
     # -- output ----------------------------------------------------------------------------------
 
     def say(self, text: str) -> None:
-        emit(self.err, ("\r\033[K" if self.tty else "") +
-             (f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n"))
+        # console.write: a reader that went away (`genready sweep ... | head`) must not stop the sweep half-way,
+        # with a point's configuration left on the unit.
+        console.write(("\r\033[K" if self.tty else "") +
+                      (f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n"), self.err)
 
     def progress(self, point: Point, text: str, *, transient: bool = False) -> None:
         line = f"[{point.index}/{len(self.plan.points)}] {shown(point.label)}: {text}"
         if transient and self.tty:
-            emit(self.err, "\r\033[K" + line[:200])
+            console.write("\r\033[K" + line[:200], self.err)
         else:
             self.say(line)
 
@@ -867,22 +870,9 @@ class Sweep:
         ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
         n = sum(len(g) for g in self.groups)
         loads = len(self.load_times)
-        emit(self.out, text + f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") +
-             f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n")
-
-
-def emit(stream: IO[str], text: str) -> None:
-    """Write and flush progress or a summary; a reader that went away (`genready sweep ... | head`: EPIPE, or a
-    closed terminal: EIO) must not stop the sweep half-way, with a point's configuration left on the unit.
-    Its stream is pointed at /dev/null, so nothing later (Python's own flush at exit included) fails again."""
-    try:
-        stream.write(text)
-        stream.flush()
-    except (OSError, ValueError):  # ValueError: the stream was closed
-        with contextlib.suppress(OSError, ValueError):
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, stream.fileno())
-            os.close(null)
+        text += f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") + \
+            f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n"
+        console.write(text, self.out)
 
 
 def denied(e: BaseException) -> bool:
@@ -982,11 +972,14 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
-def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: IO[str], *,
+def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: TextIO, *,
             restart_each: bool = False, shard: Shard | None = None,
             check: Callable[[str], list[str]] | None = None) -> int:
     """Print what the sweep would do, in the order it would do it; touch nothing. With `check`, each drop-in
     is checked as systemd would read it: 78 if systemd would not take one as written, else 0."""
+    def w(text: str) -> None:
+        console.write(text, out)  # `--dry-run | head` is not an error
+
     where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
         f"/{unit}.d/{DROPIN_NAME}"
     width = len(str(len(plan.points)))
@@ -994,28 +987,27 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
     todo = [[p for p in g if p.index not in skip] for g in groups]
     todo = [g for g in todo if g]
     refused = refused_dropins(plan, [p for g in todo for p in g], results, check)[1] if check else {}
-    out.write(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
-              + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
-              + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
+    w(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
+      + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
+      + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
     for n, group in enumerate(groups, 1):
-        out.write(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
+        w(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
         for i, p in enumerate(group):
             folder = results / p.slug(width) / "attempt-N"
             how = "restart" if restart_each or i == 0 else "reuse the verified instance, if still ready"
-            out.write(f"\n[{p.index}/{len(plan.points)}] {shown(p.label)}" + (
+            w(f"\n[{p.index}/{len(plan.points)}] {shown(p.label)}" + (
                 "  (ok earlier: skipped with --resume)" if p.index in skip else f"  ({how})") + "\n")
             text = plan.dropin_for(p, str(folder))
             if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):
-                out.write("  drop-in:\n" + "".join(f"    {shown(ln)}\n" for ln in text.removesuffix("\n").split("\n")))
+                w("  drop-in:\n" + "".join(f"    {shown(ln)}\n" for ln in text.removesuffix("\n").split("\n")))
             if p in refused:
-                out.write("  systemd would not take this drop-in as written:\n"
-                          + "".join(f"    {shown(ln)}\n" for ln in refused[p]))
-            out.write(f"  command: {shown(shlex.join(plan.command_for(p, str(folder))))}\n")
-    out.flush()
+                w("  systemd would not take this drop-in as written:\n"
+                  + "".join(f"    {shown(ln)}\n" for ln in refused[p]))
+            w(f"  command: {shown(shlex.join(plan.command_for(p, str(folder))))}\n")
     if refused:
         first, said = next(iter(refused.items()))
-        print(f"genready sweep: {dropin_refused(plan, first, said)}" + (
-            f" (and {len(refused) - 1} more drop-ins)" if len(refused) > 1 else ""), file=sys.stderr)
+        console.err(f"genready sweep: {dropin_refused(plan, first, said)}" + (
+            f" (and {len(refused) - 1} more drop-ins)" if len(refused) > 1 else ""))
         return Exit.CONFIG
     return 0
 
@@ -1031,8 +1023,7 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
         dropin = runtime_dir(bus_kind, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
         return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
     except Exception as e:  # no manager to ask (D-Bus), no systemd-analyze: the dry run goes on unchecked
-        print(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {dbus_words(e)}",
-              file=sys.stderr)
+        console.err(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {dbus_words(e)}")
         return None
     finally:
         if sd is not None:
