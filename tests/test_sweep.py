@@ -263,7 +263,8 @@ if mode.startswith(("block-at-", "stubborn-at-")) and seen["point"]["n"] == int(
         and not os.path.exists(marker):
     if mode.startswith("stubborn"):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    open(marker, "w").close()
+    with open(marker, "w") as f:
+        f.write(str(os.getpid()))
     while True:
         time.sleep(0.02)
 if mode == "fill":  # the results folder's disk fills up during the run
@@ -685,3 +686,91 @@ def test_a_disk_that_fills_mid_sweep_stops_cleanly_and_restores_the_unit(rig: Ri
     assert "Traceback" not in err and "back on its own configuration" in err
     assert len(rig.ran.read_text().splitlines()) == 1  # point 1 ran; the sweep stopped before point 2's
     rig.assert_restored()
+
+
+def test_sighup_is_handled_like_sigterm(rig: Rig) -> None:
+    """A closed SSH terminal sends SIGHUP: the point is invalidated and the unit restored, as for SIGTERM."""
+    plan = rig.write_plan(points=[{"n": i, "budget": 8, "topk": i} for i in (1, 2)], mode="block-at-2")
+    p = rig.sweep(plan)
+    wait_for(lambda: (rig.tmp / "marker").exists() or p.poll() is not None, 60, "point 2's command running")
+    p.send_signal(signal.SIGHUP)
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == 130, (out, rig.err.read_text())
+    assert [(ln["point"]["n"], ln["status"]) for ln in rig.results_lines()] == [(1, "ok"), (2, "invalidated")]
+    assert "SIGHUP: stopping the running command" in rig.err.read_text()
+    rig.assert_restored()
+
+
+def test_a_killed_sweeps_dropin_is_named_refused_to_others_and_restored(rig: Rig) -> None:
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8, "topk": 1}], mode="block-at-1")
+    first = rig.sweep(plan)
+    marker = rig.tmp / "marker"
+    wait_for(lambda: (marker.exists() and marker.read_text()) or first.poll() is not None, 60, "the command running")
+    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweep.DROPIN_NAME
+    owner = sweep.owner_of(dropin.read_text())
+    assert owner is not None and owner["pid"] == first.pid and owner["results"] == str(rig.results)
+    assert owner["plan"] == str(plan) and f"(pid {first.pid}, started " in dropin.read_text()
+
+    # A second sweep of the same unit, while the first runs: refused, naming the first.
+    other = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(rig.tmp / "other"), "--config",
+                            str(rig.g.config_path)], env=rig.manager.env, capture_output=True, text=True, timeout=60)
+    assert other.returncode == 75, other.stderr
+    assert f"belongs to a running sweep pid {first.pid}" in other.stderr and str(rig.results) in other.stderr
+    assert str(plan) in other.stderr
+    restore = [*GENREADY, "sweep", "restore", "t", "--config", str(rig.g.config_path)]
+    early = subprocess.run(restore, env=rig.manager.env, capture_output=True, text=True, timeout=60)
+    assert early.returncode == 75 and f"kill -TERM {first.pid}" in early.stderr, early.stderr
+
+    # kill -9: nothing cleans up; the unit keeps the point's configuration ...
+    first.kill()
+    first.wait(10)
+    os.kill(int(marker.read_text()), signal.SIGKILL)  # the command, in its own session
+    assert dropin.exists()
+    assert "--model" in Path(f"/proc/{rig.g.get('/ready/t')[1]['pid']}/cmdline").read_text()
+    # ... until `genready sweep restore`.
+    done = subprocess.run(restore, env=rig.manager.env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"sweep pid {first.pid}" in done.stderr and "gone" in done.stderr and "verified" in done.stderr
+    rig.assert_restored()
+    again = subprocess.run(restore, env=rig.manager.env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "nothing to restore" in again.stderr
+
+
+def test_shards_then_report_merges_the_folders_with_the_bench_figures(rig: Rig) -> None:
+    """Two shards of a 2 x 2 plan into two folders (as two hosts would), each summary with the bench
+    client's figures; `report` over both: one table in plan order, the best values marked."""
+    doc = {"target": "t", "timeout": 20,
+           "command": [PY, "-m", "genready.benchclient", "--url", rig.url, "-n", "4", "-c", "{c}", "--max-tokens",
+                       "6", "--output", "{out}/bench.jsonl"],
+           "dropin": '[Service]\nEnvironment="SIM_FLAGS=--spec-accept {accept} --token-latency 0.001"\n',
+           "matrix": {"accept": [2, 3], "c": [1, 2]}}
+    plan = rig.tmp / "plan.toml"
+    plan.write_text(tomli_w.dumps(doc))
+    folders = []
+    for k in (1, 2):
+        rig.results = rig.tmp / f"host{k}"
+        rc, out = rig.run(plan, "--shard", f"{k}/2")
+        assert rc == 0, out
+        head, first_row = out.splitlines()[:2]
+        assert head.endswith("ACCEPT  OUT tok/s  TTFT p50 ms  ITL p50 ms"), out
+        assert f" {1 + k}.00 " in first_row, out  # the simulator's accept length, per point
+        assert f"2/2 points ok (shard {k}/2), 1 load" in out
+        folders.append(str(rig.results))
+    assert [ln["point"]["accept"] for ln in rig.results_lines()] == [3, 3]  # shard 2: the second configuration
+    report = [*GENREADY, "sweep", "report", *folders]
+    table = subprocess.run(report, capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = [ln for ln in table.splitlines() if ln.startswith("accept=")]
+    assert [r.split()[:2] for r in rows] == [["accept=2", "c=1"], ["accept=2", "c=2"], ["accept=3", "c=1"],
+                                             ["accept=3", "c=2"]], table
+    assert all(" 2.00 " in r for r in rows[:2]) and all(" 3.00* " in r for r in rows[2:]), table
+    data = json.loads(subprocess.run([*report, "--format", "json"], capture_output=True, text=True, timeout=30,
+                                     check=True).stdout)
+    assert [r["accept_length"] for r in data["rows"]] == [2.0, 2.0, 3.0, 3.0]
+    assert all("accept_length" in r["best"] for r in data["rows"][2:]) and all(r["host"] for r in data["rows"])
+    md = subprocess.run([*report, "--format", "markdown"], capture_output=True, text=True, timeout=30).stdout
+    assert md.startswith("| POINT | STATUS |") and "| **3.00** |" in md
+    csv_out = subprocess.run([*report, "--format", "csv"], capture_output=True, text=True, timeout=30).stdout
+    assert csv_out.splitlines()[0].startswith("POINT,STATUS,ATTEMPT,PID,LOAD s,RUN s,ACCEPT,")
+    bad = subprocess.run([*GENREADY, "sweep", "report", folders[0], str(rig.tmp)], capture_output=True, text=True,
+                         timeout=30)
+    assert bad.returncode == 65 and f"{rig.tmp}: no results.jsonl" in bad.stderr, bad.stderr
