@@ -4,6 +4,7 @@ and the instance proof around a probe (see gatefakes.py for why these use stand-
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 
+from genready.redact import redact_lines
 from genready.rule.gate import is_ready
+from genready.rule.history import expected_load, iso
+from genready.rule.records import StartRecord
 from genready.vocab import Failure, Instance, Revocation, State
-from tests.gatefakes import Rig, failed, snap, target
+from tests.gatefakes import UNIT, Rig, failed, snap, target
 
 
 @pytest.fixture
@@ -273,3 +277,62 @@ async def test_check_reads_systemd_afresh(make_rig: Callable[..., Rig]) -> None:
 def test_target_defaults_come_from_the_config_table() -> None:
     cfg = target()
     assert cfg.warmup == 1 and cfg.recheck_interval == 0
+
+
+# --- how long loads usually take --------------------------------------------------------------
+
+def _loaded(inv: str, seconds: float, fingerprint: str | None = "fp-1") -> StartRecord:
+    return StartRecord(target="t", unit=UNIT, invocation_id=inv, main_pid=1, started_at=iso(1000.0),
+                       active_at=None, ended_at=iso(2000.0), result="success", exit_code=None, exit_status=None,
+                       n_restarts=0, ready_at=iso(1000.0 + seconds), load_seconds=seconds,
+                       exec_fingerprint=fingerprint)
+
+
+def test_expected_load_is_the_median_of_the_same_command_else_of_the_unit() -> None:
+    newest_first = [_loaded("a", 400.0, "fp-2"), _loaded("b", 100.0), _loaded("c", 120.0), _loaded("d", 90.0),
+                    _loaded("e", 110.0), _loaded("f", 130.0), _loaded("g", 900.0)]
+    assert expected_load(newest_first, "fp-1") == 110.0  # b..f: the last 5 with this ExecStart=; g too old
+    assert expected_load(newest_first, "fp-2") == 400.0
+    assert expected_load(newest_first, "fp-3") == 110.0  # none of its own: the unit's last 5 (a..e)
+    unverified = replace(_loaded("x", 5.0), ready_at=None, load_seconds=None)
+    assert expected_load([unverified], "fp-1") is None
+
+
+@pytest.mark.parametrize("auto", [True, False])
+async def test_load_timeout_auto_is_stuck_at_three_times_the_usual_load(make_rig: Callable[..., Rig],
+                                                                         auto: bool) -> None:
+    r = make_rig(**({} if auto else {"load_timeout": 1800}))
+    for i, seconds in enumerate((190.0, 200.0, 210.0)):
+        r.store.put(_loaded(f"old-{i}", seconds, None))
+    r.prober.answer = lambda pid: failed()
+    r.show(snap())
+    await r.until(lambda: r.gate.progress.probes >= 1, "probing")
+    assert r.gate.expected_load_seconds == 200.0
+    limit = 600.0 if auto else 1800.0
+    assert r.gate.stuck_after == limit
+    r.gate.progress.waiting_since = time.time() - (limit - 5)
+    await r.until(lambda: r.gate.progress.probes >= 3, "a probe later")
+    assert r.gate.state == State.LOADING
+    r.gate.progress.waiting_since = time.time() - (limit + 5)
+    await r.until(lambda: r.gate.state == State.STUCK, "stuck")
+    assert f"after {limit:g}s" in r.gate.reason
+    elapsed, eta = r.gate.load_clock()
+    assert elapsed is not None and eta is not None and 0 <= eta <= 200.0
+
+
+def test_redaction_of_every_kind_of_secret() -> None:
+    own = "own-key-0123456789"
+    lines = [
+        "server_args=ServerArgs(model_path='m', api_key='sk-sglang-1', admin_api_key=None, port=30000)",
+        "launch: vllm serve m --api-key sk-vllm-2 --port 8000",
+        "launch: llama-server --api-key=sk-llama-3 --api-key-file /etc/k",
+        "request headers: Authorization: Bearer sk-bearer-4",
+        "env: HF_TOKEN=hf_abcdef5 GITHUB_TOKEN='ghp_6' PATH=/usr/bin",
+        f"echo {own} from the target's own key file",
+    ]
+    out = "\n".join(redact_lines(lines, [own]))
+    for secret in ("sk-sglang-1", "sk-vllm-2", "sk-llama-3", "sk-bearer-4", "hf_abcdef5", "ghp_6", own):
+        assert secret not in out, secret
+    assert "api_key=***" in out and "--api-key ***" in out and "--api-key=***" in out
+    assert "Bearer ***" in out and "HF_TOKEN=***" in out and "--api-key-file /etc/k" in out
+    assert "model_path='m'" in out and "PATH=/usr/bin" in out and "port=30000" in out

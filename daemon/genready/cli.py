@@ -23,6 +23,7 @@ from genready.exitcodes import Exit
 
 EXIT_CODES = exitcodes.help_text()
 DAEMON_RETRY = 1.0  # seconds between attempts while `wait`/`restart` wait for an unreachable daemon
+LIVE_POLL = 1.0  # seconds between redraws of the live progress lines of wait and restart
 
 
 def die(msg: str, *, hint: str = "", status: int = Exit.TIMEOUT) -> NoReturn:
@@ -172,7 +173,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     from genready.client import client
 
     data = client.get_json(_api_base(args), "/status")
-    console.write(json.dumps(data, indent=2) + "\n" if args.json else client.format_status(data), sys.stdout)
+    # A terminal gets the table for people; anything else keeps the long-standing text format.
+    text = (json.dumps(data, indent=2) + "\n" if args.json else
+            client.format_status_tty(data) if sys.stdout.isatty() else client.format_status(data))
+    console.write(text, sys.stdout)
     return 0
 
 
@@ -194,34 +198,44 @@ def _ready_path(target: str | None, **query: object) -> str:
     return (f"/ready/{target}" if target else "/ready") + (f"?{q}" if q else "")
 
 
-def wait_ready(base: str, target: str | None, timeout: float, since: float | None) -> tuple[int, Any]:
+def wait_ready(base: str, target: str | None, timeout: float, since: float | None,
+               *, live: bool = False) -> tuple[int, Any]:
     """Long-poll /ready until ready or `timeout`; (HTTP status, body).
 
     A daemon that does not answer (restarting, or not up yet) is waited for until `timeout`
     too, then exit 69: readiness is what the caller waits for, and the daemon is on its way.
+    `live`: show each not-ready target's progress on stderr meanwhile (client/progress.py); the
+    long-poll then comes back every LIVE_POLL seconds with the daemon's latest account.
     """
-    from genready.client import client
+    from genready.client import client, progress
 
+    lines = progress.LiveLines(sys.stderr) if live and timeout > 0 and sys.stderr is not None else None
     deadline = time.monotonic() + timeout
     said = False
-    while True:
-        left = max(0.0, deadline - time.monotonic())
-        chunk = min(left, 3000.0)  # the API caps one long-poll at 3600 s
-        try:
-            code, body = client.request(base, _ready_path(target, wait=f"{chunk:.3f}", since=since),
-                                        timeout=chunk + 30)
-        except client.Unreachable as e:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                client.unreachable(base, e)
-            if not said:
-                said = True
-                console.err(f"genready: the daemon at {base} is unreachable ({e}); waiting for the daemon "
-                            f"(up to {left:.0f} s more)")
-            time.sleep(min(DAEMON_RETRY, left))
-            continue
-        if code != 503 or deadline - time.monotonic() <= 0:
-            return code, body
+    try:
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            chunk = min(left, LIVE_POLL if lines else 3000.0)  # the API caps one long-poll at 3600 s
+            try:
+                code, body = client.request(base, _ready_path(target, wait=f"{chunk:.3f}", since=since),
+                                            timeout=chunk + 30)
+            except client.Unreachable as e:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    client.unreachable(base, e)
+                if not said:
+                    said = True
+                    console.err(f"genready: the daemon at {base} is unreachable ({e}); waiting for the daemon "
+                                f"(up to {left:.0f} s more)")
+                time.sleep(min(DAEMON_RETRY, left))
+                continue
+            if code != 503 or deadline - time.monotonic() <= 0:
+                return code, body
+            if lines is not None and isinstance(body, dict):
+                lines.show(body.get("targets", [body]) if target is None else [body])
+    finally:
+        if lines is not None:
+            lines.clear()
 
 
 def _print_ready(body: Any) -> None:
@@ -238,7 +252,7 @@ def _print_not_ready(body: Any) -> None:
 def cmd_wait(args: argparse.Namespace) -> int:
     cfg = _config_if_needed(args)
     target = _one_target(args, cfg)
-    code, body = wait_ready(_api_base(args), target, args.timeout, args.since)
+    code, body = wait_ready(_api_base(args), target, args.timeout, args.since, live=True)
     if code == 200:
         _print_ready(body)
         return 0
@@ -268,7 +282,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
             hint="restarting a system unit needs root or a polkit rule", status=Exit.TIMEOUT)
     console.err(f"{target}: restart of {unit} requested; waiting for a verified start newer than it")
-    code, body = wait_ready(_api_base(args), target, args.timeout, t0)
+    code, body = wait_ready(_api_base(args), target, args.timeout, t0, live=True)
     if code == 200:
         _print_ready(body)
         return 0

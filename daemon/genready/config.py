@@ -56,6 +56,7 @@ class Setting:
     default: Any
     help: str
     check: Check | None = None
+    words: tuple[str, ...] = ()  # strings accepted besides values of `type` (load_timeout = "auto")
 
     @property
     def required(self) -> bool:
@@ -183,6 +184,23 @@ def check_unit(v: str) -> str | None:
     return None
 
 
+# load_timeout = "auto": stuck after max(FACTOR x the usual load, FLOOR); without history, NO_HISTORY.
+AUTO: Final = "auto"
+LOAD_TIMEOUT_FACTOR: Final = 3.0
+LOAD_TIMEOUT_FLOOR: Final = 300.0
+LOAD_TIMEOUT_NO_HISTORY: Final = 1800.0
+
+
+def stuck_after(load_timeout: float | str, expected: float | None) -> float:
+    """Seconds of loading after which a target is `stuck`: a number means itself; "auto" scales
+    with what this unit's loads usually take (expected_load_seconds)."""
+    if load_timeout != AUTO:
+        return float(load_timeout)
+    if expected is None:
+        return LOAD_TIMEOUT_NO_HISTORY
+    return max(LOAD_TIMEOUT_FACTOR * expected, LOAD_TIMEOUT_FLOOR)
+
+
 DAEMON_SETTINGS: Final = (
     Setting("listen", str, "127.0.0.1:9901",
             "host:port of the read-only HTTP API; loopback unless you mean it", _listen),
@@ -204,7 +222,9 @@ TARGET_SETTINGS: Final = (
     Setting("backoff_initial", float, 0.25, "first retry delay after a timeout or slow answer, in seconds", _positive),
     Setting("backoff_max", float, 2.0, "longest retry delay of any kind, in seconds", _positive),
     Setting("warmup", int, 1, "consecutive successful generations needed", _at_least_one),
-    Setting("load_timeout", float, 1800.0, "seconds after which a loading server is 'stuck'", _positive),
+    Setting("load_timeout", float, AUTO, "seconds after which a loading server is 'stuck'; \"auto\": "
+            f"{LOAD_TIMEOUT_FACTOR:g} x its usual load (expected_load_seconds), at least {LOAD_TIMEOUT_FLOOR:g} s; "
+            f"{LOAD_TIMEOUT_NO_HISTORY:g} s while it has no verified load yet", _positive, words=(AUTO,)),
     Setting("recheck_interval", float, 0.0, "seconds between re-probes of a ready server; 0 = off",
             _non_negative),
     Setting("failure_threshold", int, 3, "consecutive failed rechecks that revoke readiness", _at_least_one),
@@ -263,7 +283,7 @@ class TargetConfig:
     backoff_initial: float
     backoff_max: float
     warmup: int
-    load_timeout: float
+    load_timeout: float | str  # seconds, or AUTO: use stuck_after()
     recheck_interval: float
     failure_threshold: int
     verify_owner: bool
@@ -357,6 +377,9 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
             out[s.name] = s.default
             continue
         v = table[s.name]
+        if isinstance(v, str) and v in s.words:
+            out[s.name] = v
+            continue
         # bool is an int in Python, and an int is a fine float; nothing else converts silently.
         ok = isinstance(v, s.type) and not (s.type is int and isinstance(v, bool))
         if s.type is float and isinstance(v, int) and not isinstance(v, bool):
@@ -365,7 +388,7 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
             except OverflowError:  # an integer beyond any float
                 ok = False
         if not ok:
-            raise ConfigError(file, key, _type_name(s.type), _found(v))
+            raise ConfigError(file, key, " or ".join([_type_name(s.type), *(repr(w) for w in s.words)]), _found(v))
         if s.check and (problem := s.check(v)):
             raise ConfigError(file, key, problem, _redacted(v) if s.name == "url" else _found(v))
         out[s.name] = v

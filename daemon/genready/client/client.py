@@ -78,4 +78,54 @@ def format_status(data: dict[str, Any]) -> str:
                          *(_cell(r.get(k)) for k in ("main_pid", "started_at", "ready_at", "load_seconds", "ended_at")),
                          _cell(r.get("result") or r.get("revoke_reason"))])
         out.append(_table(rows))
+    out.append(format_failures(targets))
+    return "".join(out)
+
+
+def format_failures(targets: dict[str, Any]) -> str:
+    """Each target's last start that failed before it was verified: how it ended, its last lines."""
+    out = []
+    for name, t in targets.items():
+        f = t.get("last_failure")
+        if not f:
+            continue
+        code = f" ({f['exit_code']} with status {f['exit_status']})" if f.get("exit_code") else ""
+        out.append(f"\n{name}: start {str(f.get('invocation_id'))[:12]} (pid {f.get('main_pid')}) ended before it "
+                   f"was verified: Result={f.get('result')}{code}, at {f.get('ended_at')}\n")
+        out += [f"  | {line}\n" for line in f.get("journal") or []]
+    return "".join(out)
+
+
+def format_status_tty(data: dict[str, Any], now: float | None = None) -> str:
+    """/status for a person at a terminal: one row per target (local times, "3m ago", the load
+    against its usual length, the last failure), then each failed start's own last lines."""
+    from genready.client import progress
+
+    out = [f"genready {data.get('version')}, up {progress.duration(data.get('uptime_seconds', 0))}, "
+           f"{data.get('bus')} bus {'connected' if data.get('bus_connected') else 'DISCONNECTED'}\n"]
+    if data.get("config_error"):
+        out.append(f"config reload refused: {data['config_error']}\n")
+    targets: dict[str, Any] = data.get("targets", {})
+    rows = [["TARGET", "STATE", "PID", "SINCE", "LOAD (EXPECTED)", "LAST FAILURE"]]
+    for name, t in targets.items():
+        since = t.get("ready_since") if t.get("ready") else t.get("waiting_since")
+        expected = t.get("expected_load_seconds")
+        usual = f" (~{progress.duration(expected)})" if expected is not None else ""
+        if t.get("ready"):
+            load = f"{progress.duration(t.get('load_seconds'))}{usual}" if t.get("load_seconds") is not None else "-"
+        else:
+            load = progress.load_text(t) or "-"
+        f = t.get("last_failure")
+        if f:
+            status = f" {f.get('exit_code')} {f.get('exit_status')}" if f.get("exit_code") else ""
+            ended = progress.local_time(f.get("ended_at"), now).split(" (")[-1].rstrip(")")
+            failure = f"{f.get('result')}{status}, {ended}"
+        elif t.get("last_error"):
+            failure = f"probe {t.get('probes')}: {t['last_error']}"
+        else:
+            failure = "-" if t.get("ready") or not t.get("reason") else str(t["reason"])
+        rows.append([name, str(t.get("state")), _cell(t.get("pid")), progress.local_time(since, now), load,
+                     failure[:80]])
+    out.append("\n" + _table(rows))
+    out.append(format_failures(targets))
     return "".join(out)

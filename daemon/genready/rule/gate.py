@@ -17,17 +17,18 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from genready.compat import wait_for
-from genready.config import TargetConfig
+from genready.config import AUTO, TargetConfig, stuck_after
 from genready.probe.listen import ListenWatch
 from genready.probe.probe import Prober
 from genready.rule.history import History, from_iso, iso
 from genready.rule.records import RecordStore, StartRecord
 from genready.rule.schedule import Schedule
+from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
 from genready.systemd.watcher import FreshReader, Snapshot
 from genready.vocab import DOWN, Failure, Instance, ProbeResult, Revocation, State
 
@@ -129,6 +130,12 @@ class TargetGate:
         self._task: asyncio.Task[None] | None = None
         self.probe_restarts = 0  # probe loops that died and were restarted (see _probe_task_done)
         self._changed = asyncio.Event()
+        self.expected_load_seconds: float | None = None  # refreshed at each start and verification
+        # The last start that ended before it was verified: how it ended and its own last words.
+        self.last_failure: dict[str, object] | None = None
+        self._created = time.time()  # starts that ended before this are history, not news
+        self._mark: OutputMark | None = None  # where the unit's output stood before the current start
+        self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
 
     @property
     def name(self) -> str:
@@ -155,12 +162,91 @@ class TargetGate:
             started = None
         if started is not None:
             self.listener.on_start_seen(self, started)
+        if snap is not None and (started is not None or self.expected_load_seconds is None):
+            self._refresh_expected(snap)
+        if snap is not None:
+            self._follow_output(snap)
         if was_ready and not self.ready:
             assert self.verified is not None
             self._revoke(revocation_reason(snap, self.verified.instance))
         if snap is not None and self.verified and instance_of(snap) != self.verified.instance:
             self.verified = None  # a verification belongs to one instance only
         self._schedule_probing()
+        self._set_state()
+
+    def _refresh_expected(self, snap: Snapshot) -> None:
+        try:
+            self.expected_load_seconds = self.history.expected_load(snap.exec_fingerprint)
+        except Exception:
+            log.exception("%s: reading the load history failed", self.name)
+
+    @property
+    def stuck_after(self) -> float:
+        """Seconds of loading after which this target is `stuck` (load_timeout, or "auto")."""
+        return stuck_after(self.cfg.load_timeout, self.expected_load_seconds)
+
+    def load_clock(self) -> tuple[float | None, float | None]:
+        """(seconds the current start has been loading, seconds it is expected to take still), while
+        it is not ready; (None, None) otherwise or unknown."""
+        s = self.snap
+        if self.ready or s is None or not s.invocation_id or s.active_state not in ("activating", "active"):
+            return None, None
+        rec = self.history.get(s.invocation_id)
+        started = from_iso(rec.started_at) if rec and rec.ended_at is None else None
+        if started is None:
+            return None, None
+        elapsed = max(0.0, time.time() - started)
+        eta = None if self.expected_load_seconds is None else max(0.0, self.expected_load_seconds - elapsed)
+        return elapsed, eta
+
+    # -- a failed start's own last words -------------------------------------------------------
+
+    def _follow_output(self, snap: Snapshot) -> None:
+        """While no process runs, note where the unit's output files stand (the next start's lines
+        begin there); when a start ends before it was verified, collect its last lines."""
+        # MainPID 0: no process of any start runs. (Not "inactive" alone: for a moment at each start
+        # systemd shows inactive/dead with the NEW MainPID, whose first lines must not be skipped.)
+        if snap.main_pid:
+            return
+        for rec in self.store.newest(self.name, 2):
+            ended = from_iso(rec.ended_at)
+            if (rec.ready_at is None and ended is not None and ended >= self._created and rec.result != "unknown"
+                    and (self.last_failure is None or self.last_failure["invocation_id"] != rec.invocation_id)):
+                self.last_failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
+                                     "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
+                                     "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
+                mark = self._mark or OutputMark(from_iso(rec.started_at) or ended)
+                self._chore(self._collect_lines(self.last_failure, mark, snap))
+                break
+        self._chore(self._take_mark(snap))
+
+    def _chore(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _take_mark(self, snap: Snapshot) -> None:
+        try:
+            self._mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
+                                        JOURNALCTL_TIMEOUT)
+        except Exception as e:
+            log.warning("%s: cannot note where %s's output stands: %s", self.name, self.unit, e)
+
+    async def _collect_lines(self, failure: dict[str, object], mark: OutputMark, snap: Snapshot) -> None:
+        bus_kind, secrets = getattr(self.fresh, "bus_kind", "system"), [self.cfg.api_key]
+
+        def read() -> list[str]:
+            m = mark
+            if not m.sizes:  # no mark yet (genready started while the unit ran): the files' own tails
+                whole = OutputMark.take(snap.fragment_path, snap.dropin_paths, since=m.since)
+                m = OutputMark(m.since, dict.fromkeys(whole.sizes, 0))
+            return m.lines(bus_kind, self.unit, secrets=secrets)
+
+        try:
+            lines = await wait_for(asyncio.to_thread(read), JOURNALCTL_TIMEOUT + 2)
+        except Exception as e:
+            lines = [f"(genready could not read the unit's output: {e})"]
+        failure["journal"] = lines
         self._set_state()
 
     def _revoke(self, reason: Revocation) -> None:
@@ -203,8 +289,10 @@ class TargetGate:
         if p.last_failure == Failure.REJECTED:
             # Up, and refusing: waiting longer changes nothing until someone fixes the server or the config.
             return State.REJECTED, p.last_error.split(": ", 1)[1]
-        if time.time() - p.waiting_since > self.cfg.load_timeout:
-            return State.STUCK, f"no verified generation after load_timeout ({self.cfg.load_timeout:g}s); {err}"
+        if time.time() - p.waiting_since > self.stuck_after:
+            how = (f"load_timeout = auto: 3 x the usual load of {self.expected_load_seconds:g}s, at least 300s"
+                   if self.cfg.load_timeout == AUTO and self.expected_load_seconds is not None else "load_timeout")
+            return State.STUCK, f"no verified generation after {self.stuck_after:g}s ({how}); {err}"
         if p.successes:
             return State.WARMING, f"{p.successes}/{self.cfg.warmup} generations verified"
         return State.LOADING, err
@@ -272,7 +360,7 @@ class TargetGate:
     async def _probe_until_verified(self, inst: Instance) -> None:
         """Probe on the schedule until `warmup` generations in a row succeed and `inst` is
         verified, or until `inst` is no longer the one to probe."""
-        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max, patience=self.cfg.load_timeout)
+        schedule = Schedule(self.cfg.backoff_initial, self.cfg.backoff_max, patience=self.stuck_after)
         # The loop condition also guards against a cancellation lost in a race.
         while self._probe_wanted() == inst:
             result = await self._probe_once(inst)
@@ -360,6 +448,8 @@ class TargetGate:
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
                  inst.invocation_id, load, self.progress.probes)
+        if self.snap is not None:
+            self._refresh_expected(self.snap)
         if rec is not None:
             self.listener.on_verified(self, rec)
         return True
@@ -402,8 +492,16 @@ class TargetGate:
             **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None, "warnings": self.cfg.warnings,
+            **self.load_json(), "last_failure": self.last_failure,
             "snapshot": s.to_json() if s else None,
         }
+
+    def load_json(self) -> dict[str, object]:
+        """expected_load_seconds, and while loading, how long so far and the ETA (/status, /ready's 503)."""
+        elapsed, eta = self.load_clock()
+        return {"expected_load_seconds": self.expected_load_seconds,
+                "loading_seconds": None if elapsed is None else round(elapsed, 3),
+                "eta_seconds": None if eta is None else round(eta, 3)}
 
     async def reconfigure(self, cfg: TargetConfig) -> None:
         """Take new probe settings. A verification made under the old ones is not kept."""
@@ -420,6 +518,8 @@ class TargetGate:
         self._set_state()
 
     async def close(self) -> None:
+        for chore in list(self._chores):
+            chore.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -11,7 +11,9 @@ reports the error and writes the records once it can (RecordStore.remember/sync)
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
@@ -31,6 +33,20 @@ def iso(ts: float | None) -> str | None:
 
 def from_iso(s: str | None) -> float | None:
     return None if s is None else datetime.fromisoformat(s).timestamp()
+
+
+# expected_load_seconds: the median of this many recent verified loads.
+EXPECTED_FROM = 5
+
+
+def expected_load(records: Iterable[StartRecord], fingerprint: str) -> float | None:
+    """The median of the last (up to) EXPECTED_FROM verified loads with the same ExecStart= (its
+    fingerprint); without those, of the unit's last EXPECTED_FROM loads; without those, None.
+    `records` newest first."""
+    loads = [(r.exec_fingerprint, r.load_seconds) for r in records if r.ready_at and r.load_seconds is not None]
+    same = [s for f, s in loads if fingerprint and f == fingerprint][:EXPECTED_FROM]
+    pick = same or [s for _, s in loads][:EXPECTED_FROM]
+    return round(statistics.median(pick), 3) if pick else None
 
 
 def _us(v: int) -> float | None:
@@ -67,7 +83,7 @@ class History:
                 main_pid=s.main_pid if alive else 0,
                 started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
                 active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
-                n_restarts=s.n_restarts,
+                n_restarts=s.n_restarts, exec_fingerprint=s.exec_fingerprint or None,
             )
             self.store.remember(rec)
         if rec.ended_at is not None:
@@ -86,6 +102,10 @@ class History:
         if new != rec:
             self.store.remember(new)
         return created
+
+    def expected_load(self, fingerprint: str) -> float | None:
+        """expected_load_seconds for a start whose ExecStart= has `fingerprint`."""
+        return expected_load(self.store.newest(self.target, 100), fingerprint)
 
     def mark_ready(self, invocation_id: str, *, ready_at: float, load_seconds: float | None, probes: int,
                    served_by_pid: int | None) -> StartRecord | None:

@@ -57,6 +57,7 @@ class StartRecord:
     served_by_pid: int | None = None
     revoked_at: str | None = None
     revoke_reason: str | None = None
+    exec_fingerprint: str | None = None  # digest of ExecStart= at this start: loads compare like with like
 
     def to_json(self) -> dict[str, object]:
         """All fields as a JSON-ready dict (field name -> value)."""

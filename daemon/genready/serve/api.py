@@ -181,7 +181,7 @@ def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:
 def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
     j = g.to_json()
     body = {k: j[k] for k in ("target", "unit", "state", "pid", "invocation_id", "waiting_since", "probes",
-                              "last_error")}
+                              "last_error", "expected_load_seconds", "loading_seconds", "eta_seconds")}
     return {"ready": False, "reason": why, **body}
 
 

@@ -268,6 +268,7 @@ class Daemon:
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
         self.metrics.set_state(gate.name, gate.unit, new)
+        self.metrics.set_expected_load(gate.name, gate.unit, gate.expected_load_seconds)
         event(log, logging.INFO, f"{gate.name}: {old} -> {new}", reason=gate.reason or None,
               pid=gate.snap.main_pid if gate.snap else None)
         if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
@@ -294,6 +295,7 @@ class Daemon:
     def on_verified(self, gate: TargetGate, record: StartRecord) -> None:
         if record.load_seconds is not None:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
+        self.metrics.set_expected_load(gate.name, gate.unit, gate.expected_load_seconds)
         self._update_outputs()
 
     def on_revoked(self, gate: TargetGate, reason: Revocation) -> None:

@@ -66,6 +66,11 @@ class Metrics:
             "genready_ready", "1 if a generation served by the unit's current MainPID succeeded, else 0",
             _LABELS, registry=r,
         )
+        self._expected = Gauge(
+            "genready_expected_load_seconds", "How long this target's loads usually take: the median of the last "
+            "(up to) 5 verified loads with the same ExecStart=, else of the unit's last 5; NaN without any",
+            _LABELS, registry=r,
+        )
         self._main_pid = Gauge(
             "genready_main_pid", "The unit's current MainPID (0: none)", _LABELS, registry=r,
         )
@@ -129,6 +134,7 @@ class Metrics:
         self._state.labels(target, unit).state("unknown")
         self._ready.labels(target, unit).set(0)
         self._main_pid.labels(target, unit).set(0)
+        self._expected.labels(target, unit).set(float("nan"))
         self._starts.labels(target, unit)
         self._stamp_errors.labels(target, unit)
         self._foreign.labels(target, unit)
@@ -144,8 +150,8 @@ class Metrics:
         key = (target, unit)
         if key not in self._results:
             return
-        for metric in (self._state, self._ready, self._main_pid, self._starts, self._foreign, self._load,
-                       self._probe_seconds, self._stamp_errors):
+        for metric in (self._state, self._ready, self._main_pid, self._expected, self._starts, self._foreign,
+                       self._load, self._probe_seconds, self._stamp_errors):
             metric.remove(target, unit)
         for result in self._results.pop(key):
             self._probes.remove(target, unit, result)
@@ -167,6 +173,10 @@ class Metrics:
     def set_main_pid(self, target: str, unit: str, pid: int) -> None:
         self.register_target(target, unit)
         self._main_pid.labels(target, unit).set(pid)
+
+    def set_expected_load(self, target: str, unit: str, seconds: float | None) -> None:
+        self.register_target(target, unit)
+        self._expected.labels(target, unit).set(float("nan") if seconds is None else seconds)
 
     def start_seen(self, target: str, unit: str) -> None:
         self.register_target(target, unit)

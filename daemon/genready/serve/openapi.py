@@ -10,6 +10,25 @@ from genready.vocab import Revocation, State
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
 _NUM_OR_NULL: dict[str, Any] = {"type": ["number", "null"]}
+# How long loads usually take: in /status and in /ready's 503 answer.
+LOAD_CLOCK: dict[str, Any] = {
+    "expected_load_seconds": {**_NUM_OR_NULL, "description": "median of the last (up to) 5 verified loads with "
+                              "the same ExecStart=, else of the unit's last 5; null without any"},
+    "loading_seconds": {**_NUM_OR_NULL, "description": "while not ready: seconds since this start's process began"},
+    "eta_seconds": {**_NUM_OR_NULL, "description": "while not ready: expected_load_seconds minus loading_seconds "
+                    "(0 when overdue); null without history"},
+}
+FAILURE: dict[str, Any] = {
+    "type": ["object", "null"],
+    "description": "the last start that ended before it was verified (since genready started), with its own "
+                   "last 20 lines of output, secrets masked",
+    "properties": {
+        "invocation_id": {"type": "string"}, "main_pid": {"type": "integer"}, "started_at": _STR_OR_NULL,
+        "ended_at": _STR_OR_NULL, "result": {**_STR_OR_NULL, "description": "systemd's Result="},
+        "exit_code": {**_STR_OR_NULL, "description": "exited, killed, dumped"}, "exit_status": _INT_OR_NULL,
+        "journal": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 READY = {
     "type": "object",
@@ -40,6 +59,7 @@ NOT_READY: dict[str, Any] = {
         "waiting_since": {**_STR_OR_NULL, "description": "when probing of this start began"},
         "probes": {"type": "integer"},
         "last_error": {**_STR_OR_NULL, "description": "the last probe failure: class and detail"},
+        **LOAD_CLOCK,
     },
 }
 ALL_READY = {
@@ -60,6 +80,7 @@ RECORD = {
         "load_seconds": _NUM_OR_NULL, "probes": _INT_OR_NULL, "served_by_pid": _INT_OR_NULL,
         "revoked_at": _STR_OR_NULL,
         "revoke_reason": {"type": ["string", "null"], "enum": [*(r.value for r in Revocation), None]},
+        "exec_fingerprint": {**_STR_OR_NULL, "description": "digest of ExecStart= at this start"},
     },
 }
 TARGET_STATUS = {
@@ -75,6 +96,7 @@ TARGET_STATUS = {
                      "description": "settings that weaken the proof, e.g. tls_verify = false"},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
+        **LOAD_CLOCK, "last_failure": FAILURE,
     },
 }
 STATUS = {

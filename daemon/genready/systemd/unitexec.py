@@ -9,13 +9,13 @@ contents are not on the bus; they are read here from the files the unit names, w
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from genready.systemd import watcher
+from genready.systemd.watcher import exec_argvs
 
 
 def _s(v: Any) -> str:
@@ -32,25 +32,6 @@ class UnitExec:
     fragment_path: str
     commands: tuple[tuple[str, ...], ...]  # one argv per ExecStart= line
     environment: Mapping[str, str] = field(default_factory=dict)
-
-
-def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
-    """ExecStart's D-Bus value, a(sasbttttuii), as argv tuples. argv[0] may differ from the path
-    (`ExecStart=@/path name …`); the path is what runs, so it replaces argv[0]."""
-    out = []
-    for entry in exec_start or []:
-        path, argv = _s(entry[0]), [_s(a) for a in (entry[1] or [])]
-        out.append(tuple([path, *argv[1:]] if path else argv))
-    return tuple(out)
-
-
-def exec_fingerprint(exec_start: Any) -> str:
-    """A short digest of the command lines alone. The D-Bus value also carries the last run's
-    timestamps and PID, which change with every start; this does not."""
-    argvs = exec_argvs(exec_start)
-    if not argvs:
-        return ""
-    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
 
 
 def parse_environment(entries: Iterable[str]) -> dict[str, str]:

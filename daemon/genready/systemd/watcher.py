@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import time
@@ -55,6 +56,25 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
+    """ExecStart's D-Bus value, a(sasbttttuii), as argv tuples. argv[0] may differ from the path
+    (`ExecStart=@/path name …`); the path is what runs, so it replaces argv[0]."""
+    out = []
+    for entry in exec_start or []:
+        path, argv = _s(entry[0]), [_s(a) for a in (entry[1] or [])]
+        out.append(tuple([path, *argv[1:]] if path else argv))
+    return tuple(out)
+
+
+def exec_fingerprint(exec_start: Any) -> str:
+    """A short digest of the command lines alone. The D-Bus value also carries the last run's
+    timestamps and PID, which change with every start; this does not."""
+    argvs = exec_argvs(exec_start)
+    if not argvs:
+        return ""
+    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs, 0 = never."""
@@ -74,6 +94,9 @@ class Snapshot:
     exec_main_status: int = 0
     n_restarts: int = 0
     result: str = ""
+    exec_fingerprint: str = ""  # the ExecStart= command lines, digested: "the same server configuration"
+    fragment_path: str = ""  # the unit file and its drop-ins: where its output files are named
+    dropin_paths: tuple[str, ...] = ()
     error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
 
     @property
@@ -99,6 +122,8 @@ _UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"Job": ("job_id", lambda v: int(v[0])),
     b"ActiveEnterTimestamp": ("active_enter_us", int),
     b"InactiveEnterTimestamp": ("inactive_enter_us", int),
+    b"FragmentPath": ("fragment_path", _s),
+    b"DropInPaths": ("dropin_paths", lambda v: tuple(_s(p) for p in v or ())),
 }
 _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"MainPID": ("main_pid", int),
@@ -108,6 +133,7 @@ _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"ExecMainStatus": ("exec_main_status", int),
     b"NRestarts": ("n_restarts", int),
     b"Result": ("result", _s),
+    b"ExecStart": ("exec_fingerprint", exec_fingerprint),
 }
 _PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
 

@@ -48,12 +48,15 @@ from typing import Any, Final, NoReturn, TextIO
 from genready import console
 from genready.client import client, guard
 from genready.client.guard import check
+from genready.client.progress import duration as _duration
+from genready.client.progress import target_line
 from genready.compat import StrEnum
-from genready.config import Config, ConfigError
+from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit
 from genready.rule.history import iso
 from genready.rule.records import _fsync_dir, _write_all
 from genready.systemd import analyze, watcher
+from genready.systemd.unitlog import OutputMark
 from genready.tools import sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
@@ -62,7 +65,6 @@ LOCK_FILE: Final = ".sweep.lock"
 # Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
 # "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
 DROPIN_NAME: Final = "zz-genready-sweep.conf"
-OUTPUT_LINES: Final = 20  # lines of the unit's output kept in a not_ready record
 POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
 STOP_GRACE: Final = 10.0  # seconds an interrupted command gets after SIGINT, then SIGTERM, then SIGKILL
 LOADING_EVERY: Final = 30.0  # seconds between "loading" lines when stderr is not a terminal
@@ -323,75 +325,6 @@ def describe_owner(owner: Mapping[str, Any]) -> str:
             f"results {owner.get('results')}")
 
 
-def output_files(state: UnitState) -> list[Path]:
-    """Files the unit's stdout/stderr go to (StandardOutput=file:/append:/truncate:), from its unit files.
-
-    systemd does not publish these paths on D-Bus, so they are read from the fragment and drop-ins
-    it loaded; a path with a %-specifier is skipped rather than guessed.
-    """
-    settings: dict[str, str] = {}
-    for path in (state.fragment_path, *state.dropin_paths):
-        if not path:
-            continue
-        try:
-            text = Path(path).read_text(errors="replace")
-        except OSError:
-            continue
-        section = ""
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("["):
-                section = line
-            elif section == "[Service]" and "=" in line:
-                k, v = (x.strip() for x in line.split("=", 1))
-                if k in ("StandardOutput", "StandardError"):
-                    settings[k] = v
-    out: list[Path] = []
-    for v in settings.values():
-        kind, _, where = v.partition(":")
-        if kind in ("file", "append", "truncate") and where.startswith("/") and "%" not in where:
-            out.append(Path(where))
-    return list(dict.fromkeys(out))
-
-
-@dataclass
-class OutputMark:
-    """Where the unit's output stood when a start was requested, to show only that start's lines."""
-
-    since: float
-    sizes: dict[Path, int] = field(default_factory=dict)
-
-    @classmethod
-    def take(cls, state: UnitState) -> OutputMark:
-        sizes = {}
-        for p in output_files(state):
-            with contextlib.suppress(OSError):
-                sizes[p] = p.stat().st_size
-            sizes.setdefault(p, 0)
-        return cls(time.time(), sizes)
-
-    def lines(self, bus_kind: str, unit: str, n: int = OUTPUT_LINES) -> list[str]:
-        """The last `n` lines the unit wrote since the mark: from its output files, else from the journal."""
-        if self.sizes:
-            out: list[str] = []
-            for p, size in self.sizes.items():
-                try:
-                    with p.open("rb") as f:
-                        if os.fstat(f.fileno()).st_size >= size:  # a truncate: file starts again from 0
-                            f.seek(size)
-                        out += f.read().decode(errors="replace").splitlines()
-                except OSError:
-                    continue
-            return out[-n:]
-        cmd = ["journalctl", "--user-unit" if bus_kind == "user" else "--unit", unit, "--since",
-               f"@{int(self.since)}", "-o", "cat", "-n", str(n), "--no-pager", "-q"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return []
-        return done.stdout.splitlines()[-n:] if done.returncode == 0 else []
-
-
 # --- running a sweep ------------------------------------------------------------------------------
 
 
@@ -442,20 +375,12 @@ class Interrupted(Exception):
     """A SIGINT or SIGTERM arrived: stop this point, clean up, exit."""
 
 
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "?"
-    if s < 10:
-        return f"{max(0.0, s):.1f}s"
-    s = round(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
 class Sweep:
     def __init__(self, plan: Plan, *, base: str, target: str, unit: str, bus_kind: str, timeout: float,
                  results: Path, keep_config: bool, restart_each: bool = False, shard: Shard | None = None,
-                 out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+                 out: TextIO = sys.stdout, err: TextIO = sys.stderr, secrets: Sequence[str] = ()) -> None:
         self.plan, self.base, self.target, self.unit, self.bus_kind = plan, base, target, unit, bus_kind
+        self.secrets = list(secrets)  # the target's own API key: masked in the unit's lines we keep
         self.timeout, self.results, self.keep_config = timeout, results, keep_config
         self.restart_each, self.shard = restart_each, shard
         self.groups = shard.take(plan.groups()) if shard else plan.groups()
@@ -726,7 +651,7 @@ class Sweep:
         """Restart, then wait for a verified start newer than the restart; fills att (pid or not_ready)."""
         assert self.sd is not None
         before = self.sd.state()
-        mark = OutputMark.take(before)
+        mark = OutputMark.take(before.fragment_path, before.dropin_paths)
         t0 = time.time()  # since= compares with the new process's start: taken before asking systemd
         att.started_at = t0
         try:
@@ -779,13 +704,17 @@ class Sweep:
                 break
             if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY):
                 last_line = time.monotonic()
-                last = f" (last load {_duration(self.last_load)})" if self.last_load else ""
-                self.progress(point, f"loading pid {state.main_pid} for {_duration(time.time() - t0)}{last}"
-                              f"{self.eta(point, loading=True)}", transient=True)
+                if isinstance(body, dict) and body.get("state"):
+                    # the daemon's own account: state, pid, time loading of the usual, ETA, last probe
+                    text = target_line(body)
+                else:
+                    last = f" (last load {_duration(self.last_load)})" if self.last_load else ""
+                    text = f"loading pid {state.main_pid} for {_duration(time.time() - t0)}{last}"
+                self.progress(point, f"{text}{self.eta(point, loading=True)}", transient=True)
         state = self.sd.state()
         att.status, att.unit_result = Status.NOT_READY, state.result
         att.pid, att.invocation_id = state.main_pid or None, state.invocation_id or None
-        att.journal = mark.lines(self.bus_kind, self.unit)
+        att.journal = mark.lines(self.bus_kind, self.unit, secrets=self.secrets)
 
     def _run(self, point: Point, att: Attempt, folder: Path) -> None:
         cmd = self.plan.command_for(point, str(folder))
@@ -1065,8 +994,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if code == 404:
         die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=Exit.USAGE)
     sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
-                  timeout=plan.timeout or tcfg.load_timeout, results=results, keep_config=args.keep_config,
-                  restart_each=args.restart_each, shard=shard)
+                  timeout=plan.timeout or stuck_after(tcfg.load_timeout, None), results=results,
+                  keep_config=args.keep_config, restart_each=args.restart_each, shard=shard, secrets=[tcfg.api_key])
     todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
     todo = [g for g in todo if g]
     sweep.say(loads_line(sum(map(len, todo)), todo, args.restart_each) + (f" (shard {shard})" if shard else ""))
@@ -1114,7 +1043,7 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
             die(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
                 hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
         say(f"{dropin} was left by " + (f"{describe_owner(owner)}, gone" if owner else "an earlier sweep"))
-        ok = restore(sd, dropin, base, target, timeout or cfg.targets[target].load_timeout, say)
+        ok = restore(sd, dropin, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
     except SweepError as e:
         die(str(e), status=Exit.TIMEOUT)
     except Exception as e:  # D-Bus: permission, no such unit

@@ -1,0 +1,124 @@
+"""What a person watching a long load sees: one live line per target, and times as people read them.
+
+On a terminal, `genready wait`, `restart` and `sweep` redraw one line per target in place:
+
+    sglang  loading  pid 4242  3m10s of ~6m02s  [=======>      ]  ETA 2m52s  probe 17: refused
+
+When stderr is not a terminal (a log, CI), a plain line is written at each change of state and
+every PLAIN_EVERY seconds, never a control sequence. The lines are built from /ready's 503 answer
+(state, pid, loading_seconds, expected_load_seconds, eta_seconds, probes, last_error).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final, TextIO
+
+from genready import console
+
+PLAIN_EVERY: Final = 30.0  # seconds between plain progress lines when stderr is not a terminal
+BAR_WIDTH: Final = 14
+
+
+def duration(s: float | None) -> str:
+    """Seconds as people read them: 4.2s, 42s, 3m10s, 1h05m ("?" if unknown)."""
+    if s is None:
+        return "?"
+    if s < 10:
+        return f"{max(0.0, s):.1f}s"
+    s = round(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def ago(ts: float, now: float | None = None) -> str:
+    """"12s ago", "3m ago", "2h ago", "4d ago"."""
+    d = max(0.0, (time.time() if now is None else now) - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if d >= size:
+            return f"{int(d // size)}{unit} ago"
+    return f"{int(d)}s ago"
+
+
+def local_time(iso: str | None, now: float | None = None) -> str:
+    """An ISO 8601 time from the API as local time (with the date if not today) and how long ago."""
+    if not iso:
+        return "-"
+    try:
+        dt = datetime.fromisoformat(iso).astimezone()
+    except ValueError:
+        return iso
+    now_dt = datetime.fromtimestamp(time.time() if now is None else now).astimezone()
+    shown = dt.strftime("%H:%M:%S") if dt.date() == now_dt.date() else dt.strftime("%b %d %H:%M")
+    return f"{shown} ({ago(dt.timestamp(), now_dt.timestamp())})"
+
+
+def bar(fraction: float, width: int = BAR_WIDTH) -> str:
+    """[=======>      ]; full (no arrow) at or past 1."""
+    f = min(max(fraction, 0.0), 1.0)
+    done = int(f * width)
+    inner = "=" * width if f >= 1 else "=" * done + ">" + " " * (width - done - 1)
+    return f"[{inner}]"
+
+
+def load_text(t: Mapping[str, Any]) -> str:
+    """`3m10s of ~6m02s  [=====>   ]  ETA 2m52s`, or just `3m10s` without history ("" if not loading)."""
+    elapsed, expected, eta = t.get("loading_seconds"), t.get("expected_load_seconds"), t.get("eta_seconds")
+    if elapsed is None:
+        return f"usually ~{duration(expected)}" if expected is not None else ""
+    if expected is None or not expected:
+        return duration(elapsed)
+    left = f"ETA {duration(eta)}" if eta else "overdue"
+    return f"{duration(elapsed)} of ~{duration(expected)}  {bar(elapsed / expected)}  {left}"
+
+
+def target_line(t: Mapping[str, Any], width: int = 0) -> str:
+    """One target's live line, from a /ready 503 body or a /status target."""
+    parts = [str(t.get("target", "?")).ljust(width), str(t.get("state", "?")).ljust(8)]
+    if t.get("pid"):
+        parts.append(f"pid {t['pid']}")
+    if load := load_text(t):
+        parts.append(load)
+    if t.get("last_error"):
+        parts.append(f"probe {t.get('probes')}: {str(t['last_error']).split(':', 1)[0]}")
+    elif t.get("state") in ("inactive", "absent", "unknown", "stuck", "rejected") and t.get("reason"):
+        parts.append(str(t["reason"]))
+    return "  ".join(p for p in parts if p)
+
+
+class LiveLines:
+    """One line per target on `stream`: redrawn in place on a terminal, else plain lines at each
+    change of state and every PLAIN_EVERY seconds."""
+
+    def __init__(self, stream: TextIO, tty: bool | None = None, *, every: float = PLAIN_EVERY) -> None:
+        self.stream = stream
+        self.tty = stream.isatty() if tty is None else tty
+        self.every = every
+        self.drawn = 0  # lines on screen from the last redraw (terminal)
+        self._states: dict[str, str] = {}
+        self._last_plain = 0.0
+
+    def show(self, targets: Sequence[Mapping[str, Any]]) -> None:
+        width = max((len(str(t.get("target", ""))) for t in targets), default=0)
+        lines = [target_line(t, width) for t in targets]
+        if self.tty:
+            out = f"\033[{self.drawn}F" if self.drawn else ""  # back to the first line drawn
+            out += "".join(f"\033[K{line}\n" for line in lines) + "\033[J"  # and clear what is left below
+            console.write(out, self.stream)
+            self.drawn = len(lines)
+        else:
+            states = {str(t.get("target")): str(t.get("state")) for t in targets}
+            changed = any(self._states.get(k) != v for k, v in states.items())
+            self._states.update(states)
+            if not (changed or time.monotonic() - self._last_plain >= self.every):
+                return
+            self._last_plain = time.monotonic()
+            stamp = datetime.now().astimezone().strftime("%H:%M:%S")
+            console.write("".join(f"{stamp} {line}\n" for line in lines), self.stream)
+
+    def clear(self) -> None:
+        """Remove the live lines (terminal) before a final answer is printed."""
+        if self.tty and self.drawn:
+            console.write(f"\033[{self.drawn}F\033[J", self.stream)
+            self.drawn = 0
