@@ -545,5 +545,5 @@ def test_load_timeout_auto_and_numbers(tmp_path: Path) -> None:
     assert config.stuck_after(90.0, 400.0) == 90.0  # a number keeps its meaning
     t = config.load(materialize(tmp_path, target(load_timeout="600"))).targets["sglang"]
     assert t.load_timeout == 600.0
-    r = check_config("--config", str(materialize(tmp_path, target(load_timeout='"soon"'))))
-    assert r.returncode == 78 and "load_timeout: expected a number or 'auto', found string 'soon'" in r.stderr
+    with pytest.raises(config.ConfigError, match="load_timeout: expected a number or 'auto', found string 'soon'"):
+        config.load(materialize(tmp_path, target(load_timeout='"soon"')))
