@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import pty
 import random
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from genready import apis
 from genready.tools import benchclient, prompts
+from genready.tools.prompts import Prompt
 from genready_dev.harness import PY, env_without_notify, free_port, wait_for
+from genready_dev.hostile import raw_server
 
 BENCH = [PY, "-m", "genready.benchclient"]
+# What aiohttp raises for a line over its limit: ValueError up to 3.9, LineTooLong from 3.10.
+LINE_TOO_LONG = "ValueError" if tuple(map(int, aiohttp.__version__.split(".")[:2])) < (3, 10) else "LineTooLong"
 GUARD_ENV = {"GENREADY_PID": "4242", "GENREADY_INVOCATION_ID": "0123456789abcdef0123456789abcdef",
              "GENREADY_UNIT": "sglang.service"}
 
@@ -398,3 +407,106 @@ def test_a_dataset_is_sent(sim: Sim, tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["ok"] == 7 and res["prompts"] == f"dataset {path} (5 prompts)"
     assert res["temperature"] == 0.5 and res["ignore_eos"] is True
+
+
+# --- a hostile server (issue 24): in-process, against raw loopback servers -------------------------------
+
+GOOD = json.dumps({"text": " OK", "output_ids": [11], "meta_info": {"completion_tokens": 1}}).encode()
+
+
+def _http(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return (f"HTTP/1.1 {status}\r\n{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+
+
+def _sse(*events: bytes) -> bytes:
+    # With a length, so that the run's closing read of SGLang's server info, answered by the same bytes,
+    # ends with the body instead of waiting for the connection to close.
+    return _http("200 OK", b"".join(b"data: " + e + b"\n\n" for e in (*events, b"[DONE]")),
+                 "Content-Type: text/event-stream")
+
+
+async def _run(url: str, *, n: int, stream: bool, api: str = "sglang", timeout: float = 10,
+               **kw: Any) -> benchclient.Summary:
+    return await benchclient.run(url, api, requests=n, concurrency=2, max_tokens=1, timeout=timeout,
+                                 prompts=[Prompt(text="hi")], model=kw.pop("model", "m"),
+                                 progress=benchclient.Progress(n, io.StringIO()), stream=stream, **kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_redirect_is_a_failed_request_never_followed(stream: bool) -> None:
+    """A 307 to another server was followed and counted ok, in a report naming the verified pid."""
+    elsewhere: list[bytes] = []
+    async for other in raw_server(_http("200 OK", GOOD), elsewhere):
+        async for url in raw_server(_http("307 Temporary Redirect", b"", f"Location: {other}/generate")):
+            s = await _run(url, n=4, stream=stream)
+            async with aiohttp.ClientSession() as session:
+                assert await benchclient.discover_model(session, url, 5) is None  # /v1/models is not followed
+    assert (s.ok, s.failed) == (0, 4)
+    assert s.errors() == {f"HTTP 307 redirect to {other}/generate (not followed)": 4}
+    assert elsewhere == []
+
+
+async def test_a_stream_event_over_the_line_limit_is_one_failed_request_and_the_rest_count() -> None:
+    """One 600 KiB event among 20 requests raised aiohttp's LineTooLong (not a ValueError since aiohttp 3.10)
+    out of the run: no summary, no --output line."""
+    event = json.dumps({"text": " OK", "meta_info": {"completion_tokens": 1}}).encode()
+    huge = json.dumps({"text": "x" * (600 << 10), "meta_info": {"completion_tokens": 1}}).encode()
+    async for url in raw_server(lambda n: _sse(huge if n == 7 else event)):
+        s = await _run(url, n=20, stream=True)
+    assert (s.ok, s.failed) == (19, 1), s.errors()
+    assert list(s.errors()) == [f"bad response: a stream line over aiohttp's limit ({LINE_TOO_LONG})"]
+
+
+async def test_the_report_is_written_whatever_the_requests_raise(tmp_path: Path) -> None:
+    """The whole CLI, in-process: one request raising what nothing foresaw still gives the summary and the
+    --output line, with that request counted failed."""
+    event = json.dumps({"text": " OK", "meta_info": {"completion_tokens": 1}}).encode()
+    huge = json.dumps({"text": "x" * (600 << 10), "meta_info": {"completion_tokens": 1}}).encode()
+    out = tmp_path / "r.jsonl"
+    real = benchclient.one_stream
+    calls = 0
+
+    async def sometimes_broken(*a: Any, **kw: Any) -> benchclient.Outcome:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("nobody saw this coming")
+        return await real(*a, **kw)
+
+    async for url in raw_server(lambda n: _sse(huge if n == 1 else event)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(benchclient, "one_stream", sometimes_broken)
+            stdout = io.StringIO()
+            mp.setattr(sys, "stdout", stdout)
+            rc = await asyncio.to_thread(benchclient.main, ["--url", url, "-n", "6", "-c", "1", "--prompt", "hi",
+                                                            "--output", str(out)])
+    assert rc == 1
+    res = json.loads(out.read_text())
+    assert (res["ok"], res["failed"]) == (4, 2), res
+    assert res["errors"] == {"RuntimeError: nobody saw this coming": 1,
+                             f"bad response: a stream line over aiohttp's limit ({LINE_TOO_LONG})": 1}
+    assert "  requests   4 ok, 2 failed" in stdout.getvalue()
+
+
+async def test_answers_over_the_cap_are_failed_requests_not_read_whole() -> None:
+    """A 300 MB non-streamed answer took 1.59 GB; a 300 MB /v1/models 1.2 GB. Bodies are read up to
+    apis.MAX_BODY (as the probe's), whether the server declares the length or not."""
+    big = b'{"text": "' + b"x" * (apis.MAX_BODY + 10) + b'"}'
+    declared = b"HTTP/1.1 200 OK\r\nContent-Length: 300000000\r\nConnection: close\r\n\r\n" + b"x" * 4096
+    undeclared = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + big
+    for raw, says in [(declared, "a body of 300,000,000 bytes, over the 1,048,576-byte cap"),
+                      (undeclared, "a body over the 1,048,576-byte cap")]:
+        async for url in raw_server(raw):
+            # timeout: the run's closing read of the server info gets the same answer, which never ends
+            s = await _run(url, n=2, stream=False, timeout=2)
+            async with aiohttp.ClientSession() as session:
+                assert await benchclient.discover_model(session, url, 5) is None
+        assert s.errors() == {f"bad response: {says}": 2}, s.errors()
+    # At the cap exactly, an answer is read (and judged) as usual.
+    fits = json.dumps({"text": " OK", "meta_info": {"completion_tokens": 1}}).encode()
+    fits = fits[:-1] + b" " * (apis.MAX_BODY - len(fits)) + b"}"
+    async for url in raw_server(_http("200 OK", fits)):
+        s = await _run(url, n=1, stream=False)
+    assert s.ok == 1, s.errors()
+    assert f"over {apis.MAX_BODY >> 20} MiB" in benchclient.build_parser().format_help().replace("\n", " ")

@@ -22,6 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 MODELS_PATH: Final = "/v1/models"
+# The largest answer body genready reads: the probe's, and the bench client's non-streamed answers and
+# /v1/models. An answer of a few tokens is a few KiB; a server sending more is broken or hostile, and
+# reading it whole would cost that much memory (a 300 MB answer took 1.6 GB in the bench client).
+MAX_BODY: Final = 1 << 20
 EXCERPT_CHARS: Final = 200
 
 

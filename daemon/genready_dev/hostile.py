@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import socket
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,20 @@ def target_config(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
     return config.parse({"targets": {"t": table}}).targets["t"]
 
 
-async def raw_server(answer_bytes: bytes) -> AsyncIterator[str]:
-    """A loopback server answering every request with exactly `answer_bytes`; yields its URL."""
+async def raw_server(answer_bytes: bytes | Callable[[int], bytes],
+                     seen: list[bytes] | None = None) -> AsyncIterator[str]:
+    """A loopback server answering every request with exactly `answer_bytes` (or `answer_bytes(n)` for the
+    n-th request, from 0); each request's head goes to `seen`. Yields its URL."""
+    count = 0
+
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal count
         with contextlib.suppress(Exception):
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(answer_bytes)
+            head = await reader.readuntil(b"\r\n\r\n")
+            n, count = count, count + 1
+            if seen is not None:
+                seen.append(head)
+            writer.write(answer_bytes(n) if callable(answer_bytes) else answer_bytes)
             await writer.drain()
             await reader.read()  # until the probe closes
         writer.close()

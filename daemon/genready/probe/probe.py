@@ -25,7 +25,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from genready import __version__, tls
-from genready.apis import APIS, EXCERPT_CHARS, MODELS_PATH, BadAnswer, excerpt, models_from_list
+from genready.apis import APIS, EXCERPT_CHARS, MAX_BODY, MODELS_PATH, BadAnswer, excerpt, models_from_list
 from genready.compat import timeout
 from genready.config import TargetConfig
 from genready.probe.container import UnitStart, find_container_owner, find_process_owner
@@ -255,7 +255,7 @@ class _Attempt:
 class Prober:
     """Probes one target: each probe() is one generation on a fresh connection."""
 
-    def __init__(self, target: TargetConfig, *, max_body: int = 1 << 20) -> None:
+    def __init__(self, target: TargetConfig, *, max_body: int = MAX_BODY) -> None:
         if target.api not in APIS:
             raise ValueError(f"unknown api {target.api!r}")
         if max_body < 1:

@@ -56,9 +56,10 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 import aiohttp
+from aiohttp import http_exceptions
 
-from genready import apis, config, tls
-from genready.apis import APIS, MODELS_PATH, BadAnswer, ServerApi, model_from_list
+from genready import apis, config, console, tls
+from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 from genready.exitcodes import Exit
 from genready.tools import prompts as prompt_sets
@@ -143,13 +144,36 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
+async def read_body(r: aiohttp.ClientResponse, cap: int = MAX_BODY) -> bytes:
+    """The whole body, or BadAnswer as soon as it passes `cap` bytes: what is not read is not held in memory,
+    whatever the server sends (aiohttp buffers a bounded amount ahead of the reader)."""
+    if r.content_length is not None and r.content_length > cap:
+        raise BadAnswer(f"a body of {r.content_length:,} bytes, over the {cap:,}-byte cap")
+    buf = bytearray()
+    while chunk := await r.content.read(cap + 1 - len(buf)):
+        buf += chunk
+        if len(buf) > cap:
+            raise BadAnswer(f"a body over the {cap:,}-byte cap")
+    return bytes(buf)
+
+
+def http_error(r: aiohttp.ClientResponse) -> str:
+    """A non-200 answer as a failure kind. A redirect is not followed: another server answering would be
+    counted for the verified one (a 307 to elsewhere was followed and counted ok, under the pid of this one)."""
+    if 300 <= r.status < 400:
+        return f"HTTP {r.status} redirect to {apis.excerpt(r.headers.get('Location', '?'), 80)} (not followed)"
+    return f"HTTP {r.status}"
+
+
 async def discover_model(session: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
-    """The first model id from /v1/models, or None when it cannot be read."""
+    """The first model id from /v1/models, or None when it cannot be read (or is not answered here: a
+    redirect is not followed, an answer over MAX_BODY not read)."""
     try:
-        async with session.get(url + MODELS_PATH, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with session.get(url + MODELS_PATH, timeout=aiohttp.ClientTimeout(total=timeout),
+                               allow_redirects=False) as r:
             if r.status != 200:
                 return None
-            return model_from_list(await r.read())
+            return model_from_list(await read_body(r))
     except (aiohttp.ClientError, BadAnswer):
         return None
     except TIMEOUT_ERRORS:
@@ -158,19 +182,22 @@ async def discover_model(session: aiohttp.ClientSession, url: str, timeout: floa
 
 # What a request to the server may raise that is the server's doing (or the network's).
 _REQUEST_ERRORS: tuple[type[BaseException], ...] = (*TIMEOUT_ERRORS, aiohttp.ClientError, BadAnswer)
-# A stream adds ValueError: an SSE line over aiohttp's line limit.
-_STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, ValueError)
+# A stream adds an SSE line over aiohttp's line limit: ValueError up to aiohttp 3.9, LineTooLong (an
+# HttpProcessingError, not a ValueError) in 3.10+.
+_LINE_TOO_LONG: Final = (ValueError, http_exceptions.HttpProcessingError)
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_LONG)
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
                       timeout: float) -> Outcome:
     t0 = time.perf_counter()
     try:
-        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
-            raw = await r.read()
-            took = time.perf_counter() - t0
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                                allow_redirects=False) as r:
             if r.status != 200:
-                return Outcome(False, took, error=f"HTTP {r.status}")
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+            raw = await read_body(r)
+            took = time.perf_counter() - t0
         # The probe's rule (apis.py): a 200 counts only if it shows a generated token.
         tokens = api.generated_tokens(raw)
     except _REQUEST_ERRORS as e:
@@ -204,6 +231,8 @@ def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
         return Outcome(False, took, error=f"cannot connect: {why}")
     if isinstance(e, BadAnswer):
         return Outcome(False, took, error=f"bad response: {e}")
+    if isinstance(e, _LINE_TOO_LONG):
+        return Outcome(False, took, error=f"bad response: a stream line over aiohttp's limit ({type(e).__name__})")
     return Outcome(False, took, error=f"{type(e).__name__}: {e}")
 
 
@@ -214,10 +243,10 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
     last_event: bytes | None = None
     try:
-        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                                allow_redirects=False) as r:
             if r.status != 200:
-                await r.read()
-                return Outcome(False, time.perf_counter() - t0, error=f"HTTP {r.status}")
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
             async for raw in r.content:  # one SSE line at a time
                 line = raw.strip()
                 if not line.startswith(b"data:"):
@@ -249,7 +278,7 @@ async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: f
     """(status, at most SERVER_FIGURES_CAP bytes of the body) of a GET; (0, b"") if it failed."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as r:
-            return r.status, await r.content.read(SERVER_FIGURES_CAP)
+            return r.status, await read_body(r, SERVER_FIGURES_CAP)
     except _STREAM_ERRORS:  # the request errors, and ValueError
         return 0, b""
 
@@ -377,7 +406,12 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
         before = await read_vllm_counters(session, url, timeout) if server.needs_model else None
 
         async def one(i: int) -> None:
-            summary.outcomes.append(await send(session, url, server, bodies[i], timeout))
+            t0 = time.perf_counter()
+            try:
+                outcome = await send(session, url, server, bodies[i], timeout)
+            except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
+                outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
+            summary.outcomes.append(outcome)
             progress.update(len(summary.outcomes), summary.failed)
 
         t0 = time.perf_counter()
@@ -579,7 +613,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Send N generations to an LLM server, at concurrency C or as Poisson arrivals, and print "
         "time to first token and inter-token latency (streaming), end-to-end latency (p50/p99), output tokens/s "
         "and requests/s. Under `genready guard` or `genready sweep` it also names the verified server pid it "
-        "measured and the sweep point. Exit status 1 if any request failed.")
+        "measured and the sweep point. Exit status 1 if any request failed. A request fails, and is counted, on "
+        f"an answer other than 200 (a redirect is not followed), a non-streamed answer or /v1/models over "
+        f"{MAX_BODY >> 20} MiB (not read further), or a stream line over aiohttp's limit; the report is written "
+        "whatever the requests did.")
     p.add_argument("--url", help=f"the server's base URL (default: the --config target's, else {DEFAULT_URL})")
     p.add_argument("--api", choices=apis.NAMES,
                    help="sglang: POST /generate; openai-completions / openai-chat: POST /v1/completions, "
@@ -661,14 +698,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = os.environ
     api_key, ssl_context = settings(args, env)
     prompts = prompt_set(args)
-    print(header(args, env), flush=True)
+    console.out(header(args, env))
     summary = asyncio.run(run(
         args.url, args.api, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
         timeout=args.timeout, prompts=prompts, model=args.model, progress=Progress(args.requests, sys.stderr),
         stream=args.stream, request_rate=args.request_rate, seed=args.seed, api_key=api_key,
         ssl_context=ssl_context, temperature=args.temperature, ignore_eos=args.ignore_eos))
-    sys.stdout.write(format_summary(summary, env, stream=args.stream))
-    sys.stdout.flush()
+    console.write(format_summary(summary, env, stream=args.stream), sys.stdout)  # a closed stdout: --output still
     if args.output:
         try:
             with open(args.output, "a") as f:
