@@ -182,9 +182,9 @@ async def discover_model(session: aiohttp.ClientSession, url: str, timeout: floa
 
 # What a request to the server may raise that is the server's doing (or the network's).
 _REQUEST_ERRORS: tuple[type[BaseException], ...] = (*TIMEOUT_ERRORS, aiohttp.ClientError, BadAnswer)
-# A stream adds an SSE line over aiohttp's line limit: ValueError up to aiohttp 3.9, LineTooLong (an
-# HttpProcessingError, not a ValueError) in 3.10+.
-_LINE_TOO_LONG: Final = (ValueError, http_exceptions.HttpProcessingError)
+# A stream adds an SSE line over aiohttp's line limit: LineTooLong (an HttpProcessingError, not a
+# ValueError) in aiohttp 3.10+ and Debian's 3.8.4, ValueError in other 3.8/3.9 releases.
+_LINE_TOO_LONG: Final = (ValueError, http_exceptions.LineTooLong)
 _STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_LONG)
 
 
@@ -232,7 +232,7 @@ def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
     if isinstance(e, BadAnswer):
         return Outcome(False, took, error=f"bad response: {e}")
     if isinstance(e, _LINE_TOO_LONG):
-        return Outcome(False, took, error=f"bad response: a stream line over aiohttp's limit ({type(e).__name__})")
+        return Outcome(False, took, error="bad response: a stream line over aiohttp's limit")
     return Outcome(False, took, error=f"{type(e).__name__}: {e}")
 
 
