@@ -7,6 +7,7 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from genready import console
@@ -82,8 +83,9 @@ def format_status(data: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def format_failures(targets: dict[str, Any]) -> str:
-    """Each target's last start that failed before it was verified: how it ended, its last lines."""
+def format_failures(targets: dict[str, Any], when: Callable[[str | None], str] = str) -> str:
+    """Each target's last start that failed before it was verified: how it ended, its last lines.
+    `when` shows a time (the API's ISO 8601 as it is, or local time for people)."""
     out = []
     for name, t in targets.items():
         f = t.get("last_failure")
@@ -91,7 +93,7 @@ def format_failures(targets: dict[str, Any]) -> str:
             continue
         code = f" ({f['exit_code']} with status {f['exit_status']})" if f.get("exit_code") else ""
         out.append(f"\n{name}: start {str(f.get('invocation_id'))[:12]} (pid {f.get('main_pid')}) ended before it "
-                   f"was verified: Result={f.get('result')}{code}, at {f.get('ended_at')}\n")
+                   f"was verified: Result={f.get('result')}{code}, at {when(f.get('ended_at'))}\n")
         out += [f"  | {line}\n" for line in f.get("journal") or []]
     return "".join(out)
 
@@ -127,5 +129,5 @@ def format_status_tty(data: dict[str, Any], now: float | None = None) -> str:
         rows.append([name, str(t.get("state")), _cell(t.get("pid")), progress.local_time(since, now), load,
                      failure[:80]])
     out.append("\n" + _table(rows))
-    out.append(format_failures(targets))
+    out.append(format_failures(targets, lambda iso: progress.local_time(iso, now)))
     return "".join(out)

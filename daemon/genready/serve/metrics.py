@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from genready.vocab import REFUSALS, Failure, Revocation, State
@@ -55,6 +55,9 @@ class Metrics:
         self._reasons: dict[tuple[str, str], set[str]] = {}
         r = self.registry
 
+        # genready's own CPU, RSS and fds (process_cpu_seconds_total, process_resident_memory_bytes, …),
+        # read from /proc/self at each scrape: the dashboard's "genready itself" panel.
+        ProcessCollector(registry=r)
         # Info appends `_info`, so the exposed name is genready_build_info{version} 1.
         Info("genready_build", "genready build information", registry=r).info({"version": version})
         # Enum exposes one series per state (label `genready_state`), exactly one of them 1.
