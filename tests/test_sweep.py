@@ -25,6 +25,7 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.systemd import sweepdropin
 from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
@@ -242,6 +243,28 @@ def test_dry_run_says_points_configurations_and_loads(tmp_path: Path) -> None:
     assert "[1/8]" not in out and "[5/8]" in out
 
 
+def test_a_dropin_names_its_sweep_and_is_a_leftover_only_once_that_sweep_is_gone(tmp_path: Path) -> None:
+    dropin = tmp_path / sweepdropin.DROPIN_NAME
+    dropin.write_text(sweepdropin.owner_header("plan.toml", tmp_path / "r", "2026-01-01T00:00:00Z") + "[Service]\n")
+    me = sweepdropin.owner_of(dropin.read_text())
+    assert me is not None and me["pid"] == os.getpid() and me["results"] == str(tmp_path / "r")
+    paths = ["/etc/x.service.d/10-a.conf", str(dropin)]
+    assert sweepdropin.names_a_sweep_dropin(paths) and sweepdropin.leftover(paths) is None  # this process lives
+    reused = dict(me, pid_start=me["pid_start"] + 1)  # the same PID, another process: not that sweep
+    assert not sweepdropin.owner_alive(reused)
+    dead = dict(me, pid=2**22 + 1, pid_start=None)  # above the kernel's PID_MAX_LIMIT: no such process
+    assert not sweepdropin.owner_alive(dead)
+    dropin.write_text(sweepdropin.OWNER_TAG + json.dumps(dead) + "\n[Service]\n")
+    left = sweepdropin.leftover(paths)
+    assert left is not None and left.path == str(dropin)
+    assert left.warning("sim.service", "sim") == (
+        f"sim.service runs the configuration of an interrupted sweep ({dropin}, plan {me['plan']}, sweep pid "
+        f"{dead['pid']} gone); restore it with: genready sweep restore sim")
+    dropin.write_text("# written by genready sweep plan.toml; removed when the sweep ends\n[Service]\n")
+    assert "its sweep unnamed" in sweepdropin.leftover(paths).warning("u", "t")  # type: ignore[union-attr]
+    assert sweepdropin.leftover(["/etc/x.service.d/10-a.conf"]) is None
+
+
 # --- whole sweeps against the private manager -----------------------------------------------------
 
 # The command of every point: records what it saw; optional behaviours by flag.
@@ -339,7 +362,7 @@ StandardError=append:{self.sim_log}
     def assert_restored(self) -> None:
         """No drop-in of ours left, and the unit's verified start runs the unit's own command line."""
         dropins = self.manager.show(UNIT, "DropInPaths")["DropInPaths"]
-        assert sweep.DROPIN_NAME not in dropins, dropins
+        assert sweepdropin.DROPIN_NAME not in dropins, dropins
         runtime = Path(self.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d"
         assert not runtime.exists() or not any(runtime.iterdir())
         code, body = self.g.get("/ready/t")
@@ -453,7 +476,7 @@ def test_a_second_sigint_exits_at_once_naming_what_is_left(rig: Rig) -> None:
     p.communicate(timeout=10)
     err = rig.err.read_text()
     assert p.returncode == 130 and time.monotonic() - t0 < sweep.STOP_GRACE, err
-    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweep.DROPIN_NAME
+    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweepdropin.DROPIN_NAME
     assert f"the drop-in {dropin} is still in place" in err and "was killed" in err, err
     assert dropin.exists()
     dropin.unlink()  # the cleanup the message asked for, so the next test finds the unit as it was
@@ -572,7 +595,7 @@ def test_a_dropin_systemd_would_ignore_exits_78_before_anything_changes(rig: Rig
     rc, out = rig.run(plan)
     err = rig.err.read_text()
     assert rc == 78, (out, err)
-    assert "for point 1 (budget=8)" in err and says in err and sweep.DROPIN_NAME in err, err
+    assert "for point 1 (budget=8)" in err and says in err and sweepdropin.DROPIN_NAME in err, err
     assert show(rig.manager, UNIT) == before and not rig.results.exists()
     assert rig.manager.show(UNIT, "DropInPaths")["DropInPaths"] == ""
 
@@ -706,11 +729,12 @@ def test_a_killed_sweeps_dropin_is_named_refused_to_others_and_restored(rig: Rig
     first = rig.sweep(plan)
     marker = rig.tmp / "marker"
     wait_for(lambda: (marker.exists() and marker.read_text()) or first.poll() is not None, 60, "the command running")
-    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweep.DROPIN_NAME
-    owner = sweep.owner_of(dropin.read_text())
+    dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweepdropin.DROPIN_NAME
+    owner = sweepdropin.owner_of(dropin.read_text())
     assert owner is not None and owner["pid"] == first.pid and owner["results"] == str(rig.results)
     assert owner["plan"] == str(plan) and f"(pid {first.pid}, started " in dropin.read_text()
 
+    assert rig.g.get("/status")[1]["targets"]["t"]["warnings"] == []  # a running sweep's drop-in: no warning
     # A second sweep of the same unit, while the first runs: refused, naming the first.
     other = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(rig.tmp / "other"), "--config",
                             str(rig.g.config_path)], env=rig.manager.env, capture_output=True, text=True, timeout=60)
@@ -727,11 +751,23 @@ def test_a_killed_sweeps_dropin_is_named_refused_to_others_and_restored(rig: Rig
     os.kill(int(marker.read_text()), signal.SIGKILL)  # the command, in its own session
     assert dropin.exists()
     assert "--model" in Path(f"/proc/{rig.g.get('/ready/t')[1]['pid']}/cmdline").read_text()
+    # ... and the daemon says so: /status, `genready status`, the gauge, the log (once).
+    warning = (f"{UNIT} runs the configuration of an interrupted sweep ({dropin}, plan {plan}, sweep pid "
+               f"{first.pid} gone); restore it with: genready sweep restore t")
+    for _ in range(2):
+        assert warning in rig.g.get("/status")[1]["targets"]["t"]["warnings"]
+    text = subprocess.run([*GENREADY, "status", "--config", str(rig.g.config_path)], capture_output=True,
+                          text=True, timeout=30).stdout
+    assert f"warning: t: {warning}" in text, text
+    gauge = f'genready_sweep_dropin_orphaned{{target="t",unit="{UNIT}"}}'
+    assert f"{gauge} 1.0" in rig.g.get("/metrics")[1]
+    assert rig.g.log().count("runs the configuration of an interrupted sweep") == 1
     # ... until `genready sweep restore`.
     done = subprocess.run(restore, env=rig.manager.env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"sweep pid {first.pid}" in done.stderr and "gone" in done.stderr and "verified" in done.stderr
     rig.assert_restored()
+    assert f"{gauge} 0.0" in rig.g.get("/metrics")[1] and rig.g.get("/status")[1]["targets"]["t"]["warnings"] == []
     again = subprocess.run(restore, env=rig.manager.env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "nothing to restore" in again.stderr
 

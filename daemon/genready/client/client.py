@@ -69,6 +69,8 @@ def format_status(data: dict[str, Any]) -> str:
                                                       "probes")), _cell(t.get("reason") or t.get("last_error"))])
     out.append("\n" + _table(rows))
     for name, t in targets.items():
+        out += [f"warning: {name}: {w}\n" for w in t.get("warnings") or []]
+    for name, t in targets.items():
         recs = t.get("records") or []
         if not recs:
             continue

@@ -28,6 +28,7 @@ from genready.probe.probe import Prober
 from genready.rule.history import History, from_iso, iso
 from genready.rule.records import RecordStore, StartRecord
 from genready.rule.schedule import Schedule
+from genready.systemd import sweepdropin
 from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
 from genready.systemd.watcher import FreshReader, Snapshot
 from genready.vocab import DOWN, Failure, Instance, ProbeResult, Revocation, State
@@ -123,6 +124,7 @@ class TargetGate:
         self.prober = prober_factory(cfg)
         self.listen = ListenWatch(cfg.url, enabled=cfg.owner == "process")
         self.snap: Snapshot | None = None
+        self.sweep_warning: str | None = None  # a leftover drop-in of a sweep that is gone (check_sweep_dropin)
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
         self.verified: Verification | None = None
@@ -150,6 +152,22 @@ class TargetGate:
         return is_ready(self.snap, self.verified.instance if self.verified else None)
 
     # -- events from the watcher ------------------------------------------------------------
+
+    async def check_sweep_dropin(self) -> str | None:
+        """Read the unit's DropInPaths now; a sweep drop-in whose sweep is gone becomes a warning (logged
+        once, when it appears). The file and /proc are read off the loop."""
+        try:
+            snap = await self.fresh.read(self.unit)
+        except Exception:
+            return self.sweep_warning  # the bus is down: /status says so elsewhere
+        found = None
+        if sweepdropin.names_a_sweep_dropin(snap.dropin_paths):
+            found = await asyncio.to_thread(sweepdropin.leftover, snap.dropin_paths)
+        warning = found.warning(self.unit, self.name) if found else None
+        if warning and warning != self.sweep_warning:
+            log.warning("%s: %s", self.name, warning)
+        self.sweep_warning = warning
+        return warning
 
     def on_snapshot(self, snap: Snapshot | None) -> None:
         """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
@@ -491,7 +509,8 @@ class TargetGate:
             "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
             **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
-            "probes": p.probes, "last_error": p.last_error or None, "warnings": self.cfg.warnings,
+            "probes": p.probes, "last_error": p.last_error or None,
+            "warnings": [*self.cfg.warnings, *([self.sweep_warning] if self.sweep_warning else [])],
             **self.load_json(), "last_failure": self.last_failure,
             "snapshot": s.to_json() if s else None,
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from genready import __version__
-from genready.compat import app_key
+from genready.compat import TIMEOUT_ERRORS, app_key, wait_for
 from genready.serve import openapi
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ _INVOCATION = re.compile(r"[0-9a-f]{32}")
 _PID = re.compile(r"[0-9]{1,10}")
 _NUMBER = re.compile(r"([0-9]{1,12}(\.[0-9]{0,9})?|\.[0-9]{1,9})([eE][+-]?[0-9]{1,2})?")
 _PID_MAX = 2**22  # the kernel's PID_MAX_LIMIT
+SWEEP_CHECK_WAIT = 2.0  # seconds /status and /metrics wait for the leftover-sweep check before answering
 GATES = app_key("gates", dict)
 METRICS = app_key("metrics", object)
 STARTED = app_key("started", float)
@@ -185,9 +187,20 @@ def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
     return {"ready": False, "reason": why, **body}
 
 
+async def check_sweep_dropins(gates: Mapping[str, TargetGate], m: Metrics | None) -> None:
+    """Each target's DropInPaths read now: a leftover drop-in of a sweep that is gone becomes a warning in
+    /status and `genready_sweep_dropin_orphaned`. Bounded: a slow bus leaves the last answer standing."""
+    with contextlib.suppress(*TIMEOUT_ERRORS):
+        await wait_for(asyncio.gather(*(g.check_sweep_dropin() for g in gates.values())), SWEEP_CHECK_WAIT)
+    if m is not None:
+        for g in gates.values():
+            m.set_sweep_dropin_orphaned(g.name, g.unit, g.sweep_warning is not None)
+
+
 async def status(request: web.Request) -> web.Response:
     gates: dict[str, TargetGate] = request.app[GATES]
     extra: Callable[[], dict[str, object]] = request.app[STATUS_EXTRA]  # type: ignore[assignment]
+    await check_sweep_dropins(gates, request.app[METRICS])  # type: ignore[arg-type]
     targets = {}
     for name, g in gates.items():
         t = g.to_json()
@@ -205,6 +218,8 @@ async def metrics(request: web.Request) -> web.Response:
     m: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
     if m is None:
         return _json_error(404, "metrics are not enabled")
+    gates: dict[str, TargetGate] = request.app[GATES]
+    await check_sweep_dropins(gates, m)
     body, ctype = m.render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = ctype

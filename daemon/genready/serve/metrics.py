@@ -115,6 +115,11 @@ class Metrics:
             "genready_stamp_errors", "Failed writes or removals of the target's ready stamp (runtime_dir); "
             "retried until they succeed", _LABELS, registry=r,
         )
+        self._sweep_orphaned = Gauge(
+            "genready_sweep_dropin_orphaned", "1 while the unit carries the drop-in of a genready sweep that is "
+            "gone (killed mid-point): it runs that point's configuration; `genready sweep restore TARGET`",
+            _LABELS, registry=r,
+        )
         self._api_refused = Counter(
             "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
             "and connections closed for not sending a complete request in time, by why",
@@ -140,6 +145,7 @@ class Metrics:
         self._expected.labels(target, unit).set(float("nan"))
         self._starts.labels(target, unit)
         self._stamp_errors.labels(target, unit)
+        self._sweep_orphaned.labels(target, unit).set(0)
         self._foreign.labels(target, unit)
         self._load.labels(target, unit)
         self._probe_seconds.labels(target, unit)
@@ -154,7 +160,7 @@ class Metrics:
         if key not in self._results:
             return
         for metric in (self._state, self._ready, self._main_pid, self._expected, self._starts, self._foreign,
-                       self._load, self._probe_seconds, self._stamp_errors):
+                       self._load, self._probe_seconds, self._stamp_errors, self._sweep_orphaned):
             metric.remove(target, unit)
         for result in self._results.pop(key):
             self._probes.remove(target, unit, result)
@@ -172,6 +178,10 @@ class Metrics:
         """The genready_ready gauge: outputs.py sets it from the readiness rule, not from a state name."""
         self.register_target(target, unit)
         self._ready.labels(target, unit).set(1 if ready else 0)
+
+    def set_sweep_dropin_orphaned(self, target: str, unit: str, orphaned: bool) -> None:
+        self.register_target(target, unit)
+        self._sweep_orphaned.labels(target, unit).set(1 if orphaned else 0)
 
     def set_main_pid(self, target: str, unit: str, pid: int) -> None:
         self.register_target(target, unit)

@@ -93,7 +93,8 @@ TARGET_STATUS = {
         "invocation_id": _STR_OR_NULL, "ready_since": _STR_OR_NULL, "load_seconds": _NUM_OR_NULL,
         "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": _STR_OR_NULL,
         "warnings": {"type": "array", "items": {"type": "string"},
-                     "description": "settings that weaken the proof, e.g. tls_verify = false"},
+                     "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "
+                     "genready sweep that is gone (genready sweep restore TARGET)"},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
         **LOAD_CLOCK, "last_failure": FAILURE,

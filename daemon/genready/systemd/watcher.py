@@ -504,7 +504,8 @@ class FreshReader:
             if not snap.absent:
                 snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": get(SERVICE_IFACE, b"MainPID", b"u")})
             snap = apply_properties(snap, UNIT_IFACE, {b"ActiveState": get(UNIT_IFACE, b"ActiveState", b"s"),
-                                                       b"Job": get(UNIT_IFACE, b"Job", b"(uo)")})
+                                                       b"Job": get(UNIT_IFACE, b"Job", b"(uo)"),
+                                                       b"DropInPaths": get(UNIT_IFACE, b"DropInPaths", b"as")})
             inv2 = apply_properties(Snapshot(unit), UNIT_IFACE,
                                     {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay")}).invocation_id
         except Exception:

@@ -56,15 +56,13 @@ from genready.exitcodes import Exit
 from genready.rule.history import iso
 from genready.rule.records import _fsync_dir, _write_all
 from genready.systemd import analyze, watcher
+from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of
 from genready.systemd.unitlog import OutputMark
 from genready.tools import sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
 
 LOCK_FILE: Final = ".sweep.lock"
-# Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
-# "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
-DROPIN_NAME: Final = "zz-genready-sweep.conf"
 POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
 STOP_GRACE: Final = 10.0  # seconds an interrupted command gets after SIGINT, then SIGTERM, then SIGKILL
 LOADING_EVERY: Final = 30.0  # seconds between "loading" lines when stderr is not a terminal
@@ -274,55 +272,6 @@ def runtime_dir(bus_kind: str, unit_paths: Sequence[str]) -> Path:
     return base
 
 
-# --- whose drop-in is it ---------------------------------------------------------------------------
-
-OWNER_TAG: Final = "# genready-sweep-owner "  # then one JSON object: pid, pid_start, started, plan, results
-
-
-def _proc_start(pid: int) -> int | None:
-    """The start time of `pid` in clock ticks since boot (/proc/PID/stat field 22), or None if it is gone.
-
-    With the PID alone a reused PID would pass for the sweep that wrote the drop-in."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def owner_header(plan: str, results: Path, started: float) -> str:
-    """The first lines of a drop-in this process writes: who wrote it, for people and for owner_of()."""
-    me = {"pid": os.getpid(), "pid_start": _proc_start(os.getpid()), "started": iso(started),
-          "plan": os.path.abspath(plan), "results": os.path.abspath(results)}
-    return (f"# written by genready sweep (pid {me['pid']}, started {me['started']}) for the plan {me['plan']}, "
-            f"results in {me['results']};\n# removed when that sweep ends. If it is gone: genready sweep restore "
-            f"TARGET\n{OWNER_TAG}{json.dumps(me)}\n")
-
-
-def owner_of(text: str) -> dict[str, Any] | None:
-    """The sweep named in a drop-in's header, or None (no header: an older genready wrote it)."""
-    for line in text.splitlines():
-        if line.startswith(OWNER_TAG):
-            try:
-                doc = json.loads(line[len(OWNER_TAG):])
-            except ValueError:
-                return None
-            return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
-    return None
-
-
-def owner_alive(owner: Mapping[str, Any]) -> bool:
-    """Is the sweep that wrote the drop-in still running (the same process, not a reused PID)?"""
-    start = _proc_start(int(owner["pid"]))
-    return start is not None and (owner.get("pid_start") is None or owner.get("pid_start") == start)
-
-
-def describe_owner(owner: Mapping[str, Any]) -> str:
-    return (f"sweep pid {owner.get('pid')} (started {owner.get('started')}), plan {owner.get('plan')}, "
-            f"results {owner.get('results')}")
 
 
 # --- running a sweep ------------------------------------------------------------------------------
@@ -639,7 +588,7 @@ class Sweep:
         tmp = self.dropin_path.with_name(f".{DROPIN_NAME}.tmp")
         try:
             self.dropin_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(owner_header(self.plan.path, self.results, self.started) + text)
+            tmp.write_text(owner_header(self.plan.path, self.results, iso(self.started) or "") + text)
             os.replace(tmp, self.dropin_path)
         except PermissionError as e:
             hint = (" (a runtime drop-in for a system unit needs root: run the sweep with sudo, or sweep a "
