@@ -40,7 +40,8 @@ MEANING: dict[Exit, str] = {
     Exit.CANNOT_START: "serve could not start: state_dir, runtime_dir or the listen address unusable (EX_OSERR)",
     Exit.CANNOT_CREATE: "sweep: the results folder cannot be created or written (a file, a dangling symlink, "
                         "read-only, full); the unit is restored first (EX_CANTCREAT)",
-    Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard; EX_TEMPFAIL)",
+    Exit.TEMPFAIL: "not ready, or readiness changed while CMD ran (guard); the unit's drop-in belongs to another "
+                   "running sweep (sweep, sweep restore) (EX_TEMPFAIL)",
     Exit.CONFIG: "invalid configuration or sweep plan (EX_CONFIG)",
     Exit.NOT_RUN: "guard could not run CMD",
     Exit.INTERRUPTED: "interrupted (Ctrl-C; sweep: SIGINT/SIGTERM, after cleaning up)",
