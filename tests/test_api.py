@@ -7,6 +7,7 @@ ready) and `gone` (a unit that does not exist), so every response shape can be p
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,8 @@ def conforms(value: Any, schema: dict[str, Any], where: str = "$") -> list[str]:
         errs.append(f"{where}: expected {schema['const']!r}, found {value!r}")
     if "enum" in schema and value not in schema["enum"]:
         errs.append(f"{where}: {value!r} not in {schema['enum']}")
+    if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
+        errs.append(f"{where}: {value!r:.60} does not match {schema['pattern']}")
     if isinstance(value, dict):
         errs += [f"{where}: missing {k}" for k in schema.get("required", []) if k not in value]
         for k, sub in schema.get("properties", {}).items():

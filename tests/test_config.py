@@ -70,6 +70,14 @@ BAD: list[Bad] = [
         "a table", "a string"),
     Bad("array-for-string", target(prompt='["Say", "OK."]'), f"{T}.prompt", "array ['Say', 'OK.']",
         "a string"),
+    Bad("string-for-token-ids", target(prompt_ids='"1 2"'), f"{T}.prompt_ids", "string '1 2'", "an array"),
+    Bad("text-in-token-ids", target(prompt_ids='[1, "2"]'), f"{T}.prompt_ids", "array [1, '2']",
+        "an array of token ids"),
+    Bad("negative-token-id", target(prompt_ids="[-1]"), f"{T}.prompt_ids", "array [-1]", "token ids"),
+    Bad("token-ids-for-chat", target(prompt_ids="[1]", api='"openai-chat"'), f"{T}.prompt_ids", "array [1]",
+        "no prompt_ids with api = 'openai-chat'"),
+    Bad("health-path-without-slash", target(health_path='"health"'), f"{T}.health_path", "string 'health'",
+        'an HTTP path starting with "/"'),
     Bad("int-too-big-for-float", target(probe_timeout="9" * 400), f"{T}.probe_timeout", "integer 999",
         "a number"),
     Bad("daemon-not-a-table", 'daemon = "127.0.0.1:9901"\n' + TARGET, "daemon", "string '127.0.0.1:9901'",
@@ -359,6 +367,7 @@ def test_ints_are_accepted_for_float_settings(tmp_path: Path) -> None:
 
 
 GOOD_VARIANTS = {
+    "health-off-and-token-ids": target(health_path='""', prompt_ids="[9707, 11]"),
     "listen-localhost": daemon(listen='"localhost:9901"'),
     "listen-ipv6": daemon(listen='"[::1]:9901"'),
     "listen-any": daemon(listen='"0.0.0.0:9901"'),

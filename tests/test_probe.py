@@ -81,6 +81,24 @@ class Sim:
     key: str = ""  # if set, generations without `Authorization: Bearer KEY` get 401
     auth: list[str | None] = field(default_factory=list)  # the Authorization header of each request
     status_body: str = '{"detail": "refused"}'  # the body for mode "status:NNN"
+    health: int = 200  # the status GET /health answers
+    close_after_health: bool = False  # answer /health with Connection: close
+
+    def app(self, prefix: str = "") -> web.Application:
+        app = web.Application()
+        for route in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            app.router.add_post(prefix + route, self.generate)
+        app.router.add_get(prefix + "/v1/models", self.models)
+        app.router.add_get(prefix + "/health", self.health_route)
+        return app
+
+    async def health_route(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.path, None))
+        self.auth.append(request.headers.get("Authorization"))
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        self.client_ports.append(peer[1] if peer else -1)
+        headers = {"Connection": "close"} if self.close_after_health else {}
+        return web.Response(status=self.health, headers=headers)
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -128,9 +146,15 @@ class Sim:
         if self.models_mode == "401":
             return web.json_response({"error": "Unauthorized"}, status=401)
         if self.models_mode == "two":
-            return web.json_response({"object": "list", "data": [{"id": self.model}, {"id": "lora-a"}]})
+            return web.json_response({"object": "list", "data": [{"id": "m1"}, {"id": "lora-a"}]})
         if self.models_mode == "ok":
             return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        if self.models_mode.startswith("router:"):  # llama.cpp's router: every model with its state
+            return web.json_response({"object": "list", "data": [
+                {"id": self.model, "object": "model", "owned_by": "llamacpp",
+                 "status": {"value": self.models_mode[7:], "args": []}}]})
+        if self.models_mode == "404":
+            return web.json_response({"error": {"message": "File Not Found"}}, status=404)
         if self.models_mode == "503":
             return web.Response(status=503, text="starting")
         if self.models_mode == "empty":
@@ -143,17 +167,12 @@ class Sim:
         raise AssertionError(f"unknown models_mode {self.models_mode}")
 
     def generations(self) -> list[tuple[str, Any]]:
-        return [s for s in self.seen if s[0] != "/v1/models"]
+        return [s for s in self.seen if not s[0].endswith(("/v1/models", "/health"))]
 
 
 async def start_sim(host: str = "127.0.0.1") -> tuple[Sim, web.AppRunner]:
     sim = Sim()
-    app = web.Application()
-    app.router.add_post("/generate", sim.generate)
-    app.router.add_post("/v1/completions", sim.generate)
-    app.router.add_post("/v1/chat/completions", sim.generate)
-    app.router.add_get("/v1/models", sim.models)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(sim.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, 0)
     await site.start()
@@ -204,11 +223,13 @@ async def raw() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
         await s.wait_closed()
 
 
-async def read_request(reader: asyncio.StreamReader) -> None:
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    """One request read (its body skipped); returns its head."""
     head = await reader.readuntil(b"\r\n\r\n")
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
             await reader.readexactly(int(line.split(b":")[1]))
+    return head
 
 
 @pytest.fixture
@@ -258,10 +279,17 @@ async def test_ok_chunked_answer(sim: Sim, api: str) -> None:
 
 
 @pytest.mark.parametrize("api", OPENAI)
-async def test_configured_model_skips_discovery(sim: Sim, api: str) -> None:
-    r = await probe_once(target(sim.url, api, model="m1"))
-    assert r.ok, r
-    assert [p for p, _ in sim.seen] == [ROUTE[api]]
+async def test_a_configured_model_must_be_listed_once(sim: Sim, api: str) -> None:
+    prober = Prober(target(sim.url, api, model="m1"))
+    try:
+        first, second = await prober.probe(ME), await prober.probe(ME)
+    finally:
+        await prober.close()
+    assert first.ok and second.ok, (first, second)
+    assert 'model "m1" (set by model; listed by the server)' in first.detail
+    # The list is read once; each probe asks /health then generates, on one connection.
+    assert [p for p, _ in sim.seen] == ["/v1/models", "/health", ROUTE[api], "/health", ROUTE[api]]
+    assert sim.client_ports[0] == sim.client_ports[1] != sim.client_ports[2] == sim.client_ports[3]
 
 
 async def test_ok_over_ipv6() -> None:
@@ -295,7 +323,7 @@ async def test_url_path_prefix_is_kept(raw: Callable[[Handler], Awaitable[str]])
         await reader.read()  # keep the connection until the client closes it
 
     url = await raw(handler)
-    r = await probe_once(target(url + "/llm/", "sglang"))
+    r = await probe_once(target(url + "/llm/", "sglang", health_path=""))
     assert r.ok, r
     assert seen == [b"POST /llm/generate HTTP/1.1"]
 
@@ -337,7 +365,7 @@ async def test_closed_or_reset_without_answer_is_refused(raw: Callable[[Handler]
         writer.transport.abort()
 
     url = await raw(handler)
-    r = await probe_once(target(url, "sglang"))
+    r = await probe_once(target(url, "sglang", health_path=""))
     assert r.failure is Failure.REFUSED, r
 
 
@@ -346,11 +374,15 @@ async def test_closed_or_reset_without_answer_is_refused(raw: Callable[[Handler]
 @pytest.mark.parametrize("api", APIS)
 async def test_timeout_accepts_but_never_answers(raw: Callable[[Handler], Awaitable[str]], api: str) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
+        if (await read_request(reader)).startswith(b"GET /v1/models"):
+            body = b'{"data": [{"id": "m1"}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            return
         await asyncio.Event().wait()
 
     url = await raw(handler)
-    r = await probe_once(target(url, api, model="m1", probe_timeout=0.3))
+    r = await probe_once(target(url, api, probe_timeout=0.3, health_path=""))
     assert r.failure is Failure.TIMEOUT, r
     assert 0.3 <= r.seconds < 2.0
     assert "waiting for the answer" in r.detail
@@ -368,7 +400,7 @@ async def test_cancelled_probe_closes_its_connection(raw: Callable[[Handler], Aw
             saw_eof.set()
 
     url = await raw(handler)
-    prober = Prober(target(url, probe_timeout=30))
+    prober = Prober(target(url, probe_timeout=30, health_path=""))
     try:
         task = asyncio.create_task(prober.probe(ME))
         await compat.wait_for(got_request.wait(), 5)
@@ -417,7 +449,8 @@ async def test_http_503(sim: Sim, api: str) -> None:
 async def test_unknown_model_is_rejected(sim: Sim, api: str) -> None:
     r = await probe_once(target(sim.url, api, model="nope"))
     assert r.failure is Failure.REJECTED, r
-    assert "HTTP 404" in r.detail and "model not found" in r.detail and "set model" in r.detail
+    assert "does not list model = 'nope'; it lists 1: m1" in r.detail and "set model" in r.detail
+    assert sim.generations() == []
 
 
 # --- bad_response -------------------------------------------------------------------------------
@@ -448,7 +481,7 @@ async def test_endless_body_stops_at_the_cap(raw: Callable[[Handler], Awaitable[
             await writer.drain()
 
     url = await raw(handler)
-    r = await probe_once(target(url, "sglang", probe_timeout=5.0), max_body=64 * 1024)
+    r = await probe_once(target(url, "sglang", probe_timeout=5.0, health_path=""), max_body=64 * 1024)
     assert r.failure is Failure.BAD_RESPONSE, r  # not a timeout: we stopped reading
     assert "cap" in r.detail and r.seconds < 2.0
 
@@ -460,7 +493,7 @@ async def test_declared_length_over_the_cap_is_not_read(raw: Callable[[Handler],
         await asyncio.Event().wait()  # never sends the rest: a reader that waited would time out
 
     url = await raw(handler)
-    r = await probe_once(target(url, "sglang", probe_timeout=2.0), max_body=1 << 20)
+    r = await probe_once(target(url, "sglang", probe_timeout=2.0, health_path=""), max_body=1 << 20)
     assert r.failure is Failure.BAD_RESPONSE, r
     assert "1000000000 bytes" in r.detail
 
@@ -473,7 +506,7 @@ async def test_garbage_instead_of_http(raw: Callable[[Handler], Awaitable[str]],
         await asyncio.Event().wait()  # and then hang: still a bad response, not a timeout
 
     url = await raw(handler)
-    r = await probe_once(target(url, "sglang", probe_timeout=2.0))
+    r = await probe_once(target(url, "sglang", probe_timeout=2.0, health_path=""))
     assert r.failure is Failure.BAD_RESPONSE, r
 
 
@@ -573,7 +606,7 @@ async def test_server_that_closes_cannot_be_proven(raw: Callable[[Handler], Awai
         await writer.drain()
 
     url = await raw(handler)
-    r = await probe_once(target(url, "sglang"))
+    r = await probe_once(target(url, "sglang", health_path=""))
     assert r.failure is Failure.FOREIGN_OWNER, r
     assert r.served_by_pid is None and r.tokens == 1
     assert "owner not proven" in r.detail and "keep-alive" in r.detail
@@ -624,12 +657,13 @@ async def test_the_key_goes_with_discovery_and_generation(sim: Sim, api: str) ->
     sim.key = "sk-right"
     r = await probe_once(target(sim.url, api, api_key="sk-right"))
     assert r.ok, r
-    assert sim.auth == ["Bearer sk-right", "Bearer sk-right"]  # GET /v1/models, then the generation
+    # GET /v1/models, GET /health (SGLang, vLLM and llama.cpp need no key there: it does no harm), the generation
+    assert sim.auth == ["Bearer sk-right"] * 3
 
 
 async def test_no_key_no_header(sim: Sim) -> None:
     assert (await probe_once(target(sim.url))).ok
-    assert sim.auth == [None]
+    assert sim.auth == [None, None]
 
 
 async def test_chat_without_template_says_use_completions(sim: Sim) -> None:
@@ -642,12 +676,20 @@ async def test_chat_without_template_says_use_completions(sim: Sim) -> None:
 
 
 @pytest.mark.parametrize("api", OPENAI)
-async def test_two_models_are_not_guessed(sim: Sim, api: str) -> None:
-    sim.models_mode = "two"
+async def test_several_models_the_first_is_probed_and_said_so(sim: Sim, api: str) -> None:
+    sim.models_mode = "two"  # vLLM --served-model-name m1 lora-a, or a LoRA adapter: listed after the base
     r = await probe_once(target(sim.url, api))
-    assert r.failure is Failure.REJECTED, r
-    assert "'m1'" in r.detail and "'lora-a'" in r.detail and "set model" in r.detail
-    assert sim.generations() == []
+    assert r.ok, r
+    assert 'model "m1" (first of 2 listed: m1, lora-a' in r.detail
+    assert [body["model"] for _, body in sim.generations()] == ["m1"]
+
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_a_pinned_second_model_is_probed(sim: Sim, api: str) -> None:
+    sim.models_mode, sim.model = "two", "lora-a"  # the server accepts only lora-a
+    r = await probe_once(target(sim.url, api, model="lora-a"))
+    assert r.ok, r
+    assert [body["model"] for _, body in sim.generations()] == ["lora-a"]
 
 
 async def test_discovery_401_is_rejected(sim: Sim) -> None:
@@ -662,11 +704,7 @@ async def test_discovery_401_is_rejected(sim: Sim) -> None:
 @pytest.fixture
 async def unix_sim(tmp_path: Any) -> AsyncIterator[tuple[Sim, str]]:
     sim = Sim()
-    app = web.Application()
-    app.router.add_post("/api/generate", sim.generate)
-    app.router.add_get("/api/v1/models", sim.models)
-    app.router.add_post("/api/v1/completions", sim.generate)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(sim.app("/api"), access_log=None)
     await runner.setup()
     path = str(tmp_path / "llm.sock")
     await web.UnixSite(runner, path).start()
@@ -715,9 +753,7 @@ async def start_tls_sim(cert: Any, key: Any, client_ca: Any = None) -> tuple[Sim
         ctx.load_verify_locations(str(client_ca))
         ctx.verify_mode = ssl.CERT_REQUIRED
     sim = Sim()
-    app = web.Application()
-    app.router.add_post("/generate", sim.generate)
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(sim.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx)
     await site.start()
@@ -770,3 +806,138 @@ async def test_https_to_a_plain_http_server_is_tls(sim: Sim) -> None:
     r = await probe_once(target(sim.url.replace("http://", "https://")))
     assert r.failure is Failure.TLS, r
     assert "does not speak TLS" in r.detail
+
+
+# --- the server's own health (health_path) ------------------------------------------------------
+
+@pytest.mark.parametrize("api", APIS)
+async def test_health_503_is_unhealthy_and_nothing_is_generated(sim: Sim, api: str) -> None:
+    sim.health = 503  # SGLang while its warmup runs, or draining: /generate would still answer 200
+    r = await probe_once(target(sim.url, api))
+    assert r.failure is Failure.UNHEALTHY and r.status == 503, r
+    assert "GET /health: HTTP 503" in r.detail and "not ready" in r.detail
+    assert sim.generations() == []
+    assert r.served_by_pid == ME  # the owner of the refusal is still named
+
+
+async def test_health_404_is_rejected_with_the_fix(sim: Sim) -> None:
+    sim.health = 404
+    r = await probe_once(target(sim.url))
+    assert r.failure is Failure.REJECTED and r.status == 404, r
+    assert 'health_path = ""' in r.detail
+
+
+async def test_health_path_off_sends_no_health_request(sim: Sim) -> None:
+    sim.health = 503
+    r = await probe_once(target(sim.url, health_path=""))
+    assert r.ok, r
+    assert [p for p, _ in sim.seen] == ["/generate"]
+
+
+async def test_health_and_generation_share_one_connection(sim: Sim) -> None:
+    r = await probe_once(target(sim.url))
+    assert r.ok, r
+    assert [p for p, _ in sim.seen] == ["/health", "/generate"]
+    assert len(set(sim.client_ports)) == 1  # so the owner proof of the generation covers the health answer
+    assert "/health 200 first" in r.detail
+
+
+async def test_health_answered_with_close_cannot_be_proven(sim: Sim) -> None:
+    sim.close_after_health = True
+    r = await probe_once(target(sim.url))
+    assert r.failure is Failure.FOREIGN_OWNER, r
+    assert "one keep-alive connection" in r.detail
+    assert sim.generations() == []
+
+
+async def test_health_answered_with_close_reconnects_without_owner_proof(sim: Sim) -> None:
+    sim.close_after_health = True
+    r = await probe_once(target(sim.url, verify_owner=False))
+    assert r.ok, r
+    assert len(set(sim.client_ports)) == 2
+
+
+async def test_health_401_says_the_key(sim: Sim) -> None:
+    sim.health = 401  # a proxy in front that guards every path
+    r = await probe_once(target(sim.url))
+    assert r.failure is Failure.REJECTED, r
+    assert "set api_key_file" in r.detail
+
+
+async def test_the_key_goes_to_health_too(sim: Sim) -> None:
+    r = await probe_once(target(sim.url, api_key="sk-1"))
+    assert r.ok, r
+    assert sim.auth == ["Bearer sk-1", "Bearer sk-1"]
+
+
+# --- model lists like the servers' --------------------------------------------------------------
+
+@pytest.mark.parametrize("api", OPENAI)
+async def test_a_pinned_model_without_a_model_list_is_used(sim: Sim, api: str) -> None:
+    sim.models_mode = "404"
+    r = await probe_once(target(sim.url, api, model="m1"))
+    assert r.ok, r
+    assert "the server offers no model list" in r.detail
+
+
+async def test_router_model_not_loaded_is_unhealthy(sim: Sim) -> None:
+    # llama.cpp's router without --models-autoload (tools/server/server-models.cpp)
+    sim.models_mode, sim.mode = "router:unloaded", "status:400"
+    sim.status_body = json.dumps({"error": {"code": 400, "message": "model is not loaded",
+                                            "type": "invalid_request_error"}})
+    r = await probe_once(target(sim.url, "openai-chat"))
+    assert r.failure is Failure.UNHEALTHY, r
+    assert "model is not loaded" in r.detail
+
+
+async def test_router_listing_the_model_as_loading_is_unhealthy_without_a_post(sim: Sim) -> None:
+    sim.models_mode = "router:loading"
+    r = await probe_once(target(sim.url, "openai-chat"))
+    assert r.failure is Failure.UNHEALTHY, r
+    assert "as 'loading'" in r.detail
+    assert sim.generations() == []
+
+
+async def test_a_post_held_while_the_router_loads_is_unhealthy_not_timeout(
+        raw: Callable[[Handler], Awaitable[str]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (await read_request(reader)).startswith(b"GET /v1/models"):
+            body = b'{"data": [{"id": "m1", "status": {"value": "unloaded"}}]}'
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            await writer.drain()
+            return
+        await asyncio.Event().wait()  # --models-autoload: the POST waits for the whole load
+
+    url = await raw(handler)
+    r = await probe_once(target(url, "openai-chat", probe_timeout=0.3, health_path=""))
+    assert r.failure is Failure.UNHEALTHY, r
+    assert "loads it on demand" in r.detail
+
+
+# --- hints that fire, token ids -----------------------------------------------------------------
+
+async def test_sglang_400_for_a_wrong_shape_says_wrong_api(sim: Sim) -> None:
+    # SGLang turns FastAPI's 422 into 400 (http_server.py, validation_exception_handler)
+    sim.mode, sim.status_body = "status:400", json.dumps({"object": "error", "message": (
+        "1 validation error: {'type': 'missing', 'loc': ('body', 'model'), 'msg': 'Field required'}"),
+        "type": "Bad Request", "param": None, "code": 400})
+    r = await probe_once(target(sim.url, "openai-completions", model="m1"))
+    assert r.failure is Failure.REJECTED, r
+    assert "expects another request shape" in r.detail
+
+
+async def test_sglang_400_without_a_tokenizer_says_prompt_ids(sim: Sim) -> None:
+    sim.mode, sim.status_body = "status:400", json.dumps({"error": {"message": (
+        "The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
+        "input_ids or re-initialize the engine with skip_tokenizer_init=False.")}})
+    r = await probe_once(target(sim.url))
+    assert r.failure is Failure.REJECTED, r
+    assert "set prompt_ids" in r.detail
+
+
+@pytest.mark.parametrize(("api", "key"), [("sglang", "input_ids"), ("openai-completions", "prompt")])
+async def test_prompt_ids_are_sent_as_token_ids(sim: Sim, api: str, key: str) -> None:
+    r = await probe_once(target(sim.url, api, prompt_ids=(9707, 11)))
+    assert r.ok, r
+    (_, body), = sim.generations()
+    assert body[key] == [9707, 11] and "text" not in body

@@ -117,7 +117,15 @@ def test_every_failure_class_has_a_deliberate_cost(failure: Failure) -> None:
     expected = Cost.NOTHING if failure is Failure.REFUSED else Cost.COSTLY
     if failure is Failure.REJECTED:  # a refusal that needs an admin
         expected = Cost.REJECTED
+    if failure is Failure.UNHEALTHY:  # the server's own "not ready", said at once: like a quick 5xx
+        expected = Cost.CHEAP
     assert cost(failed(failure)) is expected
+
+
+def test_unhealthy_said_at_once_is_cheap_said_slowly_costly() -> None:
+    assert cost(failed(Failure.UNHEALTHY, 503)) is Cost.CHEAP  # SGLang's /health while Starting
+    assert cost(failed(Failure.UNHEALTHY, 503, seconds=SLOW_ANSWER + 0.1)) is Cost.COSTLY
+    assert secs(schedule(), failed(Failure.UNHEALTHY, 503)) <= FAST_RETRY * 1.2
 
 
 def test_only_a_refusal_asks_to_watch_the_port() -> None:

@@ -17,9 +17,9 @@ null` but a usage count), and any one of them is evidence that a token was gener
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 MODELS_PATH: Final = "/v1/models"
 # The largest answer body genready reads: the probe's, and the bench client's non-streamed answers and
@@ -102,6 +102,9 @@ def _tokens_openai(doc: Mapping[str, Any], what: str, *, chat: bool) -> int:
     return max(_count((usage or {}).get("completion_tokens")), 1 if has_text else 0)
 
 
+Prompt = str | Sequence[int]  # text, or token ids for a server without a tokenizer
+
+
 @dataclass(frozen=True)
 class ServerApi:
     """One generation API: where to POST, what to send, how to count what came back."""
@@ -109,12 +112,15 @@ class ServerApi:
     name: str
     path: str
     needs_model: bool  # the OpenAI routes want a model name (discovered from /v1/models)
-    _body: Callable[[str, str, int], dict[str, Any]]
+    takes_ids: bool  # it accepts token ids instead of text (prompt_ids)
+    _body: Callable[[Prompt, str, int], dict[str, Any]]
     _tokens: Callable[[Mapping[str, Any], str], int]
 
-    def body(self, *, prompt: str, max_tokens: int, model: str = "") -> dict[str, Any]:
-        """The JSON body of one non-streaming, greedy generation."""
-        return self._body(prompt, model, max_tokens)
+    def body(self, *, prompt: str, max_tokens: int, model: str = "", prompt_ids: Sequence[int] = ()) -> dict[str, Any]:
+        """The JSON body of one non-streaming, greedy generation: of `prompt_ids` if given, else of `prompt`."""
+        if prompt_ids and not self.takes_ids:
+            raise ValueError(f"api {self.name!r} takes no token ids")
+        return self._body(list(prompt_ids) if prompt_ids else prompt, model, max_tokens)
 
     def generated_tokens(self, body: bytes) -> int:
         """Tokens generated according to a 200 answer's body (>= 1); BadAnswer if it is no generation."""
@@ -125,14 +131,21 @@ class ServerApi:
         return tokens
 
 
+def _sglang_body(prompt: Prompt, model: str, n: int) -> dict[str, Any]:
+    # SGLang's GenerateReqInput takes `input_ids` instead of `text`; a server started with
+    # --skip-tokenizer-init refuses text (python/sglang/srt/managers/tokenizer_manager.py).
+    key = "text" if isinstance(prompt, str) else "input_ids"
+    return {key: prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0}}
+
+
 APIS: Final[dict[str, ServerApi]] = {a.name: a for a in (
-    ServerApi("sglang", "/generate", False,
-              lambda prompt, model, n: {"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
-              _tokens_sglang),
-    ServerApi("openai-completions", "/v1/completions", True,
+    ServerApi("sglang", "/generate", False, True, _sglang_body, _tokens_sglang),
+    # OpenAI's /v1/completions takes `prompt` as a string or as a list of token ids (vLLM's
+    # CompletionRequest, llama.cpp's tokenize_input_prompts).
+    ServerApi("openai-completions", "/v1/completions", True, True,
               lambda prompt, model, n: {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0},
               lambda doc, what: _tokens_openai(doc, what, chat=False)),
-    ServerApi("openai-chat", "/v1/chat/completions", True,
+    ServerApi("openai-chat", "/v1/chat/completions", True, False,
               lambda prompt, model, n: {"model": model, "messages": [{"role": "user", "content": prompt}],
                                         "max_tokens": n, "temperature": 0},
               lambda doc, what: _tokens_openai(doc, what, chat=True)),
@@ -140,16 +153,34 @@ APIS: Final[dict[str, ServerApi]] = {a.name: a for a in (
 NAMES: Final[tuple[str, ...]] = tuple(APIS)
 
 
-def models_from_list(body: bytes) -> list[str]:
-    """The model ids of a GET /v1/models answer (data[].id), in its order; BadAnswer if there is none."""
+class Listed(NamedTuple):
+    """One entry of a GET /v1/models answer."""
+
+    id: str
+    # llama.cpp's router mode lists every model it can load with status.value: "loaded", "loading",
+    # "unloaded", … (tools/server/server-models.cpp, get_router_models); None from other servers.
+    state: str | None = None
+
+
+def listed_models(body: bytes) -> list[Listed]:
+    """The entries of a GET /v1/models answer (data[].id), in its order; BadAnswer if there is none."""
     what = f"GET {MODELS_PATH}"
     doc = json_object(body, what)
     data = doc.get("data")
-    ids = [m.get("id") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
-    models = [m for m in ids if isinstance(m, str) and m]
-    if not models:
+    out: list[Listed] = []
+    for m in data if isinstance(data, list) else []:
+        if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]:
+            status = m.get("status")
+            value = status.get("value") if isinstance(status, dict) else None
+            out.append(Listed(m["id"], value if isinstance(value, str) else None))
+    if not out:
         raise BadAnswer(f"{what}: no model listed (data[0].id): {excerpt(body)}")
-    return models
+    return out
+
+
+def models_from_list(body: bytes) -> list[str]:
+    """The model ids of a GET /v1/models answer (data[].id), in its order; BadAnswer if there is none."""
+    return [m.id for m in listed_models(body)]
 
 
 def model_from_list(body: bytes) -> str:

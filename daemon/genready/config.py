@@ -154,9 +154,20 @@ def _container_name(v: str) -> str | None:
     return None if ok else "a container name ([a-zA-Z0-9][a-zA-Z0-9_.-]*), or empty"
 
 
-def _path_prefix(v: str) -> str | None:
-    return None if v == "" or (v.startswith("/") and "?" not in v and "#" not in v) else \
-        'an HTTP path starting with "/" (or "" for none)'
+def _http_path(empty: str) -> Check:
+    """An HTTP path starting with "/", without query or fragment; "" means `empty`."""
+    return lambda v: None if v == "" or (v.startswith("/") and "?" not in v and "#" not in v) else \
+        f'an HTTP path starting with "/" (or "" {empty})'
+
+
+# Token ids go to the server as JSON integers; a vocabulary has far fewer than 2**31 entries.
+MAX_TOKEN_ID: Final = 2**31 - 1
+
+
+def _token_ids(v: list[Any]) -> str | None:
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_TOKEN_ID for i in v):
+        return f"an array of token ids (integers 0..{MAX_TOKEN_ID}), or [] to send the text prompt"
+    return None
 
 
 def _credential_name(v: str) -> str | None:
@@ -240,7 +251,7 @@ TARGET_SETTINGS: Final = (
             "/run/podman/podman.sock", _abs_path_or_empty),
     Setting("gate_startup", bool, True, "hold genready's own READY=1 until this target was verified"),
     Setting("path_prefix", str, "", "for unix: URLs, the HTTP path the server's routes are under",
-            _path_prefix),
+            _http_path("for none")),
     Setting("api_key_file", str, "", "file holding the server's API key, sent as Authorization: Bearer",
             _abs_path_or_empty),
     Setting("api_key_credential", str, "", "the same, from the systemd credential $CREDENTIALS_DIRECTORY/NAME",
@@ -250,6 +261,12 @@ TARGET_SETTINGS: Final = (
     Setting("tls_verify", bool, True, "verify the https:// server's certificate and name (false: warned)"),
     Setting("client_cert_file", str, "", "PEM client certificate for mutual TLS", _abs_path_or_empty),
     Setting("client_key_file", str, "", "its private key (if not in client_cert_file)", _abs_path_or_empty),
+    Setting("health_path", str, "/health",
+            "the server's own health route, asked first on the probe's connection: a probe verifies only if it "
+            'answers 200; "" = skip it', _http_path("to skip the server's own health check")),
+    Setting("prompt_ids", list, [],
+            "token ids sent instead of prompt, for a server without a tokenizer (--skip-tokenizer-init): "
+            "input_ids (sglang) or prompt (openai-completions); [] = send prompt", _token_ids),
 )
 
 
@@ -298,6 +315,8 @@ class TargetConfig:
     tls_verify: bool = True
     client_cert_file: str = ""
     client_key_file: str = ""
+    health_path: str = "/health"
+    prompt_ids: tuple[int, ...] = ()
     # The key itself, read at load: compared (a rotated key is a changed config on SIGHUP) but
     # never printed (repr=False; to_toml_dict writes only the table's keys).
     api_key: str = field(default="", repr=False)
@@ -324,9 +343,15 @@ class Config:
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective config, defaults filled in, in the file's own shape."""
-        targets = {name: {s.name: getattr(t, s.name) for s in TARGET_SETTINGS} for name, t in self.targets.items()}
+        targets = {name: {s.name: _plain(getattr(t, s.name)) for s in TARGET_SETTINGS}
+                   for name, t in self.targets.items()}
         daemon = {f.name: getattr(self.daemon, f.name) for f in fields(self.daemon)}
         return {"daemon": daemon, "targets": targets}
+
+
+def _plain(v: Any) -> Any:
+    """A setting's value in TOML's terms: arrays are kept as tuples (frozen), written as lists."""
+    return list(v) if isinstance(v, tuple) else v
 
 
 def split_hostport(value: str) -> tuple[str, int]:
@@ -339,7 +364,7 @@ def split_hostport(value: str) -> tuple[str, int]:
 
 
 def _type_name(t: type) -> str:
-    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}[t]
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false", list: "an array"}[t]
 
 
 def _found(v: Any) -> str:
@@ -420,6 +445,11 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
             raise ConfigError(file, f"targets.{name}.backoff_max", "a number >= backoff_initial",
                               repr(values["backoff_max"]))
         _check_transport(file, f"targets.{name}", values)
+        if values["prompt_ids"] and not apis.APIS[values["api"]].takes_ids:
+            raise ConfigError(file, f"targets.{name}.prompt_ids", "no prompt_ids with api = "
+                              f"{values['api']!r} (token ids go to \"sglang\" or \"openai-completions\")",
+                              _found(values["prompt_ids"]))
+        values["prompt_ids"] = tuple(values["prompt_ids"])
         targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values), **values)
     return Config(path=file, daemon=daemon, targets=targets)
 

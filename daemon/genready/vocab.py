@@ -31,7 +31,7 @@ class State(StrEnum):
     READY = "ready"  # is_ready() holds
     STUCK = "stuck"  # still not verified after load_timeout
     UNKNOWN = "unknown"  # no connection to systemd
-    REJECTED = "rejected"  # the server is up and refuses the probe (4xx but 408/429, ambiguous model)
+    REJECTED = "rejected"  # the server is up and refuses the probe (4xx but 408/429, a pinned model it does not list)
 
 
 class Revocation(StrEnum):
@@ -52,7 +52,10 @@ class Failure(StrEnum):
     REFUSED = "refused"  # no connection, or it was reset/closed before any answer
     TIMEOUT = "timeout"  # no complete answer within probe_timeout
     HTTP_STATUS = "http_status"  # an answer, but not 200: 5xx, 408, 429 (the server may get there)
-    REJECTED = "rejected"  # the server is up and refuses the probe: 4xx but 408/429, or an ambiguous model
+    # The server's own health route (health_path) answered, but not 200: it says it is not ready
+    # (SGLang still warming up or draining, llama.cpp loading), whatever a generation would do.
+    UNHEALTHY = "unhealthy"
+    REJECTED = "rejected"  # the server is up and refuses the probe: 4xx but 408/429, or a pinned model it does not list
     TLS = "tls"  # the TLS handshake or session failed: certificate verification, client certificate, …
     BAD_RESPONSE = "bad_response"  # 200 but not JSON, wrong shape, 0 tokens, or over the size cap
     FOREIGN_OWNER = "foreign_owner"  # served by a process that is not the MainPID or its descendant, or unprovable

@@ -1,8 +1,10 @@
 """One probe: a real generation over one fresh connection, classified, with proof of who served it.
 
-Success means HTTP 200, JSON of the API's shape and at least one generated token, all within
+Success means the server's own health route (health_path) answering 200, then HTTP 200, JSON of
+the API's shape and at least one generated token, both on one keep-alive connection, all within
 probe_timeout, and (with verify_owner) that the server side of that very connection is held by
-the unit's MainPID or a descendant of it, checked while the connection is still open.
+the unit's MainPID or a descendant of it, checked while the connection is still open: the owner
+proof covers the health answer and the generation alike.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlsplit
 
 from genready import __version__, tls
-from genready.apis import APIS, EXCERPT_CHARS, MAX_BODY, MODELS_PATH, BadAnswer, excerpt, models_from_list
+from genready.apis import APIS, EXCERPT_CHARS, MAX_BODY, MODELS_PATH, BadAnswer, Listed, excerpt, listed_models
 from genready.compat import timeout
 from genready.config import TargetConfig
 from genready.probe.container import UnitStart, find_container_owner, find_process_owner
@@ -35,6 +37,17 @@ from genready.vocab import Failure, ProbeResult
 log = logging.getLogger("genready.probe.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
+_HEALTH_CAP: Final = 64 * 1024  # a health answer is a status; its body only has to be read past
+# A 400 that names a request of the wrong shape. SGLang turns FastAPI's validation errors into 400
+# (python/sglang/srt/entrypoints/http_server.py, validation_exception_handler), and so does vLLM
+# (vllm/entrypoints/openai/server_utils.py); SGLang's /generate refuses a body without a prompt
+# with "Either text, input_ids or input_embeds should be provided." (managers/io_struct.py).
+_WRONG_SHAPE: Final = ("validation error", "field required", "extra inputs are not permitted",
+                       "input_ids or input_embeds should be provided")
+# llama.cpp's router while a model is not (yet) loaded: 400 "model is not loaded" without
+# --models-autoload (tools/server/server-models.cpp); the states it lists while loading one.
+_ROUTER_NOT_LOADED: Final = "model is not loaded"
+_ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
 # ASCII digits only, and bounded: str.isdigit() takes '²', and int() refuses over 4,300 digits
 # with a ValueError, which no malformed answer may turn into anything but bad_response.
 _STATUS: Final = re.compile(r"[1-5][0-9][0-9]")
@@ -243,6 +256,11 @@ class _Conn:
             await self.writer.wait_closed()
 
 
+def _seen(what: str, resp: _Response) -> str:
+    """What a non-200 answer said, for a failure's detail."""
+    return f"{what}: HTTP {resp.status} {resp.reason}".rstrip() + (f": {excerpt(resp.body)}" if resp.body else "")
+
+
 @dataclass
 class _Attempt:
     """One probe in progress: where it is (for a timeout's detail) and its connection."""
@@ -250,6 +268,7 @@ class _Attempt:
     phase: str = "starting"
     conn: _Conn | None = None
     refused: bool = False  # the connection failed: there is no server side left to check
+    router_state: str | None = None  # llama.cpp router: the probed model's listed state, if not loaded
 
 
 class Prober:
@@ -285,6 +304,9 @@ class Prober:
             self._host_header = f"{host}:{parts.port}" if parts.port else host
             self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
         self._model: str | None = None  # discovered from /v1/models; dropped after any failure
+        # Which model the probe asks for and why (`model "a" (first of 2 listed: a, b)`), for
+        # /status and check-config; "" for an API without model names.
+        self.model_note = ""
         # (start, status) of the last 5xx whose server side was proven the unit's; see _probe.
         self._proven_5xx: tuple[UnitStart, int] | None = None
         self._open: set[_Conn] = set()
@@ -318,6 +340,11 @@ class Prober:
         except TimeoutError:  # before OSError: it is one
             outcome = _Fail(Failure.TIMEOUT, f"no complete answer within {self._t.probe_timeout:g} s "
                                              f"({att.phase})")
+            if att.router_state is not None and att.phase.startswith("waiting for the answer to POST"):
+                # llama.cpp's router with --models-autoload holds the POST until the model is loaded
+                # (ensure_model_loaded, tools/server/server-models.cpp): the server is loading.
+                outcome = _Fail(Failure.UNHEALTHY, f"{outcome.detail}: the llama.cpp router listed the model "
+                                                   f"{att.router_state!r} and loads it on demand")
         except _Fail as f:
             outcome = f
         except ssl.SSLError as e:  # before OSError: it is one
@@ -402,17 +429,25 @@ class Prober:
             detail = owner.detail if owner.pid is not None else f"owner not proven: {owner.detail}"
             return ProbeResult(False, Failure.FOREIGN_OWNER, detail, pid, seconds, tokens, 200)
         by = f" from {owner.detail}" if owner else " (owner not checked)"
-        return ProbeResult(True, None, f"{tokens} token(s) in {seconds:.3f} s{by}", pid, seconds, tokens, 200)
+        health = f", {self._t.health_path} 200 first" if self._t.health_path else ""
+        model = f"; {self.model_note}" if self.model_note else ""
+        return ProbeResult(True, None, f"{tokens} token(s) in {seconds:.3f} s{health}{by}{model}", pid, seconds,
+                           tokens, 200)
 
     async def _generate(self, att: _Attempt) -> int:
         api = APIS[self._t.api]
         model = ""
         if api.needs_model:
-            model = self._t.model or self._model or await self._discover(att)
-        path, payload = api.path, api.body(prompt=self._t.prompt, max_tokens=self._t.max_tokens, model=model)
+            model = self._model or await self._discover(att)
+        path = api.path
+        payload = api.body(prompt=self._t.prompt, max_tokens=self._t.max_tokens, model=model,
+                           prompt_ids=self._t.prompt_ids)
         att.phase = f"connecting to {self._where}"
         att.conn = await self._connect(att)
+        if self._t.health_path:
+            await self._health(att)
         att.phase = f"waiting for the answer to POST {path}"
+        assert att.conn is not None
         await att.conn.request("POST", self._base + path, self._host_header, json.dumps(payload).encode(),
                                self._t.api_key)
         resp = await att.conn.response(self._max_body)
@@ -423,10 +458,42 @@ class Prober:
         except BadAnswer as e:
             raise _Fail(Failure.BAD_RESPONSE, str(e)) from None
 
+    async def _health(self, att: _Attempt) -> None:
+        """GET health_path on the probe's own connection, before the generation: the server's own
+        word that it is ready (SGLang says 503 while its warmup runs or it drains, llama.cpp while it
+        loads), proven to come from the same process as the generation that follows."""
+        what = f"GET {self._t.health_path}"
+        att.phase = f"waiting for the answer to {what} (health_path)"
+        assert att.conn is not None
+        # With the key: SGLang, vLLM and llama.cpp let /health through without one, a proxy may not.
+        await att.conn.request("GET", self._base + self._t.health_path, self._host_header, None, self._t.api_key)
+        resp = await att.conn.response(_HEALTH_CAP)
+        if resp.status != 200:
+            if resp.status in (404, 405):
+                raise _Fail(Failure.REJECTED, f"{_seen(what, resp)}; the server has no health route "
+                                              f"{self._t.health_path}: set health_path to its health route, or "
+                                              'health_path = "" to probe without it', resp.status)
+            if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                raise self._not_ok(what, resp)
+            raise _Fail(Failure.UNHEALTHY, f"{_seen(what, resp)} (the server says it is not ready)", resp.status)
+        if att.conn.server_closes:
+            if self._t.verify_owner:
+                # A second connection could reach another process: the proof must cover both answers.
+                raise _Fail(Failure.FOREIGN_OWNER, f"{what} answered 200 with Connection: close: the owner proof "
+                                                   "needs the health answer and the generation on one keep-alive "
+                                                   'connection (or set health_path = "")')
+            await self._release(att.conn)
+            att.phase = f"connecting to {self._where}"
+            att.conn = await self._connect(att)
+
     async def _discover(self, att: _Attempt) -> str:
-        """The model id from GET /v1/models (data[0].id). Its own connection: this proves nothing."""
+        """The model to ask for, from GET /v1/models: `model` if set (it must be listed), else the
+        first listed, which is what vLLM serves a request without `model` with (the first of
+        --served-model-name; vllm/entrypoints/openai/models/serving.py, model_name). Its own
+        connection: this proves nothing."""
         att.phase = "discovering the model (GET /v1/models)"
         what = "model discovery: GET /v1/models"
+        pinned = self._t.model
         sub = _Attempt()
         try:
             conn = await self._connect(sub)
@@ -443,25 +510,50 @@ class Prober:
             if isinstance(e, TimeoutError):
                 raise
             raise _os_fail(e, f"{what}: the connection failed") from None
+        if resp.status in (404, 405) and pinned:
+            self.model_note = f'model "{pinned}" (set by model; the server offers no model list)'
+            self._model = pinned
+            return pinned
         if resp.status != 200:
             raise self._not_ok(what, resp)
         try:
-            models = models_from_list(resp.body)
+            listed = listed_models(resp.body)
         except BadAnswer as e:
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
-        if len(models) > 1:
-            # Guessing would verify one model while the admin means another (a LoRA adapter, say).
-            shown = ", ".join(repr(m) for m in models[:10]) + (f" and {len(models) - 10} more" if len(models) > 10
-                                                                else "")
-            raise _Fail(Failure.REJECTED, f"{what}: the server lists {len(models)} models ({shown}): "
-                                          f"set model = {models[0]!r} (or another of them) for this target")
-        self._model = models[0]
-        return models[0]
+        chosen = self._choose(listed, what)
+        if chosen.state in _ROUTER_LOADING:
+            raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {chosen.id!r} as "
+                                           f"{chosen.state!r}")
+        if chosen.state not in (None, "loaded"):
+            att.router_state = chosen.state
+        self._model = chosen.id
+        return chosen.id
+
+    def _choose(self, listed: list[Listed], what: str) -> Listed:
+        ids = [m.id for m in listed]
+        shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+        pinned = self._t.model
+        if pinned:
+            for m in listed:
+                if m.id == pinned:
+                    self.model_note = f'model "{pinned}" (set by model; listed by the server)'
+                    return m
+            raise _Fail(Failure.REJECTED, f"{what}: the server does not list model = {pinned!r}; it lists "
+                                          f"{len(ids)}: {shown}: set model to one of them (or \"\" for the first)")
+        first = listed[0]
+        self.model_note = (f'model "{first.id}" (the only one listed)' if len(ids) == 1 else
+                           f'model "{first.id}" (first of {len(ids)} listed: {shown}; what a server without '
+                           "`model` in the request serves; set model to pin another)")
+        return first
 
     def _not_ok(self, what: str, resp: _Response) -> _Fail:
         """A non-200 answer: `rejected` for a client error the server will repeat until someone acts,
-        `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests)."""
-        seen = f"{what}: HTTP {resp.status} {resp.reason}".rstrip() + (f": {excerpt(resp.body)}" if resp.body else "")
+        `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests),
+        `unhealthy` for llama.cpp's router saying the model is not loaded (it may load it)."""
+        seen = _seen(what, resp)
+        if resp.status == 400 and _ROUTER_NOT_LOADED in resp.body.decode("utf-8", "replace").lower():
+            return _Fail(Failure.UNHEALTHY, f"{seen} (llama.cpp's router: load the model, or start it with "
+                                            "--models-autoload)", resp.status)
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
             return _Fail(Failure.REJECTED, f"{seen}; {self._fix(resp.status, resp.body, what)}", resp.status)
         return _Fail(Failure.HTTP_STATUS, seen, resp.status)
@@ -487,7 +579,10 @@ class Prober:
             where = "path_prefix" if self._unix is not None else "the url's path"
             return (f"the server has no {what} here: check api ({t.api!r}; sglang serves /generate, vLLM and "
                     f"llama.cpp /v1/...) and {where}")
-        if status == 422:
+        if status == 400 and "tokenizer" in text and not t.prompt_ids:
+            return ("the server has no tokenizer (started with --skip-tokenizer-init?): set prompt_ids = [...] "
+                    "(the token ids of a short prompt) for this target")
+        if status == 422 or (status == 400 and any(m in text for m in _WRONG_SHAPE)):
             return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
                     "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
         return "the server refuses the probe's request: check api, model, prompt and max_tokens"

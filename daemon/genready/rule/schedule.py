@@ -1,8 +1,8 @@
 """When to probe next while a start is not yet verified: by what the last failure cost the server.
 
-A refused connection costs the server nothing, and a 5xx answered at once ("Loading model")
-almost nothing; a server that can generate should be noticed within a fraction of a second,
-so both are retried every FAST_RETRY seconds. Everything that made the server work or wait
+A refused connection costs the server nothing, and a 5xx or the server's own "not ready"
+(`unhealthy`) answered at once ("Loading model") almost nothing; a server that can generate
+should be noticed within a fraction of a second, so both are retried every FAST_RETRY seconds. Everything that made the server work or wait
 (a timeout, a slow answer, a 200 that was no generation, an answer from a foreign process, a
 429 "too many requests") backs off: `backoff_initial` doubling to `backoff_max`. A 4xx other
 than 408/429 means the server is up and refuses the probe's request: no retry soon will change
@@ -51,6 +51,10 @@ def cost(result: ProbeResult) -> Cost:
         return Cost.NOTHING
     if result.failure is Failure.REJECTED:
         return Cost.REJECTED
+    if result.failure is Failure.UNHEALTHY:
+        # The server's own "not ready" (a health 503, a router still loading the model), said at
+        # once, is as cheap as a quick 5xx; said after a wait, the server worked for it.
+        return Cost.CHEAP if result.seconds < SLOW_ANSWER else Cost.COSTLY
     if result.failure is Failure.HTTP_STATUS and result.status is not None:
         if result.status in (408, 429):
             return Cost.COSTLY  # "too slow" / "too many": the server asks us to slow down

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genready import __version__
-from genready.vocab import Revocation, State
+from genready.vocab import Failure, Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -44,6 +44,9 @@ READY = {
     },
 }
 STATES: dict[str, Any] = {"type": "string", "enum": [s.value for s in State]}
+LAST_ERROR: dict[str, Any] = {
+    "type": ["string", "null"], "pattern": "^(" + "|".join(f.value for f in Failure) + "): ",
+    "description": "the last probe failure, `CLASS: detail`; CLASS one of " + ", ".join(f.value for f in Failure)}
 NOT_READY: dict[str, Any] = {
     "type": "object",
     "required": ["ready", "target", "unit", "state", "reason", "pid", "invocation_id", "waiting_since", "probes",
@@ -58,7 +61,7 @@ NOT_READY: dict[str, Any] = {
         "invocation_id": _STR_OR_NULL,
         "waiting_since": {**_STR_OR_NULL, "description": "when probing of this start began"},
         "probes": {"type": "integer"},
-        "last_error": {**_STR_OR_NULL, "description": "the last probe failure: class and detail"},
+        "last_error": LAST_ERROR,
         **LOAD_CLOCK,
     },
 }
@@ -91,7 +94,9 @@ TARGET_STATUS = {
         "target": {"type": "string"}, "unit": {"type": "string"}, "state": STATES,
         "reason": {"type": "string"}, "ready": {"type": "boolean"}, "pid": _INT_OR_NULL,
         "invocation_id": _STR_OR_NULL, "ready_since": _STR_OR_NULL, "load_seconds": _NUM_OR_NULL,
-        "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": _STR_OR_NULL,
+        "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": LAST_ERROR,
+        "model": {**_STR_OR_NULL, "description": 'the model the probe asks for and why, e.g. model "a" (first of '
+                  "2 listed: a, b); null for an API without model names"},
         "warnings": {"type": "array", "items": {"type": "string"},
                      "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "
                      "genready sweep that is gone (genready sweep restore TARGET)"},

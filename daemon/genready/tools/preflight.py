@@ -37,11 +37,14 @@ async def _one(fresh: FreshReader, t: TargetConfig) -> tuple[ProbeResult, str]:
     prober = Prober(t)
     try:
         if snap is None:
-            return await prober.probe(0), note
-        return await prober.probe(snap.main_pid, started_us=snap.exec_main_start_us,
-                                  invocation_id=snap.invocation_id), note
+            r = await prober.probe(0)
+        else:
+            r = await prober.probe(snap.main_pid, started_us=snap.exec_main_start_us, invocation_id=snap.invocation_id)
     finally:
         await prober.close()
+    if prober.model_note and prober.model_note not in r.detail:  # which model was asked for, and why
+        note = f"{prober.model_note}; {note}" if note else prober.model_note
+    return r, note
 
 
 def verdict(name: str, r: ProbeResult, note: str) -> str:
