@@ -74,6 +74,7 @@ class ScriptedProber:
         self.during: Callable[[], None] | None = None
         self.hold: asyncio.Event | None = None
         self.calls = 0
+        self.model_note = ""  # as Prober: which model it asks for, and why (shown by /status)
 
     async def probe(self, main_pid: int, **kw: Any) -> ProbeResult:
         self.calls += 1

@@ -107,6 +107,8 @@ def targets(w: World) -> dict[str, dict[str, Any]]:
                     "model": "sim-model", **FAST},
         "two_models": {"unit": "rs-chat.service", "url": f"http://127.0.0.1:{p['rs-chat']}",
                        "api": "openai-completions", **FAST},
+        "unlisted": {"unit": "rs-chat.service", "url": f"http://127.0.0.1:{p['rs-chat']}",
+                     "api": "openai-completions", "model": "nope", **FAST},
         "wrong_path": {"unit": "rs-chat.service", "url": f"http://127.0.0.1:{p['rs-chat']}/nope", **FAST},
         "shape422": {"unit": "rs-422.service", "url": f"http://127.0.0.1:{p['rs-422']}", **FAST},
     }
@@ -225,9 +227,9 @@ def test_a_foreign_process_on_the_socket_path_is_refused(world: World) -> None:
 
 @pytest.mark.parametrize(("name", "says"), [
     ("chat400", ["HTTP 400", "chat template", 'use api = "openai-completions"']),
-    ("wrong_path", ["HTTP 404", "POST /generate", "check api"]),
+    ("wrong_path", ["HTTP 404", "GET /nope/health", 'health_path = ""']),
     ("shape422", ["HTTP 422", "Field required", "another request shape"]),
-    ("two_models", ["2 models", "'sim-model'", "'lora-a'", "set model"]),
+    ("unlisted", ["does not list model = 'nope'", "it lists 2: sim-model, lora-a", "set model"]),
 ])
 def test_refusals_are_rejected_with_the_fix(world: World, name: str, says: list[str]) -> None:
     reason = world.wait_state(name, "rejected")["reason"]
@@ -241,6 +243,17 @@ def test_openapi_and_metrics_know_the_new_words(world: World) -> None:
     assert "rejected" in status_schema["properties"]["targets"]["additionalProperties"]["properties"]["state"]["enum"]
     probes = metric_values(world, "genready_probes_total", target="key_file")
     assert {"rejected", "tls"} <= set(probes)
+
+
+def test_several_models_the_first_is_ready_and_status_says_why(world: World) -> None:
+    # vLLM --served-model-name a b, LoRA adapters, llama.cpp's router: the first is what a request
+    # without `model` gets (vllm/entrypoints/openai/models/serving.py)
+    t = world.wait_state("two_models", "ready")
+    assert t["model"].startswith('model "sim-model" (first of 2 listed: sim-model, lora-a'), t
+    r = world.cli("check-config", "--probe", "--config", str(write_config(world, ["two_models"],
+                                                                           world.tmp / "two.toml")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert 'two_models: ok (pid ' in r.stdout and 'model "sim-model" (first of 2 listed: sim-model, lora-a' in r.stdout
 
 
 # --- check-config --probe ----------------------------------------------------------------------

@@ -22,8 +22,10 @@ from genready_dev.harness import Genready
 
 
 def target_config(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
-    """A full TargetConfig with every default, from the config's own table (new keys included)."""
-    table = {"unit": "t.service", "url": url, "api": api_, "model": "m", "verify_owner": False, **kw}
+    """A full TargetConfig with every default, from the config's own table (new keys included), but
+    no health step: a hostile server's answer is for the generation."""
+    table = {"unit": "t.service", "url": url, "api": api_, "model": "m", "verify_owner": False, "health_path": "",
+             **kw}
     return config.parse({"targets": {"t": table}}).targets["t"]
 
 

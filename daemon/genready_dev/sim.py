@@ -6,6 +6,11 @@ hangs, failing generations, slow tokens, two processes on one port. Each is one 
 what real deployments add: an API key, TLS (mutual too), a unix socket, a model without a chat
 template, several models, a server that refuses every generation with one 4xx status.
 
+`--profile sglang|vllm|llamacpp` imitates one real server's start-up, health route, API-key
+rules, error shapes, model list and shutdown, each taken from that server's source (the file is
+named at each place below; docs/servers.md has the whole table). Without --profile it is the
+generic SGLang-like server the flags above describe.
+
 It never reveals its PID in a response: genready has to prove who answered on its own.
 Lifecycle events go to stderr, one flushed line each:
 
@@ -86,6 +91,14 @@ class GenRequest:
     max_tokens: int
     stream: bool
     include_usage: bool = False
+    text_prompt: bool = True  # False: the prompt came as token ids
+    model: str | None = None  # the OpenAI routes' `model`, as sent
+
+
+# SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
+# (python/sglang/srt/managers/tokenizer_manager.py, _tokenize_one_request); answered 400.
+NO_TOKENIZER = ("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
+                "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
 
 
 def _obj(v: object, what: str) -> dict[str, Any]:
@@ -137,10 +150,11 @@ def _token_ids(v: object) -> int | None:
 
 
 def parse_native(body: dict[str, Any]) -> GenRequest:
-    # SGLang's GenerateReqInput takes `text` or `input_ids` (a tokenizer-less client sends ids);
-    # python/sglang/srt/managers/io_struct.py.
     text, ids = body.get("text"), body.get("input_ids")
-    if ids is not None:
+    if text is None and ids is None:
+        # SGLang's GenerateReqInput (python/sglang/srt/managers/io_struct.py, _validate_inputs)
+        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
+    if ids is not None:  # a tokenizer-less client (--skip-tokenizer-init) sends token ids
         n_ids = _token_ids(ids)
         if n_ids is None:
             raise BadRequest("input_ids must be a non-empty list of token ids")
@@ -152,29 +166,47 @@ def parse_native(body: dict[str, Any]) -> GenRequest:
     sp = _obj(body.get("sampling_params") or {}, "sampling_params")
     _check_temperature(sp)
     n = _max_tokens(sp, ("max_new_tokens",), NATIVE_DEFAULT_MAX_NEW_TOKENS)
-    return GenRequest(prompt_tokens, n, _stream_flag(body))
+    return GenRequest(prompt_tokens, n, _stream_flag(body), text_prompt=ids is None)
 
 
-def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...]) -> GenRequest:
+def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...], *,
+                   text_prompt: bool = True) -> GenRequest:
     _check_temperature(body)
     n = _max_tokens(body, keys, OPENAI_DEFAULT_MAX_TOKENS)
     opts = _obj(body.get("stream_options") or {}, "stream_options")
-    return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)))
+    model = body.get("model")
+    return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
+                      model if isinstance(model, str) else None)
+
+
+def _required(body: dict[str, Any], key: str, model: str) -> None:
+    # FastAPI's validation error for a missing field, as SGLang and vLLM turn it into a 400
+    # (sglang/srt/entrypoints/http_server.py and vllm/entrypoints/openai/server_utils.py,
+    # validation_exception_handler): the message is str(RequestValidationError).
+    if key not in body:
+        raise BadRequest(f"1 validation error for {model}\n{key}\n  Field required [type=missing, "
+                         f"input_value={excerpt_dict(body)}, input_type=dict]")
+
+
+def excerpt_dict(body: dict[str, Any]) -> str:
+    return json.dumps(body)[:80]
 
 
 def parse_completion(body: dict[str, Any]) -> GenRequest:
+    _required(body, "prompt", "CompletionRequest")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     n_ids = _token_ids(prompt)  # the OpenAI completions API also takes the prompt as token ids
     if n_ids is not None:
-        return _openai_common(body, n_ids, ("max_tokens",))
+        return _openai_common(body, n_ids, ("max_tokens",), text_prompt=False)
     if not isinstance(prompt, str):
         raise BadRequest("prompt must be a string or a list of token ids")
     return _openai_common(body, _count_words(prompt), ("max_tokens",))
 
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
+    _required(body, "messages", "ChatCompletionRequest")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
@@ -221,13 +253,123 @@ def rejection(status: int) -> web.Response:
 ErrorFn = Callable[[int, str], web.Response]
 
 
+# --- the servers, from their source ------------------------------------------------------------
+
+def _unauthorized() -> web.Response:
+    # SGLang (python/sglang/srt/utils/common.py, add_api_key_middleware) and vLLM
+    # (vllm/entrypoints/openai/server_utils.py, AuthenticationMiddleware) answer the same body.
+    return web.json_response({"error": "Unauthorized"}, status=401)
+
+
+_VLLM_TYPES = {400: "Bad Request", 404: "NotFoundError", 500: "InternalServerError", 503: "Service Unavailable"}
+
+
+def vllm_error(status: int, message: str, param: str | None = None) -> web.Response:
+    # vLLM's ErrorResponse: {"error": {message, type, param, code}}
+    # (vllm/entrypoints/openai/engine/protocol.py; server_utils.py validation_exception_handler: 400)
+    return web.json_response({"error": {"message": message, "type": _VLLM_TYPES.get(status, "BadRequestError"),
+                                        "param": param, "code": status}}, status=status)
+
+
+_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
+
+
+def llamacpp_error(status: int, message: str) -> web.Response:
+    # llama.cpp's format_error_response: {"error": {code, message, type}} (tools/server/server-common.cpp;
+    # the 401 and the "Loading model" 503 are written out in tools/server/server-http.cpp)
+    return web.json_response({"error": {"code": status, "message": message,
+                                        "type": _LLAMA_TYPES.get(status, "server_error")}}, status=status)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What one real server does where servers differ. Each field names the file it comes from."""
+
+    name: str
+    key_exempt: Callable[[str], bool]  # paths answered without the API key
+    unauthorized: Callable[[], web.Response]
+    native_error: ErrorFn  # errors of POST /generate
+    openai_error: ErrorFn  # errors of the /v1 routes
+    has_native: bool = True  # serves SGLang's /generate
+    loading_gate: bool = False  # binds at once; every route but the model list answers 503 until loaded
+    listen_after_load: bool = False  # binds the socket at once, listen()s only once loaded
+    health_poll: float = 0.0  # a healthy /health answers after this long
+    warmup_seconds: float = 0.0  # after binding: generations work while /health says 503
+    linger_seconds: float = 0.0  # after SIGTERM: keeps serving, /health 503
+    checks_model: bool = False  # an unknown `model` is 404
+    health_ok: Callable[[], web.Response] = lambda: web.Response(status=200)
+
+
+PROFILES: dict[str, Profile] = {
+    # The generic server of the flags: SGLang's surface, nothing profile-specific.
+    "": Profile("generic", lambda path: path.startswith("/health"), _unauthorized, native_error, openai_error),
+    "sglang": Profile(
+        "sglang",
+        # add_api_key_middleware (python/sglang/srt/utils/common.py): /health* and /metrics* pass
+        lambda path: path.startswith(("/health", "/metrics")), _unauthorized,
+        # http_server.py: a ValueError from /generate is 400 {"error": {"message"}}; the OpenAI
+        # routes' ErrorResponse is {"object": "error", message, type, param, code}
+        # (python/sglang/srt/entrypoints/openai/protocol.py)
+        native_error, openai_error,
+        # http_server.py health_generate: after a 1-token generation it sleeps 1 s at a time until
+        # the scheduler answered, then 200; 503 while ServerStatus.Starting or gracefully_exit
+        health_poll=1.0,
+        # http_server.py _wait_and_warmup: the port is bound (every scheduler loaded), then a warmup
+        # POST /generate runs, and only then server_status = Up: /health is 503 until then
+        # (managers/tokenizer_manager.py, ServerStatus)
+        warmup_seconds=1.0,
+        # tokenizer_manager.py: on SIGTERM gracefully_exit is set, /health answers 503, requests in
+        # flight and new ones are still served while it drains
+        linger_seconds=1.0),
+    "vllm": Profile(
+        "vllm",
+        # AuthenticationMiddleware (vllm/entrypoints/openai/server_utils.py): only paths starting
+        # with /v1 want the key; /health, /metrics, /ping pass
+        lambda path: not path.startswith("/v1"), _unauthorized,
+        lambda status, message: vllm_error(status, message), lambda status, message: vllm_error(status, message),
+        has_native=False,
+        # vllm/entrypoints/openai/api_server.py: the socket is created and bound (SO_REUSEADDR,
+        # SO_REUSEPORT) before the engine is built, uvicorn listen()s on it after
+        listen_after_load=True,
+        # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
+        checks_model=True),
+    "llamacpp": Profile(
+        "llamacpp",
+        # tools/server/server-http.cpp: the public endpoints pass without the key
+        lambda path: path in ("/health", "/v1/health", "/models", "/v1/models", "/"),
+        lambda: llamacpp_error(401, "Invalid API Key"), llamacpp_error, llamacpp_error,
+        has_native=False,
+        # server-http.cpp middleware_server_state, checked before the key: 503 "Loading model" while
+        # the model loads. Older versions (tools/server/server.cpp) let the model list through, as
+        # here; the newest answer 503 there too
+        loading_gate=True,
+        # tools/server/server-context.cpp handle_health: {"status": "ok"}
+        health_ok=lambda: web.json_response({"status": "ok"})),
+}
+
+
 class Simulator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
+        self.p = PROFILES[args.profile or ""]
         self.log = Log()
         self.loaded = False
+        self.starting = False  # loaded, warmup running: generations work, /health says 503 (SGLang)
+        self.unhealthy = False  # --unhealthy-after: /health says 503, generations still work
         self.stopping = False  # a SIGTERM/SIGINT arrived: /health* say 503, the rest keeps serving
         self.hung = False
+        self.bind_early = args.bind_early or self.p.loading_gate
+        self.warmup = args.warmup_seconds if args.warmup_seconds is not None else self.p.warmup_seconds
+        self.linger = args.linger_seconds if args.linger_seconds is not None else self.p.linger_seconds
+        # The names the model is served under (vLLM --served-model-name a b), then LoRA adapters or
+        # a router's other models (--extra-model).
+        self.names: list[str] = args.served_model_name or [args.model]
+        self.listed = [*self.names, *(m for m in args.extra_model if m not in self.names)]
+        # llama.cpp's router (--router): each listed model's state, "unloaded" until asked for
+        # (tools/server/server-models.cpp); without --router every model is served at once.
+        self.router: dict[str, str] = {m: "unloaded" for m in self.listed} if args.router else {}
+        self._router_loaded: dict[str, asyncio.Event] = {}
         self.exit_code = 0
         self._rng = random.Random()
         self._created = int(time.time())
@@ -261,19 +403,30 @@ class Simulator:
 
     async def _lifecycle(self) -> None:
         a = self.a
-        self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=a.bind_early)
-        if a.bind_early:
+        self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
+                 profile=self.p.name)
+        # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
+        early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
+        if self.bind_early or self.router:  # a router comes up at once; its models load on demand
             await self._bind()
-        await asyncio.sleep(a.load_seconds)
-        if not a.bind_early:
-            await self._bind()
+        if not self.router:
+            await asyncio.sleep(a.load_seconds)
+        if not (self.bind_early or self.router):
+            await self._bind(early_sock)
         self.loaded = True
+        if self.warmup > 0:
+            self.starting = True
+            self.log("warming", seconds=self.warmup)
+            await asyncio.sleep(self.warmup)
+            self.starting = False
         self.log("ready")
         loop = asyncio.get_running_loop()
         if a.crash_after is not None:
             loop.call_later(a.crash_after, self._crash)
         if a.hang_after is not None:
             loop.call_later(a.hang_after, self._hang)
+        if a.unhealthy_after is not None:
+            loop.call_later(a.unhealthy_after, self._unhealthy)
 
     def _lifecycle_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or task.exception() is None:
@@ -283,9 +436,9 @@ class Simulator:
         self.exit_code = 1
         self._stop.set()
 
-    async def _bind(self) -> None:
+    async def _bind(self, sock: socket.socket | None = None) -> None:
         a = self.a
-        sock = self._unix_socket(a.uds) if a.uds else self._tcp_socket()
+        sock = sock or (self._unix_socket(a.uds) if a.uds else self._tcp_socket())
         assert self._runner is not None
         # SockSite listens on our socket as is: the bind happens exactly when we say.
         await compat.sock_site(self._runner, sock, ssl_context=self._tls()).start()
@@ -294,16 +447,16 @@ class Simulator:
             return
         host, port = sock.getsockname()[:2]
         self.log("bound", addr=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-                 reuse_port=a.reuse_port, tls=a.tls_cert is not None)
+                 reuse_port=a.reuse_port or self.p.listen_after_load, tls=a.tls_cert is not None)
 
-    def _tcp_socket(self) -> socket.socket:
+    def _tcp_socket(self, *, reuse_port: bool = False) -> socket.socket:
         a = self.a
         infos = socket.getaddrinfo(a.host, a.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, type_, proto, _, addr = infos[0]
         sock = socket.socket(family, type_, proto)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if a.reuse_port:
+            if a.reuse_port or reuse_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind(addr)
             sock.setblocking(False)
@@ -350,9 +503,9 @@ class Simulator:
             self.log("lingering", signal=name, seconds=max(0.0, self._exit_at - loop.time()), repeated=True)
             return
         self.stopping = True
-        self._exit_at = loop.time() + self.a.linger_seconds
-        self.log("lingering", signal=name, seconds=float(self.a.linger_seconds))
-        loop.call_later(self.a.linger_seconds, self._stop.set)
+        self._exit_at = loop.time() + self.linger
+        self.log("lingering", signal=name, seconds=float(self.linger))
+        loop.call_later(self.linger, self._stop.set)
 
     def _crash(self) -> None:
         self.log("crashing", after=float(self.a.crash_after))
@@ -361,6 +514,12 @@ class Simulator:
     def _hang(self) -> None:
         self.hung = True
         self.log("hanging", after=float(self.a.hang_after))
+
+    def _unhealthy(self) -> None:
+        # SGLang marks itself ServerStatus.UnHealthy when its health generation gets no answer for
+        # 20 s (http_server.py health_generate); from then on /health says 503.
+        self.unhealthy = True
+        self.log("unhealthy", after=float(self.a.unhealthy_after))
 
     # -- HTTP -----------------------------------------------------------------------------------
 
@@ -372,25 +531,48 @@ class Simulator:
             return await handler(request)
 
         @web.middleware
+        async def loading(request: web.Request, handler: Handler) -> web.StreamResponse:
+            # llama.cpp checks its state before the key (server-http.cpp): 503 while loading.
+            if self.p.loading_gate and not self.loaded and request.path not in ("/models", "/v1/models"):
+                return llamacpp_error(503, "Loading model")
+            return await handler(request)
+
+        @web.middleware
         async def api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-            # SGLang's --api-key: only /health* goes through without the key (Bearer or x-api-key).
+            # --api-key: the profile's exempt paths go through without the key (Bearer; x-api-key too).
             key = self.a.api_key
-            if key is None or request.path.startswith("/health"):
+            if key is None or self.p.key_exempt(request.path):
                 return await handler(request)
             given = request.headers.get("Authorization", "")
-            if given == f"Bearer {key}" or request.headers.get("x-api-key") == key:
+            scheme, _, token = given.partition(" ")
+            if (scheme.lower() == "bearer" and token == key) or request.headers.get("x-api-key") == key:
                 return await handler(request)
-            return web.json_response({"error": "Unauthorized"}, status=401)
+            return self.p.unauthorized()
 
-        app = web.Application(middlewares=[hang, api_key])
+        @web.middleware
+        async def not_found(request: web.Request, handler: Handler) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except web.HTTPNotFound:
+                if self.p.name == "llamacpp":  # server-http.cpp's error handler
+                    return llamacpp_error(404, "File Not Found")
+                return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's (SGLang, vLLM)
+
+        app = web.Application(middlewares=[hang, loading, api_key, not_found])
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/get_model_info", self.model_info)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health)
-        app.router.add_get("/get_server_info", self.server_info)
-        app.router.add_get("/server_info", self.server_info)  # the older name of the same route
         app.router.add_get("/metrics", self.metrics)
-        app.router.add_post("/generate", self.generate)
+        if self.p.has_native:
+            app.router.add_get("/get_model_info", self.model_info)
+            app.router.add_get("/health_generate", self.health)
+            app.router.add_get("/get_server_info", self.server_info)
+            app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+            app.router.add_post("/generate", self.generate)
+        else:
+            app.router.add_get("/v1/health" if self.p.name == "llamacpp" else "/ping", self.health)
+        if self.router:
+            app.router.add_get("/models", self.models)
+            app.router.add_post("/models/load", self.router_load)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         return app
@@ -430,14 +612,83 @@ class Simulator:
             req = parse(_obj(body, "the request body"))
         except BadRequest as e:
             return error(400, str(e))
+        if self.a.skip_tokenizer_init and req.text_prompt:
+            return error(400, NO_TOKENIZER)
+        if (refused := await self._model_served(request, req)) is not None:
+            return refused
         if self._fails():
             return error(500, "simulated engine failure (--fail-rate)")
         return req
 
+    async def _model_served(self, request: web.Request, req: GenRequest) -> web.Response | None:
+        """The OpenAI routes' `model`, checked as the profile's server checks it."""
+        if not request.path.startswith("/v1"):
+            return None
+        name = req.model
+        if self.router:
+            # tools/server/server-models.cpp: the router needs a model name, one it knows, loaded;
+            # with --models-autoload it holds the request until the model is loaded.
+            if not name:
+                return llamacpp_error(400, "model name is missing from the request")
+            if name not in self.router:
+                return llamacpp_error(400, f"model '{name}' not found")
+            if self.router[name] != "loaded":
+                if not self.a.models_autoload:
+                    return llamacpp_error(400, "model is not loaded")
+                await self._router_load(name)
+            return None
+        if self.p.checks_model and name and name not in self.listed:
+            # vllm/entrypoints/openai/models/serving.py check_model
+            return vllm_error(404, f"The model `{name}` does not exist.", "model")
+        return None
+
+    def _router_start(self, name: str) -> asyncio.Event:
+        done = self._router_loaded.get(name)
+        if done is None:
+            done = self._router_loaded[name] = asyncio.Event()
+            self.router[name] = "loading"
+            self.log("loading", model=name, seconds=self.a.load_seconds, router=True)
+
+            def loaded() -> None:
+                self.router[name] = "loaded"
+                self.log("ready", model=name)
+                done.set()
+
+            asyncio.get_running_loop().call_later(self.a.load_seconds, loaded)
+        return done
+
+    async def _router_load(self, name: str) -> None:
+        await self._router_start(name).wait()
+
+    async def router_load(self, request: web.Request) -> web.Response:
+        # POST /models/load {"model": NAME} (tools/server/server-models.cpp): starts loading, answers at once
+        try:
+            name = (await request.json()).get("model")
+        except ValueError:
+            name = None
+        if name not in self.router:
+            return llamacpp_error(404, "model not found")
+        if self.router[name] == "loaded":
+            return llamacpp_error(400, "model is already loaded")
+        self._router_start(name)
+        return web.json_response({"success": True})
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": m, "object": "model", "created": self._created, "owned_by": "sglang", "root": m,
-             "max_model_len": CONTEXT_LENGTH} for m in (self.a.model, *self.a.extra_model)]})
+        def card(m: str) -> dict[str, Any]:
+            if self.p.name == "llamacpp":
+                entry: dict[str, Any] = {"id": m, "object": "model", "owned_by": "llamacpp", "created": self._created}
+                if self.router:  # tools/server/server-models.cpp get_router_models
+                    entry["status"] = {"value": self.router[m], "args": []}
+                return entry
+            # vLLM lists every --served-model-name with the same root (the weights), then LoRA
+            # adapters with their own root and parent (vllm/entrypoints/openai/models/serving.py)
+            served = m in self.names
+            return {"id": m, "object": "model", "created": self._created,
+                    "owned_by": "vllm" if self.p.name == "vllm" else "sglang",
+                    "root": self.a.model if served else m, "parent": None if served else self.names[0],
+                    "max_model_len": CONTEXT_LENGTH}
+
+        return web.json_response({"object": "list", "data": [card(m) for m in self.listed]})
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"model_path": self.a.model, "tokenizer_path": self.a.model,
@@ -492,22 +743,27 @@ class Simulator:
 
     async def health(self, request: web.Request) -> web.Response:
         # Newer SGLang answers both /health and /health_generate with a 1-token internal
-        # generation, and 503 while starting or shutting down.
-        if not self.loaded or self.stopping:
+        # generation, and 503 while starting (warmup), unhealthy or shutting down
+        # (python/sglang/srt/entrypoints/http_server.py, health_generate).
+        if not self.loaded or self.stopping or self.starting or self.unhealthy:
             return web.Response(status=503)
+        if self.p.health_poll:
+            await asyncio.sleep(self.p.health_poll)
         async for _ in self._tokens(1):
             pass
-        return web.Response(status=503 if self._fails() else 200)
+        return web.Response(status=503) if self._fails() else self.p.health_ok()
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
-        req = await self._admit(request, parse_native, native_error)
+        req = await self._admit(request, parse_native, self.p.native_error)
         if isinstance(req, web.Response):
             return req
         rid, t0 = uuid.uuid4().hex, time.monotonic()
         text, ids = "", list[int]()
 
         def chunk(done: bool) -> dict[str, Any]:
-            return {"text": text, "output_ids": list(ids), "meta_info": {
+            # Without a tokenizer SGLang has no text to give back, only output_ids.
+            head: dict[str, Any] = {} if self.a.skip_tokenizer_init else {"text": text}
+            return {**head, "output_ids": list(ids), "meta_info": {
                 "id": rid, "finish_reason": {"type": "length", "length": req.max_tokens} if done else None,
                 "prompt_tokens": req.prompt_tokens, "completion_tokens": len(ids),
                 "cached_tokens": 0, "e2e_latency": round(time.monotonic() - t0, 6), **self.spec_meta(len(ids))}}
@@ -532,11 +788,11 @@ class Simulator:
         return await self._sse(request, events())
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        req = await self._admit(request, parse_completion, openai_error)
+        req = await self._admit(request, parse_completion, self.p.openai_error)
         if isinstance(req, web.Response):
             return req
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-                "model": self.a.model}
+                "model": req.model or self.names[0]}
         usage = _usage(req.prompt_tokens, req.max_tokens)
 
         def choice(text: str, finish: str | None) -> dict[str, Any]:
@@ -558,12 +814,12 @@ class Simulator:
         return await self._sse(request, events())
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        req = await self._admit(request, parse_chat, openai_error)
+        req = await self._admit(request, parse_chat, self.p.openai_error)
         if isinstance(req, web.Response):
             return req
         if self.a.no_chat_template:
-            return openai_error(400, NO_CHAT_TEMPLATE)
-        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": self.a.model}
+            return self.p.openai_error(400, NO_CHAT_TEMPLATE)
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model or self.names[0]}
         usage = _usage(req.prompt_tokens, req.max_tokens)
 
         if not req.stream:
@@ -653,6 +909,30 @@ def _file(s: str) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", choices=[n for n in PROFILES if n], default=None,
+                   help="imitate one server, from its source: sglang (binds once loaded, then a warmup with "
+                   "/health 503; /health and /metrics exempt from the key; keeps serving while draining), "
+                   "vllm (socket bound at once, listen() once loaded; only /v1* wants the key; no /generate; "
+                   "404 for an unknown model), llamacpp (binds at once, 503 \"Loading model\" before the key; "
+                   "/health, /models, /v1/models exempt; no /generate). Other flags apply on top")
+    p.add_argument("--warmup-seconds", type=_seconds, default=None, metavar="S",
+                   help="once loaded, generations work but /health says 503 for S seconds (SGLang's warmup; "
+                   "default: the profile's, 1 s for sglang, else 0)")
+    p.add_argument("--unhealthy-after", type=_seconds, default=None, metavar="S",
+                   help="S seconds after ready, /health says 503 from then on while generations still work "
+                   "(SGLang's UnHealthy)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names the model is listed and served under, the first for requests without "
+                   "`model` (vLLM --served-model-name a b; default: --model)")
+    p.add_argument("--router", action="store_true",
+                   help="llama.cpp's router mode: binds at once, lists --model and --extra-model with their "
+                   "state, loads a model (--load-seconds) on POST /models/load or, with --models-autoload, "
+                   "on the first request naming it; else such a request gets 400 \"model is not loaded\"")
+    p.add_argument("--models-autoload", action="store_true",
+                   help="--router: a request for an unloaded model loads it and waits for the load")
+    p.add_argument("--skip-tokenizer-init", action="store_true",
+                   help="refuse text prompts with 400 like SGLang started with --skip-tokenizer-init; token "
+                   "ids (input_ids, or prompt as a list of ints) are served, answers carry no text")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=_port, default=30000,
                    help="port to listen on; 0 picks a free one, shown on the `bound` line "
@@ -665,9 +945,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="bind the port before loading; /v1/models and /get_model_info answer 200 while "
                    "generation and /health* answer 503 (llama.cpp, SGLang warmup). Without it the port "
                    "binds only once loaded (SGLang)")
-    p.add_argument("--linger-seconds", type=_seconds, default=0.0, metavar="S",
+    p.add_argument("--linger-seconds", type=_seconds, default=None, metavar="S",
                    help="after SIGTERM/SIGINT keep serving generations (/health* say 503) for S seconds, "
-                   "then exit 0; further signals do not shorten it (default: %(default)s)")
+                   "then exit 0; further signals do not shorten it (default: the profile's, else 0)")
     p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, exit abruptly with status 1")
     p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
@@ -707,6 +987,9 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.tls_client_ca and not args.tls_cert:
         print("genready simulate: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    if args.models_autoload and not args.router:
+        print("genready simulate: --models-autoload needs --router", file=sys.stderr)
         return 2
     return asyncio.run(Simulator(args).run())
 

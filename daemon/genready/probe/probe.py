@@ -511,14 +511,14 @@ class Prober:
                 raise
             raise _os_fail(e, f"{what}: the connection failed") from None
         if resp.status in (404, 405) and pinned:
-            self.model_note = f'model "{pinned}" (set by model; the server offers no model list)'
-            self._model = pinned
-            return pinned
+            return self._unchecked(pinned, "the server offers no model list")
         if resp.status != 200:
             raise self._not_ok(what, resp)
         try:
             listed = listed_models(resp.body)
         except BadAnswer as e:
+            if pinned:  # the generation will say whether the server knows it
+                return self._unchecked(pinned, "the server's model list is unreadable")
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
         chosen = self._choose(listed, what)
         if chosen.state in _ROUTER_LOADING:
@@ -528,6 +528,11 @@ class Prober:
             att.router_state = chosen.state
         self._model = chosen.id
         return chosen.id
+
+    def _unchecked(self, pinned: str, why: str) -> str:
+        self.model_note = f'model "{pinned}" (set by model; {why})'
+        self._model = pinned
+        return pinned
 
     def _choose(self, listed: list[Listed], what: str) -> Listed:
         ids = [m.id for m in listed]

@@ -2,10 +2,11 @@
 
 A refused connection costs the server nothing, and a 5xx or the server's own "not ready"
 (`unhealthy`) answered at once ("Loading model") almost nothing; a server that can generate
-should be noticed within a fraction of a second, so both are retried every FAST_RETRY seconds. Everything that made the server work or wait
-(a timeout, a slow answer, a 200 that was no generation, an answer from a foreign process, a
-429 "too many requests") backs off: `backoff_initial` doubling to `backoff_max`. A 4xx other
-than 408/429 means the server is up and refuses the probe's request: no retry soon will change
+should be noticed within a fraction of a second, so both are retried every FAST_RETRY seconds.
+Everything that made the server work or wait (a timeout, a slow answer, a 200 that was no
+generation, an answer from a foreign process, a 429 "too many requests") backs off:
+`backoff_initial` doubling to `backoff_max`. A 4xx other than 408/429 means the server is up
+and refuses the probe's request: no retry soon will change
 that, so it is retried at `backoff_max`. A success during warmup is a real generation: the next
 one follows after `backoff_initial`.
 
