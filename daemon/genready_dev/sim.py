@@ -99,6 +99,8 @@ class GenRequest:
 # (python/sglang/srt/managers/tokenizer_manager.py, _tokenize_one_request); answered 400.
 NO_TOKENIZER = ("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
                 "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
+# vLLM's, from the engine that has no tokenizer (vllm/v1/engine/async_llm.py, get_tokenizer).
+VLLM_NO_TOKENIZER = "Unable to get tokenizer because skip_tokenizer_init is True"
 
 
 def _obj(v: object, what: str) -> dict[str, Any]:
@@ -333,6 +335,8 @@ PROFILES: dict[str, Profile] = {
         # SO_REUSEPORT) before the engine is built, uvicorn listen()s on it after
         listen_after_load=True,
         # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
+        # Shutdown: SIGTERM cancels the server task, no draining (vllm/entrypoints/launcher.py,
+        # serve_http): linger 0.
         checks_model=True),
     "llamacpp": Profile(
         "llamacpp",
@@ -344,7 +348,8 @@ PROFILES: dict[str, Profile] = {
         # the model loads. Older versions (tools/server/server.cpp) let the model list through, as
         # here; the newest answer 503 there too
         loading_gate=True,
-        # tools/server/server-context.cpp handle_health: {"status": "ok"}
+        # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
+        # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
         health_ok=lambda: web.json_response({"status": "ok"})),
 }
 
@@ -613,7 +618,7 @@ class Simulator:
         except BadRequest as e:
             return error(400, str(e))
         if self.a.skip_tokenizer_init and req.text_prompt:
-            return error(400, NO_TOKENIZER)
+            return error(400, VLLM_NO_TOKENIZER if self.p.name == "vllm" else NO_TOKENIZER)
         if (refused := await self._model_served(request, req)) is not None:
             return refused
         if self._fails():

@@ -470,9 +470,11 @@ class Prober:
         resp = await att.conn.response(_HEALTH_CAP)
         if resp.status != 200:
             if resp.status in (404, 405):
-                raise _Fail(Failure.REJECTED, f"{_seen(what, resp)}; the server has no health route "
-                                              f"{self._t.health_path}: set health_path to its health route, or "
-                                              'health_path = "" to probe without it', resp.status)
+                where = "path_prefix" if self._unix is not None else "the url's path"
+                raise _Fail(Failure.REJECTED, f"{_seen(what, resp)}; the server has no {self._base}"
+                                              f"{self._t.health_path}: check {where}, set health_path to the "
+                                              'server\'s health route, or health_path = "" to probe without it',
+                            resp.status)
             if 400 <= resp.status < 500 and resp.status not in (408, 429):
                 raise self._not_ok(what, resp)
             raise _Fail(Failure.UNHEALTHY, f"{_seen(what, resp)} (the server says it is not ready)", resp.status)
