@@ -548,9 +548,9 @@ class Prober:
             raise _Fail(Failure.REJECTED, f"{what}: the server does not list model = {pinned!r}; it lists "
                                           f"{len(ids)}: {shown}: set model to one of them (or \"\" for the first)")
         first = listed[0]
+        # The first is what vLLM serves a request without `model` with; `model` pins another.
         self.model_note = (f'model "{first.id}" (the only one listed)' if len(ids) == 1 else
-                           f'model "{first.id}" (first of {len(ids)} listed: {shown}; what a server without '
-                           "`model` in the request serves; set model to pin another)")
+                           f'model "{first.id}" (first of {len(ids)} listed: {shown})')
         return first
 
     def _not_ok(self, what: str, resp: _Response) -> _Fail:
