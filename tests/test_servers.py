@@ -1,8 +1,8 @@
 """genready against each server's profile (`genready simulate --profile`, docs/servers.md).
 
-In process where the gate's state machine is not the question (the probe against a real
-simulator process, its owner proven by its PID); under the private systemd manager where it is:
-the restart race, readiness while SGLang warms up, llama.cpp's loading, rechecks.
+Without systemd where the gate's state machine is not the question (the probe, in this process,
+against a real simulator process, its owner proven by its PID); under the private systemd
+manager where it is: the restart race, readiness while SGLang warms up, rechecks.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ def post(url: str, body: dict[str, Any]) -> int:
 
 # --- keys, model lists, token ids, the router: the probe against each profile -------------------
 
+@pytest.mark.system  # starts simulator processes
 @pytest.mark.parametrize("profile", PROFILES)
 async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -> None:
     sim = start(sims, "--profile", profile, "--api-key", "sk-right", "--load-seconds", "0")
@@ -97,6 +98,7 @@ async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -
     assert missing.detail.startswith(where), missing.detail
 
 
+@pytest.mark.system  # starts simulator processes
 async def test_vllm_aliases_the_first_is_probed_a_pinned_one_must_be_listed(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "vllm", "--served-model-name", "a", "b", "--extra-model", "lora-x")
     first = await probe(sim, target(sim.url, "openai-chat"))
@@ -109,6 +111,7 @@ async def test_vllm_aliases_the_first_is_probed_a_pinned_one_must_be_listed(sims
     assert "does not list model = 'zz'; it lists 3: a, b, lora-x" in unlisted.detail
 
 
+@pytest.mark.system  # starts simulator processes
 @pytest.mark.parametrize(("profile", "api"), [("sglang", "sglang"), ("sglang", "openai-completions"),
                                               ("vllm", "openai-completions")])
 async def test_token_id_prompts_for_a_server_without_a_tokenizer(sims: list[Sim], profile: str, api: str) -> None:
@@ -120,6 +123,7 @@ async def test_token_id_prompts_for_a_server_without_a_tokenizer(sims: list[Sim]
     assert ids.ok, ids
 
 
+@pytest.mark.system  # starts simulator processes
 @pytest.mark.parametrize("profile", ["sglang", "vllm"])
 def test_a_wrong_shape_is_400_and_its_text_fires_the_wrong_api_hint(sims: list[Sim], profile: str) -> None:
     sim = start(sims, "--profile", profile)
@@ -131,6 +135,7 @@ def test_a_wrong_shape_is_400_and_its_text_fires_the_wrong_api_hint(sims: list[S
         assert any(m in body.lower() for m in WRONG_SHAPE), body
 
 
+@pytest.mark.system  # starts simulator processes
 async def test_llamacpp_router_not_loaded_then_loaded(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "llamacpp", "--router", "--load-seconds", "0.5", "--extra-model", "m2")
     t = target(sim.url, "openai-chat")
@@ -144,6 +149,7 @@ async def test_llamacpp_router_not_loaded_then_loaded(sims: list[Sim]) -> None:
     assert r.ok and 'model "sim-model" (first of 2 listed' in r.detail, r
 
 
+@pytest.mark.system  # starts simulator processes
 async def test_llamacpp_router_autoload_a_held_post_is_loading_not_timeout(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "llamacpp", "--router", "--models-autoload", "--load-seconds", "3")
     t = target(sim.url, "openai-chat", probe_timeout=1.0)
@@ -155,13 +161,15 @@ async def test_llamacpp_router_autoload_a_held_post_is_loading_not_timeout(sims:
     assert (await probe(sim, t)).ok
 
 
-async def test_llamacpp_503_while_loading_is_unhealthy_then_ok(sims: list[Sim]) -> None:
+@pytest.mark.system  # starts simulator processes
+async def test_llamacpp_503_while_loading_is_unhealthy(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "llamacpp", "--load-seconds", "60", ready=False)
     r = await probe(sim, target(sim.url, "openai-chat"))
     assert r.failure is Failure.UNHEALTHY and r.status == 503, r
     assert "GET /health: HTTP 503" in r.detail and "Loading model" in r.detail
 
 
+@pytest.mark.system  # starts simulator processes
 async def test_sglang_warmup_generate_answers_but_the_probe_is_unhealthy(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "sglang", "--warmup-seconds", "60", ready=False)
     sim.wait_log_sync("warming")
