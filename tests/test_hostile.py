@@ -485,7 +485,8 @@ def test_case1_probing_goes_on_after_malformed_answers(manager: UserManager, tmp
     manager.systemctl("restart", unit)
     try:
         with Genready(manager, tmp_path, {"f": {"unit": unit, "url": f"http://127.0.0.1:{port}",
-                                                "backoff_initial": 0.05, "backoff_max": 0.2}}) as g:
+                                                "backoff_initial": 0.05, "backoff_max": 0.2,
+                                                "health_path": ""}}) as g:  # it serves only POSTs
             wait_for(lambda: g.get("/ready/f")[0] == 200, 20, "verified after the garbage")
             assert g.get("/ready/f")[1]["pid"] == show(manager, unit)[0]
             assert g.status()["targets"]["f"]["probes"] >= len(MALFORMED) - 3 + 1

@@ -14,6 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
+from genready.serve.openapi import LAST_ERROR
+from genready.vocab import Failure
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "packaging" / "prometheus"
@@ -271,3 +273,12 @@ def test_alert_rules_use_only_exposed_metrics(m: Metrics) -> None:
     used = set(re.findall(r"\bgenready_[a-z_]+", (PROMETHEUS_DIR / "alerts.yml").read_text()))
     assert used, "alerts.yml mentions no genready metric"
     assert used <= exposed, f"not exposed: {sorted(used - exposed)}"
+
+
+def test_every_failure_class_is_documented_and_in_the_contract() -> None:
+    """Failure classes are defined once (vocab.Failure); docs/api.md and the OpenAPI pattern follow."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    pattern = LAST_ERROR["pattern"]
+    for f in Failure:
+        assert f"`{f.value}`" in doc, f"docs/api.md does not name the failure class {f.value}"
+        assert re.search(pattern, f"{f.value}: detail"), f.value
