@@ -478,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--fast", action="store_true", help="shorter load and linger times, for CI smoke runs")
     sp.add_argument("--keep", action="store_true", help="keep the temporary directory (units, config, logs)")
     sp.add_argument("--sweep", action="store_true", help="instead: a 2x2 `genready sweep` on the simulator, each "
-                    "point benchmarked on its own verified start (< 60 s)")
+                    "point benchmarked on a verified start, one start per server setting (< 60 s)")
     sp.set_defaults(func=cmd_demo)
     return p
 

@@ -1,4 +1,4 @@
-"""`genready demo --sweep`: a 2x2 benchmark sweep on the simulator, each point on its own verified start.
+"""`genready demo --sweep`: a 2x2 benchmark sweep on the simulator, one verified start per server setting.
 
 It boots a private `systemd --user` (usermanager.py), installs the simulator as sim.service
 (its extra flags come from $SIM_FLAGS, which each point's drop-in sets) and genready as a
@@ -7,7 +7,8 @@ latency and the bench client's concurrency. The sweep's own progress lines and s
 are shown as they come; then one line per point from the bench client's report.
 
 The demo checks its story (exit 1 if it does not hold): every point ok, each point's benchmark
-measured the PID the sweep verified for it, and the unit ends on its own configuration with no
+measured the PID the sweep verified for it, one start per server setting (the two concurrencies of
+a token latency share it: one load per server configuration), and the unit ends on its own configuration with no
 drop-in left. Everything is stopped and removed at the end, on success and on failure.
 """
 
@@ -41,7 +42,7 @@ from genready_dev.harness import free_port
 from genready_dev.usermanager import UserManager, unavailable_reason
 
 GENREADY_UNIT: Final = "genready-demo.service"
-LOAD_SECONDS: Final = 1.0  # each start "loads weights" this long: the sweep waits for it every point
+LOAD_SECONDS: Final = 1.0  # each start "loads weights" this long: the sweep waits for it once per server setting
 MATRIX: Final[dict[str, list[float]]] = {"token_latency": [0.002, 0.005], "concurrency": [1, 4]}
 REQUESTS: Final = 24
 MAX_TOKENS: Final = 16
@@ -99,7 +100,7 @@ class SweepDemo:
         self.say(f"{self.s.bold(f'[{n}/4]')} {text}")
 
     def boot(self) -> None:
-        self.say(self.s.bold("genready demo --sweep: a 2x2 benchmark sweep, each point on its own verified start"))
+        self.say(self.s.bold("genready demo --sweep: a 2x2 benchmark sweep, one verified start per server setting"))
         self.step(1, f"Booting a private systemd --user manager in {self.layout.root} ...")
         try:
             self.um.start()
@@ -165,10 +166,17 @@ class SweepDemo:
             raise DemoFailed(f"the sweep exited {rc} with {len(oks)} of {points} points ok", logs=("sim", "genready"))
         if wrong:
             raise DemoFailed("a benchmark measured another process than the verified one: " + "; ".join(wrong))
+        starts: dict[object, set[int]] = {ln["point"]["token_latency"]: set() for ln in oks}
+        for ln in oks:
+            starts[ln["point"]["token_latency"]].add(ln["pid"])
+        if len({pid for pids in starts.values() for pid in pids}) != len(starts) or any(len(p) != 1 for p in
+                                                                                     starts.values()):
+            raise DemoFailed(f"expected one verified start per server setting, found {starts}")
         if dropins:
             raise DemoFailed(f"a drop-in is left on {SIM_UNIT}: {dropins}")
         self.say("\n" + self.s.green("Shown and checked:") + " 4 points, each benchmarked on the server start the "
-                 "sweep verified for it;\n  the drop-in is gone and sim.service runs its own configuration again.")
+                 "sweep verified for it,\n  one start per server setting (2 loads, not 4); the drop-in is gone and "
+                 "sim.service runs its own\n  configuration again.")
         self.say(f"  results.jsonl: {self.results / 'results.jsonl'}" + ("" if self.keep else " (--keep keeps it)"))
 
     def cleanup(self) -> list[str]:
