@@ -348,6 +348,7 @@ class Sweep:
         self.cleaning = False
         self.finished: dict[int, Attempt] = {}  # point index -> its last attempt in this run
         self.load_times: list[float] = []  # seconds from restart to verified, for the ETA
+        self.expected_load: float | None = None  # the daemon's expected_load_seconds, until a load is timed
         self.run_times: list[float] = []  # seconds of ok commands, for the ETA
         self.last_load: float | None = None
         self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
@@ -405,24 +406,33 @@ class Sweep:
             self.say(line)
 
     def eta(self, point: Point, *, loading: bool) -> str:
-        """Loads left times the mean load, plus runs left times the mean run (once one of each is known)."""
-        if not self.load_times or not self.run_times:
+        """Loads left times the expected load, plus runs left times the mean run.
+
+        The expected load is the mean of this sweep's loads, or before the first one the daemon's
+        expected_load_seconds (its recent loads of the unit); until a run is measured the ETA
+        counts the loads alone, and says so."""
+        load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
+        if load is None:
             return ""
         at = next((i for i, (p, _) in enumerate(self.schedule) if p.index == point.index), len(self.schedule))
         rest = self.schedule[at:]
-        loads = sum(1 for _, load in rest[1:] if load) + (1 if loading else 0)
-        left = loads * sum(self.load_times) / len(self.load_times) + \
-            len(rest) * sum(self.run_times) / len(self.run_times)
-        return f", ETA {_duration(left)}"
+        loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
+        if not self.run_times:
+            return f", ETA > {_duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
+        return f", ETA {_duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
 
     # -- the sweep -------------------------------------------------------------------------------
+
+    def plan_schedule(self, skip: set[int]) -> None:
+        """The points to run in order, each marked True where a load is planned (a group's first)."""
+        self.schedule = [(p, self.restart_each or p is next(q for q in g if q.index not in skip))
+                         for g in self.groups for p in g if p.index not in skip]
 
     def run(self, skip: set[int]) -> int:
         """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not, 130 if interrupted."""
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         interrupted = False
-        self.schedule = [(p, self.restart_each or p is next(q for q in g if q.index not in skip))
-                         for g in self.groups for p in g if p.index not in skip]
+        self.plan_schedule(skip)
         try:
             self.sd = Systemd(self.bus_kind, self.unit)
             state = self.sd.state()
@@ -641,6 +651,9 @@ class Sweep:
                 return
             if code in (400, 404):
                 raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
+            expected = body.get("expected_load_seconds") if isinstance(body, dict) else None
+            if isinstance(expected, int | float) and not isinstance(expected, bool):
+                self.expected_load = float(expected)
             state = self.sd.state()
             n_low = min(n_low, state.n_restarts)
             if state.n_restarts > n_low or state.failed_start:
