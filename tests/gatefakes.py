@@ -33,11 +33,11 @@ def snap(active: str = "active", pid: int = 100, inv: str = "inv-a", *, job: int
                     job_id=job, exec_main_start_us=int(time.time() * 1e6), error=error)
 
 
-def target(**kw: Any) -> TargetConfig:
+def target(name: str = "t", **kw: Any) -> TargetConfig:
     """A TargetConfig with every default from the config's own table, fast retries, no owner proof."""
     table = {"unit": UNIT, "url": "http://127.0.0.1:9", "verify_owner": False, "backoff_initial": 0.01,
              "backoff_max": 0.02, **kw}
-    return config.parse({"targets": {"t": table}}).targets["t"]
+    return config.parse({"targets": {name: table}}).targets[name]
 
 
 def ok(pid: int) -> ProbeResult:
@@ -128,13 +128,13 @@ class Events:
 class Rig:
     """One TargetGate wired to the fakes above and a real RecordStore."""
 
-    def __init__(self, tmp: Path, **cfg: Any) -> None:
+    def __init__(self, tmp: Path, name: str = "t", **cfg: Any) -> None:
         self.fresh = FakeFresh()
         self.prober = ScriptedProber()
         self.events = Events()
         self.store = RecordStore(tmp / "state")
         self.store.load()
-        self.gate = TargetGate(target(**cfg), self.store, self.fresh, self.events,  # type: ignore[arg-type]
+        self.gate = TargetGate(target(name, **cfg), self.store, self.fresh, self.events,  # type: ignore[arg-type]
                                prober_factory=lambda _cfg: self.prober)  # type: ignore[arg-type,return-value]
 
     def show(self, s: Snapshot | None) -> None:

@@ -1,0 +1,192 @@
+"""The daemon's wiring, in-process: a systemd change handed to `Daemon._on_snapshot` (what the
+watcher calls) reaches every surface (/ready, the stamp, sd_notify's READY=1/RELOADING=1 and
+STATUS=, the metrics), and SIGHUP's reload adds, re-probes and removes targets, or keeps the
+running config. The real Daemon, API, stamps, notify socket and metrics; systemd and the server
+are the gate fakes (gatefakes.py says why). The same against a real manager: test_hookups.py,
+test_reload.py, test_notify.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import faulthandler
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import tomli_w
+
+from genready import config
+from genready.rule.gate import TargetGate
+from genready.serve import daemon as daemon_mod
+from genready.serve.daemon import Daemon
+from genready_dev.harness import free_port
+from tests.gatefakes import FakeFresh, ScriptedProber, failed, snap
+
+
+class Wired:
+    """A started Daemon whose systemd reads and probes are the gate fakes."""
+
+    def __init__(self, tmp: Path, notify: socket.socket) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        self.config_path = tmp / "genready.toml"
+        self.notify = notify
+        self.sent: list[str] = []
+        self.fresh = FakeFresh()
+        self.prober = ScriptedProber()
+        self.d: Daemon | None = None
+
+    def write_config(self, targets: dict[str, dict[str, Any]]) -> None:
+        self.config_path.write_text(tomli_w.dumps({
+            "daemon": {"listen": f"127.0.0.1:{self.port}", "bus": "user", "state_dir": str(self.tmp / "state"),
+                       "runtime_dir": str(self.tmp / "run")},
+            "targets": {n: {"url": "http://127.0.0.1:9", "verify_owner": False, "backoff_initial": 0.01,
+                            "backoff_max": 0.02, **t} for n, t in targets.items()},
+        }))
+
+    @property
+    def daemon(self) -> Daemon:
+        assert self.d is not None
+        return self.d
+
+    def systemd_shows(self, unit: str, s: Any) -> None:
+        """systemd now shows `s` for `unit`: to fresh reads, and as the watcher's event."""
+        self.fresh.snap = s
+        self.daemon._on_snapshot(unit, s)
+
+    async def until(self, pred: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
+            await asyncio.sleep(0.005)
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}{path}") as r:
+            return r.status, await r.json()
+
+    def drain(self) -> None:
+        """Read the notify socket as systemd does, at once: a full socket would block the sender."""
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                self.sent.append(self.notify.recv(65536).decode())
+
+    def notifications(self) -> list[str]:
+        """The notifications sent since the last call."""
+        self.drain()
+        out, self.sent = self.sent, []
+        return out
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.daemon.metrics.registry.get_sample_value(name, labels)
+
+    def stamp(self, target: str) -> dict[str, Any] | None:
+        path = self.tmp / "run" / f"{target}.ready"
+        return json.loads(path.read_text()) if path.exists() else None
+
+
+@pytest.fixture
+async def wired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Wired]:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify"))
+    notify.setblocking(False)
+    w = Wired(tmp_path, notify)
+    asyncio.get_running_loop().add_reader(notify.fileno(), w.drain)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    # No bus at all: the watcher retries in the background and never reports; the test speaks for it.
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={tmp_path / 'no-bus'}")
+    monkeypatch.setattr(daemon_mod, "FreshReader", lambda *a, **kw: w.fresh)
+    monkeypatch.setattr(daemon_mod, "TargetGate", partial(TargetGate, prober_factory=lambda cfg: w.prober))  # type: ignore[arg-type,return-value]
+    w.write_config({"t": {"unit": "t.service"}})
+    w.d = Daemon(config.load(w.config_path), config_path=str(w.config_path))
+    await w.d.startup()
+    try:
+        yield w
+    finally:
+        await w.d.shutdown()
+        faulthandler.cancel_dump_traceback_later()  # shutdown's hard bound is for a real process
+        asyncio.get_running_loop().remove_reader(notify.fileno())
+        notify.close()
+
+
+async def test_a_verified_start_reaches_every_surface(wired: Wired) -> None:
+    assert not any("READY=1" in n for n in wired.notifications())  # nothing verified yet
+    wired.systemd_shows("t.service", snap(pid=4242, inv="a" * 32))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    code, body = await wired.get("/ready/t")
+    assert code == 200 and body["pid"] == 4242
+    stamp = wired.stamp("t")
+    assert stamp is not None and stamp["pid"] == 4242 and stamp["invocation_id"] == "a" * 32
+    sent = wired.notifications()
+    assert any(n.startswith("READY=1") and "t: ready pid 4242" in n for n in sent), sent
+    assert wired.metric("genready_ready", target="t", unit="t.service") == 1
+    assert wired.metric("genready_state", target="t", unit="t.service", genready_state="ready") == 1
+    assert wired.metric("genready_main_pid", target="t", unit="t.service") == 4242
+    assert wired.metric("genready_starts_total", target="t", unit="t.service") == 1
+
+
+async def test_a_revocation_reaches_every_surface_at_once(wired: Wired) -> None:
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    wired.notifications()
+    wired.prober.hold = asyncio.Event()  # the re-probe of the same instance stays out: no new verification
+    wired.systemd_shows("t.service", snap(pid=4242, job=9))  # a restart job is queued
+    # Synchronously, from the event: no await between the change and every surface saying so.
+    assert not wired.daemon.gates["t"].ready
+    assert wired.stamp("t") is None
+    assert wired.metric("genready_ready", target="t", unit="t.service") == 0
+    assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="job_queued") == 1
+    assert any(n.startswith("RELOADING=1") for n in wired.notifications())
+    code, body = await wired.get("/ready/t")
+    assert code == 503 and body["state"] == "starting"
+
+
+async def test_a_failed_probe_is_counted_and_shown_in_status(wired: Wired) -> None:
+    wired.prober.answer = lambda pid: failed()
+    wired.systemd_shows("t.service", snap(pid=7))
+    await wired.until(lambda: wired.daemon.gates["t"].progress.probes >= 2, "two probes")
+    assert (wired.metric("genready_probes_total", target="t", unit="t.service", result="http_status") or 0) >= 2
+    code, body = await wired.get("/status")
+    assert code == 200 and body["targets"]["t"]["state"] == "loading"
+    assert body["targets"]["t"]["last_error"].startswith("http_status")
+
+
+async def test_reload_adds_reprobes_and_removes_targets(wired: Wired) -> None:
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    wired.write_config({"t": {"unit": "t.service", "warmup": 2}, "u": {"unit": "u.service"}})
+    await wired.daemon._reload()
+    assert list(wired.daemon.gates) == ["t", "u"]
+    # t's settings changed: a verification made under the old ones is not kept.
+    assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="config_changed") == 1
+    assert wired.metric("genready_ready", target="u", unit="u.service") == 0  # u's series exist from the start
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "t verified again, twice over")
+    assert wired.daemon.gates["t"].progress.successes >= 2
+    wired.write_config({"u": {"unit": "u.service"}})
+    await wired.daemon._reload()
+    assert list(wired.daemon.gates) == ["u"]
+    assert wired.metric("genready_ready", target="t", unit="t.service") is None  # no stale series to alert on
+    assert (await wired.get("/ready/t"))[0] == 404
+
+
+async def test_a_broken_config_on_reload_keeps_the_running_one_and_says_so(wired: Wired) -> None:
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    wired.notifications()
+    wired.config_path.write_text('[targets.t]\nunit = "t.service"\nurl = 5\n')
+    await wired.daemon._reload()
+    assert wired.daemon.gates["t"].ready  # nothing was touched
+    code, body = await wired.get("/status")
+    assert code == 200 and "url" in body["config_error"] and str(wired.config_path) in body["config_error"]
+    assert any("config reload refused" in n for n in wired.notifications())
+    # Fixed again: the note goes away.
+    wired.write_config({"t": {"unit": "t.service"}})
+    await wired.daemon._reload()
+    assert (await wired.get("/status"))[1]["config_error"] is None
