@@ -10,6 +10,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -33,6 +34,12 @@ MAX_TARGETS: Final = 256
 UNIT_NAME_MAX: Final = 256
 _UNIT_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789:-_.\\@")
 UTF8_BOM: Final = b"\xef\xbb\xbf"
+# The config is read whole, at start and on every SIGHUP: a FIFO or /dev/zero named as the
+# config froze the API or grew genready until the kernel killed it. A real one is a few KiB.
+MAX_CONFIG_BYTES: Final = 1 << 20
+MAX_KEY_BYTES: Final = 64 << 10  # an API key file
+_KINDS: Final = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                 (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
 
 
 class ConfigError(Exception):
@@ -495,10 +502,13 @@ def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:
     else:
         return ""
     try:
-        raw = Path(path).read_bytes()
+        raw = read_regular(path, MAX_KEY_BYTES)
     except OSError as e:
         raise ConfigError(file, key, "a readable file holding the API key",
                           f"{path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ConfigError(file, key, f"a regular file of at most {MAX_KEY_BYTES >> 10} KiB holding the API key",
+                          f"{path}: {e}") from None
     try:
         secret = raw.decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -512,17 +522,40 @@ def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:
     return secret
 
 
+def read_regular(path: str | Path, limit: int) -> bytes:
+    """The content of a regular file of at most `limit` bytes. OSError if it cannot be read;
+    ValueError saying what was found for anything else (a FIFO, a device, a bigger file)."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below, not read).
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ValueError(next((name for is_kind, name in _KINDS if is_kind(mode)), "not a regular file"))
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(limit + 1)  # the size can change while it is read: count what was read
+    if len(raw) > limit:
+        raise ValueError(f"a file of more than {limit:,} bytes")
+    return raw
+
+
 def resolve_path(cli_path: str | None) -> Path:
     """--config wins, then $GENREADY_CONFIG, then /etc/genready/genready.toml."""
     return Path(cli_path or os.environ.get("GENREADY_CONFIG") or DEFAULT_PATH)
 
 
 def load(path: Path) -> Config:
-    """Read and validate a config file, or raise ConfigError."""
+    """Read and validate a config file, or raise ConfigError. It blocks (a file on a hung network
+    mount): the daemon calls it off its event loop, with a bounded wait."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_CONFIG_BYTES)
     except OSError as e:
         raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
+    except ValueError as e:
+        raise ConfigError(str(path), "", f"a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB", str(e)) from None
     if raw.startswith(UTF8_BOM):
         # Some Windows editors save one; TOML parsers then report "invalid statement" at 1:1.
         raise ConfigError(str(path), "", "UTF-8 text without a byte-order mark",

@@ -15,17 +15,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import re
 import shlex
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from genready.compat import tomllib
-from genready.config import ConfigError
+from genready.config import ConfigError, read_regular
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -327,17 +325,11 @@ class Shard:
 
 def load_plan(path: Path) -> Plan:
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused as not a regular file.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise ConfigError(str(path), "", "a regular file", "a FIFO, device or directory")
-        with os.fdopen(fd, "rb") as f:
-            raw = f.read(MAX_PLAN_BYTES + 1)
+        raw = read_regular(path, MAX_PLAN_BYTES)
     except OSError as e:
         raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
-    if len(raw) > MAX_PLAN_BYTES:
-        raise ConfigError(str(path), "", f"a plan of at most {MAX_PLAN_BYTES >> 20} MiB", "a larger file")
+    except ValueError as e:
+        raise ConfigError(str(path), "", f"a regular file of at most {MAX_PLAN_BYTES >> 20} MiB", str(e)) from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
