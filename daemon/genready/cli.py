@@ -76,9 +76,16 @@ def load_config(path: str | None) -> config.Config:
 def cmd_check_config(args: argparse.Namespace) -> int:
     import tomli_w
 
+    from genready.serve import stamp
+
     cfg = load_config(args.config)
     if warning := config.listen_warning(cfg.daemon):
         console.err(f"genready: warning: {warning}")
+    running = stamp.read_running(cfg.daemon.runtime_dir)
+    if running and os.path.realpath(str(running.get("config"))) == os.path.realpath(cfg.path):
+        # The daemon running this very file: what a reload of it would not apply.
+        for why in config.restart_needed(config.as_running(cfg.daemon, running), cfg.daemon):
+            console.err(f"genready: warning: {why} (the running genready is pid {running.get('pid')})")
     for t in cfg.targets.values():
         for w in t.warnings:
             console.err(f"genready: warning: targets.{t.name}: {w}")

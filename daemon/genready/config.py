@@ -12,7 +12,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -64,6 +64,7 @@ class Setting:
     help: str
     check: Check | None = None
     words: tuple[str, ...] = ()  # strings accepted besides values of `type` (load_timeout = "auto")
+    restart: bool = False  # wired at start-up: a reload that changes it keeps the running value
 
     @property
     def required(self) -> bool:
@@ -221,10 +222,11 @@ def stuck_after(load_timeout: float | str, expected: float | None) -> float:
 
 DAEMON_SETTINGS: Final = (
     Setting("listen", str, "127.0.0.1:9901",
-            "host:port of the read-only HTTP API; loopback unless you mean it", _listen),
-    Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', _one_of(BUSES)),
-    Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path),
-    Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path),
+            "host:port of the read-only HTTP API; loopback unless you mean it", _listen, restart=True),
+    Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', _one_of(BUSES),
+            restart=True),
+    Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path, restart=True),
+    Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path, restart=True),
     Setting("log_level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS)),
 )
 
@@ -359,6 +361,24 @@ class Config:
 def _plain(v: Any) -> Any:
     """A setting's value in TOML's terms: arrays are kept as tuples (frozen), written as lists."""
     return list(v) if isinstance(v, tuple) else v
+def restart_needed(running: DaemonConfig, new: DaemonConfig) -> list[str]:
+    """What a reload to `new` cannot change in a daemon running with `running` (its `restart`
+    settings), worded for /status, the log and check-config."""
+    return [f"restart needed: daemon.{s.name} changed (genready runs with {getattr(running, s.name)!r}, "
+            f"the config says {getattr(new, s.name)!r})"
+            for s in DAEMON_SETTINGS if s.restart and getattr(running, s.name) != getattr(new, s.name)]
+
+
+def as_running(cfg: DaemonConfig, running: Mapping[str, object]) -> DaemonConfig:
+    """`cfg` with the `restart` settings a running daemon reports (its runtime file) in their place."""
+    values = {s.name: str(running[s.name]) for s in DAEMON_SETTINGS
+              if s.restart and isinstance(running.get(s.name), str)}
+    return replace(cfg, **values)
+
+
+def keep_running(running: DaemonConfig, new: DaemonConfig) -> DaemonConfig:
+    """`new`, with the settings only a restart changes kept as they run."""
+    return replace(new, **{s.name: getattr(running, s.name) for s in DAEMON_SETTINGS if s.restart})
 
 
 def split_hostport(value: str) -> tuple[str, int]:

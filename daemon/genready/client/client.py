@@ -62,6 +62,7 @@ def format_status(data: dict[str, Any]) -> str:
            f"owner proof: {data.get('owner_proof')}\n"]
     if data.get("config_error"):
         out.append(f"config reload refused: {data['config_error']}\n")
+    out.extend(f"{why}\n" for why in data.get("restart_needed") or [])
     targets: dict[str, Any] = data.get("targets", {})
     rows = [["TARGET", "UNIT", "STATE", "PID", "READY SINCE", "LOAD s", "PROBES", "REASON / LAST ERROR"]]
     for name, t in targets.items():

@@ -538,6 +538,7 @@ class TargetGate:
         self._set_state()
 
     async def close(self) -> None:
+        self._changed.set()  # long-polls on this gate look again (it may be gone: a reload removed it)
         for chore in list(self._chores):
             chore.cancel()
         if self._task is not None:

@@ -144,9 +144,12 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
 
 async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str | None,
                   q: dict[str, Any]) -> web.Response:
-    chosen = [gates[name]] if name else list(gates.values())
     deadline = time.monotonic() + q["wait"]
     while True:
+        # The targets as they are now: a reload may have removed (404 at once), replaced or added some.
+        if name is not None and name not in gates:
+            return _json_error(404, f"no such target: {name} (removed by a config reload)", targets=sorted(gates))
+        chosen = [gates[name]] if name else list(gates.values())
         # Each pass does a fresh systemd read per target, begun after the request arrived.
         # Concurrently: targets on one unit share a systemd read, and many targets cost one wait, not N.
         verdicts = list(await asyncio.gather(*(g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"])

@@ -10,11 +10,14 @@ import asyncio
 import contextlib
 import faulthandler
 import logging
+import os
 import signal
+import threading
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from genready import __version__, compat, config
 from genready.log import Summarizer, event
@@ -32,6 +35,8 @@ log = logging.getLogger("genready")
 UPKEEP_INTERVAL = 2.0  # seconds between retries of records and stamps that could not be written
 SHUTDOWN_DEADLINE = 3.0  # seconds after which a stuck shutdown is cut short (faulthandler exits)
 SHUTDOWN_GRACE = 0.5  # seconds in-flight HTTP requests get to finish at shutdown
+CONFIG_READ_TIMEOUT = 10.0  # seconds a reload waits for the config file to be read (a hung mount)
+T = TypeVar("T")
 # Failures that do not go away while a model loads: someone has to act.
 _NEEDS_AN_ADMIN = frozenset({Failure.FOREIGN_OWNER, Failure.REJECTED, Failure.TLS})
 
@@ -71,6 +76,7 @@ class Daemon:
         self.should_exit = asyncio.Event()
         self.reload_requested = False
         self.config_error = ""
+        self.restart_needed: list[str] = []  # settings a reload changed that only a restart applies
         self.listening = False
         self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
@@ -151,10 +157,25 @@ class Daemon:
         site = compat.tcp_site(runner, d.host, d.port, reuse_address=True)
         await site.start()
         self.listening = True
+        self._write_running(stack)
         log.info("genready %s listening on http://%s/ (targets: %s)", __version__, d.listen,
                  ", ".join(t.name for t in self.cfg.targets.values()))
         if warning := config.listen_warning(d):
             log.warning("%s", warning)
+
+    def _write_running(self, stack: contextlib.AsyncExitStack) -> None:
+        """Say what this process runs with, for check-config's "restart needed" (best effort: a
+        read-only runtime_dir costs only that)."""
+        d = self.cfg.daemon
+        path = Path(d.runtime_dir) / stamp.RUNNING_FILE
+        info: dict[str, object] = {"pid": os.getpid(), "config": self.cfg.path,
+                                   **{s.name: getattr(d, s.name) for s in config.DAEMON_SETTINGS if s.restart}}
+        try:
+            stamp.write_json(path, info)
+        except OSError as e:
+            log.debug("cannot write %s: %s", path, e)
+            return
+        stack.callback(lambda: path.unlink(missing_ok=True))
 
     @staticmethod
     def _background(stack: contextlib.AsyncExitStack, coro: Coroutine[object, object, None], name: str) -> None:
@@ -215,26 +236,28 @@ class Daemon:
         """
         path = config.resolve_path(self.config_path)
         try:
-            new = config.load(path)
-        except config.ConfigError as e:
-            self.config_error = str(e)
-            log.error("config reload refused, keeping the running config: %s", e)
+            # Off the loop: the API answers while the file is read, and a read that hangs is given up.
+            loaded = await in_thread(lambda: config.load(path), CONFIG_READ_TIMEOUT)
+        except (config.ConfigError, TimeoutError) as e:
+            self.config_error = str(e) if isinstance(e, config.ConfigError) else \
+                f"{path}: not read within {CONFIG_READ_TIMEOUT:g} s"
+            log.error("config reload refused, keeping the running config: %s", self.config_error)
             self._update_outputs()
             return
         self.config_error = ""
+        self.restart_needed = config.restart_needed(self.cfg.daemon, loaded.daemon)
+        for why in self.restart_needed:
+            log.warning("config reload: %s; the running value is kept until genready restarts", why)
+        new = replace(loaded, daemon=config.keep_running(self.cfg.daemon, loaded.daemon))
         if new == self.cfg:
             log.info("config reloaded from %s: unchanged", path)
             self._update_outputs()
             return
         self.outputs.begin_reload()
-        fixed = [f"daemon.{k}" for k in ("listen", "bus", "state_dir", "runtime_dir")
-                 if getattr(new.daemon, k) != getattr(self.cfg.daemon, k)]
-        if fixed:
-            log.warning("config reload: %s change(s) take effect at the next restart of genready", ", ".join(fixed))
         logging.getLogger("genready").setLevel(new.daemon.log_level.upper())
         plan = reload_plan(self.cfg.targets, new.targets)
         old_targets = self.cfg.targets
-        self.cfg = replace(new, daemon=replace(self.cfg.daemon, log_level=new.daemon.log_level))
+        self.cfg = new
         if plan.units_changed:
             await self._stop_watcher()
         for name in plan.remove:
@@ -306,7 +329,7 @@ class Daemon:
         self.outputs.update(self.gates.values(), listening=self.listening, notes=self._notes())
 
     def _notes(self) -> list[str]:
-        return [f"config reload refused: {self.config_error}"] if self.config_error else []
+        return ([f"config reload refused: {self.config_error}"] if self.config_error else []) + self.restart_needed
 
     # -- outputs that may fail without stopping anything -------------------------------------
 
@@ -355,9 +378,39 @@ class Daemon:
             "owner_proof": self.owner_problem or "available",
             "config": self.cfg.path,
             "config_error": self.config_error or None,
+            "restart_needed": self.restart_needed,
             "systemd_ready_sent": self.outputs.sent_ready,
             "fresh_reads": self.fresh.reads,
         }
+
+
+async def in_thread(fn: Callable[[], T], timeout: float) -> T:
+    """fn() on a thread of its own, waited for at most `timeout` seconds (TimeoutError). A call
+    stuck for good (a file on a hung mount) leaves only that thread behind: not the event loop,
+    and not the exit either (a daemon thread; asyncio.to_thread's pool is joined at exit)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if fut.done():
+            return  # given up on (timed out) meanwhile
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)  # type: ignore[arg-type]  # None only together with an error
+
+    def run() -> None:
+        result: T | None = None
+        error: BaseException | None = None
+        try:
+            result = fn()
+        except BaseException as e:  # handed to the awaiting coroutine
+            error = e
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="genready-blocking", daemon=True).start()
+    return await compat.wait_for(fut, timeout)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -113,6 +113,9 @@ STATUS = {
         "bus_connected": {"type": "boolean"}, "bus_error": _STR_OR_NULL,
         "owner_proof": {"type": "string", "description": "'available', or why owner proof cannot work here"},
         "config": {"type": "string"}, "config_error": _STR_OR_NULL,
+        "restart_needed": {"type": "array", "items": {"type": "string"},
+                           "description": "settings a reload changed that only a restart of genready applies "
+                                          "(daemon.listen, bus, state_dir, runtime_dir); the running values stay"},
         "systemd_ready_sent": {"type": "boolean"}, "fresh_reads": {"type": "integer"},
         "targets": {"type": "object", "additionalProperties": TARGET_STATUS},
     },

@@ -13,18 +13,36 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+# What the running daemon was started with (pid, config file, the settings only a restart
+# changes), so `check-config` can say "restart needed". Target names cannot end in ".json".
+RUNNING_FILE = "genready.json"
+
 
 def stamp_path(runtime_dir: str | Path, target: str) -> Path:
     return Path(runtime_dir) / f"{target}.ready"
 
 
 def write(runtime_dir: str | Path, target: str, data: dict[str, object]) -> Path:
-    """Atomically (temp file in the same dir, fsync, rename) write the stamp of `target`."""
-    path = stamp_path(runtime_dir, target)
+    """Atomically write the stamp of `target`."""
+    return write_json(stamp_path(runtime_dir, target), data)
+
+
+def read_running(runtime_dir: str | Path) -> dict[str, object] | None:
+    """The running daemon's RUNNING_FILE, if there is one and its pid lives; else None."""
+    try:
+        data = json.loads(Path(runtime_dir, RUNNING_FILE).read_text())
+        alive = isinstance(data, dict) and Path(f"/proc/{int(data['pid'])}").exists()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return data if alive else None
+
+
+def write_json(path: Path, data: dict[str, object]) -> Path:
+    """Atomically (temp file in the same dir, fsync, rename) write `data` as JSON to `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # mkstemp opens with O_CREAT|O_EXCL|O_NOFOLLOW and os.replace renames over a symlink rather
     # than through it: a link planted at either name never redirects the write.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{target}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=None, sort_keys=True)
