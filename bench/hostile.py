@@ -221,8 +221,8 @@ def case4(um: UserManager, tmp: Path) -> None:
         for i in range(3100):  # 2,000 long-polls (pid=1 never is ready) and 1,100 slowloris connections
             try:
                 s = socket.create_connection(("127.0.0.1", g.port), timeout=2)
-                s.sendall(b"GET /ready/s?wait=600&pid=1 HTTP/1.1\r\nHost: x\r\n\r\n" if i % 3 else
-                          b"GET /ready HTTP/1.1\r\nHost: x\r\n")
+                s.sendall(b"GET /ready/s?wait=600&pid=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" if i % 3 else
+                          b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n")
                 s.setblocking(False)
                 (socks if i % 3 else slow).append(s)
             except OSError:
@@ -372,8 +372,8 @@ def case6_sigterm(um: UserManager, tmp: Path) -> None:
                 time.sleep(0.3)  # not synchronisation: lets the first probe get stuck in the hung server
             for _ in range(50 if "50" in state else 0):
                 s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
-                s.sendall(b"GET /ready/h?wait=600 HTTP/1.1\r\nHost: x\r\n\r\n" if "long-polls" in state
-                          else b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.sendall(b"GET /ready/h?wait=600 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" if "long-polls" in state
+                          else b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 socks.append(s)
             time.sleep(0.2)  # not synchronisation: the requests reach their handlers
             results.append(f"{state}: {ms(sigterm_seconds(g))}")

@@ -185,7 +185,7 @@ BAD: list[Bad] = [
     Bad("path-prefix-relative", target(path_prefix='"v2"').replace('"http://127.0.0.1:30000"', '"unix:/s"'),
         f"{T}.path_prefix", "string 'v2'", 'an HTTP path starting with "/"'),
     # the file itself
-    Bad("path-is-a-directory", Special.DIRECTORY, "", "Is a directory", "a readable TOML file"),
+    Bad("path-is-a-directory", Special.DIRECTORY, "", "a directory", "a regular file of at most 1 MiB"),
     Bad("file-missing", Special.MISSING, "", "No such file or directory", "a readable TOML file"),
     Bad("invalid-toml", TARGET + "warmup = \n", "", "", "valid TOML"),
     Bad("duplicate-key", TARGET + "unit = \"other.service\"\n", "", "", "valid TOML"),

@@ -228,7 +228,7 @@ def test_case8_unicode_digits_answer_400_over_http(manager: UserManager, tmp_pat
 def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path: Path) -> None:
     with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
         before = g.log_path.stat().st_size
-        for raw in (b"GET /ready HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\r\n\r\n",
+        for raw in (b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\r\n\r\n",
                     b"GET /ready HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
             with socket.create_connection(("127.0.0.1", g.port), timeout=5) as s:
                 s.sendall(raw)
@@ -299,7 +299,7 @@ def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: U
         for i in range(40):
             s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
             # Half a request head (slowloris), or nothing at all.
-            s.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")
+            s.sendall(b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n" if i % 2 else b"")
             s.setblocking(False)
             socks.append(s)
         t0 = time.monotonic()
@@ -345,7 +345,7 @@ def test_case4_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path:
         try:
             for _ in range(limit):
                 s = socket.create_connection(("127.0.0.1", g.port), timeout=5)
-                s.sendall(b"GET /ready/t?wait=60 HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.sendall(b"GET /ready/t?wait=60 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
                 polls.append(s)
             wait_for(lambda: g.get("/ready/t?wait=1")[0] == 503
                      and "too many long-polls" in str(g.get("/ready/t?wait=1")[1]), 10, "the long-poll cap")

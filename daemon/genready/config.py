@@ -148,6 +148,23 @@ def _at_least_one(v: int) -> str | None:
     return None if v >= 1 else "an integer >= 1"
 
 
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*\.?")
+
+
+def _host_names(v: list[Any]) -> str | None:
+    ok = all(isinstance(h, str) and (_HOST_NAME.fullmatch(h) or is_ip(h.strip("[]"))) for h in v)
+    return None if ok else 'an array of host names or IP addresses, without ports (e.g. ["genready.lan"])'
+
+
+def is_ip(v: str) -> bool:
+    """Is `v` an IPv4 or IPv6 address (no brackets, no port)?"""
+    try:
+        ipaddress.ip_address(v)
+    except ValueError:
+        return False
+    return True
+
+
 def _abs_path(v: str) -> str | None:
     return None if os.path.isabs(v) else "an absolute path"
 
@@ -228,6 +245,12 @@ DAEMON_SETTINGS: Final = (
     Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path, restart=True),
     Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path, restart=True),
     Setting("log_level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS)),
+    Setting("allowed_hosts", list, [],
+            "Host: names the API answers besides the listen address, IP addresses and localhost; any other "
+            "gets 421 (a web page using DNS rebinding to read the API)", _host_names),
+    Setting("forget_removed_after", float, 30 * 86400.0,
+            "seconds after which the start records of a target no longer configured are dropped; 0 = never",
+            _non_negative),
 )
 
 TARGET_SETTINGS: Final = (
@@ -286,6 +309,8 @@ class DaemonConfig:
     state_dir: str
     runtime_dir: str
     log_level: str
+    allowed_hosts: list[str]
+    forget_removed_after: float
 
     @property
     def host(self) -> str:
@@ -371,7 +396,7 @@ def restart_needed(running: DaemonConfig, new: DaemonConfig) -> list[str]:
 
 def as_running(cfg: DaemonConfig, running: Mapping[str, object]) -> DaemonConfig:
     """`cfg` with the `restart` settings a running daemon reports (its runtime file) in their place."""
-    values = {s.name: str(running[s.name]) for s in DAEMON_SETTINGS
+    values: dict[str, Any] = {s.name: str(running[s.name]) for s in DAEMON_SETTINGS
               if s.restart and isinstance(running.get(s.name), str)}
     return replace(cfg, **values)
 
@@ -443,7 +468,7 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
             raise ConfigError(file, key, " or ".join([_type_name(s.type), *(repr(w) for w in s.words)]), _found(v))
         if s.check and (problem := s.check(v)):
             raise ConfigError(file, key, problem, _redacted(v) if s.name == "url" else _found(v))
-        out[s.name] = v
+        out[s.name] = list(v) if isinstance(v, list) else v  # a copy: the dataclass is frozen
     return out
 
 

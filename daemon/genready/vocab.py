@@ -86,4 +86,5 @@ DOWN: Final = frozenset({"inactive", "failed", "deactivating"})  # no process to
 ALIVE: Final = frozenset({"activating", "active", "reloading"})  # a process runs (auto-restart aside)
 
 # Why the API refused a connection or long-poll (the `why` label of genready_api_refused_total).
-REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout", "evicted")
+# "host": a request whose Host: names neither genready nor an IP address (answered 421: DNS rebinding).
+REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout", "evicted", "host")

@@ -18,7 +18,7 @@ from genready.serve import openapi
 if TYPE_CHECKING:
     from genready.rule.gate import TargetGate, Verification
     from genready.serve.metrics import Metrics
-    from genready.serve.serving import ConnectionGuard
+    from genready.serve.serving import ConnectionGuard, HostCheck
 
 MAX_WAIT = 3600.0
 CLIENT_CHECK = 1.0  # seconds between checks that a long-poll's client is still connected
@@ -235,10 +235,11 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
              status_extra: Callable[[], dict[str, object]] = dict, *, guard: ConnectionGuard | None = None,
-             max_long_polls: int = 256) -> web.Application:
+             hosts: HostCheck | None = None, max_long_polls: int = 256) -> web.Application:
     """The aiohttp application; GET (and HEAD) only."""
-    # The guard first: a connection over the cap is answered before any other work.
-    app = web.Application(middlewares=[guard.middleware, errors_as_json] if guard else [errors_as_json])
+    # The guard first: a connection over the cap is answered before any other work; then the Host check.
+    middlewares = [m.middleware for m in (guard, hosts) if m is not None]
+    app = web.Application(middlewares=[*middlewares, errors_as_json])
     app[LONG_POLLS] = LongPolls(max_long_polls)
     app[GATES] = gates
     app[METRICS] = metrics_

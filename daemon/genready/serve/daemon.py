@@ -141,7 +141,8 @@ class Daemon:
         self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)),
                                              on_refuse=self.metrics.api_refused)
         # The app holds self.gates itself: gates added later (and by reloads) are served.
-        app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard,
+        hosts = serving.HostCheck(lambda: self.cfg.daemon.allowed_hosts, d.listen, on_refuse=self.metrics.api_refused)
+        app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard, hosts=hosts,
                            max_long_polls=max(1, self.guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:

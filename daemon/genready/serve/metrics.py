@@ -122,7 +122,8 @@ class Metrics:
         )
         self._api_refused = Counter(
             "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
-            "and connections closed for not sending a complete request in time, by why",
+            "connections closed for not sending a complete request in time, and requests for a Host: that is "
+            "not genready (421), by why",
             ("why",), registry=r,
         )
         for why in API_REFUSALS:

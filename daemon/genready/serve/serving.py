@@ -19,11 +19,12 @@ import asyncio
 import logging
 import resource
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
 from aiohttp import web
 
+from genready.config import is_ip
 from genready.log import Summarizer
 
 log = logging.getLogger("genready.serve.api")
@@ -183,6 +184,47 @@ class ConnectionGuard:
             if conn.timer is not None:
                 conn.timer.cancel()
         self._conns.clear()
+
+
+def host_allowed(host: str | None, allowed: Iterable[str]) -> bool:
+    """May a request with this Host: header be answered? DNS rebinding makes a web page in a
+    local browser send requests to genready under the page's own name: so only an absent or
+    empty Host (no browser), localhost, an IP address (a rebinding attack needs a name) or a
+    name in daemon.allowed_hosts is answered. The port is not compared (tunnels change it)."""
+    if not host:
+        return True
+    if host.startswith("["):  # [v6]:port
+        name = host[1:host.find("]")] if "]" in host else host
+    else:
+        name = host.rpartition(":")[0] if host.count(":") == 1 else host
+    name = name.strip().lower().rstrip(".")
+    return name == "localhost" or is_ip(name) or name in {a.lower().rstrip(".") for a in allowed}
+
+
+class HostCheck:
+    """The middleware answering 421 to a Host: that `host_allowed` refuses."""
+
+    def __init__(self, allowed: Callable[[], Iterable[str]], listen: str,
+                 on_refuse: Callable[[str], None] = lambda why: None) -> None:
+        self.allowed = allowed  # read per request: a reload may change daemon.allowed_hosts
+        self.listen = listen
+        self.on_refuse = on_refuse
+        self.summarizer = Summarizer(log, interval=LOG_INTERVAL)
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        host = request.headers.get("Host")
+        if host_allowed(host, self.allowed()):
+            return await handler(request)
+        self.on_refuse("host")
+        shown = repr((host or "")[:100])
+        self.summarizer.note("host", "foreign Host", f"API: refused a request for Host {shown} (421): not "
+                             "genready's name; DNS rebinding from a web page, or a name missing from "
+                             "daemon.allowed_hosts", level=logging.WARNING)
+        return web.json_response(
+            {"error": f"Host {shown} does not name this genready ({self.listen}); a web page may be trying DNS "
+                      "rebinding. If you reach genready under that name, add it to daemon.allowed_hosts"},
+            status=421)
 
 
 class RequestLog(logging.Filter):
