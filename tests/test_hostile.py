@@ -228,7 +228,8 @@ def test_case8_unicode_digits_answer_400_over_http(manager: UserManager, tmp_pat
 def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path: Path) -> None:
     with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
         before = g.log_path.stat().st_size
-        for raw in (b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n", b"\x16\x03\x01\x02\x00\x01\r\n\r\n",
+        for raw in (b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",
+                    b"\x16\x03\x01\x02\x00\x01\r\n\r\n",
                     b"GET /ready HTTP/1.1\r\nContent-Length: -5\r\n\r\n"):
             with socket.create_connection(("127.0.0.1", g.port), timeout=5) as s:
                 s.sendall(raw)

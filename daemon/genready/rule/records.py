@@ -22,6 +22,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import islice
 from pathlib import Path
 from typing import Final
@@ -128,6 +129,18 @@ def _decode(raw: bytes) -> StartRecord:
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, found {type(obj).__name__}")
     return StartRecord.from_json(obj)
+
+
+def _last_seen(recs: Iterable[StartRecord]) -> float:
+    """When the newest of `recs` was last heard of (ended, else started), as Unix time; 0 if never."""
+    last = 0.0
+    for rec in recs:
+        for when in (rec.ended_at, rec.started_at):
+            if when:
+                with contextlib.suppress(ValueError):
+                    last = max(last, datetime.fromisoformat(when).timestamp())
+                break
+    return last
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -278,6 +291,25 @@ class RecordStore:
         with self._mutex:
             self._ensure_loaded()
             return list(self._records.get(target, {}).values())
+
+    def forget_removed(self, configured: Iterable[str], before: float) -> list[str]:
+        """Drop every record of each target not in `configured` whose newest record (its end, or
+        start) is older than `before` (wall clock), and rewrite the file without them. The targets
+        dropped, sorted. A failed rewrite keeps the file as it is (tried again next time)."""
+        keep = set(configured)
+        with self._mutex:
+            self._ensure_open()
+            gone = sorted(t for t, recs in self._records.items()
+                          if t not in keep and _last_seen(recs.values()) < before)
+            if not gone:
+                return gone
+            for target in gone:
+                del self._records[target]
+            try:
+                self._compact(self._live())
+            except OSError as e:
+                log.warning("rewriting %s without the records of %s failed: %s", self.path, ", ".join(gone), e)
+            return gone
 
     def close(self) -> None:
         """Close the file and release the lock; later puts raise, reads answer from memory. Idempotent."""

@@ -146,7 +146,7 @@ def spec() -> dict[str, Any]:
     """The OpenAPI document. Every route of api.make_app is here, and nothing else."""
     ready_doc = ("200 only if a generation served by the unit's current MainPID succeeded and a systemd read "
                  "begun after this request still shows that instance active with no job pending.")
-    return {
+    doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "genready", "version": __version__,
                  "description": "Read-only API: is the LLM server the unit runs now verified to generate?"},
@@ -171,3 +171,7 @@ def spec() -> dict[str, Any]:
                 "200": {"description": "OpenAPI 3.1", "content": {"application/json": {}}}}}},
         },
     }
+    for path in doc["paths"].values():  # every route checks Host: first (serving.HostCheck)
+        path["get"]["responses"]["421"] = _json(ERROR, "the Host: header names neither localhost, an IP address "
+                                                "nor a name in daemon.allowed_hosts (DNS rebinding)")
+    return doc

@@ -1,9 +1,10 @@
-"""Issue 24, the daemon's reload cases, in-process: a real `Daemon` serving its API on loopback,
-with no systemd bus (its targets stay `unknown`, which these cases do not need).
+"""Issue 24, the daemon's cases, in-process: a real `Daemon` serving its API on loopback, with
+no systemd bus (its targets stay `unknown`, which these cases do not need).
 
 #8 the config re-read: only a regular file of at most 1 MiB, read off the event loop with a
 bounded wait; #16 a reload that changes `daemon.listen` keeps the running address and says
-"restart needed"; #18 a long-poll on a target a reload removed answers 404 at once.
+"restart needed"; #18 a long-poll on a target a reload removed answers 404 at once; the Host:
+check against DNS rebinding; the records of removed targets forgotten after a retention.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ import tomli_w
 
 from genready import cli, compat, config
 from genready.client.client import format_status
-from genready.serve import api, stamp
+from genready.rule.history import iso
+from genready.rule.records import RecordStore, StartRecord
+from genready.serve import api, serving, stamp
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
 from genready_dev.harness import free_port
@@ -46,12 +49,12 @@ class Running:
             return r.status, await r.json()
 
 
-@pytest.fixture
-async def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Running]:
-    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus")  # no systemd: targets unknown
+@contextlib.asynccontextmanager
+async def daemon_on(tmp_path: Path, **daemon: Any) -> AsyncIterator[Running]:
+    """A Daemon started in this process, with targets a and b, on a free loopback port."""
     port = free_port()
     path = tmp_path / "genready.toml"
-    write_config(path, port, tmp_path)
+    write_config(path, port, tmp_path, **daemon)
     d = Daemon(config.load(path), config_path=str(path))
     await d.startup()
     r = Running(d, path, port, tmp_path)
@@ -60,6 +63,17 @@ async def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
     finally:
         await r.http.close()
         await d._exit.aclose()  # shutdown() without its faulthandler deadline, which would end pytest
+
+
+@pytest.fixture(autouse=True)
+def no_bus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DBUS_SESSION_BUS_ADDRESS", f"unix:path={tmp_path}/no-bus")  # no systemd: targets unknown
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    async with daemon_on(tmp_path) as r:
+        yield r
 
 
 # -- #8: what the config path may be -----------------------------------------------------------
@@ -173,3 +187,73 @@ async def test_18_a_long_poll_on_a_target_a_reload_removed_answers_404_at_once(r
     code, body = await compat.wait_for(poll, 5)
     assert code == 404 and "removed by a config reload" in body["error"], body
     assert time.monotonic() - t0 < 2
+
+
+# -- Host: against DNS rebinding --------------------------------------------------------------------
+
+@pytest.mark.parametrize(("host", "allowed"), [
+    (None, True), ("", True), ("127.0.0.1:9901", True), ("127.0.0.1", True), ("[::1]:9901", True),
+    ("localhost:9901", True), ("LOCALHOST.", True), ("10.1.2.3:80", True), ("genready.lan:9901", True),
+    ("Genready.LAN", True), ("evil.example:9901", False), ("localhost.evil.example", False),
+    ("127.0.0.1.nip.io:9901", False), ("genready.lan.evil.example", False),
+])
+def test_host_header_names_genready_or_is_refused(host: str | None, allowed: bool) -> None:
+    assert serving.host_allowed(host, ["genready.lan"]) is allowed
+
+
+async def test_a_foreign_host_gets_421_with_a_json_reason_and_is_counted(running: Running) -> None:
+    async with running.http.get("/status", headers={"Host": "rebind.evil.example"}) as r:
+        assert r.status == 421
+        body = await r.json()
+    assert "DNS rebinding" in body["error"] and "daemon.allowed_hosts" in body["error"], body
+    async with running.http.get("/metrics") as r:
+        assert 'genready_api_refused_total{why="host"} 1.0' in await r.text()
+    # Named in daemon.allowed_hosts (a reload applies it): answered.
+    write_config(running.path, running.port, running.tmp, allowed_hosts=["rebind.evil.example"])
+    await running.d._reload()
+    async with running.http.get("/status", headers={"Host": "rebind.evil.example:9901"}) as r:
+        assert r.status == 200
+
+
+def test_allowed_hosts_are_checked() -> None:
+    with pytest.raises(config.ConfigError, match=r"daemon\.allowed_hosts: expected an array of host names"):
+        config.parse({"daemon": {"allowed_hosts": ["genready.lan:9901"]},
+                      "targets": {"t": {"unit": "t.service", "url": "http://127.0.0.1:9"}}})
+    with pytest.raises(config.ConfigError, match=r"daemon\.allowed_hosts: expected an array, found string"):
+        config.parse({"daemon": {"allowed_hosts": "genready.lan"},
+                      "targets": {"t": {"unit": "t.service", "url": "http://127.0.0.1:9"}}})
+
+
+# -- the records of removed targets ---------------------------------------------------------------
+
+def record(target: str, iid: str, days_ago: float) -> StartRecord:
+    when = iso(time.time() - days_ago * 86400)
+    return StartRecord(target=target, unit=f"{target}.service", invocation_id=iid, main_pid=100, started_at=when,
+                       active_at=when, ended_at=when, result="success", exit_code=None, exit_status=None,
+                       n_restarts=0)
+
+
+def test_records_of_targets_removed_long_ago_are_forgotten(tmp_path: Path) -> None:
+    with RecordStore(tmp_path) as store:
+        for target, days in (("a", 90), ("old", 40), ("recent", 5)):
+            for i in range(3):
+                store.put(record(target, f"{target}{i}", days))
+        gone = store.forget_removed({"a", "b"}, time.time() - 30 * 86400)
+        assert gone == ["old"]
+        assert store.all("old") == [] and len(store.all("recent")) == 3
+        assert len(store.all("a")) == 3  # configured: kept, however old
+    text = (tmp_path / "records.jsonl").read_text()
+    assert '"old"' not in text and '"recent"' in text  # gone from the file too, not just from memory
+
+
+async def test_the_daemon_forgets_them_at_start(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    with RecordStore(tmp_path / "state") as store:
+        for i in range(5):
+            store.put(record("gone", f"g{i}", 31))
+            store.put(record("kept", f"k{i}", 29))
+        store.put(record("a", "a0", 400))
+    async with daemon_on(tmp_path) as r:
+        assert r.d.store.all("gone") == [] and len(r.d.store.all("kept")) == 5 and r.d.store.all("a")
+    async with daemon_on(tmp_path, forget_removed_after=0.0) as r:  # 0: never
+        assert len(r.d.store.all("kept")) == 5
