@@ -394,8 +394,9 @@ def test_good_variants_parse(tmp_path: Path, text: str) -> None:
 def test_settings_tables_match_the_dataclasses() -> None:
     assert [s.name for s in config.DAEMON_SETTINGS] == [f.name for f in fields(config.DaemonConfig)]
     target_fields = [f.name for f in fields(config.TargetConfig)]
-    # api_key is read from the file api_key_file/api_key_credential names: not a setting itself.
-    assert ["name", *(s.name for s in config.TARGET_SETTINGS), "api_key"] == target_fields
+    # api_key is read from the file api_key_file/api_key_credential names: not a setting itself;
+    # endpoint is the url (and path_prefix) parsed.
+    assert ["name", *(s.name for s in config.TARGET_SETTINGS), "api_key", "endpoint"] == target_fields
 
 
 @pytest.mark.parametrize("s", config.DAEMON_SETTINGS + config.TARGET_SETTINGS, ids=lambda s: s.name)
@@ -556,3 +557,44 @@ def test_load_timeout_auto_and_numbers(tmp_path: Path) -> None:
     assert t.load_timeout == 600.0
     with pytest.raises(config.ConfigError, match="load_timeout: expected a number or 'auto', found string 'soon'"):
         config.load(materialize(tmp_path, target(load_timeout='"soon"')))
+
+
+@pytest.mark.parametrize(("url", "prefix", "want"), [
+    ("http://127.0.0.1:30000", "", config.Endpoint("http", "127.0.0.1", 30000, "", "127.0.0.1:30000")),
+    ("https://gpu-1.internal/base/", "", config.Endpoint("https", "gpu-1.internal", 443, "/base", "gpu-1.internal")),
+    ("http://[::1]:8000/a b", "", config.Endpoint("http", "::1", 8000, "/a%20b", "[::1]:8000")),
+    ("http://localhost", "", config.Endpoint("http", "localhost", 80, "", "localhost")),
+    ("unix:/run/vllm/api.sock", "/p/", config.Endpoint("unix", "localhost", 0, "/p", "localhost",
+                                                        "/run/vllm/api.sock")),
+], ids=["ip-port", "https-default-port", "ipv6-path", "default-port", "unix"])
+def test_a_target_url_is_parsed_once_into_an_endpoint(url: str, prefix: str, want: config.Endpoint) -> None:
+    table = {"unit": "t.service", "url": url, **({"path_prefix": prefix} if prefix else {})}
+    t = config.parse({"targets": {"t": table}}).targets["t"]
+    assert t.endpoint == want
+    assert replace(t, url="http://127.0.0.1:1", path_prefix="").endpoint.port == 1  # derived anew, never stale
+
+
+def test_one_tls_context_per_target_shared_by_every_probe_and_the_bench_client(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from genready import tls
+    from genready.probe.probe import Prober
+    from genready.tools import benchclient
+
+    built: list[str] = []
+    real = tls.client_context
+
+    def counting(*args: Any) -> Any:
+        built.append(args[0])
+        return real(*args)
+
+    monkeypatch.setattr(tls, "client_context", counting)
+    path = materialize(tmp_path, TARGET.replace("http://", "https://") + "tls_verify = false\n")
+    t = config.load(path).targets["sglang"]
+    assert built == [""]  # at load: a bad PEM file is a config error
+    probers = [Prober(t) for _ in range(3)]  # e.g. one per reload
+    assert t.tls_context is not None and all(p._ssl is t.tls_context for p in probers) and len(built) == 1
+    # The bench client (its own process) reads the config, which builds the context: nothing more.
+    args = benchclient.build_parser().parse_args(["--config", str(path)])
+    _, ctx = benchclient.settings(args, {})
+    assert ctx is not None and len(built) == 2
+    assert args.url == "https://127.0.0.1:30000"

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from genready import compat
+from genready.config import endpoint
 from genready.probe import owner
 from genready.probe.listen import ListenWatch, in_our_netns, port_of
 from genready_dev.harness import free_port
@@ -71,7 +72,7 @@ async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> N
     ("unix:/run/vllm.sock", False),
 ])
 def test_only_targets_on_this_host_are_watched(url: str, watchable: bool) -> None:
-    assert (port_of(url) is not None) is watchable
+    assert (port_of(endpoint(url)) is not None) is watchable
 
 
 def test_listeners_sees_ipv4_and_ipv6_listeners_and_agrees_with_proc() -> None:
@@ -108,7 +109,7 @@ def test_unit_holds_tells_the_unit_s_listener_from_a_foreign_one(foreign_listene
 
 async def test_pause_returns_when_the_unit_starts_listening() -> None:
     port = free_port()
-    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
     pause = asyncio.ensure_future(watch.pause(0.01, os.getpid(), cap=60))
     await until(lambda: watch.looks >= 3, "a few looks at the port")
     assert not pause.done()  # nothing listens: it keeps watching
@@ -124,7 +125,7 @@ async def test_pause_returns_when_the_unit_starts_listening() -> None:
 async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(foreign_listener: tuple[int, int],
                                                                             bystander: int) -> None:
     _, port = foreign_listener
-    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
     # Something listens already at the start: the refusal came from it, so the plain delay applies.
     t0 = time.monotonic()
     await compat.wait_for(watch.pause(0.05, bystander, cap=60), 10)
@@ -134,7 +135,7 @@ async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(fore
 @pytest.mark.system
 async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_the_cap(bystander: int) -> None:
     port = free_port()
-    watch = ListenWatch(f"http://127.0.0.1:{port}")
+    watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
     pause = asyncio.ensure_future(watch.pause(0.01, bystander, cap=1.0))
     await until(lambda: watch.looks >= 1, "the first look at the port")
     with socket.socket() as s:  # held by this process: not the bystander's
@@ -148,7 +149,7 @@ async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_th
 
 
 async def test_pause_is_a_plain_sleep_for_a_target_it_cannot_see() -> None:
-    watch = ListenWatch("http://192.0.2.1:30000")
+    watch = ListenWatch(endpoint("http://192.0.2.1:30000"))
     assert not watch.usable
     await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
     assert watch.looks == 0
@@ -170,7 +171,7 @@ def test_a_unit_with_a_process_in_another_network_namespace_is_not_watched() -> 
 
 
 async def test_owner_container_targets_are_not_watched() -> None:
-    watch = ListenWatch(f"http://127.0.0.1:{free_port()}", enabled=False)
+    watch = ListenWatch(endpoint(f"http://127.0.0.1:{free_port()}"), enabled=False)
     assert not watch.usable
     await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
     assert watch.looks == 0

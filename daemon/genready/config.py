@@ -13,12 +13,16 @@ import re
 import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Final
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, urlsplit
 
 from genready import apis
 from genready.compat import tomllib
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_PATH: Final = Path("/etc/genready/genready.toml")
 BUSES: Final = ("system", "user")
@@ -112,23 +116,80 @@ def _has_userinfo(v: str) -> bool:
     return parts.username is not None or parts.password is not None
 
 
-def _url(v: str) -> str | None:
-    expected = ("an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000), "
-                "or unix:/absolute/path of a unix socket")
-    if v.startswith("unix:"):
-        return None if os.path.isabs(v[5:]) and "\0" not in v else expected
-    if _has_userinfo(v):
+_URL_EXPECTED: Final = ("an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000), "
+                       "or unix:/absolute/path of a unix socket")
+# What a path may hold unquoted (RFC 3986 pchar and "/"): the rest is percent-encoded once, here.
+_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A target's `url` (with `path_prefix` for a unix socket), parsed once, when the config is
+    read: where the probe connects and what it sends as Host:, the port the listen watch looks
+    at, the base URL the bench client sends to. Nothing else parses a target's url."""
+
+    scheme: str  # "http", "https" or "unix"
+    host: str  # without IPv6 brackets; "localhost" on a unix socket (the Host: header's name)
+    port: int  # the url's port, else the scheme's default; 0 on a unix socket
+    path_prefix: str  # the path every route is under: percent-quoted, no trailing "/" ("" for none)
+    host_header: str  # Host: as the url spells it: "[::1]:8000", or no port when the url gives none
+    unix_path: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme == "https"
+
+    @property
+    def numeric_host(self) -> bool:
+        """An IP address (no name lookup needed), as opposed to a host name."""
+        try:
+            ipaddress.ip_address(self.host.split("%", 1)[0])
+        except ValueError:
+            return False
+        return True
+
+    @property
+    def where(self) -> str:
+        """For messages: `unix:PATH` or `HOST:PORT`."""
+        return f"unix:{self.unix_path}" if self.unix_path is not None else f"{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """`scheme://host[:port]/prefix`, for an HTTP client library (not for a unix socket)."""
+        return f"{self.scheme}://{self.host_header}{self.path_prefix}"
+
+
+def endpoint(url: str, path_prefix: str = "") -> Endpoint:
+    """Parse a target url; ValueError says what was expected (the config's message for `url`)."""
+    if url.startswith("unix:"):
+        if not os.path.isabs(url[5:]) or "\0" in url:
+            raise ValueError(_URL_EXPECTED)
+        return Endpoint("unix", "localhost", 0, quote(path_prefix.rstrip("/"), safe=_PATH_SAFE), "localhost",
+                        url[5:])
+    if _has_userinfo(url):
         # Never used for anything, and shown to every local user by /status and check-config.
-        return "a URL without user:password@ (credentials do not belong in a URL; put an API key in api_key_file)"
+        raise ValueError("a URL without user:password@ (credentials do not belong in a URL; put an API key in "
+                         "api_key_file)")
     try:  # urlsplit itself raises on e.g. "http://[::1"; .port on a port outside 0-65535
-        parts = urlsplit(v)
+        parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        return expected
+        raise ValueError(_URL_EXPECTED) from None
     if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        return expected
+        raise ValueError(_URL_EXPECTED)
     if parts.query or parts.fragment:
-        return "a base URL without query or fragment"
+        raise ValueError("a base URL without query or fragment")
+    host = parts.hostname
+    shown = f"[{host}]" if ":" in host else host
+    return Endpoint(parts.scheme, host, port or (443 if parts.scheme == "https" else 80),
+                    quote(parts.path.rstrip("/"), safe=_PATH_SAFE), f"{shown}:{port}" if port else shown)
+
+
+def _url(v: str) -> str | None:
+    try:
+        endpoint(v)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -355,16 +416,33 @@ class TargetConfig:
     # never printed (repr=False; to_toml_dict writes only the table's keys).
     api_key: str = field(default="", repr=False)
 
+    # Derived from the fields above once per TargetConfig (a replace() derives anew); not compared.
+    endpoint: Endpoint = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoint", endpoint(self.url, self.path_prefix))
+
     @property
     def unix_path(self) -> str | None:
         """The socket path of a unix: URL, else None."""
-        return self.url[5:] if self.url.startswith("unix:") else None
+        return self.endpoint.unix_path
+
+    @cached_property
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The target's one TLS client context (None unless https): built when the config is read,
+        which checks its files, then shared by every probe and the bench client. TlsSetupError
+        names the key whose file is unusable."""
+        if not self.endpoint.tls:
+            return None
+        from genready import tls
+
+        return tls.client_context(self.ca_file, self.tls_verify, self.client_cert_file, self.client_key_file)
 
     @property
     def warnings(self) -> list[str]:
         """Settings that weaken what a verified start proves; logged and shown in /status."""
         out = []
-        if not self.tls_verify and self.url.startswith("https:"):
+        if not self.tls_verify and self.endpoint.tls:
             out.append("tls_verify = false: the server's certificate is not checked")
         return out
 
@@ -502,7 +580,14 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
                               f"{values['api']!r} (token ids go to \"sglang\" or \"openai-completions\")",
                               _found(values["prompt_ids"]))
         values["prompt_ids"] = tuple(values["prompt_ids"])
-        targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values), **values)
+        t = targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values), **values)
+        if t.endpoint.tls:
+            from genready import tls  # ssl is loaded only for a config with an https target
+
+            try:
+                t.tls_context  # noqa: B018  built now: a bad PEM file is a config error, not a probe failure
+            except tls.TlsSetupError as e:
+                raise ConfigError(file, f"targets.{name}.{e.key}", e.problem, repr(values[e.key])) from None
     return Config(path=file, daemon=daemon, targets=targets)
 
 
@@ -520,13 +605,6 @@ def _check_transport(file: str, prefix: str, v: dict[str, Any]) -> None:
     if v["client_key_file"] and not v["client_cert_file"]:
         raise ConfigError(file, f"{prefix}.client_cert_file", "a client certificate for client_key_file",
                           "nothing")
-    if https:
-        from genready import tls
-
-        try:
-            tls.client_context(v["ca_file"], v["tls_verify"], v["client_cert_file"], v["client_key_file"])
-        except tls.TlsSetupError as e:
-            raise ConfigError(file, f"{prefix}.{e.key}", e.problem, repr(v[e.key])) from None
 
 
 def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:

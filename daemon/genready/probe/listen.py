@@ -25,8 +25,8 @@ import os
 import socket
 import time
 from typing import Final
-from urllib.parse import urlsplit
 
+from genready.config import Endpoint
 from genready.probe import owner
 
 log = logging.getLogger("genready.probe.listen")
@@ -92,23 +92,18 @@ def in_our_netns(main_pid: int) -> bool:
     return all(_netns(pid) in (ours, None) for pid in (main_pid, *owner.descendants(main_pid)))
 
 
-def port_of(url: str) -> int | None:
-    """The TCP port of a target URL on this host, or None when the watch cannot apply."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
-    except ValueError:
+def port_of(ep: Endpoint) -> int | None:
+    """The TCP port of a target on this host, or None when the watch cannot apply."""
+    if ep.unix_path is not None or not _is_local_host(ep.host):
         return None
-    if port is None or not parts.hostname or not _is_local_host(parts.hostname):
-        return None
-    return port
+    return ep.port
 
 
 class ListenWatch:
     """Is the unit's server listening on the target's port yet? One per target."""
 
-    def __init__(self, url: str, *, enabled: bool = True) -> None:
-        self.port = port_of(url) if enabled else None
+    def __init__(self, ep: Endpoint, *, enabled: bool = True) -> None:
+        self.port = port_of(ep) if enabled else None
         self.looks = 0  # sock_diag dumps made (for the bench and tests)
         self._pid = 0
         self._mine: dict[int, bool | None] = {}  # inode -> owner.unit_holds(inode, self._pid)

@@ -24,7 +24,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
-from urllib.parse import quote, urlsplit
 
 from genready import __version__, tls
 from genready.apis import APIS, EXCERPT_CHARS, MAX_BODY, MODELS_PATH, BadAnswer, Listed, excerpt, listed_models
@@ -281,28 +280,12 @@ class Prober:
             raise ValueError("max_body must be >= 1")
         self._t = target
         self._max_body = max_body
-        self._unix = target.unix_path
-        self._ssl: ssl.SSLContext | None = None
-        self._numeric = True
-        if self._unix is not None:
-            self._host, self._port, self._host_header = "localhost", 0, "localhost"
-            self._base = quote(target.path_prefix.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
-        else:
-            parts = urlsplit(target.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"not an http(s) or unix: URL: {target.url!r}")
-            self._host = parts.hostname
-            self._port = parts.port or (443 if parts.scheme == "https" else 80)
-            try:
-                ipaddress.ip_address(self._host.split("%", 1)[0])
-            except ValueError:
-                self._numeric = False
-            if parts.scheme == "https":
-                self._ssl = tls.client_context(target.ca_file, target.tls_verify, target.client_cert_file,
-                                               target.client_key_file)
-            host = f"[{self._host}]" if ":" in self._host else self._host
-            self._host_header = f"{host}:{parts.port}" if parts.port else host
-            self._base = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+        # The url was parsed, and the TLS context built, once, with the config (config.Endpoint).
+        ep = target.endpoint
+        self._unix = ep.unix_path
+        self._host, self._port, self._host_header, self._base = ep.host, ep.port, ep.host_header, ep.path_prefix
+        self._numeric = ep.numeric_host
+        self._ssl: ssl.SSLContext | None = target.tls_context
         self._model: str | None = None  # discovered from /v1/models; dropped after any failure
         # Which model the probe asks for and why (`model "a" (first of 2 listed: a, b)`), for
         # /status and check-config; "" for an API without model names.
@@ -596,7 +579,7 @@ class Prober:
 
     @property
     def _where(self) -> str:
-        return f"unix:{self._unix}" if self._unix is not None else f"{self._host}:{self._port}"
+        return self._t.endpoint.where
 
     async def _connect(self, att: _Attempt) -> _Conn:
         if self._unix is not None:

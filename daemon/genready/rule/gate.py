@@ -122,7 +122,7 @@ class TargetGate:
         self.listener = listener
         self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
-        self.listen = ListenWatch(cfg.url, enabled=cfg.owner == "process")
+        self.listen = ListenWatch(cfg.endpoint, enabled=cfg.owner == "process")
         self.snap: Snapshot | None = None
         self.sweep_warning: str | None = None  # a leftover drop-in of a sweep that is gone (check_sweep_dropin)
         self.state = State.UNKNOWN
@@ -528,7 +528,7 @@ class TargetGate:
         await self.close()
         self.cfg = cfg
         self.prober = self._prober_factory(cfg)
-        self.listen = ListenWatch(cfg.url, enabled=cfg.owner == "process")
+        self.listen = ListenWatch(cfg.endpoint, enabled=cfg.owner == "process")
         if self.verified is not None:
             if self.ready:
                 self._revoke(Revocation.CONFIG_CHANGED)

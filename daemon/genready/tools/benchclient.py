@@ -58,7 +58,7 @@ from typing import Any, Final, TextIO
 import aiohttp
 from aiohttp import http_exceptions
 
-from genready import apis, config, console, tls
+from genready import apis, config, console
 from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 from genready.exitcodes import Exit
@@ -676,13 +676,14 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
             raise SystemExit(f"benchclient: name a target of {args.config} with --target: {', '.join(cfg.targets)}")
         t = cfg.targets[name]
         args.target = name
-        args.url, args.api, args.model = args.url or t.url, args.api or t.api, args.model or t.model or None
+        if not args.url and t.unix_path is not None:
+            raise SystemExit(f"benchclient: targets.{name} is served on a unix socket ({t.url}), which the bench "
+                             "client does not speak: pass --url with a TCP address of the server")
+        # The target's url as the config parsed it, and the TLS context it built (and checked).
+        args.url = args.url or t.endpoint.base_url
+        args.api, args.model = args.api or t.api, args.model or t.model or None
         key = t.api_key
-        if t.url.startswith("https:"):
-            try:
-                ctx = tls.client_context(t.ca_file, t.tls_verify, t.client_cert_file, t.client_key_file)
-            except tls.TlsSetupError as e:
-                raise SystemExit(f"benchclient: {args.config}: targets.{name}: {e}") from None
+        ctx = t.tls_context
     if args.api_key_file:
         try:
             key = Path(args.api_key_file).read_text().strip()
