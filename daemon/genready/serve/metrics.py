@@ -104,8 +104,8 @@ class Metrics:
             "genready_ready_requests", "Readiness queries answered over HTTP, by status code", ("code",),
             registry=r,
         )
-        for code in READY_CODES:
-            self._ready_requests.labels(code=str(code))
+        # Each code's child looked up once: /ready counts every answer, thousands a second under load.
+        self._ready_by_code = {code: self._ready_requests.labels(code=str(code)) for code in READY_CODES}
         # Outputs that failed without stopping anything (issue 10): a full or read-only directory.
         self._record_errors = Counter(
             "genready_record_errors", "Failed writes of start records (state_dir full or read-only); readiness "
@@ -226,7 +226,10 @@ class Metrics:
         self._api_refused.labels(why=why).inc()
 
     def ready_request(self, code: int) -> None:
-        self._ready_requests.labels(code=str(code)).inc()
+        child = self._ready_by_code.get(code)
+        if child is None:
+            child = self._ready_by_code[code] = self._ready_requests.labels(code=str(code))
+        child.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its Content-Type, for the HTTP API's /metrics."""

@@ -37,6 +37,7 @@ RESERVED_FDS: Final = 64
 FDS_PER_TARGET: Final = 4
 MAX_CONNECTIONS: Final = 512  # even with file descriptors to spare: each connection costs memory and CPU
 LOG_INTERVAL: Final = 60.0  # seconds between summaries of repeated trouble
+HOST_CACHE: Final = 256  # Host values whose verdict is kept (beyond that, each is decided per request)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -55,11 +56,12 @@ def connection_cap(targets: int, nofile: int | None = None) -> int:
 
 
 class _Conn:
-    __slots__ = ("in_request", "over_cap", "timer")
+    __slots__ = ("deadline", "in_request", "over_cap", "timer")
 
     def __init__(self, over_cap: bool) -> None:
         self.in_request = 0
         self.over_cap = over_cap
+        self.deadline = 0.0  # loop time after which the connection is closed unless in a request
         self.timer: asyncio.TimerHandle | None = None
 
 
@@ -137,14 +139,24 @@ class ConnectionGuard:
             conn.timer.cancel()
 
     def _arm(self, transport: asyncio.BaseTransport, conn: _Conn) -> None:
-        if conn.timer is not None:
-            conn.timer.cancel()
-        delay = OVER_CAP_TIMEOUT if conn.over_cap else self.read_timeout
-        conn.timer = asyncio.get_running_loop().call_later(delay, self._expire, transport)
+        """The connection must send a whole request within the timeout from now. Moving a deadline
+        is all an answered request costs: the timer, when it fires early, sets itself again (a
+        timer per request cost as much as the rest of a /ready)."""
+        loop = asyncio.get_running_loop()
+        conn.deadline = loop.time() + (OVER_CAP_TIMEOUT if conn.over_cap else self.read_timeout)
+        if conn.timer is None:
+            conn.timer = loop.call_at(conn.deadline, self._expire, transport)
 
     def _expire(self, transport: asyncio.BaseTransport) -> None:
         conn = self._conns.get(transport)
-        if conn is None or conn.in_request:
+        if conn is None:
+            return
+        conn.timer = None
+        if conn.in_request:
+            return  # armed again when the request is answered
+        loop = asyncio.get_running_loop()
+        if loop.time() < conn.deadline:
+            conn.timer = loop.call_at(conn.deadline, self._expire, transport)
             return
         if not conn.over_cap:
             self.timed_out += 1
@@ -168,9 +180,6 @@ class ConnectionGuard:
                 status=503, headers={"Retry-After": "1"})
             resp.force_close()
             return resp
-        if conn.timer is not None:
-            conn.timer.cancel()
-            conn.timer = None
         conn.in_request += 1
         try:
             return await handler(request)
@@ -210,11 +219,23 @@ class HostCheck:
         self.listen = listen
         self.on_refuse = on_refuse
         self.summarizer = Summarizer(log, interval=LOG_INTERVAL)
+        self._decided: dict[str | None, bool] = {}
+        self._decided_for: Iterable[str] | None = None
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         host = request.headers.get("Host")
-        if host_allowed(host, self.allowed()):
+        allowed = self.allowed()
+        # Decided once per Host value (and allowed_hosts, which a reload may change): clients send
+        # the same Host on every request, and parsing it costs more than the rest of a /ready.
+        if allowed is not self._decided_for:
+            self._decided, self._decided_for = {}, allowed
+        ok = self._decided.get(host)
+        if ok is None:
+            ok = host_allowed(host, allowed)
+            if len(self._decided) < HOST_CACHE:
+                self._decided[host] = ok
+        if ok:
             return await handler(request)
         self.on_refuse("host")
         shown = repr((host or "")[:100])
