@@ -20,7 +20,7 @@ from genready import config
 from genready.config import TargetConfig
 from genready.rule.gate import TargetGate
 from genready.rule.records import RecordStore, StartRecord
-from genready.systemd.watcher import Snapshot
+from genready.systemd.bus import Snapshot
 from genready.vocab import Failure, ProbeResult, Revocation, State
 
 UNIT = "t.service"

@@ -31,7 +31,8 @@ import pytest
 from genready.compat import UTC
 from genready.exitcodes import Exit
 from genready.rule.history import from_iso
-from genready.systemd.watcher import Snapshot, Watcher
+from genready.systemd.bus import Snapshot
+from genready.systemd.watcher import Watcher
 from genready_dev.harness import (
     GENREADY,
     Genready,

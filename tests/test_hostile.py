@@ -26,7 +26,8 @@ from genready.probe.probe import Prober
 from genready.rule import records
 from genready.rule.gate import TargetGate
 from genready.serve import api, serving, stamp
-from genready.systemd.watcher import FreshReader, Watcher, retry_eintr
+from genready.systemd.bus import retry_eintr
+from genready.systemd.watcher import FreshReader, Watcher
 from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.hostile import (
@@ -600,3 +601,30 @@ def test_case6_an_interrupted_dbus_call_is_retried_only_if_it_was_quick() -> Non
 
     with pytest.raises(OSError):
         retry_eintr(broken)
+
+
+def test_case7_pystemds_interrupted_error_without_errno_is_retried() -> None:
+    """Issue 24 #7: pystemd raises DBusInterruptedError, an InterruptedError whose errno is None;
+    the retry must go by the class, not the errno (15-24 of ~450 /ready polls failed under SIGHUP)."""
+    from pystemd.dbusexc import DBusInterruptedError
+
+    calls = []
+
+    def interrupted_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise DBusInterruptedError(-errno.EINTR, b"System.Error.EINTR", b"Interrupted system call")
+        return "answer"
+
+    assert retry_eintr(interrupted_once) == "answer" and len(calls) == 2
+    plain = InterruptedError("no errno")
+    assert plain.errno is None
+    calls.clear()
+
+    def plain_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise plain
+        return "answer"
+
+    assert retry_eintr(plain_once) == "answer"

@@ -58,3 +58,15 @@ def test_bench_scripts_do_not_import_tests() -> None:
         # Putting the checkout on sys.path was how bench once reached tests: the scripts run on
         # the installed packages (genready, genready_dev), like any user of them.
         assert "sys.path" not in text, path.name
+
+
+def test_only_the_systemd_package_talks_to_systemd() -> None:
+    """pystemd (and libsystemd through ctypes) are used in daemon/genready/systemd/ only, lazy
+    imports included: every other module asks `systemd.bus`."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    for path in sorted(root.rglob("*.py")):
+        if path.parent.name == "systemd":
+            continue
+        text = path.read_text()
+        for word in ("import pystemd", "from pystemd", "libsystemd", "ctypes"):
+            assert word not in text, f"{path.relative_to(root)} uses {word!r}: only systemd/ may"

@@ -50,3 +50,31 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
         g.stop()
         for unit in ports:
             manager.systemctl("stop", unit)
+
+
+def test_a_target_added_on_a_watched_unit_gets_its_state_at_once(manager: UserManager, tmp_path: Path) -> None:
+    """Issue 24 #6: after a reload that renames a target or adds a second one on the same unit, the
+    new target shows the unit's state as soon as it exists, not `unknown` until the unit changes."""
+    unit = "tr-same.service"
+    manager.install_unit(unit, "[Service]\nExecStart=/bin/sleep infinity\n")
+    manager.systemctl("stop", unit)  # inactive, and nothing will change it during the test
+    t = {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}
+    g = Genready(manager, tmp_path, {"a": t}).start()
+    try:
+        wait_for(lambda: g.status()["targets"]["a"]["state"] == "inactive", 10, "a inactive")
+        cfg: dict[str, Any] = {"daemon": {"listen": f"127.0.0.1:{g.port}", "bus": "user",
+                                          "state_dir": str(g.state_dir), "runtime_dir": str(g.runtime_dir)}}
+        assert g.proc is not None
+        for names in (["a", "b"], ["c", "b"]):  # a second target on the unit; then a renamed
+            cfg["targets"] = {n: t for n in names}
+            g.config_path.write_text(tomli_w.dumps(cfg))
+            g.proc.send_signal(signal.SIGHUP)
+
+            def reloaded(names: list[str] = names) -> dict[str, Any] | None:
+                targets: dict[str, Any] = g.status()["targets"]
+                return targets if set(targets) == set(names) else None
+
+            targets = wait_for(reloaded, 10, f"targets {names}")
+            assert {n: targets[n]["state"] for n in names} == dict.fromkeys(names, "inactive"), targets
+    finally:
+        g.stop()

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from genready.systemd.watcher import Snapshot, Watcher, unit_path
+from genready.systemd.bus import Snapshot, unit_path
+from genready.systemd.watcher import Watcher
 from genready_dev.harness import Genready, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 

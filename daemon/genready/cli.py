@@ -270,9 +270,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from genready.systemd import watcher
+    from genready.systemd import bus
 
     cfg = load_config(args.config)
     target = _one_target(args, cfg)
@@ -282,9 +280,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     # since= compares against the new process's start time, so take T before asking systemd.
     t0 = time.time()
     try:
-        # pystemd's connect blocks for 25 s against a bus socket nobody serves: ask first.
-        asyncio.run(watcher.bus_answers(cfg.daemon.bus))
-        watcher.restart_unit(cfg.daemon.bus, unit)
+        bus.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
     except Exception as e:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
             hint="restarting a system unit needs root or a polkit rule", status=Exit.TIMEOUT)
@@ -518,15 +514,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["simulate"]:
         sim = _dev_module("sim")
         return int(sim.cli(argv[1:]))
-    if argv[:1] == ["sweep"] and argv[1:2] in (["restore"], ["report"]):
-        return cmd_sweep_tool(argv[1], argv[2:])
-    head, cmd = _split_command(argv)
-    args = build_parser().parse_args(head)
-    check_numbers(args)
-    if cmd is not None:
-        args.cmd = cmd
     try:
+        if argv[:1] == ["sweep"] and argv[1:2] in (["restore"], ["report"]):
+            return cmd_sweep_tool(argv[1], argv[2:])
+        head, cmd = _split_command(argv)
+        args = build_parser().parse_args(head)
+        check_numbers(args)
+        if cmd is not None:
+            args.cmd = cmd
         rc: int = args.func(args)
+    except exitcodes.Failed as e:  # library modules raise; the CLI words it and picks the exit code
+        die(e.msg, hint=e.hint, status=e.status)
     except KeyboardInterrupt:
         return Exit.INTERRUPTED  # the shell's convention for SIGINT; no traceback for a Ctrl-C
     return rc

@@ -25,6 +25,15 @@ class Exit(enum.IntEnum):
     INTERRUPTED = 130  # the shell's 128 + SIGINT
 
 
+class Failed(Exception):
+    """A command cannot go on: library modules raise it, the CLI prints it (and the hint) and exits
+    with `status`. So no module below the CLI imports the CLI."""
+
+    def __init__(self, msg: str, *, status: Exit, hint: str = "") -> None:
+        super().__init__(msg)
+        self.msg, self.status, self.hint = msg, status, hint
+
+
 MEANING: dict[Exit, str] = {
     Exit.OK: "success (ready, config valid, …)",
     Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep); "

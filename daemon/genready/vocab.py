@@ -85,6 +85,11 @@ class ProbeResult:
 DOWN: Final = frozenset({"inactive", "failed", "deactivating"})  # no process to vouch for
 ALIVE: Final = frozenset({"activating", "active", "reloading"})  # a process runs (auto-restart aside)
 
+# /ready's reason, first word, while the systemd manager does not answer a read within bus.READ_TIMEOUT
+# (SIGSTOPped, or busy in a long daemon-reload): genready cannot vouch for any instance meanwhile.
+# genready_systemd_responsive is 0 and /status's systemd_responsive false for as long.
+SYSTEMD_UNRESPONSIVE: Final = "systemd_unresponsive"
+
 # Why the API refused a connection or long-poll (the `why` label of genready_api_refused_total).
 # "host": a request whose Host: names neither genready nor an IP address (answered 421: DNS rebinding).
 REFUSALS: Final[tuple[str, ...]] = ("connections", "long_polls", "read_timeout", "evicted", "host")

@@ -206,12 +206,17 @@ class Genready:
             argv = [*self.wrapper, *GENREADY, "serve", "--config", str(self.config_path)]
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
         try:
-            wait_for(lambda: self.get("/status")[0] == 200 or self._dead(), 20, "genready's /status")
+            # Following systemd, not only answering: a unit change made after start() returns is seen.
+            wait_for(lambda: self._following() or self._dead(), 20, "genready's /status with bus_connected")
             assert self.proc.poll() is None, f"genready exited: {self.log()}"
         except BaseException:
             self.stop()  # a failed start must not leave a daemon behind
             raise
         return self
+
+    def _following(self) -> bool:
+        code, body = self.get("/status")
+        return code == 200 and isinstance(body, dict) and body.get("bus_connected") is True
 
     def _dead(self) -> bool:
         return self.proc is not None and self.proc.poll() is not None

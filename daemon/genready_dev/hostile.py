@@ -1,5 +1,6 @@
 """Helpers for hostile-host tests and benchmarks (issue 10): broken servers, small private
-mounts genready can fill or make read-only, and reading genready's three surfaces.
+mounts genready can fill or make read-only, a frozen systemd manager, and reading genready's
+three surfaces.
 
 Shared by tests/test_hostile.py and bench/hostile.py, so the benchmark measures exactly
 what the tests check.
@@ -9,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from genready import config
 from genready.config import TargetConfig
 from genready.rule import records
-from genready_dev.harness import Genready
+from genready_dev.harness import Genready, free_port, sim_unit, wait_for
+from genready_dev.usermanager import UserManager
 
 
 def target_config(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
@@ -151,3 +157,70 @@ async def main():
     await server.serve_forever()
 asyncio.run(main())
 """
+
+
+@dataclass
+class Frozen:
+    """What genready answered while its systemd manager was SIGSTOPped, and after the SIGCONT."""
+
+    answers: dict[str, list[tuple[float, int, Any]]]  # path -> (seconds, status, body) each
+    metrics_gauge: list[str]  # genready_systemd_responsive lines seen while frozen
+    thaw_to_ready: float  # seconds from SIGCONT to the first 200 on /ready/TARGET
+    log: str  # genready's log since the freeze
+
+    def slowest(self, path: str) -> float:
+        return max(s for s, _, _ in self.answers[path])
+
+
+def _timed_get(g: Genready, path: str) -> tuple[float, int, Any]:
+    t0 = time.monotonic()
+    code, body = g.get(path, timeout=30)
+    return time.monotonic() - t0, code, body
+
+
+def _stopped(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1] in ("T", "t")
+    return False
+
+
+def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0) -> Frozen:
+    """A simulator unit verified ready; its manager SIGSTOPped for `seconds` while /ready, /status
+    and /metrics are asked in turn; then SIGCONT and /ready polled until 200. The manager is
+    continued in a finally, whatever happens. `um` must be a manager of its own: every unit and
+    client of a frozen manager waits."""
+    port = free_port()
+    unit = "frozen-sim.service"
+    um.install_unit(unit, sim_unit(port, extra=f"StandardError=append:{tmp}/{unit}.log"))
+    um.systemctl("start", unit)
+    assert um.proc is not None
+    pid = um.proc.pid  # unshare → sh → systemd, exec'd in place: the manager itself
+    g = Genready(um, tmp, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", "backoff_initial": 0.05,
+                                 "backoff_max": 0.3}}).start()
+    try:
+        wait_for(lambda: g.get("/ready/t")[0] == 200, 30, "the simulator verified ready")
+        mark = len(g.log_path.read_text(errors="replace"))
+        answers: dict[str, list[tuple[float, int, Any]]] = {"/ready/t": [], "/status": [], "/metrics": []}
+        gauge: list[str] = []
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _stopped(pid), 5, "the manager stopped")
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                for path, got in answers.items():
+                    got.append(_timed_get(g, path))
+                    if path == "/metrics" and isinstance(got[-1][2], str):
+                        gauge += [ln for ln in got[-1][2].splitlines() if ln.startswith("genready_systemd_responsive")]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        thawed = time.monotonic()
+        wait_for(lambda: g.get("/ready/t")[0] == 200, 60, "/ready 200 after the thaw", interval=0.01)
+        thaw_to_ready = time.monotonic() - thawed
+        # The recovery is logged after the first answer; wait for it, not for a guessed time.
+        wait_for(lambda: "answers again" in g.log_path.read_text(errors="replace")[mark:], 30, "the thaw logged")
+        return Frozen(answers, gauge, thaw_to_ready, g.log_path.read_text(errors="replace")[mark:])
+    finally:
+        g.stop()
+        um.systemctl("stop", unit, check=False)

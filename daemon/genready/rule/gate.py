@@ -29,9 +29,10 @@ from genready.rule.history import History, from_iso, iso
 from genready.rule.records import RecordStore, StartRecord
 from genready.rule.schedule import Schedule
 from genready.systemd import sweepdropin
+from genready.systemd.bus import Snapshot, Unresponsive
 from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
-from genready.systemd.watcher import FreshReader, Snapshot
-from genready.vocab import DOWN, Failure, Instance, ProbeResult, Revocation, State
+from genready.systemd.watcher import FreshReader
+from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready.rule.gate")
 
@@ -494,6 +495,8 @@ class TargetGate:
             return None, "the verified invocation is another one"
         try:
             fresh = await self.fresh.read(self.unit)
+        except Unresponsive as e:
+            return None, f"{SYSTEMD_UNRESPONSIVE}: {e}; genready vouches for no instance until it answers"
         except Exception as e:
             return None, f"systemd read failed: {e}"
         if self.verified is not v or not is_ready(fresh, v.instance):

@@ -19,7 +19,7 @@ from datetime import datetime
 
 from genready.compat import UTC
 from genready.rule.records import RecordStore, StartRecord
-from genready.systemd.watcher import Snapshot
+from genready.systemd.bus import Snapshot
 from genready.vocab import ALIVE
 
 # ExecMainCode is a CLD_* code from waitid(2); records keep it as text.

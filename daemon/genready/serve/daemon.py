@@ -27,9 +27,11 @@ from genready.rule.records import RecordStore, StartRecord
 from genready.serve import api, serving, stamp
 from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs
+from genready.systemd import bus
+from genready.systemd.bus import Health, Snapshot
 from genready.systemd.notify import Notifier
-from genready.systemd.watcher import FreshReader, Snapshot, Watcher
-from genready.vocab import Failure, ProbeResult, Revocation, State
+from genready.systemd.watcher import FreshReader, Watcher
+from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready")
 UPKEEP_INTERVAL = 2.0  # seconds between retries of records and stamps that could not be written
@@ -84,6 +86,9 @@ class Daemon:
         self.gates: dict[str, TargetGate] = {}
         self._runner: compat.AppRunner | None = None
         self._watcher_task: asyncio.Task[None] | None = None
+        self.health = Health(self._on_systemd_health)
+        self._batch = 0  # > 0 while one systemd change is handed to the gates: outputs update once, after
+        self._outputs_due = False
         # Everything startup() opens is pushed here as it is opened, so a failure halfway
         # (e.g. the port is taken) closes exactly what was opened, in reverse order.
         self._exit = contextlib.AsyncExitStack()
@@ -123,7 +128,7 @@ class Daemon:
         self.store.on_error = self._record_error
         self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
         self.outputs = Outputs(self.notifier, self.stamps, self.metrics)
-        self.fresh = FreshReader(d.bus)
+        self.fresh = FreshReader(d.bus, self.health)
         stack.callback(self.fresh.close)
         stack.callback(self.summarizer.flush_all)
         self.watcher = self._new_watcher()  # /status reports on it from the first request
@@ -133,6 +138,7 @@ class Daemon:
         stack.push_async_callback(self._close_gates)
         self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
         stack.push_async_callback(self._stop_watcher)
+        self._background(stack, self.fresh.heartbeat(), "systemd-heartbeat")
         if self.notifier.watchdog_interval():
             self._background(stack, self._watchdog(), "watchdog")
         self._background(stack, self._upkeep(), "upkeep")
@@ -194,8 +200,8 @@ class Daemon:
                 await self._reload()
 
     async def shutdown(self) -> None:
-        # A hard bound, from a C thread that needs no GIL: whatever blocks (pystemd holds the GIL
-        # in its D-Bus calls), genready exits, with every thread's stack in the log saying where.
+        # A hard bound, from a C thread that needs no GIL: whatever blocks, genready exits, with
+        # every thread's stack in the log saying where.
         faulthandler.dump_traceback_later(SHUTDOWN_DEADLINE, exit=True)
         t0 = time.monotonic()
         self.notifier.stopping(status="genready: stopping")
@@ -220,7 +226,8 @@ class Daemon:
                         "until this is fixed (or set verify_owner = false)", t.name, self.owner_problem)
 
     def _new_watcher(self) -> Watcher:
-        return Watcher(self.cfg.daemon.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot)
+        return Watcher(self.cfg.daemon.bus, [t.unit for t in self.cfg.targets.values()], self._on_snapshot,
+                       self.health)
 
     async def _stop_watcher(self) -> None:
         if self._watcher_task is not None:
@@ -271,6 +278,12 @@ class Daemon:
             await self.gates[name].reconfigure(new.targets[name])
         for name in plan.add:
             self._add_gate(new.targets[name])
+            if not plan.units_changed:
+                # The unit is watched already: its current snapshot is the new target's at once,
+                # not "not connected to systemd yet" until the unit next changes (issue 24 #6).
+                snap = self.watcher.snapshot(new.targets[name].unit)
+                if snap is not None:
+                    self._to_gate(self.gates[name], snap)
         if plan.units_changed:
             self.watcher = self._new_watcher()
             self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
@@ -288,10 +301,34 @@ class Daemon:
     # -- gate events (the Listener protocol) ----------------------------------------------
 
     def _on_snapshot(self, unit: str, snap: Snapshot | None) -> None:
-        for g in list(self.gates.values()):
-            if g.unit == unit:
-                g.on_snapshot(snap)
-                self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
+        # One change may revoke, record a start and change the state: the outputs are rebuilt
+        # once, after every gate of the unit has taken it.
+        self._batch += 1
+        try:
+            for g in list(self.gates.values()):
+                if g.unit == unit:
+                    self._to_gate(g, snap)
+        finally:
+            self._batch -= 1
+        if not self._batch and self._outputs_due:
+            self._update_outputs()
+
+    def _to_gate(self, g: TargetGate, snap: Snapshot | None) -> None:
+        g.on_snapshot(snap)
+        self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
+
+    def _on_systemd_health(self, responsive: bool) -> None:
+        """The manager stopped answering, or answers again: said once each way, in the log, the
+        gauge, STATUS=; after a silence every unit is re-read (signals queued meanwhile may be late)."""
+        self.metrics.systemd_responsive(responsive)
+        if responsive:
+            log.warning("the %s systemd manager answers again; checking the subscription and re-reading every "
+                        "unit", self.cfg.daemon.bus)
+            self.watcher.resync()
+        else:
+            log.warning("the %s systemd manager does not answer (stopped, or busy in a long daemon-reload); /ready "
+                        "answers 503 %s until it does", self.cfg.daemon.bus, SYSTEMD_UNRESPONSIVE)
+        self._update_outputs()
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
         self.metrics.set_state(gate.name, gate.unit, new)
@@ -330,10 +367,17 @@ class Daemon:
         self._update_outputs()
 
     def _update_outputs(self) -> None:
+        if self._batch:
+            self._outputs_due = True
+            return
+        self._outputs_due = False
         self.outputs.update(self.gates.values(), listening=self.listening, notes=self._notes())
 
     def _notes(self) -> list[str]:
-        return ([f"config reload refused: {self.config_error}"] if self.config_error else []) + self.restart_needed
+        notes = ([f"config reload refused: {self.config_error}"] if self.config_error else []) + self.restart_needed
+        if not self.health.responsive:
+            notes.append(f"{SYSTEMD_UNRESPONSIVE}: the systemd manager does not answer")
+        return notes
 
     # -- outputs that may fail without stopping anything -------------------------------------
 
@@ -401,6 +445,8 @@ class Daemon:
             "bus": self.cfg.daemon.bus,
             "bus_connected": self.watcher.connected,
             "bus_error": self.watcher.last_error or None,
+            "systemd_responsive": self.health.responsive,
+            "systemd_silent_seconds": round(self.health.silent_for(), 3),
             "owner_proof": self.owner_problem or "available",
             "config": self.cfg.path,
             "config_error": self.config_error or None,
@@ -456,4 +502,7 @@ def serve(cfg: config.Config, config_path: str | None) -> int:
     """Run the daemon until SIGTERM/SIGINT; the exit status."""
     # `kill -USR1` dumps every thread's stack to stderr (the journal): a stuck loop explains itself.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # sd-bus's method timeout (25 s by default) bounds how long a call stuck on a frozen manager
+    # occupies its connection; shorter, the first question after a thaw is answered sooner.
+    os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", f"{bus.SD_BUS_TIMEOUT:g}s")
     return asyncio.run(Daemon(cfg, config_path=config_path).run())

@@ -12,7 +12,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from genready.vocab import REFUSALS, Failure, Revocation, State
+from genready.vocab import REFUSALS, SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
 
 # Derived from the enums of the modules that decide them (gate: states and revocations, probe:
 # failure classes), so a new value shows up here, in the OpenAPI schema and in the docs at once.
@@ -128,6 +128,12 @@ class Metrics:
         )
         for why in API_REFUSALS:
             self._api_refused.labels(why=why)
+        self._systemd_responsive = Gauge(
+            "genready_systemd_responsive", "1 while the systemd manager answers; 0 while it does not (SIGSTOPped, "
+            f"or busy in a long daemon-reload): /ready is then 503 with reason {SYSTEMD_UNRESPONSIVE}",
+            registry=r,
+        )
+        self._systemd_responsive.set(1)
 
     def register_target(self, target: str, unit: str) -> None:
         """Create the target's series at their zero values (state "unknown" until first observed).
@@ -224,6 +230,9 @@ class Metrics:
 
     def api_refused(self, why: str) -> None:
         self._api_refused.labels(why=why).inc()
+
+    def systemd_responsive(self, responsive: bool) -> None:
+        self._systemd_responsive.set(1 if responsive else 0)
 
     def ready_request(self, code: int) -> None:
         child = self._ready_by_code.get(code)

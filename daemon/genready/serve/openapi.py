@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genready import __version__
-from genready.vocab import Failure, Revocation, State
+from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -56,7 +56,8 @@ NOT_READY: dict[str, Any] = {
         "target": {"type": "string"},
         "unit": {"type": "string"},
         "state": STATES,
-        "reason": {"type": "string"},
+        "reason": {"type": "string", "description": f"why not; begins with `{SYSTEMD_UNRESPONSIVE}:` while the "
+                                                    "systemd manager does not answer"},
         "pid": {**_INT_OR_NULL, "description": "systemd's MainPID now (not verified)"},
         "invocation_id": _STR_OR_NULL,
         "waiting_since": {**_STR_OR_NULL, "description": "when probing of this start began"},
@@ -111,6 +112,8 @@ STATUS = {
     "properties": {
         "version": {"type": "string"}, "uptime_seconds": {"type": "number"}, "bus": {"type": "string"},
         "bus_connected": {"type": "boolean"}, "bus_error": _STR_OR_NULL,
+        "systemd_responsive": {"type": "boolean", "description": "false while the systemd manager does not answer"},
+        "systemd_silent_seconds": {"type": "number", "description": "for how long it has not (0 while it does)"},
         "owner_proof": {"type": "string", "description": "'available', or why owner proof cannot work here"},
         "config": {"type": "string"}, "config_error": _STR_OR_NULL,
         "restart_needed": {"type": "array", "items": {"type": "string"},

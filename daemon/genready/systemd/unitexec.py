@@ -8,14 +8,13 @@ contents are not on the bus; they are read here from the files the unit names, w
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genready.systemd import watcher
-from genready.systemd.watcher import exec_argvs
+from genready.systemd import bus
+from genready.systemd.bus import exec_argvs
 
 
 def _s(v: Any) -> str:
@@ -65,21 +64,11 @@ def _env_file(path: str) -> dict[str, str]:
 
 def read(bus_kind: str, unit: str) -> UnitExec:
     """Load `unit` (it need not run) and read what it executes. Raises pystemd's errors."""
-    bus = watcher.open_bus(bus_kind)
-    try:
-        bus.call_method(watcher.SYSTEMD, watcher.MANAGER_PATH, watcher.MANAGER_IFACE, b"LoadUnit",
-                        [(ord("s"), unit.encode())])
-        path = watcher.unit_path(unit)
-        u = bus.call_method(watcher.SYSTEMD, path, watcher.PROPS_IFACE, b"GetAll",
-                            [(ord("s"), watcher.UNIT_IFACE)]).body or {}
-        load_state = _s(u.get(b"LoadState", b""))
-        s: dict[bytes, Any] = {}
-        if load_state == "loaded":
-            s = bus.call_method(watcher.SYSTEMD, path, watcher.PROPS_IFACE, b"GetAll",
-                                [(ord("s"), watcher.SERVICE_IFACE)]).body or {}
-    finally:
-        with contextlib.suppress(Exception):
-            bus.close()
+    with bus.Client(bus_kind) as c:
+        props = c.read_raw(unit)
+    u = props[bus.UNIT_IFACE]
+    load_state = _s(u.get(b"LoadState", b""))
+    s = props[bus.SERVICE_IFACE] if load_state == "loaded" else {}
     env: dict[str, str] = {}
     # systemd applies EnvironmentFile= after Environment=: a variable set in both takes the file's value.
     env.update(parse_environment(_s(e) for e in s.get(b"Environment") or []))

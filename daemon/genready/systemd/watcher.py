@@ -1,243 +1,87 @@
 """Watch systemd units over D-Bus, event-driven, and keep one snapshot per unit.
 
 One connection listens: `Manager.Subscribe()` plus a `PropertiesChanged` match per unit
-path, its fd driven from the asyncio loop. A second connection serves fresh reads
-(`FreshReader`), so a blocking call never pulls signals off the listening connection.
+path. A second connection serves fresh reads (`FreshReader`), so a read for /ready never
+waits behind the listening connection's work. Each connection lives in its own worker thread
+(bus.Worker): the event loop never waits on systemd, and a manager that does not answer
+(SIGSTOPped, or busy in a long daemon-reload) shows as `Health.responsive` False instead of
+freezing /ready, /status and /metrics.
 
 Ordering: systemd sends signals and method replies on one connection with increasing
 cookies (serials). A full read records the reply's cookie per interface, and any signal
 older than that read is dropped, so a state read after a signal is never overwritten by
-the signal's older view.
+the signal's older view. The worker hands results back to the loop in the order it saw them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import hashlib
 import logging
-import os
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
-from pystemd.dbuslib import DBus
+from genready.systemd import sdbus
+from genready.systemd.bus import (
+    CALL_TIMEOUT,
+    MANAGER_IFACE,
+    MANAGER_PATH,
+    PROPS_IFACE,
+    READ_TIMEOUT,
+    SYSTEMD,
+    Health,
+    Snapshot,
+    Unresponsive,
+    Worker,
+    check_bus,
+    manager_call,
+    open_quick,
+    ping,
+    read_all,
+    read_quick,
+    retry_eintr,
+    snapshot_of,
+    timed_out,
+    unit_path,
+)
 
-from genready import compat
+if TYPE_CHECKING:
+    from pystemd.dbuslib import DBus
 
 log = logging.getLogger("genready.systemd.watcher")
-
-SYSTEMD: Final = b"org.freedesktop.systemd1"
-MANAGER_PATH: Final = b"/org/freedesktop/systemd1"
-MANAGER_IFACE: Final = b"org.freedesktop.systemd1.Manager"
-UNIT_IFACE: Final = b"org.freedesktop.systemd1.Unit"
-SERVICE_IFACE: Final = b"org.freedesktop.systemd1.Service"
-PROPS_IFACE: Final = b"org.freedesktop.DBus.Properties"
-
-
-def unit_path(unit: str) -> bytes:
-    """systemd's object path for a unit name (sd_bus_path_encode)."""
-    out = bytearray(b"/org/freedesktop/systemd1/unit/")
-    for i, ch in enumerate(unit.encode()):
-        if chr(ch).isalnum() and ch < 128 and not (i == 0 and chr(ch).isdigit()):
-            out.append(ch)
-        else:
-            out += b"_%02x" % ch
-    return bytes(out)
-
-
-def _hex(v: Any) -> str:
-    return bytes(v).hex() if v else ""
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
-    """ExecStart's D-Bus value, a(sasbttttuii), as argv tuples. argv[0] may differ from the path
-    (`ExecStart=@/path name …`); the path is what runs, so it replaces argv[0]."""
-    out = []
-    for entry in exec_start or []:
-        path, argv = _s(entry[0]), [_s(a) for a in (entry[1] or [])]
-        out.append(tuple([path, *argv[1:]] if path else argv))
-    return tuple(out)
-
-
-def exec_fingerprint(exec_start: Any) -> str:
-    """A short digest of the command lines alone. The D-Bus value also carries the last run's
-    timestamps and PID, which change with every start; this does not."""
-    argvs = exec_argvs(exec_start)
-    if not argvs:
-        return ""
-    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs, 0 = never."""
-
-    unit: str
-    load_state: str = ""
-    active_state: str = ""
-    sub_state: str = ""
-    main_pid: int = 0
-    invocation_id: str = ""
-    job_id: int = 0
-    exec_main_start_us: int = 0
-    exec_main_exit_us: int = 0
-    active_enter_us: int = 0
-    inactive_enter_us: int = 0
-    exec_main_code: int = 0
-    exec_main_status: int = 0
-    n_restarts: int = 0
-    result: str = ""
-    exec_fingerprint: str = ""  # the ExecStart= command lines, digested: "the same server configuration"
-    fragment_path: str = ""  # the unit file and its drop-ins: where its output files are named
-    dropin_paths: tuple[str, ...] = ()
-    error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
-
-    @property
-    def absent(self) -> bool:
-        """The unit does not exist (no unit file, or not loaded yet), or systemd refuses to report on it."""
-        return self.load_state in ("", "not-found") or bool(self.error)
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "load_state": self.load_state, "active_state": self.active_state, "sub_state": self.sub_state,
-            "main_pid": self.main_pid, "invocation_id": self.invocation_id, "job_pending": self.job_id != 0,
-            "exec_main_start_us": self.exec_main_start_us, "n_restarts": self.n_restarts,
-            "result": self.result,
-        }
-
-
-# D-Bus property -> (Snapshot field, converter). Each property is defined once, here.
-_UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
-    b"LoadState": ("load_state", _s),
-    b"ActiveState": ("active_state", _s),
-    b"SubState": ("sub_state", _s),
-    b"InvocationID": ("invocation_id", _hex),
-    b"Job": ("job_id", lambda v: int(v[0])),
-    b"ActiveEnterTimestamp": ("active_enter_us", int),
-    b"InactiveEnterTimestamp": ("inactive_enter_us", int),
-    b"FragmentPath": ("fragment_path", _s),
-    b"DropInPaths": ("dropin_paths", lambda v: tuple(_s(p) for p in v or ())),
-}
-_SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
-    b"MainPID": ("main_pid", int),
-    b"ExecMainStartTimestamp": ("exec_main_start_us", int),
-    b"ExecMainExitTimestamp": ("exec_main_exit_us", int),
-    b"ExecMainCode": ("exec_main_code", int),
-    b"ExecMainStatus": ("exec_main_status", int),
-    b"NRestarts": ("n_restarts", int),
-    b"Result": ("result", _s),
-    b"ExecStart": ("exec_fingerprint", exec_fingerprint),
-}
-_PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
-
-
-def apply_properties(snap: Snapshot, iface: bytes, changed: dict[bytes, Any]) -> Snapshot:
-    """A new snapshot with the properties of one interface applied; unknown ones ignored."""
-    table = _PROPS_BY_IFACE.get(iface, {})
-    updates = {table[k][0]: table[k][1](v) for k, v in changed.items() if k in table}
-    return replace(snap, **updates) if updates else snap
-
-
-T = TypeVar("T")
-
-
-def retry_eintr(call: Callable[[], T], attempts: int = 3, quick: float = 0.5) -> T:
-    """pystemd keeps the GIL in sd-bus's blocking calls, so a signal arriving meanwhile (SIGTERM,
-    SIGHUP) makes the wait fail with EINTR. That says nothing about the bus or the unit: ask again,
-    but only if the interrupted call was quick. One that had already waited `quick` seconds is
-    stuck on an unanswering bus, and the signal (most likely SIGTERM) must get to the event loop."""
-    for attempt in range(attempts):
-        t0 = time.monotonic()
-        try:
-            return call()
-        except Exception as e:
-            eintr = abs(getattr(e, "errno", 0) or 0) == errno.EINTR
-            if not eintr or attempt == attempts - 1 or time.monotonic() - t0 > quick:
-                raise
-    raise AssertionError("unreachable")
-
-
-def open_bus(kind: str) -> DBus:
-    """A connected bus to the "system" or "user" manager; raises pystemd's DBusError if unreachable."""
-    bus = DBus(user_mode=(kind == "user"))
-    bus.open()
-    return bus
-
-
-def bus_socket_path(kind: str) -> str | None:
-    """The unix socket path of the "system" or "user" bus, or None if its address is not a path."""
-    if kind == "user":
-        addr = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or (
-            f"unix:path={os.environ.get('XDG_RUNTIME_DIR', f'/run/user/{os.getuid()}')}/bus")
-    else:
-        addr = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
-    for part in addr.split(";")[0].removeprefix("unix:").split(","):
-        if part.startswith("path="):
-            return part[5:]
-    return None
-
-
-async def bus_answers(kind: str, timeout: float = 2.0) -> None:
-    """Raise unless the bus daemon completes a SASL handshake within `timeout` seconds.
-
-    pystemd connects synchronously and holds the GIL: against a bus socket nobody serves
-    (a dbus-daemon being restarted, a socket unit whose service is stopping) it would
-    freeze genready for sd-bus's 25 s timeout. This asks first, without blocking the loop.
-    """
-    path = bus_socket_path(kind)
-    if path is None:
-        return
-    reader, writer = await compat.wait_for(asyncio.open_unix_connection(path), timeout)
-    try:
-        writer.write(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
-        await writer.drain()
-        line = await compat.wait_for(reader.readline(), timeout)
-        if not line.startswith(b"OK"):
-            raise ConnectionError(f"the bus at {path} refused authentication: {line[:80]!r}")
-    finally:
-        writer.close()
-
-
-def restart_unit(bus_kind: str, unit: str) -> None:
-    """Queue a restart job (Manager.RestartUnit, mode "replace") with the caller's privileges."""
-    bus = open_bus(bus_kind)
-    try:
-        bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"RestartUnit",
-                        [(ord("s"), unit.encode()), (ord("s"), b"replace")])
-    finally:
-        bus.close()
-
+HEARTBEAT: Final = 1.0  # seconds between "do you answer?" questions to the manager (FreshReader.heartbeat)
 
 OnChange = Callable[[str, "Snapshot | None"], None]
+_Read = tuple[str, Any]  # ("ok", the GetAll replies) or ("unit_error", what systemd said about the unit)
 
 
 class Watcher:
     """Keeps a snapshot per unit from D-Bus signals; reconnects with backoff when the bus drops.
 
     `on_change(unit, snapshot)` runs on the event loop after every change; a snapshot of
-    None means "unknown": genready has no live connection to systemd.
+    None means "unknown": genready has no live connection to systemd. A manager that stops
+    answering is not a lost connection: the snapshots stay, `health` says it, and once the
+    manager answers again `resync()` re-reads every unit.
     """
 
-    def __init__(self, bus_kind: str, units: Iterable[str], on_change: OnChange) -> None:
+    def __init__(self, bus_kind: str, units: Iterable[str], on_change: OnChange,
+                 health: Health | None = None) -> None:
         self.bus_kind = bus_kind
         self.units = list(dict.fromkeys(units))
         self.on_change = on_change
-        self.connected = False
+        self.health = health or Health()
+        self.connected = False  # following: connected, subscribed, and every unit read once
+        self._live = False  # the connection is set up (its results are applied)
         self.last_error = ""
         self._snaps: dict[str, Snapshot] = {}
         self._read_cookie: dict[tuple[str, bytes], int] = {}
         self._by_path = {unit_path(u): u for u in self.units}
-        self._bus: DBus | None = None
+        self._worker: Worker | None = None
         self._lost: asyncio.Future[None] | None = None
         self._callbacks: tuple[Callable[..., None], ...] = ()
+        self._inbox: list[tuple[Any, ...]] = []  # filled by the callbacks, in the worker thread only
         self._dispatched = False
+        self._draining = False
         self._fd = -1
         self._unit_errors: dict[str, str] = {}  # unit -> the D-Bus error last logged for it
 
@@ -250,12 +94,13 @@ class Watcher:
         backoff = 0.1
         while True:
             try:
-                await bus_answers(self.bus_kind)
-                self._connect()
-                await self._watch_units()
+                await self._connect()
+                await self._call(lambda bus: None)  # every unit read (queued before it) is applied
+                self.connected = True
+                shown = ", ".join(self.units) if len(self.units) <= 10 else f"{len(self.units)} units"
+                log.info("connected to the %s bus; watching %s", self.bus_kind, shown)
                 backoff = 0.1
-                assert self._lost is not None
-                await self._lost
+                await self._follow()
             except asyncio.CancelledError:
                 # Stopping is not losing the bus: nobody should be told the targets are unknown.
                 self.on_change = lambda unit, snap: None
@@ -267,88 +112,185 @@ class Watcher:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
 
-    def _connect(self) -> None:
-        loop = asyncio.get_running_loop()
-        bus = open_bus(self.bus_kind)
-        self._bus = bus
-        self._lost = loop.create_future()
-        self._read_cookie.clear()
+    # -- calls on the listening connection ---------------------------------------------------
 
+    async def _call(self, fn: Callable[[DBus], Any], apply: Callable[[bool, Any], None] | None = None) -> Any:
+        """`fn(bus)` on the worker. Past CALL_TIMEOUT the manager counts as unresponsive, and the
+        call is awaited on: its answer, when the manager is back, is still applied."""
+        worker = self._worker
+        if worker is None:
+            raise ConnectionError("not connected")
+        fut = worker.submit(fn, apply, CALL_TIMEOUT)
+        done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
+        if not done:
+            self.health.stuck()
+            await asyncio.wait([fut])  # sd-bus ends it after its method timeout at the latest
+        e = fut.exception()
+        if e is None or not timed_out(e):
+            self.health.answered()
+        self._kick()  # the call may have queued signals without making the fd readable
+        return fut.result()
+
+    async def _connect(self) -> None:
         # pystemd stores metadata on the callback object, so it must be a plain function.
         def on_props(msg: Any, error: Any = None, userdata: Any = None) -> None:
+            self._dispatched = True
             try:
-                self._on_properties(msg)
+                msg.process_reply(True)
+                self._inbox.append((msg.get_path(), msg.body[0], msg.body[1], msg.get_cookie()))
             except Exception:
                 log.exception("bad PropertiesChanged signal")
 
         def on_manager(msg: Any, error: Any = None, userdata: Any = None) -> None:
+            self._dispatched = True
             try:
-                self._on_manager(msg)
+                msg.process_reply(True)
+                # pystemd unwraps a single-argument body: Reloading(b) arrives as a bare bool.
+                body = msg.body
+                starting = body[0] if isinstance(body, list | tuple) else body
+                if msg.get_member() == b"Reloading" and not starting:
+                    self._inbox.append(("reloaded",))
             except Exception:
                 log.exception("bad Manager signal")
 
+        def on_open(bus: DBus) -> None:
+            # Without Subscribe() systemd emits no unit signals at all, even during a restart.
+            manager_call(bus, b"Subscribe")
+            # Not UnitNew/UnitRemoved: reading a not-found unit loads it (UnitNew) and systemd
+            # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
+            # without daemon-reload announces itself through PropertiesChanged on its path.
+            bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Reloading", on_manager)
+            for unit in self.units:
+                bus.match_signal(SYSTEMD, unit_path(unit), PROPS_IFACE, b"PropertiesChanged", on_props)
+
         # pystemd hands sd-bus a borrowed pointer to the callback: keep it alive as long as the bus.
         self._callbacks = (on_props, on_manager)
-        # Without Subscribe() systemd emits no unit signals at all, even during a restart.
-        bus.call_method(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Subscribe", [])
-        # Not UnitNew/UnitRemoved: reading a not-found unit loads it (UnitNew) and systemd
-        # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
-        # without daemon-reload announces itself through PropertiesChanged on its path.
-        bus.match_signal(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Reloading", on_manager)
-        self._fd = bus.get_fd()
-        loop.add_reader(self._fd, self._drain)
-        self.connected = True
+        # pystemd connects synchronously and keeps the GIL: ask the bus socket first (no GIL held).
+        await asyncio.to_thread(check_bus, self.bus_kind)
+        self._lost = asyncio.get_running_loop().create_future()
+        self._read_cookie.clear()
+        self._worker = Worker(self.bus_kind, "watcher", on_open=on_open)
+        self._fd = await self._call(lambda bus: bus.get_fd())
+        asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
+        self._live = True
         self.last_error = ""
-        shown = ", ".join(self.units) if len(self.units) <= 10 else f"{len(self.units)} units"
-        log.info("connected to the %s bus; watching %s", self.bus_kind, shown)
+        self._refresh(self.units)
 
-    async def _watch_units(self) -> None:
-        """Subscribe to and read each unit, yielding to the event loop between units: with many
-        targets, the API and the probes of units already read run meanwhile (start-up is not
-        one long blocking stretch)."""
-        bus = self._bus
-        on_props = self._callbacks[0]
-        for unit in self.units:
-            if self._bus is not bus or bus is None:
-                return  # lost meanwhile: run() reconnects
-            bus.match_signal(SYSTEMD, unit_path(unit), PROPS_IFACE, b"PropertiesChanged", on_props)
-            self._refresh(unit)
-            self._drain()  # the read may have queued signals without making the fd readable
-            await asyncio.sleep(0)
+    async def _follow(self) -> None:
+        """Until the connection is lost. No heartbeat here: a pystemd call on a frozen manager keeps
+        the GIL; FreshReader.heartbeat asks through sdbus instead."""
+        assert self._lost is not None
+        await self._lost
 
-    def _disconnect(self, why: str, *, lost: bool = True) -> None:
-        bus, self._bus = self._bus, None
-        was_connected, self.connected = self.connected, False
-        self._forget_fd()
-        if bus is not None:
-            with contextlib.suppress(Exception):
-                bus.close()
-        self._snaps.clear()  # after a reconnect every unit is reported afresh
-        if was_connected and lost:
-            self.last_error = why
-            log.warning("lost the %s bus (%s); every target is unknown until it is back", self.bus_kind, why)
-            for unit in self.units:
-                self.on_change(unit, None)
-
-    def _drain(self) -> None:
-        # sd-bus may buffer several messages from one read: process until nothing is left.
-        bus = self._bus
-        if bus is None:
+    def resync(self) -> None:
+        """The manager answers again after a silence: make sure the subscription still holds
+        (systemd answers AlreadySubscribed if it does) and re-read every unit, so no change the
+        silence hid is missed."""
+        if self._worker is None or not self._live or not self.health.responsive:
             return
-        try:
-            while True:
-                self._dispatched = False
-                msg = bus.process()
-                if msg.is_empty() and not self._dispatched:
-                    break
-            # At EOF sd-bus closes the fd itself (so epoll never wakes us again) and reports
-            # the loss only on a later call: a negative fd is how we learn it now.
-            if bus.get_fd() < 0:
-                raise ConnectionError("the bus connection was closed")
-        except Exception as e:
-            self._lose(e)
 
-    def _lose(self, e: Exception) -> None:
+        def subscribe(bus: DBus) -> None:
+            try:
+                manager_call(bus, b"Subscribe")
+            except Exception as e:
+                if "AlreadySubscribed" not in f"{type(e).__name__} {e}" and "already subscribed" not in str(e):
+                    raise
+
+        self._worker.submit(subscribe, self._lose_on_error)
+        self._refresh(self.units)
+        self._kick()
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _on_readable(self) -> None:
+        # The worker reads the fd: stop watching it until that drain is done, or the loop would
+        # call this again and again meanwhile.
+        self._forget_fd(keep_number=True)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Schedule one drain of the connection, unless one is already queued."""
+        if self._draining or self._worker is None or not self._live:
+            return
+        self._draining = True
+        self._worker.submit(self._drain, self._apply_drain)
+
+    def _drain(self, bus: DBus) -> list[tuple[Any, ...]]:
+        # In the worker. sd-bus may buffer several messages from one read: process until nothing is left.
+        while True:
+            self._dispatched = False
+            msg = bus.process()
+            if msg.is_empty() and not self._dispatched:
+                break
+        # At EOF sd-bus closes the fd itself (so epoll never wakes us again) and reports
+        # the loss only on a later call: a negative fd is how we learn it now.
+        if bus.get_fd() < 0:
+            raise ConnectionError("the bus connection was closed")
+        out, self._inbox = self._inbox, []
+        return out
+
+    def _apply_drain(self, ok: bool, res: Any) -> None:
+        self._draining = False
+        if not ok:
+            self._lose(res)
+            return
+        for item in res:
+            if item[0] == "reloaded":
+                # After daemon-reload a unit file may have appeared, changed or gone.
+                self._refresh(self.units)
+            else:
+                self._on_properties(*item)
+        if self._live and self._fd >= 0:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
+
+    def _on_properties(self, path: bytes, iface: bytes, changed: dict[bytes, Any], cookie: int) -> None:
+        unit = self._by_path.get(path)
+        if unit is None:
+            return
+        if cookie <= self._read_cookie.get((unit, iface), 0):
+            return  # older than a full read we already applied
+        self._update(unit, snapshot_of(unit, [(iface, cookie, changed)], self._snaps.get(unit, Snapshot(unit)),
+                                      settle=False))
+
+    # -- full reads -------------------------------------------------------------------------
+
+    def _refresh(self, units: Iterable[str]) -> None:
+        """Queue a full read of each unit (reply cookies remembered: see module doc)."""
+        worker = self._worker
+        if worker is None:
+            return
+        for unit in units:
+            worker.submit(lambda bus, unit=unit: _read_unit(bus, unit),  # type: ignore[misc]
+                          lambda ok, res, unit=unit: self._apply_read(unit, ok, res))  # type: ignore[misc]
+        self._kick()
+
+    def _apply_read(self, unit: str, ok: bool, res: Any) -> None:
+        if not ok:
+            if not timed_out(res):
+                self._lose(res)
+            return
+        kind, value = res
+        if kind == "unit_error":
+            # An error about this one unit (e.g. systemd rejects its name) is that target's
+            # problem: taking it for a lost bus would leave every target unknown, reconnecting.
+            if self._unit_errors.get(unit) != value:
+                log.warning("systemd refuses to report on %s (the bus itself works): %s", unit, value)
+            self._unit_errors[unit] = value
+            self._update(unit, Snapshot(unit, load_state="error", active_state="inactive", error=value))
+            return
+        self._unit_errors.pop(unit, None)
+        for iface, cookie, _ in value:
+            self._read_cookie[(unit, iface)] = cookie
+        self._update(unit, snapshot_of(unit, value, self._snaps.get(unit, Snapshot(unit))))
+
+    # -- losing the connection --------------------------------------------------------------
+
+    def _lose_on_error(self, ok: bool, res: Any) -> None:
+        if not ok and not timed_out(res):
+            self._lose(res)
+
+    def _lose(self, e: BaseException) -> None:
         """The connection is gone: say why and wake run(), which reconnects."""
         self.last_error = f"{type(e).__name__}: {e}"
         if self._lost is not None and not self._lost.done():
@@ -357,82 +299,27 @@ class Watcher:
         # before anything can reuse it (a stale registration would swallow another socket).
         self._forget_fd()
 
-    def _forget_fd(self) -> None:
+    def _disconnect(self, why: str, *, lost: bool = True) -> None:
+        worker, self._worker = self._worker, None
+        was_connected, self.connected = self.connected or self._live, False
+        self._live = False
+        self._forget_fd()
+        self._draining = False
+        if worker is not None:
+            worker.close()
+        self._snaps.clear()  # after a reconnect every unit is reported afresh
+        if was_connected and lost:
+            self.last_error = why
+            log.warning("lost the %s bus (%s); every target is unknown until it is back", self.bus_kind, why)
+            for unit in self.units:
+                self.on_change(unit, None)
+
+    def _forget_fd(self, *, keep_number: bool = False) -> None:
         if self._fd >= 0:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self._fd)
-            self._fd = -1
-
-    def _on_properties(self, msg: Any) -> None:
-        self._dispatched = True
-        msg.process_reply(True)
-        unit = self._by_path.get(msg.get_path())
-        if unit is None:
-            return
-        iface, changed = msg.body[0], msg.body[1]
-        if msg.get_cookie() <= self._read_cookie.get((unit, iface), 0):
-            return  # older than a full read we already applied
-        self._update(unit, apply_properties(self._snaps.get(unit, Snapshot(unit)), iface, changed))
-
-    def _on_manager(self, msg: Any) -> None:
-        self._dispatched = True
-        msg.process_reply(True)
-        # pystemd unwraps a single-argument body: Reloading(b) arrives as a bare bool.
-        body = msg.body
-        starting = body[0] if isinstance(body, list | tuple) else body
-        if msg.get_member() == b"Reloading" and not starting:
-            # After daemon-reload a unit file may have appeared, changed or gone.
-            for unit in self.units:
-                asyncio.get_running_loop().call_soon(self._refresh_and_drain, unit)
-
-    def _refresh_and_drain(self, unit: str) -> None:
-        try:
-            self._refresh(unit)
-        except Exception as e:
-            self._lose(e)
-            return
-        self._drain()
-
-    def _refresh(self, unit: str) -> None:
-        """Read every property we keep, remembering the reply cookies (see module doc)."""
-        bus = self._bus
-        if bus is None:
-            return
-        snap = self._snaps.get(unit, Snapshot(unit))
-        path = unit_path(unit)
-        try:
-            for iface in (UNIT_IFACE, SERVICE_IFACE):
-                reply = retry_eintr(lambda iface=iface: bus.call_method(  # type: ignore[misc]
-                    SYSTEMD, path, PROPS_IFACE, b"GetAll", [(ord("s"), iface)]))
-                self._read_cookie[(unit, iface)] = reply.get_cookie()
-                snap = apply_properties(snap, iface, reply.body or {})
-        except Exception as e:
-            if not self._bus_alive(bus):
-                raise
-            # An error about this one unit (e.g. systemd rejects its name) is that target's
-            # problem: taking it for a lost bus would leave every target unknown, reconnecting.
-            if self._unit_errors.get(unit) != str(e):
-                log.warning("systemd refuses to report on %s (the bus itself works): %s", unit, e)
-            self._unit_errors[unit] = str(e)
-            self._update(unit, Snapshot(unit, load_state="error", active_state="inactive",
-                                        error=f"{type(e).__name__}: {e}"))
-            return
-        self._unit_errors.pop(unit, None)
-        if snap.absent:
-            # A not-found unit keeps its old service values in memory; they mean nothing now.
-            snap = Snapshot(unit, load_state=snap.load_state or "not-found", active_state="inactive")
-        self._update(unit, snap)
-
-    @staticmethod
-    def _bus_alive(bus: DBus) -> bool:
-        """Does the connection still answer a question that involves no unit?"""
-        try:
-            if bus.get_fd() < 0:
-                return False
-            retry_eintr(lambda: bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Version", b"s"))
-        except Exception:
-            return False
-        return True
+            if not keep_number:
+                self._fd = -1
 
     def _update(self, unit: str, snap: Snapshot) -> None:
         if self._snaps.get(unit) == snap:
@@ -441,86 +328,109 @@ class Watcher:
         self.on_change(unit, snap)
 
 
+def _read_unit(bus: DBus, unit: str) -> _Read:
+    """In the worker: a full read of `unit`, or ("unit_error", why) when systemd refuses to report
+    on this one unit while the connection itself still answers."""
+    try:
+        return "ok", read_all(bus, unit)
+    except Exception as e:
+        if timed_out(e):
+            raise
+        try:
+            ping(bus)
+        except Exception:
+            raise e from None
+        return "unit_error", f"{type(e).__name__}: {e}"
+
+
 class FreshReader:
     """Reads a unit's identity and state on its own connection, sharing reads between callers.
 
     `read(unit)` returns a snapshot from a read that *began after the call*; every caller
     that arrives before the read starts shares it, so a burst of /ready requests costs one
-    D-Bus round trip (~0.5 ms), not one per request.
+    D-Bus round trip (~0.5 ms), not one per request. A read waits at most READ_TIMEOUT; while
+    a read is stuck on a manager that does not answer, `read` raises Unresponsive at once.
     """
 
-    def __init__(self, bus_kind: str) -> None:
+    def __init__(self, bus_kind: str, health: Health | None = None) -> None:
         self.bus_kind = bus_kind
-        self._bus: DBus | None = None
+        self.health = health or Health()
+        self._worker = Worker(bus_kind, "fresh-reads", opener=open_quick)
         self._pending: dict[str, asyncio.Future[Snapshot]] = {}
-        self._connecting = asyncio.Lock()
+        self._flush_scheduled = False
         self.reads = 0
 
     async def read(self, unit: str) -> Snapshot:
         """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
-        if self._bus is None:
-            async with self._connecting:  # concurrent first readers must not each open a bus
-                if self._bus is None:
-                    await bus_answers(self.bus_kind)
-                    self._bus = open_bus(self.bus_kind)
+        if late := self._worker.stuck():
+            raise Unresponsive(f"the {self.bus_kind} manager has not answered for "
+                               f"{late + self._worker.bound:.1f} s")
+        loop = asyncio.get_running_loop()
         fut = self._pending.get(unit)
         if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._pending[unit] = fut
-            # call_soon: the read runs after every handler already scheduled in this loop
-            # iteration has joined it, and strictly after each of them arrived.
-            asyncio.get_running_loop().call_soon(self._do_read, unit)
-        return await asyncio.shield(fut)
+            fut = self._pending[unit] = loop.create_future()
+            if not self._flush_scheduled:
+                # call_soon: the read runs after every handler already scheduled in this loop
+                # iteration has joined it, and strictly after each of them arrived.
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
+        done, _ = await asyncio.wait([fut], timeout=READ_TIMEOUT)
+        if not done:
+            self.health.stuck()
+            raise Unresponsive(f"the {self.bus_kind} manager has not answered for {READ_TIMEOUT:g} s")
+        return fut.result()
 
-    def _do_read(self, unit: str) -> None:
-        fut = self._pending.pop(unit)
-        try:
-            snap = self.read_now(unit)
-        except Exception as e:
-            if not fut.done():
-                fut.set_exception(e)
-            fut.exception()  # don't warn about it when nobody waits any more
-            return
-        if not fut.done():
-            fut.set_result(snap)
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, {}
+        units = list(batch)
+        self.reads += len(units)
 
-    def read_now(self, unit: str) -> Snapshot:
-        """Blocking read: InvocationID first and last, so a start in between is always seen.
+        def apply(ok: bool, res: Any) -> None:
+            results = res if ok else {u: (False, res) for u in units}
+            if any(good or not timed_out(value) for good, value in results.values()):
+                self.health.answered()
+            for u, (good, value) in results.items():
+                fut = batch[u]
+                if fut.done():
+                    continue
+                if good:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+                    fut.exception()  # nobody may wait any more
 
-        The properties come from separate calls; the unchanged InvocationID around them
-        proves no new start happened while they were read (each start gets a new ID).
-        """
-        if self._bus is None:
-            raise ConnectionError("not connected to the bus")
-        bus, path = self._bus, unit_path(unit)
-        self.reads += 1
-        try:
-            def get(iface: bytes, prop: bytes, sig: bytes) -> Any:
-                return retry_eintr(lambda: bus.get_property(SYSTEMD, path, iface, prop, sig))
+        self._worker.submit(lambda bus: self._read_batch(bus, units), apply, READ_TIMEOUT)
 
-            first = {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay"),
-                     b"LoadState": get(UNIT_IFACE, b"LoadState", b"s")}
-            snap = apply_properties(Snapshot(unit), UNIT_IFACE, first)
-            if not snap.absent:
-                snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": get(SERVICE_IFACE, b"MainPID", b"u")})
-            snap = apply_properties(snap, UNIT_IFACE, {b"ActiveState": get(UNIT_IFACE, b"ActiveState", b"s"),
-                                                       b"Job": get(UNIT_IFACE, b"Job", b"(uo)"),
-                                                       b"DropInPaths": get(UNIT_IFACE, b"DropInPaths", b"as")})
-            inv2 = apply_properties(Snapshot(unit), UNIT_IFACE,
-                                    {b"InvocationID": get(UNIT_IFACE, b"InvocationID", b"ay")}).invocation_id
-        except Exception:
-            with contextlib.suppress(Exception):
-                bus.close()
-            self._bus = None
-            raise
-        if snap.invocation_id != inv2:
-            # A start happened mid-read: report it as changing, which no gate accepts as ready.
-            return replace(snap, active_state="activating", invocation_id=inv2, job_id=snap.job_id or 1)
-        return snap
+    def _read_batch(self, conn: sdbus.Connection, units: list[str]) -> dict[str, tuple[bool, Any]]:
+        out: dict[str, tuple[bool, Any]] = {}
+        for unit in units:
+            try:
+                out[unit] = True, read_quick(conn, unit)
+            except Exception as e:
+                out[unit] = False, e
+        if not conn.alive():
+            self._worker.drop()  # the connection is gone: the next read opens a new one
+        return out
+
+    async def heartbeat(self, interval: float = HEARTBEAT) -> None:
+        """Ask the manager for its Version every `interval` seconds, so a manager that stops answering
+        shows (genready_systemd_responsive 0, the log) even when nobody asks /ready, and one that
+        answers again is noticed (the watcher then re-reads every unit)."""
+        def answered(ok: bool, res: Any) -> None:
+            if ok or not timed_out(res):
+                self.health.answered()
+
+        while True:
+            await asyncio.sleep(interval)
+            if self._worker.busy_since is not None:  # a call is out already: its answer will tell
+                if self._worker.stuck():
+                    self.health.stuck()
+                continue
+            fut = self._worker.submit(lambda conn: retry_eintr(conn.version), answered, CALL_TIMEOUT)
+            done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
+            if not done:
+                self.health.stuck()
 
     def close(self) -> None:
-        if self._bus is not None:
-            with contextlib.suppress(Exception):
-                self._bus.close()
-            self._bus = None
-
+        self._worker.close()

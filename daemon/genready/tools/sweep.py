@@ -52,10 +52,11 @@ from genready.client.progress import duration as _duration
 from genready.client.progress import target_line
 from genready.compat import StrEnum
 from genready.config import Config, ConfigError, stuck_after
-from genready.exitcodes import Exit
+from genready.exitcodes import Exit, Failed
 from genready.rule.history import iso
 from genready.rule.records import _fsync_dir, _write_all
-from genready.systemd import analyze, watcher
+from genready.systemd import analyze, bus
+from genready.systemd.bus import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of
 from genready.systemd.unitlog import OutputMark
 from genready.tools import sweepreport
@@ -182,90 +183,10 @@ def _last_byte_is_newline(path: Path, size: int) -> bool:
 # --- the unit, over D-Bus -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class UnitState:
-    load_state: str
-    active_state: str
-    sub_state: str
-    job: int
-    invocation_id: str
-    main_pid: int
-    n_restarts: int
-    result: str
-    exit_code: int  # ExecMainCode (CLD_*), 0 if none
-    exit_status: int
-    fragment_path: str
-    dropin_paths: tuple[str, ...]
-
-    @property
-    def failed_start(self) -> bool:
-        """No job pending and the unit is down, or waiting to be restarted after a failure."""
-        return self.job == 0 and (self.active_state in ("failed", "inactive") or self.sub_state == "auto-restart")
-
-    def how_it_ended(self) -> str:
-        code = {1: "exited", 2: "killed", 3: "dumped"}.get(self.exit_code)
-        return f"Result={self.result}" + (f", {code} with status {self.exit_status}" if code else "")
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-class Systemd:
-    """The calls the sweep makes to the target's manager, on one connection."""
-
-    def __init__(self, bus_kind: str, unit: str) -> None:
-        self.bus_kind = bus_kind
-        self.unit = unit
-        self._bus = watcher.open_bus(bus_kind)
-
-    def _call(self, path: bytes, iface: bytes, method: bytes, args: list[tuple[int, bytes]] | None = None) -> Any:
-        return self._bus.call_method(watcher.SYSTEMD, path, iface, method, args or [])
-
-    def _manager(self, method: bytes, *args: bytes) -> Any:
-        return self._call(watcher.MANAGER_PATH, watcher.MANAGER_IFACE, method, [(ord("s"), a) for a in args])
-
-    def state(self) -> UnitState:
-        self._manager(b"LoadUnit", self.unit.encode())  # a unit not loaded yet has no properties to read
-        path = watcher.unit_path(self.unit)
-        u = self._call(path, watcher.PROPS_IFACE, b"GetAll", [(ord("s"), watcher.UNIT_IFACE)]).body or {}
-        s = self._call(path, watcher.PROPS_IFACE, b"GetAll", [(ord("s"), watcher.SERVICE_IFACE)]).body or {}
-        job = u.get(b"Job") or (0, b"/")
-        return UnitState(
-            load_state=_s(u.get(b"LoadState", b"")), active_state=_s(u.get(b"ActiveState", b"")),
-            sub_state=_s(u.get(b"SubState", b"")), job=int(job[0]),
-            invocation_id=bytes(u.get(b"InvocationID") or b"").hex(), main_pid=int(s.get(b"MainPID", 0)),
-            n_restarts=int(s.get(b"NRestarts", 0)), result=_s(s.get(b"Result", b"")),
-            exit_code=int(s.get(b"ExecMainCode", 0)), exit_status=int(s.get(b"ExecMainStatus", 0)),
-            fragment_path=_s(u.get(b"FragmentPath", b"")),
-            dropin_paths=tuple(_s(p) for p in u.get(b"DropInPaths") or []))
-
-    def unit_paths(self) -> list[str]:
-        paths = self._bus.get_property(watcher.SYSTEMD, watcher.MANAGER_PATH, watcher.MANAGER_IFACE,
-                                       b"UnitPath", b"as")
-        return [_s(p) for p in paths]
-
-    def reload(self) -> None:
-        """Manager.Reload: returns once the manager has re-read every unit file (as daemon-reload)."""
-        self._manager(b"Reload")
-
-    def restart(self) -> None:
-        """Queue a restart job ("replace"); a failed unit's start limit is reset first."""
-        with contextlib.suppress(Exception):  # not failed: nothing to reset
-            self._manager(b"ResetFailedUnit", self.unit.encode())
-        self._manager(b"RestartUnit", self.unit.encode(), b"replace")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._bus.close()
-
-
 def runtime_dir(bus_kind: str, unit_paths: Sequence[str]) -> Path:
-    """The manager's runtime unit directory (`systemctl edit --runtime` writes there)."""
-    if bus_kind == "system":
-        base = Path("/run/systemd/system")
-    else:
-        base = Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") / "systemd" / "user"
+    """The manager's runtime unit directory (`systemctl edit --runtime` writes there), checked
+    against the manager's own UnitPath."""
+    base = bus.runtime_unit_dir(bus_kind)
     if str(base) not in unit_paths:
         raise SweepError(f"the {bus_kind} manager does not load units from {base} (its UnitPath: "
                          f"{' '.join(unit_paths)}); is XDG_RUNTIME_DIR the manager's?")
@@ -337,7 +258,7 @@ class Sweep:
         self.out, self.err = out, err
         self.tty = err.isatty()
         self.width = len(str(len(plan.points)))
-        self.sd: Systemd | None = None
+        self.sd: bus.UnitClient | None = None
         self.log: ResultsLog | None = None
         self.dropin_path: Path | None = None
         self.dropin_written = False
@@ -434,7 +355,7 @@ class Sweep:
         interrupted = False
         self.plan_schedule(skip)
         try:
-            self.sd = Systemd(self.bus_kind, self.unit)
+            self.sd = bus.UnitClient(self.bus_kind, self.unit)
             state = self.sd.state()
             if state.load_state != "loaded":
                 raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
@@ -465,7 +386,7 @@ class Sweep:
             return Exit.INTERRUPTED
         return Exit.OK if all(a.status is Status.OK for a in self.finished.values()) else Exit.TIMEOUT
 
-    def _check_plan(self, state: UnitState, skip: set[int]) -> None:
+    def _check_plan(self, state: Snapshot, skip: set[int]) -> None:
         """Every server configuration still to run, as systemd would read it (systemd-analyze verify). If it
         would take none as written, the plan is wrong: ConfigError naming the first point and systemd's words.
         If only some, those points will be recorded not_ready, with systemd's words (`_reconfigure`)."""
@@ -805,7 +726,7 @@ def dropin_refused(plan: Plan, point: Point, complaints: Sequence[str]) -> Confi
                        f"for point {point.index} ({shown(point.label)}): " + " / ".join(complaints))
 
 
-def restore(sd: Systemd, dropin: Path, base: str, target: str, timeout: float, say: Callable[[str], None], *,
+def restore(sd: bus.UnitClient, dropin: Path, base: str, target: str, timeout: float, say: Callable[[str], None], *,
             on_removed: Callable[[], None] | None = None) -> bool:
     """Remove the sweep's drop-in, reload, restart the unit on its own configuration and wait until that
     start is verified; True if it was. The end of every sweep, and `genready sweep restore`."""
@@ -909,7 +830,7 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
         return None
     sd = None
     try:
-        sd = Systemd(bus_kind, unit)
+        sd = bus.UnitClient(bus_kind, unit)
         state = sd.state()
         dropin = runtime_dir(bus_kind, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
         return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
@@ -923,28 +844,29 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
 
 def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     """`genready sweep`, called by the CLI with the parsed arguments, the config and the daemon's URL."""
-    from genready.cli import die  # the CLI imports this module only when `sweep` runs
-
     shard = None
     if args.shard is not None:
         try:
             shard = Shard.parse(args.shard)
         except ValueError as e:
-            die(str(e), status=Exit.BAD_ARGUMENT)
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     try:
         plan = load_plan(Path(args.plan))
     except ConfigError as e:
-        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=Exit.CONFIG)
+        raise Failed(str(e), hint="see `genready sweep --help` and the README's sweep section",
+                     status=Exit.CONFIG) from None
     target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
     if target is None:
-        die(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}", status=Exit.CONFIG)
+        raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
+                     status=Exit.CONFIG)
     if target not in cfg.targets:
-        die(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}", status=Exit.CONFIG)
+        raise Failed(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}",
+                     status=Exit.CONFIG)
     tcfg = cfg.targets[target]
     results = Path(args.results)
     why = check_results_path(results)
     if why:
-        die(why, status=Exit.BAD_ARGUMENT)
+        raise Failed(why, status=Exit.BAD_ARGUMENT)
     skip = ok_points(plan, results) if args.resume else set()
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=args.restart_each,
@@ -954,7 +876,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except client.Unreachable as e:
         client.unreachable(base, e)
     if code == 404:
-        die(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?", status=Exit.USAGE)
+        raise Failed(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?",
+                     status=Exit.USAGE)
     sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
                   timeout=plan.timeout or stuck_after(tcfg.load_timeout, None), results=results,
                   keep_config=args.keep_config, restart_each=args.restart_each, shard=shard, secrets=[tcfg.api_key])
@@ -966,34 +889,33 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     try:
         return sweep.run(skip)
     except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
-        die(str(e), hint="see `genready sweep --help` and the README's sweep section", status=Exit.CONFIG)
+        raise Failed(str(e), hint="see `genready sweep --help` and the README's sweep section",
+                     status=Exit.CONFIG) from None
     except ResultsUnwritable as e:
-        die(str(e), hint="make room, or fix the folder, then run again with --resume: the points already ok are kept",
-            status=Exit.CANNOT_CREATE)
+        raise Failed(str(e), hint="make room, or fix the folder, then run again with --resume: the points already "
+                     "ok are kept", status=Exit.CANNOT_CREATE) from None
     except SweepBusy as e:
-        die(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
-            f"`genready sweep restore {target}`", status=Exit.TEMPFAIL)
+        raise Failed(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
+                     f"`genready sweep restore {target}`", status=Exit.TEMPFAIL) from None
     except SweepError as e:
-        die(str(e), status=Exit.TIMEOUT)
+        raise Failed(str(e), status=Exit.TIMEOUT) from None
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
-            die(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT)
+            raise Failed(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT) from None
         raise
 
 
 def restore_main(target: str | None, cfg: Config, base: str, timeout: float | None) -> int:
     """`genready sweep restore TARGET`: put the unit back on its own configuration after a killed sweep."""
-    from genready.cli import die
-
     target = target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
     if target is None or target not in cfg.targets:
-        die(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
+        raise Failed(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
     unit = cfg.targets[target].unit
 
     def say(text: str) -> None:
         print(f"genready sweep restore: {text}", file=sys.stderr, flush=True)
 
-    sd = Systemd(cfg.daemon.bus, unit)
+    sd = bus.UnitClient(cfg.daemon.bus, unit)
     try:
         dropin = runtime_dir(cfg.daemon.bus, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
         try:
@@ -1002,15 +924,17 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
             say(f"{unit} has no sweep drop-in ({dropin}); nothing to restore")
             return Exit.OK
         if owner is not None and owner_alive(owner):
-            die(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
-                hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
+            raise Failed(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
+                         hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
         say(f"{dropin} was left by " + (f"{describe_owner(owner)}, gone" if owner else "an earlier sweep"))
         ok = restore(sd, dropin, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
+    except Failed:
+        raise
     except SweepError as e:
-        die(str(e), status=Exit.TIMEOUT)
+        raise Failed(str(e), status=Exit.TIMEOUT) from None
     except Exception as e:  # D-Bus: permission, no such unit
-        die(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
-            hint="a system unit needs root (its runtime drop-in, its restart)", status=Exit.TIMEOUT)
+        raise Failed(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
+                     hint="a system unit needs root (its runtime drop-in, its restart)", status=Exit.TIMEOUT) from None
     finally:
         sd.close()
     return Exit.OK if ok else Exit.TIMEOUT
@@ -1018,11 +942,9 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
 
 def report_main(folders: Sequence[str], fmt: str) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures."""
-    from genready.cli import die
-
     try:
         rows = sweepreport.rows_of([Path(f) for f in folders])
     except sweepreport.ReportError as e:
-        die(str(e), status=Exit.BAD_DATA)
+        raise Failed(str(e), status=Exit.BAD_DATA) from None
     sys.stdout.write(sweepreport.render(rows, fmt))
     return Exit.OK

@@ -1,0 +1,541 @@
+"""The one systemd client: the Snapshot of a unit, its property table, and every D-Bus call genready makes.
+
+pystemd is imported in this sub-package only (tests/test_layout.py checks it). The daemon's calls run
+on `Worker`s: one thread per connection (sd-bus connections are not thread-safe), results handed
+back to the event loop in order. pystemd keeps the GIL while sd-bus waits for an answer, so a
+pystemd call stuck on a frozen manager stops every thread; the reads `/ready` and the heartbeat
+need go through sdbus.py (ctypes, which releases the GIL) instead, and a bounded wait on the loop
+side then really bounds them. The watcher's own calls (pystemd: Subscribe, GetAll, signals) are
+made only while the manager answers.
+
+`Client` is the blocking face for the command line and the sweep (reading a unit, restart,
+reset-failed, reload, the runtime unit directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from genready.systemd import sdbus
+
+if TYPE_CHECKING:
+    from pystemd.dbuslib import DBus
+
+log = logging.getLogger("genready.systemd.bus")
+
+SYSTEMD: Final = b"org.freedesktop.systemd1"
+MANAGER_PATH: Final = b"/org/freedesktop/systemd1"
+MANAGER_IFACE: Final = b"org.freedesktop.systemd1.Manager"
+UNIT_IFACE: Final = b"org.freedesktop.systemd1.Unit"
+SERVICE_IFACE: Final = b"org.freedesktop.systemd1.Service"
+PROPS_IFACE: Final = b"org.freedesktop.DBus.Properties"
+# How long the loop waits for an answer the API needs (a fresh read for /ready): /ready must answer
+# within 1 s even when the manager does not, so the bound sits below that.
+READ_TIMEOUT: Final = 0.75
+# How long anything else waits (connect, subscribe, a full read of a unit, a heartbeat) before the
+# manager counts as unresponsive. The call itself goes on: its answer is still used when it comes.
+CALL_TIMEOUT: Final = 2.0
+# sd-bus's own method timeout for the daemon's connections (default 25 s): a call stuck on a frozen
+# manager ends after this, and the next one is answered as soon as the manager is back.
+SD_BUS_TIMEOUT: Final = 5.0
+
+
+def unit_path(unit: str) -> bytes:
+    """systemd's object path for a unit name (sd_bus_path_encode)."""
+    out = bytearray(b"/org/freedesktop/systemd1/unit/")
+    for i, ch in enumerate(unit.encode()):
+        if chr(ch).isalnum() and ch < 128 and not (i == 0 and chr(ch).isdigit()):
+            out.append(ch)
+        else:
+            out += b"_%02x" % ch
+    return bytes(out)
+
+
+def _hex(v: Any) -> str:
+    return bytes(v).hex() if v else ""
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
+    """ExecStart's D-Bus value, a(sasbttttuii), as argv tuples. argv[0] may differ from the path
+    (`ExecStart=@/path name …`); the path is what runs, so it replaces argv[0]."""
+    out = []
+    for entry in exec_start or []:
+        path, argv = _s(entry[0]), [_s(a) for a in (entry[1] or [])]
+        out.append(tuple([path, *argv[1:]] if path else argv))
+    return tuple(out)
+
+
+def exec_fingerprint(exec_start: Any) -> str:
+    """A short digest of the command lines alone. The D-Bus value also carries the last run's
+    timestamps and PID, which change with every start; this does not."""
+    argvs = exec_argvs(exec_start)
+    if not argvs:
+        return ""
+    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs, 0 = never."""
+
+    unit: str
+    load_state: str = ""
+    active_state: str = ""
+    sub_state: str = ""
+    main_pid: int = 0
+    invocation_id: str = ""
+    job_id: int = 0
+    exec_main_start_us: int = 0
+    exec_main_exit_us: int = 0
+    active_enter_us: int = 0
+    inactive_enter_us: int = 0
+    exec_main_code: int = 0  # CLD_* of the main process's end, 0 if none
+    exec_main_status: int = 0
+    n_restarts: int = 0
+    result: str = ""
+    exec_fingerprint: str = ""  # the ExecStart= command lines, digested: "the same server configuration"
+    fragment_path: str = ""  # the unit file and its drop-ins: where its output files are named
+    dropin_paths: tuple[str, ...] = ()
+    error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
+
+    @property
+    def absent(self) -> bool:
+        """The unit does not exist (no unit file, or not loaded yet), or systemd refuses to report on it."""
+        return self.load_state in ("", "not-found") or bool(self.error)
+
+    @property
+    def failed_start(self) -> bool:
+        """No job pending and the unit is down, or waiting to be restarted after a failure."""
+        return self.job_id == 0 and (self.active_state in ("failed", "inactive") or self.sub_state == "auto-restart")
+
+    def how_it_ended(self) -> str:
+        code = {1: "exited", 2: "killed", 3: "dumped"}.get(self.exec_main_code)
+        return f"Result={self.result}" + (f", {code} with status {self.exec_main_status}" if code else "")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "load_state": self.load_state, "active_state": self.active_state, "sub_state": self.sub_state,
+            "main_pid": self.main_pid, "invocation_id": self.invocation_id, "job_pending": self.job_id != 0,
+            "exec_main_start_us": self.exec_main_start_us, "n_restarts": self.n_restarts,
+            "result": self.result,
+        }
+
+
+# D-Bus property -> (Snapshot field, converter). Each property is defined once, here.
+_UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
+    b"LoadState": ("load_state", _s),
+    b"ActiveState": ("active_state", _s),
+    b"SubState": ("sub_state", _s),
+    b"InvocationID": ("invocation_id", _hex),
+    b"Job": ("job_id", lambda v: int(v[0])),
+    b"ActiveEnterTimestamp": ("active_enter_us", int),
+    b"InactiveEnterTimestamp": ("inactive_enter_us", int),
+    b"FragmentPath": ("fragment_path", _s),
+    b"DropInPaths": ("dropin_paths", lambda v: tuple(_s(p) for p in v or ())),
+}
+_SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
+    b"MainPID": ("main_pid", int),
+    b"ExecMainStartTimestamp": ("exec_main_start_us", int),
+    b"ExecMainExitTimestamp": ("exec_main_exit_us", int),
+    b"ExecMainCode": ("exec_main_code", int),
+    b"ExecMainStatus": ("exec_main_status", int),
+    b"NRestarts": ("n_restarts", int),
+    b"Result": ("result", _s),
+    b"ExecStart": ("exec_fingerprint", exec_fingerprint),
+}
+_PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
+IFACES: Final = (UNIT_IFACE, SERVICE_IFACE)
+
+
+def apply_properties(snap: Snapshot, iface: bytes, changed: dict[bytes, Any]) -> Snapshot:
+    """A new snapshot with the properties of one interface applied; unknown ones ignored."""
+    table = _PROPS_BY_IFACE.get(iface, {})
+    updates = {table[k][0]: table[k][1](v) for k, v in changed.items() if k in table}
+    return replace(snap, **updates) if updates else snap
+
+
+def settled(snap: Snapshot) -> Snapshot:
+    """A not-found unit keeps its old service values in systemd's memory; they mean nothing now."""
+    if snap.absent and not snap.error:
+        return Snapshot(snap.unit, load_state=snap.load_state or "not-found", active_state="inactive")
+    return snap
+
+
+T = TypeVar("T")
+
+
+def retry_eintr(call: Callable[[], T], attempts: int = 3, quick: float = 0.5) -> T:
+    """A signal arriving while sd-bus waits (SIGTERM, SIGHUP) fails the wait with EINTR. That says
+    nothing about the bus or the unit: ask again, but only if the interrupted call was quick. One
+    that had already waited `quick` seconds is stuck on an unanswering bus, and the signal (most
+    likely SIGTERM) must get to the event loop. pystemd raises DBusInterruptedError, an
+    InterruptedError whose errno is None (issue 24 #7): the class says it, not the errno."""
+    for attempt in range(attempts):
+        t0 = time.monotonic()
+        try:
+            return call()
+        except Exception as e:
+            eintr = isinstance(e, InterruptedError) or abs(getattr(e, "errno", 0) or 0) == errno.EINTR
+            if not eintr or attempt == attempts - 1 or time.monotonic() - t0 > quick:
+                raise
+    raise AssertionError("unreachable")
+
+
+def timed_out(e: BaseException) -> bool:
+    """Did sd-bus give up waiting for the manager (its method timeout), rather than get an answer?"""
+    return isinstance(e, TimeoutError) or abs(getattr(e, "errno", 0) or 0) == errno.ETIMEDOUT
+
+
+def open_bus(kind: str) -> DBus:
+    """A connected bus to the "system" or "user" manager; raises pystemd's DBusError if unreachable."""
+    from pystemd.dbuslib import DBus  # here, not at the top: the CLI imports this module cheaply
+
+    bus = DBus(user_mode=(kind == "user"))
+    bus.open()
+    return bus
+
+
+def bus_socket_path(kind: str) -> str | None:
+    """The unix socket path of the "system" or "user" bus, or None if its address is not a path."""
+    if kind == "user":
+        addr = os.environ.get("DBUS_SESSION_BUS_ADDRESS") or (
+            f"unix:path={os.environ.get('XDG_RUNTIME_DIR', f'/run/user/{os.getuid()}')}/bus")
+    else:
+        addr = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", "unix:path=/run/dbus/system_bus_socket")
+    for part in addr.split(";")[0].removeprefix("unix:").split(","):
+        if part.startswith("path="):
+            return part[5:]
+    return None
+
+
+def check_bus(kind: str, timeout: float = 2.0) -> None:
+    """Raise unless the bus daemon completes a SASL handshake within `timeout` seconds.
+
+    pystemd connects synchronously and keeps the GIL: against a bus socket nobody serves (a
+    dbus-daemon being restarted, a socket unit whose service is stopping) it would freeze the
+    whole process for sd-bus's 25 s. This asks first, with a plain socket (no GIL held)."""
+    path = bus_socket_path(kind)
+    if path is None:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(b"\0AUTH EXTERNAL " + str(os.getuid()).encode().hex().encode() + b"\r\n")
+        line = s.recv(256)
+    if not line.startswith(b"OK"):
+        raise ConnectionError(f"the bus at {path} refused authentication: {line[:80]!r}")
+
+
+def call(bus: DBus, path: bytes, iface: bytes, method: bytes, *args: bytes) -> Any:
+    """One method call with string arguments, retried after EINTR."""
+    return retry_eintr(lambda: bus.call_method(SYSTEMD, path, iface, method, [(ord("s"), a) for a in args]))
+
+
+def manager_call(bus: DBus, method: bytes, *args: bytes) -> Any:
+    return call(bus, MANAGER_PATH, MANAGER_IFACE, method, *args)
+
+
+def read_all(bus: DBus, unit: str) -> list[tuple[bytes, int, dict[bytes, Any]]]:
+    """GetAll of both interfaces: (interface, the reply's cookie, properties) each. The cookie
+    orders the read against signals on the same connection (watcher.py)."""
+    path = unit_path(unit)
+    out = []
+    for iface in IFACES:
+        reply = call(bus, path, PROPS_IFACE, b"GetAll", iface)
+        out.append((iface, int(reply.get_cookie()), reply.body or {}))
+    return out
+
+
+def snapshot_of(unit: str, reads: list[tuple[bytes, int, dict[bytes, Any]]], base: Snapshot | None = None,
+                *, settle: bool = True) -> Snapshot:
+    """`base` (or an empty snapshot) with the properties of each (interface, cookie, properties) applied."""
+    snap = base or Snapshot(unit)
+    for iface, _, props in reads:
+        snap = apply_properties(snap, iface, props)
+    return settled(snap) if settle else snap
+
+
+def read_quick(conn: sdbus.Connection, unit: str) -> Snapshot:
+    """The identity and state of a unit, in few small calls (sdbus: no GIL held while waiting):
+    InvocationID first and last, so a start in between is always seen (each start gets a new ID).
+    A start mid-read is reported as activating with a job, which no gate accepts as ready."""
+    path = unit_path(unit)
+
+    def unit_prop(prop: bytes, get: Callable[[bytes, bytes, bytes], Any]) -> Any:
+        return retry_eintr(lambda: get(path, UNIT_IFACE, prop))
+
+    snap = apply_properties(Snapshot(unit), UNIT_IFACE, {b"InvocationID": unit_prop(b"InvocationID", conn.get_bytes),
+                                                         b"LoadState": unit_prop(b"LoadState", conn.get_string)})
+    if not snap.absent:
+        pid = retry_eintr(lambda: conn.get_u32(path, SERVICE_IFACE, b"MainPID"))
+        snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": pid})
+    job = retry_eintr(lambda: conn.get_job_id(path, UNIT_IFACE))
+    snap = apply_properties(snap, UNIT_IFACE, {b"ActiveState": unit_prop(b"ActiveState", conn.get_string),
+                                               b"Job": (job, b""),
+                                               b"DropInPaths": unit_prop(b"DropInPaths", conn.get_strv)})
+    inv2 = _hex(unit_prop(b"InvocationID", conn.get_bytes))
+    if snap.invocation_id != inv2:
+        return replace(snap, active_state="activating", invocation_id=inv2, job_id=snap.job_id or 1)
+    return snap
+
+
+def open_quick(kind: str) -> sdbus.Connection:
+    """A connection for read_quick and version(): its calls leave the GIL to the event loop."""
+    return sdbus.Connection(kind, int(SD_BUS_TIMEOUT * 1e6))
+
+
+def ping(bus: DBus) -> None:
+    """A question that involves no unit: does the manager answer at all?"""
+    retry_eintr(lambda: bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"Version", b"s"))
+
+
+class Unresponsive(TimeoutError):
+    """The manager did not answer within the bound; the call goes on in its worker thread."""
+
+
+class Worker:
+    """One daemon thread that owns one D-Bus connection and runs calls on it in order, off the loop.
+
+    `submit(fn)` runs `fn(bus)` in the thread (connecting first if needed, then `on_open(bus)`)
+    and settles an asyncio future on the loop. Results come back in the order the calls ran, and
+    `apply(ok, result)`, if given, runs on the loop before anything else sees the result: the
+    watcher relies on that to apply reads and signals in the order the thread saw them. A call
+    that fails with anything but a timeout closes the connection; the next call opens a new one.
+    """
+
+    def __init__(self, kind: str, name: str, on_open: Callable[[Any], None] | None = None,
+                 opener: Callable[[str], Any] = open_bus) -> None:
+        self.kind = kind
+        self.name = name
+        self.bus: Any = None  # pystemd's DBus, or an sdbus.Connection (opener)
+        self.on_open = on_open
+        self.opener = opener
+        self.connects = 0  # connections opened so far
+        self.busy_since: float | None = None  # monotonic start of the call in progress
+        self.bound = CALL_TIMEOUT  # the bound of the call in progress
+        self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def stuck(self) -> float:
+        """Seconds the call in progress has gone unanswered beyond its bound (0: none is)."""
+        since = self.busy_since
+        if since is None:
+            return 0.0
+        late = time.monotonic() - since - self.bound
+        return late if late > 0 else 0.0
+
+    def submit(self, fn: Callable[[Any], Any], apply: Callable[[bool, Any], None] | None = None,
+               bound: float = CALL_TIMEOUT) -> asyncio.Future[Any]:
+        if self._closed:
+            raise ConnectionError(f"{self.name}: closed")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._q.put(_Job(fn, fut, apply, bound))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"genready-{self.name}", daemon=True)
+            self._thread.start()
+        return fut
+
+    async def run(self, fn: Callable[[Any], Any], *, bound: float = CALL_TIMEOUT,
+                  apply: Callable[[bool, Any], None] | None = None) -> Any:
+        """`fn(bus)` in the thread; Unresponsive after `bound` seconds (the call goes on)."""
+        fut = self.submit(fn, apply, bound)
+        done, _ = await asyncio.wait([fut], timeout=bound)
+        if not done:
+            raise Unresponsive(f"the {self.kind} manager has not answered for {bound:g} s")
+        return fut.result()
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                break
+            ok, res = self._one(job)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                job.fut.get_loop().call_soon_threadsafe(_settle, job, ok, res)
+        self._close_bus()
+
+    def _one(self, job: _Job) -> tuple[bool, Any]:
+        self.bound, self.busy_since = job.bound, time.monotonic()
+        try:
+            if self.bus is None:
+                self.bus = self.opener(self.kind)
+                self.connects += 1
+                if self.on_open is not None:
+                    self.on_open(self.bus)
+            return True, job.fn(self.bus)
+        except BaseException as e:
+            if not timed_out(e):
+                self._close_bus()  # a broken connection is not reused
+            return False, e
+        finally:
+            self.busy_since = None
+
+    def drop(self) -> None:
+        """In the worker thread only: close the connection; the next call opens a new one."""
+        self._close_bus()
+
+    def _close_bus(self) -> None:
+        bus, self.bus = self.bus, None
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                bus.close()
+
+    def close(self) -> None:
+        """Stop the thread once its queue is done (a call stuck on the manager ends by sd-bus's timeout)."""
+        self._closed = True
+        self._q.put(None)
+        if self._thread is None:
+            self._close_bus()
+
+
+@dataclass(frozen=True)
+class _Job:
+    fn: Callable[[Any], Any]
+    fut: asyncio.Future[Any]
+    apply: Callable[[bool, Any], None] | None
+    bound: float
+
+
+def _settle(job: _Job, ok: bool, res: Any) -> None:
+    if job.apply is not None:
+        try:
+            job.apply(ok, res)
+        except Exception:
+            log.exception("applying a D-Bus answer failed")
+    fut = job.fut
+    if fut.done():
+        return
+    if ok:
+        fut.set_result(res)
+    else:
+        fut.set_exception(res)
+        fut.exception()  # retrieved: a bounded wait that gave up must not log "never retrieved"
+
+
+class Health:
+    """Does the manager answer? One view for the daemon: the watcher and the fresh reads report to it.
+
+    `on_change(responsive)` runs on the loop at each transition (the daemon logs it once, sets
+    genready_systemd_responsive, and has the watcher re-read every unit after a thaw).
+    """
+
+    def __init__(self, on_change: Callable[[bool], None] | None = None) -> None:
+        self.responsive = True
+        self.since = time.monotonic()  # of the last transition
+        self.on_change = on_change
+
+    def stuck(self) -> None:
+        self._set(False)
+
+    def answered(self) -> None:
+        self._set(True)
+
+    def _set(self, responsive: bool) -> None:
+        if responsive == self.responsive:
+            return
+        self.responsive, self.since = responsive, time.monotonic()
+        if self.on_change is not None:
+            self.on_change(responsive)
+
+    def silent_for(self) -> float:
+        return 0.0 if self.responsive else time.monotonic() - self.since
+
+
+# --- the blocking client (command line, sweep) -----------------------------------------------------
+
+
+def runtime_unit_dir(kind: str) -> Path:
+    """The manager's runtime unit directory (`systemctl edit --runtime` writes there)."""
+    if kind == "system":
+        return Path("/run/systemd/system")
+    return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") / "systemd" / "user"
+
+
+class Client:
+    """The blocking client of one manager, on one connection: for the command line and the sweep.
+
+    Errors are pystemd's (or check_bus's), for the caller to word; a manager that does not answer
+    fails a call after sd-bus's method timeout (25 s).
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        check_bus(kind)
+        self._bus = open_bus(kind)
+
+    def read(self, unit: str) -> Snapshot:
+        """Every property in the table (a unit not loaded yet is loaded first: it has none before)."""
+        return snapshot_of(unit, [(iface, 0, props) for iface, props in self.read_raw(unit).items()])
+
+    def read_raw(self, unit: str) -> dict[bytes, dict[bytes, Any]]:
+        """Every property of the unit, as D-Bus gives them, by interface (the unit loaded first)."""
+        manager_call(self._bus, b"LoadUnit", unit.encode())
+        return {iface: props for iface, _, props in read_all(self._bus, unit)}
+
+    def unit_paths(self) -> list[str]:
+        paths = retry_eintr(lambda: self._bus.get_property(SYSTEMD, MANAGER_PATH, MANAGER_IFACE, b"UnitPath", b"as"))
+        return [_s(p) for p in paths]
+
+    def reload(self) -> None:
+        """Manager.Reload: returns once the manager has re-read every unit file (as daemon-reload)."""
+        manager_call(self._bus, b"Reload")
+
+    def reset_failed(self, unit: str) -> None:
+        manager_call(self._bus, b"ResetFailedUnit", unit.encode())
+
+    def restart(self, unit: str, *, reset_failed: bool = False) -> None:
+        """Queue a restart job ("replace") with the caller's privileges; with `reset_failed`, a
+        failed unit's start limit is reset first."""
+        if reset_failed:
+            with contextlib.suppress(Exception):  # not failed: nothing to reset
+                self.reset_failed(unit)
+        manager_call(self._bus, b"RestartUnit", unit.encode(), b"replace")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._bus.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class UnitClient(Client):
+    """A Client for one unit (the sweep's): `state()`, `restart()` name it."""
+
+    def __init__(self, kind: str, unit: str) -> None:
+        super().__init__(kind)
+        self.unit = unit
+
+    def state(self) -> Snapshot:
+        return self.read(self.unit)
+
+    def restart(self, unit: str | None = None, *, reset_failed: bool = True) -> None:
+        """Queue a restart job of the unit; a failed unit's start limit is reset first."""
+        super().restart(unit or self.unit, reset_failed=reset_failed)
+
+
+def restart_unit(kind: str, unit: str) -> None:
+    """Queue a restart job (Manager.RestartUnit, mode "replace") with the caller's privileges."""
+    with Client(kind) as c:
+        c.restart(unit)
