@@ -60,6 +60,10 @@ class FakeFresh:
         assert self.snap is not None, "the test never said what systemd shows"
         return self.snap
 
+    async def heartbeat(self) -> None:
+        """The manager always answers here: nothing to watch."""
+        await asyncio.Event().wait()
+
     def close(self) -> None:
         pass
 

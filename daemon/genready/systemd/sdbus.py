@@ -11,7 +11,6 @@ state (read_quick) and the manager's Version. It has its own method timeout (SD_
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno as errno_
 import os
 from typing import Any, Final
@@ -41,7 +40,8 @@ _libc: Any = None
 def _load() -> Any:
     global _lib, _libc
     if _lib is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("systemd") or "libsystemd.so.0", use_errno=True)
+        # By soname: ctypes.util.find_library would run ldconfig in a subprocess, for a name that is fixed.
+        lib = ctypes.CDLL("libsystemd.so.0", use_errno=True)
         p, cp, e = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(_Error)
         for name, args in {
             "sd_bus_open_user": [ctypes.POINTER(p)], "sd_bus_open_system": [ctypes.POINTER(p)],
@@ -59,7 +59,7 @@ def _load() -> Any:
             fn = getattr(lib, name)
             fn.argtypes = args
             fn.restype = p if name.endswith("unref") else ctypes.c_int
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL("libc.so.6")
         libc.free.argtypes = [p]
         _lib, _libc = lib, libc
     return _lib
