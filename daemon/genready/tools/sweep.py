@@ -549,7 +549,7 @@ class Sweep:
             return
         self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
         deadline = time.monotonic() + self.timeout
-        last_line = time.monotonic()
+        last_line, last_state = time.monotonic(), ""
         body: Any = {}
         # Our start may zero NRestarts (systemd flushes it on a start it did not schedule itself):
         # any rise above the lowest value seen since is an automatic restart after a failure.
@@ -585,8 +585,10 @@ class Sweep:
                 detail = body.get("reason") or body.get("last_error") if isinstance(body, dict) else ""
                 att.reason = f"no verified start within {self.timeout:g}s" + (f" ({detail})" if detail else "")
                 break
-            if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY):
-                last_line = time.monotonic()
+            now_state = str(body.get("state", "")) if isinstance(body, dict) else ""
+            # a line every LOADING_EVERY seconds off a terminal, and at each change of state
+            if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY) or now_state != last_state:
+                last_line, last_state = time.monotonic(), now_state
                 if isinstance(body, dict) and body.get("state"):
                     # the daemon's own account: state, pid, time loading of the usual, ETA, last probe
                     text = target_line(body)
