@@ -14,7 +14,8 @@ come from each server's own source:
   8080, --api-key / $LLAMA_API_KEY, --api-key-file, --ssl-key-file/--ssl-cert-file, -a/--alias,
   --api-prefix, and LLAMA_ARG_* variables for each).
 - llama-cpp-python (`python -m llama_cpp.server`): llama_cpp/server/settings.py (host
-  "localhost", port 8000, --api_key, --ssl_keyfile/--ssl_certfile, --root_path, --model_alias).
+  "localhost", port 8000, --api_key, --ssl_keyfile/--ssl_certfile, --root_path, --model_alias) and
+  llama_cpp/server/__main__.py (--config_file, or $CONFIG_FILE: every setting from a file).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> 
         model = values.get("weights", ("", ""))[0] or positional
     if server.api != "sglang" and model:  # SGLang's own API takes no model name
         prop.table["model"] = model
-    _key(server, values, prop, unit)
+    _key(server, values, prop, unit, container is not None)
     if container is not None:
         prop.table["owner"] = "container"
         if container.name:
@@ -352,7 +353,7 @@ def _url(server: Server, values: dict[str, tuple[str, str]], container: _Contain
                              "trusts, set ca_file = \"/path/to/ca.pem\" (the CA that signed it)")
 
 
-def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str) -> None:
+def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool) -> None:
     if "key_file" in values:
         path = values["key_file"][0]
         if "${CREDENTIALS_DIRECTORY}" in path or "$CREDENTIALS_DIRECTORY" in path:
@@ -369,9 +370,11 @@ def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, uni
     how = values["key"][1]
     where = ("in the unit's environment, which `systemctl show` prints to every local user" if how.startswith("$")
              else "on the command line, which every local user can read in /proc/PID/cmdline")
+    in_container = (" In a container, pass variables with `--env-file FILE` (a file only root reads), not -e."
+                    if container else "")
     prop.warnings.append(f"{unit} gives the server its API key {where} ({how}; the key is not shown here). "
-                         f"Fix: {server.key_fix}. genready reads the key from a file holding only the key: "
-                         "api_key_file (or api_key_credential)")
+                         f"Fix: {server.key_fix}.{in_container} genready reads the key from a file holding only "
+                         "the key: api_key_file (or api_key_credential)")
     prop.comments.append("the server wants an API key: set api_key_file = \"/path/to/key\" (a file holding it, "
                          "readable by genready) or api_key_credential")
 
