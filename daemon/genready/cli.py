@@ -404,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")
     sp.set_defaults(func=cmd_serve)
 
-    sp = add("status", "show every target's state and newest start records (from the daemon's /status)")
+    sp = add("status", "show every target's state, its load against the usual, the last failed start's own lines "
+             "and the newest start records (from the daemon's /status); a table with local times on a terminal")
     sp.add_argument("--config", metavar="PATH", help=config_help)
     sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
     sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
@@ -415,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", metavar="PATH", help=config_help)
         sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
 
-    sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid")
+    sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid. Meanwhile a "
+             "live line per target on stderr (redrawn on a terminal, else at each change of state and every 30 s)")
     client_args(sp)
     sp.add_argument("--timeout", default=900.0, metavar="S", help="give up after S seconds "
                     "(0: answer at once); an unreachable daemon is waited for too (then exit 69); default 900")
