@@ -420,13 +420,17 @@ def _settle(job: _Job, ok: bool, res: Any) -> None:
             job.apply(ok, res)
         except Exception:
             log.exception("applying a D-Bus answer failed")
-    fut = job.fut
+    settle(job.fut, ok, res)
+
+
+def settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    """Resolve `fut` with a result or an exception, unless it is done already."""
     if fut.done():
         return
     if ok:
-        fut.set_result(res)
+        fut.set_result(value)
     else:
-        fut.set_exception(res)
+        fut.set_exception(value)
         fut.exception()  # retrieved: a bounded wait that gave up must not log "never retrieved"
 
 

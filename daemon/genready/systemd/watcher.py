@@ -40,6 +40,7 @@ from genready.systemd.bus import (
     read_all,
     read_quick,
     retry_eintr,
+    settle,
     snapshot_of,
     timed_out,
     unit_path,
@@ -391,14 +392,7 @@ class FreshReader:
             if any(good or not timed_out(value) for good, value in results.values()):
                 self.health.answered()
             for u, (good, value) in results.items():
-                fut = batch[u]
-                if fut.done():
-                    continue
-                if good:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(value)
-                    fut.exception()  # nobody may wait any more
+                settle(batch[u], good, value)
 
         self._worker.submit(lambda bus: self._read_batch(bus, units), apply, READ_TIMEOUT)
 
