@@ -359,6 +359,7 @@ class FreshReader:
         self._worker = Worker(bus_kind, "fresh-reads", opener=open_quick)
         self._pending: dict[str, asyncio.Future[Snapshot]] = {}
         self._flush_scheduled = False
+        self._in_flight = False
         self.reads = 0
 
     async def read(self, unit: str) -> Snapshot:
@@ -370,9 +371,11 @@ class FreshReader:
         fut = self._pending.get(unit)
         if fut is None:
             fut = self._pending[unit] = loop.create_future()
-            if not self._flush_scheduled:
+            if not self._flush_scheduled and not self._in_flight:
                 # call_soon: the read runs after every handler already scheduled in this loop
-                # iteration has joined it, and strictly after each of them arrived.
+                # iteration has joined it, and strictly after each of them arrived. While a read
+                # is out, callers gather for the next one, sent when it is back: one read at a
+                # time serves any number of /ready requests.
                 self._flush_scheduled = True
                 loop.call_soon(self._flush)
         done, _ = await asyncio.wait([fut], timeout=READ_TIMEOUT)
@@ -388,12 +391,17 @@ class FreshReader:
         self.reads += len(units)
 
         def apply(ok: bool, res: Any) -> None:
+            self._in_flight = False
+            if self._pending and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
             results = res if ok else {u: (False, res) for u in units}
             if any(good or not timed_out(value) for good, value in results.values()):
                 self.health.answered()
             for u, (good, value) in results.items():
                 settle(batch[u], good, value)
 
+        self._in_flight = True
         self._worker.submit(lambda bus: self._read_batch(bus, units), apply, READ_TIMEOUT)
 
     def _read_batch(self, conn: sdbus.Connection, units: list[str]) -> dict[str, tuple[bool, Any]]:
