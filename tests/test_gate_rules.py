@@ -17,7 +17,7 @@ from genready.rule.gate import is_ready
 from genready.rule.history import expected_load, iso
 from genready.rule.records import StartRecord
 from genready.vocab import Failure, Instance, Revocation, State
-from tests.gatefakes import UNIT, Rig, failed, snap, target
+from tests.gatefakes import UNIT, Rig, failed, ok, snap, target
 
 
 @pytest.fixture
@@ -336,3 +336,28 @@ def test_redaction_of_every_kind_of_secret() -> None:
     assert "api_key=***" in out and "--api-key ***" in out and "--api-key=***" in out
     assert "Bearer ***" in out and "HF_TOKEN=***" in out and "--api-key-file /etc/k" in out
     assert "model_path='m'" in out and "PATH=/usr/bin" in out and "port=30000" in out
+
+
+async def test_after_a_failed_probe_the_next_skips_the_read_before_it(make_rig: Callable[..., Rig]) -> None:
+    """While a server keeps failing, only the first probe of the run reads systemd before it."""
+    r = make_rig()
+    r.prober.answer = lambda pid: failed()
+    r.show(snap())
+    await r.until(lambda: len(r.events.probes) >= 5, "five failed probes")
+    assert r.fresh.reads == 1 and r.prober.calls >= 5
+
+
+async def test_a_success_seen_without_the_read_before_it_is_probed_again_bracketed(
+        make_rig: Callable[..., Rig]) -> None:
+    r = make_rig(warmup=2)
+    r.prober.answer = lambda pid: failed()
+    r.show(snap())
+    await r.until(lambda: len(r.events.probes) >= 2, "two failed probes")
+    calls, reads = r.prober.calls, r.fresh.reads
+    r.prober.answer = ok
+    await r.until(lambda: r.gate.ready, "verified")
+    # Each counted success had systemd's read before and after it; the first one found on the
+    # watcher's view alone was made again (so warmup = 2 took three generations, not two).
+    assert r.prober.calls - calls == 3
+    assert r.fresh.reads - reads == 4
+    assert [p.ok for p in r.events.probes[-2:]] == [True, True] and r.gate.progress.successes == 2

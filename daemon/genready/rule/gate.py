@@ -427,7 +427,21 @@ class TargetGate:
             await asyncio.sleep(wait.seconds)
 
     async def _probe_once(self, inst: Instance) -> ProbeResult:
-        """One generation with the instance proof around it: same instance before and after."""
+        """One generation with the instance proof around it: same instance before and after.
+
+        After a failed probe the next one is most likely a failure too (a server loading answers
+        503 or refuses, five times a second), and the systemd read before it cost more CPU than
+        the rest of the probe. So it goes out on the watcher's view alone; should it succeed,
+        that success is not counted: the probe is made again at once, read before and after.
+        (Not after a failure systemd's read caused: then systemd is asked again first.)"""
+        p = self.progress
+        if p.failures and p.last_failure != Failure.STALE_INSTANCE and is_ready(self.snap, inst):
+            result = await self._generate(inst)
+            if not result.ok:
+                return result
+        return await self._bracketed(inst)
+
+    async def _bracketed(self, inst: Instance) -> ProbeResult:
         try:
             before = await self.fresh.read(self.unit)
         except Exception as e:
@@ -435,11 +449,7 @@ class TargetGate:
         if not is_ready(before, inst):
             return ProbeResult(False, Failure.STALE_INSTANCE, f"before the probe systemd showed {_show(before)}",
                                None, 0.0, 0)
-        # The start time comes from the watcher's view (the fresh read skips it), only if that
-        # view is of this very instance; 0 makes owner = "container" refuse rather than guess.
-        s = self.snap
-        started = s.exec_main_start_us if s and (s.invocation_id, s.main_pid) == inst else 0
-        result = await self.prober.probe(inst.main_pid, started_us=started, invocation_id=inst.invocation_id)
+        result = await self._generate(inst)
         if not result.ok:
             # Only a success needs the second read: a failure proves nothing to bracket, and while
             # a server loads, failures come every fraction of a second (schedule.py). A change of
@@ -453,6 +463,13 @@ class TargetGate:
             return ProbeResult(False, Failure.STALE_INSTANCE, f"the instance changed during the probe: systemd "
                                f"now shows {_show(after)}", result.served_by_pid, result.seconds, 0)
         return result
+
+    async def _generate(self, inst: Instance) -> ProbeResult:
+        # The start time comes from the watcher's view (the fresh read skips it), only if that
+        # view is of this very instance; 0 makes owner = "container" refuse rather than guess.
+        s = self.snap
+        started = s.exec_main_start_us if s and (s.invocation_id, s.main_pid) == inst else 0
+        return await self.prober.probe(inst.main_pid, started_us=started, invocation_id=inst.invocation_id)
 
     def _verify(self, inst: Instance, result: ProbeResult) -> bool:
         """Mark `inst` verified, if the watcher's latest view still shows it ready (else False)."""
