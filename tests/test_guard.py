@@ -23,6 +23,7 @@ from genready import cli, console
 from genready.client.guard import ProcessGroup, exit_status, group_members
 from genready.exitcodes import Exit
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.hostile import metric
 from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -324,3 +325,48 @@ def test_15_wait_across_a_daemon_restart(verified: Genready, tmp_path: Path) -> 
     out, _ = run.communicate(timeout=60)
     assert run.returncode == 0, err.read_text()
     assert "ready pid" in out, out
+
+
+# -- #4: a unit edited and reloaded, not restarted ------------------------------------------------
+
+def test_4_an_edited_unit_is_flagged_still_ready_and_guard_refuses_it(manager: UserManager, tmp_path: Path) -> None:
+    unit = "tg-config-sim.service"
+    port = free_port()
+
+    def install(value: str) -> None:
+        manager.install_unit(unit, sim_unit(port, "--load-seconds", "0.2", extra=f"Environment=A={value}"))
+
+    install("1")
+    manager.systemctl("restart", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+    try:
+        pid = show(manager, unit)[0]
+        wait_for(lambda: g.ready_pid("t") == pid, 30, "verified")
+        assert g.get("/ready/t")[1]["config_changed_since_start"] is False
+
+        install("2")  # edited and daemon-reloaded; the process still runs with A=1
+        wait_for(lambda: g.get("/ready/t")[1].get("config_changed_since_start"), 20, "the change noticed")
+        code, body = g.get("/ready/t")
+        assert code == 200 and body["pid"] == pid  # still ready: it is the verified instance
+        assert body["config_changes"] == ["Environment: A=1 is now A=2"], body
+        assert g.status()["targets"]["t"]["config_changed_since_start"] is True
+        assert metric(g, "genready_config_changed_since_start", target="t") == 1
+        run = subprocess.run([*GENREADY, "guard", "t", "--url", g.base, "--", "true"], capture_output=True,
+                             text=True, timeout=30)
+        assert run.returncode == Exit.TEMPFAIL and "does not run its unit's configuration" in run.stderr, run
+        status = subprocess.run([*GENREADY, "status", "--url", g.base], capture_output=True, text=True, timeout=30)
+        assert "warning: t: tg-config-sim.service changed since pid" in status.stdout, status
+
+        # Edited, reloaded and restarted at once (the sweep's way): the new start runs A=3, not flagged.
+        install("3")
+        manager.systemctl("restart", unit)
+        new = wait_for(lambda: (p := show(manager, unit)[0]) not in (0, pid) and p, 20, "a new MainPID")
+        wait_for(lambda: g.ready_pid("t") == new, 30, "the new start verified")
+        code, body = g.get("/ready/t")
+        assert body["config_changed_since_start"] is False, body
+        assert metric(g, "genready_config_changed_since_start", target="t") == 0
+        assert g.records("t")[0]["environment"] == ["A=3"]
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit, check=False)
+        manager.remove_unit(unit)

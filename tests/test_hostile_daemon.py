@@ -24,11 +24,13 @@ import tomli_w
 
 from genready import cli, compat, config
 from genready.client.client import format_status
-from genready.rule.history import iso
+from genready.client.guard import stale_config
+from genready.rule.history import History, config_changes, iso
 from genready.rule.records import RecordStore, StartRecord
 from genready.serve import api, serving, stamp
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
+from genready.systemd.bus import Snapshot
 from genready_dev.harness import free_port
 
 
@@ -257,3 +259,64 @@ async def test_the_daemon_forgets_them_at_start(tmp_path: Path) -> None:
         assert r.d.store.all("gone") == [] and len(r.d.store.all("kept")) == 5 and r.d.store.all("a")
     async with daemon_on(tmp_path, forget_removed_after=0.0) as r:  # 0: never
         assert len(r.d.store.all("kept")) == 5
+
+
+# -- #4: the unit's configuration changed since its running start ------------------------------
+
+def snap_with(exec_start: tuple[tuple[str, ...], ...], env: tuple[str, ...], *, stale: bool = False) -> Snapshot:
+    return Snapshot("t.service", load_state="loaded", active_state="active", sub_state="running", main_pid=100,
+                    invocation_id="a" * 32, exec_main_start_us=int(time.time() * 1e6), exec_start=exec_start,
+                    environment=env, exec_stale=stale)
+
+
+SERVER = (("/usr/bin/python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.8"),)
+
+
+def test_4_a_start_records_what_it_runs_and_the_difference_is_said(tmp_path: Path) -> None:
+    with RecordStore(tmp_path) as store:
+        h = History("t", "t.service", store)
+        started = snap_with(SERVER, ("A=1", "HF_TOKEN=hf_secret", "GONE=x"))
+        rec = h.observe(started)
+        assert rec is not None
+        assert rec.exec_start == ("/usr/bin/python3 -m sglang.launch_server --mem-fraction-static 0.8",)
+        assert config_changes(h.get(rec.invocation_id), started) == []
+        edited = snap_with(((*SERVER[0][:-1], "0.9"),), ("A=2", "HF_TOKEN=hf_other", "NEW=y"))
+        h.observe(edited)  # the record keeps what the start was started with
+        changes = config_changes(h.get(rec.invocation_id), edited)
+    assert changes == [
+        "ExecStart: /usr/bin/python3 -m sglang.launch_server --mem-fraction-static 0.8 is now "
+        "/usr/bin/python3 -m sglang.launch_server --mem-fraction-static 0.9",
+        "Environment: A=1 is now A=2", "Environment: GONE=x removed",
+        "Environment: HF_TOKEN=*** is now HF_TOKEN=***", "Environment: NEW=y added"]
+    assert not any("hf_secret" in c or "hf_other" in c for c in changes)
+
+
+def test_4_a_start_seen_before_a_daemon_reload_was_read_takes_the_next_read(tmp_path: Path) -> None:
+    """daemon-reload (new drop-in) then restart: the new start's signal can arrive before the
+    watcher has read the unit again; its record must not take the old settings for its own."""
+    with RecordStore(tmp_path) as store:
+        h = History("t", "t.service", store)
+        rec = h.observe(snap_with(SERVER, ("A=1",), stale=True))  # the old settings, not read since the reload
+        assert rec is not None and rec.exec_start is None and rec.environment is None
+        fresh = snap_with(SERVER, ("A=2",))
+        h.observe(fresh)
+        got = h.get(rec.invocation_id)
+        assert got is not None and got.environment == ("A=2",)
+        assert config_changes(got, fresh) == []
+        # Unknown (stale) now: nothing is claimed either way.
+        assert config_changes(got, snap_with(SERVER, ("A=3",), stale=True)) == []
+
+
+def test_4_guard_refuses_an_instance_that_does_not_run_its_units_configuration() -> None:
+    pinned = {"pid": 100, "config_changed_since_start": True, "config_changes": ["Environment: A=1 is now A=2"]}
+    why = stale_config("t", pinned)
+    assert "pid 100 does not run its unit's configuration: Environment: A=1 is now A=2" in why
+    assert "genready restart t" in why
+    assert stale_config("t", {"pid": 100, "config_changed_since_start": False}) == ""
+
+
+def test_4_genready_status_warns() -> None:
+    text = format_status({"targets": {"t": {"unit": "t.service", "pid": 100, "state": "ready",
+                                            "config_changed_since_start": True,
+                                            "config_changes": ["Environment: A=1 is now A=2"]}}})
+    assert "warning: t: t.service changed since pid 100 started" in text and "A=1 is now A=2" in text

@@ -63,6 +63,11 @@ def format_status(data: dict[str, Any]) -> str:
     if data.get("config_error"):
         out.append(f"config reload refused: {data['config_error']}\n")
     out.extend(f"{why}\n" for why in data.get("restart_needed") or [])
+    for name, t in (data.get("targets") or {}).items():
+        if t.get("config_changed_since_start"):
+            out.append(f"warning: {name}: {t.get('unit')} changed since pid {t.get('pid')} started; it runs the old "
+                       f"configuration until restarted (guard and sweep refuse it): "
+                       f"{'; '.join(t.get('config_changes') or [])}\n")
     targets: dict[str, Any] = data.get("targets", {})
     rows = [["TARGET", "UNIT", "STATE", "PID", "READY SINCE", "LOAD s", "PROBES", "REASON / LAST ERROR"]]
     for name, t in targets.items():

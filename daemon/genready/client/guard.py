@@ -181,7 +181,19 @@ def pin(base: str, target: str) -> tuple[dict[str, Any] | None, str]:
         return None, f"{target} is not ready ({reason})"
     if not isinstance(pinned, dict) or not {"unit", "pid", "invocation_id"} <= pinned.keys():
         return None, f"{base} did not answer like genready: {str(pinned)[:200]}"
+    if why := stale_config(target, pinned):
+        return None, why
     return pinned, ""
+
+
+def stale_config(target: str, pinned: Mapping[str, Any]) -> str:
+    """Why not to benchmark a verified instance whose unit now has another ExecStart=/Environment=
+    than it was started with (results would be filed under settings it does not run); "" if none."""
+    if not pinned.get("config_changed_since_start"):
+        return ""
+    return (f"{target} pid {pinned.get('pid')} does not run its unit's configuration: "
+            f"{'; '.join(pinned.get('config_changes') or ['changed since it started'])}; restart it first "
+            f"(genready restart {target})")
 
 
 def run(base: str, target: str, cmd: list[str], *, interval: float = 0.2, grace: float = GUARD_STOP_GRACE) -> int:

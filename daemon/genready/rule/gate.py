@@ -25,7 +25,7 @@ from genready.compat import wait_for
 from genready.config import AUTO, TargetConfig, stuck_after
 from genready.probe.listen import ListenWatch
 from genready.probe.probe import Prober
-from genready.rule.history import History, from_iso, iso
+from genready.rule.history import History, config_changes, from_iso, iso
 from genready.rule.records import RecordStore, StartRecord
 from genready.rule.schedule import Schedule
 from genready.systemd import sweepdropin
@@ -520,6 +520,17 @@ class TargetGate:
             return None, f"systemd now shows {_show(fresh)}"
         return v, ""
 
+    @property
+    def config_changes(self) -> list[str]:
+        """How the unit's ExecStart=/Environment= differ from what its running start was started with."""
+        s = self.snap
+        return config_changes(self.history.get(s.invocation_id), s) if s and s.invocation_id else []
+
+    def config_json(self) -> dict[str, object]:
+        """config_changed_since_start and config_changes, for /ready and /status."""
+        changes = self.config_changes
+        return {"config_changed_since_start": bool(changes), "config_changes": changes}
+
     def to_json(self) -> dict[str, object]:
         v, p, s = self.verified, self.progress, self.snap
         unverified = {"pid": s.main_pid if s else None, "invocation_id": s.invocation_id if s else None,
@@ -532,7 +543,7 @@ class TargetGate:
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None,
             "warnings": [*self.cfg.warnings, *([self.sweep_warning] if self.sweep_warning else [])],
-            **self.load_json(), "last_failure": self.last_failure,
+            **self.load_json(), "last_failure": self.last_failure, **self.config_json(),
             "snapshot": s.to_json() if s else None,
         }
 

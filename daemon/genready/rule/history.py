@@ -11,13 +11,16 @@ reports the error and writes the records once it can (RecordStore.remember/sync)
 
 from __future__ import annotations
 
+import shlex
 import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from genready.compat import UTC
+from genready.redact import redact
 from genready.rule.records import RecordStore, StartRecord
 from genready.systemd.bus import Snapshot
 from genready.vocab import ALIVE
@@ -53,6 +56,42 @@ def _us(v: int) -> float | None:
     return v / 1e6 if v else None
 
 
+def started_with(s: Snapshot) -> dict[str, Any]:
+    """What a start that `s` shows runs with, as record fields; {} while a daemon-reload was seen
+    and not read yet (the unit's ExecStart/Environment may be the old ones)."""
+    if s.exec_stale or not s.exec_start:
+        return {}
+    return {"exec_start": tuple(shlex.join(argv) for argv in s.exec_start), "environment": s.environment,
+            "exec_fingerprint": s.exec_fingerprint or None}
+
+
+def config_changes(rec: StartRecord | None, s: Snapshot) -> list[str]:
+    """How the unit's ExecStart= and Environment= now differ from what the start `rec` runs with
+    (someone edited a drop-in and reloaded, without restarting): [] if they do not, or if either
+    side is not known. Values pass through redact (/ready and /status are open to local users)."""
+    if rec is None or rec.exec_start is None or rec.environment is None or s.invocation_id != rec.invocation_id:
+        return []
+    now = started_with(s)
+    if not now:
+        return []
+    out = []
+    if now["exec_start"] != rec.exec_start:
+        out.append(f"ExecStart: {' ; '.join(rec.exec_start)} is now {' ; '.join(now['exec_start'])}")
+    before, after = _env(rec.environment), _env(now["environment"])
+    for key in sorted(before.keys() | after.keys()):
+        if key not in after:
+            out.append(f"Environment: {key}={before[key]} removed")
+        elif key not in before:
+            out.append(f"Environment: {key}={after[key]} added")
+        elif before[key] != after[key]:
+            out.append(f"Environment: {key}={before[key]} is now {key}={after[key]}")
+    return [redact(line) for line in out]
+
+
+def _env(entries: Iterable[str]) -> dict[str, str]:
+    return {key: value for key, _, value in (e.partition("=") for e in entries)}
+
+
 class History:
     """The start records of one target, updated from each new snapshot of its unit."""
 
@@ -83,12 +122,14 @@ class History:
                 main_pid=s.main_pid if alive else 0,
                 started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
                 active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
-                n_restarts=s.n_restarts, exec_fingerprint=s.exec_fingerprint or None,
+                n_restarts=s.n_restarts, **started_with(s),
             )
             self.store.remember(rec)
         if rec.ended_at is not None:
             return created  # an ended start is final
         new = rec
+        if rec.exec_start is None and (known := started_with(s)):
+            new = replace(new, **known)  # created while a daemon-reload was not yet read (or by an older genready)
         # During a restart systemd announces the new MainPID a moment before the new
         # InvocationID; only a live unit's MainPID belongs to its current invocation.
         if alive and s.main_pid and s.main_pid != rec.main_pid:

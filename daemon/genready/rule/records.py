@@ -27,6 +27,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Final
 
+from genready.redact import redact_lines
+
 log = logging.getLogger(__name__)
 
 RECORDS_FILE: Final = "records.jsonl"
@@ -59,10 +61,24 @@ class StartRecord:
     revoked_at: str | None = None
     revoke_reason: str | None = None
     exec_fingerprint: str | None = None  # digest of ExecStart= at this start: loads compare like with like
+    # What this start was started with: ExecStart= (one shell-quoted line per command) and
+    # Environment= (KEY=VALUE), to say when the unit's have changed since (a drop-in edited and
+    # reloaded, not restarted). None: not known (a daemon-reload not yet read, or an older record).
+    exec_start: tuple[str, ...] | None = None
+    environment: tuple[str, ...] | None = None
 
     def to_json(self) -> dict[str, object]:
         """All fields as a JSON-ready dict (field name -> value)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def public_json(self) -> dict[str, object]:
+        """to_json for /status, which every local user may read: secrets in the command lines and
+        the environment (an --api-key, HF_TOKEN=…) masked."""
+        out = self.to_json()
+        for key in ("exec_start", "environment"):
+            if out[key] is not None:
+                out[key] = redact_lines(out[key])  # type: ignore[arg-type]  # a tuple of str
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, object]) -> StartRecord:
@@ -90,6 +106,8 @@ def _allowed_types(hint: object) -> tuple[type, ...]:
         return (type(None),)
     if isinstance(hint, type):
         return (hint,)
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (...,) and typing.get_args(hint)[0] is str:
+        return (tuple,)  # tuple[str, ...]: a JSON array of strings
     raise TypeError(f"unsupported field type {hint!r}")
 
 
@@ -104,6 +122,8 @@ def _checked(name: str, value: object, allowed: tuple[type, ...]) -> object:
     # bool is an int subclass, but true/false in a pid or count field is garbage, not a number.
     if isinstance(value, bool) and bool not in allowed:
         raise ValueError(f"field {name!r}: expected {_type_names(allowed)}, found {value!r}")
+    if tuple in allowed and isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
     if isinstance(value, allowed):
         return value
     if isinstance(value, int) and float in allowed:

@@ -191,7 +191,7 @@ async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str 
 
 
 def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:
-    return {"ready": True, "target": g.name, "unit": g.unit, **v.to_json()}
+    return {"ready": True, "target": g.name, "unit": g.unit, **v.to_json(), **g.config_json()}
 
 
 # The 200 body of /ready/TARGET, encoded once per verification: under load most answers are this
@@ -230,7 +230,7 @@ async def status(request: web.Request) -> web.Response:
     targets = {}
     for name, g in gates.items():
         t = g.to_json()
-        t["records"] = [r.to_json() for r in g.store.newest(name, 20)]
+        t["records"] = [r.public_json() for r in g.store.newest(name, 20)]
         targets[name] = t
     return web.json_response({
         "version": __version__,

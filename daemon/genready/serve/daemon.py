@@ -80,6 +80,7 @@ class Daemon:
         self.reload_requested = False
         self.config_error = ""
         self.restart_needed: list[str] = []  # settings a reload changed that only a restart applies
+        self._config_changed: set[str] = set()  # targets whose unit differs from what its running start runs
         self.listening = False
         self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
@@ -273,6 +274,7 @@ class Daemon:
         for name in plan.remove:
             await self.gates.pop(name).close()
             self.metrics.forget_target(name, old_targets[name].unit)
+            self._config_changed.discard(name)
             self.outputs.forget(name)
         for name in plan.reconfigure:
             await self.gates[name].reconfigure(new.targets[name])
@@ -316,6 +318,7 @@ class Daemon:
     def _to_gate(self, g: TargetGate, snap: Snapshot | None) -> None:
         g.on_snapshot(snap)
         self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
+        self._note_config_changes(g)
 
     def _on_systemd_health(self, responsive: bool) -> None:
         """The manager stopped answering, or answers again: said once each way, in the log, the
@@ -329,6 +332,21 @@ class Daemon:
             log.warning("the %s systemd manager does not answer (stopped, or busy in a long daemon-reload); /ready "
                         "answers 503 %s until it does", self.cfg.daemon.bus, SYSTEMD_UNRESPONSIVE)
         self._update_outputs()
+
+    def _note_config_changes(self, g: TargetGate) -> None:
+        """The gauge, and one log line each time a target's unit starts or stops differing from
+        what its running start was started with."""
+        changes = g.config_changes
+        self.metrics.set_config_changed(g.name, g.unit, bool(changes))
+        if bool(changes) != (g.name in self._config_changed):
+            if changes:
+                self._config_changed.add(g.name)
+                log.warning("%s: %s changed since pid %s started; it is still ready but runs the old configuration "
+                            "until restarted (guard and sweep refuse it): %s", g.name, g.unit,
+                            g.snap.main_pid if g.snap else "?", "; ".join(changes))
+            else:
+                self._config_changed.discard(g.name)
+                log.info("%s: %s runs its unit's configuration again", g.name, g.unit)
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
         self.metrics.set_state(gate.name, gate.unit, new)

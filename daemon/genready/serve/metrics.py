@@ -120,6 +120,11 @@ class Metrics:
             "gone (killed mid-point): it runs that point's configuration; `genready sweep restore TARGET`",
             _LABELS, registry=r,
         )
+        self._config_changed = Gauge(
+            "genready_config_changed_since_start", "1 while the unit's ExecStart= or Environment= differ from what "
+            "its running process was started with (edited and reloaded, not restarted): it is still ready, but does "
+            "not run the unit's configuration; guard and sweep refuse it", _LABELS, registry=r,
+        )
         self._api_refused = Counter(
             "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
             "connections closed for not sending a complete request in time, and requests for a Host: that is "
@@ -153,6 +158,7 @@ class Metrics:
         self._starts.labels(target, unit)
         self._stamp_errors.labels(target, unit)
         self._sweep_orphaned.labels(target, unit).set(0)
+        self._config_changed.labels(target, unit).set(0)
         self._foreign.labels(target, unit)
         self._load.labels(target, unit)
         self._probe_seconds.labels(target, unit)
@@ -167,7 +173,8 @@ class Metrics:
         if key not in self._results:
             return
         for metric in (self._state, self._ready, self._main_pid, self._expected, self._starts, self._foreign,
-                       self._load, self._probe_seconds, self._stamp_errors, self._sweep_orphaned):
+                       self._load, self._probe_seconds, self._stamp_errors, self._sweep_orphaned,
+                       self._config_changed):
             metric.remove(target, unit)
         for result in self._results.pop(key):
             self._probes.remove(target, unit, result)
@@ -189,6 +196,10 @@ class Metrics:
     def set_sweep_dropin_orphaned(self, target: str, unit: str, orphaned: bool) -> None:
         self.register_target(target, unit)
         self._sweep_orphaned.labels(target, unit).set(1 if orphaned else 0)
+
+    def set_config_changed(self, target: str, unit: str, changed: bool) -> None:
+        self.register_target(target, unit)
+        self._config_changed.labels(target, unit).set(1 if changed else 0)
 
     def set_main_pid(self, target: str, unit: str, pid: int) -> None:
         self.register_target(target, unit)

@@ -30,6 +30,15 @@ FAILURE: dict[str, Any] = {
     },
 }
 
+# The instance runs another ExecStart=/Environment= than its unit has now (issue 24 #4).
+CONFIG_CHANGES: dict[str, Any] = {
+    "config_changed_since_start": {
+        "type": "boolean", "description": "the unit's ExecStart= or Environment= differ from what this "
+        "process was started with (edited and reloaded, not restarted): ready, but not running the "
+        "unit's configuration; guard and sweep refuse it"},
+    "config_changes": {"type": "array", "items": {"type": "string"},
+                       "description": "each difference, e.g. 'Environment: A=1 is now A=2' (secrets masked)"},
+}
 READY = {
     "type": "object",
     "required": ["ready", "target", "unit", "pid", "invocation_id", "ready_since", "load_seconds"],
@@ -41,6 +50,7 @@ READY = {
         "invocation_id": {"type": "string", "description": "systemd InvocationID, 32 hex digits"},
         "ready_since": {"type": "string", "description": "ISO 8601 time of the verification"},
         "load_seconds": {**_NUM_OR_NULL, "description": "process start -> verified generation"},
+        **CONFIG_CHANGES,
     },
 }
 STATES: dict[str, Any] = {"type": "string", "enum": [s.value for s in State]}
@@ -85,6 +95,10 @@ RECORD = {
         "revoked_at": _STR_OR_NULL,
         "revoke_reason": {"type": ["string", "null"], "enum": [*(r.value for r in Revocation), None]},
         "exec_fingerprint": {**_STR_OR_NULL, "description": "digest of ExecStart= at this start"},
+        "exec_start": {"type": ["array", "null"], "items": {"type": "string"},
+                       "description": "ExecStart= this start was started with, a line per command (secrets masked)"},
+        "environment": {"type": ["array", "null"], "items": {"type": "string"},
+                        "description": "Environment= this start was started with, KEY=VALUE (secrets masked)"},
     },
 }
 TARGET_STATUS = {
@@ -98,6 +112,7 @@ TARGET_STATUS = {
         "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": LAST_ERROR,
         "model": {**_STR_OR_NULL, "description": 'the model the probe asks for and why, e.g. model "a" (first of '
                   "2 listed: a, b); null for an API without model names"},
+        **CONFIG_CHANGES,
         "warnings": {"type": "array", "items": {"type": "string"},
                      "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "
                      "genready sweep that is gone (genready sweep restore TARGET)"},

@@ -85,10 +85,11 @@ def exec_argvs(exec_start: Any) -> tuple[tuple[str, ...], ...]:
 def exec_fingerprint(exec_start: Any) -> str:
     """A short digest of the command lines alone. The D-Bus value also carries the last run's
     timestamps and PID, which change with every start; this does not."""
-    argvs = exec_argvs(exec_start)
-    if not argvs:
-        return ""
-    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16]
+    return fingerprint_of(exec_argvs(exec_start))
+
+
+def fingerprint_of(argvs: tuple[tuple[str, ...], ...]) -> str:
+    return hashlib.sha256(repr(argvs).encode()).hexdigest()[:16] if argvs else ""
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,19 @@ class Snapshot:
     exec_main_status: int = 0
     n_restarts: int = 0
     result: str = ""
-    exec_fingerprint: str = ""  # the ExecStart= command lines, digested: "the same server configuration"
+    exec_start: tuple[tuple[str, ...], ...] = ()  # ExecStart= as argv tuples (exec_argvs)
+    environment: tuple[str, ...] = ()  # Environment= as KEY=VALUE, as systemd resolved it
+    # A daemon-reload was seen and ExecStart/Environment not read since: they may be the old ones.
+    # (systemd sends neither in PropertiesChanged: only a full read brings them.)
+    exec_stale: bool = False
     fragment_path: str = ""  # the unit file and its drop-ins: where its output files are named
     dropin_paths: tuple[str, ...] = ()
     error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
+
+    @property
+    def exec_fingerprint(self) -> str:
+        """The ExecStart= command lines, digested: "the same server configuration"."""
+        return fingerprint_of(self.exec_start)
 
     @property
     def absent(self) -> bool:
@@ -158,7 +168,8 @@ _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"ExecMainStatus": ("exec_main_status", int),
     b"NRestarts": ("n_restarts", int),
     b"Result": ("result", _s),
-    b"ExecStart": ("exec_fingerprint", exec_fingerprint),
+    b"ExecStart": ("exec_start", exec_argvs),
+    b"Environment": ("environment", lambda v: tuple(_s(e) for e in v or ())),
 }
 _PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
 IFACES: Final = (UNIT_IFACE, SERVICE_IFACE)

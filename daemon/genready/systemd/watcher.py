@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from genready.systemd import sdbus
@@ -237,7 +238,10 @@ class Watcher:
             return
         for item in res:
             if item[0] == "reloaded":
-                # After daemon-reload a unit file may have appeared, changed or gone.
+                # After daemon-reload a unit file may have appeared, changed or gone. Until each unit is
+                # read again, a start seen meanwhile must not take the old ExecStart/Environment for its own.
+                for unit, snap in list(self._snaps.items()):
+                    self._snaps[unit] = replace(snap, exec_stale=True)
                 self._refresh(self.units)
             else:
                 self._on_properties(*item)
@@ -283,7 +287,7 @@ class Watcher:
         self._unit_errors.pop(unit, None)
         for iface, cookie, _ in value:
             self._read_cookie[(unit, iface)] = cookie
-        self._update(unit, snapshot_of(unit, value, self._snaps.get(unit, Snapshot(unit))))
+        self._update(unit, replace(snapshot_of(unit, value, self._snaps.get(unit, Snapshot(unit))), exec_stale=False))
 
     # -- losing the connection --------------------------------------------------------------
 

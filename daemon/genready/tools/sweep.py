@@ -602,6 +602,12 @@ class Sweep:
         att.journal = mark.lines(self.bus_kind, self.unit, secrets=self.secrets)
 
     def _run(self, point: Point, att: Attempt, folder: Path) -> None:
+        if why := guard.stale_config(self.target, self.pinned):
+            # Its unit was edited and reloaded since it started: results would be filed under settings it does not run.
+            att.ended_at = time.time()
+            att.status, att.reason = Status.NOT_READY, why
+            self.progress(point, f"not running the command: {why}")
+            return
         cmd = self.plan.command_for(point, str(folder))
         env = dict(os.environ, **guard.guard_env(self.target, self.pinned),
                    GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
