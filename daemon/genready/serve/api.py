@@ -194,16 +194,18 @@ def _ready_body(g: TargetGate, v: Verification) -> dict[str, object]:
     return {"ready": True, "target": g.name, "unit": g.unit, **v.to_json(), **g.config_json()}
 
 
-# The 200 body of /ready/TARGET, encoded once per verification: under load most answers are this
-# one. Per gate, only its latest (a new verification is a new object, and replaces it).
-_READY_BYTES: weakref.WeakKeyDictionary[TargetGate, tuple[Verification, bytes]] = weakref.WeakKeyDictionary()
+# The 200 body of /ready/TARGET, encoded once per verification and snapshot: under load most
+# answers are this one. Per gate, only its latest (a new verification is a new object, and so is
+# each snapshot: config_changed_since_start changes only with one).
+_READY_BYTES: weakref.WeakKeyDictionary[TargetGate, tuple[Verification, object, bytes]] = \
+    weakref.WeakKeyDictionary()
 
 
 def _ready_bytes(g: TargetGate, v: Verification) -> bytes:
     cached = _READY_BYTES.get(g)
-    if cached is None or cached[0] is not v:
-        cached = _READY_BYTES[g] = (v, json.dumps(_ready_body(g, v)).encode())
-    return cached[1]
+    if cached is None or cached[0] is not v or cached[1] is not g.snap:
+        cached = _READY_BYTES[g] = (v, g.snap, json.dumps(_ready_body(g, v)).encode())
+    return cached[2]
 
 
 def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
