@@ -678,6 +678,22 @@ def test_a_results_path_with_a_line_break_exits_64(tmp_path: Path) -> None:
     assert not Path(bad).exists()
 
 
+def test_systemd_refusals_are_told_in_systemds_words_and_only_denials_hint_at_root() -> None:
+    """A restart systemd refuses (a drop-in it cannot load) is the point's doing, in systemd's words; only a
+    denial (AccessDenied, polkit) is the sweep's, and the one that needs root."""
+    from pystemd.dbusexc import DBusAccessDeniedError, DBusBaseError
+
+    from genready.systemd import bus
+
+    refused = DBusBaseError(8, b"org.freedesktop.systemd1.BadUnitSetting",
+                            b"Unit x.service has a bad unit file setting.")
+    assert "i bet you" in str(refused)  # what the sweep printed before
+    assert bus.dbus_words(refused) == "Unit x.service has a bad unit file setting." and not bus.denied(refused)
+    no = DBusAccessDeniedError(13, b"org.freedesktop.DBus.Error.AccessDenied", b"Access denied")
+    assert bus.denied(no) and bus.dbus_words(no) == "Access denied"
+    assert bus.dbus_words(OSError("plain")) == "plain"
+
+
 def test_results_paths_with_control_characters_are_refused() -> None:
     for bad in ("r\nExecStartPre=/bin/x", "r\u2028x", "r\x85x", "r\tx", "r\x7fx"):
         why = sweep.check_results_path(Path(bad))

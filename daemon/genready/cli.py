@@ -282,8 +282,8 @@ def cmd_restart(args: argparse.Namespace) -> int:
     try:
         bus.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
     except Exception as e:
-        die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {e}",
-            hint="restarting a system unit needs root or a polkit rule", status=Exit.TIMEOUT)
+        die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {bus.dbus_words(e)}",
+            hint="restarting a system unit needs root or a polkit rule" if bus.denied(e) else "", status=Exit.TIMEOUT)
     console.err(f"{target}: restart of {unit} requested; waiting for a verified start newer than it")
     code, body = wait_ready(_api_base(args), target, args.timeout, t0, live=True)
     if code == 200:

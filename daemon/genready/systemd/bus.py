@@ -477,6 +477,22 @@ class Health:
 # --- the blocking client (command line, sweep) -----------------------------------------------------
 
 
+def denied(e: BaseException) -> bool:
+    """A D-Bus error that says we may not (AccessDenied, InteractiveAuthorizationRequired: root or a polkit
+    rule would help), not that systemd refused what we asked (a unit it cannot load, ...)."""
+    return getattr(e, "errno", None) in (errno.EACCES, errno.EPERM) or type(e).__name__ in (
+        "DBusAccessDeniedError", "DBusInteractiveAuthorizationRequiredError")
+
+
+def dbus_words(e: BaseException) -> str:
+    """systemd's own message of a D-Bus error ("Unit x.service has a bad unit file setting."), without
+    pystemd's wrapping ("DBusBaseError ... i bet you did not see that coming")."""
+    msg = getattr(e, "err_message", None)
+    if isinstance(msg, bytes):
+        msg = msg.decode(errors="replace")
+    return msg or str(e)
+
+
 def runtime_unit_dir(kind: str) -> Path:
     """The manager's runtime unit directory (`systemctl edit --runtime` writes there)."""
     if kind == "system":

@@ -537,15 +537,15 @@ class Sweep:
         try:
             self.sd.restart()
         except Exception as e:
-            if denied(e):
-                raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {dbus_words(e)} "
+            if bus.denied(e):
+                raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {bus.dbus_words(e)} "
                                  "(restarting a system unit needs root or a polkit rule)") from None
             # systemd refused this configuration (a drop-in it cannot load, such as an empty ExecStart=):
             # the point's doing, not the sweep's. Another attempt would be refused the same way.
             state = self.sd.state()
             att.status, att.retry, att.unit_result = Status.NOT_READY, False, state.result
-            att.reason = f"systemd refused to restart {self.unit}: {dbus_words(e)}"
-            att.journal = [dbus_words(e)]
+            att.reason = f"systemd refused to restart {self.unit}: {bus.dbus_words(e)}"
+            att.journal = [bus.dbus_words(e)]
             return
         self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
         deadline = time.monotonic() + self.timeout
@@ -695,22 +695,6 @@ class Sweep:
         console.write(text, self.out)
 
 
-def denied(e: BaseException) -> bool:
-    """A D-Bus error that says we may not (AccessDenied, InteractiveAuthorizationRequired), not that systemd
-    refused what we asked."""
-    return getattr(e, "errno", None) in (errno.EACCES, errno.EPERM) or type(e).__name__ in (
-        "DBusAccessDeniedError", "DBusInteractiveAuthorizationRequiredError")
-
-
-def dbus_words(e: BaseException) -> str:
-    """systemd's own message of a D-Bus error ("Unit x.service has a bad unit file setting."), without
-    pystemd's wrapping."""
-    msg = getattr(e, "err_message", None)
-    if isinstance(msg, bytes):
-        msg = msg.decode(errors="replace")
-    return msg or str(e)
-
-
 def refused_dropins(plan: Plan, points: Sequence[Point], results: Path,
                     complaints: Callable[[str], list[str]]) -> tuple[int, dict[Point, list[str]]]:
     """(how many distinct drop-ins the points have, the first point of each that systemd would not take as
@@ -843,7 +827,7 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
         dropin = runtime_dir(bus_kind, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
         return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
     except Exception as e:  # no manager to ask (D-Bus), no systemd-analyze: the dry run goes on unchecked
-        console.err(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {dbus_words(e)}")
+        console.err(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {bus.dbus_words(e)}")
         return None
     finally:
         if sd is not None:
