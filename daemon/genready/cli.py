@@ -470,8 +470,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Dev tooling (genready_dev) is imported only when its subcommand runs; main() hands
     # `simulate` its arguments untouched, so its flags live with the simulator alone.
-    add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes "
-        "(`genready simulate --help` lists its flags)")
+    add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes, or "
+        "with --profile sglang|vllm|llamacpp one server's (`genready simulate --help` lists its flags)")
 
     def cmd_demo(args: argparse.Namespace) -> int:
         if args.sweep:

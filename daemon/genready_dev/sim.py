@@ -1002,6 +1002,7 @@ def main(args: argparse.Namespace) -> int:
 def cli(argv: list[str]) -> int:
     """`genready simulate ARGS`."""
     p = argparse.ArgumentParser(prog="genready simulate", description="An LLM-server simulator with SGLang's "
-                                "HTTP surface and its failure modes (for tests, the demo and dry runs).")
+                                "HTTP surface and its failure modes (for tests, the demo and dry runs); --profile "
+                                "sglang|vllm|llamacpp imitates one server as its source does (docs/servers.md).")
     add_arguments(p)
     return main(p.parse_args(argv))
