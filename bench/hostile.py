@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -33,8 +34,9 @@ from genready_dev.usermanager import UserManager
 CHECK_CONFIG_TIMEOUT = 30
 
 
-def line(case: int, title: str, figure: str, before: str = "") -> None:
-    print(f"case {case} | {title} | {figure}" + (f" | before (issue 10): {before}" if before else ""), flush=True)
+def line(case: int, title: str, figure: str, before: str = "", issue: int = 10) -> None:
+    print(f"case {case} | {title} | {figure}" + (f" | before (issue {issue}): {before}" if before else ""),
+          flush=True)
 
 
 def ms(seconds: float) -> str:
@@ -383,8 +385,273 @@ def case6_sigterm(um: UserManager, tmp: Path) -> None:
     line(6, "SIGTERM -> exit", "; ".join(results), "1.8-2.0 s even idle")
 
 
+# -- issue 24: the daemon, the CLI and guard, with a manager ------------------------------------
+
+def cli_run(*args: str, timeout: float) -> tuple[int | str, float]:
+    """(exit status, or "still running" at `timeout`; seconds). Output to /dev/null: a pipe would be
+    held open by whatever CMD leaves running, and waiting for its end is not waiting for genready."""
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([*GENREADY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        return f"still running after {timeout:g} s", time.monotonic() - t0
+    return p.returncode, time.monotonic() - t0
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def case9(um: UserManager, tmp: Path) -> None:
+    """#7: SIGHUP (config unchanged) every 5 ms while /ready is polled and guard runs."""
+    unit = "bh-hup.service"
+    g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
+    with g:
+        assert g.proc is not None
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        stop = threading.Event()
+        pid = g.proc.pid
+
+        def storm() -> None:
+            while not stop.wait(0.005):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGHUP)
+
+        hup = threading.Thread(target=storm, daemon=True)
+        hup.start()
+        codes: dict[int, int] = {}
+        eintr = 0
+        for _ in range(450):
+            code, body = g.get("/ready/s")
+            codes[code] = codes.get(code, 0) + 1
+            eintr += "nterrupted" in str(body)
+        guards = [cli_run("guard", "s", "--url", g.base, "--", "sleep", "1", timeout=60)[0] for _ in range(3)]
+        stop.set()
+        hup.join(5)
+        up = g.proc.poll() is None
+    um.systemctl("stop", unit)
+    line(9, "SIGHUP every 5 ms (config unchanged): 450 /ready polls, 3 guard runs",
+         f"/ready answers {codes} ({eintr} 'Interrupted system call'); guard exits {guards}; genready up: {up}",
+         "15-24 of ~450 polls 503 'systemd read failed: Interrupted system call'; guard 75 in 1 of 3", 24)
+
+
+def case10(um: UserManager, tmp: Path) -> None:
+    """#8: the config path a FIFO or /dev/zero, on reload and at start, under a 3 GiB address-space limit."""
+    unit = "bh-cfg.service"
+    limit = ["prlimit", f"--as={3 << 30}", "--"]
+    g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
+    g.wrapper = limit
+    results = []
+    with g:
+        assert g.proc is not None
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        good = g.config_path.read_bytes()
+        for kind in ("FIFO", "/dev/zero"):
+            g.config_path.unlink()
+            if kind == "FIFO":
+                os.mkfifo(g.config_path)
+            else:
+                g.config_path.symlink_to("/dev/zero")
+            t0 = time.monotonic()
+            g.proc.send_signal(signal.SIGHUP)
+            worst, refused = 0.0, None
+            while time.monotonic() - t0 < 5 and g.proc.poll() is None:
+                t1 = time.monotonic()
+                code, body = g.get("/status", timeout=1)
+                worst = max(worst, time.monotonic() - t1)
+                if code == 200 and body.get("config_error"):
+                    refused = time.monotonic() - t0
+                    break
+            if kind == "FIFO" and refused is None:  # unfreeze a daemon that waits for a writer
+                with contextlib.suppress(OSError):
+                    os.close(os.open(g.config_path, os.O_WRONLY))  # it has the FIFO open for reading
+            ended = g.proc.poll()
+            state = f"exited {ended}" if ended is not None else f"up, RSS {rss_mb(g.proc.pid):.0f} MB"
+            verdict = f"refused after {ms(refused)}" if refused is not None else "not refused in 5 s"
+            results.append(f"{kind}: {verdict}, slowest /status {ms(worst)}, genready {state}")
+            g.config_path.unlink()
+            g.config_path.write_bytes(good)
+            if g.proc.poll() is not None:
+                break
+            g.proc.send_signal(signal.SIGHUP)  # the good config back: no refusal left to be taken for the next one
+
+            def reloaded() -> bool:
+                code, body = g.get("/status", timeout=1)
+                return code == 200 and not body.get("config_error")
+
+            try:
+                wait_for(reloaded, 30, "the good config reloaded", interval=0.2)
+            except AssertionError:
+                results.append("genready did not take the good config back within 30 s")
+                break
+    um.systemctl("stop", unit)
+    fifo = tmp / "start.fifo"
+    os.mkfifo(fifo)
+    starts = []
+    for path in (fifo, Path("/dev/zero")):
+        rc, took = cli_run("check-config", "--config", str(path), timeout=10) if path == fifo else \
+            _limited_check(limit, path)[:2]
+        starts.append(f"check-config {path.name}: exit {rc} in {ms(took)}")
+    line(10, "config path a FIFO or /dev/zero, SIGHUP'd and at start (address space 3 GiB)",
+         "; ".join(results + starts),
+         "FIFO: API frozen until something was written; /dev/zero: memory grew until the kernel killed genready", 24)
+
+
+def _limited_check(limit: list[str], path: Path) -> tuple[int | str, float, str]:
+    t0 = time.monotonic()
+    p = subprocess.run([*limit, *GENREADY, "check-config", "--config", str(path)], capture_output=True, text=True,
+                       timeout=60, check=False)
+    return p.returncode, time.monotonic() - t0, p.stderr[-100:]
+
+
+def case11(um: UserManager, tmp: Path) -> None:
+    """#12, #15, #9, #17: guard and wait as a careless user runs them."""
+    unit = "bh-guard.service"
+    g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
+    out = []
+    rc: int | str  # an exit status, or what happened instead
+    with g:
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        for sig in (signal.SIGHUP, signal.SIGQUIT):
+            pidfile = tmp / f"child-{sig}"
+            run = subprocess.Popen([*GENREADY, "guard", "s", "--url", g.base, "--", "sh", "-c",
+                                    f"sleep 300 & echo $! > {pidfile}.t; mv {pidfile}.t {pidfile}; wait"],
+                                   stderr=subprocess.DEVNULL)
+            wait_for(pidfile.exists, 20, "guarded command started")
+            child = int(pidfile.read_text())
+            run.send_signal(sig)
+            rc = run.wait(30)
+            time.sleep(0.5)  # not synchronisation: lets a killed child be reaped before it is looked at
+            out.append(f"{sig.name}: guard exit {rc}, CMD's child {'still running' if alive(child) else 'ended'}")
+            if alive(child):
+                os.kill(child, signal.SIGKILL)
+        started = tmp / "ignores"
+        run = subprocess.Popen([*GENREADY, "guard", "s", "--url", g.base, "--", "sh", "-c",
+                                f"trap '' TERM; echo $$ > {started}.t; mv {started}.t {started}; "
+                                "while :; do sleep 0.1; done"], stderr=subprocess.DEVNULL)
+        wait_for(started.exists, 20, "guarded command started")
+        t0 = time.monotonic()
+        run.send_signal(signal.SIGTERM)
+        try:
+            rc = run.wait(15)
+            out.append(f"CMD ignoring SIGTERM: guard exit {rc} after {time.monotonic() - t0:.1f} s")
+        except subprocess.TimeoutExpired:
+            out.append("CMD ignoring SIGTERM: guard still waiting after 15 s")
+            run.kill()
+            run.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(started.read_text()), signal.SIGKILL)  # the CMD this bench started, if it outlived guard
+        pidfile = tmp / "daemon.pid"
+        rc, _ = cli_run("guard", "s", "--url", g.base, "--", "sh", "-c", f"sleep 300 & echo $! > {pidfile}",
+                           timeout=60)
+        child = int(pidfile.read_text())
+        time.sleep(0.5)  # not synchronisation: as above
+        out.append(f"forked daemon: guard exit {rc}, daemon {'still running' if alive(child) else 'ended'}")
+        if alive(child):
+            os.kill(child, signal.SIGKILL)
+        rc, _ = cli_run("guard", "s", "--url", g.base, "--", "sh", "-c", "kill -9 $$", timeout=60)
+        out.append(f"CMD SIGKILLed: guard exit {rc}")
+        rc, took = cli_run("wait", "s", "--url", g.base, "--timeout", "nan", "--since", str(time.time()), timeout=5)
+        out.append(f"wait --timeout nan (a start newer than now): {rc} in {ms(took)}")
+        before = th.metric(g, "genready_ready_requests_total", code="200")
+        rc, took = cli_run("guard", "s", "--url", g.base, "--interval", "0", "--", "sleep", "2", timeout=10)
+        rate = (th.metric(g, "genready_ready_requests_total", code="200") - before) / took
+        out.append(f"guard --interval 0 -- sleep 2: {rc}, {rate:.0f} /ready requests/s")
+        told = subprocess.run(["sh", "-c", 'exec 3>&2; "$@" 2>&-; echo $? >&3', "sh", *GENREADY, "guard", "nope",
+                               "--url", g.base, "--", "true"], capture_output=True, text=True, timeout=30).stderr
+        out.append(f"guard (not ready) with stderr closed: {told.strip()}")
+        r, w = os.pipe()
+        os.close(r)
+        p = subprocess.run([*GENREADY, "wait", "s", "--url", g.base, "--timeout", "5"], stdout=w,
+                           stderr=subprocess.DEVNULL, timeout=30, check=False)
+        os.close(w)
+        out.append(f"wait (ready) into a closed pipe: {p.returncode}")
+        g.stop()
+        waiter = subprocess.Popen([*GENREADY, "wait", "s", "--url", g.base, "--timeout", "60"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1)  # not synchronisation: the daemon stays down for a second
+        early = waiter.poll()
+        t0 = time.monotonic()
+        g.start()
+        rc = waiter.wait(60) if early is None else early
+        out.append(f"wait across a daemon restart: exit {rc}" + (f", {time.monotonic() - t0:.1f} s after it was back"
+                                                               if early is None else " at once"))
+    um.systemctl("stop", unit)
+    line(11, "guard and wait as a careless user runs them", "; ".join(out),
+         "SIGHUP/SIGQUIT: 129/131, CMD kept running; SIGTERM-ignoring CMD: guard waits for ever; forked daemon "
+         "outlived guard's 0; SIGKILLed CMD: 247; --timeout nan: never ends; --interval 0: ~130 requests/s; "
+         "closed stderr: 1; closed stdout: traceback 1; wait across a restart: 69 at once", 24)
+
+
+def case12(um: UserManager, tmp: Path) -> None:
+    """#16, #18, Host:, #4: reloads and the unit's configuration."""
+    unit, unit_b = "bh-rl.service", "bh-rl-b.service"
+    a = sim(um, unit)
+    b = {"unit": unit_b, "url": f"http://127.0.0.1:{free_port()}", **FAST}  # never started: never ready
+    g = Genready(um, tmp, {"s": a, "b": b}, log_level="info")
+    out = []
+    with g:
+        assert g.proc is not None
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 30, "verified")
+        cfg = g.config_path.read_text()
+        result: list[tuple[int, float]] = []
+
+        def long_poll() -> None:
+            t0 = time.monotonic()
+            result.append((g.get("/ready/b?wait=30", timeout=40)[0], t0))
+
+        poll = threading.Thread(target=long_poll)
+        poll.start()
+        time.sleep(0.5)  # not synchronisation: the long-poll reaches its handler
+        g.config_path.write_text(cfg.replace("[targets.b]", "[old.b]").split("[old.b]")[0])
+        t1 = time.monotonic()
+        g.proc.send_signal(signal.SIGHUP)
+        poll.join(40)
+        code, _ = result[0]
+        out.append(f"long-poll on a removed target: {code} {ms(time.monotonic() - t1)} after the SIGHUP")
+        port = free_port()
+        g.config_path.write_text(g.config_path.read_text().replace(f"127.0.0.1:{g.port}", f"127.0.0.1:{port}"))
+        g.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)  # not synchronisation: the reload is applied (an old genready says nothing to wait for)
+        st = g.status()
+        checked = subprocess.run([*GENREADY, "check-config", "--config", str(g.config_path)], capture_output=True,
+                                 text=True, timeout=30)
+        out.append(f"listen changed: still answers on the old port: {g.get('/status')[0] == 200}; /status "
+                   f"restart_needed: {bool(st.get('restart_needed'))}; check-config says restart needed: "
+                   f"{'restart needed' in checked.stderr}")
+        g.config_path.write_text(cfg.replace("[targets.b]", "[old.b]").split("[old.b]")[0])
+        g.proc.send_signal(signal.SIGHUP)
+        req = f"GET /status HTTP/1.1\r\nHost: rebind.evil.example:{g.port}\r\nConnection: close\r\n\r\n".encode()
+        with socket.create_connection(("127.0.0.1", g.port), timeout=5) as sock:
+            sock.sendall(req)
+            answer = sock.recv(200).split(b"\r\n")[0].decode()
+        out.append(f"Host: rebind.evil.example: {answer}")
+        um.install_unit(unit, sim_unit(int(a["url"].rsplit(":", 1)[1]), "--load-seconds", "0.3",
+                                       extra="Environment=BENCH_EDIT=1"))
+        t0 = time.monotonic()
+        try:
+            wait_for(lambda: g.get("/ready/s")[1].get("config_changed_since_start"), 10, "the edit noticed")
+            noticed = f"flagged {ms(time.monotonic() - t0)} after daemon-reload"
+        except AssertionError:
+            noticed = "not flagged in 10 s"
+        code, body = g.get("/ready/s")
+        rc, _ = cli_run("guard", "s", "--url", g.base, "--", "true", timeout=30)
+        out.append(f"unit edited + daemon-reload, not restarted: /ready {code}, {noticed}: "
+                   f"{body.get('config_changes')}; guard exit {rc}")
+    um.systemctl("stop", unit)
+    line(12, "reloads: target removed under a long-poll, listen changed, Host: of another name, unit edited",
+         "; ".join(out), "long-poll waited its full time, then 503; listen change: nothing said; any Host answered; "
+         "an edited, not restarted unit: ready, nothing said, guard ran", 24)
+
+
 CASES: dict[int, Callable[[UserManager, Path], None]] = {
-    1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8}
+    1: case1, 2: case2, 3: case3, 4: case4, 5: case5, 6: case6, 7: case7, 8: case8, 9: case9, 10: case10,
+    11: case11, 12: case12}
 
 
 def main() -> int:
