@@ -905,7 +905,7 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     unit = cfg.targets[target].unit
 
     def say(text: str) -> None:
-        print(f"genready sweep restore: {text}", file=sys.stderr, flush=True)
+        console.err(f"genready sweep restore: {text}")
 
     sd = bus.UnitClient(cfg.daemon.bus, unit)
     try:
