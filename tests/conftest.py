@@ -128,6 +128,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if nextitem is None:
+        # The last item's teardown also ends the session's fixtures (the manager, the container
+        # engines), which stop processes of their own whatever that item was.
+        yield
+        return
     with _in_process_only(item):
         yield
