@@ -110,6 +110,8 @@ def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: P
     ["wait", "t", "--url", "http://127.0.0.1:1", "--timeout", "soon"],
     ["wait", "t", "--url", "http://127.0.0.1:1", "--since", "nan"],
     ["restart", "t", "--timeout", "nan"],
+    ["sweep", "restore", "t", "--timeout", "nan"],
+    ["sweep", "restore", "t", "--timeout", "-5"],
     ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "0", "--", "true"],
     ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "-1", "--", "true"],
     ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "nan", "--", "true"],

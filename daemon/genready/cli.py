@@ -335,7 +335,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                                     "restart the unit on its own configuration and wait until that start is "
                                     "verified; refuses (75) while the sweep that wrote it is still running")
         p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
-        p.add_argument("--timeout", type=float, metavar="S", help="seconds to wait for the verified start "
+        p.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
                        "(default: the target's load_timeout)")
         p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or "
                        f"{config.DEFAULT_PATH})")
@@ -358,6 +358,7 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
     from genready.tools import sweep
 
     args = sweep_tool_parser(name).parse_args(argv)
+    check_numbers(args)
     if name == "report":
         return sweep.report_main(args.folders, args.format)
     cfg = load_config(args.config)
