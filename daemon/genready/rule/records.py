@@ -104,10 +104,11 @@ def _allowed_types(hint: object) -> tuple[type, ...]:
         return tuple(t for a in typing.get_args(hint) for t in _allowed_types(a))
     if hint is None:
         return (type(None),)
-    if isinstance(hint, type):
-        return (hint,)
+    # Before the `type` test: on Python 3.10, isinstance(tuple[str, ...], type) is True.
     if typing.get_origin(hint) is tuple and typing.get_args(hint)[1:] == (...,) and typing.get_args(hint)[0] is str:
         return (tuple,)  # tuple[str, ...]: a JSON array of strings
+    if isinstance(hint, type) and typing.get_origin(hint) is None:
+        return (hint,)
     raise TypeError(f"unsupported field type {hint!r}")
 
 
