@@ -97,21 +97,22 @@ async def test_case5_a_unit_systemd_refuses_is_that_targets_problem_only(manager
     w = Watcher("user", ["foo@.service", good], lambda unit, snap: seen.__setitem__(unit, snap))
     task = asyncio.create_task(w.run())
     try:
-        for _ in range(200):
-            if seen.get(good) is not None and seen[good].active_state == "active" and "foo@.service" in seen:
-                break
+        # `connected` is set after the unit reads are applied (and their callbacks run): wait for it too.
+        deadline = time.monotonic() + 20
+        while not (w.connected and seen.get(good) is not None and seen[good].active_state == "active"
+                   and "foo@.service" in seen):
+            assert time.monotonic() < deadline, (w.connected, w.last_error, seen)
             await asyncio.sleep(0.02)
-        assert w.connected, w.last_error
         assert seen[good].active_state == "active" and seen[good].main_pid > 0
         bad = seen["foo@.service"]
         assert bad is not None and bad.absent and bad.error, bad
         # A change of the good unit still arrives: the connection is the live one, not a reconnect loop.
         manager.systemctl("stop", good)
-        for _ in range(200):
-            if seen[good].active_state == "inactive":
-                break
+        deadline = time.monotonic() + 20
+        while seen[good].active_state != "inactive":
+            assert time.monotonic() < deadline, seen[good]
             await asyncio.sleep(0.02)
-        assert seen[good].active_state == "inactive" and w.connected
+        assert w.connected
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
