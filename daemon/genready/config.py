@@ -673,12 +673,18 @@ def resolve_path(cli_path: str | None) -> Path:
 def load(path: Path) -> Config:
     """Read and validate a config file, or raise ConfigError. It blocks (a file on a hung network
     mount): the daemon calls it off its event loop, with a bounded wait."""
+    return parse(read_toml(path, MAX_CONFIG_BYTES), str(path))
+
+
+def read_toml(path: Path, cap: int) -> dict[str, Any]:
+    """A regular TOML file of at most `cap` bytes, as a table; else ConfigError naming the file.
+    The one reader of the config and of sweep plans."""
     try:
-        raw = read_regular(path, MAX_CONFIG_BYTES)
+        raw = read_regular(path, cap)
     except OSError as e:
         raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
     except ValueError as e:
-        raise ConfigError(str(path), "", f"a regular file of at most {MAX_CONFIG_BYTES >> 20} MiB", str(e)) from None
+        raise ConfigError(str(path), "", f"a regular file of at most {cap >> 20} MiB", str(e)) from None
     if raw.startswith(UTF8_BOM):
         # Some Windows editors save one; TOML parsers then report "invalid statement" at 1:1.
         raise ConfigError(str(path), "", "UTF-8 text without a byte-order mark",
@@ -689,4 +695,4 @@ def load(path: Path) -> Config:
         raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
     except ValueError as e:  # TOMLDecodeError, or tomllib's int() on an integer of > 4300 digits
         raise ConfigError(str(path), "", "valid TOML", str(e)) from None
-    return parse(data, str(path))
+    return data

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from genready.compat import tomllib
-from genready.config import ConfigError, read_regular
+from genready.config import ConfigError, read_toml
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -324,16 +323,4 @@ class Shard:
 
 
 def load_plan(path: Path) -> Plan:
-    try:
-        raw = read_regular(path, MAX_PLAN_BYTES)
-    except OSError as e:
-        raise ConfigError(str(path), "", "a readable TOML file", e.strerror or str(e)) from None
-    except ValueError as e:
-        raise ConfigError(str(path), "", f"a regular file of at most {MAX_PLAN_BYTES >> 20} MiB", str(e)) from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(str(path), "", "UTF-8 text", "undecodable bytes") from None
-    except ValueError as e:
-        raise ConfigError(str(path), "", "valid TOML", str(e)) from None
-    return parse_plan(data, str(path))
+    return parse_plan(read_toml(path, MAX_PLAN_BYTES), str(path))
