@@ -28,7 +28,7 @@ from typing import Any
 import genready_dev.hostile as th
 from genready import config
 from genready.probe.probe import Prober
-from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, alive, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
 CHECK_CONFIG_TIMEOUT = 30
@@ -397,14 +397,6 @@ def cli_run(*args: str, timeout: float) -> tuple[int | str, float]:
     except subprocess.TimeoutExpired:
         return f"still running after {timeout:g} s", time.monotonic() - t0
     return p.returncode, time.monotonic() - t0
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
 
 
 def case9(um: UserManager, tmp: Path) -> None:

@@ -22,20 +22,11 @@ import pytest
 from genready import cli, console
 from genready.client.guard import ProcessGroup, exit_status, group_members
 from genready.exitcodes import Exit
-from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, alive, free_port, show, sim_unit, wait_for
 from genready_dev.hostile import metric
 from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
-
-
-def alive(pid: int) -> bool:
-    """Is `pid` a live process (not gone, not a zombie waiting to be reaped)?"""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
 
 
 OUTPUTS = ("closed", "full", "broken")
