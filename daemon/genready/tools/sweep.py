@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any, Final, NoReturn, TextIO
 
 from genready import console
-from genready.client import client, guard
+from genready.client import GUARD_STOP_GRACE, client, guard
 from genready.client.guard import check
 from genready.client.progress import duration as _duration
 from genready.client.progress import target_line
@@ -65,7 +65,8 @@ from genready.tools.sweepreport import RESULTS_FILE, read_results
 
 LOCK_FILE: Final = ".sweep.lock"
 POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
-STOP_GRACE: Final = 10.0  # seconds an interrupted command gets after SIGINT, then SIGTERM, then SIGKILL
+# The grace an interrupted command gets between SIGINT, SIGTERM and SIGKILL: guard's, one definition.
+STOP_GRACE: Final = GUARD_STOP_GRACE
 LOADING_EVERY: Final = 30.0  # seconds between "loading" lines when stderr is not a terminal
 
 
