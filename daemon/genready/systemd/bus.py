@@ -9,7 +9,7 @@ side then really bounds them. The watcher's own calls (pystemd: Subscribe, GetAl
 made only while the manager answers.
 
 `Client` is the blocking face for the command line and the sweep (reading a unit, restart,
-reset-failed, reload, the runtime unit directory).
+reset-failed, reload, runtime drop-ins: where they go, written atomically, removed).
 """
 
 from __future__ import annotations
@@ -500,6 +500,43 @@ def runtime_unit_dir(kind: str) -> Path:
     return Path(os.environ.get("XDG_RUNTIME_DIR") or f"/run/user/{os.getuid()}") / "systemd" / "user"
 
 
+class NotOnUnitPath(LookupError):
+    """The manager does not search the runtime unit directory this process computed (for a user
+    manager: XDG_RUNTIME_DIR is not the manager's), so a drop-in written there would be ignored."""
+
+
+def runtime_dropin_path(kind: str, unit_paths: list[str], unit: str, name: str) -> Path:
+    """Where the runtime drop-in `name` of `unit` goes, checked against the manager's UnitPath."""
+    base = runtime_unit_dir(kind)
+    if str(base) not in unit_paths:
+        raise NotOnUnitPath(f"the {kind} manager does not load units from {base} (its UnitPath: "
+                            f"{' '.join(unit_paths)}); is XDG_RUNTIME_DIR the manager's?")
+    return base / f"{unit}.d" / name
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` at `path`, all of it or none: a temporary file beside it, fsync'd, renamed over it. The
+    manager may reload at any moment (anyone's daemon-reload), and must never read half a drop-in.
+    The mode is as open() makes it (0666 less the umask); the directory is made if missing. A
+    failure leaves `path` as it was and no temporary file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            data = memoryview(text.encode())
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 class Client:
     """The blocking client of one manager, on one connection: for the command line and the sweep.
 
@@ -528,6 +565,39 @@ class Client:
     def reload(self) -> None:
         """Manager.Reload: returns once the manager has re-read every unit file (as daemon-reload)."""
         manager_call(self._bus, b"Reload")
+
+    # Runtime drop-ins (`systemctl edit --runtime`): gone at reboot, applied in file-name order
+    # among the unit's other drop-ins, whatever directory those sit in.
+
+    def dropin_path(self, unit: str, name: str) -> Path:
+        """The runtime drop-in `name` of `unit`, in the runtime unit directory the manager searches
+        (NotOnUnitPath if it searches none this process can name)."""
+        return runtime_dropin_path(self.kind, self.unit_paths(), unit, name)
+
+    def write_dropin(self, unit: str, name: str, text: str, *,
+                     written: Callable[[Path], None] | None = None) -> Path:
+        """Put `text` in place as the runtime drop-in `name` of `unit` (atomically: write_atomically),
+        then Manager.Reload so the unit's next start uses it; its path.
+
+        The file's OSError (PermissionError for a system unit without root) means nothing changed.
+        `written(path)` runs once the file is in place, before the reload: a reload that fails then
+        raises its D-Bus error with the drop-in in place, for the caller to remove."""
+        path = self.dropin_path(unit, name)
+        write_atomically(path, text)
+        if written is not None:
+            written(path)
+        self.reload()
+        return path
+
+    def remove_dropin(self, unit: str, name: str) -> Path:
+        """Remove the runtime drop-in `name` of `unit` (there or not), and its directory if that is now
+        empty (other drop-ins in it are not ours), then Manager.Reload; its path."""
+        path = self.dropin_path(unit, name)
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        self.reload()
+        return path
 
     def reset_failed(self, unit: str) -> None:
         manager_call(self._bus, b"ResetFailedUnit", unit.encode())
