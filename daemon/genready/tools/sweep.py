@@ -181,21 +181,6 @@ def _last_byte_is_newline(path: Path, size: int) -> bool:
         return f.read(1) == b"\n"
 
 
-# --- the unit, over D-Bus -------------------------------------------------------------------------
-
-
-def runtime_dir(bus_kind: str, unit_paths: Sequence[str]) -> Path:
-    """The manager's runtime unit directory (`systemctl edit --runtime` writes there), checked
-    against the manager's own UnitPath."""
-    base = bus.runtime_unit_dir(bus_kind)
-    if str(base) not in unit_paths:
-        raise SweepError(f"the {bus_kind} manager does not load units from {base} (its UnitPath: "
-                         f"{' '.join(unit_paths)}); is XDG_RUNTIME_DIR the manager's?")
-    return base
-
-
-
-
 # --- running a sweep ------------------------------------------------------------------------------
 
 
@@ -360,7 +345,7 @@ class Sweep:
             state = self.sd.state()
             if state.load_state != "loaded":
                 raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
-            self.dropin_path = runtime_dir(self.bus_kind, self.sd.unit_paths()) / f"{self.unit}.d" / DROPIN_NAME
+            self.dropin_path = self.sd.dropin_path(self.unit, DROPIN_NAME)
             self._check_plan(state, skip)  # before anything is touched: a refused drop-in is exit 78
             self.log = ResultsLog(self.results)  # so is a results folder that cannot be written (73)
             self._take_over_leftover()
@@ -509,23 +494,24 @@ class Sweep:
             att.status, att.retry, att.journal = Status.NOT_READY, False, complaints
             att.reason = f"systemd would not take the drop-in as written: {complaints[0]}"
             return False
-        assert self.dropin_path is not None and self.sd is not None
         self.restored = False
         self._write_dropin(text)
-        self.sd.reload()
         return True
 
     def _write_dropin(self, text: str) -> None:
-        assert self.dropin_path is not None
-        tmp = self.dropin_path.with_name(f".{DROPIN_NAME}.tmp")
+        """The point's drop-in in place, headed by whose it is (sweepdropin), and the manager reloaded."""
+        assert self.dropin_path is not None and self.sd is not None
         try:
-            self.dropin_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(owner_header(self.plan.path, self.results, iso(self.started) or "") + text)
-            os.replace(tmp, self.dropin_path)
+            self.sd.write_dropin(self.unit, DROPIN_NAME,
+                                 owner_header(self.plan.path, self.results, iso(self.started) or "") + text,
+                                 written=self._written)
         except PermissionError as e:
             hint = (" (a runtime drop-in for a system unit needs root: run the sweep with sudo, or sweep a "
                     "user manager's unit)" if self.bus_kind == "system" else "")
             raise SweepError(f"cannot write {self.dropin_path}: {e.strerror}{hint}") from None
+
+    def _written(self, path: Path) -> None:
+        # Set before the reload: if that fails, the drop-in is in place all the same and the cleanup removes it.
         self.dropin_written = True
 
     def _restart_and_wait(self, point: Point, att: Attempt) -> None:
@@ -668,8 +654,7 @@ class Sweep:
         if self.keep_config:
             self.say(f"keeping {self.dropin_path} (--keep-config); {self.unit} runs the last point's configuration")
             return
-        self.restored = restore(self.sd, self.dropin_path, self.base, self.target, self.timeout, self.say,
-                                on_removed=self._removed)
+        self.restored = restore(self.sd, self.base, self.target, self.timeout, self.say, on_removed=self._removed)
 
     def _removed(self) -> None:
         self.dropin_written = False
@@ -719,14 +704,11 @@ def dropin_refused(plan: Plan, point: Point, complaints: Sequence[str]) -> Confi
                        f"for point {point.index} ({shown(point.label)}): " + " / ".join(complaints))
 
 
-def restore(sd: bus.UnitClient, dropin: Path, base: str, target: str, timeout: float, say: Callable[[str], None], *,
+def restore(sd: bus.UnitClient, base: str, target: str, timeout: float, say: Callable[[str], None], *,
             on_removed: Callable[[], None] | None = None) -> bool:
     """Remove the sweep's drop-in, reload, restart the unit on its own configuration and wait until that
     start is verified; True if it was. The end of every sweep, and `genready sweep restore`."""
-    dropin.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        dropin.parent.rmdir()  # only if empty: other drop-ins are not ours
-    sd.reload()
+    dropin = sd.remove_dropin(sd.unit, DROPIN_NAME)
     if on_removed:
         on_removed()
     say(f"removed {dropin}; restarting {sd.unit} on its own configuration")
@@ -825,7 +807,7 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
     try:
         sd = bus.UnitClient(bus_kind, unit)
         state = sd.state()
-        dropin = runtime_dir(bus_kind, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
+        dropin = sd.dropin_path(unit, DROPIN_NAME)
         return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
     except Exception as e:  # no manager to ask (D-Bus), no systemd-analyze: the dry run goes on unchecked
         console.err(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {bus.dbus_words(e)}")
@@ -890,7 +872,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except SweepBusy as e:
         raise Failed(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
                      f"`genready sweep restore {target}`", status=Exit.TEMPFAIL) from None
-    except SweepError as e:
+    except (SweepError, bus.NotOnUnitPath) as e:
         raise Failed(str(e), status=Exit.TIMEOUT) from None
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
@@ -910,7 +892,7 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
 
     sd = bus.UnitClient(cfg.daemon.bus, unit)
     try:
-        dropin = runtime_dir(cfg.daemon.bus, sd.unit_paths()) / f"{unit}.d" / DROPIN_NAME
+        dropin = sd.dropin_path(unit, DROPIN_NAME)
         try:
             owner = owner_of(dropin.read_text(errors="replace"))
         except FileNotFoundError:
@@ -920,10 +902,10 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
             raise Failed(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
                          hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
         say(f"{dropin} was left by " + (f"{describe_owner(owner)}, gone" if owner else "an earlier sweep"))
-        ok = restore(sd, dropin, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
+        ok = restore(sd, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
     except Failed:
         raise
-    except SweepError as e:
+    except (SweepError, bus.NotOnUnitPath) as e:
         raise Failed(str(e), status=Exit.TIMEOUT) from None
     except Exception as e:  # D-Bus: permission, no such unit
         raise Failed(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
