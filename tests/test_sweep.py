@@ -843,3 +843,20 @@ def test_shards_then_report_merges_the_folders_with_the_bench_figures(rig: Rig) 
     bad = subprocess.run([*GENREADY, "sweep", "report", folders[0], str(rig.tmp)], capture_output=True, text=True,
                          timeout=30)
     assert bad.returncode == 65 and f"{rig.tmp}: no results.jsonl" in bad.stderr, bad.stderr
+
+
+def test_a_runtime_dir_the_manager_does_not_search_exits_1_before_anything_changes(rig: Rig) -> None:
+    # XDG_RUNTIME_DIR not the manager's: a drop-in written under it would be ignored, and the points would
+    # run on the unit's own configuration. bus.NotOnUnitPath, mapped by the sweep to exit 1 in its words.
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8, "topk": 1}])
+    pid = rig.g.get("/ready/t")[1]["pid"]
+    elsewhere = {"XDG_RUNTIME_DIR": str(rig.tmp / "elsewhere")}
+    code, _ = rig.run(plan, env=elsewhere)
+    says = (f"genready: the user manager does not load units from {rig.tmp / 'elsewhere'}/systemd/user (its UnitPath: ")
+    err = rig.err.read_text()
+    assert code == 1 and says in err and "is XDG_RUNTIME_DIR the manager's?" in err and "Traceback" not in err, err
+    restore = subprocess.run([*GENREADY, "sweep", "restore", "t", "--config", str(rig.g.config_path)],
+                             env={**rig.manager.env, **elsewhere}, capture_output=True, text=True, timeout=60)
+    assert restore.returncode == 1 and says in restore.stderr and "Traceback" not in restore.stderr, restore.stderr
+    assert not rig.results.exists() and not (rig.tmp / "elsewhere").exists()
+    assert rig.g.get("/ready/t")[1]["pid"] == pid  # the unit was not restarted
