@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import faulthandler
 import json
+import logging
+import os
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +26,7 @@ import pytest
 import tomli_w
 
 from genready import config
+from genready.rule import records
 from genready.rule.gate import TargetGate
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
@@ -190,3 +194,35 @@ async def test_a_broken_config_on_reload_keeps_the_running_one_and_says_so(wired
     wired.write_config({"t": {"unit": "t.service"}})
     await wired.daemon._reload()
     assert (await wired.get("/status"))[1]["config_error"] is None
+
+
+async def test_a_records_write_that_fails_is_counted_logged_once_and_caught_up_off_the_loop(
+    wired: Wired, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store reports from its writer thread: the daemon's callbacks must hold up there."""
+    caplog.set_level(logging.WARNING, logger="genready.serve.daemon")
+    full = True
+    real = records._write_all
+
+    def write_all(fd: int, data: bytes) -> None:  # a state_dir with no space left, for records only
+        if full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(records, "_write_all", write_all)
+    inv = "f" * 32
+    wired.systemd_shows("t.service", snap(pid=4242, inv=inv))
+    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified, whatever the disk says")
+    await wired.until(lambda: wired.metric("genready_record_errors_total"), "the failed write counted")
+    assert wired.daemon.records_failing and wired.daemon.store.unsynced
+    code, body = await wired.get("/status")
+    assert code == 200 and body["targets"]["t"]["records"][0]["invocation_id"] == inv  # from memory
+    records_file = wired.tmp / "state" / records.RECORDS_FILE
+    assert inv not in records_file.read_text()
+    full = False
+    wired.daemon.catch_up()  # what upkeep does every UPKEEP_INTERVAL: asks the writer thread, returns at once
+    await wired.until(lambda: not wired.daemon.records_failing, "the records caught up")
+    assert inv in records_file.read_text() and not wired.daemon.store.unsynced
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("cannot write start records" in m for m in said) == 1, said
+    assert sum("start records are written" in m for m in said) == 1, said

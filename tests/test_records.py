@@ -1,8 +1,10 @@
-"""The start-record store: round trips, last-wins updates, torn and garbage lines, the cap, and real SIGKILLs."""
+"""The start-record store: round trips, last-wins updates, torn and garbage lines, the cap, the
+writer thread that keeps fsyncs off the caller (the event loop), and real SIGKILLs."""
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -12,6 +14,9 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -280,6 +285,205 @@ def test_second_writer_is_refused(tmp_path: Path) -> None:
         opened(tmp_path)
     s.close()
     opened(tmp_path).close()  # the lock goes with close()
+
+
+class HeldFsync:
+    """os.fsync held on the store's writer thread until released: what a busy disk looks like to
+    its caller (the call does not return), on demand and for as long as the test needs, which a
+    real disk cannot be made to do. Other threads' fsyncs pass (the module's `os` is the one os)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()  # the writer is inside a held fsync
+        self.release = threading.Event()
+        real = os.fsync
+
+        def fsync(fd: int) -> None:
+            if threading.current_thread().name == records.WRITER_THREAD:
+                self.entered.set()
+                # Bounded: a test that forgot to release fails instead of hanging.
+                assert self.release.wait(30), "fsync held for 30 s"
+            real(fd)
+
+        monkeypatch.setattr("genready.rule.records.os.fsync", fsync)
+
+
+@pytest.fixture
+def held_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
+    held = HeldFsync(monkeypatch)
+    try:
+        yield held
+    finally:
+        held.release.set()
+
+
+def wait_until(pred: Callable[[], object], what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.001)
+
+
+def test_a_slow_fsync_blocks_neither_remember_nor_readers(tmp_path: Path, held_fsync: HeldFsync) -> None:
+    n_held = 200  # records remembered while the writer is stuck in fsync
+    s = opened(tmp_path)
+    seen: dict[str, object] = {}
+
+    def on_the_loop() -> None:
+        """What History and the API do on the event loop, while the first line's fsync is held."""
+        s.remember(rec("first"))
+        assert held_fsync.entered.wait(5), "the writer never reached fsync"
+        for i in range(n_held):
+            s.remember(rec(f"r{i:03d}"))
+            assert s.get("llm", f"r{i:03d}") == rec(f"r{i:03d}")  # seen at once
+        s.remember(rec("r000", n_restarts=1))  # an update, seen at once too
+        seen["newest"], seen["all"] = s.newest("llm", 2), s.all("llm")
+
+    # On a thread of its own so that a call which waits for the held fsync fails the test in 5 s.
+    loop = threading.Thread(target=on_the_loop, daemon=True)
+    loop.start()
+    loop.join(5)
+    assert not loop.is_alive(), "remember() or a reader waited for the writer's fsync"
+    assert not held_fsync.release.is_set() and "all" in seen
+    newest, every = seen["newest"], seen["all"]
+    assert isinstance(newest, list) and isinstance(every, list)
+    assert [r.invocation_id for r in newest] == ["r199", "r198"]
+    assert len(every) == n_held + 1 and s.get("llm", "r000") == rec("r000", n_restarts=1)
+    # Only the first line is written (its fsync is the one held); the rest wait their turn.
+    assert [json.loads(x)["invocation_id"] for x in file_lines(tmp_path)] == ["first"]
+    held_fsync.release.set()
+    assert s.flush(5)
+    s.close()
+    assert reloaded(tmp_path) == every
+
+
+def test_writes_land_in_call_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(records, "_COMPACT_MIN_LINES", 10_000)  # every line stays, to read the order back
+    s = opened(tmp_path)
+    calls = []
+    for i in range(300):
+        r = rec(f"i{i % 50:02d}", n_restarts=i)  # updates of earlier records among new ones
+        calls.append(r)
+        s.remember(r)
+    s.put(rec("last"))  # put waits for its own line, so for every line queued before it
+    calls.append(rec("last"))
+    assert [StartRecord.from_json(json.loads(x)) for x in file_lines(tmp_path)] == calls
+    s.close()
+
+
+def test_put_returns_only_once_its_line_is_fsynced(tmp_path: Path, held_fsync: HeldFsync) -> None:
+    s = opened(tmp_path)
+    putter = threading.Thread(target=s.put, args=(rec("a"),))
+    putter.start()
+    assert held_fsync.entered.wait(5)
+    assert putter.is_alive()  # held inside the fsync of its line: put cannot have returned
+    held_fsync.release.set()
+    putter.join(5)
+    assert not putter.is_alive() and [json.loads(x)["invocation_id"] for x in file_lines(tmp_path)] == ["a"]
+    s.close()
+
+
+def test_close_waits_for_queued_writes(tmp_path: Path, held_fsync: HeldFsync) -> None:
+    s = opened(tmp_path)
+    for i in range(50):
+        s.remember(rec(f"r{i:02d}"))
+    want = s.all("llm")
+    assert held_fsync.entered.wait(5)
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    assert closer.is_alive()  # the writer is held in fsync, so close() cannot have finished
+    held_fsync.release.set()
+    closer.join(10)
+    assert not closer.is_alive(), "close() did not return once the writes were done"
+    assert reloaded(tmp_path) == want
+    with pytest.raises(RuntimeError, match="closed"):
+        s.remember(rec("late"))
+    assert s.all("llm") == want  # reads after close answer from memory
+
+
+class Disk:
+    """records' writes (appends and rewrites alike) failing with ENOSPC while `full`."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full = False
+        real = records._write_all
+
+        def write_all(fd: int, data: bytes) -> None:
+            if self.full:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fd, data)
+
+        monkeypatch.setattr(records, "_write_all", write_all)
+
+
+def test_a_failed_write_keeps_records_sets_unsynced_reports_and_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = Disk(monkeypatch)
+    s = opened(tmp_path)
+    errors: list[tuple[int | None, str]] = []
+    recovered: list[str] = []
+    s.on_error = lambda e: errors.append((e.errno, threading.current_thread().name))
+    s.on_recovered = lambda: recovered.append(threading.current_thread().name)
+    s.remember(rec("a"))
+    assert s.flush(5) and not s.unsynced and errors == []
+    disk.full = True
+    s.remember(rec("b"))
+    assert s.get("llm", "b") == rec("b")  # in memory at once, whatever the disk says
+    assert s.flush(5)
+    assert s.unsynced and errors == [(errno.ENOSPC, records.WRITER_THREAD)]
+    assert [json.loads(x)["invocation_id"] for x in file_lines(tmp_path)] == ["a"]  # no torn line either
+    s.remember(rec("c"))  # a new record that cannot be written: a new failure, reported
+    assert s.flush(5) and len(errors) == 2
+    err = s.sync()  # a retry of old ones that fails again is not a new failure
+    assert isinstance(err, OSError) and err.errno == errno.ENOSPC and len(errors) == 2
+    with pytest.raises(OSError, match="No space"):
+        s.put(rec("d"))  # put still says so
+    assert len(errors) == 3 and recovered == [] and s.unsynced
+    assert [r.invocation_id for r in s.all("llm")] == ["a", "b", "c", "d"]
+    disk.full = False
+    s.sync_soon()  # what the daemon's upkeep does: the rewrite happens on the writer thread
+    wait_until(lambda: recovered, "on_recovered called")
+    assert recovered == [records.WRITER_THREAD] and not s.unsynced
+    assert [json.loads(x)["invocation_id"] for x in file_lines(tmp_path)] == ["a", "b", "c", "d"]
+    s.remember(rec("e"))  # appends again
+    s.close()
+    assert [r.invocation_id for r in reloaded(tmp_path)] == ["a", "b", "c", "d", "e"]
+    assert recovered == [records.WRITER_THREAD]
+
+
+def test_a_later_write_that_works_writes_the_unsynced_ones_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    disk = Disk(monkeypatch)
+    s = opened(tmp_path)
+    recovered: list[bool] = []
+    s.on_recovered = lambda: recovered.append(True)
+    disk.full = True
+    s.remember(rec("a"))
+    assert s.flush(5) and s.unsynced
+    disk.full = False
+    s.remember(rec("b"))
+    assert s.flush(5) and not s.unsynced and recovered == [True]
+    s.close()
+    assert [r.invocation_id for r in reloaded(tmp_path)] == ["a", "b"]
+
+
+def test_a_callback_that_raises_stops_neither_the_writer_nor_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = Disk(monkeypatch)
+    s = opened(tmp_path)
+
+    def broken(e: OSError) -> None:
+        raise ValueError("owner's bug")
+
+    s.on_error = broken
+    disk.full = True
+    s.remember(rec("a"))
+    assert s.flush(5) and s.unsynced
+    assert any("callback" in m for m in caplog.messages), caplog.messages
+    disk.full = False
+    s.put(rec("b"))  # the writer still runs
+    s.close()
+    assert [r.invocation_id for r in reloaded(tmp_path)] == ["a", "b"]
 
 
 # The child puts records in a loop and prints "<stage> <invocation_id>" only after put returned.

@@ -1,10 +1,21 @@
 """The start-record store: one record per systemd InvocationID, kept crash-safe on disk.
 
-The file is append-only JSON Lines at `<state_dir>/records.jsonl`. Every `put` appends one
-complete line with a single write and fsyncs it before returning; an update is a new full line
-and on load the last line for a (target, invocation_id) wins. A SIGKILL at any moment loses no
-line whose `put` returned, and a torn last line is dropped on the next load. Compaction rewrites
-the live records into a temp file and renames it over the log, so a crash leaves old or new.
+The file is append-only JSON Lines at `<state_dir>/records.jsonl`. An update is a new full line
+and on load the last line for a (target, invocation_id) wins. Every write appends complete lines
+with a single write and fsyncs them; a torn last line (a crash mid-write) is dropped on the next
+load. Compaction rewrites the live records into a temp file and renames it over the log, so a
+crash leaves old or new.
+
+Who waits for the disk: `put` returns once its line is fsynced. `remember`, which the event loop
+calls for every start a unit makes, only changes memory (readers see the record at once) and
+queues the line for the store's one writer thread, which writes and fsyncs in order, many queued
+lines at a time. So an fsync on a busy disk (ms to seconds) never stalls /ready, /status or
+/metrics. The price is a window: a remembered record is lost by a SIGKILL or a power cut between
+the call and its fsync (normally well under a millisecond; as long as the disk is slow). That is
+acceptable because the records are history, not the truth: systemd is. After a restart genready
+re-reads each unit and recreates the record of the running start from systemd's own properties
+and timestamps; what such a loss can cost is the ready_at of a start verified just before the
+crash. close() and flush() wait for everything queued, so a clean stop loses nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +27,13 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import tempfile
 import threading
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import islice
 from pathlib import Path
@@ -197,10 +209,38 @@ class StoreBusyError(OSError):
     """Another RecordStore, in this process or another, has the same state dir open."""
 
 
+WRITER_THREAD: Final = "genready-records"
+
+
+@dataclass(slots=True)
+class _Waiter:
+    """Set by the writer once its job, and every job queued before it, is done."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    error: OSError | None = None  # the write that carried the job's record failed
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """One item of the writer's queue: a record's line, a sync request, a barrier, or stop."""
+
+    seq: int = 0  # a record's place in the order of remember/put calls (1, 2, ...); 0 for the rest
+    rec: StartRecord | None = None
+    waiter: _Waiter | None = None
+    sync: bool = False  # write what failed writes left in memory only (a full rewrite)
+    stop: bool = False  # the last job: close() is waiting for the thread to end
+
+
 class RecordStore:
     """The start records of all targets, newest `keep_per_target` per target, in `<state_dir>/records.jsonl`.
 
     One writer per state dir (enforced with a lock file); methods are safe to call from several threads.
+
+    Two locks, never taken the other way round: `_io` (the file: fd, line count, compaction) is
+    held across writes and fsyncs; `_mutex` (the records in memory) only for moments, never
+    across a system call that may wait for the disk, so readers (get/newest/all, on the event
+    loop) never wait for it. The one exception is load(), which reads the file under both: it
+    runs before the store is used (or as its first use, which must wait for it anyway).
     """
 
     def __init__(self, state_dir: Path, *, keep_per_target: int = 1000) -> None:
@@ -211,18 +251,28 @@ class RecordStore:
         self.path = self.state_dir / RECORDS_FILE
         self.keep_per_target = keep_per_target
         self.state_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        # -- under _mutex: what readers see
         self._mutex = threading.Lock()
         # target -> invocation_id -> record; dicts keep first-insertion order, which is "age".
         self._records: dict[str, dict[str, StartRecord]] = {}
-        self._fd: int | None = None
-        self._lock_fd: int | None = None
+        self._seq = 0  # records handed to the writer so far; each job carries its number
         self._loaded = False
         self._closed = False
+        self._unsynced = False  # a failed write left records in memory that the file does not have
+        # -- under _io: the file (and the lock file), touched by the writer thread, load, close and forget_removed
+        self._io = threading.Lock()
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
         self._lines = 0  # complete lines in the file, live or superseded
         self._compact_not_before = 0  # after a failed compaction, wait for the file to grow again
-        self._unsynced = False  # remember() kept records in memory that the file does not have
-        # Called (under the store's lock: it must not call back into the store) for every failed write.
+        self._covered = 0  # a rewrite took memory as of this seq: queued jobs up to it are in the file already
+        self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        # Called on the writer thread (holding the file lock, not the readers': they may read the
+        # store, but not put, flush, sync, load or close it) for every failed write of records...
         self.on_error: Callable[[OSError], None] | None = None
+        # ...and once the records failed writes kept in memory only are all on disk again.
+        self.on_recovered: Callable[[], None] | None = None
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -230,43 +280,29 @@ class RecordStore:
         """Read records.jsonl (last line per key wins) and open it for appends; takes the writer lock.
 
         Unreadable lines are skipped with a warning naming file and line; a torn last line is cut off.
+        Loading again re-reads the file after what is queued is written: before other threads use the store.
         """
-        with self._mutex:
-            self._load_locked()
+        self.flush()
+        with self._io:
+            self._load_io()
 
     def put(self, rec: StartRecord) -> None:
-        """Store `rec` durably (appended and fsynced) before returning; no-op if equal to the stored one."""
-        with self._mutex:
-            self._ensure_open()
-            if self._records.get(rec.target, {}).get(rec.invocation_id) == rec:
-                return
-            self._append(_encode(rec))
-            self._apply(rec)
-            self._lines += 1
-            self._maybe_compact()
+        """Store `rec` durably (appended and fsynced) before returning; no-op if equal to the stored one.
 
-    def remember(self, rec: StartRecord) -> OSError | None:
-        """put(), except that a failed write (disk full, read-only) keeps `rec` in memory and returns
-        the error instead of raising: the records are history, and whoever keeps them must go on.
-        Unwritten records are written by the next successful remember() or sync()."""
-        with self._mutex:
-            self._ensure_open()
-            if self._records.get(rec.target, {}).get(rec.invocation_id) == rec:
-                return None
-            if self._unsynced:
-                self._apply(rec)
-                return self._sync_locked(report=True)
-            try:
-                self._append(_encode(rec))
-            except OSError as e:
-                self._apply(rec)
-                self._unsynced = True
-                self._report(e)
-                return e
-            self._apply(rec)
-            self._lines += 1
-            self._maybe_compact()
-            return None
+        A failed write raises its OSError; `rec` then stays in memory like a failed remember()'s."""
+        waiter = _Waiter()
+        if not self._enqueue(rec, waiter):
+            return
+        waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
+
+    def remember(self, rec: StartRecord) -> None:
+        """Store `rec` without waiting for the disk: readers see it at once, the writer thread
+        appends and fsyncs it (in call order) right after. A failed write (disk full, read-only)
+        keeps the records in memory, sets `unsynced` and calls `on_error`; the records are history,
+        and whoever keeps them must go on. They are written by the next successful write or sync."""
+        self._enqueue(rec, None)
 
     @property
     def unsynced(self) -> bool:
@@ -274,69 +310,77 @@ class RecordStore:
         return self._unsynced
 
     def sync(self) -> OSError | None:
-        """Write the records a failed write left in memory only (the whole file, atomically); the
-        error if that fails too."""
-        with self._mutex:
-            if not self._unsynced or self._closed:
-                return None
-            return self._sync_locked(report=False)
+        """Write the records a failed write left in memory only (the whole file, atomically) and
+        wait for it; the error if that fails too. sync_soon() is the same without the wait."""
+        waiter = _Waiter()
+        if not self._send(_Job(sync=True, waiter=waiter)):
+            return None
+        waiter.done.wait()
+        return waiter.error
 
-    def _sync_locked(self, *, report: bool) -> OSError | None:
-        try:
-            self._compact(self._live())
-        except OSError as e:
-            if report:
-                self._report(e)
-            return e
-        self._unsynced = False
-        return None
+    def sync_soon(self) -> None:
+        """sync() on the writer thread, not waited for: `on_recovered` says when it worked."""
+        self._send(_Job(sync=True))
 
-    def _report(self, e: OSError) -> None:
-        if self.on_error is not None:
-            self.on_error(e)
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every record remembered so far is written (or its write failed); False if
+        `timeout` seconds passed first."""
+        waiter = _Waiter()
+        return not self._send(_Job(waiter=waiter)) or waiter.done.wait(timeout)
 
     def get(self, target: str, invocation_id: str) -> StartRecord | None:
         """The stored version of one record, or None."""
+        self._ensure_loaded()
         with self._mutex:
-            self._ensure_loaded()
             return self._records.get(target, {}).get(invocation_id)
 
     def newest(self, target: str, n: int = 20) -> list[StartRecord]:
         """Up to `n` records of `target`, newest first (by when each invocation was first stored)."""
+        self._ensure_loaded()
         with self._mutex:
-            self._ensure_loaded()
             return list(islice(reversed(self._records.get(target, {}).values()), max(n, 0)))
 
     def all(self, target: str) -> list[StartRecord]:
         """Every kept record of `target`, oldest first."""
+        self._ensure_loaded()
         with self._mutex:
-            self._ensure_loaded()
             return list(self._records.get(target, {}).values())
 
     def forget_removed(self, configured: Iterable[str], before: float) -> list[str]:
         """Drop every record of each target not in `configured` whose newest record (its end, or
-        start) is older than `before` (wall clock), and rewrite the file without them. The targets
-        dropped, sorted. A failed rewrite keeps the file as it is (tried again next time)."""
+        start) is older than `before` (wall clock), and rewrite the file without them, on the
+        calling thread. The targets dropped, sorted. A failed rewrite keeps the file as it is
+        (tried again next time)."""
         keep = set(configured)
-        with self._mutex:
-            self._ensure_open()
-            gone = sorted(t for t, recs in self._records.items()
-                          if t not in keep and _last_seen(recs.values()) < before)
+        self._ensure_loaded()
+        with self._io:
+            with self._mutex:
+                if self._closed:
+                    raise RuntimeError(f"RecordStore for {self.path} is closed")
+                gone = sorted(t for t, recs in self._records.items()
+                              if t not in keep and _last_seen(recs.values()) < before)
+                for target in gone:
+                    del self._records[target]
             if not gone:
                 return gone
-            for target in gone:
-                del self._records[target]
             try:
-                self._compact(self._live())
+                self._rewrite()
             except OSError as e:
                 log.warning("rewriting %s without the records of %s failed: %s", self.path, ", ".join(gone), e)
             return gone
 
     def close(self) -> None:
-        """Close the file and release the lock; later puts raise, reads answer from memory. Idempotent."""
+        """Wait for the writer to write what is queued, close the file and release the lock; later
+        puts raise, reads answer from memory. Idempotent."""
         with self._mutex:
             self._closed = True
             self._loaded = False
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                self._queue.put(_Job(stop=True))  # behind every job queued before _closed was set
+        if writer is not None:
+            writer.join()
+        with self._io:
             for fd in (self._fd, self._lock_fd):
                 if fd is not None:
                     with contextlib.suppress(OSError):
@@ -350,18 +394,113 @@ class RecordStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals (caller holds self._mutex) -------------------------------------------------
+    # -- the callers' side --------------------------------------------------------------------
 
     def _ensure_loaded(self) -> None:
-        # Reads after close() answer from memory rather than silently reopening the file.
-        if not self._loaded and not self._closed:
-            self._load_locked()
+        """Load on first use. Unlocked peek first: once loaded this must not wait for `_io`,
+        which the writer holds across fsyncs. Reads after close() answer from memory."""
+        if self._loaded or self._closed:
+            return
+        with self._io:
+            if not self._loaded and not self._closed:
+                self._load_io()
 
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise RuntimeError(f"RecordStore for {self.path} is closed")
+    def _enqueue(self, rec: StartRecord, waiter: _Waiter | None) -> bool:
+        """Apply `rec` in memory and queue its line; False if it equals the stored version."""
         # A put before load() must not happen blind: compaction would drop what the file holds.
         self._ensure_loaded()
+        with self._mutex:
+            if self._closed:
+                raise RuntimeError(f"RecordStore for {self.path} is closed")
+            if self._records.get(rec.target, {}).get(rec.invocation_id) == rec:
+                return False
+            self._apply(rec)
+            self._seq += 1
+            self._queue.put(_Job(seq=self._seq, rec=rec, waiter=waiter))  # under _mutex: in seq order
+            return True
+
+    def _send(self, job: _Job) -> bool:
+        """Queue a job that carries no record; False (not queued) if no writer runs: nothing to wait for."""
+        with self._mutex:
+            if self._writer is None:
+                return False
+            self._queue.put(job)
+            return True
+
+    # -- the writer thread --------------------------------------------------------------------
+
+    def _start_writer(self) -> None:
+        """Caller holds _io and _mutex."""
+        if self._writer is None:
+            self._writer = threading.Thread(target=self._write_loop, name=WRITER_THREAD, daemon=True)
+            self._writer.start()
+
+    def _write_loop(self) -> None:
+        # A daemon thread: a store never closed (a crash, a test) does not hold up the exit; what
+        # it had queued is then lost, like the window after remember() that the module doc names.
+        while True:
+            jobs = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:  # whatever queued meanwhile goes in the same write and fsync
+                    jobs.append(self._queue.get_nowait())
+            try:
+                with self._io:
+                    error = self._write_jobs(jobs)
+            except Exception as e:  # a bug, not the disk: say so, and never strand a waiter
+                log.exception("writing start records to %s failed", self.path)
+                error = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
+            for job in jobs:
+                if job.waiter is not None:
+                    job.waiter.error = error if job.rec is not None or job.sync else None
+                    job.waiter.done.set()
+            if any(job.stop for job in jobs):
+                return
+
+    def _write_jobs(self, jobs: list[_Job]) -> OSError | None:
+        """Caller holds _io. Append the records of `jobs` in one write and one fsync, or rewrite
+        the whole file if an earlier write failed; the OSError if that failed."""
+        # A rewrite that took memory as of seq N holds every record queued up to N already.
+        recs = [job.rec for job in jobs if job.rec is not None and job.seq > self._covered]
+        sync = any(job.sync for job in jobs)
+        if self._fd is None or not (recs or sync):
+            return None
+        if self._unsynced:  # only this thread and load change it, both under _io
+            try:
+                self._rewrite()
+            except OSError as e:
+                if recs:  # a new record failed to be written; a retry of old ones is not a new failure
+                    self._report(e)
+                return e
+            with self._mutex:
+                self._unsynced = False
+            if self.on_recovered is not None:
+                self._callback(self.on_recovered)
+            return None
+        if not recs:
+            return None
+        try:
+            self._append(b"".join(_encode(rec) for rec in recs))
+        except OSError as e:
+            with self._mutex:
+                self._unsynced = True
+            self._report(e)
+            return e
+        self._lines += len(recs)
+        self._maybe_compact()
+        return None
+
+    def _report(self, e: OSError) -> None:
+        if self.on_error is not None:
+            self._callback(self.on_error, e)
+
+    def _callback(self, fn: Callable[..., None], *args: object) -> None:
+        # The owner's code: its bug must neither stop the writer nor turn a write into a failure.
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("the record store's callback %r failed", fn)
+
+    # -- internals (caller holds self._io) ----------------------------------------------------
 
     def _acquire_lock(self) -> None:
         if self._lock_fd is not None:
@@ -380,12 +519,11 @@ class RecordStore:
             raise
         self._lock_fd = fd
 
-    def _load_locked(self) -> None:
+    def _load_io(self) -> None:
         self._acquire_lock()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._records = {}
         self._lines = 0
         self._compact_not_before = 0
         existed = self.path.exists()
@@ -395,13 +533,20 @@ class RecordStore:
         try:
             if not existed:
                 _fsync_dir(self.state_dir)  # the new name must survive a crash, not only its data
-            self._replay(fd, _read_all(fd))
+            # Loading happens before the store is used (or lazily, by its first use): holding the
+            # readers' lock across the read is what makes that first use wait for it.
+            with self._mutex:
+                self._records = {}
+                self._unsynced = False
+                self._covered = self._seq  # nothing queued before a load is still to be written
+                self._replay(fd, _read_all(fd))
+                self._closed = False
+                self._loaded = True
+                self._start_writer()
         except BaseException:
             os.close(fd)
             raise
         self._fd = fd
-        self._closed = False
-        self._loaded = True
         self._remove_stale_temps()
         self._maybe_compact()
 
@@ -437,7 +582,8 @@ class RecordStore:
         self._lines += 1
 
     def _apply(self, rec: StartRecord) -> None:
-        """A put's in-memory effect: replace in place, or add as newest and evict the oldest over the cap."""
+        """A put's in-memory effect (caller holds _mutex): replace in place, or add as newest and
+        evict the oldest over the cap."""
         recs = self._records.setdefault(rec.target, {})
         new = rec.invocation_id not in recs
         recs[rec.invocation_id] = rec
@@ -445,13 +591,13 @@ class RecordStore:
             while len(recs) > self.keep_per_target:
                 del recs[next(iter(recs))]
 
-    def _append(self, line: bytes) -> None:
-        """Append one complete line and fsync it; on failure cut the file back so no torn line stays."""
+    def _append(self, lines: bytes) -> None:
+        """Append complete lines and fsync them; on failure cut the file back so no torn line stays."""
         fd = self._fd
         assert fd is not None
         start = os.fstat(fd).st_size
         try:
-            _write_all(fd, line)  # one os.write in practice; O_APPEND puts it at the end
+            _write_all(fd, lines)  # one os.write in practice; O_APPEND puts it at the end
             os.fsync(fd)
         except OSError:
             # A half line left here would glue itself to the next record and lose both.
@@ -459,23 +605,27 @@ class RecordStore:
                 os.ftruncate(fd, start)
             raise
 
-    def _live(self) -> int:
-        return sum(len(recs) for recs in self._records.values())
-
     def _maybe_compact(self) -> None:
-        live = self._live()
+        with self._mutex:
+            live = sum(len(recs) for recs in self._records.values())
         if self._lines <= max(2 * live, _COMPACT_MIN_LINES) or self._lines < self._compact_not_before:
             return
         try:
-            self._compact(live)
+            self._rewrite()
         except OSError as e:
             # The records themselves are already durable; only the rewrite failed (e.g. disk full).
             self._compact_not_before = self._lines + max(live, _COMPACT_MIN_LINES)
             log.warning("compacting %s failed, will retry after more records: %s", self.path, e)
 
-    def _compact(self, live: int) -> None:
-        """Rewrite the live records to a temp file, fsync it, rename it over the log, fsync the dir."""
-        data = b"".join(_encode(rec) for rec in self._iter_live())
+    def _rewrite(self) -> None:
+        """Rewrite the live records to a temp file, fsync it, rename it over the log, fsync the dir.
+
+        Memory is copied under _mutex (records are immutable: a list of references), encoded and
+        written outside it."""
+        with self._mutex:
+            live = [rec for recs in self._records.values() for rec in recs.values()]
+            seq = self._seq
+        data = b"".join(_encode(rec) for rec in live)
         tmp_fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=self.state_dir)
         try:
             os.fchmod(tmp_fd, 0o640)  # mkstemp makes 0600; keep the log's usual mode
@@ -492,13 +642,12 @@ class RecordStore:
         old_fd, self._fd = self._fd, tmp_fd
         if old_fd is not None:
             os.close(old_fd)
-        self._lines = live
+        self._lines = len(live)
         self._compact_not_before = 0
+        # Jobs still queued up to `seq` are in the new file: appending them again would put an
+        # older version after a newer one if the writer died between the two.
+        self._covered = max(self._covered, seq)
         _fsync_dir(self.state_dir)
-
-    def _iter_live(self) -> Iterable[StartRecord]:
-        for recs in self._records.values():
-            yield from recs.values()
 
     def _remove_stale_temps(self) -> None:
         """Delete temp files of a compaction that a crash interrupted; we hold the lock, so none is live."""

@@ -127,6 +127,7 @@ class Daemon:
         stack.callback(self.store.close)
         self._forget_removed()
         self.store.on_error = self._record_error
+        self.store.on_recovered = self._records_recovered
         self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
         self.outputs = Outputs(self.notifier, self.stamps, self.metrics)
         self.fresh = FreshReader(d.bus, self.health)
@@ -429,12 +430,17 @@ class Daemon:
 
     def catch_up(self) -> None:
         if self.store.unsynced:
-            self.store.sync()
-        if self.records_failing and not self.store.unsynced:
+            self.store.sync_soon()  # the store's writer thread rewrites the file: no fsync on the loop
+        self.stamps.retry()
+
+    # The store calls these two on its writer thread, one at a time (never both at once, never
+    # with the loop's state half-changed): they touch only records_failing, which nothing on the
+    # loop reads, the metrics (prometheus_client's counters are thread-safe) and the log.
+    def _records_recovered(self) -> None:
+        if self.records_failing:
             self.records_failing = False
             log.warning("start records are written to %s again; the ones kept in memory meanwhile are on disk",
                         self.store.path)
-        self.stamps.retry()
 
     def _record_error(self, e: OSError) -> None:
         self.metrics.record_error()
