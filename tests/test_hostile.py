@@ -27,7 +27,8 @@ from genready.rule import records
 from genready.rule.gate import TargetGate
 from genready.serve import api, serving, stamp
 from genready.systemd.bus import retry_eintr
-from genready.systemd.watcher import FreshReader, Watcher
+from genready.systemd.fresh import FreshReader
+from genready.systemd.watcher import Watcher
 from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.hostile import (

@@ -30,8 +30,8 @@ from genready.rule.records import RecordStore, StartRecord
 from genready.rule.schedule import Schedule
 from genready.systemd import sweepdropin
 from genready.systemd.bus import Snapshot, Unresponsive
+from genready.systemd.fresh import FreshReader
 from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
-from genready.systemd.watcher import FreshReader
 from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready.rule.gate")

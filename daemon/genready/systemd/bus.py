@@ -1,12 +1,11 @@
 """The one systemd client: the Snapshot of a unit, its property table, and every D-Bus call genready makes.
 
-pystemd is imported in this sub-package only (tests/test_layout.py checks it). The daemon's calls run
-on `Worker`s: one thread per connection (sd-bus connections are not thread-safe), results handed
-back to the event loop in order. pystemd keeps the GIL while sd-bus waits for an answer, so a
-pystemd call stuck on a frozen manager stops every thread; the reads `/ready` and the heartbeat
-need go through sdbus.py (ctypes, which releases the GIL) instead, and a bounded wait on the loop
-side then really bounds them. The watcher's own calls (pystemd: Subscribe, GetAll, signals) are
-made only while the manager answers.
+pystemd is imported in this sub-package only (tests/test_layout.py checks it). The watcher's calls
+run on a `Worker`: one thread per connection (sd-bus connections are not thread-safe), results
+handed back to the event loop in order. pystemd keeps the GIL while sd-bus waits for an answer, so
+a pystemd call stuck on a frozen manager stops every thread; the reads `/ready` and the heartbeat
+need never wait at all (fresh.py, through sdbus.py), and the watcher's own calls (Subscribe,
+GetAll, signals) are made only while the manager answers.
 
 `Client` is the blocking face for the command line and the sweep (reading a unit, restart,
 reset-failed, reload, runtime drop-ins: where they go, written atomically, removed).
@@ -28,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
-
-from genready.systemd import sdbus
 
 if TYPE_CHECKING:
     from pystemd.dbuslib import DBus
@@ -283,33 +280,33 @@ def snapshot_of(unit: str, reads: list[tuple[bytes, int, dict[bytes, Any]]], bas
     return settled(snap) if settle else snap
 
 
-def read_quick(conn: sdbus.Connection, unit: str) -> Snapshot:
-    """The identity and state of a unit, in few small calls (sdbus: no GIL held while waiting):
-    InvocationID first and last, so a start in between is always seen (each start gets a new ID).
-    A start mid-read is reported as activating with a job, which no gate accepts as ready."""
-    path = unit_path(unit)
+# A quick read of a unit: the Properties.Get questions, in this order. InvocationID comes first
+# and last: the manager answers a connection's calls in the order they were sent, so a start in
+# between is always seen (each start gets a new ID).
+QUICK: Final = ((UNIT_IFACE, b"InvocationID", "ay"), (UNIT_IFACE, b"LoadState", "s"),
+                (SERVICE_IFACE, b"MainPID", "u"), (UNIT_IFACE, b"Job", "(uo)"),
+                (UNIT_IFACE, b"ActiveState", "s"), (UNIT_IFACE, b"DropInPaths", "as"),
+                (UNIT_IFACE, b"InvocationID", "ay"))
 
-    def unit_prop(prop: bytes, get: Callable[[bytes, bytes, bytes], Any]) -> Any:
-        return retry_eintr(lambda: get(path, UNIT_IFACE, prop))
 
-    snap = apply_properties(Snapshot(unit), UNIT_IFACE, {b"InvocationID": unit_prop(b"InvocationID", conn.get_bytes),
-                                                         b"LoadState": unit_prop(b"LoadState", conn.get_string)})
+def quick_snapshot(unit: str, answers: list[Any]) -> Snapshot:
+    """The identity and state of a unit from the answers to QUICK (a value, or the error systemd
+    answered with, each). A start mid-read is reported as activating with a job, which no gate
+    accepts as ready. Raises the first error that matters."""
+    inv1, load, pid, job, active, dropins, inv2 = answers
+    for (_, prop, _), value in zip(QUICK, answers, strict=True):
+        # A unit systemd cannot load has no Service properties to give: its MainPID means nothing.
+        if isinstance(value, Exception) and not (prop == b"MainPID" and not isinstance(load, Exception)
+                                                 and load in ("", "not-found")):
+            raise value
+    snap = apply_properties(Snapshot(unit), UNIT_IFACE, {
+        b"InvocationID": inv1, b"LoadState": load, b"Job": (job, b""), b"ActiveState": active,
+        b"DropInPaths": dropins})
     if not snap.absent:
-        pid = retry_eintr(lambda: conn.get_u32(path, SERVICE_IFACE, b"MainPID"))
         snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": pid})
-    job = retry_eintr(lambda: conn.get_job_id(path, UNIT_IFACE))
-    snap = apply_properties(snap, UNIT_IFACE, {b"ActiveState": unit_prop(b"ActiveState", conn.get_string),
-                                               b"Job": (job, b""),
-                                               b"DropInPaths": unit_prop(b"DropInPaths", conn.get_strv)})
-    inv2 = _hex(unit_prop(b"InvocationID", conn.get_bytes))
-    if snap.invocation_id != inv2:
-        return replace(snap, active_state="activating", invocation_id=inv2, job_id=snap.job_id or 1)
+    if snap.invocation_id != _hex(inv2):
+        return replace(snap, active_state="activating", invocation_id=_hex(inv2), job_id=snap.job_id or 1)
     return snap
-
-
-def open_quick(kind: str) -> sdbus.Connection:
-    """A connection for read_quick and version(): its calls leave the GIL to the event loop."""
-    return sdbus.Connection(kind, int(SD_BUS_TIMEOUT * 1e6))
 
 
 def ping(bus: DBus) -> None:
@@ -331,13 +328,11 @@ class Worker:
     that fails with anything but a timeout closes the connection; the next call opens a new one.
     """
 
-    def __init__(self, kind: str, name: str, on_open: Callable[[Any], None] | None = None,
-                 opener: Callable[[str], Any] = open_bus) -> None:
+    def __init__(self, kind: str, name: str, on_open: Callable[[Any], None] | None = None) -> None:
         self.kind = kind
         self.name = name
-        self.bus: Any = None  # pystemd's DBus, or an sdbus.Connection (opener)
+        self.bus: Any = None  # pystemd's DBus
         self.on_open = on_open
-        self.opener = opener
         self.connects = 0  # connections opened so far
         self.busy_since: float | None = None  # monotonic start of the call in progress
         self.bound = CALL_TIMEOUT  # the bound of the call in progress
@@ -387,7 +382,7 @@ class Worker:
         self.bound, self.busy_since = job.bound, time.monotonic()
         try:
             if self.bus is None:
-                self.bus = self.opener(self.kind)
+                self.bus = open_bus(self.kind)
                 self.connects += 1
                 if self.on_open is not None:
                     self.on_open(self.bus)

@@ -20,28 +20,21 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
-from genready.systemd import sdbus
 from genready.systemd.bus import (
     CALL_TIMEOUT,
     MANAGER_IFACE,
     MANAGER_PATH,
     PROPS_IFACE,
-    READ_TIMEOUT,
     SYSTEMD,
     Health,
     Snapshot,
-    Unresponsive,
     Worker,
     check_bus,
     manager_call,
-    open_quick,
     ping,
     read_all,
-    read_quick,
-    retry_eintr,
-    settle,
     snapshot_of,
     timed_out,
     unit_path,
@@ -51,7 +44,6 @@ if TYPE_CHECKING:
     from pystemd.dbuslib import DBus
 
 log = logging.getLogger("genready.systemd.watcher")
-HEARTBEAT: Final = 1.0  # seconds between "do you answer?" questions to the manager (FreshReader.heartbeat)
 
 OnChange = Callable[[str, "Snapshot | None"], None]
 _Read = tuple[str, Any]  # ("ok", the GetAll replies) or ("unit_error", what systemd said about the unit)
@@ -180,7 +172,7 @@ class Watcher:
 
     async def _follow(self) -> None:
         """Until the connection is lost. No heartbeat here: a pystemd call on a frozen manager keeps
-        the GIL; FreshReader.heartbeat asks through sdbus instead."""
+        the GIL; fresh.FreshReader.heartbeat asks without waiting instead."""
         assert self._lost is not None
         await self._lost
 
@@ -346,97 +338,3 @@ def _read_unit(bus: DBus, unit: str) -> _Read:
         except Exception:
             raise e from None
         return "unit_error", f"{type(e).__name__}: {e}"
-
-
-class FreshReader:
-    """Reads a unit's identity and state on its own connection, sharing reads between callers.
-
-    `read(unit)` returns a snapshot from a read that *began after the call*; every caller
-    that arrives before the read starts shares it, so a burst of /ready requests costs one
-    D-Bus round trip (~0.5 ms), not one per request. A read waits at most READ_TIMEOUT; while
-    a read is stuck on a manager that does not answer, `read` raises Unresponsive at once.
-    """
-
-    def __init__(self, bus_kind: str, health: Health | None = None) -> None:
-        self.bus_kind = bus_kind
-        self.health = health or Health()
-        self._worker = Worker(bus_kind, "fresh-reads", opener=open_quick)
-        self._pending: dict[str, asyncio.Future[Snapshot]] = {}
-        self._flush_scheduled = False
-        self._in_flight = False
-        self.reads = 0
-
-    async def read(self, unit: str) -> Snapshot:
-        """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
-        if late := self._worker.stuck():
-            raise Unresponsive(f"the {self.bus_kind} manager has not answered for "
-                               f"{late + self._worker.bound:.1f} s")
-        loop = asyncio.get_running_loop()
-        fut = self._pending.get(unit)
-        if fut is None:
-            fut = self._pending[unit] = loop.create_future()
-            if not self._flush_scheduled and not self._in_flight:
-                # call_soon: the read runs after every handler already scheduled in this loop
-                # iteration has joined it, and strictly after each of them arrived. While a read
-                # is out, callers gather for the next one, sent when it is back: one read at a
-                # time serves any number of /ready requests.
-                self._flush_scheduled = True
-                loop.call_soon(self._flush)
-        done, _ = await asyncio.wait([fut], timeout=READ_TIMEOUT)
-        if not done:
-            self.health.stuck()
-            raise Unresponsive(f"the {self.bus_kind} manager has not answered for {READ_TIMEOUT:g} s")
-        return fut.result()
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        batch, self._pending = self._pending, {}
-        units = list(batch)
-        self.reads += len(units)
-
-        def apply(ok: bool, res: Any) -> None:
-            self._in_flight = False
-            if self._pending and not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
-            results = res if ok else {u: (False, res) for u in units}
-            if any(good or not timed_out(value) for good, value in results.values()):
-                self.health.answered()
-            for u, (good, value) in results.items():
-                settle(batch[u], good, value)
-
-        self._in_flight = True
-        self._worker.submit(lambda bus: self._read_batch(bus, units), apply, READ_TIMEOUT)
-
-    def _read_batch(self, conn: sdbus.Connection, units: list[str]) -> dict[str, tuple[bool, Any]]:
-        out: dict[str, tuple[bool, Any]] = {}
-        for unit in units:
-            try:
-                out[unit] = True, read_quick(conn, unit)
-            except Exception as e:
-                out[unit] = False, e
-        if not conn.alive():
-            self._worker.drop()  # the connection is gone: the next read opens a new one
-        return out
-
-    async def heartbeat(self, interval: float = HEARTBEAT) -> None:
-        """Ask the manager for its Version every `interval` seconds, so a manager that stops answering
-        shows (genready_systemd_responsive 0, the log) even when nobody asks /ready, and one that
-        answers again is noticed (the watcher then re-reads every unit)."""
-        def answered(ok: bool, res: Any) -> None:
-            if ok or not timed_out(res):
-                self.health.answered()
-
-        while True:
-            await asyncio.sleep(interval)
-            if self._worker.busy_since is not None:  # a call is out already: its answer will tell
-                if self._worker.stuck():
-                    self.health.stuck()
-                continue
-            fut = self._worker.submit(lambda conn: retry_eintr(conn.version), answered, CALL_TIMEOUT)
-            done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
-            if not done:
-                self.health.stuck()
-
-    def close(self) -> None:
-        self._worker.close()

@@ -14,7 +14,7 @@ from genready import compat, console
 from genready.config import Config, TargetConfig
 from genready.probe.probe import Prober
 from genready.systemd.bus import Snapshot
-from genready.systemd.watcher import FreshReader
+from genready.systemd.fresh import FreshReader
 from genready.vocab import ProbeResult
 
 BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit
