@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -29,8 +30,9 @@ from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs
 from genready.systemd import bus
 from genready.systemd.bus import Health, Snapshot
+from genready.systemd.fresh import FreshReader
 from genready.systemd.notify import Notifier
-from genready.systemd.watcher import FreshReader, Watcher
+from genready.systemd.watcher import Watcher
 from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready")
@@ -145,6 +147,12 @@ class Daemon:
             self._background(stack, self._watchdog(), "watchdog")
         self._background(stack, self._upkeep(), "upkeep")
         self._update_outputs()
+        # What start-up made (modules, config, the app, the gates) lives as long as the daemon: move
+        # it out of the collector's sight. A full collection then walks only what came since, instead
+        # of stalling the loop for milliseconds under load (/ready's p99 under 64 clients: 2.7x a
+        # hello-world handler's with it in sight, 2x without; bench/ready_load.py).
+        gc.collect()
+        gc.freeze()
 
     async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
         d = self.cfg.daemon
