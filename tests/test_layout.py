@@ -70,3 +70,54 @@ def test_only_the_systemd_package_talks_to_systemd() -> None:
         text = path.read_text()
         for word in ("import pystemd", "from pystemd", "libsystemd", "ctypes"):
             assert word not in text, f"{path.relative_to(root)} uses {word!r}: only systemd/ may"
+
+
+def _runtime_imports(path: Path, package: str) -> set[str]:
+    """The genready modules a file imports when it runs, lazy imports in functions included (an
+    `if TYPE_CHECKING:` block is not run, so not counted)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in node.body for n in ast.walk(child)}
+    daemon = Path(__file__).resolve().parents[1] / "daemon"
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from genready.systemd import sdbus` imports the module genready.systemd.sdbus
+            names = [f"{node.module}.{a.name}" if (daemon / Path(*node.module.split(".")) / f"{a.name}.py").exists()
+                     else node.module for a in node.names]
+        out |= {n for n in names if n == package or n.startswith(package + ".")}
+    return out
+
+
+def test_no_import_cycle_anywhere() -> None:
+    """Library modules raise and `cli` maps errors to exit codes: nothing imports back up the
+    chain, so no module can be half-initialised when another needs it."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        graph[name] = {m for m in _runtime_imports(path, "genready") if m != name}
+    assert len(graph) > 40 and graph["genready.cli"], "the import graph was not read"
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycle = [*trail[trail.index(dep):], dep]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if dep not in state:
+                visit(dep, [*trail, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
