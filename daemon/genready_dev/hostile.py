@@ -186,11 +186,17 @@ def _stopped(pid: int) -> bool:
     return False
 
 
-def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0) -> Frozen:
+def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0, *, during_reread: bool = False) -> Frozen:
     """A simulator unit verified ready; its manager SIGSTOPped for `seconds` while /ready, /status
     and /metrics are asked in turn; then SIGCONT and /ready polled until 200. The manager is
     continued in a finally, whatever happens. `um` must be a manager of its own: every unit and
-    client of a frozen manager waits."""
+    client of a frozen manager waits.
+
+    `during_reread`: the manager freezes just as the watcher is to re-read every unit after a
+    daemon-reload, its pystemd connection's moment of risk (pystemd keeps the GIL while it waits).
+    Made certain, not left to a race: genready is stopped (SIGSTOP) first, the reload's
+    Reloading(false) signal queues on its bus socket, the manager is frozen, and only then is
+    genready continued: the first thing its watcher does is that re-read."""
     port = free_port()
     unit = "frozen-sim.service"
     um.install_unit(unit, sim_unit(port, extra=f"StandardError=append:{tmp}/{unit}.log"))
@@ -204,9 +210,21 @@ def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0) -> Frozen:
         mark = len(g.log_path.read_text(errors="replace"))
         answers: dict[str, list[tuple[float, int, Any]]] = {"/ready/t": [], "/status": [], "/metrics": []}
         gauge: list[str] = []
-        os.kill(pid, signal.SIGSTOP)
+        daemon_pid = g.proc.pid if during_reread and g.proc is not None else 0
+        if daemon_pid:
+            os.kill(daemon_pid, signal.SIGSTOP)
         try:
-            wait_for(lambda: _stopped(pid), 5, "the manager stopped")
+            try:
+                if daemon_pid:
+                    wait_for(lambda: _stopped(daemon_pid), 5, "genready stopped")
+                    # Returns once the manager has answered Reload, which it sends after
+                    # Reloading(false): that signal is on its way to genready's socket by then.
+                    um.systemctl("daemon-reload")
+                os.kill(pid, signal.SIGSTOP)
+                wait_for(lambda: _stopped(pid), 5, "the manager stopped")
+            finally:
+                if daemon_pid:
+                    os.kill(daemon_pid, signal.SIGCONT)
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 for path, got in answers.items():
