@@ -33,7 +33,8 @@ def main() -> int:
             f = frozen_manager(um, Path(tempfile.mkdtemp(prefix="genready-frozen-")), args.seconds,
                                during_reread=kind == "re-read")
             codes = sorted({c for _, c, _ in f.answers["/ready/t"]})
-            print(f"round {r} ({kind}): frozen {args.seconds:g} s: slowest /ready {f.slowest('/ready/t') * 1000:.0f} ms "
+            print(f"round {r} ({kind}): frozen {args.seconds:g} s: "
+                  f"slowest /ready {f.slowest('/ready/t') * 1000:.0f} ms "
                   f"(codes {codes}, {len(f.answers['/ready/t'])} asked), /status {f.slowest('/status') * 1000:.0f} ms, "
                   f"/metrics {f.slowest('/metrics') * 1000:.0f} ms; /ready 200 {f.thaw_to_ready * 1000:.0f} ms "
                   "after SIGCONT", flush=True)

@@ -6,8 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from genready.systemd.bus import SERVICE_IFACE, UNIT_IFACE, Health, Snapshot, unit_path
-from genready.systemd.watcher import Watcher
+import pytest
+
+from genready.systemd import bus as bus_module
+from genready.systemd.bus import SERVICE_IFACE, UNIT_IFACE, Health, Snapshot, Unresponsive, Worker, unit_path
+from genready.systemd.watcher import Watcher, _read_unit
 
 UNIT = "w.service"
 
@@ -94,3 +97,71 @@ async def test_a_timed_out_read_is_not_a_lost_bus() -> None:
     w._apply_read(UNIT, True, read_reply(10, "active", 42, b"\x02" * 16))
     w._apply_read(UNIT, False, TimeoutError(110, "no answer"))
     assert w.connected and w.snapshot(UNIT) is not None and seen[-1] is not None
+    # But the read was lost: the manager counts as silent, so its first answer brings resync().
+    assert not w.health.responsive
+
+
+async def test_the_first_answer_after_a_skipped_read_reads_every_unit_again() -> None:
+    seen: list[Snapshot | None] = []
+    w, worker = watching(seen)
+    w.health.on_change = lambda responsive: w.resync() if responsive else None  # as the daemon wires it
+    w._apply_read(UNIT, False, Unresponsive("the probe had no answer"))
+    assert not w.health.responsive and worker.jobs == []
+    w.health.answered()
+    reads = [apply for _, apply in worker.jobs if apply is not None and apply not in (w._apply_drain,
+                                                                                      w._lose_on_error)]
+    assert len(reads) == 1 and any(apply == w._lose_on_error for _, apply in worker.jobs)  # + Subscribe
+
+
+class CountingBus:
+    """Stands for pystemd's DBus: counts the calls that would wait for the manager."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call_method(self, *args: Any) -> Any:
+        self.calls += 1
+        raise AssertionError("asked a manager the probe found silent")
+
+
+def test_a_silent_manager_is_not_asked_on_the_watching_connection() -> None:
+    """pystemd keeps the GIL while it waits: a read asks only after the sdbus probe has an answer."""
+    bus = CountingBus()
+
+    def silent() -> None:
+        raise Unresponsive("no answer")
+
+    with pytest.raises(Unresponsive):
+        _read_unit(bus, UNIT, silent)
+    assert bus.calls == 0
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_connection_whose_setup_failed_is_never_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Subscribe skipped (or timed out) in on_open: that connection is closed, the next call opens anew,
+    even though a timeout alone never closes a set-up connection."""
+    opened: list[FakeBus] = []
+    def on_open(bus: Any) -> None:
+        if len(opened) == 1:
+            raise Unresponsive("silent")
+
+    def opener(kind: str) -> FakeBus:
+        opened.append(FakeBus())
+        return opened[-1]
+
+    monkeypatch.setattr(bus_module, "open_bus", opener)
+    worker = Worker("user", "test", on_open=on_open)
+    try:
+        with pytest.raises(Unresponsive):
+            await worker.run(lambda bus: bus)
+        assert await worker.run(lambda bus: bus) is opened[1]
+        assert opened[0].closed and not opened[1].closed
+    finally:
+        worker.close()

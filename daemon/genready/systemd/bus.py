@@ -5,7 +5,8 @@ run on a `Worker`: one thread per connection (sd-bus connections are not thread-
 handed back to the event loop in order. pystemd keeps the GIL while sd-bus waits for an answer, so
 a pystemd call stuck on a frozen manager stops every thread; the reads `/ready` and the heartbeat
 need never wait at all (fresh.py, through sdbus.py), and the watcher's own calls (Subscribe,
-GetAll, signals) are made only while the manager answers.
+GetAll, signals) are made only while the manager answers: `Worker.answering()` asks it
+through sdbus right before each.
 
 `Client` is the blocking face for the command line and the sweep (reading a unit, restart,
 reset-failed, reload, runtime drop-ins: where they go, written atomically, removed).
@@ -31,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 if TYPE_CHECKING:
     from pystemd.dbuslib import DBus
 
+    from genready.systemd import sdbus
+
 log = logging.getLogger("genready.systemd.bus")
 
 SYSTEMD: Final = b"org.freedesktop.systemd1"
@@ -48,6 +51,10 @@ CALL_TIMEOUT: Final = 2.0
 # sd-bus's own method timeout for the daemon's connections (default 25 s): a call stuck on a frozen
 # manager ends after this, and the next one is answered as soon as the manager is back.
 SD_BUS_TIMEOUT: Final = 5.0
+# How long `Worker.answering()` waits for the manager's Version (sdbus: the GIL left to the loop)
+# before a pystemd call that would wait for the manager with the GIL held is skipped instead. Equal
+# to READ_TIMEOUT: a manager that slow fails /ready's own reads as well.
+PROBE_TIMEOUT: Final = READ_TIMEOUT
 
 
 def unit_path(unit: str) -> bytes:
@@ -315,7 +322,8 @@ def ping(bus: DBus) -> None:
 
 
 class Unresponsive(TimeoutError):
-    """The manager did not answer within the bound; the call goes on in its worker thread."""
+    """The manager did not answer within the bound; the call goes on in its worker thread (or, raised
+    by `Worker.answering()`, the call that was to follow was not made)."""
 
 
 class Worker:
@@ -339,6 +347,7 @@ class Worker:
         self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._probe: sdbus.Connection | None = None  # answering()'s own connection, thread-owned
 
     def stuck(self) -> float:
         """Seconds the call in progress has gone unanswered beyond its bound (0: none is)."""
@@ -382,10 +391,17 @@ class Worker:
         self.bound, self.busy_since = job.bound, time.monotonic()
         try:
             if self.bus is None:
-                self.bus = open_bus(self.kind)
+                bus = open_bus(self.kind)
                 self.connects += 1
                 if self.on_open is not None:
-                    self.on_open(self.bus)
+                    try:
+                        self.on_open(bus)
+                    except BaseException:
+                        # Half set up (not subscribed, say), even after a mere timeout: never reused.
+                        with contextlib.suppress(Exception):
+                            bus.close()
+                        raise
+                self.bus = bus
             return True, job.fn(self.bus)
         except BaseException as e:
             if not timed_out(e):
@@ -393,6 +409,33 @@ class Worker:
             return False, e
         finally:
             self.busy_since = None
+
+    def answering(self) -> None:
+        """In the worker thread only, right before a pystemd call that waits for the manager: raise
+        Unresponsive unless the manager answers a Version question within PROBE_TIMEOUT.
+
+        pystemd keeps the GIL while sd-bus waits: a frozen manager (SIGSTOP, PID 1 in a long
+        daemon-reload) would stop the event loop for sd-bus's whole method timeout. This question
+        goes through sdbus, on a connection of its own, with the GIL left to the loop. What it
+        cannot cover: the manager freezing in the microseconds between its answer and the pystemd
+        call. That call then holds the GIL until sd-bus gives up, SD_BUS_TIMEOUT (5 s, `serve`
+        sets SYSTEMD_BUS_TIMEOUT) at most."""
+        from genready.systemd import sdbus  # here: only the daemon's watcher needs ctypes and libsystemd
+
+        conn = self._probe
+        try:
+            if conn is None or not conn.alive():
+                if conn is not None:
+                    conn.close()
+                conn = self._probe = sdbus.Connection(self.kind, int(PROBE_TIMEOUT * 1e6))
+            retry_eintr(conn.version)
+        except Exception as e:
+            # Not reused: a late answer would stay queued in it for ever (nothing else reads it).
+            self._close_probe()
+            if timed_out(e):
+                raise Unresponsive(f"the {self.kind} manager did not answer within {PROBE_TIMEOUT:g} s; "
+                                   "nothing was asked on the watching connection") from e
+            raise
 
     def drop(self) -> None:
         """In the worker thread only: close the connection; the next call opens a new one."""
@@ -403,6 +446,13 @@ class Worker:
         if bus is not None:
             with contextlib.suppress(Exception):
                 bus.close()
+        self._close_probe()
+
+    def _close_probe(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            with contextlib.suppress(Exception):
+                probe.close()
 
     def close(self) -> None:
         """Stop the thread once its queue is done (a call stuck on the manager ends by sd-bus's timeout)."""

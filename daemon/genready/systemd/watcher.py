@@ -7,6 +7,12 @@ waits behind the listening connection's work. Each connection lives in its own w
 (SIGSTOPped, or busy in a long daemon-reload) shows as `Health.responsive` False instead of
 freezing /ready, /status and /metrics.
 
+pystemd keeps the GIL while sd-bus waits for an answer, so before each call on the listening
+connection that waits for the manager (Subscribe, GetAll, the ping) its worker asks the manager
+through sdbus first (`Worker.answering()`: GIL released, PROBE_TIMEOUT). A manager that does not
+answer is not asked: the call fails Unresponsive, `health` says so, and the re-read after the
+thaw (`resync()`) makes up for it. AddMatch is answered by the bus daemon, not the manager.
+
 Ordering: systemd sends signals and method replies on one connection with increasing
 cookies (serials). A full read records the reply's cookie per interface, and any signal
 older than that read is dropped, so a state read after a signal is never overwritten by
@@ -122,6 +128,8 @@ class Watcher:
         e = fut.exception()
         if e is None or not timed_out(e):
             self.health.answered()
+        else:
+            self.health.stuck()  # the call was skipped or gave up: the re-read after the thaw makes up for it
         self._kick()  # the call may have queued signals without making the fd readable
         return fut.result()
 
@@ -149,6 +157,9 @@ class Watcher:
 
         def on_open(bus: DBus) -> None:
             # Without Subscribe() systemd emits no unit signals at all, even during a restart.
+            # Asked only of a manager that answers (see the module doc); the first call on a new
+            # connection also waits for the bus daemon's Hello, which the probe's answer vouches for.
+            worker.answering()
             manager_call(bus, b"Subscribe")
             # Not UnitNew/UnitRemoved: reading a not-found unit loads it (UnitNew) and systemd
             # unloads it again (UnitRemoved), so refreshing on those feeds itself. A unit started
@@ -163,7 +174,7 @@ class Watcher:
         await asyncio.to_thread(check_bus, self.bus_kind)
         self._lost = asyncio.get_running_loop().create_future()
         self._read_cookie.clear()
-        self._worker = Worker(self.bus_kind, "watcher", on_open=on_open)
+        self._worker = worker = Worker(self.bus_kind, "watcher", on_open=on_open)
         self._fd = await self._call(lambda bus: bus.get_fd())
         asyncio.get_running_loop().add_reader(self._fd, self._on_readable)
         self._live = True
@@ -180,17 +191,19 @@ class Watcher:
         """The manager answers again after a silence: make sure the subscription still holds
         (systemd answers AlreadySubscribed if it does) and re-read every unit, so no change the
         silence hid is missed."""
-        if self._worker is None or not self._live or not self.health.responsive:
+        worker = self._worker
+        if worker is None or not self._live or not self.health.responsive:
             return
 
         def subscribe(bus: DBus) -> None:
+            worker.answering()
             try:
                 manager_call(bus, b"Subscribe")
             except Exception as e:
                 if "AlreadySubscribed" not in f"{type(e).__name__} {e}" and "already subscribed" not in str(e):
                     raise
 
-        self._worker.submit(subscribe, self._lose_on_error)
+        worker.submit(subscribe, self._lose_on_error)
         self._refresh(self.units)
         self._kick()
 
@@ -258,13 +271,20 @@ class Watcher:
         if worker is None:
             return
         for unit in units:
-            worker.submit(lambda bus, unit=unit: _read_unit(bus, unit),  # type: ignore[misc]
+            worker.submit(lambda bus, unit=unit: _read_unit(bus, unit, worker.answering),  # type: ignore[misc]
                           lambda ok, res, unit=unit: self._apply_read(unit, ok, res))  # type: ignore[misc]
         self._kick()
 
     def _apply_read(self, unit: str, ok: bool, res: Any) -> None:
         if not ok:
-            if not timed_out(res):
+            if timed_out(res):
+                # Not read (the manager did not answer): marked unresponsive, so the first answer
+                # after the silence brings resync(), which reads it again. Else a read lost to a
+                # short freeze the heartbeat missed would leave the snapshot stale (exec_stale after
+                # a reload, or a change whose signal came before the read).
+                log.debug("%s not read now: %s", unit, res)
+                self.health.stuck()
+            else:
                 self._lose(res)
             return
         kind, value = res
@@ -284,8 +304,11 @@ class Watcher:
     # -- losing the connection --------------------------------------------------------------
 
     def _lose_on_error(self, ok: bool, res: Any) -> None:
-        if not ok and not timed_out(res):
-            self._lose(res)
+        if not ok:
+            if timed_out(res):
+                self.health.stuck()  # asked again by the resync after the thaw
+            else:
+                self._lose(res)
 
     def _lose(self, e: BaseException) -> None:
         """The connection is gone: say why and wake run(), which reconnects."""
@@ -325,14 +348,18 @@ class Watcher:
         self.on_change(unit, snap)
 
 
-def _read_unit(bus: DBus, unit: str) -> _Read:
+def _read_unit(bus: DBus, unit: str, answering: Callable[[], None]) -> _Read:
     """In the worker: a full read of `unit`, or ("unit_error", why) when systemd refuses to report
-    on this one unit while the connection itself still answers."""
+    on this one unit while the connection itself still answers. `answering()` (Worker.answering)
+    raises Unresponsive before any pystemd call could wait on a frozen manager with the GIL held.
+    The two GetAll of read_all follow one probe: a freeze between them is the window its doc names."""
+    answering()
     try:
         return "ok", read_all(bus, unit)
     except Exception as e:
         if timed_out(e):
             raise
+        answering()  # a manager that stopped since is Unresponsive (re-read later), not this unit's error
         try:
             ping(bus)
         except Exception:
