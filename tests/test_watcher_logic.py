@@ -165,3 +165,14 @@ async def test_a_connection_whose_setup_failed_is_never_used(monkeypatch: pytest
         assert opened[0].closed and not opened[1].closed
     finally:
         worker.close()
+
+
+def test_a_manager_that_never_answered_is_said_so_not_connection_timed_out() -> None:
+    """The command line and the sweep wait sd-bus's 25 s on a frozen manager, then say why."""
+    from pystemd.dbusexc import DBusBaseError
+
+    from genready.systemd.bus import dbus_words
+
+    late = DBusBaseError(-110, b"org.freedesktop.DBus.Error.Timeout", b"Connection timed out")
+    assert "the manager is stopped, or busy in a long daemon-reload" in dbus_words(late)
+    assert "busy" in dbus_words(TimeoutError(110, "x")) and dbus_words(OSError("plain")) == "plain"

@@ -531,7 +531,11 @@ def denied(e: BaseException) -> bool:
 
 def dbus_words(e: BaseException) -> str:
     """systemd's own message of a D-Bus error ("Unit x.service has a bad unit file setting."), without
-    pystemd's wrapping ("DBusBaseError ... i bet you did not see that coming")."""
+    pystemd's wrapping ("DBusBaseError ... i bet you did not see that coming"). A call sd-bus gave up
+    on says why, not sd-bus's bare "Connection timed out" after the command waited 25 s."""
+    if timed_out(e):
+        return ("systemd did not answer within sd-bus's method timeout (25 s unless SYSTEMD_BUS_TIMEOUT says "
+                "otherwise): the manager is stopped, or busy in a long daemon-reload")
     msg = getattr(e, "err_message", None)
     if isinstance(msg, bytes):
         msg = msg.decode(errors="replace")
