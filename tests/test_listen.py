@@ -18,7 +18,7 @@ import pytest
 
 from genready import compat
 from genready.config import endpoint
-from genready.probe import owner
+from genready.probe import listen, owner
 from genready.probe.listen import ListenWatch, in_our_netns, port_of
 from genready_dev.harness import free_port
 
@@ -29,6 +29,14 @@ s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen()
 print(s.getsockname()[1], flush=True)
 sys.stdin.read()
 """
+
+
+@pytest.fixture(autouse=True)
+def fresh_listen_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees the host's LISTEN sockets as they are: the process-wide table serves a dump
+    for SHARED_FOR (20 ms), and the previous test's last dump can be younger than this test's
+    listener (a pause then took a foreign listener for none and waited out its cap)."""
+    monkeypatch.setattr(listen, "_TABLE", listen._ListenTable())
 
 
 @pytest.fixture
