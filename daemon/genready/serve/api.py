@@ -216,8 +216,9 @@ def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
 
 
 async def check_sweep_dropins(gates: Mapping[str, TargetGate], m: Metrics | None) -> None:
-    """Each target's DropInPaths read now: a leftover drop-in of a sweep that is gone becomes a warning in
-    /status and `genready_sweep_dropin_orphaned`. Bounded: a slow bus leaves the last answer standing."""
+    """A leftover drop-in of a sweep that is gone becomes a warning in /status and
+    `genready_sweep_dropin_orphaned` (TargetGate.check_sweep_dropin). Bounded: a slow disk or /proc
+    leaves the last answer standing."""
     with contextlib.suppress(*TIMEOUT_ERRORS):
         await wait_for(asyncio.gather(*(g.check_sweep_dropin() for g in gates.values())), SWEEP_CHECK_WAIT)
     if m is not None:

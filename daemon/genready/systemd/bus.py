@@ -292,23 +292,21 @@ def snapshot_of(unit: str, reads: list[tuple[bytes, int, dict[bytes, Any]]], bas
 # between is always seen (each start gets a new ID).
 QUICK: Final = ((UNIT_IFACE, b"InvocationID", "ay"), (UNIT_IFACE, b"LoadState", "s"),
                 (SERVICE_IFACE, b"MainPID", "u"), (UNIT_IFACE, b"Job", "(uo)"),
-                (UNIT_IFACE, b"ActiveState", "s"), (UNIT_IFACE, b"DropInPaths", "as"),
-                (UNIT_IFACE, b"InvocationID", "ay"))
+                (UNIT_IFACE, b"ActiveState", "s"), (UNIT_IFACE, b"InvocationID", "ay"))
 
 
 def quick_snapshot(unit: str, answers: list[Any]) -> Snapshot:
     """The identity and state of a unit from the answers to QUICK (a value, or the error systemd
     answered with, each). A start mid-read is reported as activating with a job, which no gate
     accepts as ready. Raises the first error that matters."""
-    inv1, load, pid, job, active, dropins, inv2 = answers
+    inv1, load, pid, job, active, inv2 = answers
     for (_, prop, _), value in zip(QUICK, answers, strict=True):
         # A unit systemd cannot load has no Service properties to give: its MainPID means nothing.
         if isinstance(value, Exception) and not (prop == b"MainPID" and not isinstance(load, Exception)
                                                  and load in ("", "not-found")):
             raise value
     snap = apply_properties(Snapshot(unit), UNIT_IFACE, {
-        b"InvocationID": inv1, b"LoadState": load, b"Job": (job, b""), b"ActiveState": active,
-        b"DropInPaths": dropins})
+        b"InvocationID": inv1, b"LoadState": load, b"Job": (job, b""), b"ActiveState": active})
     if not snap.absent:
         snap = apply_properties(snap, SERVICE_IFACE, {b"MainPID": pid})
     if snap.invocation_id != _hex(inv2):

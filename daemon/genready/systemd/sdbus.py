@@ -127,7 +127,7 @@ class Connection:
         return events > 0 and bool(events & select.POLLOUT)
 
     def send_get(self, path: bytes, iface: bytes, prop: bytes, sig: str) -> int:
-        """Queue a Properties.Get (signature one of s, u, ay, as, (uo)) without waiting; its cookie.
+        """Queue a Properties.Get (signature one of s, u, ay, (uo)) without waiting; its cookie.
         The manager answers a connection's calls in the order they were sent."""
         cookie = self._send_get(path, iface, prop)
         self._expect[cookie] = (prop.decode(), sig)
@@ -207,12 +207,6 @@ class Connection:
             ptr, size = ctypes.c_void_p(), ctypes.c_size_t()
             check(_fast.sd_bus_message_read_array(msg, b"y", ctypes.byref(ptr), ctypes.byref(size)))
             return ctypes.string_at(ptr, size.value) if size.value else b""
-        if sig == "as":
-            check(_fast.sd_bus_message_enter_container(msg, b"a", b"s"))
-            items, s = [], ctypes.c_char_p()
-            while check(_fast.sd_bus_message_read_basic(msg, b"s", ctypes.byref(s))) > 0:
-                items.append((s.value or b"").decode(errors="replace"))
-            return items
         raise ValueError(f"send_get: signature {sig!r} not supported")
 
     def version(self) -> str:
