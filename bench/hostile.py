@@ -277,16 +277,30 @@ def case6(um: UserManager, tmp: Path) -> None:
     targets = {f"t{i}": {"unit": f"bh-many{i}.service", "url": f"http://127.0.0.1:{free_port()}",
                          "backoff_initial": 1.0, "backoff_max": 2.0} for i in range(n)}
     g = Genready(um, tmp, targets, log_level="info")
+    answered: list[float] = []
+
+    def first_answer() -> None:  # the API binds before the watcher reads the 200 units
+        while not answered and time.monotonic() - t0 < 30:
+            with contextlib.suppress(Exception):
+                if g.get("/status", timeout=1.0)[0] == 200:
+                    answered.append(time.monotonic() - t0)
+            time.sleep(0.01)
+
     t0 = time.monotonic()
+    poller = threading.Thread(target=first_answer, daemon=True)
+    poller.start()
     with g:
-        first = time.monotonic() - t0  # start() returns at the first /status 200
+        following = time.monotonic() - t0  # start() returns once /status says bus_connected: all 200 read
+        poller.join(30)
+        first = answered[0] if answered else float("nan")
         wait_for(lambda: all(t["state"] != "unknown" for t in g.status()["targets"].values()), 30, "all watched")
         ready_lat = [timed_get(g, "/ready")[1] for _ in range(30)]
         status_lat = [timed_get(g, "/status")[1] for _ in range(30)]
         assert g.proc is not None
         rss = rss_mb(g.proc.pid)
         term = sigterm_seconds(g)
-    line(6, f"{n} targets", f"first API answer {ms(first)} after start; /ready p50 {ms(statistics.median(ready_lat))} "
+    line(6, f"{n} targets", f"first API answer {ms(first)} after start, all {n} units read {ms(following)}; "
+         f"/ready p50 {ms(statistics.median(ready_lat))} "
          f"max {ms(max(ready_lat))}; /status p50 {ms(statistics.median(status_lat))} max {ms(max(status_lat))}; "
          f"RSS {rss:.0f} MB; SIGTERM -> exit {ms(term)}")
     over = "".join(f'[targets.t{i}]\nunit = "t{i}.service"\nurl = "http://127.0.0.1:{30000 + i}"\n'
