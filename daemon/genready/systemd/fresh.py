@@ -56,6 +56,7 @@ class FreshReader:
         self.health = health or Health()
         self.reads = 0
         self._conn: sdbus.Connection | None = None
+        self._fd = -1  # the connection's fd as registered with the loop (sd-bus may close it first)
         self._writing = False  # the loop watches the fd for writability too
         self._asked: dict[int, _Question] = {}  # cookie -> the question it belongs to
         self._out: list[_Question] = []  # the questions not fully answered, oldest first
@@ -186,7 +187,8 @@ class FreshReader:
     def _connection(self) -> sdbus.Connection:
         if self._conn is None:
             conn = sdbus.Connection(self.bus_kind, int(SD_BUS_TIMEOUT * 1e6))
-            asyncio.get_running_loop().add_reader(conn.fileno(), self._on_io)
+            self._fd = conn.fileno()
+            asyncio.get_running_loop().add_reader(self._fd, self._on_io)
             self._conn, self._writing = conn, False
         return self._conn
 
@@ -212,9 +214,9 @@ class FreshReader:
         if wants != self._writing:
             loop = asyncio.get_running_loop()
             if wants:
-                loop.add_writer(conn.fileno(), self._on_io)
+                loop.add_writer(self._fd, self._on_io)
             else:
-                loop.remove_writer(conn.fileno())
+                loop.remove_writer(self._fd)
             self._writing = wants
 
     def _give_up_if_hopeless(self) -> None:
@@ -228,8 +230,11 @@ class FreshReader:
         if conn is not None:
             with contextlib.suppress(Exception):
                 loop = asyncio.get_running_loop()
-                loop.remove_reader(conn.fileno())
-                loop.remove_writer(conn.fileno())
+                # By the number registered: at EOF sd-bus has closed the fd already, and a stale
+                # registration would swallow the next socket that gets the same number.
+                loop.remove_reader(self._fd)
+                loop.remove_writer(self._fd)
+            self._fd = -1
             conn.close()
         out, self._asked, self._out = self._out, {}, []
         for q in out:
