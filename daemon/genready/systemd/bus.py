@@ -339,28 +339,17 @@ class Worker:
         self.name = name
         self.bus: Any = None  # pystemd's DBus
         self.on_open = on_open
-        self.connects = 0  # connections opened so far
-        self.busy_since: float | None = None  # monotonic start of the call in progress
-        self.bound = CALL_TIMEOUT  # the bound of the call in progress
         self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._probe: sdbus.Connection | None = None  # answering()'s own connection, thread-owned
 
-    def stuck(self) -> float:
-        """Seconds the call in progress has gone unanswered beyond its bound (0: none is)."""
-        since = self.busy_since
-        if since is None:
-            return 0.0
-        late = time.monotonic() - since - self.bound
-        return late if late > 0 else 0.0
-
-    def submit(self, fn: Callable[[Any], Any], apply: Callable[[bool, Any], None] | None = None,
-               bound: float = CALL_TIMEOUT) -> asyncio.Future[Any]:
+    def submit(self, fn: Callable[[Any], Any], apply: Callable[[bool, Any], None] | None = None
+               ) -> asyncio.Future[Any]:
         if self._closed:
             raise ConnectionError(f"{self.name}: closed")
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._q.put(_Job(fn, fut, apply, bound))
+        self._q.put(_Job(fn, fut, apply))
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"genready-{self.name}", daemon=True)
             self._thread.start()
@@ -369,7 +358,7 @@ class Worker:
     async def run(self, fn: Callable[[Any], Any], *, bound: float = CALL_TIMEOUT,
                   apply: Callable[[bool, Any], None] | None = None) -> Any:
         """`fn(bus)` in the thread; Unresponsive after `bound` seconds (the call goes on)."""
-        fut = self.submit(fn, apply, bound)
+        fut = self.submit(fn, apply)
         done, _ = await asyncio.wait([fut], timeout=bound)
         if not done:
             raise Unresponsive(f"the {self.kind} manager has not answered for {bound:g} s")
@@ -386,11 +375,9 @@ class Worker:
         self._close_bus()
 
     def _one(self, job: _Job) -> tuple[bool, Any]:
-        self.bound, self.busy_since = job.bound, time.monotonic()
         try:
             if self.bus is None:
                 bus = open_bus(self.kind)
-                self.connects += 1
                 if self.on_open is not None:
                     try:
                         self.on_open(bus)
@@ -405,8 +392,6 @@ class Worker:
             if not timed_out(e):
                 self._close_bus()  # a broken connection is not reused
             return False, e
-        finally:
-            self.busy_since = None
 
     def answering(self) -> None:
         """In the worker thread only, right before a pystemd call that waits for the manager: raise
@@ -435,10 +420,6 @@ class Worker:
                                    "nothing was asked on the watching connection") from e
             raise
 
-    def drop(self) -> None:
-        """In the worker thread only: close the connection; the next call opens a new one."""
-        self._close_bus()
-
     def _close_bus(self) -> None:
         bus, self.bus = self.bus, None
         if bus is not None:
@@ -465,7 +446,6 @@ class _Job:
     fn: Callable[[Any], Any]
     fut: asyncio.Future[Any]
     apply: Callable[[bool, Any], None] | None
-    bound: float
 
 
 def _settle(job: _Job, ok: bool, res: Any) -> None:

@@ -120,7 +120,7 @@ class Watcher:
         worker = self._worker
         if worker is None:
             raise ConnectionError("not connected")
-        fut = worker.submit(fn, apply, CALL_TIMEOUT)
+        fut = worker.submit(fn, apply)
         done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
         if not done:
             self.health.stuck()
