@@ -228,7 +228,6 @@ class TargetGate:
         # systemd shows inactive/dead with the NEW MainPID, whose first lines must not be skipped.)
         if snap.main_pid:
             return
-        pending = snap.job_id != 0
         for rec in self.store.newest(self.name, 2):
             ended = from_iso(rec.ended_at)
             if (rec.ready_at is None and ended is not None and ended >= self._created and rec.result != "unknown"
@@ -242,7 +241,7 @@ class TargetGate:
         # Not with a job pending: that is a start on its way, whose process may write before a mark
         # taken now (in a thread) reads the sizes, and its lines would count as older ones. The
         # mark of the quiet moment before the job came stands.
-        if not pending:
+        if snap.job_id == 0:
             self._chore(self._take_mark(snap))
 
     def _chore(self, coro: Coroutine[object, object, None]) -> None:
