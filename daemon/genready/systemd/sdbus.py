@@ -129,9 +129,24 @@ class Connection:
     def send_get(self, path: bytes, iface: bytes, prop: bytes, sig: str) -> int:
         """Queue a Properties.Get (signature one of s, u, ay, (uo)) without waiting; its cookie.
         The manager answers a connection's calls in the order they were sent."""
-        cookie = self._send_get(path, iface, prop)
-        self._expect[cookie] = (prop.decode(), sig)
-        return cookie
+        msg = ctypes.c_void_p()
+        what = f"asking for {prop.decode()}"
+        r = _fast.sd_bus_message_new_method_call(self._bus, ctypes.byref(msg), _SYSTEMD, path, _PROPS_IFACE, b"Get")
+        if r < 0:
+            _raise_for(r, what)
+        try:
+            for s in (iface, prop):
+                r = _fast.sd_bus_message_append_basic(msg, b"s", ctypes.c_char_p(s))
+                if r < 0:
+                    _raise_for(r, what)
+            cookie = ctypes.c_uint64()
+            r = _fast.sd_bus_send(self._bus, msg, ctypes.byref(cookie))
+            if r < 0:
+                _raise_for(r, what)
+        finally:
+            _fast.sd_bus_message_unref(msg)
+        self._expect[int(cookie.value)] = (prop.decode(), sig)
+        return int(cookie.value)
 
     def process(self) -> list[tuple[int, Any]]:
         """Whatever has arrived, without waiting: (cookie, the value or the BusCallError systemd
@@ -149,34 +164,11 @@ class Connection:
                             cookie.value in self._expect):
                         prop, sig = self._expect.pop(cookie.value)
                         out.append((int(cookie.value), self._decode(msg, prop, sig)))
-                    # else: not an answer, or one to a question given up on (forget)
+                    # else: not an answer to a send_get of this connection
                 finally:
                     _fast.sd_bus_message_unref(msg)
             if r == 0:
                 return out
-
-    def forget(self, cookie: int) -> None:
-        """Nobody waits for this answer any more: drop it when it comes."""
-        self._expect.pop(cookie, None)
-
-    def _send_get(self, path: bytes, iface: bytes, prop: bytes) -> int:
-        msg = ctypes.c_void_p()
-        what = f"asking for {prop.decode()}"
-        r = _fast.sd_bus_message_new_method_call(self._bus, ctypes.byref(msg), _SYSTEMD, path, _PROPS_IFACE, b"Get")
-        if r < 0:
-            _raise_for(r, what)
-        try:
-            for s in (iface, prop):
-                r = _fast.sd_bus_message_append_basic(msg, b"s", ctypes.c_char_p(s))
-                if r < 0:
-                    _raise_for(r, what)
-            cookie = ctypes.c_uint64()
-            r = _fast.sd_bus_send(self._bus, msg, ctypes.byref(cookie))
-            if r < 0:
-                _raise_for(r, what)
-            return int(cookie.value)
-        finally:
-            _fast.sd_bus_message_unref(msg)
 
     @staticmethod
     def _decode(msg: ctypes.c_void_p, prop: str, sig: str) -> Any:
