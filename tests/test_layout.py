@@ -31,17 +31,17 @@ def test_the_product_never_imports_the_dev_tooling(module: str) -> None:
     assert "genready_dev" not in imported_by(module)
 
 
-def test_the_readme_layout_names_every_module() -> None:
-    """The README's layout section is the map a newcomer reads: a module missing from it is drift."""
+def test_the_architecture_layout_names_every_module() -> None:
+    """docs/architecture.md's layout table is the map a newcomer reads: a module missing from it is drift."""
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):readme.index("## Benchmarks")]
+    doc = (root / "docs" / "architecture.md").read_text()
+    layout = doc[doc.index("## Layout"):]
     for package in ("genready", "genready_dev"):
         for path in sorted((root / "daemon" / package).rglob("*.py")):
             if path.stem != "__init__":
-                assert f"`{path.stem}`" in layout, f"README's Layout does not name {package}.{path.stem}"
+                assert f"`{path.stem}`" in layout, f"docs/architecture.md's Layout does not name {package}.{path.stem}"
     for folder in sorted(p for p in (root / "daemon" / "genready").iterdir() if (p / "__init__.py").exists()):
-        assert f"`{folder.name}/`" in layout, f"README's Layout does not name the folder {folder.name}/"
+        assert f"`{folder.name}/`" in layout, f"docs/architecture.md's Layout does not name the folder {folder.name}/"
 
 
 def test_at_most_twelve_modules_at_the_top() -> None:
