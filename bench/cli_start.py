@@ -2,7 +2,7 @@
 """Start-up cost of the CLI: `genready wait TARGET --timeout 0` against a running, ready daemon.
 
 That command is the ExecCondition= of genready-bench@.service and the first line of most scripts,
-so its wall time is mostly Python start-up and imports. Goal (issue 9): <= 150 ms on these machines.
+so its wall time is mostly Python start-up and imports. Goal: <= 100 ms p50 on these machines.
 A private user manager runs the simulator and `genready serve`; the CLI is then run N times
 (exit 0 each time) and its wall time reported as p50 / p90 / max, next to a bare `python -c pass`.
 Each checkout is byte-compiled first, as an installed package is (dh_python3, pip): with

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Footprint of `genready serve`: RSS and CPU over a window, idle-ready and while probing.
 
-Phase 1: one target ready and idle (goal, issue 6: RSS <= 60 MB, CPU <= 0.5 %).
+Phase 1: one target ready and idle (goal: RSS <= 60 MB, CPU <= 0.5 %).
 Phase 2: one target loading, binding its port late (a long --load-seconds): genready watches
 the port every 0.1 s and probes every backoff_max (2 s).
 Phase 3: one target loading, bound early and answering 503 (--bind-early): genready probes
-every 0.2 s (goal, issue 12: CPU <= 1 % while a target loads).
+every 0.2 s (goal: CPU <= 1 % while a target loads).
 CPU is utime+stime from /proc/PID/stat over the window; RSS is VmRSS at the end (and peak VmHWM).
 
 Run as root: .venv/bin/python bench/footprint.py [--seconds 60]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""genready while its systemd manager is SIGSTOPped (issue 21 #4): a private manager of its own,
+"""genready while its systemd manager is SIGSTOPped: a private manager of its own,
 a simulator unit verified ready, then the manager frozen for a few seconds while /ready, /status
 and /metrics are asked in turn, and continued. Prints the slowest answer of each while frozen
 (goal: < 1 s) and the time from SIGCONT to /ready 200 (goal: < 1 s).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""genready on a hostile host (issue 10): each case against a private systemd user manager,
+"""genready on a hostile host: each case against a private systemd user manager,
 one line per case with its figure. Loopback only; bounded in time (~2 min) and count.
 
 Run as root: .venv/bin/python bench/hostile.py [--only 1,4,6]
@@ -34,8 +34,8 @@ from genready_dev.usermanager import UserManager
 CHECK_CONFIG_TIMEOUT = 30
 
 
-def line(case: int, title: str, figure: str, before: str = "", issue: int = 10) -> None:
-    print(f"case {case} | {title} | {figure}" + (f" | before (issue {issue}): {before}" if before else ""),
+def line(case: int, title: str, figure: str, before: str = "") -> None:
+    print(f"case {case} | {title} | {figure}" + (f" | before the fix: {before}" if before else ""),
           flush=True)
 
 
@@ -197,7 +197,7 @@ def case4(um: UserManager, tmp: Path) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # this client opens thousands
     unit = "bh-fd.service"
     g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
-    g.wrapper = ["prlimit", "--nofile=1024:1024", "--"]  # the limit the issue measured under
+    g.wrapper = ["prlimit", "--nofile=1024:1024", "--"]  # a common default soft limit
     answers: dict[str, int] = {}
     stop = threading.Event()
 
@@ -399,7 +399,7 @@ def case6_sigterm(um: UserManager, tmp: Path) -> None:
     line(6, "SIGTERM -> exit", "; ".join(results), "1.8-2.0 s even idle")
 
 
-# -- issue 24: the daemon, the CLI and guard, with a manager ------------------------------------
+# -- the daemon, the CLI and guard, with a manager ---------------------------------------------
 
 def cli_run(*args: str, timeout: float) -> tuple[int | str, float]:
     """(exit status, or "still running" at `timeout`; seconds). Output to /dev/null: a pipe would be
@@ -414,7 +414,7 @@ def cli_run(*args: str, timeout: float) -> tuple[int | str, float]:
 
 
 def case9(um: UserManager, tmp: Path) -> None:
-    """#7: SIGHUP (config unchanged) every 5 ms while /ready is polled and guard runs."""
+    """SIGHUP (config unchanged) every 5 ms while /ready is polled and guard runs."""
     unit = "bh-hup.service"
     g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
     with g:
@@ -443,11 +443,11 @@ def case9(um: UserManager, tmp: Path) -> None:
     um.systemctl("stop", unit)
     line(9, "SIGHUP every 5 ms (config unchanged): 450 /ready polls, 3 guard runs",
          f"/ready answers {codes} ({eintr} 'Interrupted system call'); guard exits {guards}; genready up: {up}",
-         "15-24 of ~450 polls 503 'systemd read failed: Interrupted system call'; guard 75 in 1 of 3", 24)
+         "15-24 of ~450 polls 503 'systemd read failed: Interrupted system call'; guard 75 in 1 of 3")
 
 
 def case10(um: UserManager, tmp: Path) -> None:
-    """#8: the config path a FIFO or /dev/zero, on reload and at start, under a 3 GiB address-space limit."""
+    """The config path a FIFO or /dev/zero, on reload and at start, under a 3 GiB address-space limit."""
     unit = "bh-cfg.service"
     limit = ["prlimit", f"--as={3 << 30}", "--"]
     g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
@@ -505,7 +505,7 @@ def case10(um: UserManager, tmp: Path) -> None:
         starts.append(f"check-config {path.name}: exit {rc} in {ms(took)}")
     line(10, "config path a FIFO or /dev/zero, SIGHUP'd and at start (address space 3 GiB)",
          "; ".join(results + starts),
-         "FIFO: API frozen until something was written; /dev/zero: memory grew until the kernel killed genready", 24)
+         "FIFO: API frozen until something was written; /dev/zero: memory grew until the kernel killed genready")
 
 
 def _limited_check(limit: list[str], path: Path) -> tuple[int | str, float, str]:
@@ -516,7 +516,7 @@ def _limited_check(limit: list[str], path: Path) -> tuple[int | str, float, str]
 
 
 def case11(um: UserManager, tmp: Path) -> None:
-    """#12, #15, #9, #17: guard and wait as a careless user runs them."""
+    """Guard and wait as a careless user runs them."""
     unit = "bh-guard.service"
     g = Genready(um, tmp, {"s": sim(um, unit)}, log_level="info")
     out = []
@@ -591,11 +591,11 @@ def case11(um: UserManager, tmp: Path) -> None:
     line(11, "guard and wait as a careless user runs them", "; ".join(out),
          "SIGHUP/SIGQUIT: 129/131, CMD kept running; SIGTERM-ignoring CMD: guard waits for ever; forked daemon "
          "outlived guard's 0; SIGKILLed CMD: 247; --timeout nan: never ends; --interval 0: ~130 requests/s; "
-         "closed stderr: 1; closed stdout: traceback 1; wait across a restart: 69 at once", 24)
+         "closed stderr: 1; closed stdout: traceback 1; wait across a restart: 69 at once")
 
 
 def case12(um: UserManager, tmp: Path) -> None:
-    """#16, #18, Host:, #4: reloads and the unit's configuration."""
+    """Reloads and the unit's configuration."""
     unit, unit_b = "bh-rl.service", "bh-rl-b.service"
     a = sim(um, unit)
     b = {"unit": unit_b, "url": f"http://127.0.0.1:{free_port()}", **FAST}  # never started: never ready
@@ -652,7 +652,7 @@ def case12(um: UserManager, tmp: Path) -> None:
     um.systemctl("stop", unit)
     line(12, "reloads: target removed under a long-poll, listen changed, Host: of another name, unit edited",
          "; ".join(out), "long-poll waited its full time, then 503; listen change: nothing said; any Host answered; "
-         "an edited, not restarted unit: ready, nothing said, guard ran", 24)
+         "an edited, not restarted unit: ready, nothing said, guard ran")
 
 
 CASES: dict[int, Callable[[UserManager, Path], None]] = {

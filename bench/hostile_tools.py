@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The bench client and the sweep's plan against hostile input (issue 24 #3, #5, #10, #11): the cases
+"""The bench client and the sweep's plan against hostile input: the cases
 that need no systemd manager, one line per case with its figure (bench/hostile.py has those that do).
 
 Each case runs the real CLI as a child process against a loopback server that misbehaves, and
@@ -26,12 +26,12 @@ from genready.apis import MAX_BODY
 from genready_dev.harness import GENREADY, PY
 
 BENCH = [PY, "-m", "genready.benchclient"]
-HUGE = 300_000_000  # bytes: the issue's 300 MB answer
+HUGE = 300_000_000  # bytes: a 300 MB answer
 CHUNK = b"x" * (1 << 20)
 
 
 def line(case: str, title: str, figure: str, before: str) -> None:
-    print(f"{case} | {title} | {figure} | before (issue 24): {before}", flush=True)
+    print(f"{case} | {title} | {figure} | before the fix: {before}", flush=True)
 
 
 class Server(socketserver.ThreadingTCPServer):
@@ -113,14 +113,15 @@ def main() -> int:
 
     srv = Server(lambda n, path: close_delimited(HUGE))
     rc, rss, took, out = run([*BENCH, "--url", srv.url, "--no-stream", "-n", "1", "--timeout", "120"])
-    line("#10", f"--no-stream, a {HUGE / 1e6:.0f} MB answer (no Content-Length)",
+    line("huge answer", f"--no-stream, a {HUGE / 1e6:.0f} MB answer (no Content-Length)",
          f"peak RSS {rss:.0f} MB, {took:.1f} s, exit {rc}, {kinds(out)}", "1.59 GB RSS")
 
     srv = Server(lambda n, path: close_delimited(HUGE) if path == "/v1/models" else sized("200 OK", good))
     rc, rss, took, out = run([*BENCH, "--url", srv.url, "--api", "openai-completions", "--no-stream", "-n", "1",
                               "--timeout", "120"])
     said = "falls back to the model 'default'" if "using 'default'" in out else "?"
-    line("#10", f"a {HUGE / 1e6:.0f} MB /v1/models", f"peak RSS {rss:.0f} MB, {took:.1f} s, {said}", "1.2 GB RSS")
+    line("huge models", f"a {HUGE / 1e6:.0f} MB /v1/models", f"peak RSS {rss:.0f} MB, {took:.1f} s, {said}",
+         "1.2 GB RSS")
 
     event = b"data: " + json.dumps({"text": " OK", "meta_info": {"completion_tokens": 1}}).encode() + b"\n\n"
     huge = b"data: " + json.dumps({"text": "x" * (600 << 10), "meta_info": {"completion_tokens": 1}}).encode() + \
@@ -131,14 +132,14 @@ def main() -> int:
     rc, rss, took, out = run([*BENCH, "--url", srv.url, "-n", "20", "-c", "2", "--output", str(report)])
     lines = report.read_text().splitlines() if report.exists() else []
     res = json.loads(lines[0]) if lines else {}
-    line("#5", "one 600 KiB stream event among 20 requests",
+    line("huge event", "one 600 KiB stream event among 20 requests",
          f"{res.get('ok')} ok, {res.get('failed')} failed ({', '.join(res.get('errors', {}))}); "
          f"{len(lines)} --output line, exit {rc}", "LineTooLong traceback, no summary, no --output line")
 
     elsewhere = Server(lambda n, path: sized("200 OK", good))
     srv = Server(lambda n, path: sized("307 Temporary Redirect", b"", f"Location: {elsewhere.url}{path}"))
     rc, rss, took, out = run([*BENCH, "--url", srv.url, "--no-stream", "-n", "10"])
-    line("#3", "every answer a 307 to another server",
+    line("redirect", "every answer a 307 to another server",
          f"{kinds(out)}; the other server got {elsewhere.requests} requests", "followed, counted ok")
 
     plan = tmp / "plan.toml"
@@ -148,7 +149,7 @@ def main() -> int:
     rc, rss, took, out = run([*GENREADY, "sweep", str(plan), "--results", str(tmp / "r"), "--config", str(cfg),
                               "--dry-run"])
     said = next((ln for ln in out.splitlines() if "points" in ln), out.strip()[:120])
-    line("#11", "sweep --dry-run, a plan of 20 axes x 2 values",
+    line("huge plan", "sweep --dry-run, a plan of 20 axes x 2 values",
          f"exit {rc} in {took:.2f} s, peak RSS {rss:.0f} MB: {said.removeprefix('genready: ')}", "710 MB, 31 s")
     print(f"(bodies are read up to apis.MAX_BODY = {MAX_BODY:,} bytes)")
     return 0

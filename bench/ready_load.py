@@ -5,7 +5,7 @@
 began after the request arrived (reads are shared between concurrent requests; the table shows how
 many were made). The two servers run side by side and are measured in alternating rounds, so a
 busy machine slows both alike; the ratio is taken per round, and its median is the figure.
-Goals: >= 2,000 req/s and p99 <= 25 ms (issue 6); p99 <= 2x hello world's (issue 21).
+Goals: >= 2,000 req/s and p99 <= 25 ms; p99 <= 2x hello world's.
 
 Run as root: .venv/bin/python bench/ready_load.py [--rounds 4] [--seconds 5] [--connections 64]
 (installs wrk from Debian if it is missing)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What one RecordStore.remember() costs its caller, the event loop (issue 21: the fsync is off the loop).
+"""What one RecordStore.remember() costs its caller, the event loop (the fsync is off the loop).
 
 History calls remember() on the event loop for every start record it creates or updates. The
 store is opened in a temporary directory on the disk under test (`--dir`, default /var/tmp, not

@@ -4,7 +4,7 @@
 The simulator loads for 3 s (`--load-seconds 3`) under a private systemd user manager, watched
 by a real genready. The plan has 2 server settings (the drop-in) x 3 client settings (the bench
 client's concurrency), 6 points. It runs twice, on the same unit: with `--restart-each` (every
-point on a fresh start, the behaviour before issue 23) and without (one verified start per
+point on a fresh start, as every point used to be) and without (one verified start per
 server configuration, reused while it stays that very instance and ready). Printed: loads (the
 results lines with `restarted: true`), wall time of each sweep, and their ratio.
 

@@ -407,7 +407,7 @@ def test_a_dataset_is_sent(sim: Sim, tmp_path: Path) -> None:
     assert res["temperature"] == 0.5 and res["ignore_eos"] is True
 
 
-# --- a hostile server (issue 24): in-process, against raw loopback servers -------------------------------
+# --- a hostile server: in-process, against raw loopback servers -------------------------------
 
 GOOD = json.dumps({"text": " OK", "output_ids": [11], "meta_info": {"completion_tokens": 1}}).encode()
 

@@ -1,5 +1,5 @@
 """The daemon's own decisions, in-process: the reload diff, and a start-up that fails halfway
-closes what it had opened (issue 9)."""
+closes what it had opened."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A systemd manager that does not answer (SIGSTOPped) must not freeze genready (issue 21 #4).
+"""A systemd manager that does not answer (SIGSTOPped) must not freeze genready.
 
 The manager is a private one booted for this test alone: freezing the session's shared one
 would stall every other test's units and clients.

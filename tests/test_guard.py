@@ -1,5 +1,5 @@
-"""Issue 24, the CLI's cases: guard ends all of CMD (#12), bad numbers (#9), closed output
-pipes (#17), `wait` across a daemon restart (#15).
+"""The CLI against careless use: guard ends all of CMD, bad numbers are refused at once, closed
+output pipes do not change the exit status, `wait` holds across a daemon restart.
 
 In-process where the logic allows (argument checks, the console's writes, `wait` against an
 unreachable daemon); the process group with real processes (marked system); what needs a
@@ -59,14 +59,14 @@ def exit_status_with(args: list[str], fd: int, how: str, timeout: float = 60) ->
 
 # -- in-process: the process group ---------------------------------------------------------------
 
-def test_12_a_killed_command_is_128_plus_the_signal() -> None:
+def test_a_killed_command_is_128_plus_the_signal() -> None:
     assert exit_status(-signal.SIGKILL) == 137
     assert exit_status(-signal.SIGHUP) == 129
     assert exit_status(3) == 3
 
 
 @pytest.mark.system
-def test_12_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None:
+def test_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
     child = subprocess.Popen(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"], start_new_session=True)
     group = ProcessGroup(child, grace=5)
@@ -78,7 +78,7 @@ def test_12_a_daemon_the_command_forked_is_ended_with_it(tmp_path: Path) -> None
 
 
 @pytest.mark.system
-def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
     started = tmp_path / "started"
     child = subprocess.Popen(["sh", "-c", f"trap '' TERM; touch {started}; while :; do sleep 0.05; done"],
                              start_new_session=True)
@@ -108,7 +108,7 @@ def test_12_a_command_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: P
     ["guard", "t", "--url", "http://127.0.0.1:1", "--interval", "nan", "--", "true"],
     ["guard", "t", "--url", "http://127.0.0.1:1", "--kill-after", "inf", "--", "true"],
 ])
-def test_9_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli.main(args)
     err = capsys.readouterr().err
@@ -120,7 +120,7 @@ def test_9_bad_numbers_exit_64_at_once_naming_the_flag(args: list[str], capsys: 
 @pytest.mark.parametrize(("flag", "text", "value"), [("timeout", "0", 0.0), ("timeout", "1e3", 1000.0),
                                                      ("interval", "0.01", 0.01), ("since", "1700000000.5",
                                                                                   1700000000.5)])
-def test_9_good_numbers_are_floats(flag: str, text: str, value: float) -> None:
+def test_good_numbers_are_floats(flag: str, text: str, value: float) -> None:
     import argparse
 
     args = argparse.Namespace(**{flag: text})
@@ -130,7 +130,7 @@ def test_9_good_numbers_are_floats(flag: str, text: str, value: float) -> None:
 
 # -- in-process: closed or full output never changes an exit status ---------------------------
 
-def test_17_a_write_to_a_pipe_nobody_reads_is_dropped_and_the_next_ones_too() -> None:
+def test_a_write_to_a_pipe_nobody_reads_is_dropped_and_the_next_ones_too() -> None:
     r, w = os.pipe()
     os.close(r)
     with os.fdopen(w, "w") as stream:
@@ -139,7 +139,7 @@ def test_17_a_write_to_a_pipe_nobody_reads_is_dropped_and_the_next_ones_too() ->
     # (closing flushed without raising: the interpreter's final flush would not fail either)
 
 
-def test_17_a_write_to_a_full_device_or_a_closed_stream_is_dropped() -> None:
+def test_a_write_to_a_full_device_or_a_closed_stream_is_dropped() -> None:
     with open("/dev/full", "w") as full:
         console.write("x" * 10000, full)
     closed = open(os.devnull, "w")  # noqa: SIM115
@@ -150,14 +150,14 @@ def test_17_a_write_to_a_full_device_or_a_closed_stream_is_dropped() -> None:
 
 @pytest.mark.system
 @pytest.mark.parametrize("how", OUTPUTS)
-def test_17_an_unreachable_daemon_is_69_whoever_reads_stderr(how: str) -> None:
+def test_an_unreachable_daemon_is_69_whoever_reads_stderr(how: str) -> None:
     rc, out = exit_status_with(["wait", "t", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "0"], 2, how)
     assert rc == Exit.UNAVAILABLE, out
 
 
 @pytest.mark.system
 @pytest.mark.parametrize("how", OUTPUTS)
-def test_17_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> None:
+def test_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> None:
     cfg = tmp_path / "g.toml"
     cfg.write_text('[targets.t]\nunit = "t.service"\nurl = "http://127.0.0.1:30000"\n')
     rc, err = exit_status_with(["check-config", "--config", str(cfg)], 1, how)
@@ -168,14 +168,14 @@ def test_17_check_config_is_0_whoever_reads_stdout(tmp_path: Path, how: str) -> 
 @pytest.mark.parametrize("how", OUTPUTS)
 @pytest.mark.parametrize(("args", "status"), [(["wait", "--timeout", "nan"], Exit.BAD_ARGUMENT),
                                               (["no-such-command"], Exit.USAGE)])
-def test_17_a_usage_error_is_its_status_whoever_reads_stderr(how: str, args: list[str], status: Exit) -> None:
+def test_a_usage_error_is_its_status_whoever_reads_stderr(how: str, args: list[str], status: Exit) -> None:
     rc, _ = exit_status_with(args, 2, how)
     assert rc == status
 
 
 # -- in-process: wait waits for the daemon too -------------------------------------------------
 
-def test_15_wait_waits_for_an_unreachable_daemon_until_its_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+def test_wait_waits_for_an_unreachable_daemon_until_its_timeout(capsys: pytest.CaptureFixture[str]) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
@@ -219,7 +219,7 @@ def guard(g: Genready, script: str, *extra: str, **kw: Any) -> subprocess.Popen[
 
 
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGQUIT, signal.SIGINT, signal.SIGTERM])
-def test_12_a_signal_to_guard_ends_cmd_and_everything_it_started(verified: Genready, tmp_path: Path,
+def test_a_signal_to_guard_ends_cmd_and_everything_it_started(verified: Genready, tmp_path: Path,
                                                                    sig: signal.Signals) -> None:
     pids = tmp_path / "pids"
     run = guard(verified, f"sleep 300 & echo $! > {pids}.tmp; mv {pids}.tmp {pids}; wait")
@@ -235,7 +235,7 @@ def test_12_a_signal_to_guard_ends_cmd_and_everything_it_started(verified: Genre
     wait_for(lambda: not alive(forked), 10, "the command's child ended")
 
 
-def test_12_a_cmd_ignoring_sigterm_is_killed_after_kill_after(verified: Genready, tmp_path: Path) -> None:
+def test_a_cmd_ignoring_sigterm_is_killed_after_kill_after(verified: Genready, tmp_path: Path) -> None:
     started = tmp_path / "started"
     run = guard(verified, f"trap '' TERM; touch {started}; while :; do sleep 0.05; done", "--kill-after", "1")
     try:
@@ -251,7 +251,7 @@ def test_12_a_cmd_ignoring_sigterm_is_killed_after_kill_after(verified: Genready
     assert 1 <= took < 10, took
 
 
-def test_12_a_daemon_forked_by_cmd_does_not_outlive_guard(verified: Genready, tmp_path: Path) -> None:
+def test_a_daemon_forked_by_cmd_does_not_outlive_guard(verified: Genready, tmp_path: Path) -> None:
     pidfile = tmp_path / "daemon.pid"
     run = guard(verified, f"sleep 300 & echo $! > {pidfile}; exit 0")
     _, err = run.communicate(timeout=60)
@@ -260,14 +260,14 @@ def test_12_a_daemon_forked_by_cmd_does_not_outlive_guard(verified: Genready, tm
     wait_for(lambda: not alive(int(pidfile.read_text())), 10, "the forked daemon ended")
 
 
-def test_12_guard_exits_137_when_cmd_is_sigkilled(verified: Genready) -> None:
+def test_guard_exits_137_when_cmd_is_sigkilled(verified: Genready) -> None:
     run = guard(verified, "kill -9 $$")
     _, err = run.communicate(timeout=60)
     assert run.returncode == 137, err
 
 
 @pytest.mark.parametrize("how", OUTPUTS)
-def test_17_guard_says_75_whoever_reads_stderr(verified: Genready, manager: UserManager, how: str) -> None:
+def test_guard_says_75_whoever_reads_stderr(verified: Genready, manager: UserManager, how: str) -> None:
     # Readiness lost while CMD runs (the unit restarted): 75 whether or not anyone reads why.
     unit = verified.status()["targets"]["t"]["unit"]
     old = show(manager, unit)[0]
@@ -299,12 +299,12 @@ def _guarded_running(script: str) -> bool:
 
 
 @pytest.mark.parametrize("how", OUTPUTS)
-def test_17_wait_says_0_whoever_reads_stdout(verified: Genready, how: str) -> None:
+def test_wait_says_0_whoever_reads_stdout(verified: Genready, how: str) -> None:
     rc, err = exit_status_with(["wait", "t", "--url", verified.base, "--timeout", "10"], 1, how)
     assert rc == 0 and "Traceback" not in err, err
 
 
-def test_15_wait_across_a_daemon_restart(verified: Genready, tmp_path: Path) -> None:
+def test_wait_across_a_daemon_restart(verified: Genready, tmp_path: Path) -> None:
     verified.stop()
     err = tmp_path / "wait.err"
     try:
@@ -320,9 +320,9 @@ def test_15_wait_across_a_daemon_restart(verified: Genready, tmp_path: Path) -> 
     assert "ready pid" in out, out
 
 
-# -- #4: a unit edited and reloaded, not restarted ------------------------------------------------
+# -- a unit edited and reloaded, not restarted ---------------------------------------------------
 
-def test_4_an_edited_unit_is_flagged_still_ready_and_guard_refuses_it(manager: UserManager, tmp_path: Path) -> None:
+def test_an_edited_unit_is_flagged_still_ready_and_guard_refuses_it(manager: UserManager, tmp_path: Path) -> None:
     unit = "tg-config-sim.service"
     port = free_port()
 

@@ -1,7 +1,6 @@
-"""genready on a hostile host (issue 10): each numbered case of the issue holds here.
-
-Case numbers in the test names follow the issue: 5 bad unit names, 7 secrets and exposure,
-8 small ones (query digits, bad requests, BOM, contradictory answers).
+"""genready on a hostile host: bad unit names, secrets and exposure, small ones (query digits,
+bad requests, BOM, contradictory answers), exhausted file descriptors, full or read-only
+directories, malformed answers from the server, interrupted D-Bus calls.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ def check_config(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProce
                           env=env, timeout=30, check=False)
 
 
-# -- case 5: unit names as systemd judges them ------------------------------------------------
+# -- unit names as systemd judges them --------------------------------------------------------
 
 @pytest.mark.parametrize(("unit", "why"), [
     ("foo@.service", "an instance of the template, e.g. foo@gpu0.service"),
@@ -72,7 +71,7 @@ def check_config(tmp_path: Path, text: str | bytes) -> subprocess.CompletedProce
     ("sglang.socket", "ending in .service"),
 ])
 @pytest.mark.system
-def test_case5_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, unit: str, why: str) -> None:
+def test_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, unit: str, why: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
     assert r.returncode == 78, r.stderr
     assert "targets.t.unit: expected" in r.stderr and why in r.stderr, r.stderr
@@ -82,12 +81,12 @@ def test_case5_invalid_unit_names_are_refused_by_check_config(tmp_path: Path, un
 @pytest.mark.parametrize("unit", ["a@b.service", "a@b@c.service", "x" * 247 + ".service",
                                   "sys-devices-x\\x2d1.service", "a:b_c-d.e.service"])
 @pytest.mark.system
-def test_case5_names_systemd_accepts_pass(tmp_path: Path, unit: str) -> None:
+def test_names_systemd_accepts_pass(tmp_path: Path, unit: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"t.service"', json.dumps(unit)))
     assert r.returncode == 0, r.stderr
 
 
-async def test_case5_a_unit_systemd_refuses_is_that_targets_problem_only(manager: UserManager) -> None:
+async def test_a_unit_systemd_refuses_is_that_targets_problem_only(manager: UserManager) -> None:
     """The watcher gets a per-unit D-Bus error for a name systemd rejects (config validation
     keeps such names out of `serve`; this is the defence behind it): the bus stays connected
     and the other unit is still followed."""
@@ -121,12 +120,12 @@ async def test_case5_a_unit_systemd_refuses_is_that_targets_problem_only(manager
         manager.systemctl("stop", good)
 
 
-# -- case 7: secrets and exposure -------------------------------------------------------------
+# -- secrets and exposure ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["http://admin:pw@127.0.0.1:30000/", "http://admin@127.0.0.1:30000",
                                  "https://:secret@[::1]:8000/v1"])
 @pytest.mark.system
-def test_case7_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: Path, url: str) -> None:
+def test_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: Path, url: str) -> None:
     r = check_config(tmp_path, GOOD_TARGET.replace('"http://127.0.0.1:30000"', json.dumps(url)))
     assert r.returncode == 78, r.stderr
     assert "targets.t.url: expected a URL without user:password@" in r.stderr, r.stderr
@@ -137,13 +136,13 @@ def test_case7_userinfo_in_url_is_refused_and_the_password_not_shown(tmp_path: P
                                                 ("192.0.2.1:9901", True), ("127.0.0.1:9901", False),
                                                 ("[::1]:9901", False), ("localhost:9901", False)])
 @pytest.mark.system
-def test_case7_check_config_warns_about_a_non_loopback_listen(tmp_path: Path, listen: str, warned: bool) -> None:
+def test_check_config_warns_about_a_non_loopback_listen(tmp_path: Path, listen: str, warned: bool) -> None:
     r = check_config(tmp_path, f'[daemon]\nlisten = "{listen}"\n\n' + GOOD_TARGET)
     assert r.returncode == 0, r.stderr
     assert ("warning: daemon.listen" in r.stderr) is warned, r.stderr
 
 
-def test_case7_serve_warns_about_a_non_loopback_listen(manager: UserManager, tmp_path: Path) -> None:
+def test_serve_warns_about_a_non_loopback_listen(manager: UserManager, tmp_path: Path) -> None:
     port = free_port()
     g = Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}},
                  listen=f"0.0.0.0:{port}")
@@ -152,7 +151,7 @@ def test_case7_serve_warns_about_a_non_loopback_listen(manager: UserManager, tmp
         wait_for(lambda: "is not a loopback address" in g.log(), 10, "the warning in the log")
 
 
-def test_case7_records_file_is_not_followed_through_a_symlink(tmp_path: Path) -> None:
+def test_records_file_is_not_followed_through_a_symlink(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     state = tmp_path / "state"
@@ -167,7 +166,7 @@ def test_case7_records_file_is_not_followed_through_a_symlink(tmp_path: Path) ->
 
 
 @pytest.mark.system
-def test_case7_serve_refuses_a_symlinked_records_file_with_exit_71(tmp_path: Path) -> None:
+def test_serve_refuses_a_symlinked_records_file_with_exit_71(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     state = tmp_path / "state"
@@ -183,7 +182,7 @@ def test_case7_serve_refuses_a_symlinked_records_file_with_exit_71(tmp_path: Pat
     assert victim.read_text() == "precious\n"
 
 
-def test_case7_stamp_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
+def test_stamp_write_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     run = tmp_path / "run"
@@ -197,14 +196,14 @@ def test_case7_stamp_write_replaces_a_planted_symlink_instead_of_following_it(tm
     assert victim.exists()
 
 
-# -- case 8: small ones -----------------------------------------------------------------------
+# -- small ones -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("query", [{"pid": "²"}, {"pid": "①"}, {"pid": "٣"}, {"pid": "1" * 5000},
                                    {"pid": "0"}, {"pid": " 12"}, {"pid": "+12"}, {"pid": "99999999"},
                                    {"wait": "٣"}, {"wait": "1" * 5000}, {"wait": "inf"}, {"wait": "nan"},
                                    {"wait": "-1"}, {"since": "²"}, {"since": "1e999"},
                                    {"invocation": "a" * 32 + "\n"}, {"invocation": "٣" * 32}])
-def test_case8_ready_query_takes_bounded_ascii_numbers_only(query: dict[str, str]) -> None:
+def test_ready_query_takes_bounded_ascii_numbers_only(query: dict[str, str]) -> None:
     with pytest.raises(api.BadQuery) as e:
         api.parse_ready_query(query)
     assert len(str(e.value)) < 200  # a 5,000-digit value is not echoed back whole
@@ -215,12 +214,12 @@ def test_case8_ready_query_takes_bounded_ascii_numbers_only(query: dict[str, str
     ({"wait": "30.000"}, {"wait": 30.0}), ({"since": "1764571234.1234567"}, {"since": 1764571234.1234567}),
     ({"since": "1.7e9"}, {"since": 1.7e9}), ({"invocation": "AB" * 16}, {"invocation": "ab" * 16}),
 ])
-def test_case8_ordinary_queries_still_parse(query: dict[str, str], expected: dict[str, Any]) -> None:
+def test_ordinary_queries_still_parse(query: dict[str, str], expected: dict[str, Any]) -> None:
     got = api.parse_ready_query(query)
     assert {k: got[k] for k in expected} == expected
 
 
-def test_case8_unicode_digits_answer_400_over_http(manager: UserManager, tmp_path: Path) -> None:
+def test_unicode_digits_answer_400_over_http(manager: UserManager, tmp_path: Path) -> None:
     with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
         for q in ("pid=%C2%B2", "pid=%E2%91%A0", "pid=%D9%A3", "pid=" + "1" * 5000, "wait=%D9%A3"):
             code, body = g.get("/ready?" + q)
@@ -228,7 +227,7 @@ def test_case8_unicode_digits_answer_400_over_http(manager: UserManager, tmp_pat
         assert "Traceback" not in g.log()
 
 
-def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path: Path) -> None:
+def test_a_malformed_request_logs_one_line(manager: UserManager, tmp_path: Path) -> None:
     with Genready(manager, tmp_path, {"t": {"unit": "th-none.service", "url": "http://127.0.0.1:1"}}) as g:
         before = g.log_path.stat().st_size
         for raw in (b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header\r\n\r\n",
@@ -246,14 +245,14 @@ def test_case8_a_malformed_request_logs_one_line(manager: UserManager, tmp_path:
 
 
 @pytest.mark.system
-def test_case8_a_config_with_a_bom_says_so(tmp_path: Path) -> None:
+def test_a_config_with_a_bom_says_so(tmp_path: Path) -> None:
     r = check_config(tmp_path, b"\xef\xbb\xbf" + GOOD_TARGET.encode())
     assert r.returncode == 78
     assert "byte-order mark (BOM)" in r.stderr, r.stderr
 
 
 @pytest.mark.system
-def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
+def test_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
     text = "".join(f'[targets.t{i}]\nunit = "t{i}.service"\nurl = "http://127.0.0.1:{30000 + i}"\n'
                    for i in range(config.MAX_TARGETS + 1))
     r = check_config(tmp_path, text)
@@ -269,7 +268,7 @@ def test_case8_more_targets_than_the_limit_is_exit_78(tmp_path: Path) -> None:
     ("openai-completions", {"choices": [{"text": "OK"}], "usage": {"completion_tokens": 0}}),
     ("openai-chat", {"choices": [{"message": {"content": "OK"}}], "usage": {"completion_tokens": 0}}),
 ])
-async def test_case8_text_with_zero_completion_tokens_is_bad_response(api_: str, doc: dict[str, Any]) -> None:
+async def test_text_with_zero_completion_tokens_is_bad_response(api_: str, doc: dict[str, Any]) -> None:
     async for url in canned(json.dumps(doc).encode()):
         prober = Prober(target_config(url, api_))
         try:
@@ -280,7 +279,7 @@ async def test_case8_text_with_zero_completion_tokens_is_bad_response(api_: str,
 
 
 @pytest.mark.system
-def test_case8_exit_71_is_in_the_exit_code_tables() -> None:
+def test_exit_71_is_in_the_exit_code_tables() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "| 71 |" in readme
     out = subprocess.run([*GENREADY, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
@@ -288,7 +287,7 @@ def test_case8_exit_71_is_in_the_exit_code_tables() -> None:
 
 
 
-# -- case 4: file descriptors any local user could exhaust -------------------------------------
+# -- file descriptors any local user could exhaust ---------------------------------------------
 
 def _limited(manager: UserManager, tmp_path: Path, nofile: int = 256) -> Genready:
     """A genready whose soft RLIMIT_NOFILE is small enough to flood from a test."""
@@ -297,7 +296,7 @@ def _limited(manager: UserManager, tmp_path: Path, nofile: int = 256) -> Genread
     return g
 
 
-def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: UserManager, tmp_path: Path) -> None:
+def test_incomplete_requests_are_closed_within_the_read_timeout(manager: UserManager, tmp_path: Path) -> None:
     with _limited(manager, tmp_path) as g:
         socks = []
         for i in range(40):
@@ -316,7 +315,7 @@ def test_case4_incomplete_requests_are_closed_within_the_read_timeout(manager: U
         assert took <= serving.REQUEST_READ_TIMEOUT + 3, took
 
 
-def test_case4_idle_connections_over_the_cap_make_room_for_real_requests(manager: UserManager,
+def test_idle_connections_over_the_cap_make_room_for_real_requests(manager: UserManager,
                                                                          tmp_path: Path) -> None:
     cap = serving.connection_cap(1, 256)
     extra = 40
@@ -342,7 +341,7 @@ def test_case4_idle_connections_over_the_cap_make_room_for_real_requests(manager
         assert "Traceback" not in g.log()
 
 
-def test_case4_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path: Path) -> None:
+def test_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path: Path) -> None:
     limit = serving.connection_cap(1, 256) // 2
     with _limited(manager, tmp_path) as g:
         polls = []
@@ -361,7 +360,7 @@ def test_case4_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path:
         wait_for(lambda: g.get("/ready/t?wait=0.1")[1].get("state") == "absent", 10, "long-polls served again")
 
 
-async def test_case4_emfile_is_its_own_failure_class() -> None:
+async def test_emfile_is_its_own_failure_class() -> None:
     """Out of descriptors is genready's trouble, not the server's: never "refused". The limit is
     lowered in this very process (restored after), so the EMFILE is real."""
     async for url in canned(b'{"text": "OK"}'):
@@ -382,7 +381,7 @@ async def test_case4_emfile_is_its_own_failure_class() -> None:
         assert r.failure is Failure.LOCAL_RESOURCES and "EMFILE" in r.detail, r
 
 
-# -- cases 2 and 3: a full state_dir, a read-only runtime_dir ----------------------------------
+# -- a full state_dir, a read-only runtime_dir --------------------------------------------------
 # genready runs in a private mount namespace with a small tmpfs on each directory (unshare
 # execs, so the PID is genready's); the test fills or remounts them with nsenter.
 
@@ -401,7 +400,7 @@ def _agree_on_new_pid(g: Genready, manager: UserManager, unit: str, old_pid: int
     return wait_for(verified_new, 20, "the new start verified, on all three surfaces")
 
 
-def test_case2_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp_path: Path) -> None:
+def test_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp_path: Path) -> None:
     unit = "th-full.service"
     g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
     in_own_mounts(g)
@@ -432,7 +431,7 @@ def test_case2_a_full_state_dir_never_blocks_readiness(manager: UserManager, tmp
         manager.systemctl("stop", unit)
 
 
-def test_case3_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: UserManager,
+def test_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: UserManager,
                                                                       tmp_path: Path) -> None:
     unit = "th-ro.service"
     g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
@@ -456,7 +455,7 @@ def test_case3_a_read_only_runtime_dir_never_splits_the_three_surfaces(manager: 
         manager.systemctl("stop", unit)
 
 
-# -- case 1: a malformed answer never kills probing ---------------------------------------------
+# -- a malformed answer never kills probing -----------------------------------------------------
 
 MALFORMED = {
     "negative chunk size": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
@@ -470,7 +469,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("raw", MALFORMED.values(), ids=MALFORMED.keys())
-async def test_case1_a_malformed_answer_is_bad_response_not_an_exception(raw: bytes) -> None:
+async def test_a_malformed_answer_is_bad_response_not_an_exception(raw: bytes) -> None:
     async for url in raw_server(raw):
         prober = Prober(target_config(url, probe_timeout=3.0))
         try:
@@ -480,7 +479,7 @@ async def test_case1_a_malformed_answer_is_bad_response_not_an_exception(raw: by
         assert not r.ok and r.failure is Failure.BAD_RESPONSE, r
 
 
-def test_case1_probing_goes_on_after_malformed_answers(manager: UserManager, tmp_path: Path) -> None:
+def test_probing_goes_on_after_malformed_answers(manager: UserManager, tmp_path: Path) -> None:
     script = tmp_path / "flaky.py"
     script.write_text(FLAKY_SERVER)
     port = free_port()
@@ -528,7 +527,7 @@ class _Recorder:
         self.verified_pids.append(record.main_pid)
 
 
-async def test_case1_a_probe_task_that_dies_is_restarted(manager: UserManager, tmp_path: Path,
+async def test_a_probe_task_that_dies_is_restarted(manager: UserManager, tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     unit = "th-dies.service"
     manager.install_unit(unit, "[Service]\nExecStart=/bin/sleep infinity\n")
@@ -552,7 +551,7 @@ async def test_case1_a_probe_task_that_dies_is_restarted(manager: UserManager, t
             manager.systemctl("stop", unit)
 
 
-def test_case4_event_loop_errors_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+def test_event_loop_errors_are_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     """asyncio reports accept() failing with EMFILE through the loop's exception handler on every
     retry; genready's handler logs the first, counts the rest, and says how many at the next line."""
     now = [0.0]
@@ -574,7 +573,7 @@ def test_case4_event_loop_errors_are_logged_once_per_interval(caplog: pytest.Log
     assert not any(r.exc_info for r in caplog.records)  # an OSError is a line, not a traceback
 
 
-def test_case6_an_interrupted_dbus_call_is_retried_only_if_it_was_quick() -> None:
+def test_an_interrupted_dbus_call_is_retried_only_if_it_was_quick() -> None:
     """A signal during one of pystemd's blocking calls fails it with EINTR (pystemd raises an error
     whose errno is -4). A quick call is asked again; one already stuck on a dead bus is not, so
     SIGTERM reaches the event loop instead of waiting out another sd-bus timeout."""
@@ -605,8 +604,8 @@ def test_case6_an_interrupted_dbus_call_is_retried_only_if_it_was_quick() -> Non
         retry_eintr(broken)
 
 
-def test_case7_pystemds_interrupted_error_without_errno_is_retried() -> None:
-    """Issue 24 #7: pystemd raises DBusInterruptedError, an InterruptedError whose errno is None;
+def test_pystemds_interrupted_error_without_errno_is_retried() -> None:
+    """pystemd raises DBusInterruptedError, an InterruptedError whose errno is None;
     the retry must go by the class, not the errno (15-24 of ~450 /ready polls failed under SIGHUP)."""
     from pystemd.dbusexc import DBusInterruptedError
 

@@ -1,9 +1,9 @@
-"""Issue 24, the daemon's cases, in-process: a real `Daemon` serving its API on loopback, with
+"""The daemon against hostile input, in-process: a real `Daemon` serving its API on loopback, with
 no systemd bus (its targets stay `unknown`, which these cases do not need).
 
-#8 the config re-read: only a regular file of at most 1 MiB, read off the event loop with a
-bounded wait; #16 a reload that changes `daemon.listen` keeps the running address and says
-"restart needed"; #18 a long-poll on a target a reload removed answers 404 at once; the Host:
+The config re-read: only a regular file of at most 1 MiB, read off the event loop with a
+bounded wait; a reload that changes `daemon.listen` keeps the running address and says
+"restart needed"; a long-poll on a target a reload removed answers 404 at once; the Host:
 check against DNS rebinding; the records of removed targets forgotten after a retention.
 """
 
@@ -78,9 +78,9 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
         yield r
 
 
-# -- #8: what the config path may be -----------------------------------------------------------
+# -- what the config path may be ---------------------------------------------------------------
 
-def test_8_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
+def test_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)
     big = tmp_path / "big.toml"
@@ -94,14 +94,14 @@ def test_8_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 5  # no open() waited for a FIFO's writer, nothing read /dev/zero to the end
 
 
-def test_8_an_api_key_file_is_bounded_too(tmp_path: Path) -> None:
+def test_an_api_key_file_is_bounded_too(tmp_path: Path) -> None:
     fifo = tmp_path / "key"
     os.mkfifo(fifo)
     with pytest.raises(config.ConfigError, match="a FIFO"):
         config.parse({"targets": {"t": {"unit": "t.service", "url": "http://127.0.0.1:9", "api_key_file": str(fifo)}}})
 
 
-def test_8_check_config_refuses_a_fifo_with_78_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_config_refuses_a_fifo_with_78_at_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fifo = tmp_path / "fifo.toml"
     os.mkfifo(fifo)
     with pytest.raises(SystemExit) as e:
@@ -110,7 +110,7 @@ def test_8_check_config_refuses_a_fifo_with_78_at_once(tmp_path: Path, capsys: p
 
 
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "big"])
-async def test_8_a_reload_refuses_what_is_not_a_small_regular_file(running: Running, kind: str) -> None:
+async def test_a_reload_refuses_what_is_not_a_small_regular_file(running: Running, kind: str) -> None:
     running.path.unlink()
     if kind == "fifo":
         os.mkfifo(running.path)
@@ -126,7 +126,7 @@ async def test_8_a_reload_refuses_what_is_not_a_small_regular_file(running: Runn
     assert "a regular file of at most 1 MiB" in status["config_error"], status["config_error"]
 
 
-async def test_8_a_config_read_that_hangs_is_given_up_and_the_api_answers_meanwhile(
+async def test_a_config_read_that_hangs_is_given_up_and_the_api_answers_meanwhile(
         running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
     release = threading.Event()
 
@@ -147,9 +147,9 @@ async def test_8_a_config_read_that_hangs_is_given_up_and_the_api_answers_meanwh
         release.set()
 
 
-# -- #16: daemon.listen changed by a reload ---------------------------------------------------------
+# -- daemon.listen changed by a reload --------------------------------------------------------------
 
-async def test_16_a_listen_change_keeps_the_address_and_says_restart_needed(
+async def test_a_listen_change_keeps_the_address_and_says_restart_needed(
         running: Running, capsys: pytest.CaptureFixture[str]) -> None:
     other = free_port()
     write_config(running.path, other, running.tmp)
@@ -173,9 +173,9 @@ async def test_16_a_listen_change_keeps_the_address_and_says_restart_needed(
     assert (await running.get("/status"))[1]["restart_needed"] == []
 
 
-# -- #18: a long-poll on a removed target ---------------------------------------------------------
+# -- a long-poll on a removed target --------------------------------------------------------------
 
-async def test_18_a_long_poll_on_a_target_a_reload_removed_answers_404_at_once(running: Running) -> None:
+async def test_a_long_poll_on_a_target_a_reload_removed_answers_404_at_once(running: Running) -> None:
     poll = asyncio.create_task(running.get("/ready/b?wait=60", timeout=70))
     assert running.d._runner is not None
     polls = running.d._runner.app[api.LONG_POLLS]
@@ -261,7 +261,7 @@ async def test_the_daemon_forgets_them_at_start(tmp_path: Path) -> None:
         assert len(r.d.store.all("kept")) == 5
 
 
-# -- #4: the unit's configuration changed since its running start ------------------------------
+# -- the unit's configuration changed since its running start ----------------------------------
 
 def snap_with(exec_start: tuple[tuple[str, ...], ...], env: tuple[str, ...], *, stale: bool = False) -> Snapshot:
     return Snapshot("t.service", load_state="loaded", active_state="active", sub_state="running", main_pid=100,
@@ -272,7 +272,7 @@ def snap_with(exec_start: tuple[tuple[str, ...], ...], env: tuple[str, ...], *, 
 SERVER = (("/usr/bin/python3", "-m", "sglang.launch_server", "--mem-fraction-static", "0.8"),)
 
 
-def test_4_a_start_records_what_it_runs_and_the_difference_is_said(tmp_path: Path) -> None:
+def test_a_start_records_what_it_runs_and_the_difference_is_said(tmp_path: Path) -> None:
     with RecordStore(tmp_path) as store:
         h = History("t", "t.service", store)
         started = snap_with(SERVER, ("A=1", "HF_TOKEN=hf_secret", "GONE=x"))
@@ -291,7 +291,7 @@ def test_4_a_start_records_what_it_runs_and_the_difference_is_said(tmp_path: Pat
     assert not any("hf_secret" in c or "hf_other" in c for c in changes)
 
 
-def test_4_a_start_seen_before_a_daemon_reload_was_read_takes_the_next_read(tmp_path: Path) -> None:
+def test_a_start_seen_before_a_daemon_reload_was_read_takes_the_next_read(tmp_path: Path) -> None:
     """daemon-reload (new drop-in) then restart: the new start's signal can arrive before the
     watcher has read the unit again; its record must not take the old settings for its own."""
     with RecordStore(tmp_path) as store:
@@ -307,7 +307,7 @@ def test_4_a_start_seen_before_a_daemon_reload_was_read_takes_the_next_read(tmp_
         assert config_changes(got, snap_with(SERVER, ("A=3",), stale=True)) == []
 
 
-def test_4_guard_refuses_an_instance_that_does_not_run_its_units_configuration() -> None:
+def test_guard_refuses_an_instance_that_does_not_run_its_units_configuration() -> None:
     pinned = {"pid": 100, "config_changed_since_start": True, "config_changes": ["Environment: A=1 is now A=2"]}
     why = stale_config("t", pinned)
     assert "pid 100 does not run its unit's configuration: Environment: A=1 is now A=2" in why
@@ -315,7 +315,7 @@ def test_4_guard_refuses_an_instance_that_does_not_run_its_units_configuration()
     assert stale_config("t", {"pid": 100, "config_changed_since_start": False}) == ""
 
 
-def test_4_genready_status_warns() -> None:
+def test_genready_status_warns() -> None:
     text = format_status({"targets": {"t": {"unit": "t.service", "pid": 100, "state": "ready",
                                             "config_changed_since_start": True,
                                             "config_changes": ["Environment: A=1 is now A=2"]}}})

@@ -1,5 +1,5 @@
 """outputs.py: READY=1, RELOADING=1, the ready stamp and the genready_ready gauge all follow
-the readiness rule at the moment they are sent (issue 9: no second rule).
+the readiness rule at the moment they are sent (there is no second rule).
 
 The sd_notify side is real: a bound SOCK_DGRAM socket named by NOTIFY_SOCKET, as systemd's
 manager listens. The gate runs in-process on the stand-ins of gatefakes.py.

@@ -53,7 +53,7 @@ def test_sighup_adds_changes_and_removes_targets(manager: UserManager, tmp_path:
 
 
 def test_a_target_added_on_a_watched_unit_gets_its_state_at_once(manager: UserManager, tmp_path: Path) -> None:
-    """Issue 24 #6: after a reload that renames a target or adds a second one on the same unit, the
+    """After a reload that renames a target or adds a second one on the same unit, the
     new target shows the unit's state as soon as it exists, not `unknown` until the unit changes."""
     unit = "tr-same.service"
     manager.install_unit(unit, "[Service]\nExecStart=/bin/sleep infinity\n")

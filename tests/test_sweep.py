@@ -572,7 +572,7 @@ def test_a_reused_instance_that_died_between_points_restarts(rig: Rig, monkeypat
     rig.assert_restored()
 
 
-# --- what systemd would rewrite, drop or refuse (issue 24) ---------------------------------------------
+# --- what systemd would rewrite, drop or refuse ---------------------------------------------------------
 
 
 def test_values_systemd_would_rewrite_reach_the_server_as_written(rig: Rig) -> None:

@@ -1,4 +1,4 @@
-"""Helpers for hostile-host tests and benchmarks (issue 10): broken servers, small private
+"""Helpers for hostile-host tests and benchmarks: broken servers, small private
 mounts genready can fill or make read-only, a frozen systemd manager, and reading genready's
 three surfaces.
 
