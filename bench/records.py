@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from genready.rule import records
+from genready.store import records
 
 
 def busy_disk(where: Path, stop: threading.Event) -> None:

@@ -19,8 +19,8 @@ from typing import Any
 from genready import config
 from genready.config import TargetConfig
 from genready.rule.gate import TargetGate
-from genready.rule.records import RecordStore, StartRecord
-from genready.systemd.bus import Snapshot
+from genready.store.records import RecordStore, StartRecord
+from genready.systemd.snapshot import Snapshot
 from genready.vocab import Failure, ProbeResult, Revocation, State
 
 UNIT = "t.service"

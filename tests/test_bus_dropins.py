@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from genready.systemd import bus
+from genready.systemd import control
 
 UNIT = "d.service"
 NAME = "zz-test.conf"
@@ -37,21 +37,21 @@ class FakeBus:
 
 
 def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events: list[str], *,
-           on_path: bool = True, reload_fails: bool = False) -> tuple[bus.Client, Path]:
+           on_path: bool = True, reload_fails: bool = False) -> tuple[control.Client, Path]:
     """A user-manager Client on a FakeBus whose runtime unit directory is under tmp_path; that directory."""
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     base = tmp_path / "systemd" / "user"
-    c = object.__new__(bus.Client)  # Client() would connect to a real bus
+    c = object.__new__(control.Client)  # Client() would connect to a real bus
     c.kind = "user"
     c._bus = FakeBus(["/etc/systemd/user", *([str(base)] if on_path else [])], events, reload_fails)
     return c, base
 
 
 def test_the_runtime_dropin_goes_in_the_runtime_unit_dir_the_manager_searches(monkeypatch: pytest.MonkeyPatch) -> None:
-    system = bus.runtime_dropin_path("system", ["/etc/systemd/system", "/run/systemd/system"], UNIT, NAME)
+    system = control.runtime_dropin_path("system", ["/etc/systemd/system", "/run/systemd/system"], UNIT, NAME)
     assert system == Path("/run/systemd/system") / f"{UNIT}.d" / NAME
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
-    user = bus.runtime_dropin_path("user", ["/run/user/4242/systemd/user"], UNIT, NAME)
+    user = control.runtime_dropin_path("user", ["/run/user/4242/systemd/user"], UNIT, NAME)
     assert user == Path("/run/user/4242/systemd/user") / f"{UNIT}.d" / NAME
 
 
@@ -59,8 +59,8 @@ def test_a_runtime_dir_the_manager_does_not_search_is_refused_naming_its_unit_pa
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A user manager started with another XDG_RUNTIME_DIR would never read a drop-in written here.
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/4242")
-    with pytest.raises(bus.NotOnUnitPath) as e:
-        bus.runtime_dropin_path("user", ["/etc/systemd/user", "/run/user/1000/systemd/user"], UNIT, NAME)
+    with pytest.raises(control.NotOnUnitPath) as e:
+        control.runtime_dropin_path("user", ["/etc/systemd/user", "/run/user/1000/systemd/user"], UNIT, NAME)
     assert str(e.value) == ("the user manager does not load units from /run/user/4242/systemd/user (its UnitPath: "
                             "/etc/systemd/user /run/user/1000/systemd/user); is XDG_RUNTIME_DIR the manager's?")
 
@@ -108,7 +108,7 @@ def test_a_dropin_is_not_written_where_the_manager_does_not_look(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     events: list[str] = []
     c, base = client(tmp_path, monkeypatch, events, on_path=False)
-    with pytest.raises(bus.NotOnUnitPath):
+    with pytest.raises(control.NotOnUnitPath):
         c.write_dropin(UNIT, NAME, "[Service]\n")
     assert not base.exists() and events == []
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from genready import config
-from genready.rule.records import RecordStore
 from genready.serve.daemon import Daemon, ReloadPlan, reload_plan
+from genready.store.records import RecordStore
 
 
 def targets(**units: Any) -> dict[str, config.TargetConfig]:

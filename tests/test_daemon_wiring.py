@@ -26,10 +26,10 @@ import pytest
 import tomli_w
 
 from genready import config
-from genready.rule import records
 from genready.rule.gate import TargetGate
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
+from genready.store import records
 from genready_dev.harness import free_port
 from tests.gatefakes import FakeFresh, ScriptedProber, failed, snap
 

@@ -14,8 +14,9 @@ import pytest
 
 from genready.redact import redact_lines
 from genready.rule.gate import is_ready
-from genready.rule.history import expected_load, iso
-from genready.rule.records import StartRecord
+from genready.rule.history import expected_load
+from genready.store.records import StartRecord
+from genready.timewords import iso
 from genready.vocab import Failure, Instance, Revocation, State
 from tests.gatefakes import UNIT, Rig, failed, ok, snap, target
 

@@ -30,9 +30,9 @@ import pytest
 
 from genready.compat import UTC
 from genready.exitcodes import Exit
-from genready.rule.history import from_iso
-from genready.systemd.bus import Snapshot
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher
+from genready.timewords import from_iso
 from genready_dev.harness import (
     GENREADY,
     Genready,

@@ -22,9 +22,9 @@ import pytest
 
 from genready import config
 from genready.probe.probe import Prober
-from genready.rule import records
 from genready.rule.gate import TargetGate
-from genready.serve import api, serving, stamp
+from genready.serve import api, httplimits, stamp
+from genready.store import records
 from genready.systemd.bus import retry_eintr
 from genready.systemd.fresh import FreshReader
 from genready.systemd.watcher import Watcher
@@ -307,17 +307,17 @@ def test_incomplete_requests_are_closed_within_the_read_timeout(manager: UserMan
             socks.append(s)
         t0 = time.monotonic()
         assert g.get("/status")[0] == 200  # served meanwhile
-        wait_for(lambda: all(closed_by_peer(s) for s in socks), serving.REQUEST_READ_TIMEOUT + 5,
+        wait_for(lambda: all(closed_by_peer(s) for s in socks), httplimits.REQUEST_READ_TIMEOUT + 5,
                  "every incomplete connection closed")
         took = time.monotonic() - t0
         for s in socks:
             s.close()
-        assert took <= serving.REQUEST_READ_TIMEOUT + 3, took
+        assert took <= httplimits.REQUEST_READ_TIMEOUT + 3, took
 
 
 def test_idle_connections_over_the_cap_make_room_for_real_requests(manager: UserManager,
                                                                          tmp_path: Path) -> None:
-    cap = serving.connection_cap(1, 256)
+    cap = httplimits.connection_cap(1, 256)
     extra = 40
     with _limited(manager, tmp_path) as g:
         assert g.proc is not None
@@ -342,7 +342,7 @@ def test_idle_connections_over_the_cap_make_room_for_real_requests(manager: User
 
 
 def test_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path: Path) -> None:
-    limit = serving.connection_cap(1, 256) // 2
+    limit = httplimits.connection_cap(1, 256) // 2
     with _limited(manager, tmp_path) as g:
         polls = []
         try:
@@ -555,7 +555,7 @@ def test_event_loop_errors_are_logged_once_per_interval(caplog: pytest.LogCaptur
     """asyncio reports accept() failing with EMFILE through the loop's exception handler on every
     retry; genready's handler logs the first, counts the rest, and says how many at the next line."""
     now = [0.0]
-    handler = serving.LoopErrors(interval=60.0, clock=lambda: now[0])
+    handler = httplimits.LoopErrors(interval=60.0, clock=lambda: now[0])
     loop = asyncio.new_event_loop()
     try:
         emfile = OSError(24, "Too many open files")

@@ -25,12 +25,13 @@ import tomli_w
 from genready import cli, compat, config
 from genready.client.client import format_status
 from genready.client.guard import stale_config
-from genready.rule.history import History, config_changes, iso
-from genready.rule.records import RecordStore, StartRecord
-from genready.serve import api, serving, stamp
+from genready.rule.history import History, config_changes
+from genready.serve import api, httplimits, stamp
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
-from genready.systemd.bus import Snapshot
+from genready.store.records import RecordStore, StartRecord
+from genready.systemd.snapshot import Snapshot
+from genready.timewords import iso
 from genready_dev.harness import free_port
 
 
@@ -200,7 +201,7 @@ async def test_a_long_poll_on_a_target_a_reload_removed_answers_404_at_once(runn
     ("127.0.0.1.nip.io:9901", False), ("genready.lan.evil.example", False),
 ])
 def test_host_header_names_genready_or_is_refused(host: str | None, allowed: bool) -> None:
-    assert serving.host_allowed(host, ["genready.lan"]) is allowed
+    assert httplimits.host_allowed(host, ["genready.lan"]) is allowed
 
 
 async def test_a_foreign_host_gets_421_with_a_json_reason_and_is_counted(running: Running) -> None:

@@ -14,7 +14,7 @@ import pytest
 from genready import config
 from genready.compat import tomllib
 from genready.exitcodes import Exit
-from genready.systemd import bus
+from genready.systemd import snapshot
 from genready.tools import unitinit
 from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
@@ -157,9 +157,9 @@ def test_unrecognised_names_what_it_found_without_keys() -> None:
 
 def test_exec_argvs_take_the_path_over_argv0() -> None:
     raw = [(b"/usr/bin/llama-server", [b"llama", b"--port", b"1"], False, 0, 0, 0, 0, 0, 0, 0)]
-    assert bus.exec_argvs(raw) == (("/usr/bin/llama-server", "--port", "1"),)
+    assert snapshot.exec_argvs(raw) == (("/usr/bin/llama-server", "--port", "1"),)
     other = [(b"/usr/bin/llama-server", [b"llama", b"--port", b"1"], False, 5, 6, 7, 8, 99, 1, 0)]
-    assert bus.exec_fingerprint(raw) == bus.exec_fingerprint(other) != ""
+    assert snapshot.exec_fingerprint(raw) == snapshot.exec_fingerprint(other) != ""
 
 
 def test_target_name_from_unit() -> None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from genready import timewords
 from genready.client import client, progress
 from genready_dev.harness import GENREADY, Genready, free_port, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
@@ -32,10 +33,11 @@ def test_the_live_line() -> None:
 
 def test_times_as_people_read_them() -> None:
     now = time.time()
-    assert progress.duration(4.25) == "4.2s" and progress.duration(3725) == "1h02m"
-    assert progress.ago(now - 190, now) == "3m ago" and progress.ago(now - 5, now) == "5s ago"
+    assert timewords.duration(4.25) == "4.2s" and timewords.duration(3725) == "1h02m"
+    assert timewords.duration(362) == "6m02s"  # STATUS=, the CLI and the sweep's lines alike
+    assert timewords.ago(now - 190, now) == "3m ago" and timewords.ago(now - 5, now) == "5s ago"
     iso = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(now - 190))
-    assert re.fullmatch(r"\d\d:\d\d:\d\d \(3m ago\)", progress.local_time(iso, now))
+    assert re.fullmatch(r"\d\d:\d\d:\d\d \(3m ago\)", timewords.local_time(iso, now))
 
 
 def test_live_lines_redraw_on_a_terminal_and_print_plainly_elsewhere() -> None:

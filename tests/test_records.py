@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from genready.rule import records
-from genready.rule.records import RecordStore, StartRecord, StoreBusyError
+from genready.store import records
+from genready.store.records import RecordStore, StartRecord, StoreBusyError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +154,7 @@ def test_torn_last_line_is_dropped_and_next_put_starts_a_line(
     whole = json.dumps(rec("c").to_json()) + "\n"
     with path.open("a") as f:
         f.write(whole[: len(whole) // 2])  # what a SIGKILL mid-write leaves
-    caplog.set_level(logging.WARNING, logger="genready.rule.records")
+    caplog.set_level(logging.WARNING, logger="genready.store.records")
     s = opened(tmp_path)
     assert [r.invocation_id for r in s.all("llm")] == ["a", "b"]
     assert any(f"{path}:3:" in m and "torn" in m for m in caplog.messages), caplog.messages
@@ -184,7 +184,7 @@ def test_garbage_lines_in_the_middle_are_skipped(tmp_path: Path, caplog: pytest.
     bad_type = json.dumps({**rec("x").to_json(), "main_pid": "nope"})
     lines = [good[0], "{not json", "\x00\x00\x00", bad_type, "[1, 2]", "", good[1], good[2]]
     path.write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe\n")
-    caplog.set_level(logging.WARNING, logger="genready.rule.records")
+    caplog.set_level(logging.WARNING, logger="genready.store.records")
     s = opened(tmp_path)
     assert [r.invocation_id for r in s.all("llm")] == ["a", "b", "c"]
     warned = {int(m.split(":")[1]) for m in caplog.messages if m.startswith(f"{path}:")}
@@ -257,7 +257,7 @@ def test_failed_compaction_keeps_old_file_and_the_put(
     def no_replace(src: str, dst: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("genready.rule.records.os.replace", no_replace)
+    monkeypatch.setattr("genready.store.records.os.replace", no_replace)
     s = opened(tmp_path)
     for n in range(8):
         s.put(rec("a", n_restarts=n))  # put never fails because housekeeping did
@@ -304,7 +304,7 @@ class HeldFsync:
                 assert self.release.wait(30), "fsync held for 30 s"
             real(fd)
 
-        monkeypatch.setattr("genready.rule.records.os.fsync", fsync)
+        monkeypatch.setattr("genready.store.records.os.fsync", fsync)
 
 
 @pytest.fixture
@@ -495,8 +495,8 @@ CHILD = textwrap.dedent(
     """
     import dataclasses, os, signal, sys
     from pathlib import Path
-    from genready.rule import records
-    from genready.rule.records import RecordStore, StartRecord
+    from genready.store import records
+    from genready.store.records import RecordStore, StartRecord
 
     records._COMPACT_MIN_LINES = 16
     state, run, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -847,7 +847,7 @@ def test_shards_then_report_merges_the_folders_with_the_bench_figures(rig: Rig) 
 
 def test_a_runtime_dir_the_manager_does_not_search_exits_1_before_anything_changes(rig: Rig) -> None:
     # XDG_RUNTIME_DIR not the manager's: a drop-in written under it would be ignored, and the points would
-    # run on the unit's own configuration. bus.NotOnUnitPath, mapped by the sweep to exit 1 in its words.
+    # run on the unit's own configuration. control.NotOnUnitPath, mapped by the sweep to exit 1 in its words.
     plan = rig.write_plan(points=[{"n": 1, "budget": 8, "topk": 1}])
     pid = rig.g.get("/ready/t")[1]["pid"]
     elsewhere = {"XDG_RUNTIME_DIR": str(rig.tmp / "elsewhere")}

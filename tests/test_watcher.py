@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from genready.systemd.bus import Snapshot, unit_path
+from genready.systemd.bus import unit_path
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher
 from genready_dev.harness import Genready, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
@@ -186,7 +187,7 @@ async def test_fresh_read_agrees_with_a_full_read(manager: UserManager) -> None:
     """The fresh read /ready relies on (its questions sent at once, answers collected on the loop)
     gives what a full pystemd read gives: for a running unit, a stopped one, and one that does not
     exist; a burst of callers shares one read."""
-    from genready.systemd.bus import Client
+    from genready.systemd.control import Client
     from genready.systemd.fresh import FreshReader
 
     unit = "tw-quick.service"

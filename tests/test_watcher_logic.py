@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from genready.systemd import bus as bus_module
-from genready.systemd.bus import SERVICE_IFACE, UNIT_IFACE, Health, Snapshot, Unresponsive, Worker, unit_path
+from genready.systemd import worker as worker_module
+from genready.systemd.bus import SERVICE_IFACE, UNIT_IFACE, unit_path
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher, _read_unit
+from genready.systemd.worker import Health, Unresponsive, Worker
 
 UNIT = "w.service"
 
@@ -156,7 +158,7 @@ async def test_a_connection_whose_setup_failed_is_never_used(monkeypatch: pytest
         opened.append(FakeBus())
         return opened[-1]
 
-    monkeypatch.setattr(bus_module, "open_bus", opener)
+    monkeypatch.setattr(worker_module, "open_bus", opener)
     worker = Worker("user", "test", on_open=on_open)
     try:
         with pytest.raises(Unresponsive):

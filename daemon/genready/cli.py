@@ -270,7 +270,7 @@ def cmd_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_restart(args: argparse.Namespace) -> int:
-    from genready.systemd import bus
+    from genready.systemd import bus, control
 
     cfg = load_config(args.config)
     target = _one_target(args, cfg)
@@ -280,7 +280,7 @@ def cmd_restart(args: argparse.Namespace) -> int:
     # since= compares against the new process's start time, so take T before asking systemd.
     t0 = time.time()
     try:
-        bus.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
+        control.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
     except Exception as e:
         die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {bus.dbus_words(e)}",
             hint="restarting a system unit needs root or a polkit rule" if bus.denied(e) else "", status=Exit.TIMEOUT)

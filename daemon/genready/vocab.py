@@ -85,7 +85,7 @@ class ProbeResult:
 DOWN: Final = frozenset({"inactive", "failed", "deactivating"})  # no process to vouch for
 ALIVE: Final = frozenset({"activating", "active", "reloading"})  # a process runs (auto-restart aside)
 
-# /ready's reason, first word, while the systemd manager does not answer a read within bus.READ_TIMEOUT
+# /ready's reason, first word, while the systemd manager does not answer a read within worker.READ_TIMEOUT
 # (SIGSTOPped, or busy in a long daemon-reload): genready cannot vouch for any instance meanwhile.
 # genready_systemd_responsive is 0 and /status's systemd_responsive false for as long.
 SYSTEMD_UNRESPONSIVE: Final = "systemd_unresponsive"

@@ -22,7 +22,7 @@ from typing import Any
 
 from genready import config
 from genready.config import TargetConfig
-from genready.rule import records
+from genready.store import records
 from genready_dev.harness import Genready, free_port, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 

@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from genready import console
 from genready.exitcodes import Exit
+from genready.timewords import duration, local_time
 
 
 class Unreachable(Exception):
@@ -111,7 +112,7 @@ def format_status_tty(data: dict[str, Any], now: float | None = None) -> str:
     against its usual length, the last failure), then each failed start's own last lines."""
     from genready.client import progress
 
-    out = [f"genready {data.get('version')}, up {progress.duration(data.get('uptime_seconds', 0))}, "
+    out = [f"genready {data.get('version')}, up {duration(data.get('uptime_seconds', 0))}, "
            f"{data.get('bus')} bus {'connected' if data.get('bus_connected') else 'DISCONNECTED'}\n"]
     if data.get("config_error"):
         out.append(f"config reload refused: {data['config_error']}\n")
@@ -120,22 +121,22 @@ def format_status_tty(data: dict[str, Any], now: float | None = None) -> str:
     for name, t in targets.items():
         since = t.get("ready_since") if t.get("ready") else t.get("waiting_since")
         expected = t.get("expected_load_seconds")
-        usual = f" (~{progress.duration(expected)})" if expected is not None else ""
+        usual = f" (~{duration(expected)})" if expected is not None else ""
         if t.get("ready"):
-            load = f"{progress.duration(t.get('load_seconds'))}{usual}" if t.get("load_seconds") is not None else "-"
+            load = f"{duration(t.get('load_seconds'))}{usual}" if t.get("load_seconds") is not None else "-"
         else:
             load = progress.load_text(t) or "-"
         f = t.get("last_failure")
         if f:
             status = f" {f.get('exit_code')} {f.get('exit_status')}" if f.get("exit_code") else ""
-            ended = progress.local_time(f.get("ended_at"), now).split(" (")[-1].rstrip(")")
+            ended = local_time(f.get("ended_at"), now).split(" (")[-1].rstrip(")")
             failure = f"{f.get('result')}{status}, {ended}"
         elif t.get("last_error"):
             failure = f"probe {t.get('probes')}: {t['last_error']}"
         else:
             failure = "-" if t.get("ready") or not t.get("reason") else str(t["reason"])
-        rows.append([name, str(t.get("state")), _cell(t.get("pid")), progress.local_time(since, now), load,
+        rows.append([name, str(t.get("state")), _cell(t.get("pid")), local_time(since, now), load,
                      failure[:80]])
     out.append("\n" + _table(rows))
-    out.append(format_failures(targets, lambda iso: progress.local_time(iso, now)))
+    out.append(format_failures(targets, lambda iso: local_time(iso, now)))
     return "".join(out)

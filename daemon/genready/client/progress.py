@@ -17,41 +17,10 @@ from datetime import datetime
 from typing import Any, Final, TextIO
 
 from genready import console
+from genready.timewords import duration
 
 PLAIN_EVERY: Final = 30.0  # seconds between plain progress lines when stderr is not a terminal
 BAR_WIDTH: Final = 14
-
-
-def duration(s: float | None) -> str:
-    """Seconds as people read them: 4.2s, 42s, 3m10s, 1h05m ("?" if unknown)."""
-    if s is None:
-        return "?"
-    if s < 10:
-        return f"{max(0.0, s):.1f}s"
-    s = round(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def ago(ts: float, now: float | None = None) -> str:
-    """"12s ago", "3m ago", "2h ago", "4d ago"."""
-    d = max(0.0, (time.time() if now is None else now) - ts)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if d >= size:
-            return f"{int(d // size)}{unit} ago"
-    return f"{int(d)}s ago"
-
-
-def local_time(iso: str | None, now: float | None = None) -> str:
-    """An ISO 8601 time from the API as local time (with the date if not today) and how long ago."""
-    if not iso:
-        return "-"
-    try:
-        dt = datetime.fromisoformat(iso).astimezone()
-    except ValueError:
-        return iso
-    now_dt = datetime.fromtimestamp(time.time() if now is None else now).astimezone()
-    shown = dt.strftime("%H:%M:%S") if dt.date() == now_dt.date() else dt.strftime("%b %d %H:%M")
-    return f"{shown} ({ago(dt.timestamp(), now_dt.timestamp())})"
 
 
 def bar(fraction: float, width: int = BAR_WIDTH) -> str:

@@ -1,1 +1,1 @@
-"""What "ready" means, and the memory of starts."""
+"""What "ready" means: the gate, its schedule, and what it expects from past starts (history)."""

@@ -25,13 +25,15 @@ from genready.compat import wait_for
 from genready.config import AUTO, TargetConfig, stuck_after
 from genready.probe.listen import ListenWatch
 from genready.probe.probe import Prober
-from genready.rule.history import History, config_changes, from_iso, iso
-from genready.rule.records import RecordStore, StartRecord
+from genready.rule.history import History, config_changes
 from genready.rule.schedule import Schedule
+from genready.store.records import RecordStore, StartRecord
 from genready.systemd import sweepdropin
-from genready.systemd.bus import Snapshot, Unresponsive
 from genready.systemd.fresh import FreshReader
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
+from genready.systemd.worker import Unresponsive
+from genready.timewords import from_iso, iso
 from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready.rule.gate")

@@ -16,26 +16,16 @@ import statistics
 import time
 from collections.abc import Iterable
 from dataclasses import replace
-from datetime import datetime
 from typing import Any
 
-from genready.compat import UTC
 from genready.redact import redact
-from genready.rule.records import RecordStore, StartRecord
-from genready.systemd.bus import Snapshot
+from genready.store.records import RecordStore, StartRecord
+from genready.systemd.snapshot import Snapshot
+from genready.timewords import iso
 from genready.vocab import ALIVE
 
 # ExecMainCode is a CLD_* code from waitid(2); records keep it as text.
 EXIT_CODE_NAMES = {1: "exited", 2: "killed", 3: "dumped", 4: "trapped", 5: "stopped", 6: "continued"}
-
-
-def iso(ts: float | None) -> str | None:
-    """Wall-clock seconds -> ISO 8601 with zone (the one time format of records, stamps and the API)."""
-    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
-
-
-def from_iso(s: str | None) -> float | None:
-    return None if s is None else datetime.fromisoformat(s).timestamp()
 
 
 # expected_load_seconds: the median of this many recent verified loads.

@@ -20,8 +20,8 @@ from genready.serve import openapi
 
 if TYPE_CHECKING:
     from genready.rule.gate import TargetGate, Verification
+    from genready.serve.httplimits import ConnectionGuard, HostCheck
     from genready.serve.metrics import Metrics
-    from genready.serve.serving import ConnectionGuard, HostCheck
 
 MAX_WAIT = 3600.0
 CLIENT_CHECK = 1.0  # seconds between checks that a long-poll's client is still connected

@@ -24,15 +24,15 @@ from genready import __version__, compat, config
 from genready.log import Summarizer, event
 from genready.probe.owner import owner_check_unavailable
 from genready.rule.gate import TargetGate
-from genready.rule.records import RecordStore, StartRecord
-from genready.serve import api, serving, stamp
+from genready.serve import api, httplimits, stamp
 from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs
-from genready.systemd import bus
-from genready.systemd.bus import Health, Snapshot
+from genready.store.records import RecordStore, StartRecord
 from genready.systemd.fresh import FreshReader
 from genready.systemd.notify import Notifier
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher
+from genready.systemd.worker import SD_BUS_TIMEOUT, Health
 from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready")
@@ -100,7 +100,7 @@ class Daemon:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        loop.set_exception_handler(serving.LoopErrors())
+        loop.set_exception_handler(httplimits.LoopErrors())
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.should_exit.set)
         loop.add_signal_handler(signal.SIGHUP, self._request_reload)
@@ -156,10 +156,11 @@ class Daemon:
 
     async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
         d = self.cfg.daemon
-        self.guard = serving.ConnectionGuard(serving.connection_cap(len(self.cfg.targets)),
+        self.guard = httplimits.ConnectionGuard(httplimits.connection_cap(len(self.cfg.targets)),
                                              on_refuse=self.metrics.api_refused)
         # The app holds self.gates itself: gates added later (and by reloads) are served.
-        hosts = serving.HostCheck(lambda: self.cfg.daemon.allowed_hosts, d.listen, on_refuse=self.metrics.api_refused)
+        hosts = httplimits.HostCheck(lambda: self.cfg.daemon.allowed_hosts, d.listen,
+                                     on_refuse=self.metrics.api_refused)
         app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard, hosts=hosts,
                            max_long_polls=max(1, self.guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
@@ -167,7 +168,7 @@ class Daemon:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
         # then for it to take a cancellation), so a long-poll is cut after ~2 × SHUTDOWN_GRACE.
         runner = compat.AppRunner(app, access_log=None, handle_signals=False,
-                                  shutdown_timeout=SHUTDOWN_GRACE, logger=serving.request_logger())
+                                  shutdown_timeout=SHUTDOWN_GRACE, logger=httplimits.request_logger())
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         self._runner = runner
@@ -536,5 +537,5 @@ def serve(cfg: config.Config, config_path: str | None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     # sd-bus's method timeout (25 s by default) bounds how long a call stuck on a frozen manager
     # occupies its connection; shorter, the first question after a thaw is answered sooner.
-    os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", f"{bus.SD_BUS_TIMEOUT:g}s")
+    os.environ.setdefault("SYSTEMD_BUS_TIMEOUT", f"{SD_BUS_TIMEOUT:g}s")
     return asyncio.run(Daemon(cfg, config_path=config_path).run())

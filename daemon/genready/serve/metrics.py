@@ -26,7 +26,7 @@ REVOCATION_REASONS: Final[tuple[str, ...]] = tuple(r.value for r in Revocation)
 # The readiness endpoint's two everyday answers: ready / not ready.
 READY_CODES: Final[tuple[int, ...]] = (200, 503)
 
-# Why the API turned a client away (serving.py): over the connection cap, over the long-poll
+# Why the API turned a client away (httplimits.py): over the connection cap, over the long-poll
 # cap, no complete request within the read timeout, or closed while idle to make room.
 API_REFUSALS: Final[tuple[str, ...]] = REFUSALS
 

@@ -189,7 +189,7 @@ def spec() -> dict[str, Any]:
                 "200": {"description": "OpenAPI 3.1", "content": {"application/json": {}}}}}},
         },
     }
-    for path in doc["paths"].values():  # every route checks Host: first (serving.HostCheck)
+    for path in doc["paths"].values():  # every route checks Host: first (httplimits.HostCheck)
         path["get"]["responses"]["421"] = _json(ERROR, "the Host: header names neither localhost, an IP address "
                                                 "nor a name in daemon.allowed_hosts (DNS rebinding)")
     return doc

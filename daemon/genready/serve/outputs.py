@@ -18,6 +18,7 @@ from genready.rule.gate import TargetGate
 from genready.serve.metrics import Metrics
 from genready.serve.stamp import Stamps
 from genready.systemd.notify import Notifier
+from genready.timewords import duration
 from genready.vocab import State
 
 log = logging.getLogger("genready")
@@ -29,12 +30,6 @@ _NO_STAMP: dict[str, object] = {}  # "not yet decided": differs from every paylo
 # (`systemctl status`), and rebuilding it for every target on every probe cost genready most of
 # a core with 200 loading targets.
 PROGRESS_EVERY: Final = 1.0
-
-
-def duration(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else (
-        f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{seconds:.1f}s")
 
 
 def stamp_payload(gate: TargetGate) -> dict[str, object] | None:

@@ -22,21 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.systemd import sdbus
-from genready.systemd.bus import (
-    CALL_TIMEOUT,
-    MANAGER_IFACE,
-    MANAGER_PATH,
-    QUICK,
-    READ_TIMEOUT,
-    SD_BUS_TIMEOUT,
-    Health,
-    Snapshot,
-    Unresponsive,
-    quick_snapshot,
-    settle,
-    timed_out,
-    unit_path,
-)
+from genready.systemd.bus import MANAGER_IFACE, MANAGER_PATH, timed_out, unit_path
+from genready.systemd.snapshot import QUICK, Snapshot, quick_snapshot
+from genready.systemd.worker import CALL_TIMEOUT, READ_TIMEOUT, SD_BUS_TIMEOUT, Health, Unresponsive, settle
 
 log = logging.getLogger("genready.systemd.fresh")
 HEARTBEAT: Final = 1.0  # seconds between "do you answer?" questions to the manager
@@ -64,7 +52,7 @@ class FreshReader:
         self._flush_scheduled = False
         self._in_flight = False
 
-    def stuck(self) -> float:
+    def overdue(self) -> float:
         """Seconds beyond READ_TIMEOUT the oldest unanswered question has waited (0: none has)."""
         if not self._out:
             return 0.0
@@ -73,7 +61,7 @@ class FreshReader:
 
     async def read(self, unit: str) -> Snapshot:
         """A snapshot read after this call began; raises on D-Bus errors (caller: not ready)."""
-        if late := self.stuck():
+        if late := self.overdue():
             self._give_up_if_hopeless()
             raise Unresponsive(f"the {self.bus_kind} manager has not answered for {late + READ_TIMEOUT:.1f} s")
         loop = asyncio.get_running_loop()
@@ -99,7 +87,7 @@ class FreshReader:
             del self._pending[unit]  # later callers start a batch of their own, with their own bound
         if all(fut.done() for fut in batch.waiters):
             return
-        self.health.stuck()
+        self.health.silent()
         err = Unresponsive(f"the {self.bus_kind} manager has not answered for {READ_TIMEOUT:g} s")
         for fut in batch.waiters:
             settle(fut, False, err)
@@ -150,7 +138,7 @@ class FreshReader:
             await asyncio.sleep(interval)
             if self._out:  # a question is out already: its answer will tell
                 if time.monotonic() - self._out[0].sent > CALL_TIMEOUT:
-                    self.health.stuck()
+                    self.health.silent()
                 self._give_up_if_hopeless()
                 continue
             fut: asyncio.Future[Any] = loop.create_future()
@@ -161,7 +149,7 @@ class FreshReader:
             self._ask([(MANAGER_PATH, MANAGER_IFACE, b"Version", "s")], version)
             done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
             if not done:
-                self.health.stuck()
+                self.health.silent()
             elif fut.exception() is None or not timed_out(fut.exception()):  # type: ignore[arg-type]
                 self.health.answered()
 

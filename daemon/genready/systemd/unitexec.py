@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from genready.systemd import bus
-from genready.systemd.bus import exec_argvs
+from genready.systemd import bus, control
+from genready.systemd.snapshot import exec_argvs
 
 
 def _s(v: Any) -> str:
@@ -64,7 +64,7 @@ def _env_file(path: str) -> dict[str, str]:
 
 def read(bus_kind: str, unit: str) -> UnitExec:
     """Load `unit` (it need not run) and read what it executes. Raises pystemd's errors."""
-    with bus.Client(bus_kind) as c:
+    with control.Client(bus_kind) as c:
         props = c.read_raw(unit)
     u = props[bus.UNIT_IFACE]
     load_state = _s(u.get(b"LoadState", b""))

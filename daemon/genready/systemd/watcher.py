@@ -3,7 +3,7 @@
 One connection listens: `Manager.Subscribe()` plus a `PropertiesChanged` match per unit
 path. A second connection serves fresh reads (`FreshReader`), so a read for /ready never
 waits behind the listening connection's work. Each connection lives in its own worker thread
-(bus.Worker): the event loop never waits on systemd, and a manager that does not answer
+(worker.Worker): the event loop never waits on systemd, and a manager that does not answer
 (SIGSTOPped, or busy in a long daemon-reload) shows as `Health.responsive` False instead of
 freezing /ready, /status and /metrics.
 
@@ -29,22 +29,19 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from genready.systemd.bus import (
-    CALL_TIMEOUT,
     MANAGER_IFACE,
     MANAGER_PATH,
     PROPS_IFACE,
     SYSTEMD,
-    Health,
-    Snapshot,
-    Worker,
     check_bus,
     manager_call,
     ping,
     read_all,
-    snapshot_of,
     timed_out,
     unit_path,
 )
+from genready.systemd.snapshot import Snapshot, snapshot_of
+from genready.systemd.worker import CALL_TIMEOUT, Health, Worker
 
 if TYPE_CHECKING:
     from pystemd.dbuslib import DBus
@@ -123,13 +120,13 @@ class Watcher:
         fut = worker.submit(fn, apply)
         done, _ = await asyncio.wait([fut], timeout=CALL_TIMEOUT)
         if not done:
-            self.health.stuck()
+            self.health.silent()
             await asyncio.wait([fut])  # sd-bus ends it after its method timeout at the latest
         e = fut.exception()
         if e is None or not timed_out(e):
             self.health.answered()
         else:
-            self.health.stuck()  # the call was skipped or gave up: the re-read after the thaw makes up for it
+            self.health.silent()  # the call was skipped or gave up: the re-read after the thaw makes up for it
         self._kick()  # the call may have queued signals without making the fd readable
         return fut.result()
 
@@ -283,7 +280,7 @@ class Watcher:
                 # short freeze the heartbeat missed would leave the snapshot stale (exec_stale after
                 # a reload, or a change whose signal came before the read).
                 log.debug("%s not read now: %s", unit, res)
-                self.health.stuck()
+                self.health.silent()
             else:
                 self._lose(res)
             return
@@ -306,7 +303,7 @@ class Watcher:
     def _lose_on_error(self, ok: bool, res: Any) -> None:
         if not ok:
             if timed_out(res):
-                self.health.stuck()  # asked again by the resync after the thaw
+                self.health.silent()  # asked again by the resync after the thaw
             else:
                 self._lose(res)
 

@@ -13,8 +13,8 @@ from typing import TextIO
 from genready import compat, console
 from genready.config import Config, TargetConfig
 from genready.probe.probe import Prober
-from genready.systemd.bus import Snapshot
 from genready.systemd.fresh import FreshReader
+from genready.systemd.snapshot import Snapshot
 from genready.vocab import ProbeResult
 
 BUS_TIMEOUT = 10.0  # seconds to wait for systemd's answer about a unit

@@ -48,17 +48,16 @@ from typing import Any, Final, NoReturn, TextIO
 from genready import console
 from genready.client import GUARD_STOP_GRACE, client, guard
 from genready.client.guard import check
-from genready.client.progress import duration as _duration
 from genready.client.progress import target_line
 from genready.compat import StrEnum
 from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
-from genready.rule.history import iso
-from genready.rule.records import _fsync_dir, _write_all
-from genready.systemd import analyze, bus
-from genready.systemd.bus import Snapshot
+from genready.store.records import _fsync_dir, _write_all
+from genready.systemd import analyze, bus, control
+from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of
 from genready.systemd.unitlog import OutputMark
+from genready.timewords import duration, iso
 from genready.tools import sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
@@ -244,7 +243,7 @@ class Sweep:
         self.out, self.err = out, err
         self.tty = err.isatty()
         self.width = len(str(len(plan.points)))
-        self.sd: bus.UnitClient | None = None
+        self.sd: control.UnitClient | None = None
         self.log: ResultsLog | None = None
         self.dropin_path: Path | None = None
         self.dropin_written = False
@@ -325,8 +324,8 @@ class Sweep:
         rest = self.schedule[at:]
         loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
         if not self.run_times:
-            return f", ETA > {_duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
-        return f", ETA {_duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
+            return f", ETA > {duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
+        return f", ETA {duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
 
     # -- the sweep -------------------------------------------------------------------------------
 
@@ -341,7 +340,7 @@ class Sweep:
         interrupted = False
         self.plan_schedule(skip)
         try:
-            self.sd = bus.UnitClient(self.bus_kind, self.unit)
+            self.sd = control.UnitClient(self.bus_kind, self.unit)
             state = self.sd.state()
             if state.load_state != "loaded":
                 raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
@@ -477,7 +476,7 @@ class Sweep:
     def _record(self, att: Attempt) -> None:
         assert self.log is not None
         self.log.append(att.to_json(self.target, self.unit))
-        took = f" in {_duration(att.run_seconds)}" if att.run_seconds is not None else ""
+        took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
         self.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
 
@@ -580,8 +579,8 @@ class Sweep:
                     # the daemon's own account: state, pid, time loading of the usual, ETA, last probe
                     text = target_line(body)
                 else:
-                    last = f" (last load {_duration(self.last_load)})" if self.last_load else ""
-                    text = f"loading pid {state.main_pid} for {_duration(time.time() - t0)}{last}"
+                    last = f" (last load {duration(self.last_load)})" if self.last_load else ""
+                    text = f"loading pid {state.main_pid} for {duration(time.time() - t0)}{last}"
                 self.progress(point, f"{text}{self.eta(point, loading=True)}", transient=True)
         state = self.sd.state()
         att.status, att.unit_result = Status.NOT_READY, state.result
@@ -704,7 +703,7 @@ def dropin_refused(plan: Plan, point: Point, complaints: Sequence[str]) -> Confi
                        f"for point {point.index} ({shown(point.label)}): " + " / ".join(complaints))
 
 
-def restore(sd: bus.UnitClient, base: str, target: str, timeout: float, say: Callable[[str], None], *,
+def restore(sd: control.UnitClient, base: str, target: str, timeout: float, say: Callable[[str], None], *,
             on_removed: Callable[[], None] | None = None) -> bool:
     """Remove the sweep's drop-in, reload, restart the unit on its own configuration and wait until that
     start is verified; True if it was. The end of every sweep, and `genready sweep restore`."""
@@ -805,7 +804,7 @@ def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[
         return None
     sd = None
     try:
-        sd = bus.UnitClient(bus_kind, unit)
+        sd = control.UnitClient(bus_kind, unit)
         state = sd.state()
         dropin = sd.dropin_path(unit, DROPIN_NAME)
         return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
@@ -872,7 +871,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except SweepBusy as e:
         raise Failed(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
                      f"`genready sweep restore {target}`", status=Exit.TEMPFAIL) from None
-    except (SweepError, bus.NotOnUnitPath) as e:
+    except (SweepError, control.NotOnUnitPath) as e:
         raise Failed(str(e), status=Exit.TIMEOUT) from None
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM):
@@ -890,7 +889,7 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     def say(text: str) -> None:
         console.err(f"genready sweep restore: {text}")
 
-    sd = bus.UnitClient(cfg.daemon.bus, unit)
+    sd = control.UnitClient(cfg.daemon.bus, unit)
     try:
         dropin = sd.dropin_path(unit, DROPIN_NAME)
         try:
@@ -905,7 +904,7 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
         ok = restore(sd, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
     except Failed:
         raise
-    except (SweepError, bus.NotOnUnitPath) as e:
+    except (SweepError, control.NotOnUnitPath) as e:
         raise Failed(str(e), status=Exit.TIMEOUT) from None
     except Exception as e:  # D-Bus: permission, no such unit
         raise Failed(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
