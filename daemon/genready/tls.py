@@ -1,5 +1,6 @@
-"""The probe's TLS client settings, built once per target: at config load (so a bad PEM file is a
-config error, exit 78) and again by the probe."""
+"""A target's TLS client context, built once, when the config is read (`TargetConfig.tls_context`:
+a bad PEM file is then a config error, exit 78), and shared by its probes and the bench client;
+and TLS errors in an admin's words."""
 
 from __future__ import annotations
 

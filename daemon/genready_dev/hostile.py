@@ -193,7 +193,7 @@ def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0, *, during_r
     client of a frozen manager waits.
 
     `during_reread`: the manager freezes just as the watcher is to re-read every unit after a
-    daemon-reload, its pystemd connection's moment of risk (pystemd keeps the GIL while it waits).
+    daemon-reload, its pystemd connection's moment of risk (see genready.systemd's docstring).
     Made certain, not left to a race: genready is stopped (SIGSTOP) first, the reload's
     Reloading(false) signal queues on its bus socket, the manager is frozen, and only then is
     genready continued: the first thing its watcher does is that re-read."""

@@ -1,7 +1,16 @@
-"""`genready serve`: startup(), the main loop, shutdown() — uvicorn's shape.
+"""`genready serve`: the daemon. What it promises:
 
-Signal handlers only set flags; the main loop acts on them. The daemon wires the gate's
-events to everything that reports readiness: sd_notify, ready stamps, metrics and logs.
+- start-up: the API is bound before anything talks to systemd or probes a server (a taken port
+  fails start-up at once); every resource opened is closed again, in reverse order, however
+  start-up or the run ends (`startup()` pushes each cleanup on one exit stack);
+- readiness is reported only through the gate's events (READY=1/STATUS=, stamps, metrics, logs:
+  `on_*`), each recomputed from the rule when sent (serve/outputs.py);
+- SIGTERM/SIGINT: STOPPING=1, each long-poll in flight gets a 503 saying so, and genready exits within
+  SHUTDOWN_DEADLINE (3 s) whatever blocks, every thread's stack logged if it had to be cut;
+- SIGHUP: the config is re-read off the loop; a broken one is refused and the running one kept;
+  targets are added, removed or re-probed (`reload_plan`); listen, bus and directories change
+  only with a restart (`restart_needed`);
+- signal handlers only set flags: the main loop acts on them, never a handler.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 with their EINTR retry, and the words for what a D-Bus error means.
 
 The watcher's `Worker` (worker.py) and the blocking `Client` (control.py) call through here;
-the loop's own fresh reads go through sdbus.py instead (no GIL held while sd-bus waits).
+the loop's own fresh reads go through sdbus.py instead (see the package's docstring for why).
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def bus_socket_path(kind: str) -> str | None:
 def check_bus(kind: str, timeout: float = 2.0) -> None:
     """Raise unless the bus daemon completes a SASL handshake within `timeout` seconds.
 
-    pystemd connects synchronously and keeps the GIL: against a bus socket nobody serves (a
-    dbus-daemon being restarted, a socket unit whose service is stopping) it would freeze the
-    whole process for sd-bus's 25 s. This asks first, with a plain socket (no GIL held)."""
+    pystemd connects synchronously: against a bus socket nobody serves (a dbus-daemon being
+    restarted, a socket unit whose service is stopping) it would freeze the whole process for
+    sd-bus's 25 s (the package's docstring says why). This asks first, with a plain socket."""
     path = bus_socket_path(kind)
     if path is None:
         return

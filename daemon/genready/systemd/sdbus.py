@@ -1,9 +1,7 @@
 """A small sd-bus connection through ctypes: the reads that must never hold up the event loop.
 
-pystemd (0.11 and 0.15 alike) keeps the GIL while sd-bus waits for an answer: a call stuck on a
-SIGSTOPped manager, even in a worker thread, stops every other thread of genready (seen with gdb:
-the main thread in take_gil, the worker in sd_bus_call's ppoll). So the reads `/ready` and the
-heartbeat need do not wait at all: `send_get` queues a Properties.Get and `process` collects
+pystemd keeps the GIL while sd-bus waits (see the package's docstring), so the reads `/ready`
+and the heartbeat need do not wait at all: `send_get` queues a Properties.Get and `process` collects
 whatever answers have arrived, both without blocking (the socket is non-blocking), and the event
 loop watches the connection's fd (fresh.py). No thread, so no GIL handed back and forth: under
 load a worker thread returning from a foreign call waits up to sys.getswitchinterval() (5 ms) for

@@ -1,17 +1,17 @@
 """Watch systemd units over D-Bus, event-driven, and keep one snapshot per unit.
 
 One connection listens: `Manager.Subscribe()` plus a `PropertiesChanged` match per unit
-path. A second connection serves fresh reads (`FreshReader`), so a read for /ready never
-waits behind the listening connection's work. Each connection lives in its own worker thread
-(worker.Worker): the event loop never waits on systemd, and a manager that does not answer
-(SIGSTOPped, or busy in a long daemon-reload) shows as `Health.responsive` False instead of
-freezing /ready, /status and /metrics.
+path. It lives in a worker thread (worker.Worker), so the event loop never waits on it. The fresh
+reads /ready needs are not made here: `fresh.FreshReader` makes them on the event loop, on a
+connection of its own (sdbus), so they never wait behind the listening connection's work. A
+manager that does not answer (SIGSTOPped, or busy in a long daemon-reload) shows as
+`Health.responsive` False instead of freezing /ready, /status and /metrics.
 
-pystemd keeps the GIL while sd-bus waits for an answer, so before each call on the listening
-connection that waits for the manager (Subscribe, GetAll, the ping) its worker asks the manager
-through sdbus first (`Worker.answering()`: GIL released, PROBE_TIMEOUT). A manager that does not
-answer is not asked: the call fails Unresponsive, `health` says so, and the re-read after the
-thaw (`resync()`) makes up for it. AddMatch is answered by the bus daemon, not the manager.
+Before each call on the listening connection that waits for the manager (Subscribe, GetAll, the
+ping) its worker asks the manager first (`Worker.answering()`, see the package's docstring for
+why). A manager that does not answer is not asked: the call fails Unresponsive, `health` says so,
+and the re-read after the thaw (`resync()`) makes up for it. AddMatch is answered by the bus
+daemon, not the manager.
 
 Ordering: systemd sends signals and method replies on one connection with increasing
 cookies (serials). A full read records the reply's cookie per interface, and any signal
@@ -167,7 +167,7 @@ class Watcher:
 
         # pystemd hands sd-bus a borrowed pointer to the callback: keep it alive as long as the bus.
         self._callbacks = (on_props, on_manager)
-        # pystemd connects synchronously and keeps the GIL: ask the bus socket first (no GIL held).
+        # pystemd connects synchronously: ask the bus socket first (check_bus).
         await asyncio.to_thread(check_bus, self.bus_kind)
         self._lost = asyncio.get_running_loop().create_future()
         self._read_cookie.clear()
@@ -179,8 +179,8 @@ class Watcher:
         self._refresh(self.units)
 
     async def _follow(self) -> None:
-        """Until the connection is lost. No heartbeat here: a pystemd call on a frozen manager keeps
-        the GIL; fresh.FreshReader.heartbeat asks without waiting instead."""
+        """Until the connection is lost. No heartbeat here: fresh.FreshReader.heartbeat asks
+        without waiting instead."""
         assert self._lost is not None
         await self._lost
 
@@ -348,7 +348,7 @@ class Watcher:
 def _read_unit(bus: DBus, unit: str, answering: Callable[[], None]) -> _Read:
     """In the worker: a full read of `unit`, or ("unit_error", why) when systemd refuses to report
     on this one unit while the connection itself still answers. `answering()` (Worker.answering)
-    raises Unresponsive before any pystemd call could wait on a frozen manager with the GIL held.
+    raises Unresponsive before any pystemd call could wait on a frozen manager.
     The two GetAll of read_all follow one probe: a freeze between them is the window its doc names."""
     answering()
     try:

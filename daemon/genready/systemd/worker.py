@@ -30,8 +30,8 @@ CALL_TIMEOUT: Final = 2.0
 # sd-bus's own method timeout for the daemon's connections (default 25 s): a call stuck on a frozen
 # manager ends after this, and the next one is answered as soon as the manager is back.
 SD_BUS_TIMEOUT: Final = 5.0
-# How long `Worker.answering()` waits for the manager's Version (sdbus: the GIL left to the loop)
-# before a pystemd call that would wait for the manager with the GIL held is skipped instead. Equal
+# How long `Worker.answering()` waits for the manager's Version (through sdbus) before a pystemd
+# call that would wait for the manager is skipped instead. Equal
 # to READ_TIMEOUT: a manager that slow fails /ready's own reads as well.
 PROBE_TIMEOUT: Final = READ_TIMEOUT
 
@@ -114,11 +114,11 @@ class Worker:
         """In the worker thread only, right before a pystemd call that waits for the manager: raise
         Unresponsive unless the manager answers a Version question within PROBE_TIMEOUT.
 
-        pystemd keeps the GIL while sd-bus waits: a frozen manager (SIGSTOP, PID 1 in a long
-        daemon-reload) would stop the event loop for sd-bus's whole method timeout. This question
-        goes through sdbus, on a connection of its own, with the GIL left to the loop. What it
+        A pystemd call on a frozen manager would stop the event loop for sd-bus's whole method
+        timeout (the package's docstring says why). This question goes through sdbus, on a
+        connection of its own, without holding up the loop. What it
         cannot cover: the manager freezing in the microseconds between its answer and the pystemd
-        call. That call then holds the GIL until sd-bus gives up, SD_BUS_TIMEOUT (5 s, `serve`
+        call. That call then holds up the loop until sd-bus gives up, SD_BUS_TIMEOUT (5 s, `serve`
         sets SYSTEMD_BUS_TIMEOUT) at most."""
         from genready.systemd import sdbus  # here: only the daemon's watcher needs ctypes and libsystemd
 
