@@ -22,6 +22,7 @@ from genready.rule.gate import TargetGate
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.snapshot import Snapshot
 from genready.vocab import Failure, ProbeResult, Revocation, State
+from genready_dev.harness import await_for
 
 UNIT = "t.service"
 
@@ -148,12 +149,8 @@ class Rig:
         self.gate.on_snapshot(s)
 
     async def until(self, pred: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout}s: {what} (state {self.gate.state}, "
-                                     f"reason {self.gate.reason!r})")
-            await asyncio.sleep(0.002)
+        await await_for(pred, timeout, lambda: f"{what} (state {self.gate.state}, reason {self.gate.reason!r})",
+                        interval=0.002)
 
     async def ready(self, s: Snapshot) -> None:
         self.show(s)

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import socket
-import time
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 from pathlib import Path
@@ -30,7 +29,7 @@ from genready.rule.gate import TargetGate
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
 from genready.store import records
-from genready_dev.harness import free_port
+from genready_dev.harness import await_for, free_port
 from tests.gatefakes import FakeFresh, ScriptedProber, failed, snap
 
 
@@ -66,10 +65,7 @@ class Wired:
         self.daemon._on_snapshot(unit, s)
 
     async def until(self, pred: Callable[[], object], what: str, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            assert time.monotonic() < deadline, f"not within {timeout}s: {what}"
-            await asyncio.sleep(0.005)
+        await await_for(pred, timeout, what, interval=0.005)
 
     async def get(self, path: str) -> tuple[int, Any]:
         async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{self.port}{path}") as r:

@@ -29,7 +29,7 @@ from genready.systemd.bus import retry_eintr
 from genready.systemd.fresh import FreshReader
 from genready.systemd.watcher import Watcher
 from genready.vocab import Failure, ProbeResult
-from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, await_for, free_port, show, sim_unit, wait_for
 from genready_dev.hostile import (
     FLAKY_SERVER,
     canned,
@@ -98,20 +98,14 @@ async def test_a_unit_systemd_refuses_is_that_targets_problem_only(manager: User
     task = asyncio.create_task(w.run())
     try:
         # `connected` is set after the unit reads are applied (and their callbacks run): wait for it too.
-        deadline = time.monotonic() + 20
-        while not (w.connected and seen.get(good) is not None and seen[good].active_state == "active"
-                   and "foo@.service" in seen):
-            assert time.monotonic() < deadline, (w.connected, w.last_error, seen)
-            await asyncio.sleep(0.02)
+        await await_for(lambda: w.connected and seen.get(good) is not None and seen[good].active_state == "active"
+                        and "foo@.service" in seen, 20, lambda: f"both units read: {(w.connected, w.last_error, seen)}")
         assert seen[good].active_state == "active" and seen[good].main_pid > 0
         bad = seen["foo@.service"]
         assert bad is not None and bad.absent and bad.error, bad
         # A change of the good unit still arrives: the connection is the live one, not a reconnect loop.
         manager.systemctl("stop", good)
-        deadline = time.monotonic() + 20
-        while seen[good].active_state != "inactive":
-            assert time.monotonic() < deadline, seen[good]
-            await asyncio.sleep(0.02)
+        await await_for(lambda: seen[good].active_state == "inactive", 20, lambda: f"{good} inactive: {seen[good]}")
         assert w.connected
     finally:
         task.cancel()
@@ -539,11 +533,8 @@ async def test_a_probe_task_that_dies_is_restarted(manager: UserManager, tmp_pat
         gate = TargetGate(cfg, store, fresh, listener, prober_factory=_DiesOnce)
         try:
             gate.on_snapshot(await fresh.read(unit))
-            for _ in range(200):
-                if gate.ready:
-                    break
-                await asyncio.sleep(0.02)
-            assert gate.ready and gate.probe_restarts == 1 and listener.verified_pids == [show(manager, unit)[0]]
+            await await_for(lambda: gate.ready, 4, "ready after the probe loop's restart")
+            assert gate.probe_restarts == 1 and listener.verified_pids == [show(manager, unit)[0]]
             assert "the probe loop died and is restarted" in caplog.text
         finally:
             await gate.close()

@@ -32,7 +32,7 @@ from genready.serve.daemon import Daemon
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
-from genready_dev.harness import free_port
+from genready_dev.harness import await_for, free_port
 
 
 def write_config(path: Path, port: int, tmp: Path, targets: tuple[str, ...] = ("a", "b"), **daemon: Any) -> None:
@@ -179,11 +179,10 @@ async def test_a_listen_change_keeps_the_address_and_says_restart_needed(
 async def test_a_long_poll_on_a_target_a_reload_removed_answers_404_at_once(running: Running) -> None:
     poll = asyncio.create_task(running.get("/ready/b?wait=60", timeout=70))
     assert running.d._runner is not None
-    polls = running.d._runner.app[api.LONG_POLLS]
-    deadline = time.monotonic() + 10
-    while polls.active == 0:  # type: ignore[attr-defined]  # the request is in its handler, waiting
-        assert time.monotonic() < deadline and not poll.done()
-        await asyncio.sleep(0.01)
+    polls: api.LongPolls = running.d._runner.app[api.LONG_POLLS]  # type: ignore[assignment]
+    # the request is in its handler, waiting
+    await await_for(lambda: polls.active > 0 or poll.done(), 10, "the long-poll in its handler")
+    assert not poll.done(), poll
     write_config(running.path, running.port, running.tmp, targets=("a",))
     await running.d._reload()
     t0 = time.monotonic()

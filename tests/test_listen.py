@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +20,7 @@ from genready import compat
 from genready.config import endpoint
 from genready.probe import listen, owner
 from genready.probe.listen import ListenWatch, in_our_netns, port_of
-from genready_dev.harness import free_port
+from genready_dev.harness import await_for, free_port, wait_for
 
 # A process that listens on a port it prints, until its stdin closes.
 LISTENER = """
@@ -60,13 +60,6 @@ def bystander() -> Iterator[int]:
     finally:
         p.kill()
         p.wait(10)
-
-
-async def until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize(("url", "watchable"), [
@@ -119,7 +112,7 @@ async def test_pause_returns_when_the_unit_starts_listening() -> None:
     port = free_port()
     watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
     pause = asyncio.ensure_future(watch.pause(0.01, os.getpid(), cap=60))
-    await until(lambda: watch.looks >= 3, "a few looks at the port")
+    await await_for(lambda: watch.looks >= 3, 10, "a few looks at the port", interval=0.005)
     assert not pause.done()  # nothing listens: it keeps watching
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
@@ -145,7 +138,7 @@ async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_th
     port = free_port()
     watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
     pause = asyncio.ensure_future(watch.pause(0.01, bystander, cap=1.0))
-    await until(lambda: watch.looks >= 1, "the first look at the port")
+    await await_for(lambda: watch.looks >= 1, 10, "the first look at the port", interval=0.005)
     with socket.socket() as s:  # held by this process: not the bystander's
         s.bind(("127.0.0.1", port))
         s.listen()
@@ -169,10 +162,9 @@ def test_a_unit_with_a_process_in_another_network_namespace_is_not_watched() -> 
     # A child in its own network namespace, as a container's server reached through NAT would be.
     p = subprocess.Popen(["unshare", "--net", "sh", "-c", "sleep 60"], stdin=subprocess.DEVNULL)
     try:
-        end = time.monotonic() + 10
-        while in_our_netns(os.getpid()):  # until unshare has switched namespaces
-            assert time.monotonic() < end, "the child never left our network namespace"
-            time.sleep(0.01)
+        # Our process with its descendants: false once unshare has switched namespaces.
+        wait_for(lambda: not in_our_netns(os.getpid()), 10, "the child to leave our network namespace",
+                 interval=0.01)
     finally:
         p.kill()
         p.wait(10)

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient
 from genready.compat import wait_for
 from genready.serve import api
 from genready.serve.metrics import Metrics
+from genready_dev.harness import await_for
 from tests.gatefakes import Rig, snap
 
 if TYPE_CHECKING:  # generic from aiohttp 3.9 on: spelled only for mypy, never at run time
@@ -43,10 +44,7 @@ class Served:
 
     async def long_polls_in_flight(self, n: int, timeout: float = 10.0) -> None:
         polls: api.LongPolls = self.app[api.LONG_POLLS]  # type: ignore[assignment]
-        deadline = time.monotonic() + timeout
-        while polls.active < n:
-            assert time.monotonic() < deadline, f"{n} long-poll(s) never arrived"
-            await asyncio.sleep(0.005)
+        await await_for(lambda: polls.active >= n, timeout, f"{n} long-poll(s) in flight", interval=0.005)
 
     def ready_requests(self, code: int) -> float:
         return self.metrics.registry.get_sample_value("genready_ready_requests_total", {"code": str(code)}) or 0.0

@@ -15,14 +15,14 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from genready.store import records
 from genready.store.records import RecordStore, StartRecord, StoreBusyError
+from genready_dev.harness import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -316,13 +316,6 @@ def held_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
         held.release.set()
 
 
-def wait_until(pred: Callable[[], object], what: str, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.001)
-
-
 def test_a_slow_fsync_blocks_neither_remember_nor_readers(tmp_path: Path, held_fsync: HeldFsync) -> None:
     n_held = 200  # records remembered while the writer is stuck in fsync
     s = opened(tmp_path)
@@ -442,7 +435,7 @@ def test_a_failed_write_keeps_records_sets_unsynced_reports_and_catches_up(
     assert [r.invocation_id for r in s.all("llm")] == ["a", "b", "c", "d"]
     disk.full = False
     s.sync_soon()  # what the daemon's upkeep does: the rewrite happens on the writer thread
-    wait_until(lambda: recovered, "on_recovered called")
+    wait_for(lambda: recovered, 5, "on_recovered called", interval=0.001)
     assert recovered == [records.WRITER_THREAD] and not s.unsynced
     assert [json.loads(x)["invocation_id"] for x in file_lines(tmp_path)] == ["a", "b", "c", "d"]
     s.remember(rec("e"))  # appends again

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from genready_dev.harness import free_port
+from genready_dev.harness import await_for, free_port
 
 # Every test here runs the simulator as a real process.
 pytestmark = pytest.mark.system
@@ -162,18 +162,13 @@ async def sse(url: str, body: Any) -> list[Any]:
 
 async def wait_status(url: str, want: int, body: Any = None) -> None:
     """Poll until the route answers `want` (connection errors count as not yet)."""
-    deadline = time.monotonic() + DEADLINE
-    last: object = None
-    while time.monotonic() < deadline:
+    async def answered() -> bool:
         try:
             status = (await post(url, body))[0] if body is not None else (await get(url))[0]
-            if status == want:
-                return
-            last = status
-        except aiohttp.ClientConnectionError as e:
-            last = e
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"{url} never answered {want}; last: {last!r}")
+        except aiohttp.ClientConnectionError:
+            return False
+        return status == want
+    await await_for(answered, DEADLINE, f"{url} to answer {want}")
 
 
 NATIVE = {"text": "Say hello", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
@@ -429,10 +424,8 @@ async def test_hang_after_accepts_but_never_answers(start: Any) -> None:
     before = socket_inodes(sim.pid)
     with socket.create_connection(("127.0.0.1", sim.port), timeout=DEADLINE) as conn:
         conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: sim\r\n\r\n")
-        deadline = time.monotonic() + DEADLINE
-        while not socket_inodes(sim.pid) - before:  # until the server side has accepted it
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        await await_for(lambda: socket_inodes(sim.pid) - before, DEADLINE, "the server side to accept the connection",
+                        interval=0.01)
         sim.proc.send_signal(signal.SIGTERM)
         assert await sim.wait_exit(timeout=5) == 0
         with contextlib.suppress(ConnectionResetError):  # closed or reset, never answered

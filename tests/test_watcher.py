@@ -16,7 +16,7 @@ import pytest
 from genready.systemd.bus import unit_path
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher
-from genready_dev.harness import Genready, free_port, show, wait_for
+from genready_dev.harness import Genready, await_for, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 
 SLEEPER = """[Unit]
@@ -160,20 +160,14 @@ async def test_watcher_follows_a_restart_in_process(manager: UserManager) -> Non
     w = Watcher("user", [unit], lambda u, s: seen.append(s))
     task = asyncio.create_task(w.run())
     try:
-        async def until(pred: Any, what: str) -> None:
-            for _ in range(500):
-                if pred():
-                    return
-                await asyncio.sleep(0.02)
-            raise AssertionError(what)
-
         pid, inv = show(manager, unit)
-        await until(lambda: (s := w.snapshot(unit)) and (s.main_pid, s.invocation_id) == (pid, inv), "first")
+        await await_for(lambda: (s := w.snapshot(unit)) and (s.main_pid, s.invocation_id) == (pid, inv), 10,
+                        "the first start")
         n = len(seen)
         await asyncio.to_thread(manager.systemctl, "restart", unit)
         pid2, inv2 = show(manager, unit)
-        await until(lambda: (s := w.snapshot(unit)) and (s.main_pid, s.invocation_id, s.active_state)
-                    == (pid2, inv2, "active"), "after restart")
+        await await_for(lambda: (s := w.snapshot(unit)) and (s.main_pid, s.invocation_id, s.active_state)
+                        == (pid2, inv2, "active"), 10, "the start after the restart")
         states = [s.active_state for s in seen[n:] if s]
         assert "inactive" in states or "deactivating" in states  # the stop was seen, not just the end
     finally:

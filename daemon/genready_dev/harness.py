@@ -1,14 +1,16 @@
 """The one harness for tests, benchmarks and the demo: deadlines, ports, a private systemd, genready.
 
-Everything that waits goes through `wait_for(predicate, timeout, what)`: a poll with a
-deadline that fails naming what it waited for, never a fixed sleep. `booted_manager()` is the
+Everything that waits goes through `wait_for(predicate, timeout, what)` (`await_for` on an event
+loop): a poll with a deadline that fails naming what it waited for, never a fixed sleep. `booted_manager()` is the
 one way to boot a private `systemd --user` (usermanager.py); `Genready` runs `genready serve`
 against it as a real process; `sim_unit` writes a unit that runs the simulator.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -18,9 +20,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import tomli_w
 
@@ -32,18 +34,49 @@ PY = sys.executable
 GENREADY = [PY, "-m", "genready.cli"]
 
 
-def wait_for(predicate: Callable[[], T | None], timeout: float = 20.0, what: str = "condition",
+def wait_for(predicate: Callable[[], T | None], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
              interval: float = 0.02) -> T:
     """Poll `predicate` until it returns something truthy (and return that); AssertionError
-    naming `what` and the last value at the deadline."""
+    naming `what` (a text, or a function that says it at the deadline) and the last value."""
     deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
+    while True:
         last = predicate()
         if last:
             return last
+        if time.monotonic() >= deadline:
+            raise _timed_out(timeout, what, last)
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@overload
+async def await_for(predicate: Callable[[], Awaitable[T | None]], timeout: float = ...,
+                    what: str | Callable[[], str] = ..., interval: float = ...) -> T: ...
+@overload
+async def await_for(predicate: Callable[[], T | None], timeout: float = ...,
+                    what: str | Callable[[], str] = ..., interval: float = ...) -> T: ...
+async def await_for(predicate: Callable[[], Any], timeout: float = 20.0,
+                    what: str | Callable[[], str] = "condition", interval: float = 0.02) -> Any:
+    """`wait_for` on an event loop: the loop runs between polls. `predicate` may be a coroutine
+    function (an HTTP request, say); an exception it raises counts as "not yet" only if it is one
+    of `OSError`'s kind (a connection refused), and is then the last value shown."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = predicate()
+            last: object = await got if inspect.isawaitable(got) else got
+        except OSError as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise _timed_out(timeout, what, last)
+        await asyncio.sleep(interval)
+
+
+def _timed_out(timeout: float, what: str | Callable[[], str], last: object) -> AssertionError:
+    said = what if isinstance(what, str) else what()
+    return AssertionError(f"timed out after {timeout}s waiting for {said} (last: {last!r})")
 
 
 def alive(pid: int) -> bool:
