@@ -139,7 +139,9 @@ class TargetGate:
         # The last start that ended before it was verified: how it ended and its own last words.
         self.last_failure: dict[str, object] | None = None
         self._created = time.time()  # starts that ended before this are history, not news
-        self._mark: OutputMark | None = None  # where the unit's output stood before the current start
+        # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, the mark),
+        # oldest first. A start's lines begin at the newest mark read before its process started.
+        self._marks: list[tuple[float, OutputMark]] = []
         self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
 
     @property
@@ -237,7 +239,10 @@ class TargetGate:
                 self.last_failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
                                      "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
                                      "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
-                mark = self._mark or OutputMark(from_iso(rec.started_at) or ended)
+                started = from_iso(rec.started_at) or ended
+                # A mark read after the process began (a process that wrote within milliseconds of its
+                # start, while the read was on its way) would hide its lines: not that one.
+                mark = next((m for done, m in reversed(self._marks) if done < started), OutputMark(started))
                 self._chore(self._collect_lines(self.last_failure, mark, snap))
                 break
         # Not with a job pending: that is a start on its way, whose process may write before a mark
@@ -253,8 +258,9 @@ class TargetGate:
 
     async def _take_mark(self, snap: Snapshot) -> None:
         try:
-            self._mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
-                                        JOURNALCTL_TIMEOUT)
+            mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
+                                  JOURNALCTL_TIMEOUT)
+            self._marks = [*self._marks[-2:], (time.time(), mark)]
         except Exception as e:
             log.warning("%s: cannot note where %s's output stands: %s", self.name, self.unit, e)
 

@@ -82,6 +82,14 @@ def _env(entries: Iterable[str]) -> dict[str, str]:
     return {key: value for key, _, value in (e.partition("=") for e in entries)}
 
 
+def ended(s: Snapshot) -> bool:
+    """`s` shows its start over: no process, no job pending, and the unit down or waiting to be
+    restarted. (Not inactive alone: for a moment at each start systemd shows inactive/dead with
+    the NEW InvocationID and the NEW MainPID, a job pending.)"""
+    return s.main_pid == 0 and s.job_id == 0 and (s.active_state in ("inactive", "failed")
+                                                   or s.sub_state == "auto-restart")
+
+
 class History:
     """The start records of one target, updated from each new snapshot of its unit."""
 
@@ -104,13 +112,17 @@ class History:
         # activating/auto-restart still carries the old InvocationID while the new MainPID may
         # already be announced; only a start in progress or running owns its MainPID.
         alive = s.active_state in ALIVE and s.sub_state != "auto-restart"
+        over = ended(s)
         created = None
         if rec is None:
             self._end_open_records(s)
+            # A start already over when first seen (its process exited within milliseconds, and
+            # systemd's signals about it came as one): systemd resets ExecMain* at each start, so
+            # those are this start's own.
             rec = created = StartRecord(
                 target=self.target, unit=self.unit, invocation_id=s.invocation_id,
-                main_pid=s.main_pid if alive else 0,
-                started_at=iso(_us(s.exec_main_start_us) if alive else None) or iso(time.time()),
+                main_pid=s.main_pid if alive else s.exec_main_pid if over else 0,
+                started_at=iso(_us(s.exec_main_start_us) if alive or over else None) or iso(time.time()),
                 active_at=None, ended_at=None, result=None, exit_code=None, exit_status=None,
                 n_restarts=s.n_restarts, **started_with(s),
             )
@@ -126,7 +138,7 @@ class History:
             new = replace(new, main_pid=s.main_pid, started_at=iso(_us(s.exec_main_start_us)) or new.started_at)
         if s.active_state == "active" and new.active_at is None:
             new = replace(new, active_at=iso(_us(s.active_enter_us)) or iso(time.time()))
-        if s.active_state in ("inactive", "failed") and new.ended_at is None and new.main_pid:
+        if new.ended_at is None and (over or (s.active_state in ("inactive", "failed") and new.main_pid)):
             new = self._ended(new, s)
         if s.n_restarts != new.n_restarts and alive:
             new = replace(new, n_restarts=s.n_restarts)
@@ -158,6 +170,8 @@ class History:
         if s is None or s.invocation_id != rec.invocation_id:
             # It ended while we were not looking (new start, or genready was down).
             return replace(rec, ended_at=iso(time.time()), result=rec.result or "unknown")
+        if not rec.main_pid and s.exec_main_pid:  # first seen between its job and its process
+            rec = replace(rec, main_pid=s.exec_main_pid, started_at=iso(_us(s.exec_main_start_us)) or rec.started_at)
         return replace(
             rec, ended_at=iso(_us(s.inactive_enter_us) or _us(s.exec_main_exit_us) or time.time()),
             result=s.result or None, exit_code=EXIT_CODE_NAMES.get(s.exec_main_code),

@@ -51,6 +51,7 @@ class Snapshot:
     active_state: str = ""
     sub_state: str = ""
     main_pid: int = 0
+    exec_main_pid: int = 0  # the last main process, kept after it exited (MainPID is 0 then)
     invocation_id: str = ""
     job_id: int = 0
     exec_main_start_us: int = 0
@@ -112,6 +113,7 @@ _UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
 }
 _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"MainPID": ("main_pid", int),
+    b"ExecMainPID": ("exec_main_pid", int),
     b"ExecMainStartTimestamp": ("exec_main_start_us", int),
     b"ExecMainExitTimestamp": ("exec_main_exit_us", int),
     b"ExecMainCode": ("exec_main_code", int),

@@ -1,0 +1,88 @@
+"""Starts that fail before they are verified, seen by a real genready against a real systemd user
+manager: a start that dies within milliseconds is recorded whole, and `genready restart` and
+`wait --since` stop waiting within a second when systemd will not start the unit again."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from genready.rule.history import History, iso
+from genready.rule.records import RecordStore
+from genready.systemd.bus import Snapshot
+from genready_dev.harness import GENREADY, Genready, free_port, wait_for
+from genready_dev.usermanager import UserManager
+
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.2, "probe_timeout": 2.0, "verify_owner": False}
+
+
+def failing_unit(tmp: Path, name: str, ms: int, *, restart: str = "no") -> tuple[str, Path]:
+    """A unit whose process says why it fails and exits 3 after `ms` milliseconds; its output file."""
+    out = tmp / f"{name}.out"
+    script = tmp / f"{name}.sh"
+    pause = f"sleep {ms / 1000:.3f}\n" if ms else ""
+    script.write_text(f"#!/bin/sh\necho 'config: /models/typo does not exist ({ms} ms)' >&2\n{pause}exit 3\n")
+    script.chmod(0o755)
+    return (f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={script}\nRestart={restart}\nRestartSec=0.2\n"
+            f"StandardOutput=append:{out}\nStandardError=append:{out}\n"), out
+
+
+@pytest.mark.parametrize("state, sub", [("failed", "failed"), ("inactive", "dead"), ("activating", "auto-restart")])
+def test_a_start_first_seen_already_over_is_recorded_whole(tmp_path: Path, state: str, sub: str) -> None:
+    """systemd's signals about a process that exited within milliseconds come as one: a new
+    InvocationID, the unit down (or waiting to restart), MainPID 0. ExecMain* are that start's."""
+    t = int(time.time() * 1e6) / 1e6
+    over = Snapshot("t.service", load_state="loaded", active_state=state, sub_state=sub, invocation_id="b" * 32,
+                    exec_main_pid=4242, exec_main_start_us=int(t * 1e6), exec_main_exit_us=int((t + 0.001) * 1e6),
+                    inactive_enter_us=int((t + 0.002) * 1e6), exec_main_code=1, exec_main_status=3,
+                    result="exit-code")
+    with RecordStore(tmp_path) as store:
+        h = History("t", "t.service", store)
+        h.observe(Snapshot("t.service", load_state="loaded", active_state="inactive", sub_state="dead",
+                           invocation_id="a" * 32))
+        assert h.observe(over) is not None
+        rec = h.get("b" * 32)
+    assert rec is not None
+    assert (rec.main_pid, rec.started_at, rec.result, rec.exit_code, rec.exit_status) == \
+        (4242, iso(t), "exit-code", "exited", 3)
+    assert rec.ended_at in (iso(t + 0.002), iso(t + 0.001))
+
+
+def test_the_moment_a_start_shows_inactive_with_its_new_pid_is_not_its_end(tmp_path: Path) -> None:
+    with RecordStore(tmp_path) as store:
+        h = History("t", "t.service", store)
+        h.observe(Snapshot("t.service", load_state="loaded", active_state="inactive", sub_state="dead", main_pid=77,
+                           job_id=9, invocation_id="c" * 32, exec_main_pid=77))
+        rec = h.get("c" * 32)
+    assert rec is not None and rec.ended_at is None
+
+
+@pytest.mark.parametrize("ms", [0, 1, 10, 100])
+def test_a_start_that_dies_at_once_is_recorded_with_how_it_ended_and_its_lines(
+        manager: UserManager, tmp_path: Path, ms: int) -> None:
+    unit = f"fs-quick{ms}.service"
+    text, _ = failing_unit(tmp_path, f"quick{ms}", ms)
+    manager.install_unit(unit, text)
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}})
+    try:
+        with g:
+            manager.systemctl("start", unit, check=False)
+            inv = wait_for(lambda: manager.show(unit, "InvocationID")["InvocationID"], 10, "an invocation")
+            f = wait_for(lambda: (x := g.status()["targets"]["q"]["last_failure"]) and x["journal"] and x, 10,
+                         "the failed start's lines in /status")
+            assert f["invocation_id"] == inv
+            assert (f["result"], f["exit_code"], f["exit_status"]) == ("exit-code", "exited", 3)
+            assert f["ended_at"] and f["main_pid"]
+            assert f["journal"] == [f"config: /models/typo does not exist ({ms} ms)"]
+            rec = next(r for r in g.records("q") if r["invocation_id"] == inv)
+            assert (rec["result"], rec["exit_status"], rec["main_pid"]) == ("exit-code", 3, f["main_pid"])
+            assert rec["ended_at"] and rec["started_at"] <= rec["ended_at"]
+            shown = subprocess.run([*GENREADY, "status", "--url", g.base], capture_output=True, text=True,
+                                   timeout=30)
+            assert "Result=exit-code (exited with status 3)" in shown.stdout, shown.stdout
+            assert f"| config: /models/typo does not exist ({ms} ms)" in shown.stdout, shown.stdout
+    finally:
+        manager.remove_unit(unit)
