@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from genready.rule.history import History, iso
-from genready.rule.records import RecordStore
-from genready.systemd.bus import Snapshot
+from genready.rule.history import History
+from genready.store.records import RecordStore
+from genready.systemd.snapshot import Snapshot
+from genready.timewords import iso
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager
 
