@@ -1,6 +1,6 @@
-"""The README and docs/ are the user's map: every link in them leads somewhere, and every flag a
-`--help` lists is explained in them. In process: the flags come from the argparse parsers
-themselves, not from running `genready --help`."""
+"""The README and docs/ are the user's map: every link in them (and in packaging/README.md) leads
+somewhere, and every flag a `--help` lists is explained in them. In process: the flags come from
+the argparse parsers themselves, not from running `genready --help`."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 
 def doc_files() -> list[Path]:
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def linked_files() -> list[Path]:
+    """Where links are checked: the docs, and the packagers' notes."""
+    return [*doc_files(), ROOT / "packaging" / "README.md"]
 
 
 def prose(text: str) -> str:
@@ -91,7 +96,7 @@ def undocumented(flags: set[str], text: str) -> list[str]:
 
 
 def test_every_relative_link_resolves() -> None:
-    bad = [b for path in doc_files() for b in broken_links(path, path.read_text())]
+    bad = [b for path in linked_files() for b in broken_links(path, path.read_text())]
     assert not bad, "\n".join(bad)
 
 

@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("sweep", "for each point of PLAN.toml: write its runtime drop-in for TARGET's unit, restart it, wait "
              "for a verified start newer than the restart, run the command guarded, append a line to "
              "DIR/results.jsonl; at the end (or on SIGINT/SIGTERM) restore the unit's own configuration")
-    sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see the README's sweep section)")
+    sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see docs/sweeps.md)")
     sp.add_argument("--results", metavar="DIR", required=True,
                     help="results.jsonl and one folder per point and attempt ({out}) go here")
     sp.add_argument("--resume", action="store_true", help="skip points that already have an ok line in "

@@ -827,7 +827,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     try:
         plan = load_plan(Path(args.plan))
     except ConfigError as e:
-        raise Failed(str(e), hint="see `genready sweep --help` and the README's sweep section",
+        raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
     target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
     if target is None:
@@ -863,7 +863,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     try:
         return sweep.run(skip)
     except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
-        raise Failed(str(e), hint="see `genready sweep --help` and the README's sweep section",
+        raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
     except ResultsUnwritable as e:
         raise Failed(str(e), hint="make room, or fix the folder, then run again with --resume: the points already "
