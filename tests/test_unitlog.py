@@ -1,0 +1,71 @@
+"""A unit's output files are read from their end only: the last lines of a start, whatever the
+size of the file before them (a failed start's lines in /status, a not_ready sweep point)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from genready.systemd import unitlog
+from genready.systemd.unitlog import LINE_BYTES, TAIL_BYTES, OutputMark, tail_lines
+
+
+def lines_of(path: Path, start: int = 0, n: int = 20) -> list[str]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return tail_lines(fd, start, n)
+    finally:
+        os.close(fd)
+
+
+def test_the_last_lines_come_from_the_end_without_reading_the_rest(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    with out.open("wb") as f:
+        f.truncate(200 << 20)  # 200 MB of a hole: no line breaks in it at all
+        f.seek(0, os.SEEK_END)
+        f.write(b"".join(b"line %d\n" % i for i in range(30)))
+    read: list[int] = []
+    real = os.pread
+
+    def counting(fd: int, size: int, offset: int) -> bytes:
+        read.append(size)
+        return real(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", counting)
+    assert lines_of(out) == [f"line {i}" for i in range(10, 30)]
+    assert sum(read) <= unitlog.TAIL_BLOCK  # one block held all 20 lines
+
+
+def test_at_most_the_byte_cap_is_read_and_a_line_cut_by_it_is_left_out(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # Two lines only: a first one longer than the cap, then a short one.
+    out.write_bytes(b"x" * (TAIL_BYTES + 10) + b"\nlast words\n")
+    assert lines_of(out) == ["last words"]
+
+
+def test_a_long_line_is_cut(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_bytes(b"a\n" + b"y" * 100_000 + b"\nz")  # the last line without its line break
+    got = lines_of(out)
+    assert got[0] == "a" and got[2] == "z"
+    assert got[1] == "y" * LINE_BYTES + unitlog.CUT
+
+
+def test_only_the_lines_after_the_mark(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_bytes(b"old 1\nold 2\n")
+    mark = os.path.getsize(out)
+    with out.open("ab") as f:
+        f.write(b"new 1\r\nnew 2\n")
+    assert lines_of(out, mark) == ["new 1", "new 2"]
+    assert lines_of(out, 0, n=3) == ["old 2", "new 1", "new 2"]
+
+
+def test_output_mark_reads_the_tail_of_a_truncated_file_from_its_start(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.write_bytes(b"short\n")
+    m = OutputMark(0.0, {out: 1000})  # the file was longer at the mark: truncated since
+    assert m.lines("user", "x.service") == ["short"]
