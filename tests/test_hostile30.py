@@ -1,0 +1,100 @@
+"""Hostile input, round 3 (issue 30): server output, the onboarding writer, report files.
+
+Test names carry the issue's item number. In-process where the surface is a function; the CLI
+where the surface is what a person runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from genready.redact import MASK, escape, redact, redact_lines
+
+# --- 1. secrets in a failed start's lines ----------------------------------------------------------
+
+# Real start-up lines, as the servers' own logging calls print them.
+REAL_LINES = [
+    # vLLM, vllm/entrypoints/openai/cli_args.py (0.9.x): logger.info("non-default args: %s", non_default_args);
+    # api_key is a list (nargs="+") there; vllm/entrypoints/utils.py log_non_default_args (newer) masks
+    # api_key and vault_token itself, but not hf_token.
+    ("INFO 08-06 21:23:02 [cli_args.py:309] non-default args: {'port': 8011, 'model': '/models/m', "
+     "'api_key': ['sk-vllm-list-1', 'sk-vllm-list-2'], 'hf_token': 'hf_vllmtoken3', 'tensor_parallel_size': 2}",
+     ["sk-vllm-list-1", "sk-vllm-list-2", "hf_vllmtoken3"], ["'port': 8011", "'model': '/models/m'",
+                                                             "'tensor_parallel_size': 2"]),
+    # vLLM, vllm/entrypoints/openai/api_server.py (older): logger.info("args: %s", args), an argparse Namespace.
+    ("INFO 05-02 10:11:12 api_server.py:712] args: Namespace(host=None, port=8000, uds=None, "
+     "api_key=['sk-ns-4'], ssl_keyfile='/etc/tls/key.pem', max_num_seqs=10)",
+     ["sk-ns-4"], ["ssl_keyfile='/etc/tls/key.pem'", "max_num_seqs=10", "port=8000"]),
+    # SGLang, python/sglang/srt/entrypoints/engine.py: logger.info(f"server_args={server_args.resolved_dict()}");
+    # field names from python/sglang/srt/server_args.py (api_key, admin_api_key, ssl_keyfile_password).
+    ("[2026-12-03 07:00:01] server_args={'model_path': 'qwen', 'tokenizer_path': 'qwen', 'ssl_keyfile': None, "
+     "'ssl_keyfile_password': 'kpw-5', 'api_key': 'sk-sgl-6', 'admin_api_key': 'sk-adm-7', "
+     "'max_total_tokens': 4096, 'skip_tokenizer_init': False}",
+     ["kpw-5", "sk-sgl-6", "sk-adm-7"], ["'ssl_keyfile': None", "'max_total_tokens': 4096",
+                                         "'skip_tokenizer_init': False"]),
+    # SGLang, the same call in older releases: the dataclass repr.
+    ("[2025-03-01 07:00:01] server_args=ServerArgs(model_path='qwen', api_key='sk-sgl-8', admin_api_key=None, "
+     "port=30000)", ["sk-sgl-8"], ["admin_api_key=None", "port=30000", "model_path='qwen'"]),
+]
+
+# The issue's cases, each with what must stay readable around it.
+ISSUE_LINES = [
+    ("Namespace(api_key=['sk-a', 'sk-second'])", ["sk-a", "sk-second"], ["Namespace(api_key="]),
+    ("sglang: error: unrecognized arguments: --admin-api-key sk-admin-1 --bogus", ["sk-admin-1"], ["--bogus"]),
+    ("vllm serve m --hf-token hf_abc123 --port 8000", ["hf_abc123"], ["--port 8000"]),
+    ("proxy https://user:pass@host.example/x", ["user:pass", "pass@"], ["https://", "@host.example/x"]),
+    ("Authorization: Basic dXNlcjpwYXNz", ["dXNlcjpwYXNz"], ["Authorization: Basic"]),
+    ("ssl_keyfile_password='pw-1'", ["pw-1"], []),
+    ("{'token': 'tk-1', 'password': 'pw-2'}", ["tk-1", "pw-2"], []),
+    ("api_key=SecretStr('sk-secret-str')", ["sk-secret-str"], []),
+    ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI", ["wJalrXUtnFEMI"], ["AWS_SECRET_ACCESS_KEY="]),
+    ("HF_TOKEN hf_spaced", ["hf_spaced"], ["HF_TOKEN"]),
+    ("Authorization: Token tok-1", ["tok-1"], ["Token"]),
+    ("headers {'authorization': 'Digest username=\"u\", response=\"r1\"'}", ['response="r1"'], ["Digest"]),
+    ("argv ['sglang', '--api-key', 'sk-argv', '--port', '1']", ["sk-argv"], ["'--port', '1'"]),
+    ("usage: [--api-key API_KEY] [--port PORT]", ["API_KEY]"], ["[--port PORT]"]),
+    ("--ssl-keyfile-password=kp --api-key-file /etc/genready/key", ["kp "], ["--api-key-file /etc/genready/key"]),
+]
+
+
+IDS = [f"real{i}" for i in range(len(REAL_LINES))] + [f"issue{i}" for i in range(len(ISSUE_LINES))]
+
+
+@pytest.mark.parametrize(("line", "secrets", "kept"), REAL_LINES + ISSUE_LINES, ids=IDS)
+def test_item1_no_secret_survives_and_the_rest_stays_readable(line: str, secrets: list[str], kept: list[str]) -> None:
+    out = redact(line)
+    for s in secrets:
+        assert s not in out, (s, out)
+    for k in kept:
+        assert k in out, (k, out)
+    assert MASK in out
+
+
+def test_item1_a_flag_that_ends_a_line_masks_the_next_line() -> None:
+    lines = ["+ exec python -m sglang.launch_server --model m --api-key", "sk-on-the-next-line --port 30000",
+             "next line untouched"]
+    out = redact_lines(lines)
+    assert len(out) == 3 and "sk-on-the-next-line" not in "\n".join(out)
+    assert out[1] == f"{MASK} --port 30000" and out[2] == "next line untouched"
+
+
+def test_item1_redaction_is_one_table_of_rules() -> None:
+    from genready import redact as mod
+
+    assert len(mod.RULES) >= 6 and all(r.why for r in mod.RULES)
+    # Idempotent: a redacted line redacts to itself (records are redacted again when read).
+    for line, _, _ in REAL_LINES + ISSUE_LINES:
+        once = redact(line)
+        assert redact(once) == once
+
+
+# --- 2. escape sequences ---------------------------------------------------------------------------
+
+HOSTILE = "osc52 \x1b]52;c;cHduZWQ=\x07 title \x1b]0;pwned\x07 clear \x1b[2J up \x1b[1A\x1b[2K c1 \x9b2J del \x7f"
+
+
+def test_item2_escape_leaves_no_control_character() -> None:
+    out = escape(HOSTILE + "\u2028\u202e\r\n\t")
+    assert not any((0 <= ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) < 0xA0 for c in out)
+    assert "\\x1b]52;c;" in out and "\\x9b" in out and "\\x7f" in out and "\\u2028" in out and "\\u202e" in out
+    assert "\t" in out and escape("plain ünïcödé 字\t") == "plain ünïcödé 字\t"
