@@ -98,3 +98,120 @@ def test_item2_escape_leaves_no_control_character() -> None:
     assert not any((0 <= ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) < 0xA0 for c in out)
     assert "\\x1b]52;c;" in out and "\\x9b" in out and "\\x7f" in out and "\\u2028" in out and "\\u202e" in out
     assert "\t" in out and escape("plain ünïcödé 字\t") == "plain ünïcödé 字\t"
+
+
+class _Canned:
+    """A loopback HTTP server (a thread) answering every GET with one status and JSON body: the daemon's
+    API as a hostile local process on its port, or a daemon relaying a hostile server, would answer."""
+
+    def __init__(self, status: int, body: object) -> None:
+        import http.server
+        import json
+        import threading
+
+        payload = json.dumps(body).encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _hostile_target() -> dict[str, object]:
+    return {"target": "t", "unit": "t.service", "state": "rejected", "ready": False, "pid": 42,
+            "reason": "rejected: " + HOSTILE, "last_error": "bad_status: HTTP 500 " + HOSTILE, "probes": 3,
+            "records": [{"invocation_id": "ab" * 16, "main_pid": 42, "result": "exit-code" + HOSTILE}],
+            "warnings": ["w " + HOSTILE], "config_changes": [HOSTILE],
+            "last_failure": {"invocation_id": "cd" * 16, "main_pid": 41, "result": "exit-code", "exit_code": "exited",
+                             "exit_status": 1, "ended_at": "2026-12-03T07:00:00+00:00",
+                             "journal": ["line " + HOSTILE, "\x1b[1A\x1b[2Kerased row"]}}
+
+
+def _no_controls(text: str) -> None:
+    bad = [c for c in text if (ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0]
+    assert not bad, (bad[:5], text[:400])
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_item2_genready_status_escapes_what_servers_wrote(tty: bool, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from genready import cli
+
+    srv = _Canned(200, {"version": "x", "uptime_seconds": 1, "bus": "user", "bus_connected": True,
+                        "owner_proof": "full", "config_error": "bad " + HOSTILE, "restart_needed": [HOSTILE],
+                        "targets": {"t": _hostile_target()}})
+    monkeypatch.setattr("sys.stdout.isatty", lambda: tty)
+    try:
+        assert cli.main(["status", "--url", srv.url]) == 0
+    finally:
+        srv.close()
+    out = capsys.readouterr().out
+    _no_controls(out)
+    assert "\\x1b]52;c;" in out and "erased row" in out and "\\x1b[1A\\x1b[2K" in out
+
+
+@pytest.mark.parametrize("command", ["wait"])
+def test_item2_wait_prints_a_servers_words_escaped(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from genready import cli
+
+    srv = _Canned(503, _hostile_target())
+    try:
+        rc = cli.main([command, "t", "--url", srv.url, "--timeout", "0"])
+    finally:
+        srv.close()
+    err = capsys.readouterr().err
+    assert rc != 0 and "t: not ready: rejected" in err
+    _no_controls(err)
+    assert "\\x1b]0;pwned\\x07" in err
+
+
+def test_item2_live_lines_escape_a_probes_error() -> None:
+    import io
+
+    from genready.client.progress import LiveLines
+
+    for tty in (True, False):
+        buf = io.StringIO()
+        LiveLines(buf, tty=tty).show([_hostile_target() | {"last_error": None},
+                                      _hostile_target() | {"state": "loading", "last_error": HOSTILE + ": x"}])
+        shown = buf.getvalue()
+        # The live lines' own redraw sequences are the only ESCs: ESC[…F / ESC[K / ESC[J.
+        assert "\x1b]" not in shown and "\x1b[2J" not in shown and "\x07" not in shown, shown
+
+
+def test_item2_the_daemon_log_has_no_raw_control_character() -> None:
+    import io
+    import logging
+
+    from genready import log
+
+    for journal in (True, False):
+        buf = io.StringIO()
+        log.setup("info", journal=journal, stream=buf)
+        logger = logging.getLogger("genready.test")
+        log.event(logger, logging.WARNING, "t: probe failed " + HOSTILE, detail="HTTP 500 " + HOSTILE)
+        logger.warning("plain %s", "reason\n<3>forged line " + HOSTILE)
+        text = buf.getvalue()
+        _no_controls(text)
+        assert text.count("\n") == 2 and "\\x1b[2J" in text, text
+
+
+def test_item2_status_line_uses_the_same_escape() -> None:
+    from genready.systemd.notify import one_line
+
+    assert one_line("a\x1b[2Jb\nc") == "a\\x1b[2Jb; c" == escape("a\x1b[2Jb") + "; c"

@@ -108,7 +108,7 @@ def test_status_utf8_on_the_wire(listener: Listener) -> None:
 
 def test_status_controls_and_length(listener: Listener) -> None:
     Notifier().status("a\x00b\tc")
-    assert listener.recv() == b"STATUS=a b c"
+    assert listener.recv() == b"STATUS=a\\x00b c"  # escaped as everywhere (redact.escape), tab a space
     Notifier().status("é" * 5000)
     data = listener.recv()
     assert data.startswith(b"STATUS=\xc3\xa9")

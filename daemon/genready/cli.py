@@ -121,11 +121,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     try:
         prop = unitinit.propose(unit, info.commands, info.environment)
     except unitinit.Unrecognised as e:
-        print(f"genready: {e}", file=sys.stderr)
+        console.err(f"genready: {e}")
         sys.stdout.write(unitinit.template(unit, name))
         return Exit.BAD_DATA
     for w in prop.warnings:
-        print(f"genready: warning: {w}", file=sys.stderr)
+        console.err(f"genready: warning: {w}")
     block = unitinit.render(name, prop)
     sys.stdout.write(block)
     if not args.write:
@@ -135,7 +135,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         unitinit.append_table(path, name, block)
     except unitinit.WriteRefused as e:
         die(f"not written: {e}", status=Exit.CONFIG)
-    print(f"genready: appended [targets.{name}] to {path}; check-config:", file=sys.stderr)
+    console.err(f"genready: appended [targets.{name}] to {path}; check-config:")
     return cmd_check_config(argparse.Namespace(config=path, probe=False))
 
 
@@ -178,11 +178,14 @@ def _api_base(args: argparse.Namespace) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from genready.client import client
+    from genready.redact import escape_tree
 
     data = client.get_json(_api_base(args), "/status")
-    # A terminal gets the table for people; anything else keeps the long-standing text format.
+    # A terminal gets the table for people; anything else keeps the long-standing text format. Every
+    # string in it may come from a server or a unit's output: escaped before it is laid out.
     text = (json.dumps(data, indent=2) + "\n" if args.json else
-            client.format_status_tty(data) if sys.stdout.isatty() else client.format_status(data))
+            client.format_status_tty(escape_tree(data)) if sys.stdout.isatty()
+            else client.format_status(escape_tree(data)))
     console.write(text, sys.stdout)
     return 0
 

@@ -13,6 +13,8 @@ import os
 import sys
 from typing import TextIO
 
+from genready.redact import escape
+
 
 def ensure_std_fds() -> None:
     """Open /dev/null on any of fds 0-2 that is closed (`2>&-`), as daemons do: else the next
@@ -49,10 +51,11 @@ def write(text: str, stream: TextIO | None) -> None:
 
 
 def err(text: str) -> None:
-    """One line to stderr (a newline is added)."""
-    write(text + "\n", sys.stderr)
+    """One line to stderr (a newline is added). It may quote a server, a unit or a file: every control
+    character in it is escaped (redact.escape), so it stays one line and cannot drive the terminal."""
+    write(escape(text) + "\n", sys.stderr)
 
 
 def out(text: str) -> None:
-    """One line to stdout (a newline is added)."""
-    write(text + "\n", sys.stdout)
+    """One line to stdout (a newline is added), escaped as err()'s."""
+    write(escape(text) + "\n", sys.stdout)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, TextIO
 
+from genready.redact import escape
+
 LOGGER_NAME: Final = "genready"
 
 _LEVELS: Final = {
@@ -41,7 +43,17 @@ def sd_priority(levelno: int) -> int:
     return 7
 
 
-class JournalFormatter(logging.Formatter):
+class _EscapingFormatter(logging.Formatter):
+    """A message is one line whatever it quotes (a server's reason phrase, a unit's output, a config
+    value): its control characters, line breaks included, are escaped (redact.escape). Python's own
+    traceback text is added after, as it is."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802  (logging's name)
+        record.message = escape(record.message)
+        return super().formatMessage(record)
+
+
+class JournalFormatter(_EscapingFormatter):
     """`<6>message`: every line prefixed, so a traceback's lines keep the record's priority
     (journald files each stream line separately; an unprefixed one would default to info)."""
 
@@ -50,7 +62,7 @@ class JournalFormatter(logging.Formatter):
         return "\n".join(prefix + line for line in super().format(record).splitlines())
 
 
-class PlainFormatter(logging.Formatter):
+class PlainFormatter(_EscapingFormatter):
     """`2026-11-29 10:01:02.123 WARNING message`."""
 
     def __init__(self) -> None:
@@ -111,9 +123,9 @@ def format_value(value: object) -> str:
         text = f"{value:.3f}".rstrip("0").rstrip(".") if value == 0 or abs(value) >= 0.001 else f"{value:.3g}"
     else:
         text = str(value)
-    if text and not any(c.isspace() or c in '"=\\' for c in text):
+    if text and not any(c.isspace() or c in '"=\\' for c in text) and escape(text) == text:
         return text
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    escaped = escape(text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r"))
     return f'"{escaped}"'
 
 

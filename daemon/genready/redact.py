@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 MASK: Final = "***"
 
@@ -219,7 +219,7 @@ def shown(text: str, secrets: Iterable[str] = ()) -> str:
     return escape(redact(text, secrets))
 
 
-def escape_tree(doc: object) -> object:
+def escape_tree(doc: Any) -> Any:
     """A decoded JSON document with every string in it (keys too) escaped: an API answer before it is
     formatted for a terminal."""
     if isinstance(doc, str):

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Final, TextIO
 
 from genready import console
+from genready.redact import escape_tree
 from genready.timewords import duration
 
 PLAIN_EVERY: Final = 30.0  # seconds between plain progress lines when stderr is not a terminal
@@ -69,6 +70,9 @@ class LiveLines:
         self._last_plain = 0.0
 
     def show(self, targets: Sequence[Mapping[str, Any]]) -> None:
+        # A probe's last error quotes the server (its reason phrase, its body): escaped, never a control
+        # sequence of its own among the ones drawn here.
+        targets = escape_tree(list(targets))
         width = max((len(str(t.get("target", ""))) for t in targets), default=0)
         lines = [target_line(t, width) for t in targets]
         if self.tty:

@@ -8,8 +8,9 @@ daemon goes on, because a daemon must not die over its status line.
 The protocol is one datagram of newline-separated KEY=VALUE assignments. STATUS= is one
 line, so `status()` flattens multi-line text: each non-blank line is stripped and the lines
 are joined with "; " (a stray "\\nREADY=1" inside a status text could otherwise be read by
-systemd as an assignment of its own). Control characters become spaces, and the text is
-cut to STATUS_MAX_BYTES of UTF-8 (ending in "…"), well below systemd's datagram limit.
+systemd as an assignment of its own). Control characters are escaped as everywhere else
+(`redact.escape`: `\\x1b`), a tab becomes a space, and the text is cut to STATUS_MAX_BYTES of
+UTF-8 (ending in "…"), well below systemd's datagram limit.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from __future__ import annotations
 import logging
 import os
 import time
-import unicodedata
 from typing import Final
 
 import sdnotify
+
+from genready.redact import escape
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +32,9 @@ _ELLIPSIS: Final = "…"
 
 
 def one_line(text: str, max_bytes: int = STATUS_MAX_BYTES) -> str:
-    """`text` as one line for STATUS=: non-blank lines stripped and joined with "; ",
-    control characters replaced by spaces, cut to `max_bytes` of UTF-8 ending in "…"."""
-    # isprintable() is False for every control character (and some others): only those lines
-    # pay for the per-character pass.
-    lines = (line.strip() if line.isprintable() else
-             "".join(" " if unicodedata.category(c) == "Cc" else c for c in line).strip()
-             for line in text.splitlines())
+    """`text` as one line for STATUS=: non-blank lines stripped and joined with "; ", control
+    characters escaped (redact.escape), cut to `max_bytes` of UTF-8 ending in "…"."""
+    lines = (escape(line.replace("\t", " ")).strip() for line in text.splitlines())
     flat = STATUS_JOIN.join(line for line in lines if line)
     raw = flat.encode("utf-8")
     if len(raw) <= max_bytes:

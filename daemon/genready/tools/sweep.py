@@ -52,6 +52,7 @@ from genready.client.progress import target_line
 from genready.compat import StrEnum
 from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
+from genready.redact import escape
 from genready.store.records import _fsync_dir, _write_all
 from genready.systemd import analyze, bus, control
 from genready.systemd.snapshot import Snapshot
@@ -121,7 +122,7 @@ def check_results_path(results: Path) -> str | None:
     where a line break would start a new directive (a `%` is doubled there, as any value's)."""
     bad = next((c for c in str(results) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
-        return f"--results: expected a path without control characters or line breaks, found {shown(bad)} in " \
+        return f"--results: expected a path without control characters or line breaks, found {bad!r} in " \
             f"{shown(str(results))!r}"
     return None
 
@@ -301,6 +302,7 @@ class Sweep:
     def say(self, text: str) -> None:
         # console.write: a reader that went away (`genready sweep ... | head`) must not stop the sweep half-way,
         # with a point's configuration left on the unit.
+        text = escape(text)  # it may quote a server's or systemd's words
         console.write(("\r\033[K" if self.tty else "") +
                       (f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n"), self.err)
 
@@ -754,8 +756,8 @@ def loads_line(n_points: int, groups: Sequence[Sequence[Point]], restart_each: b
 
 def shown(text: str) -> str:
     """`text` for a terminal, one line per line systemd sees: systemd breaks lines at \\n only, so
-    U+2028, U+0085 and other unprintable characters (a terminal might break or hide them) are shown escaped."""
-    return "".join(c if c.isprintable() or c == "\t" else c.encode("unicode_escape").decode("ascii") for c in text)
+    U+2028, U+0085 and other control characters (a terminal might break or act on them) are shown escaped."""
+    return escape(text)
 
 
 def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: TextIO, *,
