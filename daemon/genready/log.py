@@ -48,7 +48,7 @@ class _EscapingFormatter(logging.Formatter):
     value): its control characters, line breaks included, are escaped (redact.escape). Python's own
     traceback text is added after, as it is."""
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802  (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape(record.message)
         return super().formatMessage(record)
 
