@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import subprocess
 from collections.abc import Iterator
@@ -12,10 +13,10 @@ import pytest
 
 from genready_dev.harness import booted_manager
 from genready_dev.usermanager import UserManager, unavailable_reason
+from tests import ci
 from tests.containers import Docker, Engine, Podman
 
 E = TypeVar("E", bound=Engine)
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 @pytest.fixture(scope="session")
@@ -25,11 +26,7 @@ def manager() -> Iterator[UserManager]:
     Skips with the reason on a machine that cannot run one; under CI=true it fails instead,
     because a skipped systemd test in CI hides exactly what the project exists to check.
     """
-    reason = unavailable_reason()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"systemd tests cannot run in CI: {reason}")
-        pytest.skip(f"no private systemd user manager: {reason}")
+    ci.require(unavailable_reason(), "a test that needs a private systemd user manager")
     # set_env: in-process pystemd (user_mode) finds the bus through XDG_RUNTIME_DIR.
     with booted_manager(set_env=True) as um:
         yield um
@@ -38,11 +35,7 @@ def manager() -> Iterator[UserManager]:
 def _engine(kind: type[E]) -> Iterator[E]:
     """A container engine for the session; skips (fails under CI=true) when it cannot run here.
     Every test container is removed afterwards, whatever the tests left."""
-    reason = kind.unavailable()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"{kind.__name__.lower()} tests cannot run in CI: {reason}")
-        pytest.skip(f"no {kind.__name__.lower()}: {reason}")
+    ci.require(kind.unavailable(), f"a test that needs {kind.__name__.lower()}")
     engine = kind()
     try:
         yield engine
@@ -79,16 +72,30 @@ def inaccessible_nodes(manager: UserManager) -> None:
 
 
 # What needs the real world (pyproject's `system` marker): a systemd manager, a container engine
-# or the .deb is marked from the fixtures a test asks for, so a new test cannot forget its mark;
+# or the .deb is marked from the fixtures a test uses, so a new test cannot forget its mark;
 # a test that starts real processes (genready, the simulator, a CLI tool) carries the mark itself,
 # and _in_process_only fails it if it does not. `pytest -m "not system"` is the in-process layer.
-_SYSTEM_FIXTURES = frozenset({"manager", "docker", "podman", "inaccessible_nodes"})
+# The fixtures are known by their definitions, not their names: a module's own fixture called
+# `manager` (a fake notify socket, say) overrides this one and is not the real world.
+_SYSTEM_FIXTURES = frozenset(inspect.unwrap(f) for f in (manager, docker, podman, inaccessible_nodes))
+
+
+def uses_the_real_world(item: pytest.Item) -> bool:
+    """Does `item` use one of _SYSTEM_FIXTURES (directly or through other fixtures)? Per name, the
+    definition pytest gives the item, and the one it overrides when it asks for its own name."""
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        for d in reversed(defs):
+            if inspect.unwrap(d.func) in _SYSTEM_FIXTURES:
+                return True
+            if name not in d.argnames:  # it does not build on the definition it overrides
+                break
+    return False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & _SYSTEM_FIXTURES or item.get_closest_marker("deb"):
+        if uses_the_real_world(item) or item.get_closest_marker("deb"):
             item.add_marker(pytest.mark.system)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -25,7 +24,7 @@ import genready
 from genready.serve import api, openapi
 from genready_dev.harness import GENREADY, Genready, free_port, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
-from tests.conftest import IN_CI
+from tests import ci
 
 UNIT = "ta-sim.service"
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -192,11 +191,7 @@ def test_metrics_move_through_a_restart(served: Genready) -> None:
     assert metric(after, "genready_main_pid", **labels) == new_pid
     assert metric(after, "genready_ready_requests", code="200") >= 1
     assert metric(after, "genready_build_info", version=genready.__version__) == 1
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if IN_CI:
-            pytest.fail("promtool is missing in CI (Debian package prometheus)")
-        pytest.skip("promtool not installed")
+    promtool = ci.tool("promtool", "Debian/Ubuntu: apt-get install prometheus")
     out = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "" and out.stderr.strip() == "", out
 

@@ -26,11 +26,11 @@ import pytest
 from genready import cli
 from genready_dev.harness import REPO, Genready, free_port, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
+from tests import ci
 
 pytestmark = pytest.mark.deb
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-WANTED = IN_CI or os.environ.get("GENREADY_TEST_DEB") == "1"
+WANTED = ci.IN_CI or os.environ.get("GENREADY_TEST_DEB") == "1"
 APT = ["apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=300"]
 # Debian's interpreter and libraries only: nothing of this checkout or its venv.
 SYSTEM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C.UTF-8", "HOME": "/root"}
@@ -50,11 +50,7 @@ def _unavailable() -> str | None:
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The package built from this checkout; if it stays installed, it is purged at the end."""
-    reason = _unavailable()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"the package test cannot run in CI: {reason}")
-        pytest.skip(reason)
+    ci.require(_unavailable(), "the package test")
     # One run at a time per host: another session's run would install or purge under this one.
     lock = open("/run/lock/genready-test-deb.lock", "w")  # noqa: SIM115 (held for the module)
     fcntl.flock(lock, fcntl.LOCK_EX)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -19,17 +18,13 @@ import pytest
 from genready_dev import demo
 from genready_dev.harness import GENREADY, env_without_notify, wait_for
 from genready_dev.usermanager import UserManager, unavailable_reason
-from tests.conftest import IN_CI
+from tests import ci
 
 FAST_BUDGET = 30.0  # seconds: the demo's CI smoke mode must stay cheap
 
 
 def needs_manager() -> None:
-    reason = unavailable_reason()
-    if reason:
-        if IN_CI:
-            pytest.fail(f"the demo cannot run in CI: {reason}")
-        pytest.skip(f"the demo needs a private systemd user manager: {reason}")
+    ci.require(unavailable_reason(), "the demo (it needs a private systemd user manager)")
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -193,9 +188,9 @@ def test_without_root_a_clear_message_and_no_traceback(monkeypatch: pytest.Monke
     assert cap.out == ""
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_demo_units_pass_systemd_analyze_verify(manager: UserManager, tmp_path: Path) -> None:
     """The unit texts the demo writes are valid for a user manager (typos would only show at run time)."""
+    ci.tool("systemd-analyze")
     layout = demo.Layout(tmp_path)
     texts = demo.unit_texts(layout, manager, demo.FULL, 9901, 30000)
     for name, text in texts.items():

@@ -6,7 +6,6 @@ would stall every other test's units and clients.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from genready.vocab import SYSTEMD_UNRESPONSIVE
 from genready_dev.harness import booted_manager
 from genready_dev.hostile import frozen_manager
 from genready_dev.usermanager import UserManager, unavailable_reason
+from tests import ci
 
 # While frozen the answers must come within 1 s (bench/frozen.py prints the figures); the test
 # leaves room for a loaded machine, and checks what never depends on speed exactly.
@@ -27,11 +27,7 @@ QUICK = 1.0
 @pytest.fixture(scope="module")
 def own_manager() -> Iterator[UserManager]:
     """One private manager for this module's tests: each freezes it in turn, never at once."""
-    reason = unavailable_reason()
-    if reason:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"systemd tests cannot run in CI: {reason}")
-        pytest.skip(f"no private systemd user manager: {reason}")
+    ci.require(unavailable_reason(), "a test that needs a private systemd user manager")
     with booted_manager() as um:
         yield um
 

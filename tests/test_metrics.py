@@ -3,9 +3,7 @@ Prometheus scrape config and alert rules are valid and refer to metrics that exi
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
 from genready.serve.openapi import LAST_ERROR
 from genready.vocab import Failure
+from tests import ci
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 PROMETHEUS_DIR = Path(__file__).resolve().parent.parent / "packaging" / "prometheus"
 T, U = "sglang", "sglang.service"
 
@@ -55,12 +53,7 @@ def state_series(m: Metrics, target: str = T, unit: str = U) -> dict[str, float]
 
 def promtool() -> str:
     """promtool's path; skips without it, but fails under CI where a skipped check hides a broken file."""
-    path = shutil.which("promtool")
-    if path is None:
-        if IN_CI:
-            pytest.fail("promtool is required under CI=true (Debian/Ubuntu: apt-get install prometheus)")
-        pytest.skip("promtool not installed (Debian/Ubuntu: apt-get install prometheus)")
-    return path
+    return ci.tool("promtool", "Debian/Ubuntu: apt-get install prometheus")
 
 
 def run_promtool(*args: str, stdin: bytes | None = None) -> str:

@@ -46,7 +46,7 @@ class Manager:
 
 
 @pytest.fixture
-def manager(monkeypatch: pytest.MonkeyPatch) -> Iterator[Manager]:
+def systemd(monkeypatch: pytest.MonkeyPatch) -> Iterator[Manager]:
     name = f"genready-test-outputs-{os.getpid()}"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind("\0" + name)
@@ -94,77 +94,77 @@ async def surfaces(tmp_path: Path) -> AsyncIterator[Surfaces]:
     await rig.close()
 
 
-async def test_verified_then_revoked_before_start_up_ends_sends_no_ready(manager: Manager,
+async def test_verified_then_revoked_before_start_up_ends_sends_no_ready(systemd: Manager,
                                                                           surfaces: Surfaces) -> None:
     r = surfaces.rig
     # Verified while the API is not yet listening: not READY=1 yet (nobody could ask /ready).
     await r.ready(snap())
     surfaces.agree()
-    assert Manager.keys(manager.heard()) == []
+    assert Manager.keys(systemd.heard()) == []
     # Revoked before start-up ends: a restart job was queued.
     r.show(snap(job=9))
     surfaces.agree()
     # Now the API listens. A flag set at the first verification would say READY=1 here.
     surfaces.listening = True
     surfaces.update()
-    assert Manager.keys(manager.heard()) == []
+    assert Manager.keys(systemd.heard()) == []
     assert not surfaces.out.sent_ready
     # The new start is verified: now READY=1, once.
     r.show(snap(pid=200, inv="inv-b"))
     await r.until(lambda: r.gate.ready, "the new start verified")
     surfaces.agree()
-    assert Manager.keys(manager.heard()) == ["READY=1"]
+    assert Manager.keys(systemd.heard()) == ["READY=1"]
     assert surfaces.stamp is not None and surfaces.stamp["pid"] == 200
 
 
-async def test_after_start_up_a_revocation_is_reloading_until_verified_again(manager: Manager,
+async def test_after_start_up_a_revocation_is_reloading_until_verified_again(systemd: Manager,
                                                                              surfaces: Surfaces) -> None:
     r = surfaces.rig
     surfaces.listening = True
     await r.ready(snap())
-    assert Manager.keys(manager.heard()) == ["READY=1"]
+    assert Manager.keys(systemd.heard()) == ["READY=1"]
     r.show(snap("deactivating", sub="stop-sigterm"))
     surfaces.agree()
     r.show(snap(pid=300, inv="inv-c"))
     await r.until(lambda: r.gate.ready, "verified again")
     surfaces.agree()
-    assert Manager.keys(manager.heard()) == ["RELOADING=1", "READY=1"]
+    assert Manager.keys(systemd.heard()) == ["RELOADING=1", "READY=1"]
     assert surfaces.stamp is not None and surfaces.stamp["pid"] == 300 and surfaces.stamp["ready_at"]
 
 
-async def test_a_status_line_rides_every_update(manager: Manager, surfaces: Surfaces) -> None:
+async def test_a_status_line_rides_every_update(systemd: Manager, surfaces: Surfaces) -> None:
     surfaces.listening = True
     surfaces.rig.show(snap("inactive", 0, ""))
-    heard = manager.heard()
+    heard = systemd.heard()
     assert heard and heard[-1] == "STATUS=t: inactive (t.service is inactive)"
 
 
-async def test_a_gate_that_is_not_gating_start_up_does_not_hold_ready(manager: Manager, tmp_path: Path) -> None:
+async def test_a_gate_that_is_not_gating_start_up_does_not_hold_ready(systemd: Manager, tmp_path: Path) -> None:
     rig = Rig(tmp_path, gate_startup=False)
     s = Surfaces(rig, tmp_path / "run")
     try:
         s.listening = True
         rig.show(snap("inactive", 0, ""))
-        assert Manager.keys(manager.heard()) == ["READY=1"]
+        assert Manager.keys(systemd.heard()) == ["READY=1"]
         s.agree()
     finally:
         await rig.close()
 
 
-async def test_probe_progress_is_rate_limited_and_state_changes_are_not(manager: Manager, surfaces: Surfaces,
+async def test_probe_progress_is_rate_limited_and_state_changes_are_not(systemd: Manager, surfaces: Surfaces,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Several loading targets are each probed several times a second: STATUS= carries their
     # progress at most once per PROGRESS_EVERY, while a change of state is sent at once.
     gate = surfaces.rig.gate
     surfaces.listening = True
     surfaces.rig.show(snap("inactive", 0, ""))
-    assert manager.heard()[-1] == "STATUS=t: inactive (t.service is inactive)"
+    assert systemd.heard()[-1] == "STATUS=t: inactive (t.service is inactive)"
     surfaces.out.progress([gate])  # well within PROGRESS_EVERY (1 s) of that STATUS=
-    assert manager.heard() == []
+    assert systemd.heard() == []
     surfaces.rig.show(snap("activating", 0, "inv-b"))  # a new state: starting
-    heard = manager.heard()
+    heard = systemd.heard()
     assert heard and heard[-1].startswith("STATUS=t: starting"), heard
     monkeypatch.setattr(outputs, "PROGRESS_EVERY", 0.0)
     surfaces.out.progress([gate], notes=["a note"])
-    heard = manager.heard()
+    heard = systemd.heard()
     assert len(heard) == 1 and heard[0].startswith("STATUS=t: starting") and heard[0].endswith("; a note"), heard

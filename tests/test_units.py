@@ -32,12 +32,20 @@ import pytest
 from genready.tools import benchclient
 from genready_dev.harness import code_paths, wait_for
 from genready_dev.usermanager import UserManager
+from tests import ci
 
 UNITS = Path(__file__).resolve().parent.parent / "units"
 EXAMPLES = UNITS / "examples"
 MAX_EXPOSURE = 2.0  # 2.0 measured on systemd 252 (see the unit's comments)
 
-needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+
+
+@pytest.fixture
+def systemd_analyze() -> str:
+    return ci.tool("systemd-analyze")
+
+
+needs_analyze = pytest.mark.usefixtures("systemd_analyze")  # skips without it; fails under CI=true
 
 
 def genready_binary() -> str:
