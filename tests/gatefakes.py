@@ -21,7 +21,7 @@ from genready.config import TargetConfig
 from genready.rule.gate import TargetGate
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.snapshot import Snapshot
-from genready.vocab import Failure, ProbeResult, Revocation, State
+from genready.vocab import Failure, HealthRoute, ProbeResult, Revocation, State
 from genready_dev.harness import await_for
 
 UNIT = "t.service"
@@ -80,6 +80,7 @@ class ScriptedProber:
         self.hold: asyncio.Event | None = None
         self.calls = 0
         self.model_note = ""  # as Prober: which model it asks for, and why (shown by /status)
+        self.health: HealthRoute | None = None  # as Prober: what health_path said at this start
 
     async def probe(self, main_pid: int, **kw: Any) -> ProbeResult:
         self.calls += 1

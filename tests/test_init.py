@@ -87,6 +87,24 @@ def test_llama_cpp_python() -> None:
     assert (t["url"], t["model"]) == ("https://localhost:8100", "a")
 
 
+@pytest.mark.parametrize(("argv", "health_route"), [
+    (["/v/bin/python3", "-m", "llama_cpp.server", "--model", "/m.gguf"], False),
+    (["/usr/bin/llama-server", "-m", "/m.gguf"], True),
+    (["/usr/local/bin/vllm", "serve", "m"], True),
+    (["/opt/venv/bin/sglang", "serve", "--model-path", "m"], True),
+])
+def test_health_path_stays_at_its_default_and_a_server_without_the_route_is_named(
+        argv: list[str], health_route: bool) -> None:
+    """llama-cpp-python's server has no /health (llama_cpp/server/app.py): the 404 says so at run
+    time, so init writes no health_path for it either, and says why in a comment."""
+    prop = unitinit.target_from_exec("s.service", argv, {})
+    assert "health_path" not in table(argv)
+    said = [c for c in prop.comments if "no health route" in c]
+    assert bool(said) is not health_route, prop.comments
+    if said:
+        assert 'health: "absent"' in said[0] and "generation alone" in said[0]
+
+
 def test_tls_says_where_ca_file_goes() -> None:
     prop = unitinit.target_from_exec("s.service", ["/usr/local/bin/vllm", "serve", "m", "--ssl-keyfile", "/k"], {})
     assert any("ca_file" in c for c in prop.comments)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import struct
@@ -18,7 +19,7 @@ from aiohttp import web
 from genready import apis, compat
 from genready.config import TargetConfig
 from genready.probe.probe import Prober
-from genready.vocab import Failure, ProbeResult
+from genready.vocab import Failure, HealthRoute, ProbeResult
 
 APIS = list(apis.NAMES)
 OPENAI = ["openai-completions", "openai-chat"]
@@ -820,11 +821,73 @@ async def test_health_503_is_unhealthy_and_nothing_is_generated(sim: Sim, api: s
     assert r.served_by_pid == ME  # the owner of the refusal is still named
 
 
-async def test_health_404_is_rejected_with_the_fix(sim: Sim) -> None:
+@pytest.mark.parametrize("status", [404, 405])
+async def test_no_health_route_the_generation_alone_decides(sim: Sim, status: int) -> None:
+    """llama-cpp-python's server has no /health: a 404 (or 405) is no refusal. That start rests on
+    the generation alone; the route is not asked again until the next start."""
+    sim.health = status
+    prober = Prober(target(sim.url))
+    try:
+        assert prober.health is None  # not asked yet
+        r = await prober.probe(ME, invocation_id="a")
+        assert r.ok and r.served_by_pid == ME, r
+        assert "no /health route (404/405): the generation alone" in r.detail
+        assert prober.health is HealthRoute.ABSENT
+        assert await prober.probe(ME, invocation_id="a")
+        assert [p for p, _ in sim.seen] == ["/health", "/generate", "/generate"]
+        # A new start asks again: an upgraded server may have the route now.
+        sim.health = 200
+        r = await prober.probe(ME, invocation_id="b")
+        assert r.ok and "/health 200 first" in r.detail, r
+        assert prober.health is HealthRoute.OK
+        assert [p for p, _ in sim.seen][3:] == ["/health", "/generate"]
+    finally:
+        await prober.close()
+
+
+async def test_no_health_route_is_logged_once(sim: Sim, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="genready.probe.probe")
     sim.health = 404
-    r = await probe_once(target(sim.url))
+    prober = Prober(target(sim.url))
+    try:
+        for inv in ("a", "a", "b", "c"):
+            assert (await prober.probe(ME, invocation_id=inv)).ok
+    finally:
+        await prober.close()
+    said = [r.getMessage() for r in caplog.records if "no health route" in r.getMessage()]
+    assert len(said) == 1 and "GET /health answered 404" in said[0], said
+
+
+async def test_no_health_route_and_no_generation_route_is_rejected_saying_both(sim: Sim) -> None:
+    sim.health = 404
+    r = await probe_once(target(sim.url + "/nope", "openai-completions", model="m1"))
     assert r.failure is Failure.REJECTED and r.status == 404, r
-    assert 'health_path = ""' in r.detail
+    assert "POST /v1/completions: HTTP 404" in r.detail and "the url's path" in r.detail
+    assert "GET /nope/health answered 404/405 as well" in r.detail
+
+
+@pytest.mark.parametrize(("status", "failure"), [(503, Failure.UNHEALTHY), (500, Failure.UNHEALTHY),
+                                                 (401, Failure.REJECTED), (403, Failure.REJECTED)])
+async def test_a_health_route_that_answers_otherwise_is_not_absent(sim: Sim, status: int, failure: Failure) -> None:
+    sim.health = status
+    prober = Prober(target(sim.url))
+    try:
+        r = await prober.probe(ME)
+        assert r.failure is failure and r.status == status, r
+        assert prober.health is HealthRoute.UNHEALTHY
+        assert sim.generations() == []
+    finally:
+        await prober.close()
+
+
+async def test_health_off_is_said(sim: Sim) -> None:
+    prober = Prober(target(sim.url, health_path=""))
+    try:
+        assert prober.health is HealthRoute.OFF
+        assert (await prober.probe(ME)).ok
+        assert prober.health is HealthRoute.OFF
+    finally:
+        await prober.close()
 
 
 async def test_health_path_off_sends_no_health_request(sim: Sim) -> None:

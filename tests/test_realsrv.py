@@ -227,7 +227,7 @@ def test_a_foreign_process_on_the_socket_path_is_refused(world: World) -> None:
 
 @pytest.mark.parametrize(("name", "says"), [
     ("chat400", ["HTTP 400", "chat template", 'use api = "openai-completions"']),
-    ("wrong_path", ["GET /health: HTTP 404", "no /nope/health: check the url's path", 'health_path = ""']),
+    ("wrong_path", ["POST /generate: HTTP 404", "the url's path", "GET /nope/health answered 404/405 as well"]),
     ("shape422", ["HTTP 422", "Field required", "another request shape"]),
     ("unlisted", ["does not list model = 'nope'", "it lists 2: sim-model, lora-a", "set model"]),
 ])

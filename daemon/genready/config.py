@@ -356,7 +356,8 @@ TARGET_SETTINGS: Final = (
     Setting("client_key_file", str, "", "its private key (if not in client_cert_file)", _abs_path_or_empty),
     Setting("health_path", str, "/health",
             "the server's own health route, asked first on the probe's connection: a probe verifies only if it "
-            'answers 200; "" = skip it', _http_path("to skip the server's own health check")),
+            'answers 200; 404/405 = the server has none, the generation alone decides; "" = skip it',
+            _http_path("to skip the server's own health check")),
     Setting("prompt_ids", list, [],
             "token ids sent instead of prompt, for a server without a tokenizer (--skip-tokenizer-init): "
             "input_ids (sglang) or prompt (openai-completions); [] = send prompt", _token_ids),

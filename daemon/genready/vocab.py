@@ -67,6 +67,17 @@ class Failure(StrEnum):
     PROBE_ERROR = "probe_error"
 
 
+class HealthRoute(StrEnum):
+    """What the server's own health route (health_path) said at the current start: /status's `health`."""
+
+    OFF = "off"  # health_path = "": not asked
+    OK = "ok"  # its last answer was 200
+    UNHEALTHY = "unhealthy"  # its last answer was another status: the server says it is not ready
+    # It answered 404 or 405: the server has no such route (llama-cpp-python's server has none).
+    # For the rest of that start it is not asked again, and readiness rests on the generation alone.
+    ABSENT = "absent"
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """The outcome of one probe."""

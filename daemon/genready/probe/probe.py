@@ -31,7 +31,7 @@ from genready.compat import timeout
 from genready.config import TargetConfig
 from genready.probe.container import UnitStart, find_container_owner, find_process_owner
 from genready.probe.owner import Owner, unix_owner
-from genready.vocab import Failure, ProbeResult
+from genready.vocab import Failure, HealthRoute, ProbeResult
 
 log = logging.getLogger("genready.probe.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
@@ -290,6 +290,12 @@ class Prober:
         # Which model the probe asks for and why (`model "a" (first of 2 listed: a, b)`), for
         # /status and check-config; "" for an API without model names.
         self.model_note = ""
+        # What health_path said at the current start (/status's `health`); the start whose health
+        # route answered 404/405: not asked again until the next start (see _health).
+        self.health: HealthRoute | None = HealthRoute.OFF if not target.health_path else None
+        self._health_start: UnitStart | None = None
+        self._absent_start: UnitStart | None = None
+        self._absent_logged = False
         # (start, status) of the last 5xx whose server side was proven the unit's; see _probe.
         self._proven_5xx: tuple[UnitStart, int] | None = None
         self._open: set[_Conn] = set()
@@ -319,7 +325,7 @@ class Prober:
         outcome: int | _Fail
         try:
             async with timeout(self._t.probe_timeout):
-                outcome = await self._generate(att)
+                outcome = await self._generate(att, start)
         except TimeoutError:  # before OSError: it is one
             outcome = _Fail(Failure.TIMEOUT, f"no complete answer within {self._t.probe_timeout:g} s "
                                              f"({att.phase})")
@@ -412,12 +418,16 @@ class Prober:
             detail = owner.detail if owner.pid is not None else f"owner not proven: {owner.detail}"
             return ProbeResult(False, Failure.FOREIGN_OWNER, detail, pid, seconds, tokens, 200)
         by = f" from {owner.detail}" if owner else " (owner not checked)"
-        health = f", {self._t.health_path} 200 first" if self._t.health_path else ""
+        health = ""
+        if self.health is HealthRoute.ABSENT:
+            health = f", no {self._t.health_path} route (404/405): the generation alone"
+        elif self._t.health_path:
+            health = f", {self._t.health_path} 200 first"
         model = f"; {self.model_note}" if self.model_note else ""
         return ProbeResult(True, None, f"{tokens} token(s) in {seconds:.3f} s{health}{by}{model}", pid, seconds,
                            tokens, 200)
 
-    async def _generate(self, att: _Attempt) -> int:
+    async def _generate(self, att: _Attempt, start: UnitStart) -> int:
         api = APIS[self._t.api]
         model = ""
         if api.needs_model:
@@ -428,39 +438,57 @@ class Prober:
         att.phase = f"connecting to {self._where}"
         att.conn = await self._connect(att)
         if self._t.health_path:
-            await self._health(att)
+            if self._health_start != start:  # a new start: what its health route says is not known yet
+                self._health_start, self.health = start, None
+            if self._absent_start != start:
+                await self._health(att, start)
         att.phase = f"waiting for the answer to POST {path}"
         assert att.conn is not None
         await att.conn.request("POST", self._base + path, self._host_header, json.dumps(payload).encode(),
                                self._t.api_key)
         resp = await att.conn.response(self._max_body)
         if resp.status != 200:
-            raise self._not_ok(f"POST {path}", resp)
+            fail = self._not_ok(f"POST {path}", resp)
+            if self.health is HealthRoute.ABSENT and resp.status in (404, 405):
+                fail.detail += f" (GET {self._base}{self._t.health_path} answered 404/405 as well)"
+            raise fail
         try:
             return api.generated_tokens(resp.body)
         except BadAnswer as e:
             raise _Fail(Failure.BAD_RESPONSE, str(e)) from None
 
-    async def _health(self, att: _Attempt) -> None:
+    async def _health(self, att: _Attempt, start: UnitStart) -> None:
         """GET health_path on the probe's own connection, before the generation: the server's own
         word that it is ready (SGLang says 503 while its warmup runs or it drains, llama.cpp while it
-        loads), proven to come from the same process as the generation that follows."""
+        loads), proven to come from the same process as the generation that follows.
+
+        404 or 405: the server has no health route (llama-cpp-python's server has none): that start's
+        readiness rests on the generation alone, which follows at once; the route is not asked again
+        until the next start (an upgraded server may have one)."""
         what = f"GET {self._t.health_path}"
         att.phase = f"waiting for the answer to {what} (health_path)"
         assert att.conn is not None
         # With the key: SGLang, vLLM and llama.cpp let /health through without one, a proxy may not.
         await att.conn.request("GET", self._base + self._t.health_path, self._host_header, None, self._t.api_key)
         resp = await att.conn.response(_HEALTH_CAP)
+        if resp.status in (404, 405):
+            self._absent_start, self.health = start, HealthRoute.ABSENT
+            if not self._absent_logged:
+                self._absent_logged = True
+                log.info("%s: %s answered %d: the server has no health route; readiness rests on the "
+                         "generation alone (said once)", self._t.name, what, resp.status)
+            # The generation on a fresh connection: the 404's body may not have been read whole,
+            # and the owner proof has only the generation to cover.
+            await self._release(att.conn)
+            att.phase = f"connecting to {self._where}"
+            att.conn = await self._connect(att)
+            return
         if resp.status != 200:
-            if resp.status in (404, 405):
-                where = "path_prefix" if self._unix is not None else "the url's path"
-                raise _Fail(Failure.REJECTED, f"{_seen(what, resp)}; the server has no {self._base}"
-                                              f"{self._t.health_path}: check {where}, set health_path to the "
-                                              'server\'s health route, or health_path = "" to probe without it',
-                            resp.status)
+            self.health = HealthRoute.UNHEALTHY
             if 400 <= resp.status < 500 and resp.status not in (408, 429):
                 raise self._not_ok(what, resp)
             raise _Fail(Failure.UNHEALTHY, f"{_seen(what, resp)} (the server says it is not ready)", resp.status)
+        self.health = HealthRoute.OK
         if att.conn.server_closes:
             if self._t.verify_owner:
                 # A second connection could reach another process: the proof must cover both answers.

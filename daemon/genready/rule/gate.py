@@ -552,6 +552,7 @@ class TargetGate:
             "target": self.name, "unit": self.unit, "state": self.state, "reason": self.reason,
             "ready": self.ready, "url": self.cfg.url, "api": self.cfg.api,
             "model": self.prober.model_note or None,
+            "health": self.prober.health,
             **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genready import __version__
-from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
+from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, HealthRoute, Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -112,6 +112,10 @@ TARGET_STATUS = {
         "waiting_since": _STR_OR_NULL, "probes": {"type": "integer"}, "last_error": LAST_ERROR,
         "model": {**_STR_OR_NULL, "description": 'the model the probe asks for and why, e.g. model "a" (first of '
                   "2 listed: a, b); null for an API without model names"},
+        "health": {"type": ["string", "null"], "enum": [*(h.value for h in HealthRoute), None],
+                   "description": "what the server's own health route (health_path) said at this start: ok, "
+                   "unhealthy (its last answer was not 200), absent (it answered 404/405: the server has none, and "
+                   "readiness rests on the generation alone), off (health_path = \"\"); null: not asked yet"},
         **CONFIG_CHANGES,
         "warnings": {"type": "array", "items": {"type": "string"},
                      "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "

@@ -15,7 +15,9 @@ come from each server's own source:
   --api-prefix, and LLAMA_ARG_* variables for each).
 - llama-cpp-python (`python -m llama_cpp.server`): llama_cpp/server/settings.py (host
   "localhost", port 8000, --api_key, --ssl_keyfile/--ssl_certfile, --root_path, --model_alias) and
-  llama_cpp/server/__main__.py (--config_file, or $CONFIG_FILE: every setting from a file).
+  llama_cpp/server/__main__.py (--config_file, or $CONFIG_FILE: every setting from a file). It has
+  no health route (llama_cpp/server/app.py serves only /v1/*, /tokenize*, /detokenize): its 404
+  tells the probe so, and health_path stays at its default.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class Server:
     flags: Mapping[str, str]  # command-line flag -> what it sets (host, port, key, …)
     env: Mapping[str, str] = field(default_factory=dict)  # variable -> what it sets
     key_fix: str = ""  # how to hand this server its key without exposing it
+    health_route: bool = True  # it answers GET /health (SGLang, vLLM, llama.cpp); llama-cpp-python does not
 
 
 SGLANG: Final = Server(
@@ -73,7 +76,8 @@ LLAMA_CPP_PYTHON: Final = Server(
     "llama-cpp-python", "openai-completions", "localhost", 8000,
     {"--host": "host", "--port": "port", "--api_key": "key", "--model_alias": "model",
      "--ssl_keyfile": "tls", "--ssl_certfile": "tls", "--root_path": "prefix"},
-    key_fix="pass the settings as a --config_file JSON file only the server's user can read, instead of --api_key")
+    key_fix="pass the settings as a --config_file JSON file only the server's user can read, instead of --api_key",
+    health_route=False)
 
 # Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
 _MULTI: Final = frozenset({"--served-model-name", "--api-key"})
@@ -156,6 +160,11 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> 
     if server.api != "sglang" and model:  # SGLang's own API takes no model name
         prop.table["model"] = model
     _key(server, values, prop, unit, container is not None)
+    if not server.health_route:
+        # health_path stays at its default: a 404 from it is "no health route", not a refusal, so
+        # the same table keeps working if a later version adds one.
+        prop.comments.append(f"{server.label}'s server has no health route: its GET /health answers 404, and "
+                             "readiness rests on the generation alone (/status says health: \"absent\")")
     if container is not None:
         prop.table["owner"] = "container"
         if container.name:
