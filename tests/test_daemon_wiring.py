@@ -28,7 +28,7 @@ from genready import config
 from genready.rule.gate import TargetGate
 from genready.serve import daemon as daemon_mod
 from genready.serve.daemon import Daemon
-from genready.store import records
+from genready.store import durable, records
 from genready_dev.harness import await_for, free_port
 from tests.gatefakes import FakeFresh, ScriptedProber, failed, snap
 
@@ -198,14 +198,14 @@ async def test_a_records_write_that_fails_is_counted_logged_once_and_caught_up_o
     """The store reports from its writer thread: the daemon's callbacks must hold up there."""
     caplog.set_level(logging.WARNING, logger="genready.serve.daemon")
     full = True
-    real = records._write_all
+    real = durable.write_all
 
     def write_all(fd: int, data: bytes) -> None:  # a state_dir with no space left, for records only
-        if full:
+        if full and records.RECORDS_FILE in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data)
 
-    monkeypatch.setattr(records, "_write_all", write_all)
+    monkeypatch.setattr(durable, "write_all", write_all)
     inv = "f" * 32
     wired.systemd_shows("t.service", snap(pid=4242, inv=inv))
     await wired.until(lambda: wired.daemon.gates["t"].ready, "verified, whatever the disk says")

@@ -5,7 +5,9 @@ work on a unit that does not run), including --write on a commented config."""
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +238,88 @@ def test_init_on_an_unrecognised_unit_exits_65(manager: UserManager) -> None:
 def test_init_on_a_missing_unit(manager: UserManager) -> None:
     done = run_init(manager, "no-such-unit.service")
     assert done.returncode == Exit.USAGE and "not-found" in done.stderr
+
+
+# --- --write keeps the config what it was to everyone else ---------------------------------------
+
+HEAD = '# ours\n[daemon]\nbus = "user"\n'
+
+
+def _block(name: str, port: int) -> str:
+    return unitinit.render(name, unitinit.target_from_exec(
+        f"{name}.service", ["/usr/bin/python3", "-m", "sglang.launch_server", "--port", str(port)], {}))
+
+
+@pytest.mark.system
+def test_concurrent_writes_each_keep_their_table(tmp_path: Path) -> None:
+    """20 writers at once, real processes: every one that returns has its table in the file."""
+    cfg = tmp_path / "genready.toml"
+    cfg.write_text(HEAD)
+    child = ("import sys\nfrom genready.tools import unitinit\nprint('ready', flush=True)\nsys.stdin.read(1)\n"
+             "unitinit.append_table(sys.argv[1], sys.argv[2], sys.argv[3])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", child, str(cfg), f"t{i}", _block(f"t{i}", 31000 + i)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(20)]
+    try:
+        for p in procs:  # every writer imported and waiting: then all are let go at once
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("x")
+            p.stdin.close()
+        codes = [p.wait(60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
+    assert codes == [0] * 20
+    text = cfg.read_text()
+    assert text.startswith(HEAD)
+    assert set(config.load(cfg).targets) == {f"t{i}" for i in range(20)}
+    assert [p.name for p in tmp_path.iterdir()] == ["genready.toml"]  # no temporary file left
+
+
+def test_write_keeps_the_mode_under_a_strict_umask(tmp_path: Path) -> None:
+    cfg = tmp_path / "genready.toml"
+    cfg.write_text(HEAD)
+    cfg.chmod(0o644)
+    old = os.umask(0o077)
+    try:
+        unitinit.append_table(str(cfg), "a", _block("a", 31000))
+        new = tmp_path / "new.toml"  # a config that did not exist: readable by the DynamicUser daemon
+        unitinit.append_table(str(new), "b", _block("b", 31001))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o644 and "[targets.a]" in cfg.read_text()
+    assert stat.S_IMODE(new.stat().st_mode) == 0o644 and set(config.load(new).targets) == {"b"}
+
+
+def test_write_goes_through_a_symlink_to_its_target(tmp_path: Path) -> None:
+    managed = tmp_path / "managed"
+    managed.mkdir()
+    target = managed / "genready.toml"
+    target.write_text(HEAD)
+    link = tmp_path / "genready.toml"
+    link.symlink_to(target)
+    unitinit.append_table(str(link), "a", _block("a", 31000))
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert set(config.load(target).targets) == {"a"}
+    assert sorted(p.name for p in managed.iterdir()) == ["genready.toml"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_write_keeps_owner_and_group(tmp_path: Path) -> None:
+    cfg = tmp_path / "genready.toml"
+    cfg.write_text(HEAD)
+    os.chown(cfg, 0, 65534)  # root:nogroup, as a package or an admin set it
+    os.chmod(cfg, 0o640)
+    unitinit.append_table(str(cfg), "a", _block("a", 31000))
+    st = cfg.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 65534, 0o640)
+    os.chown(cfg, 65534, 65534)  # someone else's file, written by root: still theirs
+    unitinit.append_table(str(cfg), "b", _block("b", 31001))
+    st = cfg.stat()
+    assert (st.st_uid, st.st_gid) == (65534, 65534) and set(config.load(cfg).targets) == {"a", "b"}

@@ -66,6 +66,18 @@ def test_one_definition_of_each_time_word() -> None:
                 raise AssertionError(f"{path.relative_to(root)} defines {node.name}(): use genready.timewords")
 
 
+def test_only_durable_makes_files_durable() -> None:
+    """Atomic replace, synced append and fsync live in store/durable.py: five copies of them once
+    drifted apart (one kept the umask's mode, one wrote through links, one left temporary files)."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).as_posix() == "store/durable.py":
+            continue
+        text = path.read_text()
+        for word in ("os.replace(", "os.rename(", "fsync(", "mkstemp(", "O_APPEND"):
+            assert word not in text, f"{path.relative_to(root)} uses {word!r}: use genready.store.durable"
+
+
 def test_bench_scripts_do_not_import_tests() -> None:
     root = Path(__file__).resolve().parents[1]
     for path in sorted((root / "bench").glob("*.py")):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from genready.store import records
+from genready.store import durable, records
 from genready.store.records import RecordStore, StartRecord, StoreBusyError
 from genready_dev.harness import wait_for
 
@@ -398,14 +398,14 @@ class Disk:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.full = False
-        real = records._write_all
+        real = durable.write_all
 
         def write_all(fd: int, data: bytes) -> None:
             if self.full:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             real(fd, data)
 
-        monkeypatch.setattr(records, "_write_all", write_all)
+        monkeypatch.setattr(durable, "write_all", write_all)
 
 
 def test_a_failed_write_keeps_records_sets_unsynced_reports_and_catches_up(

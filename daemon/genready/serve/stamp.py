@@ -6,12 +6,11 @@ so the stamp is replaced atomically (one event, never a half-written file).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from genready.store import durable
 
 # What the running daemon was started with (pid, config file, the settings only a restart
 # changes), so `check-config` can say "restart needed". Target names cannot end in ".json".
@@ -38,23 +37,9 @@ def read_running(runtime_dir: str | Path) -> dict[str, object] | None:
 
 
 def write_json(path: Path, data: dict[str, object]) -> Path:
-    """Atomically (temp file in the same dir, fsync, rename) write `data` as JSON to `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # mkstemp opens with O_CREAT|O_EXCL|O_NOFOLLOW and os.replace renames over a symlink rather
-    # than through it: a link planted at either name never redirects the write.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=None, sort_keys=True)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """Atomically write `data` as JSON to `path`, mode 0644 (store/durable.py: a link planted at
+    the name or beside it is never written through)."""
+    durable.replace(path, (json.dumps(data, indent=None, sort_keys=True) + "\n").encode(), mode=0o644, mkdir=True)
     return path
 
 

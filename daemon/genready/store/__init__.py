@@ -1,1 +1,2 @@
-"""What genready keeps on disk: the start records (storage the rule reads, not the rule itself)."""
+"""What genready keeps on disk: the start records (storage the rule reads, not the rule itself), and
+the one way every file genready writes is made durable (durable)."""

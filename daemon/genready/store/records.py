@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import queue
-import tempfile
 import threading
 import types
 import typing
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Final
 
 from genready.redact import redact_lines
+from genready.store import durable
 
 log = logging.getLogger(__name__)
 
@@ -176,16 +176,6 @@ def _last_seen(recs: Iterable[StartRecord]) -> float:
     return last
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of `data`; a regular file only writes short on ENOSPC or a fatal signal."""
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view = view[n:]
-
-
 def _read_all(fd: int) -> bytes:
     """The whole file behind `fd`, from offset 0."""
     chunks: list[bytes] = []
@@ -194,15 +184,6 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or create inside `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class StoreBusyError(OSError):
@@ -526,13 +507,10 @@ class RecordStore:
             self._fd = None
         self._lines = 0
         self._compact_not_before = 0
-        existed = self.path.exists()
-        # O_NOFOLLOW: a symlink planted in the state dir must not make genready (root) append to
+        # nofollow: a symlink planted in the state dir must not make genready (root) append to
         # or truncate whatever it points at; it fails with ELOOP instead.
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+        fd = durable.open_append(self.path, 0o640, read=True, nofollow=True)
         try:
-            if not existed:
-                _fsync_dir(self.state_dir)  # the new name must survive a crash, not only its data
             # Loading happens before the store is used (or lazily, by its first use): holding the
             # readers' lock across the read is what makes that first use wait for it.
             with self._mutex:
@@ -571,13 +549,11 @@ class RecordStore:
             log.warning(
                 "%s:%d: dropping torn last line (%d bytes, no newline): %s", self.path, lineno, len(tail), e
             )
-            os.ftruncate(fd, len(data) - len(tail))
-            os.fsync(fd)
+            durable.truncate(fd, len(data) - len(tail))
             return
         # Whole record but no newline (hand edit, or killed between the bytes): keep it, end the line.
         log.warning("%s:%d: last line had no newline; adding one", self.path, lineno)
-        _write_all(fd, b"\n")
-        os.fsync(fd)
+        durable.append(fd, b"\n")
         self._apply(rec)
         self._lines += 1
 
@@ -593,17 +569,8 @@ class RecordStore:
 
     def _append(self, lines: bytes) -> None:
         """Append complete lines and fsync them; on failure cut the file back so no torn line stays."""
-        fd = self._fd
-        assert fd is not None
-        start = os.fstat(fd).st_size
-        try:
-            _write_all(fd, lines)  # one os.write in practice; O_APPEND puts it at the end
-            os.fsync(fd)
-        except OSError:
-            # A half line left here would glue itself to the next record and lose both.
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, start)
-            raise
+        assert self._fd is not None
+        durable.append(self._fd, lines)  # a half line left would glue itself to the next record
 
     def _maybe_compact(self) -> None:
         with self._mutex:
@@ -626,20 +593,10 @@ class RecordStore:
             live = [rec for recs in self._records.values() for rec in recs.values()]
             seq = self._seq
         data = b"".join(_encode(rec) for rec in live)
-        tmp_fd, tmp_name = tempfile.mkstemp(prefix=_TMP_PREFIX, suffix=_TMP_SUFFIX, dir=self.state_dir)
-        try:
-            os.fchmod(tmp_fd, 0o640)  # mkstemp makes 0600; keep the log's usual mode
-            _write_all(tmp_fd, data)
-            os.fsync(tmp_fd)
-            # Appends after the swap go through this fd, so it needs O_APPEND like the original.
-            fcntl.fcntl(tmp_fd, fcntl.F_SETFL, fcntl.fcntl(tmp_fd, fcntl.F_GETFL) | os.O_APPEND)
-            os.replace(tmp_name, self.path)
-        except BaseException:
-            os.close(tmp_fd)
-            with contextlib.suppress(OSError):
-                os.unlink(tmp_name)
-            raise
-        old_fd, self._fd = self._fd, tmp_fd
+        # Appends after the swap go through the new file's descriptor (kept open, in append mode).
+        new_fd = durable.replace(self.path, data, mode=0o640, tmp_prefix=_TMP_PREFIX, keep_open=True)
+        assert new_fd is not None
+        old_fd, self._fd = self._fd, new_fd
         if old_fd is not None:
             os.close(old_fd)
         self._lines = len(live)
@@ -647,7 +604,7 @@ class RecordStore:
         # Jobs still queued up to `seq` are in the new file: appending them again would put an
         # older version after a newer one if the writer died between the two.
         self._covered = max(self._covered, seq)
-        _fsync_dir(self.state_dir)
+        durable.fsync_dir(self.state_dir)
 
     def _remove_stale_temps(self) -> None:
         """Delete temp files of a compaction that a crash interrupted; we hold the lock, so none is live."""

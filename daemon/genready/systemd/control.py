@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from genready.store import durable
 from genready.systemd.bus import (
     MANAGER_IFACE,
     MANAGER_PATH,
@@ -42,29 +43,6 @@ def runtime_dropin_path(kind: str, unit_paths: list[str], unit: str, name: str) 
         raise NotOnUnitPath(f"the {kind} manager does not load units from {base} (its UnitPath: "
                             f"{' '.join(unit_paths)}); is XDG_RUNTIME_DIR the manager's?")
     return base / f"{unit}.d" / name
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """`text` at `path`, all of it or none: a temporary file beside it, fsync'd, renamed over it. The
-    manager may reload at any moment (anyone's daemon-reload), and must never read half a drop-in.
-    The mode is as open() makes it (0666 less the umask); the directory is made if missing. A
-    failure leaves `path` as it was and no temporary file behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-        try:
-            data = memoryview(text.encode())
-            while data:
-                data = data[os.write(fd, data):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
 
 
 class Client:
@@ -106,14 +84,15 @@ class Client:
 
     def write_dropin(self, unit: str, name: str, text: str, *,
                      written: Callable[[Path], None] | None = None) -> Path:
-        """Put `text` in place as the runtime drop-in `name` of `unit` (atomically: write_atomically),
-        then Manager.Reload so the unit's next start uses it; its path.
+        """Put `text` in place as the runtime drop-in `name` of `unit`, then Manager.Reload so the
+        unit's next start uses it; its path. The file is replaced atomically (store/durable.py):
+        the manager may reload at any moment (anyone's daemon-reload) and never reads half of it.
 
         The file's OSError (PermissionError for a system unit without root) means nothing changed.
         `written(path)` runs once the file is in place, before the reload: a reload that fails then
         raises its D-Bus error with the drop-in in place, for the caller to remove."""
         path = self.dropin_path(unit, name)
-        write_atomically(path, text)
+        durable.replace(path, text.encode(), mode=0o644, mkdir=True)
         if written is not None:
             written(path)
         self.reload()

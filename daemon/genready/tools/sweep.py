@@ -53,7 +53,7 @@ from genready.compat import StrEnum
 from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.redact import escape
-from genready.store.records import _fsync_dir, _write_all
+from genready.store import durable
 from genready.systemd import analyze, bus, control
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of
@@ -135,7 +135,7 @@ def same_point(a: object, b: Mapping[str, Scalar]) -> bool:
 
 
 class ResultsLog:
-    """DIR/results.jsonl, append-only: each line one write, fsync'd before `append` returns (as records.py).
+    """DIR/results.jsonl, append-only: each line one write, fsync'd before `append` returns (store/durable.py).
 
     One sweep per DIR at a time (a lock file), so two sweeps never interleave their points.
     """
@@ -152,33 +152,20 @@ class ResultsLog:
             raise SweepError(f"another sweep is writing {folder}") from None
         try:
             with writing(folder):
-                existed = self.path.exists()
-                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                if not existed:
-                    _fsync_dir(folder)
-                # A line torn by a crash must not glue itself to the next one.
-                size = os.fstat(self._fd).st_size
-                if size and not _last_byte_is_newline(self.path, size):
-                    _write_all(self._fd, b"\n")
+                self._fd = durable.open_append(self.path, 0o644, read=True)
+                durable.end_line(self._fd)  # a line torn by a crash must not glue itself to the next one
         except ResultsUnwritable:
             os.close(self._lock)
             raise
 
     def append(self, rec: Mapping[str, Any]) -> None:
         with writing(self.folder):
-            _write_all(self._fd, (json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
-            os.fsync(self._fd)
+            durable.append(self._fd, (json.dumps(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
 
     def close(self) -> None:
         for fd in (self._fd, self._lock):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _last_byte_is_newline(path: Path, size: int) -> bool:
-    with path.open("rb") as f:
-        f.seek(size - 1)
-        return f.read(1) == b"\n"
 
 
 # --- running a sweep ------------------------------------------------------------------------------

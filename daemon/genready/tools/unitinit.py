@@ -22,7 +22,6 @@ come from each server's own source:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
@@ -425,45 +424,56 @@ class WriteRefused(Exception):
 
 def append_table(path: str, name: str, block: str) -> None:
     """Append `block` ([targets.NAME]) to the config at `path`, keeping every byte already there
-    (comments included), atomically: a temp file in the same directory, fsync'd, renamed over it.
-    The result is validated first; a config that would not load is never written."""
+    (comments included), atomically (store/durable.py). The result is validated first; a config
+    that would not load is never written.
+
+    The file stays what it was to everyone else: a symlink is written through, to its target
+    (a managed file keeps being the one the link names); mode, owner and group are kept (a new
+    file is 0644: the DynamicUser daemon reads it, whatever the umask). Writers are serialised by
+    a lock on the config's directory (the file itself is replaced, so its inode cannot carry the
+    lock), taken before the file is read: every --write that returns has its table in the file."""
+    import fcntl
+
     from genready import config
     from genready.compat import tomllib
+    from genready.store import durable
 
+    real = os.path.realpath(path)
     try:
-        with open(path, "rb") as f:
-            old = f.read().decode("utf-8")
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        old, mode = "", 0o644
-    except (OSError, UnicodeDecodeError) as e:
-        raise WriteRefused(f"{path}: cannot read it: {e}") from None
-    try:
-        existing = tomllib.loads(old).get("targets", {}) if old else {}
-    except ValueError as e:
-        raise WriteRefused(f"{path} is not valid TOML now ({e}); fix it first") from None
-    if name in existing:
-        raise WriteRefused(f"{path} already has [targets.{name}]; choose another name with --name")
-    new = old + ("\n" if old and not old.endswith("\n") else "") + ("\n" if old else "") + block
-    try:
-        config.parse(tomllib.loads(new), path)
-    except config.ConfigError as e:
-        raise WriteRefused(f"with the new table the config would not load: {e}") from None
-    tmp = f"{path}.genready-init.{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
-            os.write(fd, new.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(dfd)  # the rename itself survives a crash
-        finally:
-            os.close(dfd)
+        lock = os.open(os.path.dirname(real), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise WriteRefused(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            with open(real, "rb") as f:
+                old = f.read().decode("utf-8")
+                st = os.fstat(f.fileno())
+            mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
+        except FileNotFoundError:
+            old, mode, owner = "", 0o644, None
+        except (OSError, UnicodeDecodeError) as e:
+            raise WriteRefused(f"{path}: cannot read it: {e}") from None
+        try:
+            existing = tomllib.loads(old).get("targets", {}) if old else {}
+        except ValueError as e:
+            raise WriteRefused(f"{path} is not valid TOML now ({e}); fix it first") from None
+        if name in existing:
+            raise WriteRefused(f"{path} already has [targets.{name}]; choose another name with --name")
+        new = old + ("\n" if old and not old.endswith("\n") else "") + ("\n" if old else "") + block
+        try:
+            config.parse(tomllib.loads(new), path)
+        except config.ConfigError as e:
+            raise WriteRefused(f"with the new table the config would not load: {e}") from None
+        try:
+            durable.replace(real, new.encode("utf-8"), mode=mode,
+                            owner=owner if owner is not None and owner != (os.geteuid(), os.getegid()) else None)
+        except PermissionError as e:
+            if owner is not None:
+                raise WriteRefused(f"cannot write {path} keeping its owner and group "
+                                   f"({owner[0]}:{owner[1]}): {e.strerror or e}; run as its owner or root") from None
+            raise WriteRefused(f"cannot write {path}: {e.strerror or e}") from None
+        except OSError as e:
+            raise WriteRefused(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        os.close(lock)  # the lock goes with it
