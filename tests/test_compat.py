@@ -9,6 +9,7 @@ import enum
 import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -28,9 +29,21 @@ async def test_timeout_raises_the_builtin_timeout_error() -> None:
     assert time.monotonic() - t0 < 10
 
 
-async def test_timeout_leaves_a_quick_block_and_outside_cancellation_alone() -> None:
+async def test_timeout_leaves_a_quick_block_and_outside_cancellation_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every timer scheduled from here on is recorded: each must be cancelled when its block ends,
+    # so none can fire later (no sleep can show that; a cancelled handle can never run).
+    loop = asyncio.get_running_loop()
+    timers: list[asyncio.TimerHandle] = []
+    call_at = loop.call_at
+
+    def recorded(when: float, callback: Any, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        timers.append(call_at(when, callback, *args, **kwargs))
+        return timers[-1]
+
+    monkeypatch.setattr(loop, "call_at", recorded)
     async with compat.timeout(5):
         await asyncio.sleep(0)
+    assert timers and all(t.cancelled() for t in timers), timers
     async with compat.timeout(None):
         await asyncio.sleep(0)
     started = asyncio.Event()
@@ -45,7 +58,7 @@ async def test_timeout_leaves_a_quick_block_and_outside_cancellation_alone() -> 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.05)  # the timeout's timer was cancelled too: nothing fires later
+    assert len(timers) >= 3 and all(t.cancelled() for t in timers), timers  # the timeout's timer too
 
 
 async def test_wait_for_raises_the_builtin_timeout_error() -> None:

@@ -507,7 +507,12 @@ def test_bench_runs_once_per_stamp_skips_when_not_ready_and_has_no_start_limit(b
     assert elapsed < 10, f"6 runs took {elapsed:.1f}s: not a test of the 10 s start limit window"
     assert bench.path_state()["ActiveState"] == "active", bench.path_state()
     assert bench.service_state()["Result"] == "success"
-    time.sleep(0.3)  # absence: no extra run trails the last rename
+    # No run trails the last rename, and none can come later: every rename's inotify event was read
+    # before run 7 ended, and systemd decides on a re-run when the service goes inactive, queueing
+    # its start job in that same step. wait_runs read that inactive state, so from here on a
+    # trailing run would be a queued job or a non-inactive service; a read now is the proof.
+    assert bench.manager.show(bench.service, "ActiveState", "Job") == {"ActiveState": "inactive", "Job": ""}
+    assert bench.path_state()["SubState"] == "waiting", bench.path_state()
     assert len(bench.runs()) == 7
 
 
