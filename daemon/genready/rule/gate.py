@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from genready.compat import wait_for
 from genready.config import AUTO, TargetConfig, stuck_after
@@ -37,6 +37,9 @@ from genready.timewords import from_iso, iso
 from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready.rule.gate")
+# Seconds a unit must stay down, no job pending, before a failed start counts as one systemd will not
+# follow with a start of its own: with Restart= it shows failed a moment before activating/auto-restart.
+RESTART_SETTLE: Final = 0.2
 
 
 
@@ -142,6 +145,7 @@ class TargetGate:
         # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, the mark),
         # oldest first. A start's lines begin at the newest mark read before its process started.
         self._marks: list[tuple[float, OutputMark]] = []
+        self._down_since: float | None = None  # monotonic: since when the unit is down, no job pending
         self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
 
     @property
@@ -190,6 +194,7 @@ class TargetGate:
             self._refresh_expected(snap)
         if snap is not None:
             self._follow_output(snap)
+            self._follow_down(snap)
         if was_ready and not self.ready:
             assert self.verified is not None
             self._revoke(revocation_reason(snap, self.verified.instance))
@@ -251,6 +256,42 @@ class TargetGate:
         if snap.job_id == 0:
             self._chore(self._take_mark(snap))
 
+    def _follow_down(self, snap: Snapshot) -> None:
+        """Note since when the unit is down with no job pending; once that has lasted RESTART_SETTLE,
+        long-polls look again (a failed start is then final: see start_failed)."""
+        down = snap.main_pid == 0 and snap.job_id == 0 and snap.active_state in DOWN
+        if not down:
+            self._down_since = None
+        elif self._down_since is None:
+            self._down_since = time.monotonic()
+            asyncio.get_running_loop().call_later(RESTART_SETTLE, self._wake)
+
+    @property
+    def restarting(self) -> bool:
+        """Whether systemd may start the unit again by itself: not once it has stayed down (inactive or
+        failed, no job pending, no process) for RESTART_SETTLE seconds."""
+        return self._down_since is None or time.monotonic() - self._down_since < RESTART_SETTLE
+
+    def start_failed(self, since: float | None) -> dict[str, object] | None:
+        """The newest start begun after `since` (without it: the newest start) that ended before it was
+        verified: how it ended, its last lines (once read), and whether systemd may start the unit again
+        by itself (`restarting`). None if there is none, or a start after `since` was verified."""
+        for rec in self.store.newest(self.name, 10):
+            started = from_iso(rec.started_at)
+            if since is not None and (started is None or started <= since):
+                return None
+            if rec.ready_at is not None:
+                return None
+            if rec.ended_at is not None and rec.result not in (None, "unknown"):
+                lf = self.last_failure
+                lines = lf["journal"] if lf is not None and lf["invocation_id"] == rec.invocation_id else []
+                return {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid, "started_at": rec.started_at,
+                        "ended_at": rec.ended_at, "result": rec.result, "exit_code": rec.exit_code,
+                        "exit_status": rec.exit_status, "journal": lines, "restarting": self.restarting}
+            if since is None:
+                return None  # the newest start runs still
+        return None
+
     def _chore(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._chores.add(task)
@@ -297,6 +338,10 @@ class TargetGate:
         if new != self.state:
             old, self.state = self.state, new
             self.listener.on_state_changed(self, old, new)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Long-polls on this gate look again."""
         self._changed.set()
         self._changed = asyncio.Event()
 

@@ -172,10 +172,16 @@ async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str 
             return web.json_response({"ready": True, "targets": bodies}, status=200)
         left = deadline - time.monotonic()
         stopping = request.app[STOPPING]
-        if left <= 0 or stopping.is_set():
+        # A start after since= that ended before it was verified, which systemd will not follow with a start
+        # of its own: waiting longer changes nothing, so the answer comes now.
+        failed = q["since"] is not None and any(
+            v is None and (f := g.start_failed(q["since"])) is not None and not f["restarting"]
+            for g, (v, _) in zip(chosen, verdicts, strict=True))
+        if left <= 0 or stopping.is_set() or failed:
             if stopping.is_set():
                 verdicts = [(None, "genready is shutting down")] * len(chosen)
-            not_ready = [_not_ready_body(g, why) for g, (v, why) in zip(chosen, verdicts, strict=True) if v is None]
+            not_ready = [_not_ready_body(g, why, q["since"]) for g, (v, why) in zip(chosen, verdicts, strict=True)
+                         if v is None]
             out: Any = not_ready[0] if name else {"ready": False, "targets": not_ready}
             return web.json_response(out, status=503)
         # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
@@ -208,11 +214,11 @@ def _ready_bytes(g: TargetGate, v: Verification) -> bytes:
     return cached[2]
 
 
-def _not_ready_body(g: TargetGate, why: str) -> dict[str, object]:
+def _not_ready_body(g: TargetGate, why: str, since: float | None = None) -> dict[str, object]:
     j = g.to_json()
     body = {k: j[k] for k in ("target", "unit", "state", "pid", "invocation_id", "waiting_since", "probes",
                               "last_error", "expected_load_seconds", "loading_seconds", "eta_seconds")}
-    return {"ready": False, "reason": why, **body}
+    return {"ready": False, "reason": why, **body, "start_failed": g.start_failed(since)}
 
 
 async def check_sweep_dropins(gates: Mapping[str, TargetGate], m: Metrics | None) -> None:

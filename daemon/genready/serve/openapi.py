@@ -29,6 +29,22 @@ FAILURE: dict[str, Any] = {
         "journal": {"type": "array", "items": {"type": "string"}},
     },
 }
+# /ready's 503: the start the caller waits for ended before it was verified.
+START_FAILED: dict[str, Any] = {
+    "type": ["object", "null"],
+    "description": "the newest start whose process began after since= (without since=: the newest start) "
+                   "that ended before it was verified, or null. With since=, a long-poll answers at once "
+                   "when this appears with restarting false: waiting longer changes nothing",
+    "properties": {
+        **FAILURE["properties"],
+        "journal": {"type": "array", "items": {"type": "string"},
+                    "description": "its last lines of output, secrets masked ([] until read, or if none)"},
+        "restarting": {"type": "boolean", "description": "systemd may start the unit again by itself (Restart=: "
+                       "activating/auto-restart, a job pending, a newer start running); false once the unit has "
+                       "stayed down with no job pending for 0.2 s"},
+    },
+    "required": ["invocation_id", "result", "ended_at", "journal", "restarting"],
+}
 
 # The instance runs another ExecStart=/Environment= than its unit has now (issue 24 #4).
 CONFIG_CHANGES: dict[str, Any] = {
@@ -74,6 +90,7 @@ NOT_READY: dict[str, Any] = {
         "probes": {"type": "integer"},
         "last_error": LAST_ERROR,
         **LOAD_CLOCK,
+        "start_failed": START_FAILED,
     },
 }
 ALL_READY = {
