@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,5 +86,93 @@ def test_a_start_that_dies_at_once_is_recorded_with_how_it_ended_and_its_lines(
                                    timeout=30)
             assert "Result=exit-code (exited with status 3)" in shown.stdout, shown.stdout
             assert f"| config: /models/typo does not exist ({ms} ms)" in shown.stdout, shown.stdout
+    finally:
+        manager.remove_unit(unit)
+
+
+def restart_cli(g: Genready, *args: str) -> tuple[subprocess.CompletedProcess[str], float]:
+    t0 = time.monotonic()
+    run = subprocess.run([*GENREADY, "restart", "q", "--config", str(g.config_path), *args],
+                         capture_output=True, text=True, timeout=60, env=g.um.env)
+    return run, time.monotonic() - t0
+
+
+def ended_at(manager: UserManager, unit: str) -> float:
+    """When the unit's last main process exited (ExecMainExitTimestamp), as CLOCK_REALTIME seconds."""
+    out = manager.systemctl("show", unit, "-pExecMainExitTimestamp", "--timestamp=unix").stdout
+    return float(out.strip().split("=", 1)[1].lstrip("@"))
+
+
+def test_restart_of_a_failing_unit_exits_1_within_a_second_of_the_failure(
+        manager: UserManager, tmp_path: Path) -> None:
+    unit = "fs-restart.service"
+    text, _ = failing_unit(tmp_path, "restart", 300)
+    manager.install_unit(unit, text)
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}})
+    try:
+        with g:
+            run, took = restart_cli(g, "--timeout", "60")
+            done = time.time()
+            assert run.returncode == 1, (run.returncode, run.stderr)
+            assert done - ended_at(manager, unit) < 1.0, (done - ended_at(manager, unit), run.stderr)
+            assert took < 30
+            assert "Result=exit-code" in run.stderr and "status 3" in run.stderr, run.stderr
+            assert "| config: /models/typo does not exist (300 ms)" in run.stderr, run.stderr
+    finally:
+        manager.remove_unit(unit)
+
+
+def test_restart_waits_on_while_systemd_restarts_the_unit_itself(manager: UserManager, tmp_path: Path) -> None:
+    """Restart=on-failure: each failed start is followed by one systemd makes itself; the client
+    keeps waiting (its --timeout decides), and its answer names the failure."""
+    unit = "fs-loop.service"
+    text, _ = failing_unit(tmp_path, "loop", 10, restart="on-failure")
+    manager.install_unit(unit, text)
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}})
+    try:
+        with g:
+            run, took = restart_cli(g, "--timeout", "3")
+            assert run.returncode == 1, (run.returncode, run.stderr)
+            assert took >= 3, took
+            assert "Result=exit-code" in run.stderr, run.stderr
+    finally:
+        manager.systemctl("stop", unit, check=False)
+        manager.remove_unit(unit)
+
+
+def ready_503(g: Genready, since: float) -> dict[str, Any] | None:
+    code, body = g.get(f"/ready/q?since={since:.6f}")
+    f = body.get("start_failed") if code == 503 else None
+    return body if f and f["journal"] and not f["restarting"] else None
+
+
+def test_wait_since_exits_1_and_plain_wait_keeps_waiting(manager: UserManager, tmp_path: Path) -> None:
+    unit = "fs-wait.service"
+    text, _ = failing_unit(tmp_path, "wait", 0)
+    manager.install_unit(unit, text)
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}})
+    try:
+        with g:
+            t0 = time.time()
+            assert ready_503(g, t0) is None
+            manager.systemctl("start", unit, check=False)
+            body = wait_for(lambda: ready_503(g, t0), 10, "start_failed in /ready's 503")
+            sf = body["start_failed"]
+            assert (sf["result"], sf["exit_code"], sf["exit_status"], sf["restarting"]) == \
+                ("exit-code", "exited", 3, False)
+            assert sf["journal"] == ["config: /models/typo does not exist (0 ms)"]
+            code, later = g.get(f"/ready/q?since={time.time():.6f}")
+            assert code == 503 and later["start_failed"] is None  # not newer than since=: not said
+            run = subprocess.run([*GENREADY, "wait", "q", "--url", g.base, "--since", f"{t0:.6f}", "--timeout", "60"],
+                                 capture_output=True, text=True, timeout=60)
+            assert run.returncode == 1, run.stderr
+            assert "Result=exit-code" in run.stderr and "| config: /models/typo" in run.stderr, run.stderr
+            # Plain wait: a new start may come; it waits out its timeout, and says what it saw.
+            t1 = time.monotonic()
+            run = subprocess.run([*GENREADY, "wait", "q", "--url", g.base, "--timeout", "1.5"],
+                                 capture_output=True, text=True, timeout=60)
+            took = time.monotonic() - t1
+            assert run.returncode == 1 and took >= 1.5, run.stderr
+            assert "Result=exit-code" in run.stderr, run.stderr
     finally:
         manager.remove_unit(unit)

@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -22,7 +21,6 @@ from genready.client import GUARD_MIN_INTERVAL, GUARD_STOP_GRACE
 from genready.exitcodes import Exit
 
 EXIT_CODES = exitcodes.help_text()
-DAEMON_RETRY = 1.0  # seconds between attempts while `wait`/`restart` wait for an unreachable daemon
 LIVE_POLL = 1.0  # seconds between redraws of the live progress lines of wait and restart
 
 
@@ -203,49 +201,47 @@ def _config_if_needed(args: argparse.Namespace) -> config.Config | None:
     return None if args.url and args.target else load_config(args.config)
 
 
-def _ready_path(target: str | None, **query: object) -> str:
-    q = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
-    return (f"/ready/{target}" if target else "/ready") + (f"?{q}" if q else "")
-
-
-def wait_ready(base: str, target: str | None, timeout: float, since: float | None,
-               *, live: bool = False) -> tuple[int, Any]:
-    """Long-poll /ready until ready or `timeout`; (HTTP status, body).
+def wait_ready(base: str, target: str | None, timeout: float, since: float | None, *, live: bool = False,
+               restart: Any = None) -> Any:
+    """Long-poll /ready until ready, `timeout`, or (with `since`) a failed start systemd will not follow
+    with one of its own; a waiting.Outcome. With `restart` (a callable), restart first and wait for a
+    start newer than that (since= taken before systemd is asked).
 
     A daemon that does not answer (restarting, or not up yet) is waited for until `timeout`
     too, then exit 69: readiness is what the caller waits for, and the daemon is on its way.
     `live`: show each not-ready target's progress on stderr meanwhile (client/progress.py); the
     long-poll then comes back every LIVE_POLL seconds with the daemon's latest account.
     """
-    from genready.client import client, progress
+    from genready.client import client, progress, waiting
 
     lines = progress.LiveLines(sys.stderr) if live and timeout > 0 and sys.stderr is not None else None
-    deadline = time.monotonic() + timeout
     said = False
+
+    def tick(code: int, body: Any) -> None:
+        nonlocal said
+        if code == 0:
+            if not said:
+                said = True
+                console.err(f"genready: the daemon at {base} is unreachable ({body.get('reason')}); waiting for "
+                            f"the daemon (up to --timeout)")
+        elif lines is not None and isinstance(body, dict):
+            lines.show(body.get("targets", [body]) if target is None else [body])
+
+    poll = LIVE_POLL if lines is not None else None
     try:
-        while True:
-            left = max(0.0, deadline - time.monotonic())
-            chunk = min(left, LIVE_POLL if lines else 3000.0)  # the API caps one long-poll at 3600 s
-            try:
-                code, body = client.request(base, _ready_path(target, wait=f"{chunk:.3f}", since=since),
-                                            timeout=chunk + 30)
-            except client.Unreachable as e:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    client.unreachable(base, e)
-                if not said:
-                    said = True
-                    console.err(f"genready: the daemon at {base} is unreachable ({e}); waiting for the daemon "
-                                f"(up to {left:.0f} s more)")
-                time.sleep(min(DAEMON_RETRY, left))
-                continue
-            if code != 503 or deadline - time.monotonic() <= 0:
-                return code, body
-            if lines is not None and isinstance(body, dict):
-                lines.show(body.get("targets", [body]) if target is None else [body])
+        if restart is not None:
+            assert target is not None
+            out = waiting.restart_and_wait(restart, base, target, timeout, poll=poll, tick=tick)
+        else:
+            out = waiting.wait_ready(base, target, timeout, since, poll=poll, tick=tick,
+                                     on_failure=waiting.OnFailure.FINAL if since is not None else
+                                     waiting.OnFailure.WAIT)
     finally:
         if lines is not None:
             lines.clear()
+    if out.code == 0:
+        client.unreachable(base, client.Unreachable(out.unreachable))
+    return out
 
 
 def _print_ready(body: Any) -> None:
@@ -259,16 +255,36 @@ def _print_not_ready(body: Any) -> None:
         console.err(f"genready: {t.get('target')}: not ready: {t.get('state')}: {t.get('reason') or t.get('error')}")
 
 
+def _print_failed(target: str | None, out: Any) -> bool:
+    """Say how the start that was waited for ended (a start_failed in the last answer); False if none."""
+    from genready.client.waiting import failure_lines, start_failed
+
+    failed = out.failed or start_failed(out.body)
+    if failed is None:
+        return False
+    first, *rest = failure_lines(failed)
+    why = ("and systemd will not start the unit again by itself" if out.failed is not None else
+           "systemd is starting the unit again" if failed.get("restarting") else "")
+    if out.failed is None:
+        _print_not_ready(out.body)
+    console.err(f"genready: {target}: start {str(failed.get('invocation_id'))[:12]} (pid {failed.get('main_pid')}) "
+                f"ended before it was verified{', ' + why if why else ''}: {first}")
+    for line in rest:
+        console.err(line)
+    return True
+
+
 def cmd_wait(args: argparse.Namespace) -> int:
     cfg = _config_if_needed(args)
     target = _one_target(args, cfg)
-    code, body = wait_ready(_api_base(args), target, args.timeout, args.since, live=True)
-    if code == 200:
-        _print_ready(body)
+    out = wait_ready(_api_base(args), target, args.timeout, args.since, live=True)
+    if out.code == 200:
+        _print_ready(out.body)
         return 0
-    if code == 404 or code == 400:
-        die(str(body.get("error")), status=Exit.USAGE)
-    _print_not_ready(body)
+    if out.code == 404 or out.code == 400:
+        die(str(out.body.get("error")), status=Exit.USAGE)
+    if not _print_failed(target, out):
+        _print_not_ready(out.body)
     return Exit.TIMEOUT
 
 
@@ -280,22 +296,25 @@ def cmd_restart(args: argparse.Namespace) -> int:
     if target is None or target not in cfg.targets:
         die(f"name a target to restart; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
     unit = cfg.targets[target].unit
-    # since= compares against the new process's start time, so take T before asking systemd.
-    t0 = time.time()
-    try:
-        control.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
-    except Exception as e:
-        die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {bus.dbus_words(e)}",
-            hint="restarting a system unit needs root or a polkit rule" if bus.denied(e) else "", status=Exit.TIMEOUT)
-    console.err(f"{target}: restart of {unit} requested; waiting for a verified start newer than it")
-    code, body = wait_ready(_api_base(args), target, args.timeout, t0, live=True)
-    if code == 200:
-        _print_ready(body)
+
+    def restart() -> None:
+        try:
+            control.restart_unit(cfg.daemon.bus, unit)  # asks the bus socket first (check_bus), then restarts
+        except Exception as e:
+            die(f"could not restart {unit} on the {cfg.daemon.bus} bus: {bus.dbus_words(e)}",
+                hint="restarting a system unit needs root or a polkit rule" if bus.denied(e) else "",
+                status=Exit.TIMEOUT)
+        console.err(f"{target}: restart of {unit} requested; waiting for a verified start newer than it")
+
+    out = wait_ready(_api_base(args), target, args.timeout, None, live=True, restart=restart)
+    if out.code == 200:
+        _print_ready(out.body)
         return 0
-    if code in (400, 404):
-        die(f"the daemon refused: {body.get('error')}", hint="is the daemon running with this config?",
+    if out.code in (400, 404):
+        die(f"the daemon refused: {out.body.get('error')}", hint="is the daemon running with this config?",
             status=Exit.USAGE)
-    _print_not_ready(body)
+    if not _print_failed(target, out):
+        _print_not_ready(out.body)
     return Exit.TIMEOUT
 
 
@@ -425,11 +444,13 @@ def build_parser() -> argparse.ArgumentParser:
     client_args(sp)
     sp.add_argument("--timeout", default=900.0, metavar="S", help="give up after S seconds "
                     "(0: answer at once); an unreachable daemon is waited for too (then exit 69); default 900")
-    sp.add_argument("--since", metavar="TS", help="only count a start that began after this Unix time")
+    sp.add_argument("--since", metavar="TS", help="only count a start that began after this Unix time; exit 1 at "
+                    "once if such a start fails and systemd will not start the unit again")
     sp.set_defaults(func=cmd_wait)
 
     sp = add("restart", "restart TARGET's unit (D-Bus RestartUnit, your own privileges) and wait until a start "
-             "newer than the restart is verified")
+             "newer than the restart is verified; exit 1 at once, with how it ended and its last lines, if that "
+             "start fails and systemd will not start the unit again")
     client_args(sp)
     sp.add_argument("--timeout", default=1800.0, metavar="S", help="default 1800")
     sp.set_defaults(func=cmd_restart)

@@ -36,8 +36,9 @@ class Failed(Exception):
 
 MEANING: dict[Exit, str] = {
     Exit.OK: "success (ready, config valid, …)",
-    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart); a point was not ok (sweep); "
-                  "a probe failed (check-config --probe)",
+    Exit.TIMEOUT: "timeout: the target did not become ready in time (wait, restart), or the start waited for "
+                  "failed and systemd will not start the unit again (restart, wait --since); a point was not ok "
+                  "(sweep); a probe failed (check-config --probe)",
     Exit.USAGE: "usage error",
     Exit.BAD_ARGUMENT: "a flag's value is not what it expects: sweep --shard, sweep --results with a control "
                        "character, bench client --random-input-len with "

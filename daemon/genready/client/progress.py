@@ -50,7 +50,13 @@ def target_line(t: Mapping[str, Any], width: int = 0) -> str:
         parts.append(f"pid {t['pid']}")
     if load := load_text(t):
         parts.append(load)
-    if t.get("last_error"):
+    failed = t.get("start_failed")
+    if isinstance(failed, dict) and t.get("state") in ("inactive", "starting"):
+        code = f" {failed.get('exit_code')} {failed.get('exit_status')}" if failed.get("exit_code") else ""
+        again = ", restarting" if failed.get("restarting") else ""
+        parts.append(f"start {str(failed.get('invocation_id'))[:12]} failed: "
+                     f"Result={failed.get('result')}{code}{again}")
+    elif t.get("last_error"):
         parts.append(f"probe {t.get('probes')}: {str(t['last_error']).split(':', 1)[0]}")
     elif t.get("state") in ("inactive", "absent", "unknown", "stuck", "rejected") and t.get("reason"):
         parts.append(str(t["reason"]))
