@@ -215,3 +215,26 @@ def test_item2_status_line_uses_the_same_escape() -> None:
     from genready.systemd.notify import one_line
 
     assert one_line("a\x1b[2Jb\nc") == "a\\x1b[2Jb; c" == escape("a\x1b[2Jb") + "; c"
+
+
+# --- 4. the sweep drop-in's header -----------------------------------------------------------------
+
+@pytest.mark.parametrize(("plan", "results"), [
+    ("bench\n[Service]\nExecStartPre=touch PWNED\n#.toml", "/srv/r"),
+    ("plan.toml", "/srv/r\n[Service]\nExecStartPre=touch PWNED\n#"),
+    ("p\rq\x85r\u2028s\x7f.toml", "/srv/r\x0b\x0c"),
+    ("ends-in-backslash\\", "/srv/r\\"),
+])
+def test_item4_no_name_escapes_the_dropin_header(plan: str, results: str) -> None:
+    from pathlib import Path
+
+    from genready.systemd.sweepdropin import owner_header, owner_of
+
+    head = owner_header(plan, Path(results), "2026-12-03T07:00:00+00:00")
+    lines = head.split("\n")
+    assert lines[-1] == "" and len(lines) == 4, head
+    for line in lines[:-1]:
+        assert line.startswith("#") and not line.endswith("\\"), line  # a comment, and not continued
+        assert all(0x20 <= ord(c) < 0x7F for c in line), line
+    owner = owner_of(head + "[Service]\nEnvironment=A=1\n")
+    assert owner is not None and owner["plan"].endswith(plan) and owner["results"].endswith(results)

@@ -39,9 +39,16 @@ def owner_header(plan: str, results: Path, started: str) -> str:
     and for owner_of()."""
     me = {"pid": os.getpid(), "pid_start": proc_start(os.getpid()), "started": started,
           "plan": os.path.abspath(plan), "results": os.path.abspath(results)}
-    return (f"# written by genready sweep (pid {me['pid']}, started {me['started']}) for the plan {me['plan']}, "
-            f"results in {me['results']};\n# removed when that sweep ends. If it is gone: genready sweep restore "
-            f"TARGET\n{OWNER_TAG}{json.dumps(me)}\n")
+    # A file name may hold any byte but "/" and NUL: a line break in the plan's name would end the comment
+    # and start a directive of its own. Every name goes in as a JSON string, ASCII only (DEL too).
+    return (f"# written by genready sweep (pid {me['pid']}, started {_js(started)}) for the plan {_js(me['plan'])}, "
+            f"results in {_js(me['results'])};\n# removed when that sweep ends. If it is gone: genready sweep "
+            f"restore TARGET\n{OWNER_TAG}{_js(me)}\n")
+
+
+def _js(v: object) -> str:
+    """`v` as JSON with every character outside printable ASCII escaped: safe in a unit file's comment."""
+    return json.dumps(v).replace("\x7f", "\\u007f")
 
 
 def owner_of(text: str) -> dict[str, Any] | None:
