@@ -6,6 +6,9 @@ where the surface is what a person runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from genready.redact import MASK, escape, redact, redact_lines
@@ -226,8 +229,6 @@ def test_item2_status_line_uses_the_same_escape() -> None:
     ("ends-in-backslash\\", "/srv/r\\"),
 ])
 def test_item4_no_name_escapes_the_dropin_header(plan: str, results: str) -> None:
-    from pathlib import Path
-
     from genready.systemd.sweepdropin import owner_header, owner_of
 
     head = owner_header(plan, Path(results), "2026-12-03T07:00:00+00:00")
@@ -238,3 +239,90 @@ def test_item4_no_name_escapes_the_dropin_header(plan: str, results: str) -> Non
         assert all(0x20 <= ord(c) < 0x7F for c in line), line
     owner = owner_of(head + "[Service]\nEnvironment=A=1\n")
     assert owner is not None and owner["plan"].endswith(plan) and owner["results"].endswith(results)
+
+
+# --- 6. api_key_credential outside the service -----------------------------------------------------
+
+CRED_CONFIG = ('[targets.llama]\nunit = "llama.service"\nurl = "http://127.0.0.1:8080"\n'
+               'api = "openai-completions"\napi_key_credential = "{name}"\n')
+
+
+def test_item6_check_config_checks_a_credential_as_far_as_it_can(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from genready import cli, config
+
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    path = tmp_path / "genready.toml"
+    path.write_text(CRED_CONFIG.format(name="apikey"))
+    assert cli.main(["check-config", "--config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "targets.llama: api_key_credential = 'apikey'" in err and "only genready.service can check" in err
+    # What can be checked here still is: a name systemd would refuse.
+    path.write_text(CRED_CONFIG.format(name="../etc/shadow"))
+    with pytest.raises(SystemExit) as e:
+        cli.main(["check-config", "--config", str(path)])
+    assert e.value.code == 78
+    # The service itself (serve) still needs it now, as before.
+    path.write_text(CRED_CONFIG.format(name="apikey"))
+    with pytest.raises(config.ConfigError, match=r"CREDENTIALS_DIRECTORY"):
+        config.load(path)
+    # ... and where $CREDENTIALS_DIRECTORY is set (check-config inside the service), it is read.
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
+    with pytest.raises(config.ConfigError, match="apikey"):
+        config.load(path, service=False)
+    (tmp_path / "apikey").write_text("sk-1\n")
+    assert config.load(path, service=False).targets["llama"].api_key == "sk-1"
+
+
+def test_item6_init_write_takes_the_table_it_proposes_for_a_credential(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from genready.tools import unitinit
+
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    prop = unitinit.target_from_exec("llama.service", ["llama-server", "-m", "m.gguf", "--api-key-file",
+                                                       "${CREDENTIALS_DIRECTORY}/apikey"], {})
+    assert prop.table["api_key_credential"] == "apikey"
+    path = tmp_path / "genready.toml"
+    unitinit.append_table(str(path), "llama", unitinit.render("llama", prop))
+    assert 'api_key_credential = "apikey"' in path.read_text()
+
+
+# --- 9-12. unbounded and non-regular files ---------------------------------------------------------
+
+def _bounded(fn: Callable[[], object], seconds: float = 10.0) -> object:
+    """fn()'s result or exception, or a failure if it does not return within `seconds` (a FIFO read hangs)."""
+    import threading
+
+    out: list[object] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, f"still running after {seconds} s"
+    return out[0]
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Path:
+    import os
+
+    p = tmp_path / "fifo"
+    os.mkfifo(p)
+    return p
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "dir"])
+def test_item9_init_write_refuses_a_config_that_is_no_regular_file(kind: str, fifo: Path, tmp_path: Path) -> None:
+    from genready.tools import unitinit
+
+    path = {"fifo": str(fifo), "/dev/zero": "/dev/zero", "dir": str(tmp_path)}[kind]
+    block = '[targets.x]\nunit = "x.service"\nurl = "http://127.0.0.1:1"\n'
+    got = _bounded(lambda: unitinit.append_table(path, "x", block))
+    assert isinstance(got, unitinit.WriteRefused), got
+    assert str(got).startswith(f"{path}: expected a regular file of at most 1 MiB, found a"), got

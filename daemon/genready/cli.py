@@ -63,10 +63,12 @@ def check_numbers(args: argparse.Namespace) -> None:
         setattr(args, dest, v)
 
 
-def load_config(path: str | None) -> config.Config:
-    """The config from --config / $GENREADY_CONFIG / the default path, or exit 78 saying why."""
+def load_config(path: str | None, *, service: bool = False) -> config.Config:
+    """The config from --config / $GENREADY_CONFIG / the default path, or exit 78 saying why.
+    `service`: this is genready.service (`serve`): every api_key_credential must be readable now;
+    elsewhere only its name is checked."""
     try:
-        return config.load(config.resolve_path(path))
+        return config.load(config.resolve_path(path), service=service)
     except config.ConfigError as e:
         die(str(e), hint="`genready check-config --config PATH` validates a file", status=Exit.CONFIG)
 
@@ -87,6 +89,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     for t in cfg.targets.values():
         for w in t.warnings:
             console.err(f"genready: warning: targets.{t.name}: {w}")
+        if note := t.credential_unchecked:
+            console.err(f"genready: note: targets.{t.name}: {note}")
     if args.probe:
         import asyncio
 
@@ -140,7 +144,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def _configured_bus(path: str | None) -> str:
     """The config's daemon.bus if a config loads, else "system" (init works without a config)."""
     try:
-        return config.load(config.resolve_path(path)).daemon.bus
+        return config.load(config.resolve_path(path), service=False).daemon.bus
     except config.ConfigError:
         return "system"
 
@@ -149,7 +153,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from genready import log
     from genready.serve import daemon
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, service=True)
     log.setup(args.log_level or cfg.daemon.log_level)
     try:
         rc = daemon.serve(cfg, args.config)

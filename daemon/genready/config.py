@@ -440,6 +440,17 @@ class TargetConfig:
         return tls.client_context(self.ca_file, self.tls_verify, self.client_cert_file, self.client_key_file)
 
     @property
+    def credential_unchecked(self) -> str:
+        """For api_key_credential read outside genready.service: what only the service can check; else ""."""
+        if not self.api_key_credential or self.api_key:
+            return ""
+        name = self.api_key_credential
+        return (f"api_key_credential = {name!r}: its name is valid; whether the credential exists and holds one "
+                f"line of printable ASCII only genready.service can check (systemd gives it "
+                f"$CREDENTIALS_DIRECTORY/{name} from LoadCredential={name}:PATH or LoadCredentialEncrypted=); "
+                "not checked here")
+
+    @property
     def warnings(self) -> list[str]:
         """Settings that weaken what a verified start proves; logged and shown in /status."""
         out = []
@@ -551,8 +562,10 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
     return out
 
 
-def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
-    """Validate a decoded TOML document into a Config, or raise ConfigError."""
+def parse(data: Mapping[str, Any], file: str = "<config>", *, service: bool = True) -> Config:
+    """Validate a decoded TOML document into a Config, or raise ConfigError. `service`: this is
+    genready.service itself, so an api_key_credential must be readable now; outside it (check-config,
+    init, the CLI) only its name can be checked, and the target says so (`credential_unchecked`)."""
     for key in data:
         if key not in ("daemon", "targets"):
             raise ConfigError(file, key, "only the tables [daemon] and [targets.NAME]",
@@ -581,7 +594,8 @@ def parse(data: Mapping[str, Any], file: str = "<config>") -> Config:
                               f"{values['api']!r} (token ids go to \"sglang\" or \"openai-completions\")",
                               _found(values["prompt_ids"]))
         values["prompt_ids"] = tuple(values["prompt_ids"])
-        t = targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values), **values)
+        t = targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values, service),
+                                             **values)
         if t.endpoint.tls:
             from genready import tls  # ssl is loaded only for a config with an https target
 
@@ -608,8 +622,9 @@ def _check_transport(file: str, prefix: str, v: dict[str, Any]) -> None:
                           "nothing")
 
 
-def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:
-    """The API key from api_key_file or api_key_credential, stripped; "" if neither is set."""
+def _api_key(file: str, prefix: str, v: dict[str, Any], service: bool = True) -> str:
+    """The API key from api_key_file or api_key_credential, stripped; "" if neither is set, or for a
+    credential outside the service (no $CREDENTIALS_DIRECTORY, `service` False)."""
     if v["api_key_file"] and v["api_key_credential"]:
         raise ConfigError(file, f"{prefix}.api_key_credential", "api_key_file or api_key_credential, not both",
                           "both")
@@ -618,6 +633,8 @@ def _api_key(file: str, prefix: str, v: dict[str, Any]) -> str:
     elif v["api_key_credential"]:
         key, name = f"{prefix}.api_key_credential", v["api_key_credential"]
         creds = os.environ.get("CREDENTIALS_DIRECTORY", "")
+        if not creds and not service:
+            return ""  # only the service can read it: TargetConfig.credential_unchecked says so
         if not creds:
             raise ConfigError(file, key, "$CREDENTIALS_DIRECTORY, set by systemd for a service with "
                               f"LoadCredential={name}:PATH (or LoadCredentialEncrypted=)",
@@ -666,15 +683,45 @@ def read_regular(path: str | Path, limit: int) -> bytes:
     return raw
 
 
+def size_words(n: int) -> str:
+    """A byte count as people give a limit: 1 MiB, 64 KiB, 100 bytes."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n:,} bytes"
+
+
+class FileError(ValueError):
+    """A file genready will not read, or read but cannot use: `FILE[:LINE]: problem`."""
+
+    def __init__(self, path: str | Path, problem: str, line: int | None = None) -> None:
+        self.path, self.problem, self.line = str(path), problem, line
+        super().__init__(f"{path}{f':{line}' if line else ''}: {problem}")
+
+
+def read_file(path: str | Path, cap: int) -> bytes:
+    """The content of a regular file of at most `cap` bytes, through read_regular (the one bounded
+    reader: it never waits on a FIFO nor reads a device). FileNotFoundError as it is (callers treat a
+    missing file as nothing to read); FileError naming the file for everything else."""
+    try:
+        return read_regular(path, cap)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise FileError(path, f"cannot read it: {e.strerror or e}") from None
+    except ValueError as e:
+        raise FileError(path, f"expected a regular file of at most {size_words(cap)}, found {e}") from None
+
+
 def resolve_path(cli_path: str | None) -> Path:
     """--config wins, then $GENREADY_CONFIG, then /etc/genready/genready.toml."""
     return Path(cli_path or os.environ.get("GENREADY_CONFIG") or DEFAULT_PATH)
 
 
-def load(path: Path) -> Config:
+def load(path: Path, *, service: bool = True) -> Config:
     """Read and validate a config file, or raise ConfigError. It blocks (a file on a hung network
     mount): the daemon calls it off its event loop, with a bounded wait."""
-    return parse(read_toml(path, MAX_CONFIG_BYTES), str(path))
+    return parse(read_toml(path, MAX_CONFIG_BYTES), str(path), service=service)
 
 
 def read_toml(path: Path, cap: int) -> dict[str, Any]:

@@ -446,12 +446,14 @@ def append_table(path: str, name: str, block: str) -> None:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            with open(real, "rb") as f:
-                old = f.read().decode("utf-8")
-                st = os.fstat(f.fileno())
+            # Bounded and regular only: a FIFO named as the config must not hang init, /dev/zero not fill memory.
+            old = config.read_file(real, config.MAX_CONFIG_BYTES).decode("utf-8")
+            st = os.stat(real)
             mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
         except FileNotFoundError:
             old, mode, owner = "", 0o644, None
+        except config.FileError as e:
+            raise WriteRefused(f"{path}: {e.problem}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise WriteRefused(f"{path}: cannot read it: {e}") from None
         try:
@@ -462,7 +464,7 @@ def append_table(path: str, name: str, block: str) -> None:
             raise WriteRefused(f"{path} already has [targets.{name}]; choose another name with --name")
         new = old + ("\n" if old and not old.endswith("\n") else "") + ("\n" if old else "") + block
         try:
-            config.parse(tomllib.loads(new), path)
+            config.parse(tomllib.loads(new), path, service=False)  # a credential: what can be checked here
         except config.ConfigError as e:
             raise WriteRefused(f"with the new table the config would not load: {e}") from None
         try:
