@@ -1,17 +1,21 @@
-"""genready.serve.metrics: values move as the daemon reports, the exposition lints clean, and the shipped
-Prometheus scrape config and alert rules are valid and refer to metrics that exist."""
+"""genready.serve.metrics: counters move as the daemon reports, gauges are read at scrape time, the
+exposition lints clean, and the shipped Prometheus scrape config and alert rules are valid and refer to
+metrics that exist."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics
+from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics, TargetGauges
 from genready.serve.openapi import LAST_ERROR
 from genready.vocab import Failure
 from tests import ci
@@ -22,10 +26,32 @@ T, U = "sglang", "sglang.service"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
+class Targets:
+    """What the gauges are read from at a scrape: the test sets it, as the gates change in the daemon."""
+
+    def __init__(self) -> None:
+        self.now: dict[str, TargetGauges] = {}
+        self.responsive = True
+        self.reads = 0
+
+    def set(self, target: str = T, unit: str = U, **kw: Any) -> None:
+        base = self.now.get(target) or TargetGauges(target, unit, "unknown", False, 0, None, False, False)
+        self.now[target] = dataclasses.replace(base, **kw)
+
+    def __call__(self) -> list[TargetGauges]:
+        self.reads += 1
+        return list(self.now.values())
+
+
 @pytest.fixture
-def m() -> Metrics:
-    """A fresh Metrics (and so a fresh registry) per test."""
-    return Metrics("0.1.0")
+def targets() -> Targets:
+    return Targets()
+
+
+@pytest.fixture
+def m(targets: Targets) -> Metrics:
+    """A fresh Metrics (and so a fresh registry) per test, its gauges read from `targets`."""
+    return Metrics("0.1.0", targets=targets, responsive=lambda: targets.responsive)
 
 
 def samples(m: Metrics) -> Samples:
@@ -82,11 +108,8 @@ def test_registry_is_private_to_the_instance() -> None:
     assert "genready_state" not in prometheus_client.REGISTRY._names_to_collectors
 
 
-def test_register_target_creates_every_series_at_zero(m: Metrics) -> None:
+def test_register_target_creates_every_counter_at_zero(m: Metrics) -> None:
     m.register_target(T, U)
-    assert state_series(m) == {s: (1.0 if s == "unknown" else 0.0) for s in STATES}
-    assert value(m, "genready_ready", target=T, unit=U) == 0
-    assert value(m, "genready_main_pid", target=T, unit=U) == 0
     assert value(m, "genready_starts_total", target=T, unit=U) == 0
     assert value(m, "genready_foreign_answers_total", target=T, unit=U) == 0
     for result in PROBE_RESULTS:
@@ -104,11 +127,12 @@ def test_ready_request_codes_exist_before_any_target(m: Metrics) -> None:
     assert value(m, "genready_ready_requests_total", code="503") == 0
 
 
-def test_state_is_exactly_one_and_ready_follows(m: Metrics) -> None:
-    m.register_target(T, U)
-    m.register_target("vllm", "vllm.service")
+def test_state_is_exactly_one_and_ready_follows(m: Metrics, targets: Targets) -> None:
+    targets.set(T, U)
+    targets.set("vllm", "vllm.service")
+    assert state_series(m) == {s: (1.0 if s == "unknown" else 0.0) for s in STATES}
     for state in ("starting", "loading", "warming", "ready", "stuck", "inactive", "ready", "absent"):
-        m.set_state(T, U, state)
+        targets.set(T, U, state=state)
         series = state_series(m)
         assert sorted(series) == sorted(STATES)
         assert [s for s, v in series.items() if v == 1] == [state]
@@ -118,18 +142,34 @@ def test_state_is_exactly_one_and_ready_follows(m: Metrics) -> None:
         assert [s for s, v in state_series(m, "vllm", "vllm.service").items() if v == 1] == ["unknown"]
 
 
-def test_unknown_state_is_rejected(m: Metrics) -> None:
-    with pytest.raises(ValueError, match="unknown state 'up'"):
-        m.set_state(T, U, "up")
+def test_gauges_are_read_at_each_scrape_and_only_then(m: Metrics, targets: Targets) -> None:
+    targets.set(T, U, state="ready", ready=True, main_pid=4242, expected_load_seconds=3.5, config_changed=True)
+    before = targets.reads
+    m.start_seen(T, U)  # events count without reading the gates
+    assert targets.reads == before
+    assert value(m, "genready_ready", target=T, unit=U) == 1
+    assert value(m, "genready_main_pid", target=T, unit=U) == 4242
+    assert value(m, "genready_expected_load_seconds", target=T, unit=U) == 3.5
+    assert value(m, "genready_config_changed_since_start", target=T, unit=U) == 1
+    assert value(m, "genready_sweep_dropin_orphaned", target=T, unit=U) == 0
+    assert value(m, "genready_systemd_responsive") == 1
+    assert targets.reads == before + 6  # once per scrape (render)
+    targets.set(T, U, ready=False, main_pid=0, expected_load_seconds=None, sweep_dropin_orphaned=True)
+    targets.responsive = False
+    assert value(m, "genready_ready", target=T, unit=U) == 0
+    assert value(m, "genready_main_pid", target=T, unit=U) == 0
+    assert value(m, "genready_sweep_dropin_orphaned", target=T, unit=U) == 1
+    assert value(m, "genready_systemd_responsive") == 0
+    assert math.isnan(value(m, "genready_expected_load_seconds", target=T, unit=U) or 0.0)
+    targets.now.clear()  # the gate is gone: so are its gauges, with nothing to forget
+    assert value(m, "genready_ready", target=T, unit=U) is None
+    assert value(m, "genready_starts_total", target=T, unit=U) == 1  # counters stay until forget_target
 
 
 def test_register_target_again_does_not_reset(m: Metrics) -> None:
     m.register_target(T, U)
-    m.set_state(T, U, "ready")
-    m.set_ready(T, U, True)
     m.start_seen(T, U)
     m.register_target(T, U)
-    assert value(m, "genready_ready", target=T, unit=U) == 1
     assert value(m, "genready_starts_total", target=T, unit=U) == 1
 
 
@@ -137,15 +177,10 @@ def test_first_event_for_an_unregistered_target_registers_it(m: Metrics) -> None
     m.probe(T, U, "refused", 0.001)
     assert value(m, "genready_probes_total", target=T, unit=U, result="refused") == 1
     assert value(m, "genready_probes_total", target=T, unit=U, result="timeout") == 0
-    assert state_series(m)["unknown"] == 1
 
 
-def test_counters_and_main_pid(m: Metrics) -> None:
+def test_counters(m: Metrics) -> None:
     m.register_target(T, U)
-    m.set_main_pid(T, U, 4242)
-    assert value(m, "genready_main_pid", target=T, unit=U) == 4242
-    m.set_main_pid(T, U, 0)
-    assert value(m, "genready_main_pid", target=T, unit=U) == 0
     m.start_seen(T, U)
     m.start_seen(T, U)
     assert value(m, "genready_starts_total", target=T, unit=U) == 2
@@ -201,21 +236,20 @@ def test_forget_target_removes_its_series(m: Metrics) -> None:
     m.forget_target(T, U)  # idempotent
     for _name, labels in samples(m):
         assert ("target", T) not in labels
-    assert state_series(m, "vllm", "vllm.service")["unknown"] == 1
-    m.set_state(T, U, "loading")  # and it can come back
-    assert state_series(m)["loading"] == 1
+    assert value(m, "genready_starts_total", target="vllm", unit="vllm.service") == 0
+    m.start_seen(T, U)  # and it can come back
+    assert value(m, "genready_starts_total", target=T, unit=U) == 1
 
 
 # --- promtool -------------------------------------------------------------------------------------
 
 
-def busy(m: Metrics) -> Metrics:
+def busy(m: Metrics, targets: Targets) -> Metrics:
     """Metrics with every kind of series populated, for linting."""
     m.register_target(T, U)
     m.register_target("vllm", "vllm.service")
-    m.set_state(T, U, "ready")
-    m.set_ready(T, U, True)
-    m.set_main_pid(T, U, 4242)
+    targets.set(T, U, state="ready", ready=True, main_pid=4242, expected_load_seconds=3.5)
+    targets.set("vllm", "vllm.service")
     m.start_seen(T, U)
     m.loaded(T, U, 362.1)
     m.probe(T, U, "ok", 0.03)
@@ -227,8 +261,8 @@ def busy(m: Metrics) -> Metrics:
 
 
 @pytest.mark.system
-def test_promtool_check_metrics(m: Metrics) -> None:
-    body, _ = busy(m).render()
+def test_promtool_check_metrics(m: Metrics, targets: Targets) -> None:
+    body, _ = busy(m, targets).render()
     out = run_promtool("check", "metrics", stdin=body)
     assert out.strip() == "", out
 
@@ -260,9 +294,9 @@ def test_promtool_check_config_with_scrape_snippet(tmp_path: Path) -> None:
     assert "SUCCESS" in out and "WARNING" not in out and "FAILED" not in out, out
 
 
-def test_alert_rules_use_only_exposed_metrics(m: Metrics) -> None:
+def test_alert_rules_use_only_exposed_metrics(m: Metrics, targets: Targets) -> None:
     """A renamed metric would leave an alert that silently never fires."""
-    exposed = {name for name, _ in samples(busy(m))}
+    exposed = {name for name, _ in samples(busy(m, targets))}
     used = set(re.findall(r"\bgenready_[a-z_]+", (PROMETHEUS_DIR / "alerts.yml").read_text()))
     assert used, "alerts.yml mentions no genready metric"
     assert used <= exposed, f"not exposed: {sorted(used - exposed)}"

@@ -57,9 +57,10 @@ def systemd(monkeypatch: pytest.MonkeyPatch) -> Iterator[Manager]:
 class Surfaces:
     def __init__(self, rig: Rig, runtime: Path) -> None:
         self.rig, self.runtime = rig, runtime
-        self.metrics = Metrics("test", CollectorRegistry())
+        # A fresh registry per test; the gauges read from the gate at each scrape, as in the daemon.
+        self.metrics = Metrics("test", CollectorRegistry(), targets=lambda: outputs.gauges([rig.gate]))
         self.stamps = Stamps(runtime, lambda *a: None, lambda t: None)
-        self.out = Outputs(Notifier(), self.stamps, self.metrics)
+        self.out = Outputs(Notifier(), self.stamps)
         self.listening = False
         self.out.add(rig.gate)
         # As the daemon does: every gate event brings the outputs in line.

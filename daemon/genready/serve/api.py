@@ -221,21 +221,18 @@ def _not_ready_body(g: TargetGate, why: str, since: float | None = None) -> dict
     return {"ready": False, "reason": why, **body, "start_failed": g.start_failed(since)}
 
 
-async def check_sweep_dropins(gates: Mapping[str, TargetGate], m: Metrics | None) -> None:
+async def check_sweep_dropins(gates: Mapping[str, TargetGate]) -> None:
     """A leftover drop-in of a sweep that is gone becomes a warning in /status and
     `genready_sweep_dropin_orphaned` (TargetGate.check_sweep_dropin). Bounded: a slow disk or /proc
     leaves the last answer standing."""
     with contextlib.suppress(*TIMEOUT_ERRORS):
         await wait_for(asyncio.gather(*(g.check_sweep_dropin() for g in gates.values())), SWEEP_CHECK_WAIT)
-    if m is not None:
-        for g in gates.values():
-            m.set_sweep_dropin_orphaned(g.name, g.unit, g.sweep_warning is not None)
 
 
 async def status(request: web.Request) -> web.Response:
     gates: dict[str, TargetGate] = request.app[GATES]
     extra: Callable[[], dict[str, object]] = request.app[STATUS_EXTRA]  # type: ignore[assignment]
-    await check_sweep_dropins(gates, request.app[METRICS])  # type: ignore[arg-type]
+    await check_sweep_dropins(gates)
     targets = {}
     for name, g in gates.items():
         t = g.to_json()
@@ -254,7 +251,7 @@ async def metrics(request: web.Request) -> web.Response:
     if m is None:
         return _json_error(404, "metrics are not enabled")
     gates: dict[str, TargetGate] = request.app[GATES]
-    await check_sweep_dropins(gates, m)
+    await check_sweep_dropins(gates)
     body, ctype = m.render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = ctype

@@ -33,7 +33,7 @@ from genready import __version__, compat, config
 from genready.log import Summarizer, event
 from genready.probe.owner import owner_check_unavailable
 from genready.rule.gate import TargetGate
-from genready.serve import api, httplimits, stamp
+from genready.serve import api, httplimits, outputs, stamp
 from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs
 from genready.store.records import RecordStore, StartRecord
@@ -85,7 +85,9 @@ class Daemon:
         self.cfg = cfg
         self.config_path = config_path
         self.notifier = Notifier()
-        self.metrics = Metrics(__version__)
+        # The gauges are read from the gates and the manager's health at each scrape.
+        self.metrics = Metrics(__version__, targets=lambda: outputs.gauges(list(self.gates.values())),
+                               responsive=lambda: self.health.responsive)
         self.summarizer = Summarizer(logging.getLogger("genready.probe.probe"))
         self.should_exit = asyncio.Event()
         self.reload_requested = False
@@ -140,7 +142,7 @@ class Daemon:
         self.store.on_error = self._record_error
         self.store.on_recovered = self._records_recovered
         self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
-        self.outputs = Outputs(self.notifier, self.stamps, self.metrics)
+        self.outputs = Outputs(self.notifier, self.stamps)
         self.fresh = FreshReader(d.bus, self.health)
         stack.callback(self.fresh.close)
         stack.callback(self.summarizer.flush_all)
@@ -336,13 +338,12 @@ class Daemon:
 
     def _to_gate(self, g: TargetGate, snap: Snapshot | None) -> None:
         g.on_snapshot(snap)
-        self.metrics.set_main_pid(g.name, g.unit, snap.main_pid if snap else 0)
         self._note_config_changes(g)
 
     def _on_systemd_health(self, responsive: bool) -> None:
-        """The manager stopped answering, or answers again: said once each way, in the log, the
-        gauge, STATUS=; after a silence every unit is re-read (signals queued meanwhile may be late)."""
-        self.metrics.systemd_responsive(responsive)
+        """The manager stopped answering, or answers again: said once each way, in the log and
+        STATUS= (the gauge reads `health` itself); after a silence every unit is re-read (signals
+        queued meanwhile may be late)."""
         if responsive:
             log.warning("the %s systemd manager answers again; checking the subscription and re-reading every "
                         "unit", self.cfg.daemon.bus)
@@ -353,10 +354,9 @@ class Daemon:
         self._update_outputs()
 
     def _note_config_changes(self, g: TargetGate) -> None:
-        """The gauge, and one log line each time a target's unit starts or stops differing from
-        what its running start was started with."""
+        """One log line each time a target's unit starts or stops differing from what its running
+        start was started with (the gauge reads `config_changes` itself)."""
         changes = g.config_changes
-        self.metrics.set_config_changed(g.name, g.unit, bool(changes))
         if bool(changes) != (g.name in self._config_changed):
             if changes:
                 self._config_changed.add(g.name)
@@ -368,8 +368,6 @@ class Daemon:
                 log.info("%s: %s runs its unit's configuration again", g.name, g.unit)
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
-        self.metrics.set_state(gate.name, gate.unit, new)
-        self.metrics.set_expected_load(gate.name, gate.unit, gate.expected_load_seconds)
         event(log, logging.INFO, f"{gate.name}: {old} -> {new}", reason=gate.reason or None,
               pid=gate.snap.main_pid if gate.snap else None)
         if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
@@ -396,7 +394,6 @@ class Daemon:
     def on_verified(self, gate: TargetGate, record: StartRecord) -> None:
         if record.load_seconds is not None:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
-        self.metrics.set_expected_load(gate.name, gate.unit, gate.expected_load_seconds)
         self._update_outputs()
 
     def on_revoked(self, gate: TargetGate, reason: Revocation) -> None:

@@ -3,14 +3,25 @@
 Every per-target series carries `target` (the config table name) and `unit` (the systemd unit),
 so a query can join on either. The registry is private to each `Metrics` instance: nothing lands
 in prometheus_client's global REGISTRY, so tests and a second daemon in one process never collide.
+
+Two kinds of series. Counters and histograms count events as they happen (`start_seen`, `probe`,
+...). Gauges say how things are: they are read from the gates and systemd's health when
+Prometheus scrapes (`GaugeCollector`, prometheus_client's custom-collector pattern, as its own
+process collector does), so a gauge can never disagree with /ready, and nothing has to remember
+to set one.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Histogram, Info, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric, StateSetMetricFamily
+from prometheus_client.registry import Collector
 
 from genready.vocab import REFUSALS, SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
 
@@ -44,10 +55,74 @@ PROBE_BUCKETS: Final[tuple[float, ...]] = (
 _LABELS: Final = ("target", "unit")
 
 
-class Metrics:
-    """The daemon's metrics. Call `register_target` for each configured target at start-up."""
+@dataclass(frozen=True)
+class TargetGauges:
+    """One target's gauges, as they are at the moment of a scrape."""
 
-    def __init__(self, version: str, registry: CollectorRegistry | None = None) -> None:
+    target: str
+    unit: str
+    state: str  # one of STATES
+    ready: bool  # the readiness rule's answer now (gate.ready), never a state name
+    main_pid: int  # 0: none
+    expected_load_seconds: float | None  # None: no load verified yet (NaN)
+    sweep_dropin_orphaned: bool
+    config_changed: bool
+
+
+# (name, help) of the gauges, in exposition order.
+_STATE = ("genready_state", "Current state of the target's state machine (one series per state, the current one is 1)")
+_READY = ("genready_ready", "1 if a generation served by the unit's current MainPID succeeded, else 0")
+_EXPECTED = ("genready_expected_load_seconds", "How long this target's loads usually take: the median of the last "
+             "(up to) 5 verified loads with the same ExecStart=, else of the unit's last 5; NaN without any")
+_MAIN_PID = ("genready_main_pid", "The unit's current MainPID (0: none)")
+_SWEEP = ("genready_sweep_dropin_orphaned", "1 while the unit carries the drop-in of a genready sweep that is gone "
+          "(killed mid-point): it runs that point's configuration; `genready sweep restore TARGET`")
+_CONFIG = ("genready_config_changed_since_start", "1 while the unit's ExecStart= or Environment= differ from what its "
+           "running process was started with (edited and reloaded, not restarted): it is still ready, but does not "
+           "run the unit's configuration; guard and sweep refuse it")
+_RESPONSIVE = ("genready_systemd_responsive", "1 while the systemd manager answers; 0 while it does not (SIGSTOPped, "
+               f"or busy in a long daemon-reload): /ready is then 503 with reason {SYSTEMD_UNRESPONSIVE}")
+
+
+class GaugeCollector(Collector):
+    """The gauges, computed at each scrape from `targets()` and `responsive()` (a custom collector:
+    prometheus_client calls `collect` when the registry is rendered)."""
+
+    def __init__(self, targets: Callable[[], Iterable[TargetGauges]], responsive: Callable[[], bool]) -> None:
+        self.targets = targets
+        self.responsive = responsive
+
+    def describe(self) -> list[Metric]:
+        """The names, without reading anything: the registry checks them for duplicates at register()."""
+        return [*self._families(()), GaugeMetricFamily(*_RESPONSIVE)]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families(list(self.targets()))
+        yield GaugeMetricFamily(*_RESPONSIVE, value=1 if self.responsive() else 0)
+
+    @staticmethod
+    def _families(targets: Iterable[TargetGauges]) -> Iterator[Metric]:
+        state = StateSetMetricFamily(*_STATE, labels=_LABELS)
+        ready, expected, pid, sweep, config = (GaugeMetricFamily(*nh, labels=_LABELS)
+                                               for nh in (_READY, _EXPECTED, _MAIN_PID, _SWEEP, _CONFIG))
+        for t in targets:
+            labels = [t.target, t.unit]
+            state.add_metric(labels, {s: s == t.state for s in STATES})
+            ready.add_metric(labels, 1 if t.ready else 0)
+            expected.add_metric(labels, math.nan if t.expected_load_seconds is None else t.expected_load_seconds)
+            pid.add_metric(labels, t.main_pid)
+            sweep.add_metric(labels, 1 if t.sweep_dropin_orphaned else 0)
+            config.add_metric(labels, 1 if t.config_changed else 0)
+        yield from (state, ready, expected, pid, sweep, config)
+
+
+class Metrics:
+    """The daemon's metrics. `targets` and `responsive` are read at each scrape (the gauges); call
+    `register_target` for each configured target, so its counters are 0 before the first event."""
+
+    def __init__(self, version: str, registry: CollectorRegistry | None = None, *,
+                 targets: Callable[[], Iterable[TargetGauges]] = tuple,
+                 responsive: Callable[[], bool] = lambda: True) -> None:
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
         # (target, unit) -> the `result` / `reason` label values created for it, so forget_target can
         # remove them without reaching into prometheus_client's private child map.
@@ -60,23 +135,7 @@ class Metrics:
         ProcessCollector(registry=r)
         # Info appends `_info`, so the exposed name is genready_build_info{version} 1.
         Info("genready_build", "genready build information", registry=r).info({"version": version})
-        # Enum exposes one series per state (label `genready_state`), exactly one of them 1.
-        self._state = Enum(
-            "genready_state", "Current state of the target's state machine (one series per state, the "
-            "current one is 1)", _LABELS, states=list(STATES), registry=r,
-        )
-        self._ready = Gauge(
-            "genready_ready", "1 if a generation served by the unit's current MainPID succeeded, else 0",
-            _LABELS, registry=r,
-        )
-        self._expected = Gauge(
-            "genready_expected_load_seconds", "How long this target's loads usually take: the median of the last "
-            "(up to) 5 verified loads with the same ExecStart=, else of the unit's last 5; NaN without any",
-            _LABELS, registry=r,
-        )
-        self._main_pid = Gauge(
-            "genready_main_pid", "The unit's current MainPID (0: none)", _LABELS, registry=r,
-        )
+        r.register(GaugeCollector(targets, responsive))
         self._starts = Counter(
             "genready_starts", "Starts of the unit seen (new MainPID or invocation)", _LABELS, registry=r,
         )
@@ -115,16 +174,6 @@ class Metrics:
             "genready_stamp_errors", "Failed writes or removals of the target's ready stamp (runtime_dir); "
             "retried until they succeed", _LABELS, registry=r,
         )
-        self._sweep_orphaned = Gauge(
-            "genready_sweep_dropin_orphaned", "1 while the unit carries the drop-in of a genready sweep that is "
-            "gone (killed mid-point): it runs that point's configuration; `genready sweep restore TARGET`",
-            _LABELS, registry=r,
-        )
-        self._config_changed = Gauge(
-            "genready_config_changed_since_start", "1 while the unit's ExecStart= or Environment= differ from what "
-            "its running process was started with (edited and reloaded, not restarted): it is still ready, but does "
-            "not run the unit's configuration; guard and sweep refuse it", _LABELS, registry=r,
-        )
         self._api_refused = Counter(
             "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
             "connections closed for not sending a complete request in time, and requests for a Host: that is "
@@ -133,32 +182,17 @@ class Metrics:
         )
         for why in API_REFUSALS:
             self._api_refused.labels(why=why)
-        self._systemd_responsive = Gauge(
-            "genready_systemd_responsive", "1 while the systemd manager answers; 0 while it does not (SIGSTOPped, "
-            f"or busy in a long daemon-reload): /ready is then 503 with reason {SYSTEMD_UNRESPONSIVE}",
-            registry=r,
-        )
-        self._systemd_responsive.set(1)
 
     def register_target(self, target: str, unit: str) -> None:
-        """Create the target's series at their zero values (state "unknown" until first observed).
-
-        Idempotent: a second call for a known (target, unit) changes nothing, so it never resets the
-        state of a running target.
-        """
+        """Create the target's counters and histograms at zero (a series born at 1 hides its first event
+        from increase()). Idempotent: a second call for a known (target, unit) resets nothing."""
         key = (target, unit)
         if key in self._results:
             return
         self._results[key] = set(PROBE_RESULTS)
         self._reasons[key] = set(REVOCATION_REASONS)
-        self._state.labels(target, unit).state("unknown")
-        self._ready.labels(target, unit).set(0)
-        self._main_pid.labels(target, unit).set(0)
-        self._expected.labels(target, unit).set(float("nan"))
         self._starts.labels(target, unit)
         self._stamp_errors.labels(target, unit)
-        self._sweep_orphaned.labels(target, unit).set(0)
-        self._config_changed.labels(target, unit).set(0)
         self._foreign.labels(target, unit)
         self._load.labels(target, unit)
         self._probe_seconds.labels(target, unit)
@@ -168,46 +202,16 @@ class Metrics:
             self._revocations.labels(target, unit, reason)
 
     def forget_target(self, target: str, unit: str) -> None:
-        """Drop every series of a target no longer configured (a stale `genready_ready 0` would alert)."""
+        """Drop the counters of a target no longer configured (its gauges go with its gate)."""
         key = (target, unit)
         if key not in self._results:
             return
-        for metric in (self._state, self._ready, self._main_pid, self._expected, self._starts, self._foreign,
-                       self._load, self._probe_seconds, self._stamp_errors, self._sweep_orphaned,
-                       self._config_changed):
+        for metric in (self._starts, self._foreign, self._load, self._probe_seconds, self._stamp_errors):
             metric.remove(target, unit)
         for result in self._results.pop(key):
             self._probes.remove(target, unit, result)
         for reason in self._reasons.pop(key):
             self._revocations.remove(target, unit, reason)
-
-    def set_state(self, target: str, unit: str, state: str) -> None:
-        """ValueError for a state not in STATES (a programming error, not a runtime condition)."""
-        if state not in STATES:
-            raise ValueError(f"unknown state {state!r}; one of {', '.join(STATES)}")
-        self.register_target(target, unit)
-        self._state.labels(target, unit).state(state)
-
-    def set_ready(self, target: str, unit: str, ready: bool) -> None:
-        """The genready_ready gauge: outputs.py sets it from the readiness rule, not from a state name."""
-        self.register_target(target, unit)
-        self._ready.labels(target, unit).set(1 if ready else 0)
-
-    def set_sweep_dropin_orphaned(self, target: str, unit: str, orphaned: bool) -> None:
-        self.register_target(target, unit)
-        self._sweep_orphaned.labels(target, unit).set(1 if orphaned else 0)
-
-    def set_config_changed(self, target: str, unit: str, changed: bool) -> None:
-        self.register_target(target, unit)
-        self._config_changed.labels(target, unit).set(1 if changed else 0)
-
-    def set_main_pid(self, target: str, unit: str, pid: int) -> None:
-        self.register_target(target, unit)
-        self._main_pid.labels(target, unit).set(pid)
-
-    def set_expected_load(self, target: str, unit: str, seconds: float | None) -> None:
-        self.register_target(target, unit)
-        self._expected.labels(target, unit).set(float("nan") if seconds is None else seconds)
 
     def start_seen(self, target: str, unit: str) -> None:
         self.register_target(target, unit)
@@ -241,9 +245,6 @@ class Metrics:
 
     def api_refused(self, why: str) -> None:
         self._api_refused.labels(why=why).inc()
-
-    def systemd_responsive(self, responsive: bool) -> None:
-        self._systemd_responsive.set(1 if responsive else 0)
 
     def ready_request(self, code: int) -> None:
         child = self._ready_by_code.get(code)

@@ -1,21 +1,22 @@
 """What genready says about readiness outside its HTTP API: sd_notify (READY=1, RELOADING=1,
-STATUS=), the ready stamps and the `genready_ready` gauge.
+STATUS=), the ready stamps and the gauges of /metrics.
 
 Each one is recomputed from the readiness rule (`TargetGate.ready`, i.e. `gate.is_ready`) at
 the moment it is sent, never taken from an event's payload or from a flag remembered since:
 a target verified and then revoked before genready's first READY=1 gets no READY=1, and a
-stamp or gauge can only say "ready" while /ready would say 200.
+stamp or gauge can only say "ready" while /ready would say 200. The gauges are read from the
+gates at each scrape (`gauges`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from genready.rule.gate import TargetGate
-from genready.serve.metrics import Metrics
+from genready.serve.metrics import TargetGauges
 from genready.serve.stamp import Stamps
 from genready.systemd.notify import Notifier
 from genready.timewords import duration
@@ -41,6 +42,14 @@ def stamp_payload(gate: TargetGate) -> dict[str, object] | None:
     return {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]}
 
 
+def gauges(gates: Iterable[TargetGate]) -> Iterator[TargetGauges]:
+    """Each target's gauges as they are now: what /metrics shows at a scrape."""
+    for g in gates:
+        yield TargetGauges(target=g.name, unit=g.unit, state=str(g.state), ready=g.ready,
+                           main_pid=g.snap.main_pid if g.snap else 0, expected_load_seconds=g.expected_load_seconds,
+                           sweep_dropin_orphaned=g.sweep_warning is not None, config_changed=bool(g.config_changes))
+
+
 def status_line(g: TargetGate) -> str:
     """One target's part of STATUS= (what `systemctl status genready` shows)."""
     if g.ready and g.verified:
@@ -54,16 +63,15 @@ def status_line(g: TargetGate) -> str:
 
 
 class Outputs:
-    """Keeps sd_notify, the stamps and the gauge in line with the rule; `update()` after any change.
+    """Keeps sd_notify and the stamps in line with the rule; `update()` after any change.
 
     systemd hears READY=1 once the API listens and every `gate_startup` target is ready;
     after that, RELOADING=1 while one of them is not, and READY=1 when all are again.
     """
 
-    def __init__(self, notifier: Notifier, stamps: Stamps, metrics: Metrics) -> None:
+    def __init__(self, notifier: Notifier, stamps: Stamps) -> None:
         self.notifier = notifier
         self.stamps = stamps
-        self.metrics = metrics
         self.sent_ready = False  # READY=1 was sent once: start-up is over for systemd
         self.reloading = False  # RELOADING=1 was sent and its READY=1 not yet
         self._stamped: dict[str, dict[str, object] | None] = {}
@@ -75,7 +83,7 @@ class Outputs:
         self.stamps.set(gate.name, None)
 
     def forget(self, name: str) -> None:
-        """A target is no longer configured: its stamp goes (the metrics forget it themselves)."""
+        """A target is no longer configured: its stamp goes (its gauges went with its gate)."""
         self._stamped.pop(name, None)
         self.stamps.forget(name)
 
@@ -89,8 +97,6 @@ class Outputs:
         """Bring every output in line with `gate.ready` now; `notes` are extra STATUS= lines."""
         gates = list(gates)
         for g in gates:
-            ready = g.ready
-            self.metrics.set_ready(g.name, g.unit, ready)
             payload = stamp_payload(g)
             if self._stamped.get(g.name, _NO_STAMP) != payload:
                 self._stamped[g.name] = payload
