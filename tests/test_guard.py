@@ -288,10 +288,13 @@ def test_guard_says_75_whoever_reads_stderr(verified: Genready, manager: UserMan
 
 
 def _guarded_running(script: str) -> bool:
+    """Is `sh -c script` running? That very command line: guard's own holds the script too, and
+    it exists before guard has seen the target ready and started the command."""
+    cmdline = b"\0".join([b"sh", b"-c", script.encode()]) + b"\0"
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if script.encode() in (d / "cmdline").read_bytes():
+                if (d / "cmdline").read_bytes() == cmdline:
                     return True
             except OSError:
                 pass
