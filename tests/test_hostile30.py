@@ -326,3 +326,71 @@ def test_item9_init_write_refuses_a_config_that_is_no_regular_file(kind: str, fi
     got = _bounded(lambda: unitinit.append_table(path, "x", block))
     assert isinstance(got, unitinit.WriteRefused), got
     assert str(got).startswith(f"{path}: expected a regular file of at most 1 MiB, found a"), got
+
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_item9_init_does_not_hang_on_an_environment_file(kind: str, fifo: Path) -> None:
+    from genready.systemd import unitexec
+
+    path = str(fifo) if kind == "fifo" else kind
+    got = _bounded(lambda: unitexec._env_file(path))
+    assert isinstance(got, tuple), got
+    env, note = got
+    assert env == {} and note.startswith(f"EnvironmentFile={path}: expected a regular file"), note
+
+
+# --- 7. init: text from ExecStart= stays in its comment --------------------------------------------
+
+def test_item7_a_line_break_in_an_execstart_argument_stays_in_its_comment() -> None:
+    from genready.compat import tomllib
+    from genready.tools import unitinit
+
+    # ExecStart=docker run … --uds "/run/v\n[targets.other]\nverify_owner = false\n#": systemd's C escape.
+    evil = "/run/v.sock\n[targets.other]\nverify_owner = false\n#"
+    prop = unitinit.target_from_exec("vllm.service", ["docker", "run", "--name", "v", "vllm/vllm-openai:latest",
+                                                      "--uds", evil, "--served-model-name", 'a"b\nc = 1'], {})
+    block = unitinit.render("vllm", prop)
+    doc = tomllib.loads(block)
+    assert list(doc["targets"]) == ["vllm"] and "verify_owner" not in doc["targets"]["vllm"], block
+    assert doc["targets"]["vllm"]["model"] == 'a"b\nc = 1'  # a value: through tomli-w, whole
+    comments = [line for line in block.splitlines() if line.startswith("#")]
+    assert any("/run/v.sock\\x0a[targets.other]" in c for c in comments), comments
+    assert not any(line.startswith(("[targets.other]", "verify_owner")) for line in block.splitlines())
+    template = unitinit.template("x.service", 'we"ird')
+    assert all(line.startswith("#") for line in template.splitlines())
+
+
+# --- 8. init messages --------------------------------------------------------------------------------
+
+def test_item8_an_unrecognised_command_is_shown_without_its_secrets() -> None:
+    from genready.tools import unitinit
+
+    argv = ["/opt/srv/bin/serve", "--hf-token", "hf_leak1", "--admin-api-key", "sk-leak2", "--token", "tk-leak3",
+            "--password", "pw-leak4", "--listen", "0.0.0.0:1"]
+    with pytest.raises(unitinit.Unrecognised) as e:
+        unitinit.target_from_exec("srv.service", argv, {})
+    text = str(e.value)
+    assert not any(s in text for s in ("hf_leak1", "sk-leak2", "tk-leak3", "pw-leak4")), text
+    assert "--listen 0.0.0.0:1" in text and "--hf-token ***" in text
+
+
+def test_item8_the_key_exposure_warning_only_where_it_is_true(tmp_path: Path) -> None:
+    import os
+
+    from genready.tools import unitinit
+
+    argv = ["vllm", "serve", "m"]
+    private, public = tmp_path / "private.env", tmp_path / "public.env"
+    for f, mode in ((private, 0o600), (public, 0o644)):
+        f.write_text("VLLM_API_KEY=sk-1\n")
+        os.chmod(f, mode)
+    env = {"VLLM_API_KEY": "sk-1"}
+    quiet = unitinit.target_from_exec("v.service", argv, env, {"VLLM_API_KEY": str(private)})
+    assert quiet.warnings == [] and any("api_key_file" in c for c in quiet.comments)
+    loud = unitinit.target_from_exec("v.service", argv, env, {"VLLM_API_KEY": str(public)})
+    assert len(loud.warnings) == 1 and f"EnvironmentFile={public}" in loud.warnings[0] and "0644" in loud.warnings[0]
+    shown = unitinit.target_from_exec("v.service", argv, env)
+    assert "systemctl show" in shown.warnings[0]
+    cmdline = unitinit.target_from_exec("v.service", ["env", "VLLM_API_KEY=sk-2", *argv], {})
+    assert "/proc/PID/cmdline" in cmdline.warnings[0]
+    assert not any("sk-1" in w or "sk-2" in w for p in (loud, shown, cmdline) for w in p.warnings)

@@ -120,8 +120,10 @@ def cmd_init(args: argparse.Namespace) -> int:
         die(f"{unit} is {info.load_state or 'unknown'} on the {bus} bus", hint="--bus user for a user unit",
             status=Exit.USAGE)
     name = args.name or unitinit.target_name(unit)
+    for note in info.notes:
+        console.err(f"genready: warning: {note}")
     try:
-        prop = unitinit.propose(unit, info.commands, info.environment)
+        prop = unitinit.propose(unit, info.commands, info.environment, info.env_files)
     except unitinit.Unrecognised as e:
         console.err(f"genready: {e}")
         sys.stdout.write(unitinit.template(unit, name))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from genready import config
 from genready.systemd import bus, control
 from genready.systemd.snapshot import exec_argvs
 
@@ -31,6 +31,8 @@ class UnitExec:
     fragment_path: str
     commands: tuple[tuple[str, ...], ...]  # one argv per ExecStart= line
     environment: Mapping[str, str] = field(default_factory=dict)
+    env_files: Mapping[str, str] = field(default_factory=dict)  # variable -> the EnvironmentFile= that set it
+    notes: tuple[str, ...] = ()  # EnvironmentFile= that could not be read, and why
 
 
 def parse_environment(entries: Iterable[str]) -> dict[str, str]:
@@ -43,13 +45,19 @@ def parse_environment(entries: Iterable[str]) -> dict[str, str]:
     return env
 
 
-def _env_file(path: str) -> dict[str, str]:
-    """One EnvironmentFile=, in systemd's simple form (KEY=VALUE lines, # comments, quotes)."""
+MAX_ENV_FILE_BYTES = 1 << 20
+
+
+def _env_file(path: str) -> tuple[dict[str, str], str]:
+    """One EnvironmentFile=, in systemd's simple form (KEY=VALUE lines, # comments, quotes), and why it
+    was not read ("" if it was, or is not there). Through the one bounded reader: a FIFO is not waited on."""
     env: dict[str, str] = {}
     try:
-        text = Path(path).read_text(errors="replace")
-    except OSError:
-        return env
+        text = config.read_file(path, MAX_ENV_FILE_BYTES).decode(errors="replace")
+    except FileNotFoundError:
+        return env, ""
+    except config.FileError as e:
+        return env, f"EnvironmentFile={e}; its variables are not known here"
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith(("#", ";")) or "=" not in line:
@@ -59,7 +67,7 @@ def _env_file(path: str) -> dict[str, str]:
         if len(v) >= 2 and v[0] == v[-1] and v[0] in "'\"":
             v = v[1:-1]
         env[k.strip().removeprefix("export ").strip()] = v
-    return env
+    return env, ""
 
 
 def read(bus_kind: str, unit: str) -> UnitExec:
@@ -72,8 +80,14 @@ def read(bus_kind: str, unit: str) -> UnitExec:
     env: dict[str, str] = {}
     # systemd applies EnvironmentFile= after Environment=: a variable set in both takes the file's value.
     env.update(parse_environment(_s(e) for e in s.get(b"Environment") or []))
+    files: dict[str, str] = {}
+    notes: list[str] = []
     for entry in s.get(b"EnvironmentFiles") or []:
-        env.update(_env_file(_s(entry[0])))
+        path = _s(entry[0])
+        found, note = _env_file(path)
+        env.update(found)
+        files.update(dict.fromkeys(found, path))
+        notes += [note] if note else []
     return UnitExec(unit=unit, load_state=load_state, active_state=_s(u.get(b"ActiveState", b"")),
                     fragment_path=_s(u.get(b"FragmentPath", b"")), commands=exec_argvs(s.get(b"ExecStart")),
-                    environment=env)
+                    environment=env, env_files=files, notes=tuple(notes))

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from genready.redact import redact
+from genready.redact import escape, redact
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -123,16 +123,20 @@ def target_name(unit: str) -> str:
 
 
 def shown(argv: Sequence[str]) -> str:
-    """A command line for a message: quoted as a shell would, keys masked, cut short."""
-    text = redact(shlex.join(argv))
+    """A command line for a message: quoted as a shell would, keys masked (redact's rules), control
+    characters escaped, cut short."""
+    text = escape(redact(shlex.join(argv)))
     return text if len(text) <= 300 else text[:300] + "…"
 
 
-def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> Proposal:
-    """The target table for a unit whose ExecStart= is `argv` with Environment= `env`.
+def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
+                     env_files: Mapping[str, str] | None = None) -> Proposal:
+    """The target table for a unit whose ExecStart= is `argv` with Environment= `env`; `env_files`:
+    the variables of `env` that came from an EnvironmentFile=, and its path.
 
     Raises Unrecognised when the command is none of the servers genready knows.
     """
+    unit_env = dict(env)
     argv, env = _unwrap(list(argv), dict(env))
     container: _Container | None = None
     if argv and os.path.basename(argv[0]) in _ENGINES:
@@ -158,7 +162,7 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str]) -> 
         model = values.get("weights", ("", ""))[0] or positional
     if server.api != "sglang" and model:  # SGLang's own API takes no model name
         prop.table["model"] = model
-    _key(server, values, prop, unit, container is not None)
+    _key(server, values, prop, unit, container is not None, _exposure(values, unit_env, env, env_files or {}))
     if not server.health_route:
         # health_path stays at its default: a 404 from it is "no health route", not a refusal, so
         # the same table keeps working if a later version adds one.
@@ -361,7 +365,31 @@ def _url(server: Server, values: dict[str, tuple[str, str]], container: _Contain
                              "trusts, set ca_file = \"/path/to/ca.pem\" (the CA that signed it)")
 
 
-def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool) -> None:
+def _exposure(values: dict[str, tuple[str, str]], unit_env: Mapping[str, str], env: Mapping[str, str],
+              env_files: Mapping[str, str]) -> str:
+    """Where every local user can read the server's key, or "" where they cannot (a file only its owner
+    reads). From the flag or variable that set it: a flag, `env K=V`, `docker run -e` are on the command
+    line; Environment= is printed by `systemctl show`; an EnvironmentFile= is as readable as the file."""
+    if "key" not in values:
+        return ""
+    how = values["key"][1]
+    var = how[1:] if how.startswith("$") else ""
+    if not var or var not in unit_env or unit_env[var] != env.get(var):
+        return "on the command line, which every local user can read in /proc/PID/cmdline"
+    if var not in env_files:
+        return "in the unit's environment, which `systemctl show` prints to every local user"
+    path = env_files[var]
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""  # not readable here either: not to every local user
+    if st.st_mode & 0o004:
+        return f"in EnvironmentFile={path}, which every local user can read (mode {st.st_mode & 0o7777:04o})"
+    return ""
+
+
+def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool,
+         where: str = "") -> None:
     if "key_file" in values:
         path = values["key_file"][0]
         if "${CREDENTIALS_DIRECTORY}" in path or "$CREDENTIALS_DIRECTORY" in path:
@@ -376,20 +404,23 @@ def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, uni
     if "key" not in values:
         return
     how = values["key"][1]
-    where = ("in the unit's environment, which `systemctl show` prints to every local user" if how.startswith("$")
-             else "on the command line, which every local user can read in /proc/PID/cmdline")
+    prop.comments.append("the server wants an API key: set api_key_file = \"/path/to/key\" (a file holding it, "
+                         "readable by genready) or api_key_credential")
+    if not where:  # kept where only its owner reads it: nothing to fix
+        return
     in_container = (" In a container, pass variables with `--env-file FILE` (a file only root reads), not -e."
                     if container else "")
     prop.warnings.append(f"{unit} gives the server its API key {where} ({how}; the key is not shown here). "
                          f"Fix: {server.key_fix}.{in_container} genready reads the key from a file holding only "
                          "the key: api_key_file (or api_key_credential)")
-    prop.comments.append("the server wants an API key: set api_key_file = \"/path/to/key\" (a file holding it, "
-                         "readable by genready) or api_key_credential")
 
 
 def template(unit: str, name: str) -> str:
-    """A commented table to fill in, for a server `init` does not recognise."""
-    lines = [f"[targets.{name}]", f'unit = "{unit}"', 'url = "http://127.0.0.1:PORT"  # the server\'s address',
+    """A commented table to fill in, for a server `init` does not recognise (names through tomli-w)."""
+    import tomli_w
+
+    head, unit_line = tomli_w.dumps({"targets": {name: {}}}).strip(), tomli_w.dumps({"unit": unit}).strip()
+    lines = [escape(head), escape(unit_line), 'url = "http://127.0.0.1:PORT"  # the server\'s address',
              'api = "openai-completions"  # "sglang" | "openai-completions" | "openai-chat"',
              'model = ""  # empty: the first of /v1/models', 'api_key_file = ""  # a file holding the API key, if any']
     return "# fill in and remove the leading '# ':\n" + "".join(f"# {line}\n" for line in lines)
@@ -399,19 +430,22 @@ def render(name: str, prop: Proposal) -> str:
     """The table as TOML (tomli-w), with the comments above it."""
     import tomli_w
 
-    head = f"# {prop.table['unit']}: {prop.server}, read from its ExecStart= by `genready init`\n"
-    head += "".join(f"# {c}\n" for c in prop.comments)
+    # Values go through tomli-w; a comment quotes ExecStart= words, in which systemd's C escapes can put
+    # a line break: escaped (redact.escape), each comment stays one line.
+    head = f"# {escape(prop.table['unit'])}: {prop.server}, read from its ExecStart= by `genready init`\n"
+    head += "".join(f"# {escape(c)}\n" for c in prop.comments)
     return head + tomli_w.dumps({"targets": {name: prop.table}})
 
 
-def propose(unit: str, commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> Proposal:
+def propose(unit: str, commands: Sequence[Sequence[str]], env: Mapping[str, str],
+            env_files: Mapping[str, str] | None = None) -> Proposal:
     """The first ExecStart= line that is a known server (a unit may have several); else Unrecognised."""
     if not commands:
         raise Unrecognised(f"{unit} has no ExecStart=")
     error: Unrecognised | None = None
     for argv in commands:
         try:
-            return target_from_exec(unit, argv, env)
+            return target_from_exec(unit, argv, env, env_files)
         except Unrecognised as e:
             error = e
     assert error is not None
