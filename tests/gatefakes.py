@@ -104,6 +104,7 @@ class Events:
         self.verified: list[StartRecord] = []
         self.starts: list[StartRecord] = []
         self.probes: list[ProbeResult] = []
+        self.settled = 0
         self.then: Callable[[], None] | None = None  # run after every event (outputs.py does that)
 
     def _after(self) -> None:
@@ -128,6 +129,10 @@ class Events:
 
     def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None:
         self.starts.append(record)
+        self._after()
+
+    def on_settled(self, gate: TargetGate) -> None:
+        self.settled += 1
         self._after()
 
 

@@ -222,3 +222,60 @@ async def test_a_records_write_that_fails_is_counted_logged_once_and_caught_up_o
     said = [r.getMessage() for r in caplog.records]
     assert sum("cannot write start records" in m for m in said) == 1, said
     assert sum("start records are written" in m for m in said) == 1, said
+
+
+class Passes:
+    """Each time the daemon brings sd_notify and the stamps in line (Outputs.update), what the gate had
+    done by then: (probes made, ready). One event is one probe's outcome, so the updates per event are
+    the updates that share a probe count."""
+
+    def __init__(self, wired: Wired) -> None:
+        self.seen: list[tuple[int, bool]] = []
+        out = wired.daemon.outputs
+        real = out.update
+        gate = wired.daemon.gates["t"]
+
+        def update(*a: Any, **kw: Any) -> None:
+            self.seen.append((gate.progress.probes, gate.ready))
+            real(*a, **kw)
+
+        out.update = update  # type: ignore[method-assign]
+
+    def at(self, probes: int) -> list[tuple[int, bool]]:
+        return [s for s in self.seen if s[0] == probes]
+
+
+async def test_a_verification_updates_every_surface_once(wired: Wired) -> None:
+    passes = Passes(wired)
+    wired.systemd_shows("t.service", snap(pid=4242))
+    assert len(passes.seen) == 1  # the snapshot: one pass
+    g = wired.daemon.gates["t"]
+    await wired.until(lambda: g.ready, "verified")
+    assert passes.at(g.progress.probes) == [(g.progress.probes, True)], passes.seen
+    sent = wired.notifications()
+    assert sum(n.startswith("READY=1") for n in sent) == 1, sent
+    assert not any(n.startswith("STATUS=") for n in sent[sent.index(next(n for n in sent if "READY=1" in n)) + 1:])
+
+
+async def test_a_recheck_revocation_updates_every_surface_once(wired: Wired) -> None:
+    wired.write_config({"t": {"unit": "t.service", "recheck_interval": 0.02, "failure_threshold": 1}})
+    await wired.daemon._reload()
+    g = wired.daemon.gates["t"]
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: g.ready, "verified")
+    passes = Passes(wired)
+    wired.prober.answer = lambda pid: failed()
+    await wired.until(lambda: not g.ready, "revoked by a failed recheck")
+    revoking = next(probes for probes, ready in passes.seen if not ready)  # the recheck that failed
+    assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="recheck_failed") == 1
+    assert passes.at(revoking) == [(revoking, False)], passes.seen
+
+
+async def test_a_revocation_by_systemd_updates_every_surface_once(wired: Wired) -> None:
+    wired.systemd_shows("t.service", snap(pid=4242))
+    g = wired.daemon.gates["t"]
+    await wired.until(lambda: g.ready, "verified")
+    wired.prober.hold = asyncio.Event()
+    passes = Passes(wired)
+    wired.systemd_shows("t.service", snap(pid=4242, job=9))
+    assert passes.seen == [(g.progress.probes, False)]

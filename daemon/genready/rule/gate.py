@@ -76,9 +76,13 @@ def _show(s: Snapshot) -> str:
 
 
 class Listener(Protocol):
-    """What the daemon does with the gate's events (metrics, logs, and a nudge to outputs.py).
+    """What the daemon does with the gate's events (metrics, logs, and outputs.py).
 
     An event says what happened; whether a target is ready is always asked of `gate.ready`.
+    One pass of the gate (a snapshot taken, a probe's outcome counted, a reconfiguration) may
+    emit several events (verified, then the state changed); `on_settled` follows them once, at
+    the end of a pass that changed what a surface shows: that is where READY=1/STATUS= and the
+    stamps are brought in line, once per pass.
     """
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None: ...
@@ -86,6 +90,7 @@ class Listener(Protocol):
     def on_verified(self, gate: TargetGate, record: StartRecord) -> None: ...
     def on_revoked(self, gate: TargetGate, reason: Revocation) -> None: ...
     def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None: ...
+    def on_settled(self, gate: TargetGate) -> None: ...
 
 
 @dataclass
@@ -138,6 +143,7 @@ class TargetGate:
         self._task: asyncio.Task[None] | None = None
         self.probe_restarts = 0  # probe loops that died and were restarted (see _probe_task_done)
         self._changed = asyncio.Event()
+        self._unsettled = False  # this pass verified or revoked: on_settled is due at its end (_set_state)
         self.expected_load_seconds: float | None = None  # refreshed at each start and verification
         # The last start that ended before it was verified: how it ended and its own last words.
         self.last_failure: dict[str, object] | None = None
@@ -327,17 +333,23 @@ class TargetGate:
         self.history.mark_revoked(self.verified.instance.invocation_id, reason)
         log.info("%s: readiness revoked reason=%s pid=%d", self.name, reason, self.verified.instance.main_pid)
         self.verified = None
+        self._unsettled = True
         # Even for the same instance (a job came and went): warmup and load_timeout count anew.
         self.progress.successes = 0
         self.progress.waiting_since = time.time()
         self.listener.on_revoked(self, reason)
 
     def _set_state(self) -> None:
+        """The end of every pass: derive the state, and say once if what the surfaces show changed."""
         new, reason = self._derive_state()
         self.reason = reason
         if new != self.state:
             old, self.state = self.state, new
+            self._unsettled = True
             self.listener.on_state_changed(self, old, new)
+        if self._unsettled:
+            self._unsettled = False
+            self.listener.on_settled(self)
         self._wake()
 
     def _wake(self) -> None:
@@ -537,6 +549,7 @@ class TargetGate:
         rec = self.history.get(inst.invocation_id)
         started = from_iso(rec.started_at) if rec else None
         load = round(now - started, 3) if started else None
+        self._unsettled = True
         self.verified = Verification(inst, now, load, started)
         rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)

@@ -372,7 +372,6 @@ class Daemon:
               pid=gate.snap.main_pid if gate.snap else None)
         if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
             self.summarizer.flush(gate.name)
-        self._update_outputs()
 
     def on_probed(self, gate: TargetGate, result: ProbeResult) -> None:
         self.metrics.probe(gate.name, gate.unit, str(result.failure or "ok"), result.seconds)
@@ -394,10 +393,13 @@ class Daemon:
     def on_verified(self, gate: TargetGate, record: StartRecord) -> None:
         if record.load_seconds is not None:
             self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
-        self._update_outputs()
 
     def on_revoked(self, gate: TargetGate, reason: Revocation) -> None:
         self.metrics.revoked(gate.name, gate.unit, reason)
+
+    def on_settled(self, gate: TargetGate) -> None:
+        """The end of a gate's pass that verified, revoked or changed the state: sd_notify and the
+        stamps are brought in line once for all of it (after every gate, during a snapshot)."""
         self._update_outputs()
 
     def _update_outputs(self) -> None:
