@@ -6,6 +6,7 @@ printed timeline, as a person would, and checks that nothing the demo started is
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from genready.tools import benchclient
 from genready_dev import demo
 from genready_dev.harness import GENREADY, env_without_notify, wait_for
 from genready_dev.usermanager import UserManager, unavailable_reason
@@ -74,6 +76,22 @@ def test_demo_fast_shows_the_race_and_cleans_up() -> None:
             if m:
                 return i, m
         raise AssertionError(f"no timeline row matches {pattern!r}:\n{out}")
+
+    # One restart, one new start: each kind of event is one row (the bench client's progress
+    # lines are no start of it, its result no second result).
+    once = {
+        "the old pid's SIGTERM": r"sim: old pid \d+ got SIGTERM",
+        "the old pid's exit": r"sim: old pid \d+ exited",
+        "the new pid loading": r"sim: new pid \d+: loading weights",
+        "the new pid loaded": r"sim: new pid \d+ finished",
+        "genready's READY": r"genready: READY: pid",
+        "naive's first 200": r"naive: 200 from ",
+        "the bench's start": r"bench: \S+ started by the path unit",
+        "the bench's result": r"bench: \d+/\d+ requests ok",
+    }
+    counts = {what: sum(1 for row in rows if re.search(pattern, row)) for what, pattern in once.items()}
+    assert counts == dict.fromkeys(once, 1), f"{counts}\n{out}"
+    assert sum(1 for row in rows if "run skipped" in row) <= 1, out
 
     i_naive, m = first(r"naive: 200 from the OLD pid (\d+): the script says READY")
     old = int(m[1])
@@ -176,6 +194,27 @@ def test_sigterm_mid_demo_still_cleans_up(tmp_path: Path) -> None:
     assert m, text
     assert not Path(m[1]).exists()
     assert processes_mentioning(m[1]) == []
+
+
+def test_the_bench_clients_output_is_one_start_and_one_result(tmp_path: Path) -> None:
+    """What the bench unit's log holds, as the bench client writes it: its header, a progress line
+    per 10 % (stderr, same log) and the result block. Only the header is a start."""
+    args = benchclient.build_parser().parse_args(["--url", "http://127.0.0.1:1", "-n", "20", "-c", "2"])
+    env = {"GENREADY_PID": "4242", "GENREADY_INVOCATION_ID": "ab" * 16, "GENREADY_UNIT": "sim.service"}
+    log = io.StringIO()
+    log.write(benchclient.header(args, env) + "\n")
+    progress = benchclient.Progress(20, log)
+    for done in range(1, 21):
+        progress.update(done, 0)
+    summary = benchclient.Summary(requests=20, concurrency=2, wall_seconds=1.0)
+    log.write(benchclient.format_summary(summary, env))
+    text = log.getvalue()
+    assert text.count("/20 done") == 10, text  # the lines that used to be read as ten starts
+
+    watch = demo.Watch(0, "http://127.0.0.1:1", tmp_path / "sim.log", tmp_path / "bench.log")
+    for line in text.splitlines():
+        watch._bench_line(line)
+    assert [(e.kind, e.pid) for e in watch.all_events()] == [("started", 4242), ("result", 4242)]
 
 
 def test_without_root_a_clear_message_and_no_traceback(monkeypatch: pytest.MonkeyPatch,

@@ -343,6 +343,10 @@ def naive_check(port: int, hint_pid: int) -> tuple[bool, int | None, str]:
         conn.close()
 
 
+# benchclient's header: "benchclient: N requests at concurrency C to URL (…)[, target T][, label L][, pid P]".
+BENCH_HEADER = re.compile(r"benchclient: \d+ requests at concurrency \d+ to .*?(?:, pid (\d+))?$")
+
+
 class Watch:
     """Observer threads around the restart; their findings arrive as timestamped Events."""
 
@@ -459,10 +463,11 @@ class Watch:
             self.add(Event(t, "bench", "skipped", text=line.removeprefix("genready: ")))
         elif line.startswith("genready guard:"):
             self.add(Event(t, "bench", "guard", text=line.removeprefix("genready guard: ")))
-        elif line.startswith("benchclient:"):
-            m = re.search(r", pid (\d+)$", line)
+        elif m := BENCH_HEADER.match(line):
+            # The first line of its result block, printed as it starts; its progress lines
+            # ("benchclient: 3/10 done") and complaints also start with "benchclient:" and are no start.
             self._bench = {}
-            self.add(Event(t, "bench", "started", int(m[1]) if m else None))
+            self.add(Event(t, "bench", "started", int(m[1]) if m[1] else None))
         elif m := re.match(r"\s+requests\s+(\d+) ok, (\d+) failed", line):
             self._bench.update(ok=int(m[1]), failed=int(m[2]))
         elif m := re.match(r"\s+rate\s+(\S+) requests/s, (\S+) tokens/s", line):
