@@ -18,7 +18,7 @@ UNIT = "w.service"
 
 
 class RecordingWorker:
-    """Stands for bus.Worker: keeps what the watcher asked for instead of asking systemd."""
+    """Stands for worker.Worker: keeps what the watcher asked for instead of asking systemd."""
 
     def __init__(self) -> None:
         self.jobs: list[tuple[Any, Any]] = []
