@@ -394,3 +394,123 @@ def test_item8_the_key_exposure_warning_only_where_it_is_true(tmp_path: Path) ->
     cmdline = unitinit.target_from_exec("v.service", ["env", "VLLM_API_KEY=sk-2", *argv], {})
     assert "/proc/PID/cmdline" in cmdline.warnings[0]
     assert not any("sk-1" in w or "sk-2" in w for p in (loud, shown, cmdline) for w in p.warnings)
+
+
+# --- 10-12. sweep report ---------------------------------------------------------------------------
+
+def _results_folder(root: Path) -> Path:
+    """A results folder as a careless or hostile host leaves it: every kind of bad line and bench file."""
+    import json
+    import os
+
+    d = root / "r"
+    d.mkdir()
+    lines: list[str] = []
+
+    def point(i: int, bench: object = None, **fields: object) -> None:
+        out = f"{i}-p"
+        rec = {"index": i, "point": {"n": i}, "status": "ok", "attempt": 1, "pid": 100 + i, "load_seconds": 1.5,
+               "run_seconds": 2.0, "out": out, **fields}
+        lines.append(json.dumps(rec))
+        folder = d / out
+        folder.mkdir(exist_ok=True)
+        if isinstance(bench, dict):
+            (folder / "bench.jsonl").write_text(json.dumps(bench) + "\n")  # json writes NaN/Infinity as is
+        elif bench == "dir":
+            (folder / "bench.jsonl").mkdir()
+        elif bench == "loop":
+            os.symlink("bench.jsonl", folder / "bench.jsonl")
+        elif bench == "fifo":
+            os.mkfifo(folder / "bench.jsonl")
+        elif bench == "zero":
+            os.symlink("/dev/zero", folder / "bench.jsonl")
+
+    fig = {"accept_length": 2.0, "output_tokens_per_second": 100.0, "ttft_p50_ms": 50.0, "itl_p50_ms": 5.0}
+    point(1, fig)
+    point(2, "dir")
+    point(3, fig, load_seconds="12")
+    point(4, fig, load_seconds=[1])
+    point(5, fig, out="5-p\x00x")
+    point(6, "loop")
+    point(7, "fifo")
+    point(8, "zero")
+    point(9, fig | {"output_tokens_per_second": float("inf")})
+    point(10, fig | {"output_tokens_per_second": float("nan"), "ttft_p50_ms": float("-inf")})
+    lines.append('{"index": 11, "point": {"n": 11}, "status": "ok", torn')
+    point(12, fig | {"output_tokens_per_second": 90.0}, status="=1+2", host="\x1b]0;pwned\x07h1")
+    point(13, fig | {"output_tokens_per_second": 80.0}, host="-2+3+cmd|' /C calc'!A0")
+    (d / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def _report(folder: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
+    from genready import cli
+
+    got = _bounded(lambda: cli.main(["sweep", "report", str(folder), "--format", fmt]))
+    captured = capsys.readouterr()
+    return got, captured.out, captured.err
+
+
+def test_item10_sweep_report_survives_every_bad_line_and_file(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    d = _results_folder(tmp_path)
+    rc, out, err = _report(d, "table", capsys)
+    assert rc == 0, (rc, err)
+    _no_controls(out)
+    _no_controls(err)
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("n=")}
+    for n in (3, 4, 5):
+        assert rows[f"n={n}"].split()[1] == "unreadable", rows[f"n={n}"]
+    for n in (2, 6, 7, 8):
+        assert rows[f"n={n}"].split()[1] == "ok" and "unreadable" in rows[f"n={n}"], rows[f"n={n}"]
+    assert f"{d}/results.jsonl:11: skipping a line that is not a JSON object" in err
+    assert f"{d}/results.jsonl:3: load_seconds: expected a number, found str" in err
+    assert f"{d}/results.jsonl:4: load_seconds: expected a number, found list" in err
+    assert f"{d}/results.jsonl:5: out: expected a folder name" in err
+    assert f"{d}/2-p/bench.jsonl: expected a regular file of at most 64 MiB, found a directory" in err
+    assert f"{d}/7-p/bench.jsonl: expected a regular file of at most 64 MiB, found a FIFO" in err
+    assert f"{d}/8-p/bench.jsonl: expected a regular file of at most 64 MiB, found a character device" in err
+    assert f"{d}/6-p/bench.jsonl: cannot read it: Too many levels of symbolic links" in err
+    assert "\\x1b]0;pwned\\x07h1" in out
+
+
+def test_item10_strict_json_and_non_finite_never_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    def no_constants(name: str) -> object:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    rc, out, _ = _report(_results_folder(tmp_path), "json", capsys)
+    assert rc == 0
+    rows = {r["point"]: r for r in json.loads(out, parse_constant=no_constants)["rows"]}
+    assert rows["n=9"]["output_tokens_per_second"] is None and rows["n=10"]["ttft_p50_ms"] is None
+    assert "output_tokens_per_second" in rows["n=1"]["best"]  # 100 beats 90 and 80; inf is not a value
+    assert "ttft_p50_ms" not in rows["n=10"]["best"]  # -inf is not the best latency
+    assert "output_tokens_per_second" not in rows["n=9"]["best"] + rows["n=10"]["best"]
+
+
+def test_item11_csv_cells_a_spreadsheet_would_run_are_quoted(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import csv
+    import io
+
+    rc, out, _ = _report(_results_folder(tmp_path), "csv", capsys)
+    assert rc == 0
+    cells = [c for row in csv.reader(io.StringIO(out)) for c in row]
+    assert "'=1+2" in cells and "'-2+3+cmd|' /C calc'!A0" in cells
+    assert not any(c[:1] in "=+@" for c in cells)
+    assert not any(c.startswith("-") and not c[1:2].isdigit() for c in cells if c != "-")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
+def test_item10_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    d = tmp_path / "r"
+    d.mkdir()
+    {"fifo": lambda p: os.mkfifo(p), "zero": lambda p: os.symlink("/dev/zero", p), "dir": lambda p: p.mkdir()}[kind](
+        d / "results.jsonl")
+    got, _, err = _report(d, "table", capsys)
+    assert isinstance(got, SystemExit) and got.code == 65, (got, err)
+    assert f"{d}/results.jsonl: expected a regular file" in err

@@ -5,6 +5,13 @@ one), and, when the point's command wrote `{out}/bench.jsonl` (the bench client'
 the figures a speculative-decoding sweep compares: accept length, output tokens/s, TTFT p50 and
 ITL p50. `report` merges several results folders (the shards of one plan, run on several hosts)
 into one table in plan order and marks the best value of each figure column.
+
+Every file is read through the one bounded reader (config.read_file): a FIFO, a device, a directory
+or a symlink loop where a file should be is named, never waited on or read without end. A line that
+is not JSON is a warning; a line whose fields have the wrong types, or whose bench.jsonl cannot be
+read, shows its point as unreadable. What the files hold is escaped for a terminal, a CSV cell a
+spreadsheet would run is quoted with `'`, and the JSON output is strict (null for NaN and ±Infinity,
+which are never marked best).
 """
 
 from __future__ import annotations
@@ -12,16 +19,21 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from genready import config, console
+from genready.redact import escape
+
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
 FORMATS: Final = ("table", "csv", "markdown", "json")
+MAX_RESULTS_BYTES: Final = 64 << 20  # a results.jsonl or bench.jsonl: lines of a few KiB each
+UNREADABLE: Final = "unreadable"
 
 
 @dataclass(frozen=True)
@@ -44,11 +56,17 @@ class ReportError(Exception):
     """A folder that holds no sweep results; the message names it."""
 
 
-def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
-    """Every complete, readable line of a JSON Lines file ([] if there is none); a torn last line, from a
-    crash, is skipped (with a warning on stderr unless `warn` is False)."""
+def warn_line(text: str) -> None:
+    console.err(f"genready sweep: warning: {text}")
+
+
+def numbered_lines(path: Path, *, warn: bool = True) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for every complete, readable line of a JSON Lines file ([] if there is
+    none); a line that is not a JSON object (a torn last line, from a crash) is skipped, with a warning
+    naming FILE:LINE unless `warn` is False. config.FileError for a file that is no regular file or
+    is over MAX_RESULTS_BYTES."""
     try:
-        data = path.read_bytes()
+        data = config.read_file(path, MAX_RESULTS_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
@@ -57,23 +75,69 @@ def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
             continue
         try:
             rec = json.loads(raw)
-        except ValueError:
-            if warn:
-                print(f"genready sweep: {path}:{lineno}: skipping an unreadable line", file=sys.stderr)
-            continue
+        except (ValueError, RecursionError):
+            rec = None
         if isinstance(rec, dict):
-            out.append(rec)
+            out.append((lineno, rec))
+        elif warn:
+            warn_line(f"{path}:{lineno}: skipping a line that is not a JSON object")
     return out
 
 
+def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
+    """The objects of numbered_lines(), without their numbers; a file that cannot be read is a warning
+    (unless `warn` is False) and holds nothing."""
+    try:
+        return [rec for _, rec in numbered_lines(path, warn=warn)]
+    except config.FileError as e:
+        if warn:
+            warn_line(str(e))
+        return []
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _as_float(v: Any) -> float | None:
+    """A JSON number as a float (an integer beyond any float is infinite), anything else None."""
+    if not _number(v):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 def bench_figures(folder: Path) -> dict[str, float | None] | None:
-    """The figures of the last bench line in `folder`/bench.jsonl, or None without one."""
-    lines = read_results(folder / BENCH_FILE, warn=False)
+    """The figures of the last bench line in `folder`/bench.jsonl, or None without one. config.FileError
+    for a bench.jsonl that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
+    lines = numbered_lines(folder / BENCH_FILE, warn=False)
     if not lines:
         return None
-    last = lines[-1]
-    return {f.key: v if isinstance(v := last.get(f.key), int | float) and not isinstance(v, bool) else None
-            for f in FIGURES}
+    last = lines[-1][1]
+    return {f.key: _as_float(last.get(f.key)) for f in FIGURES}
+
+
+# The fields of a results.jsonl line a row shows, and what each must be (None is always fine).
+_FIELDS: Final = (("index", int, "an integer"), ("status", str, "a string"), ("attempt", int, "an integer"),
+                  ("pid", int, "an integer"), ("load_seconds", float, "a number"), ("run_seconds", float, "a number"),
+                  ("restarted", bool, "true or false"), ("host", str, "a string"), ("out", str, "a string"))
+
+
+def field_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a results line's fields, or None."""
+    for key, kind, words in _FIELDS:
+        v = rec.get(key)
+        if v is None:
+            continue
+        ok = _number(v) if kind is float else isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+        if not ok:
+            return f"{key}: expected {words}, found {type(v).__name__} {escape(repr(v))[:60]}"
+    out = rec.get("out")
+    if isinstance(out, str) and ("\0" in out or out.startswith("/") or ".." in Path(out).parts):
+        return f"out: expected a folder name inside the results folder, found {escape(repr(out))[:60]}"
+    return None
 
 
 @dataclass
@@ -89,6 +153,7 @@ class Row:
     host: str = ""
     figures: dict[str, float | None] | None = None
     best: set[str] = field(default_factory=set)
+    bench_unreadable: bool = False  # its bench.jsonl is there but cannot be read: figures shown "unreadable"
 
 
 def label_of(point: Any) -> str:
@@ -97,17 +162,28 @@ def label_of(point: Any) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
 
 
-def row_of(rec: dict[str, Any], folder: Path) -> Row:
-    """The row of one results.jsonl line of `folder`."""
+def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
+    """The row of one results.jsonl line of `folder` (`where`: its FILE:LINE, for warnings). A line with
+    fields of the wrong type is shown as an unreadable point, with a warning."""
     index = rec.get("index")
-    if not isinstance(index, int):  # a line from before "index": the out folder starts with it
+    if not isinstance(index, int) or isinstance(index, bool):  # from before "index": the out folder starts with it
         m = re.match(r"(\d+)-", str(rec.get("out", "")))
         index = int(m.group(1)) if m else 0
+    label = label_of(rec.get("point"))
+    if problem := field_problem(rec):
+        warn_line(f"{where or folder}: {problem}; the point is shown as {UNREADABLE}")
+        return Row(index, label, UNREADABLE)
     out = rec.get("out")
-    figures = bench_figures(folder / out) if isinstance(out, str) else None
-    return Row(index, label_of(rec.get("point")), str(rec.get("status")), str(rec.get("attempt", "-")),
-               str(rec.get("pid") or "-"), rec.get("load_seconds"), rec.get("run_seconds"), rec.get("restarted"),
-               str(rec.get("host") or ""), figures)
+    figures, unreadable = None, False
+    if isinstance(out, str):
+        try:
+            figures = bench_figures(folder / out)
+        except config.FileError as e:
+            warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
+            unreadable = True
+    return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
+               str(rec.get("pid") or "-"), _as_float(rec.get("load_seconds")), _as_float(rec.get("run_seconds")),
+               rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable)
 
 
 def rows_of(folders: Sequence[Path]) -> list[Row]:
@@ -115,13 +191,17 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
     best: dict[str, tuple[Row, bool]] = {}
     for folder in folders:
         path = folder / RESULTS_FILE
-        if not path.is_file():
+        try:
+            lines = numbered_lines(path)
+        except config.FileError as e:
+            raise ReportError(str(e)) from None
+        if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")
-        for rec in read_results(path):
+        for lineno, rec in lines:
             key = json.dumps(rec.get("point"), sort_keys=True)
             ok = rec.get("status") == "ok"
             if key not in best or ok or not best[key][1]:
-                best[key] = (row_of(rec, folder), ok)
+                best[key] = (row_of(rec, folder, f"{path}:{lineno}"), ok)
     rows = sorted((r for r, _ in best.values()), key=lambda r: r.index)
     mark_best(rows)
     return rows
@@ -130,7 +210,8 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def mark_best(rows: Sequence[Row]) -> None:
     """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
     for f in FIGURES:
-        vals = [(r, v) for r in rows if r.status == "ok" and r.figures and (v := r.figures.get(f.key)) is not None]
+        vals = [(r, v) for r in rows if r.status == "ok" and r.figures and (v := r.figures.get(f.key)) is not None
+                and math.isfinite(v)]  # NaN and ±Infinity are never the best
         if len(vals) < 2:
             continue
         top = (max if f.higher_is_better else min)(v for _, v in vals)
@@ -143,6 +224,22 @@ def _num(v: float | None, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
+def _finite(v: Any) -> Any:
+    """A value for strict JSON: NaN and ±Infinity as null."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+_PLAIN_NUMBER: Final = re.compile(r"-?\d+(?:\.\d+)?\*?")
+
+
+def csv_cell(text: str) -> str:
+    """A cell a spreadsheet would run as a formula (=, +, -, @, tab, CR first) quoted with a leading '
+    (OWASP's advice); a plain number, negative ones too, stays a number."""
+    if text[:1] in ("=", "+", "-", "@", "\t", "\r") and not _PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
 def _cells(rows: Sequence[Row], *, mark: str) -> tuple[list[str], list[list[str]]]:
     with_bench = any(r.figures for r in rows)
     with_host = len({r.host for r in rows if r.host}) > 1
@@ -150,13 +247,13 @@ def _cells(rows: Sequence[Row], *, mark: str) -> tuple[list[str], list[list[str]
         ([f.title for f in FIGURES] if with_bench else [])
     body = []
     for r in rows:
-        cells = [r.label, r.status, r.attempt, r.pid, _num(r.load, 1), _num(r.run, 1)]
+        cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
         if with_host:
-            cells.append(r.host or "-")
+            cells.append(escape(r.host) or "-")
         if with_bench:
             for f in FIGURES:
                 v = (r.figures or {}).get(f.key)
-                text = _num(v, f.digits)
+                text = UNREADABLE if r.bench_unreadable else _num(v, f.digits)
                 cells.append(mark.format(text) if f.key in r.best else text)
         body.append(cells)
     return head, body
@@ -165,13 +262,14 @@ def _cells(rows: Sequence[Row], *, mark: str) -> tuple[list[str], list[list[str]
 def render(rows: Sequence[Row], fmt: str = "table") -> str:
     if fmt == "json":
         return json.dumps({"rows": [{"index": r.index, "point": r.label, "status": r.status, "attempt": r.attempt,
-                                     "pid": r.pid, "load_seconds": r.load, "run_seconds": r.run,
-                                     "restarted": r.restarted, "host": r.host or None, **(r.figures or {}),
-                                     "best": sorted(r.best)} for r in rows]}, indent=2) + "\n"
+                                     "pid": r.pid, "load_seconds": _finite(r.load), "run_seconds": _finite(r.run),
+                                     "restarted": r.restarted, "host": r.host or None,
+                                     **{k: _finite(v) for k, v in (r.figures or {}).items()},
+                                     "best": sorted(r.best)} for r in rows]}, indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*")
         buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows([head, *body])
+        csv.writer(buf, lineterminator="\n").writerows([head, *([csv_cell(c) for c in r] for r in body)])
         return buf.getvalue()
     if fmt == "markdown":
         head, body = _cells(rows, mark="**{}**")
