@@ -509,8 +509,13 @@ def test_item10_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp
 
     d = tmp_path / "r"
     d.mkdir()
-    {"fifo": lambda p: os.mkfifo(p), "zero": lambda p: os.symlink("/dev/zero", p), "dir": lambda p: p.mkdir()}[kind](
-        d / "results.jsonl")
+    path = d / "results.jsonl"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "zero":
+        os.symlink("/dev/zero", path)
+    else:
+        path.mkdir()
     got, _, err = _report(d, "table", capsys)
     assert isinstance(got, SystemExit) and got.code == 65, (got, err)
     assert f"{d}/results.jsonl: expected a regular file" in err
