@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -508,3 +509,234 @@ async def test_answers_over_the_cap_are_failed_requests_not_read_whole() -> None
         s = await _run(url, n=1, stream=False)
     assert s.ok == 1, s.errors()
     assert f"over {apis.MAX_BODY >> 20} MiB" in benchclient.build_parser().format_help().replace("\n", " ")
+
+
+# --- kept-alive connections the server closes, empty answers, llama.cpp's draft counts (in-process) ----------
+
+
+class KeptAlive:
+    """A loopback HTTP/1.1 server that keeps connections open between requests, as real servers do; `answer`
+    gives (head lines, body, then close?) per request. Counts the requests it read whole, per connection."""
+
+    def __init__(self, answer: Any, *, server: str = "test") -> None:
+        self.answer, self.server = answer, server
+        self.requests: list[tuple[str, bytes]] = []  # (request line, body) of every request read whole
+        self.connections = 0
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        with contextlib.suppress(Exception):
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                body = await reader.readexactly(int(length.group(1)) if length else 0)
+                line = head.split(b"\r\n", 1)[0].decode()
+                self.requests.append((line, body))
+                answer = self.answer(line, json.loads(body) if body else None)
+                if answer is None:  # hang up on the request just read, without a word
+                    break
+                extra, payload, close = answer
+                writer.write(b"HTTP/1.1 200 OK\r\nServer: " + self.server.encode() + b"\r\n" + extra
+                             + b"Content-Length: %d\r\nKeep-Alive: timeout=5, max=100\r\n\r\n" % len(payload)
+                             + payload)
+                await writer.drain()
+                if close:  # as llama-server after a streamed answer: no "Connection: close", just gone
+                    break
+        writer.close()
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self.serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+
+
+def _llama_answer(api: str, stream: bool, drafts: tuple[int, int] | None, text: str = "ab") -> bytes:
+    """An answer shaped as llama-server's (tools/server/server-task.cpp), with `timings` carrying the draft
+    counts only when it drafted."""
+    timings: dict[str, Any] = {"predicted_n": len(text) or 1}
+    if drafts:
+        timings.update(draft_n=drafts[0], draft_n_accepted=drafts[1])
+    usage = {"completion_tokens": len(text), "prompt_tokens": 3}
+    if not stream:
+        choice = {"message": {"role": "assistant", "content": text}} if api == "openai-chat" else {"text": text}
+        return json.dumps({"choices": [{**choice, "finish_reason": "stop"}], "usage": usage,
+                           "timings": timings}).encode()
+    if api == "openai-chat":
+        events = [{"choices": [{"delta": {"role": "assistant", "content": None}}]},
+                  *({"choices": [{"delta": {"content": c}}]} for c in text),
+                  {"choices": [{"delta": {}, "finish_reason": "stop"}]},
+                  {"choices": [], "usage": usage, "timings": timings}]
+    else:
+        events = [*({"choices": [{"text": c}]} for c in text),
+                  {"choices": [{"text": "", "finish_reason": "stop"}], "usage": usage, "timings": timings}]
+    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+
+METRICS = ("llamacpp:spec_decode_num_draft_tokens_total {}\nllamacpp:spec_decode_num_accepted_tokens_total {}\n"
+           "llamacpp:spec_decode_num_drafts_total {}\n")
+
+
+@pytest.mark.parametrize(("api", "stream"), [(a, s) for a in ("openai-completions", "openai-chat")
+                                             for s in (False, True)])
+async def test_llamacpp_draft_counts_give_draft_acceptance_and_its_metrics_the_accept_length(
+        api: str, stream: bool) -> None:
+    """Per answer timings.draft_n / draft_n_accepted (absent when nothing was drafted): draft acceptance is
+    Σ accepted / Σ drafted over the run; /metrics' llamacpp:spec_decode counters give the accept length."""
+    scrapes = 0
+
+    def answer(line: str, body: Any) -> tuple[bytes, bytes, bool]:
+        nonlocal scrapes
+        if line.startswith("GET /metrics"):
+            scrapes += 1
+            counts = (100, 50, 40) if scrapes == 1 else (100 + 24, 50 + 15, 40 + 6)
+            return b"Content-Type: text/plain\r\n", METRICS.format(*counts).encode(), False
+        if line.startswith("GET"):
+            return b"", b'{"data": [{"id": "m"}]}', False
+        n = int(body["messages"][0]["content"] if api == "openai-chat" else body["prompt"])
+        drafts = {0: (8, 8), 1: None, 2: (16, 7)}[n % 3]
+        return b"", _llama_answer(api, stream, drafts), False
+
+    async with KeptAlive(answer, server="llama.cpp") as url:
+        s = await benchclient.run(url, api, requests=3, concurrency=1, max_tokens=2, timeout=10,
+                                  prompts=[Prompt(text=str(n)) for n in range(3)], model="m",
+                                  progress=benchclient.Progress(3, io.StringIO()), stream=stream, seed=None)
+    assert (s.ok, s.failed) == (3, 0), s.errors()
+    assert s.drafts() == (24, 15) and s.draft_acceptance() == 15 / 24
+    assert s.accept() == (1 + 15 / 6, "/metrics llamacpp:spec_decode counters")
+    assert s.metrics_counts == {"drafts": 6, "accepted": 15, "draft_tokens": 24}
+    text = benchclient.format_summary(s, {}, stream=stream)
+    assert "  accept     length 3.50 (/metrics llamacpp:spec_decode counters), draft acceptance 0.625 " \
+           "(15/24 drafted tokens)" in text, text
+
+
+async def test_without_drafts_there_is_no_draft_acceptance_and_without_metrics_no_accept_length() -> None:
+    """No `timings.draft_n` anywhere: null, not 0. Drafts but no /metrics (llama-server without --metrics
+    answers 501): the acceptance, and the accept length says why it is missing."""
+    for drafts, says in [(None, "length - (no speculative decoding seen)"),
+                         ((4, 4), "length - (no /metrics spec_decode counters), draft acceptance 1.000 "
+                                  "(8/8 drafted tokens)")]:
+        def answer(line: str, body: Any, d: Any = drafts) -> tuple[bytes, bytes, bool]:
+            return b"", _llama_answer("openai-completions", False, d), False
+
+        async with KeptAlive(answer) as url:
+            s = await _run(url, n=2, stream=False, api="openai-completions")
+        assert s.ok == 2 and s.metrics_accept is None
+        assert s.draft_acceptance() == (None if drafts is None else 1.0)
+        assert says in benchclient.format_summary(s, {}), benchclient.format_summary(s, {})
+
+
+@pytest.mark.parametrize(("api", "stream"), [(a, s) for a in apis.NAMES for s in (False, True)])
+async def test_an_answer_without_a_token_is_ok_and_counted_empty(api: str, stream: bool) -> None:
+    """The model's first token was end-of-sequence: a valid answer with no output. It was a failed request
+    ("the stream carried no generated token"); it is ok, with 0 tokens, and the report counts it."""
+    empty_sglang = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
+
+    def answer(line: str, body: Any) -> tuple[bytes, bytes, bool]:
+        if api == "sglang":
+            payload = b"data: " + empty_sglang + b"\n\ndata: [DONE]\n\n" if stream else empty_sglang
+        else:
+            payload = _llama_answer(api, stream, None, text="")
+        return b"", payload, False
+
+    async with KeptAlive(answer) as url:
+        s = await _run(url, n=4, stream=stream, api=api)
+    assert (s.ok, s.failed, s.empty, s.tokens) == (4, 0, 4, 0), s.errors()
+    assert "  requests   4 ok, 0 failed, 4 empty" in benchclient.format_summary(s, {}, stream=stream)
+    # A stream with no event at all before [DONE] is no answer.
+    async with KeptAlive(lambda line, body: (b"", b"data: [DONE]\n\n", False)) as url:
+        s = await _run(url, n=1, stream=True, api=api)
+    assert s.errors() == {"bad response: the stream carried no event before data: [DONE]": 1}
+
+
+@pytest.mark.parametrize("server", ["llama.cpp", "other"])
+async def test_a_server_that_closes_kept_alive_connections_loses_no_request(server: str) -> None:
+    """llama-server closes the connection after every streamed answer although it offered keep-alive: the
+    next request, sent into that connection before its FIN was read, was lost ("Can not write request
+    body"). Now a pooled connection the server closed is not used, and once the server has shown that it
+    closes them (or names itself llama.cpp), each request goes on a new connection: nothing fails."""
+    def answer(line: str, body: Any) -> tuple[bytes, bytes, bool]:
+        return b"", _llama_answer("openai-chat", True, None), line.startswith("POST")
+
+    for concurrency in (1, 2, 8):
+        ka = KeptAlive(answer, server=server)
+        async with ka as url:
+            s = await benchclient.run(url, "openai-chat", requests=40, concurrency=concurrency, max_tokens=2,
+                                      timeout=10, prompts=[Prompt(text="hi")], model="m",
+                                      progress=benchclient.Progress(40, io.StringIO()))
+        assert (s.ok, s.failed) == (40, 0), s.errors()
+        assert len([r for r in ka.requests if r[0].startswith("POST")]) == 40  # each sent once
+        if server == "llama.cpp":
+            assert s.new_connections == "llama.cpp closes the connection after a streamed answer"
+        else:
+            assert s.new_connections == "the server closed a kept-alive connection"
+            assert s.stale_connections + s.retried >= 1
+
+
+class ClosingPool(benchclient.PoolConnector):
+    """Hands out every pooled connection as closing: the state in which asyncio has read the server's FIN
+    (and closed the transport) but the request is not yet written, which a real server hits only by chance."""
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
+        conn: Any = await super().connect(req, traces, timeout)
+        if getattr(conn.protocol, "_handed_out", False):
+            conn.transport.is_closing = lambda: True
+        else:
+            conn.protocol._handed_out = True
+        return conn
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_request_refused_on_a_closed_pooled_connection_is_sent_once_more_on_a_new_one(
+        stream: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiohttp refuses to write into a connection that is closing ("Cannot write to closing transport"):
+    nothing of the request reached the server. It is sent once more on a new connection and counted as one
+    request, retried; the server sees each request once."""
+    monkeypatch.setattr(benchclient, "PoolConnector", ClosingPool)
+    monkeypatch.setattr(benchclient, "_why_not_reuse", lambda *a: "")  # keep using the pool: every time
+    ka = KeptAlive(lambda line, body: (b"", _llama_answer("openai-completions", stream, None), False))
+    async with ka as url:
+        s = await _run(url, n=6, stream=stream, api="openai-completions")
+    assert (s.ok, s.failed) == (6, 0), s.errors()
+    assert s.retried >= 1 and len([r for r in ka.requests if r[0].startswith("POST")]) == 6, (s.retried, ka.requests)
+    assert f", {s.retried} retried" in benchclient.format_summary(s, {}, stream=stream)
+    args = benchclient.build_parser().parse_args([])
+    args.prompt_source = "--prompt"
+    res = benchclient.result_json(args, s, {})
+    assert res["retried"] == s.retried and res["failed"] == 0
+
+
+async def test_a_request_lost_after_it_was_sent_still_counts_failed() -> None:
+    """The server read the second request on a kept-alive connection and hung up without an answer: that
+    request may have been processed, so it is not sent again. It counts failed."""
+    posts = 0
+
+    def answer(line: str, body: Any) -> tuple[bytes, bytes, bool] | None:
+        nonlocal posts
+        posts += line.startswith("POST")
+        return None if posts == 2 else (b"", _llama_answer("openai-completions", False, None), False)
+
+    async with KeptAlive(answer) as url:
+        s = await benchclient.run(url, "openai-completions", requests=3, concurrency=1, max_tokens=1, timeout=10,
+                                  prompts=[Prompt(text="hi")], model="m",
+                                  progress=benchclient.Progress(3, io.StringIO()), stream=False)
+    assert (s.ok, s.failed, s.retried) == (2, 1, 0), s.errors()
+    assert list(s.errors()) == ["ServerDisconnectedError: Server disconnected"]
+
+
+def test_only_aiohttps_own_refusal_to_write_is_a_request_never_sent() -> None:
+    refused = ConnectionResetError("Cannot write to closing transport")
+    body = aiohttp.ClientOSError(None, "Can not write request body for http://x/v1/completions")
+    body.__cause__ = refused
+    head = aiohttp.ClientOSError(*refused.args)
+    head.__cause__ = refused
+    assert benchclient._refused_write(body) and benchclient._refused_write(head)
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")  # the kernel's: bytes may have gone
+    assert not benchclient._refused_write(reset)
+    assert not benchclient._refused_write(aiohttp.ServerDisconnectedError())
+    # On a new connection the same refusal is the server's doing, not a stale pool: a failure.
+    assert benchclient._failed(body, 0.0, 5, {"reused": False}).error.startswith("ClientOSError")
+    with pytest.raises(benchclient.StaleConnection):
+        benchclient._failed(body, 0.0, 5, {"reused": True})

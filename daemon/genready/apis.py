@@ -122,10 +122,16 @@ class ServerApi:
             raise ValueError(f"api {self.name!r} takes no token ids")
         return self._body(list(prompt_ids) if prompt_ids else prompt, model, max_tokens)
 
+    def counted_tokens(self, body: bytes) -> int:
+        """Tokens generated according to a 200 answer's body: 0 for an answer of the API's shape that has
+        none (the model's first token ended the sequence); BadAnswer if it is not an answer of the API."""
+        what = f"POST {self.path}"
+        return self._tokens(json_object(body, what), what)
+
     def generated_tokens(self, body: bytes) -> int:
         """Tokens generated according to a 200 answer's body (>= 1); BadAnswer if it is no generation."""
         what = f"POST {self.path}"
-        tokens = self._tokens(json_object(body, what), what)
+        tokens = self.counted_tokens(body)
         if tokens < 1:
             raise BadAnswer(f"{what}: 200 but 0 generated tokens: {excerpt(body)}")
         return tokens

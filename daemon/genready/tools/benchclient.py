@@ -14,14 +14,21 @@ if any request failed.
 The result block is meant for people, but its lines are stable for scripts and the demo:
 
     benchclient: N requests at concurrency C to URL (API, max_tokens M[, streaming][, Poisson R/s])[, …]
-      requests   N ok, F failed[ (…error kinds…)]
+      requests   N ok, F failed[ (…error kinds…)][, E empty][, R retried][, S stale connections skipped]
       rate       R requests/s, T tokens/s over S s
       latency    p50 X ms, p99 Y ms
       ttft       p50 X ms, p99 Y ms          (streaming only)
       itl        p50 X ms, p99 Y ms          (streaming only)
-      accept     length L (SOURCE)[, server average A]   or: length - (no speculative decoding seen)
+      accept     length L (SOURCE)[, server average A][, draft acceptance D (ACC/DRAFTED drafted tokens)]
+                 or: length - (no speculative decoding seen)
+      connection new per request: WHY                 (when the server closes kept-alive connections)
       served by pid P (invocation I, unit U)
       sweep point {…}
+
+An empty answer (valid, but no token: the model's first token ended the sequence) is ok, with 0
+tokens. A request that was never sent, because the pooled connection aiohttp gave it had been
+closed by the server, is sent once more on a new connection and counted once, as retried; any
+other failure counts (see PoolConnector for the server that does this, llama.cpp's).
 
 `--output FILE` appends the same result as one JSON object per line. A progress bar goes to
 stderr on a terminal, a plain line per 10 % otherwise.
@@ -32,7 +39,11 @@ figure a speculative-decoding sweep compares, comes from the server:
   run's requests (sent only when a speculative algorithm runs), and, after the run, GET
   /get_server_info's internal_states[0].avg_spec_accept_length as `server_accept_length`;
 - vLLM (the OpenAI APIs): GET /metrics before and after the run, 1 + Δaccepted / Δdrafts of its
-  spec_decode counters (vLLM's own "mean acceptance length").
+  spec_decode counters (vLLM's own "mean acceptance length");
+- llama.cpp's llama-server (the OpenAI APIs, started with --metrics): the same from its
+  llamacpp:spec_decode_num_{accepted_tokens,drafts}_total counters. Its answers also carry
+  timings.draft_n / draft_n_accepted: `draft_acceptance` = Σ accepted / Σ drafted over the run
+  (null when no answer drafted), the share of drafted tokens the target model kept.
 Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py),
 `--dataset FILE`, or random token ids (`--random-input-len`).
 """
@@ -46,17 +57,21 @@ import json
 import math
 import os
 import random
+import select
 import ssl
 import sys
 import time
+import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final, NamedTuple, TextIO
 
 import aiohttp
 from aiohttp import http_exceptions
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 
 from genready import apis, config, console
 from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
@@ -75,8 +90,42 @@ SERVER_FIGURES_CAP: Final = 4 << 20  # bytes read of /metrics or /get_server_inf
 # and "vllm:spec_decode_num_accepted_tokens"; prometheus_client exposes a counter as NAME_total).
 VLLM_DRAFTS: Final = "vllm:spec_decode_num_drafts_total"
 VLLM_ACCEPTED: Final = "vllm:spec_decode_num_accepted_tokens_total"
+# llama.cpp's llama-server (--metrics): tools/server/server-task.cpp renders its counters as
+# "llamacpp:" + spec_decode_num_draft_tokens_total / spec_decode_num_accepted_tokens_total /
+# spec_decode_num_drafts_total (the last counts verification steps, n_draft_verif_steps).
+LLAMACPP_DRAFTS: Final = "llamacpp:spec_decode_num_drafts_total"
+LLAMACPP_ACCEPTED: Final = "llamacpp:spec_decode_num_accepted_tokens_total"
+LLAMACPP_DRAFT_TOKENS: Final = "llamacpp:spec_decode_num_draft_tokens_total"
+# Where an accept length read from /metrics came from (`accept_length_source`).
+VLLM_METRICS_SOURCE: Final = "/metrics spec_decode counters"
+LLAMACPP_METRICS_SOURCE: Final = "/metrics llamacpp:spec_decode counters"
 # SGLang: GET /get_server_info (older: /server_info), python/sglang/srt/entrypoints/http_server.py.
 SGLANG_INFO_PATHS: Final = ("/get_server_info", "/server_info")
+
+
+class Drafts(NamedTuple):
+    """One answer's speculative-decoding counts from llama.cpp's llama-server: `timings.draft_n` (tokens the
+    draft model proposed) and `timings.draft_n_accepted` (how many of them the target model accepted).
+
+    server_slot_stats::to_json (tools/server/server-common.cpp) sets both only when the slot drafted
+    (n_draft_tokens > 0): absent, not 0, without speculative decoding. tools/server/server-task.cpp puts
+    `timings` into the answer of /completion, /v1/completions and /v1/chat/completions, and when streaming
+    into the final event (the last chunk; for chat with include_usage, the usage chunk)."""
+
+    drafted: int
+    accepted: int
+
+
+def drafts_of(doc: Any) -> Drafts | None:
+    """The Drafts of one answer (or stream event) as parsed JSON; None when it has none."""
+    timings = doc.get("timings") if isinstance(doc, dict) else None
+    if not isinstance(timings, dict):
+        return None
+    n, acc = timings.get("draft_n"), timings.get("draft_n_accepted")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (n, acc)):
+        return None
+    assert isinstance(n, int) and isinstance(acc, int)
+    return Drafts(n, acc) if n > 0 and 0 <= acc <= n else None
 
 
 @dataclass(frozen=True)
@@ -88,6 +137,8 @@ class Outcome:
     ttft: float | None = None  # seconds to the first event with output (streaming only)
     itl: tuple[float, ...] = ()  # seconds between later events with output
     spec_verify_ct: int | None = None  # SGLang's verify steps for this request (speculative decoding only)
+    drafts: Drafts | None = None  # llama.cpp's timings.draft_n / draft_n_accepted (only when it drafted)
+    retried: bool = False  # sent again on a fresh connection: the pooled one was stale (see _stale_connection)
 
 
 @dataclass
@@ -96,8 +147,12 @@ class Summary:
     concurrency: int
     wall_seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
-    metrics_accept: float | None = None  # vLLM: 1 + Δaccepted / Δdrafts over the run
+    metrics_accept: float | None = None  # vLLM, llama.cpp: 1 + Δaccepted / Δdrafts over the run
+    metrics_source: str | None = None  # which server's /metrics counters metrics_accept comes from
     server_accept_length: float | None = None  # SGLang: avg_spec_accept_length after the run
+    stale_connections: int = 0  # pooled connections the server had closed, found before sending on them
+    metrics_counts: dict[str, float] | None = None  # the /metrics counters' growth over the run
+    new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
 
     def accept(self) -> tuple[float | None, str | None]:
         """(accept length, where it came from); (None, None) without speculative decoding."""
@@ -106,12 +161,34 @@ class Summary:
             steps = sum(o.spec_verify_ct or 0 for o in verified)
             return sum(o.tokens for o in verified) / steps, "meta_info.spec_verify_ct"
         if self.metrics_accept is not None:
-            return self.metrics_accept, "/metrics spec_decode counters"
+            return self.metrics_accept, self.metrics_source or VLLM_METRICS_SOURCE
         return None, None
+
+    def drafts(self) -> Drafts | None:
+        """llama.cpp's draft counts summed over the run's answers; None when no answer drafted."""
+        counted = [o.drafts for o in self.outcomes if o.ok and o.drafts is not None]
+        if not counted:
+            return None
+        return Drafts(sum(d.drafted for d in counted), sum(d.accepted for d in counted))
+
+    def draft_acceptance(self) -> float | None:
+        """Σ draft_n_accepted / Σ draft_n over the run's answers (the share of drafted tokens the target
+        accepted); None when no answer drafted."""
+        d = self.drafts()
+        return d.accepted / d.drafted if d is not None else None
 
     @property
     def ok(self) -> int:
         return sum(1 for o in self.outcomes if o.ok)
+
+    @property
+    def empty(self) -> int:
+        """Valid answers with no generated token (the model's first token was end-of-sequence)."""
+        return sum(1 for o in self.outcomes if o.ok and o.tokens == 0)
+
+    @property
+    def retried(self) -> int:
+        return sum(1 for o in self.outcomes if o.retried)
 
     @property
     def failed(self) -> int:
@@ -189,20 +266,21 @@ _STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                      timeout: float) -> Outcome:
+                      timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
     t0 = time.perf_counter()
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
-                                allow_redirects=False) as r:
+                                allow_redirects=False, trace_request_ctx=trace) as r:
             if r.status != 200:
                 return Outcome(False, time.perf_counter() - t0, error=http_error(r))
             raw = await read_body(r)
             took = time.perf_counter() - t0
-        # The probe's rule (apis.py): a 200 counts only if it shows a generated token.
-        tokens = api.generated_tokens(raw)
+        # The probe's rule (apis.py) for what a generation looks like; unlike the probe, a valid answer with no
+        # token (the model ended at once) is an empty answer, not a failure.
+        tokens = api.counted_tokens(raw)
     except _REQUEST_ERRORS as e:
-        return _failed(e, t0, timeout)
-    return Outcome(True, took, tokens, spec_verify_ct=_verify_ct(api, raw))
+        return _failed(e, t0, timeout, trace)
+    return Outcome(True, took, tokens, spec_verify_ct=_verify_ct(api, raw), drafts=drafts_of(json.loads(raw)))
 
 
 def _verify_ct(api: ServerApi, answer: bytes | None) -> int | None:
@@ -219,9 +297,34 @@ def _verify_ct(api: ServerApi, answer: bytes | None) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
-def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
-    """The Outcome of a request started at `t0` that raised `e`, in words a reader can act on."""
+class StaleConnection(Exception):
+    """A request that never left: the pooled connection it was given had been closed by the server."""
+
+
+def _refused_write(e: BaseException) -> bool:
+    """Whether `e` comes from aiohttp refusing to write into a connection that was already closing: its own
+    ConnectionResetError without an errno ("Cannot write to closing transport", aiohttp/http_writer.py),
+    raised instead of handing the bytes to the socket. aiohttp 3.8 raises it for the request line and
+    headers (as ClientOSError) and, for the body, as the cause of ClientOSError "Can not write request
+    body"; later versions hold the headers back and send them with the body, so nothing was sent."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        if isinstance(x, ConnectionResetError) and x.errno is None:
+            return True
+        seen.add(id(x))
+        x = x.__cause__ or x.__context__
+    return False
+
+
+def _failed(e: BaseException, t0: float, timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
+    """The Outcome of a request started at `t0` that raised `e`, in words a reader can act on.
+
+    StaleConnection when the request was not sent at all, because the pooled connection aiohttp gave it had
+    been closed by the server (`trace` says whether it was a pooled one): the caller sends it again."""
     took = time.perf_counter() - t0
+    if trace is not None and trace.get("reused") and _refused_write(e):
+        raise StaleConnection(str(e)) from e
     if isinstance(e, TIMEOUT_ERRORS):
         return Outcome(False, took, error=f"timeout ({timeout:g} s)")
     if isinstance(e, aiohttp.ClientConnectorError):
@@ -237,16 +340,19 @@ def _failed(e: BaseException, t0: float, timeout: float) -> Outcome:
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                     timeout: float) -> Outcome:
+                     timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
     """One streamed generation: TTFT and the gaps between events that carried output."""
     t0 = time.perf_counter()
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
     last_event: bytes | None = None
+    drafts: Drafts | None = None
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
-                                allow_redirects=False) as r:
+                                allow_redirects=False, trace_request_ctx=trace) as r:
             if r.status != 200:
                 return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+            if trace is not None:
+                trace.update(stream=True, server=r.headers.get("Server", ""))
             async for raw in r.content:  # one SSE line at a time
                 line = raw.strip()
                 if not line.startswith(b"data:"):
@@ -257,6 +363,8 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                     break
                 tokens, new = apis.streamed(api, data, tokens)
                 last_event = data
+                if b'"draft_n"' in data:  # llama.cpp's timings, in the final event: cumulative for the request
+                    drafts = drafts_of(json.loads(data)) or drafts
                 if new:
                     now = time.perf_counter()
                     if first is None:
@@ -267,11 +375,13 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
             took = time.perf_counter() - t0
         if not done:
             raise BadAnswer("the stream ended without data: [DONE]")
-        if tokens < 1:
-            raise BadAnswer("the stream carried no generated token")
+        if last_event is None:
+            raise BadAnswer("the stream carried no event before data: [DONE]")
+        # No token at all (the model's first token ended the sequence) is an empty answer, not a failure.
     except _STREAM_ERRORS as e:
-        return _failed(e, t0, timeout)
-    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps), spec_verify_ct=_verify_ct(api, last_event))
+        return _failed(e, t0, timeout, trace)
+    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps), spec_verify_ct=_verify_ct(api, last_event),
+                   drafts=drafts)
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
@@ -283,9 +393,10 @@ async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: f
         return 0, b""
 
 
-def vllm_spec_counters(text: str) -> tuple[float, float] | None:
-    """(drafts, accepted tokens) summed over engines from a Prometheus /metrics page; None without them."""
-    sums = {VLLM_DRAFTS: 0.0, VLLM_ACCEPTED: 0.0}
+def _counter_sums(text: str, names: Sequence[str]) -> list[float] | None:
+    """Each named counter of a Prometheus /metrics page, summed over its label sets (vLLM's engines);
+    None unless every one of them is there."""
+    sums = dict.fromkeys(names, 0.0)
     seen = set()
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -295,12 +406,35 @@ def vllm_spec_counters(text: str) -> tuple[float, float] | None:
             except (IndexError, ValueError):
                 continue
             seen.add(name)
-    return (sums[VLLM_DRAFTS], sums[VLLM_ACCEPTED]) if len(seen) == 2 else None
+    return [sums[n] for n in names] if len(seen) == len(sums) else None
 
 
-async def read_vllm_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[float, float] | None:
+def vllm_spec_counters(text: str) -> tuple[float, float] | None:
+    """(drafts, accepted tokens) summed over engines from a Prometheus /metrics page; None without them."""
+    got = _counter_sums(text, (VLLM_DRAFTS, VLLM_ACCEPTED))
+    return (got[0], got[1]) if got else None
+
+
+class SpecCounters(NamedTuple):
+    """A server's speculative-decoding counters since it started, from its /metrics page."""
+
+    drafts: float  # verification steps (vLLM: drafts; llama.cpp: spec_decode_num_drafts_total)
+    accepted: float  # draft tokens the target model accepted
+    source: str  # accept_length_source of an accept length computed from them
+    draft_tokens: float | None = None  # draft tokens proposed (llama.cpp only)
+
+
+def spec_counters(text: str) -> SpecCounters | None:
+    """vLLM's or llama.cpp's speculative-decoding counters on a /metrics page; None without either."""
+    if (v := vllm_spec_counters(text)) is not None:
+        return SpecCounters(v[0], v[1], VLLM_METRICS_SOURCE)
+    got = _counter_sums(text, (LLAMACPP_DRAFTS, LLAMACPP_ACCEPTED, LLAMACPP_DRAFT_TOKENS))
+    return SpecCounters(got[0], got[1], LLAMACPP_METRICS_SOURCE, got[2]) if got else None
+
+
+async def read_spec_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> SpecCounters | None:
     status, body = await _get_json_or_text(session, url + "/metrics", timeout)
-    return vllm_spec_counters(body.decode("utf-8", "replace")) if status == 200 else None
+    return spec_counters(body.decode("utf-8", "replace")) if status == 200 else None
 
 
 async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
@@ -352,6 +486,88 @@ class Progress:
             self.stream.flush()
 
 
+def _closed_by_server(conn: Connection) -> bool:
+    """Whether an idle pooled connection has something to read: the server's FIN (it closed the connection)
+    or bytes nobody asked for. Either way it must not carry the next request. aiohttp checks only whether
+    the transport is closing, which it learns when asyncio reads the socket on a later turn of the loop: a
+    FIN that has arrived but not yet been read passes that check."""
+    transport = conn.transport
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):  # no descriptor any more: closed
+        return True
+
+
+class PoolConnector(aiohttp.TCPConnector):
+    """aiohttp's TCPConnector, except that it does not hand out a pooled connection the server has closed.
+
+    llama.cpp's llama-server closes the connection after every streamed answer although its headers
+    offered keep-alive (`Keep-Alive: timeout=5, max=100`): its stream provider (tools/server/server-http.cpp,
+    process_handler_response) returns false after sink.done(), which cpp-httplib's write_content_chunked
+    (vendor/cpp-httplib/httplib.cpp) reports as a failed write, so the keep-alive loop
+    (process_server_socket_core) ends and drain_and_close_socket shuts the socket down, discarding whatever
+    arrives for 100 ms. The answer is complete, but the connection goes back to aiohttp's pool a moment
+    before its FIN is read, and the next request was sent into it: "Can not write request body" (aiohttp
+    3.8), or a disconnect. A pooled connection that has become readable while idle is closed here instead,
+    and the request gets another one (counted in `stale`)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._used: weakref.WeakSet[Any] = weakref.WeakSet()  # protocols handed out before: pooled ones
+        self.stale = 0
+
+    async def connect(self, req: aiohttp.ClientRequest, traces: list[Trace], timeout: aiohttp.ClientTimeout
+                      ) -> Connection:
+        while True:
+            conn = await super().connect(req, traces, timeout)
+            proto = conn.protocol
+            if proto is None or proto not in self._used:
+                if proto is not None:
+                    self._used.add(proto)
+                return conn
+            if not _closed_by_server(conn):
+                return conn
+            self.stale += 1
+            conn.close()
+
+
+# Servers that close the connection after every streamed answer although they offer keep-alive, by their Server
+# header: llama.cpp's llama-server (see PoolConnector).
+CLOSES_AFTER_STREAM: Final = ("llama.cpp",)
+
+
+def _why_not_reuse(trace: Mapping[str, Any], outcome: Outcome, connector: PoolConnector) -> str:
+    """Why the rest of the run should send each request on a new connection ("" to keep reusing them): the
+    server closes connections it offered to keep alive, so a request may meet one closing before the FIN is
+    there to see (PoolConnector) and be lost; a new connection cannot be closing."""
+    if trace.get("stream") and str(trace.get("server", "")).split("/")[0] in CLOSES_AFTER_STREAM:
+        return f"{trace['server']} closes the connection after a streamed answer"
+    if connector.stale or outcome.retried:
+        return "the server closed a kept-alive connection"
+    return ""
+
+
+def _reuse_tracer() -> aiohttp.TraceConfig:
+    """Marks a request's trace context (a dict passed as trace_request_ctx) "reused" while the connection it
+    was given came from the pool, so that a refused write can be told from a new connection's failure."""
+    tc = aiohttp.TraceConfig()
+
+    def mark(value: bool) -> Callable[..., Awaitable[None]]:
+        async def on(_session: Any, ctx: Any, _params: Any) -> None:
+            if isinstance(ctx.trace_request_ctx, dict):
+                ctx.trace_request_ctx["reused"] = value
+        return on
+
+    tc.on_connection_reuseconn.append(mark(True))
+    tc.on_connection_create_end.append(mark(False))
+    return tc
+
+
 def request_body(server: ServerApi, p: Prompt, *, max_tokens: int, model: str, stream: bool,
                  temperature: float = 0.0, ignore_eos: bool = False) -> dict[str, Any]:
     """The JSON body of one generation of `p`, on the API's shape (apis.py) with the run's sampling."""
@@ -390,9 +606,14 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
     in flight."""
     summary = Summary(requests, concurrency)
     server = APIS[api]
-    connector = aiohttp.TCPConnector(limit=concurrency, ssl=ssl_context if ssl_context is not None else True)
+    ssl_arg: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+    connector = PoolConnector(limit=concurrency, ssl=ssl_arg)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+    # A request whose pooled connection turned out stale is sent again on a connection of its own.
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, ssl=ssl_arg, force_close=True),
+                                  headers=headers)
+    async with fresh, aiohttp.ClientSession(connector=connector, headers=headers,
+                                             trace_configs=[_reuse_tracer()]) as session:
         if server.needs_model and model is None:
             model = await discover_model(session, url, timeout)
             if model is None:
@@ -403,14 +624,22 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
                                temperature=temperature, ignore_eos=ignore_eos)
                   for p in prompt_sets.schedule(prompts, requests, random.Random(seed))]
         send = one_stream if stream else one_request
-        before = await read_vllm_counters(session, url, timeout) if server.needs_model else None
+        before = await read_spec_counters(session, url, timeout) if server.needs_model else None
 
         async def one(i: int) -> None:
             t0 = time.perf_counter()
+            trace: dict[str, Any] = {}
             try:
-                outcome = await send(session, url, server, bodies[i], timeout)
+                try:
+                    outcome = await send(fresh if summary.new_connections else session, url, server, bodies[i],
+                                         timeout, trace)
+                except StaleConnection:
+                    # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
+                    outcome = dataclasses.replace(await send(fresh, url, server, bodies[i], timeout), retried=True)
             except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
+            if not summary.new_connections:
+                summary.new_connections = _why_not_reuse(trace, outcome, connector)
             summary.outcomes.append(outcome)
             progress.update(len(summary.outcomes), summary.failed)
 
@@ -439,11 +668,18 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
             await asyncio.gather(*tasks)
         summary.wall_seconds = time.perf_counter() - t0
         if server.needs_model:
-            after = await read_vllm_counters(session, url, timeout)
-            if before is not None and after is not None and after[0] > before[0]:
-                summary.metrics_accept = 1 + (after[1] - before[1]) / (after[0] - before[0])
+            after = await read_spec_counters(session, url, timeout)
+            if before is not None and after is not None and after.source == before.source \
+                    and after.drafts > before.drafts:
+                summary.metrics_accept = 1 + (after.accepted - before.accepted) / (after.drafts - before.drafts)
+                summary.metrics_source = after.source
+                summary.metrics_counts = {"drafts": after.drafts - before.drafts,
+                                          "accepted": after.accepted - before.accepted}
+                if after.draft_tokens is not None and before.draft_tokens is not None:
+                    summary.metrics_counts["draft_tokens"] = after.draft_tokens - before.draft_tokens
         else:
             summary.server_accept_length = await read_sglang_accept(session, url, timeout)
+        summary.stale_connections = connector.stale
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
     return summary
@@ -491,8 +727,10 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) 
     if errors:
         why = " (" + ", ".join(f"{n}x {e}" for e, n in errors.most_common(3)) + (
             ", …" if len(errors) > 3 else "") + ")"
+    more = "".join([f", {s.empty} empty" if s.empty else "", f", {s.retried} retried" if s.retried else "",
+                    f", {s.stale_connections} stale connections skipped" if s.stale_connections else ""])
     lines = [
-        f"  requests   {s.ok} ok, {s.failed} failed{why}",
+        f"  requests   {s.ok} ok, {s.failed} failed{why}{more}",
         f"  rate       {s.ok / wall:.1f} requests/s, {s.tokens / wall:.1f} tokens/s over {s.wall_seconds:.2f} s",
         f"  latency    p50 {_ms(percentile(lat, 50))}, p99 {_ms(percentile(lat, 99))}",
     ]
@@ -502,8 +740,17 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) 
         lines.append(f"  itl        p50 {_ms(percentile(itl, 50))}, p99 {_ms(percentile(itl, 99))}")
     length, source = s.accept()
     server = "" if s.server_accept_length is None else f", server average {s.server_accept_length:.2f}"
-    lines.append(f"  accept     length {length:.2f} ({source}){server}" if length is not None else
-                 f"  accept     length - (no speculative decoding seen){server}")
+    drafts, acceptance = s.drafts(), s.draft_acceptance()
+    if drafts is not None and acceptance is not None:
+        server += f", draft acceptance {acceptance:.3f} ({drafts.accepted}/{drafts.drafted} drafted tokens)"
+    if length is not None:
+        lines.append(f"  accept     length {length:.2f} ({source}){server}")
+    elif drafts is not None:  # llama.cpp drafted, but its /metrics (--metrics) could not be read
+        lines.append(f"  accept     length - (no /metrics spec_decode counters){server}")
+    else:
+        lines.append(f"  accept     length - (no speculative decoding seen){server}")
+    if s.new_connections:
+        lines.append(f"  connection new per request: {s.new_connections}")
     who = served_by(env)
     if who:
         lines.append(f"  served by pid {who['pid']} (invocation {who['invocation_id']}, unit {who['unit']})")
@@ -524,7 +771,8 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) ->
         "time": time.time(), "label": args.label, "target": args.target, "url": args.url, "api": args.api,
         "requests": s.requests, "concurrency": s.concurrency, "request_rate": args.request_rate,
         "stream": args.stream, "max_tokens": args.max_tokens,
-        "ok": s.ok, "failed": s.failed, "errors": dict(s.errors()),
+        "ok": s.ok, "failed": s.failed, "errors": dict(s.errors()), "empty": s.empty, "retried": s.retried,
+        "stale_connections": s.stale_connections, "new_connections": s.new_connections or None,
         "wall_seconds": round(s.wall_seconds, 6), "requests_per_second": round(s.ok / wall, 3),
         "tokens_per_second": round(s.tokens / wall, 3), "output_tokens": s.tokens,
         "output_tokens_per_second": round(s.tokens / wall, 3),
@@ -534,6 +782,10 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) ->
         "itl_p50_ms": _r(percentile(itl, 50)), "itl_p99_ms": _r(percentile(itl, 99)),
         "accept_length": _r(s.accept()[0]), "accept_length_source": s.accept()[1],
         "server_accept_length": _r(s.server_accept_length),
+        "draft_acceptance": _r(s.draft_acceptance()),
+        "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
+        "draft_accepted": drafts.accepted if drafts else None,
+        "spec_decode_counters": s.metrics_counts,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "served_by": served_by(env), "sweep_point": sweep_point(env),
