@@ -519,3 +519,27 @@ def test_item10_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp
     got, _, err = _report(d, "table", capsys)
     assert isinstance(got, SystemExit) and got.code == 65, (got, err)
     assert f"{d}/results.jsonl: expected a regular file" in err
+
+
+# --- 12. bench client --dataset ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "deep-array", "deep-lines", "dir"])
+def test_item12_a_dataset_it_cannot_read_is_exit_65_with_a_clear_error(kind: str, fifo: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from genready.tools import benchclient
+
+    path = {"fifo": str(fifo), "/dev/zero": "/dev/zero", "dir": str(tmp_path)}.get(kind, str(tmp_path / "d.json"))
+    if kind == "deep-array":
+        Path(path).write_text("[" * 200_000)
+    elif kind == "deep-lines":
+        Path(path).write_text('{"prompt": "ok"}\n{"prompt": ' + "[" * 200_000 + "\n")
+    got = _bounded(lambda: benchclient.main(["--url", "http://127.0.0.1:1", "--dataset", path, "-n", "1"]))
+    err = capsys.readouterr().err
+    assert isinstance(got, SystemExit) and got.code == 65, (got, err)
+    says = {"fifo": f"{path}: cannot use it as the dataset: expected a regular file of at most 1 GiB, found a FIFO",
+            "/dev/zero": f"{path}: cannot use it as the dataset: expected a regular file of at most 1 GiB, found a "
+                         "character device",
+            "dir": f"{path}: cannot use it as the dataset: expected a regular file of at most 1 GiB, found a directory",
+            "deep-array": f"{path}:1: JSON nested too deeply to read",
+            "deep-lines": f"{path}:2: JSON nested too deeply to read"}[kind]
+    assert says in err and "Traceback" not in err, err

@@ -846,7 +846,7 @@ def prompt_set(args: argparse.Namespace) -> list[Prompt]:
         try:
             base = prompt_sets.load_dataset(Path(args.dataset))
         except prompt_sets.DatasetError as e:
-            print(f"benchclient: {e}", file=sys.stderr)
+            console.err(f"benchclient: {e}")
             raise SystemExit(Exit.BAD_DATA) from None
         args.prompt_source = f"dataset {args.dataset} ({len(base)} prompts)"
     elif args.prompt is not None:
@@ -937,8 +937,10 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
         key = t.api_key
         ctx = t.tls_context
     if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text().strip()
+        try:  # the one bounded reader: a FIFO or a device named here is refused, not read
+            key = config.read_file(args.api_key_file, config.MAX_KEY_BYTES).decode(errors="replace").strip()
+        except config.FileError as e:
+            raise SystemExit(f"benchclient: --api-key-file {e}") from None
         except OSError as e:
             raise SystemExit(f"benchclient: cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
     args.url = (args.url or DEFAULT_URL).rstrip("/")

@@ -101,14 +101,25 @@ BUILTIN: Final[tuple[Prompt, ...]] = (
 )
 
 
+# ShareGPT's own dump is ~650 MB: the cap is for a FIFO's or a device's endless stream, not a real dataset.
+MAX_DATASET_BYTES: Final = 1 << 30
+
+
 def load_dataset(path: Path) -> list[Prompt]:
-    """Prompts from a JSON Lines or ShareGPT-style JSON file; DatasetError naming FILE:LINE otherwise."""
+    """Prompts from a JSON Lines or ShareGPT-style JSON file; DatasetError naming FILE:LINE otherwise.
+    Read through the one bounded reader (config.read_file): a FIFO or a device is refused, not read."""
+    from genready import config
+
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = config.read_file(path, MAX_DATASET_BYTES)
+    except config.FileError as e:
+        raise DatasetError(f"{e.path}: cannot use it as the dataset: {e.problem}") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the dataset: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        line = raw[:e.start].count(b"\n") + 1
         raise DatasetError(f"{path}:{line}: not UTF-8 text") from None
     if not text.strip():
         raise DatasetError(f"{path}:1: the dataset is empty (expected JSON Lines with \"prompt\" or \"messages\", "
@@ -129,6 +140,8 @@ def _json_lines(path: Path, text: str) -> list[tuple[int, Any]]:
             out.append((n, json.loads(line)))
         except ValueError as e:
             raise DatasetError(f"{path}:{n}: not a JSON object ({e})") from None
+        except RecursionError:
+            raise DatasetError(f"{path}:{n}: JSON nested too deeply to read") from None
     return out
 
 
@@ -149,6 +162,8 @@ def _json_array(path: Path, text: str) -> list[tuple[int, Any]]:
             doc, i = dec.raw_decode(text, i)
         except ValueError as e:
             raise DatasetError(f"{path}:{line}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise DatasetError(f"{path}:{line}: JSON nested too deeply to read") from None
         out.append((line, doc))
 
 
