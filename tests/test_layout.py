@@ -149,3 +149,30 @@ def test_no_import_cycle_anywhere() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
+
+
+# What the rule may not know: sweeps and journals are the surfaces' business (serve/lastwords, serve/sweepcheck).
+RULE_MUST_NOT_IMPORT = ("genready.systemd.unitlog", "genready.systemd.sweepdropin", "genready.tools",
+                        "genready.serve", "genready.client")
+
+
+def rule_imports_of_forbidden(root: Path) -> list[str]:
+    """Each `rule/` module's imports of what the rule must not know, lazy ones included."""
+    found = []
+    for path in sorted((root / "rule").rglob("*.py")):
+        for module in sorted(_runtime_imports(path, "genready")):
+            if any(module == bad or module.startswith(bad + ".") for bad in RULE_MUST_NOT_IMPORT):
+                found.append(f"rule/{path.name} imports {module}")
+    return found
+
+
+def test_the_rule_knows_only_the_rule(tmp_path: Path) -> None:
+    """rule/ decides readiness: it imports no sweep, journal or output-file code, and no surface."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    assert rule_imports_of_forbidden(root) == []
+    # The check can fail: a rule module that reads a unit's output is caught, lazily imported or not.
+    (tmp_path / "rule").mkdir()
+    (tmp_path / "rule" / "gate.py").write_text("def f():\n    from genready.systemd import unitlog\n")
+    (tmp_path / "rule" / "history.py").write_text("from genready.systemd.sweepdropin import leftover\n")
+    assert rule_imports_of_forbidden(tmp_path) == ["rule/gate.py imports genready.systemd.unitlog",
+                                                   "rule/history.py imports genready.systemd.sweepdropin"]

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
@@ -28,10 +28,8 @@ from genready.probe.probe import Prober
 from genready.rule.history import History, config_changes
 from genready.rule.schedule import Schedule
 from genready.store.records import RecordStore, StartRecord
-from genready.systemd import sweepdropin
 from genready.systemd.fresh import FreshReader
 from genready.systemd.snapshot import Snapshot
-from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
 from genready.systemd.worker import Unresponsive
 from genready.timewords import from_iso, iso
 from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
@@ -135,7 +133,6 @@ class TargetGate:
         self.prober = prober_factory(cfg)
         self.listen = ListenWatch(cfg.endpoint, enabled=cfg.owner == "process")
         self.snap: Snapshot | None = None
-        self.sweep_warning: str | None = None  # a leftover drop-in of a sweep that is gone (check_sweep_dropin)
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
         self.verified: Verification | None = None
@@ -145,14 +142,7 @@ class TargetGate:
         self._changed = asyncio.Event()
         self._unsettled = False  # this pass verified or revoked: on_settled is due at its end (_set_state)
         self.expected_load_seconds: float | None = None  # refreshed at each start and verification
-        # The last start that ended before it was verified: how it ended and its own last words.
-        self.last_failure: dict[str, object] | None = None
-        self._created = time.time()  # starts that ended before this are history, not news
-        # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, the mark),
-        # oldest first. A start's lines begin at the newest mark read before its process started.
-        self._marks: list[tuple[float, OutputMark]] = []
         self._down_since: float | None = None  # monotonic: since when the unit is down, no job pending
-        self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
 
     @property
     def name(self) -> str:
@@ -168,23 +158,6 @@ class TargetGate:
 
     # -- events from the watcher ------------------------------------------------------------
 
-    async def check_sweep_dropin(self) -> str | None:
-        """A sweep drop-in among the unit's DropInPaths whose sweep is gone becomes a warning (logged
-        once, when it appears). DropInPaths as the watcher last read them: a drop-in takes effect
-        only at a daemon-reload, after which the watcher re-reads every unit, so no fresh read is
-        needed (with 200 targets one per /status cost 40 ms). The file and /proc are read off the loop."""
-        snap = self.snap
-        if snap is None:
-            return self.sweep_warning  # the bus is down: /status says so elsewhere
-        found = None
-        if sweepdropin.names_a_sweep_dropin(snap.dropin_paths):
-            found = await asyncio.to_thread(sweepdropin.leftover, snap.dropin_paths)
-        warning = found.warning(self.unit, self.name) if found else None
-        if warning and warning != self.sweep_warning:
-            log.warning("%s: %s", self.name, warning)
-        self.sweep_warning = warning
-        return warning
-
     def on_snapshot(self, snap: Snapshot | None) -> None:
         """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
         was_ready, self.snap = self.ready, snap
@@ -199,7 +172,6 @@ class TargetGate:
         if snap is not None and (started is not None or self.expected_load_seconds is None):
             self._refresh_expected(snap)
         if snap is not None:
-            self._follow_output(snap)
             self._follow_down(snap)
         if was_ready and not self.ready:
             assert self.verified is not None
@@ -234,33 +206,7 @@ class TargetGate:
         eta = None if self.expected_load_seconds is None else max(0.0, self.expected_load_seconds - elapsed)
         return elapsed, eta
 
-    # -- a failed start's own last words -------------------------------------------------------
-
-    def _follow_output(self, snap: Snapshot) -> None:
-        """While no process runs, note where the unit's output files stand (the next start's lines
-        begin there); when a start ends before it was verified, collect its last lines."""
-        # MainPID 0: no process of any start runs. (Not "inactive" alone: for a moment at each start
-        # systemd shows inactive/dead with the NEW MainPID, whose first lines must not be skipped.)
-        if snap.main_pid:
-            return
-        for rec in self.store.newest(self.name, 2):
-            ended = from_iso(rec.ended_at)
-            if (rec.ready_at is None and ended is not None and ended >= self._created and rec.result != "unknown"
-                    and (self.last_failure is None or self.last_failure["invocation_id"] != rec.invocation_id)):
-                self.last_failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
-                                     "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
-                                     "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
-                started = from_iso(rec.started_at) or ended
-                # A mark read after the process began (a process that wrote within milliseconds of its
-                # start, while the read was on its way) would hide its lines: not that one.
-                mark = next((m for done, m in reversed(self._marks) if done < started), OutputMark(started))
-                self._chore(self._collect_lines(self.last_failure, mark, snap))
-                break
-        # Not with a job pending: that is a start on its way, whose process may write before a mark
-        # taken now (in a thread) reads the sizes, and its lines would count as older ones. The
-        # mark of the quiet moment before the job came stands.
-        if snap.job_id == 0:
-            self._chore(self._take_mark(snap))
+    # -- a failed start --------------------------------------------------------------------------
 
     def _follow_down(self, snap: Snapshot) -> None:
         """Note since when the unit is down with no job pending; once that has lasted RESTART_SETTLE,
@@ -270,7 +216,7 @@ class TargetGate:
             self._down_since = None
         elif self._down_since is None:
             self._down_since = time.monotonic()
-            asyncio.get_running_loop().call_later(RESTART_SETTLE, self._wake)
+            asyncio.get_running_loop().call_later(RESTART_SETTLE, self.wake)
 
     @property
     def restarting(self) -> bool:
@@ -280,8 +226,9 @@ class TargetGate:
 
     def start_failed(self, since: float | None) -> dict[str, object] | None:
         """The newest start begun after `since` (without it: the newest start) that ended before it was
-        verified: how it ended, its last lines (once read), and whether systemd may start the unit again
-        by itself (`restarting`). None if there is none, or a start after `since` was verified."""
+        verified: how it ended, and whether systemd may start the unit again by itself (`restarting`).
+        None if there is none, or a start after `since` was verified. (Its last lines are the surfaces'
+        to add: serve/lastwords.py.)"""
         for rec in self.store.newest(self.name, 10):
             started = from_iso(rec.started_at)
             if since is not None and (started is None or started <= since):
@@ -289,44 +236,12 @@ class TargetGate:
             if rec.ready_at is not None:
                 return None
             if rec.ended_at is not None and rec.result not in (None, "unknown"):
-                lf = self.last_failure
-                lines = lf["journal"] if lf is not None and lf["invocation_id"] == rec.invocation_id else []
                 return {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid, "started_at": rec.started_at,
                         "ended_at": rec.ended_at, "result": rec.result, "exit_code": rec.exit_code,
-                        "exit_status": rec.exit_status, "journal": lines, "restarting": self.restarting}
+                        "exit_status": rec.exit_status, "restarting": self.restarting}
             if since is None:
                 return None  # the newest start runs still
         return None
-
-    def _chore(self, coro: Coroutine[object, object, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._chores.add(task)
-        task.add_done_callback(self._chores.discard)
-
-    async def _take_mark(self, snap: Snapshot) -> None:
-        try:
-            mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
-                                  JOURNALCTL_TIMEOUT)
-            self._marks = [*self._marks[-2:], (time.time(), mark)]
-        except Exception as e:
-            log.warning("%s: cannot note where %s's output stands: %s", self.name, self.unit, e)
-
-    async def _collect_lines(self, failure: dict[str, object], mark: OutputMark, snap: Snapshot) -> None:
-        bus_kind, secrets = getattr(self.fresh, "bus_kind", "system"), [self.cfg.api_key]
-
-        def read() -> list[str]:
-            m = mark
-            if not m.sizes:  # no mark yet (genready started while the unit ran): the files' own tails
-                whole = OutputMark.take(snap.fragment_path, snap.dropin_paths, since=m.since)
-                m = OutputMark(m.since, dict.fromkeys(whole.sizes, 0))
-            return m.lines(bus_kind, self.unit, secrets=secrets)
-
-        try:
-            lines = await wait_for(asyncio.to_thread(read), JOURNALCTL_TIMEOUT + 2)
-        except Exception as e:
-            lines = [f"(genready could not read the unit's output: {e})"]
-        failure["journal"] = lines
-        self._set_state()
 
     def _revoke(self, reason: Revocation) -> None:
         assert self.verified is not None
@@ -350,9 +265,9 @@ class TargetGate:
         if self._unsettled:
             self._unsettled = False
             self.listener.on_settled(self)
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         """Long-polls on this gate look again."""
         self._changed.set()
         self._changed = asyncio.Event()
@@ -614,8 +529,8 @@ class TargetGate:
             **(v.to_json() if v else unverified),
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None,
-            "warnings": [*self.cfg.warnings, *([self.sweep_warning] if self.sweep_warning else [])],
-            **self.load_json(), "last_failure": self.last_failure, **self.config_json(),
+            "warnings": list(self.cfg.warnings),
+            **self.load_json(), **self.config_json(),
             "snapshot": s.to_json() if s else None,
         }
 
@@ -642,8 +557,6 @@ class TargetGate:
 
     async def close(self) -> None:
         self._changed.set()  # long-polls on this gate look again (it may be gone: a reload removed it)
-        for chore in list(self._chores):
-            chore.cancel()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import time
@@ -15,12 +14,14 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 
 from genready import __version__
-from genready.compat import TIMEOUT_ERRORS, app_key, wait_for
+from genready.compat import app_key
 from genready.serve import openapi
+from genready.serve.sweepcheck import SweepCheck
 
 if TYPE_CHECKING:
     from genready.rule.gate import TargetGate, Verification
     from genready.serve.httplimits import ConnectionGuard, HostCheck
+    from genready.serve.lastwords import LastWords
     from genready.serve.metrics import Metrics
 
 MAX_WAIT = 3600.0
@@ -31,13 +32,14 @@ _INVOCATION = re.compile(r"[0-9a-f]{32}")
 _PID = re.compile(r"[0-9]{1,10}")
 _NUMBER = re.compile(r"([0-9]{1,12}(\.[0-9]{0,9})?|\.[0-9]{1,9})([eE][+-]?[0-9]{1,2})?")
 _PID_MAX = 2**22  # the kernel's PID_MAX_LIMIT
-SWEEP_CHECK_WAIT = 2.0  # seconds /status and /metrics wait for the leftover-sweep check before answering
 GATES = app_key("gates", dict)
 METRICS = app_key("metrics", object)
 STARTED = app_key("started", float)
 STATUS_EXTRA = app_key("status_extra", object)
 STOPPING = app_key("stopping", asyncio.Event)
 LONG_POLLS = app_key("long_polls", object)
+LASTWORDS = app_key("lastwords", dict)  # target name -> LastWords: a failed start's lines
+SWEEPS = app_key("sweeps", SweepCheck)
 
 
 class LongPolls:
@@ -180,8 +182,9 @@ async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str 
         if left <= 0 or stopping.is_set() or failed:
             if stopping.is_set():
                 verdicts = [(None, "genready is shutting down")] * len(chosen)
-            not_ready = [_not_ready_body(g, why, q["since"]) for g, (v, why) in zip(chosen, verdicts, strict=True)
-                         if v is None]
+            lastwords: dict[str, LastWords] = request.app[LASTWORDS]
+            not_ready = [_not_ready_body(g, why, q["since"], lastwords.get(g.name))
+                         for g, (v, why) in zip(chosen, verdicts, strict=True) if v is None]
             out: Any = not_ready[0] if name else {"ready": False, "targets": not_ready}
             return web.json_response(out, status=503)
         # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
@@ -214,28 +217,30 @@ def _ready_bytes(g: TargetGate, v: Verification) -> bytes:
     return cached[2]
 
 
-def _not_ready_body(g: TargetGate, why: str, since: float | None = None) -> dict[str, object]:
+def _not_ready_body(g: TargetGate, why: str, since: float | None = None,
+                    lastwords: LastWords | None = None) -> dict[str, object]:
     j = g.to_json()
     body = {k: j[k] for k in ("target", "unit", "state", "pid", "invocation_id", "waiting_since", "probes",
                               "last_error", "expected_load_seconds", "loading_seconds", "eta_seconds")}
-    return {"ready": False, "reason": why, **body, "start_failed": g.start_failed(since)}
-
-
-async def check_sweep_dropins(gates: Mapping[str, TargetGate]) -> None:
-    """A leftover drop-in of a sweep that is gone becomes a warning in /status and
-    `genready_sweep_dropin_orphaned` (TargetGate.check_sweep_dropin). Bounded: a slow disk or /proc
-    leaves the last answer standing."""
-    with contextlib.suppress(*TIMEOUT_ERRORS):
-        await wait_for(asyncio.gather(*(g.check_sweep_dropin() for g in gates.values())), SWEEP_CHECK_WAIT)
+    failed = g.start_failed(since)
+    if failed is not None:
+        failed["journal"] = lastwords.lines(str(failed["invocation_id"])) if lastwords is not None else []
+    return {"ready": False, "reason": why, **body, "start_failed": failed}
 
 
 async def status(request: web.Request) -> web.Response:
     gates: dict[str, TargetGate] = request.app[GATES]
     extra: Callable[[], dict[str, object]] = request.app[STATUS_EXTRA]  # type: ignore[assignment]
-    await check_sweep_dropins(gates)
+    lastwords: dict[str, LastWords] = request.app[LASTWORDS]
+    sweeps = request.app[SWEEPS]
+    await sweeps.check(gates.values())
     targets = {}
     for name, g in gates.items():
         t = g.to_json()
+        if (warning := sweeps.warning(name)) is not None:
+            t["warnings"] = [*t["warnings"], warning]  # type: ignore[misc]
+        lw = lastwords.get(name)
+        t["last_failure"] = lw.failure if lw is not None else None
         t["records"] = [r.public_json() for r in g.store.newest(name, 20)]
         targets[name] = t
     return web.json_response({
@@ -251,7 +256,7 @@ async def metrics(request: web.Request) -> web.Response:
     if m is None:
         return _json_error(404, "metrics are not enabled")
     gates: dict[str, TargetGate] = request.app[GATES]
-    await check_sweep_dropins(gates)
+    await request.app[SWEEPS].check(gates.values())
     body, ctype = m.render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = ctype
@@ -264,14 +269,18 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
              status_extra: Callable[[], dict[str, object]] = dict, *, guard: ConnectionGuard | None = None,
-             hosts: HostCheck | None = None, max_long_polls: int = 256) -> web.Application:
-    """The aiohttp application; GET (and HEAD) only."""
+             hosts: HostCheck | None = None, max_long_polls: int = 256,
+             lastwords: dict[str, LastWords] | None = None, sweeps: SweepCheck | None = None) -> web.Application:
+    """The aiohttp application; GET (and HEAD) only. `lastwords` and `sweeps`: what the daemon keeps
+    beside the gates (a failed start's lines, leftover sweep drop-ins), shown by /status and /ready."""
     # The guard first: a connection over the cap is answered before any other work; then the Host check.
     middlewares = [m.middleware for m in (guard, hosts) if m is not None]
     app = web.Application(middlewares=[*middlewares, errors_as_json])
     app[LONG_POLLS] = LongPolls(max_long_polls)
     app[GATES] = gates
     app[METRICS] = metrics_
+    app[LASTWORDS] = lastwords if lastwords is not None else {}
+    app[SWEEPS] = sweeps if sweeps is not None else SweepCheck()
     app[STARTED] = time.monotonic()
     app[STATUS_EXTRA] = status_extra
     app[STOPPING] = asyncio.Event()

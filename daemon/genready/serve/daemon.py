@@ -34,8 +34,10 @@ from genready.log import Summarizer, event
 from genready.probe.owner import owner_check_unavailable
 from genready.rule.gate import TargetGate
 from genready.serve import api, httplimits, outputs, stamp
+from genready.serve.lastwords import LastWords
 from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs
+from genready.serve.sweepcheck import SweepCheck
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.fresh import FreshReader
 from genready.systemd.notify import Notifier
@@ -86,7 +88,7 @@ class Daemon:
         self.config_path = config_path
         self.notifier = Notifier()
         # The gauges are read from the gates and the manager's health at each scrape.
-        self.metrics = Metrics(__version__, targets=lambda: outputs.gauges(list(self.gates.values())),
+        self.metrics = Metrics(__version__, targets=lambda: outputs.gauges(list(self.gates.values()), self.sweeps),
                                responsive=lambda: self.health.responsive)
         self.summarizer = Summarizer(logging.getLogger("genready.probe.probe"))
         self.should_exit = asyncio.Event()
@@ -98,6 +100,10 @@ class Daemon:
         self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
         self.gates: dict[str, TargetGate] = {}
+        # Beside each gate, what the surfaces show that the rule does not need: a failed start's
+        # lines (fed each snapshot after its gate) and leftover sweep drop-ins (checked per request).
+        self.lastwords: dict[str, LastWords] = {}
+        self.sweeps = SweepCheck()
         self._runner: compat.AppRunner | None = None
         self._watcher_task: asyncio.Task[None] | None = None
         self.health = Health(self._on_systemd_health)
@@ -173,7 +179,8 @@ class Daemon:
         hosts = httplimits.HostCheck(lambda: self.cfg.daemon.allowed_hosts, d.listen,
                                      on_refuse=self.metrics.api_refused)
         app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard, hosts=hosts,
-                           max_long_polls=max(1, self.guard.max_connections // 2))
+                           max_long_polls=max(1, self.guard.max_connections // 2), lastwords=self.lastwords,
+                           sweeps=self.sweeps)
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
@@ -235,10 +242,13 @@ class Daemon:
 
     async def _close_gates(self) -> None:
         # All at once: one after the other, each waiting for its probe to unwind, adds up over many targets.
+        for lw in self.lastwords.values():
+            lw.close()
         await asyncio.gather(*(g.close() for g in self.gates.values()), return_exceptions=True)
 
     def _add_gate(self, t: config.TargetConfig) -> None:
         gate = self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
+        self.lastwords[t.name] = LastWords(gate, self.cfg.daemon.bus)
         self.metrics.register_target(t.name, t.unit)
         self.outputs.add(gate)
         for w in t.warnings:
@@ -293,6 +303,8 @@ class Daemon:
         if plan.units_changed:
             await self._stop_watcher()
         for name in plan.remove:
+            self.lastwords.pop(name).close()
+            self.sweeps.forget(name)
             await self.gates.pop(name).close()
             self.metrics.forget_target(name, old_targets[name].unit)
             self._config_changed.discard(name)
@@ -338,6 +350,8 @@ class Daemon:
 
     def _to_gate(self, g: TargetGate, snap: Snapshot | None) -> None:
         g.on_snapshot(snap)
+        if snap is not None:
+            self.lastwords[g.name].follow(snap)  # after the gate: its start records are up to date
         self._note_config_changes(g)
 
     def _on_systemd_health(self, responsive: bool) -> None:

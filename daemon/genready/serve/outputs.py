@@ -18,6 +18,7 @@ from typing import Final
 from genready.rule.gate import TargetGate
 from genready.serve.metrics import TargetGauges
 from genready.serve.stamp import Stamps
+from genready.serve.sweepcheck import SweepCheck
 from genready.systemd.notify import Notifier
 from genready.timewords import duration
 from genready.vocab import State
@@ -42,12 +43,13 @@ def stamp_payload(gate: TargetGate) -> dict[str, object] | None:
     return {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]}
 
 
-def gauges(gates: Iterable[TargetGate]) -> Iterator[TargetGauges]:
+def gauges(gates: Iterable[TargetGate], sweeps: SweepCheck | None = None) -> Iterator[TargetGauges]:
     """Each target's gauges as they are now: what /metrics shows at a scrape."""
     for g in gates:
         yield TargetGauges(target=g.name, unit=g.unit, state=str(g.state), ready=g.ready,
                            main_pid=g.snap.main_pid if g.snap else 0, expected_load_seconds=g.expected_load_seconds,
-                           sweep_dropin_orphaned=g.sweep_warning is not None, config_changed=bool(g.config_changes))
+                           sweep_dropin_orphaned=sweeps is not None and sweeps.warning(g.name) is not None,
+                           config_changed=bool(g.config_changes))
 
 
 def status_line(g: TargetGate) -> str:

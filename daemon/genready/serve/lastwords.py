@@ -1,0 +1,105 @@
+"""A failed start's own last words: the lines of the unit's output written by a start that ended
+before it was verified, for /status (`last_failure`), `genready status` and /ready's `start_failed`.
+
+Fed by the daemon with each snapshot after the gate has taken it (so the start records are up to
+date): while no process runs it notes where the unit's output files stand (the next start's lines
+begin there); when a start ends unverified it reads that start's lines, off the loop, and wakes
+the gate's long-polls. The readiness rule (rule/) knows nothing of output files or journals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+
+from genready.compat import wait_for
+from genready.rule.gate import TargetGate
+from genready.systemd.snapshot import Snapshot
+from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
+from genready.timewords import from_iso
+
+log = logging.getLogger("genready.serve.lastwords")
+
+
+class LastWords:
+    """One target's last failed start and its lines."""
+
+    def __init__(self, gate: TargetGate, bus_kind: str) -> None:
+        self.gate = gate
+        self.bus_kind = bus_kind
+        # The last start that ended before it was verified: how it ended and its own last words.
+        self.failure: dict[str, object] | None = None
+        self._created = time.time()  # starts that ended before this are history, not news
+        # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, the mark),
+        # oldest first. A start's lines begin at the newest mark read before its process started.
+        self._marks: list[tuple[float, OutputMark]] = []
+        self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
+
+    def lines(self, invocation_id: str) -> list[str]:
+        """The lines of the start `invocation_id`, if it is the last failed one and they were read; else []."""
+        f = self.failure
+        return list(f["journal"]) if f is not None and f["invocation_id"] == invocation_id else []  # type: ignore[call-overload]
+
+    def follow(self, snap: Snapshot) -> None:
+        """While no process runs, note where the unit's output files stand (the next start's lines
+        begin there); when a start ends before it was verified, collect its last lines."""
+        # MainPID 0: no process of any start runs. (Not "inactive" alone: for a moment at each start
+        # systemd shows inactive/dead with the NEW MainPID, whose first lines must not be skipped.)
+        if snap.main_pid:
+            return
+        g = self.gate
+        for rec in g.store.newest(g.name, 2):
+            ended = from_iso(rec.ended_at)
+            if (rec.ready_at is None and ended is not None and ended >= self._created and rec.result != "unknown"
+                    and (self.failure is None or self.failure["invocation_id"] != rec.invocation_id)):
+                self.failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
+                                "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
+                                "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
+                started = from_iso(rec.started_at) or ended
+                # A mark read after the process began (a process that wrote within milliseconds of its
+                # start, while the read was on its way) would hide its lines: not that one.
+                mark = next((m for done, m in reversed(self._marks) if done < started), OutputMark(started))
+                self._chore(self._collect(self.failure, mark, snap))
+                break
+        # Not with a job pending: that is a start on its way, whose process may write before a mark
+        # taken now (in a thread) reads the sizes, and its lines would count as older ones. The
+        # mark of the quiet moment before the job came stands.
+        if snap.job_id == 0:
+            self._chore(self._take_mark(snap))
+
+    def _chore(self, coro: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
+    async def _take_mark(self, snap: Snapshot) -> None:
+        try:
+            mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
+                                  JOURNALCTL_TIMEOUT)
+            self._marks = [*self._marks[-2:], (time.time(), mark)]
+        except Exception as e:
+            log.warning("%s: cannot note where %s's output stands: %s", self.gate.name, self.gate.unit, e)
+
+    async def _collect(self, failure: dict[str, object], mark: OutputMark, snap: Snapshot) -> None:
+        g = self.gate
+        unit, secrets = g.unit, [g.cfg.api_key]
+
+        def read() -> list[str]:
+            m = mark
+            if not m.sizes:  # no mark yet (genready started while the unit ran): the files' own tails
+                whole = OutputMark.take(snap.fragment_path, snap.dropin_paths, since=m.since)
+                m = OutputMark(m.since, dict.fromkeys(whole.sizes, 0))
+            return m.lines(self.bus_kind, unit, secrets=secrets)
+
+        try:
+            lines = await wait_for(asyncio.to_thread(read), JOURNALCTL_TIMEOUT + 2)
+        except Exception as e:
+            lines = [f"(genready could not read the unit's output: {e})"]
+        failure["journal"] = lines
+        g.wake()  # a long-poll waiting on start_failed answers with the lines
+
+    def close(self) -> None:
+        for chore in list(self._chores):
+            chore.cancel()

@@ -1,0 +1,58 @@
+"""Leftover sweep drop-ins: a unit that still carries the drop-in of a `genready sweep` that is
+gone (killed mid-point) runs that point's configuration. Shown as a warning in /status and as
+`genready_sweep_dropin_orphaned`; checked when /status or /metrics is asked.
+
+DropInPaths as the watcher last read them: a drop-in takes effect only at a daemon-reload, after
+which the watcher re-reads every unit, so no fresh read is needed (with 200 targets one per
+/status cost 40 ms). The file and /proc are read off the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Final
+
+from genready.compat import TIMEOUT_ERRORS, wait_for
+from genready.systemd import sweepdropin
+
+if TYPE_CHECKING:
+    from genready.rule.gate import TargetGate
+
+log = logging.getLogger("genready.serve.sweepcheck")
+SWEEP_CHECK_WAIT: Final = 2.0  # seconds /status and /metrics wait for the check before answering
+
+
+class SweepCheck:
+    """The warning of each target whose unit carries a leftover sweep drop-in (logged once, when it appears)."""
+
+    def __init__(self) -> None:
+        self.warnings: dict[str, str] = {}
+
+    def warning(self, name: str) -> str | None:
+        return self.warnings.get(name)
+
+    async def check(self, gates: Iterable[TargetGate]) -> None:
+        """Look again at every target. Bounded: a slow disk or /proc leaves the last answers standing."""
+        with contextlib.suppress(*TIMEOUT_ERRORS):
+            await wait_for(asyncio.gather(*(self._check(g) for g in gates)), SWEEP_CHECK_WAIT)
+
+    async def _check(self, g: TargetGate) -> None:
+        snap = g.snap
+        if snap is None:
+            return  # the bus is down: /status says so elsewhere; the last answer stands
+        found = None
+        if sweepdropin.names_a_sweep_dropin(snap.dropin_paths):
+            found = await asyncio.to_thread(sweepdropin.leftover, snap.dropin_paths)
+        warning = found.warning(g.unit, g.name) if found else None
+        if warning is None:
+            self.warnings.pop(g.name, None)
+            return
+        if warning != self.warnings.get(g.name):
+            log.warning("%s: %s", g.name, warning)
+        self.warnings[g.name] = warning
+
+    def forget(self, name: str) -> None:
+        self.warnings.pop(name, None)
