@@ -543,3 +543,19 @@ def test_item12_a_dataset_it_cannot_read_is_exit_65_with_a_clear_error(kind: str
             "deep-array": f"{path}:1: JSON nested too deeply to read",
             "deep-lines": f"{path}:2: JSON nested too deeply to read"}[kind]
     assert says in err and "Traceback" not in err, err
+
+
+def test_item9_the_other_files_genready_reads_are_bounded_too(tmp_path: Path) -> None:
+    """The sweep drop-in (the daemon's leftover check, sweep, sweep restore) and the running stamp
+    (check-config) go through the same reader: a FIFO planted there is named, never waited on."""
+    import os
+
+    from genready.serve import stamp
+    from genready.systemd import sweepdropin
+
+    dropin = tmp_path / sweepdropin.DROPIN_NAME
+    os.mkfifo(dropin)
+    got = _bounded(lambda: sweepdropin.leftover([str(dropin)]))
+    assert isinstance(got, sweepdropin.Leftover) and got.owner is None, got
+    os.mkfifo(tmp_path / stamp.RUNNING_FILE)
+    assert _bounded(lambda: stamp.read_running(tmp_path)) is None

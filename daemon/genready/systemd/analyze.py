@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from genready import config
+
 VERIFY_TIMEOUT: Final = 30.0  # seconds; it takes ~40 ms here
 
 
@@ -40,7 +42,9 @@ class DropinCheck:
         if self.tool is None:
             raise CannotVerify("systemd-analyze is not installed")
         try:
-            self.fragment_text = Path(fragment).read_bytes()
+            self.fragment_text = config.read_file(fragment, 1 << 20)  # the one bounded reader
+        except config.FileError as e:
+            raise CannotVerify(str(e)) from None
         except OSError as e:
             raise CannotVerify(f"cannot read {fragment}: {e.strerror}") from None
         self.unit, self.fragment, self.dropin, self.user = unit, fragment, dropin, user

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from genready import config
+
 # Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
 # "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
 DROPIN_NAME: Final = "zz-genready-sweep.conf"
@@ -49,6 +51,15 @@ def owner_header(plan: str, results: Path, started: str) -> str:
 def _js(v: object) -> str:
     """`v` as JSON with every character outside printable ASCII escaped: safe in a unit file's comment."""
     return json.dumps(v).replace("\x7f", "\\u007f")
+
+
+MAX_DROPIN_BYTES: Final = 1 << 20
+
+
+def read_dropin(path: str | Path) -> str:
+    """A drop-in's text, through the one bounded reader. FileNotFoundError if it is not there;
+    config.FileError for anything that is not a regular file of at most MAX_DROPIN_BYTES."""
+    return config.read_file(path, MAX_DROPIN_BYTES).decode(errors="replace")
 
 
 def owner_of(text: str) -> dict[str, Any] | None:
@@ -99,8 +110,10 @@ def leftover(dropin_paths: Sequence[str]) -> Leftover | None:
         if os.path.basename(p) != DROPIN_NAME:
             continue
         try:
-            owner = owner_of(Path(p).read_text(errors="replace"))
+            owner = owner_of(read_dropin(p))
         except OSError:
             return None  # removed meanwhile: nothing left over
+        except config.FileError:
+            return Leftover(p, None)  # not the sweep's file as written: named, for restore to remove
         return None if owner is not None and owner_alive(owner) else Leftover(p, owner)
     return None

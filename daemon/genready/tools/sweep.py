@@ -50,13 +50,13 @@ from genready.client import GUARD_STOP_GRACE, client, guard
 from genready.client.guard import check
 from genready.client.progress import target_line
 from genready.compat import StrEnum
-from genready.config import Config, ConfigError, stuck_after
+from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.redact import escape
 from genready.store import durable
 from genready.systemd import analyze, bus, control
 from genready.systemd.snapshot import Snapshot
-from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of
+from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of, read_dropin
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
 from genready.tools import sweepreport
@@ -387,9 +387,11 @@ class Sweep:
         """A drop-in already there: another live sweep's stops us (SweepBusy); a dead one's is replaced."""
         assert self.dropin_path is not None
         try:
-            text = self.dropin_path.read_text(errors="replace")
+            text = read_dropin(self.dropin_path)
         except FileNotFoundError:
             return
+        except FileError as e:
+            raise SweepError(f"{e}: not a drop-in a sweep wrote; remove it (genready sweep restore)") from None
         owner = owner_of(text)
         if owner is not None and owner.get("pid") != os.getpid() and owner_alive(owner):
             raise SweepBusy(f"{self.dropin_path} belongs to a running {describe_owner(owner)}; two sweeps of "
@@ -882,7 +884,9 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     try:
         dropin = sd.dropin_path(unit, DROPIN_NAME)
         try:
-            owner = owner_of(dropin.read_text(errors="replace"))
+            owner = owner_of(read_dropin(dropin))
+        except FileError:
+            owner = None  # not one a sweep wrote as it is: removed like an unnamed one
         except FileNotFoundError:
             say(f"{unit} has no sweep drop-in ({dropin}); nothing to restore")
             return Exit.OK
