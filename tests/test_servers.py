@@ -91,10 +91,10 @@ async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -
     assert "sk-wrong" not in wrong.detail
     right = await probe(sim, target(sim.url, API[profile], "sk-right"))
     assert right.ok, right
-    # Where each server answers 401 (docs/servers.md): vLLM guards the model list too,
-    # llama.cpp leaves it open and refuses the generation, SGLang has no model list to ask.
+    # Where each server answers 401 (docs/servers.md): vLLM and llama.cpp guard the model list
+    # too (llama.cpp leaves only /health and /v1/health open), SGLang has no model list to ask.
     where = {"sglang": "POST /generate", "vllm": "model discovery: GET /v1/models",
-             "llamacpp": "POST /v1/chat/completions"}[profile]
+             "llamacpp": "model discovery: GET /v1/models"}[profile]
     assert missing.detail.startswith(where), missing.detail
 
 
@@ -162,11 +162,12 @@ async def test_llamacpp_router_autoload_a_held_post_is_loading_not_timeout(sims:
 
 
 @pytest.mark.system  # starts simulator processes
-async def test_llamacpp_503_while_loading_is_unhealthy(sims: list[Sim]) -> None:
+async def test_llamacpp_503_while_loading_is_loading(sims: list[Sim]) -> None:
     sim = start(sims, "--profile", "llamacpp", "--load-seconds", "60", ready=False)
+    # the model list answers 503 "Loading model" too (server-http.cpp middleware_server_state)
     r = await probe(sim, target(sim.url, "openai-chat"))
-    assert r.failure is Failure.UNHEALTHY and r.status == 503, r
-    assert "GET /health: HTTP 503" in r.detail and "Loading model" in r.detail
+    assert r.failure is Failure.HTTP_STATUS and r.status == 503, r
+    assert "model discovery: GET /v1/models: HTTP 503" in r.detail and "Loading model" in r.detail
 
 
 @pytest.mark.system  # starts simulator processes

@@ -294,7 +294,13 @@ class Profile:
     native_error: ErrorFn  # errors of POST /generate
     openai_error: ErrorFn  # errors of the /v1 routes
     has_native: bool = True  # serves SGLang's /generate
-    loading_gate: bool = False  # binds at once; every route but the model list answers 503 until loaded
+    loading_gate: bool = False  # binds at once; every route answers 503 until loaded
+    # cpp-httplib (llama.cpp): every answer >= 400 closes its connection, and so does the end of a
+    # streamed answer, although its headers offered keep-alive
+    closes_after_errors_and_streams: bool = False
+    # llama.cpp --host X.sock: binds without removing a file at the path (a stale socket fails the
+    # start: "couldn't bind HTTP server socket"), and leaves its socket file behind on exit
+    uds_stale_blocks: bool = False
     listen_after_load: bool = False  # binds the socket at once, listen()s only once loaded
     health_poll: float = 0.0  # a healthy /health answers after this long
     warmup_seconds: float = 0.0  # after binding: generations work while /health says 503
@@ -340,14 +346,21 @@ PROFILES: dict[str, Profile] = {
         checks_model=True),
     "llamacpp": Profile(
         "llamacpp",
-        # tools/server/server-http.cpp: the public endpoints pass without the key
-        lambda path: path in ("/health", "/v1/health", "/models", "/v1/models", "/"),
+        # tools/server/server-http.cpp get_public_endpoints: only /health and /v1/health (and the web
+        # UI's assets, when built with it) pass without the key; /v1/models is 401 (checked on the
+        # real llama-server 11434; older versions also let /models, /v1/models and / through)
+        lambda path: path in ("/health", "/v1/health"),
         lambda: llamacpp_error(401, "Invalid API Key"), llamacpp_error, llamacpp_error,
         has_native=False,
-        # server-http.cpp middleware_server_state, checked before the key: 503 "Loading model" while
-        # the model loads. Older versions (tools/server/server.cpp) let the model list through, as
-        # here; the newest answer 503 there too
+        # server-http.cpp middleware_server_state, checked before the key: 503 "Loading model" on
+        # every route while the model loads, the model list included (older versions,
+        # tools/server/server.cpp, let the model list through)
         loading_gate=True,
+        # vendor/cpp-httplib/httplib.cpp Server::write_response_core ("Don't leave connections open
+        # after errors"); a stream's provider ends the keep-alive loop (server-http.cpp)
+        closes_after_errors_and_streams=True,
+        # server-http.cpp: AF_UNIX when --host ends in .sock, bound as is (the real server: exit 1)
+        uds_stale_blocks=True,
         # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
         # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
         health_ok=lambda: web.json_response({"status": "ok"})),
@@ -400,7 +413,7 @@ class Simulator:
         life.cancel()
         await asyncio.wait([life])  # its failure, if any, was logged by _lifecycle_done
         await self._runner.cleanup()
-        if self._uds_bound:
+        if self._uds_bound and not self.p.uds_stale_blocks:  # llama.cpp leaves it behind
             with contextlib.suppress(OSError):
                 os.unlink(self._uds_bound)
         self.log("exiting", code=self.exit_code)
@@ -476,6 +489,9 @@ class Simulator:
         with contextlib.suppress(FileNotFoundError):
             if not stat.S_ISSOCK(os.lstat(path).st_mode):
                 raise OSError(17, f"cannot bind unix:{path}: not a socket file")
+            if self.p.uds_stale_blocks:
+                raise OSError(98, f"cannot bind unix:{path}: a socket file is there (llama.cpp: couldn't bind "
+                                  "HTTP server socket; remove it before the start)")
             os.unlink(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -538,7 +554,7 @@ class Simulator:
         @web.middleware
         async def loading(request: web.Request, handler: Handler) -> web.StreamResponse:
             # llama.cpp checks its state before the key (server-http.cpp): 503 while loading.
-            if self.p.loading_gate and not self.loaded and request.path not in ("/models", "/v1/models"):
+            if self.p.loading_gate and not self.loaded:
                 return llamacpp_error(503, "Loading model")
             return await handler(request)
 
@@ -563,7 +579,14 @@ class Simulator:
                     return llamacpp_error(404, "File Not Found")
                 return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's (SGLang, vLLM)
 
-        app = web.Application(middlewares=[hang, loading, api_key, not_found])
+        @web.middleware
+        async def close_after_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+            resp = await handler(request)
+            if self.p.closes_after_errors_and_streams and resp.status >= 400 and not resp.prepared:
+                resp.force_close()
+            return resp
+
+        app = web.Application(middlewares=[close_after_errors, hang, loading, api_key, not_found])
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -856,6 +879,8 @@ class Simulator:
 
     async def _sse(self, request: web.Request, events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        if self.p.closes_after_errors_and_streams:
+            resp.force_close()
         await resp.prepare(request)
         try:
             async for ev in events:
@@ -964,7 +989,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reuse-port", action="store_true",
                    help="set SO_REUSEPORT so an old and a new process can listen on the port at once")
     p.add_argument("--uds", metavar="PATH", help="listen on this unix socket instead of --host/--port "
-                   "(vLLM --uds, llama.cpp --host PATH.sock); a stale socket file there is replaced")
+                   "(vLLM --uds, llama.cpp --host PATH.sock); a stale socket file there is replaced (--profile "
+                   "llamacpp: fails the start, and the file is left behind on exit, as llama.cpp does)")
     p.add_argument("--api-key", metavar="KEY", help="answer 401 {\"error\":\"Unauthorized\"} to every request "
                    "without `Authorization: Bearer KEY` (or x-api-key: KEY), except /health* (SGLang --api-key)")
     p.add_argument("--tls-cert", type=_file, metavar="PEM", help="serve HTTPS with this certificate (chain); "
