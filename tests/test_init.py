@@ -158,6 +158,12 @@ def test_a_literal_key_is_warned_about_never_printed(argv: list[str], env: dict[
     assert "api_key_file" not in prop.table  # nothing to point at yet: a comment says what to set
 
 
+def test_llama_cpp_key_file_from_its_variable() -> None:
+    # common/arg.cpp: --api-key-file's variable is LLAMA_ARG_API_KEY_FILE
+    t = table(["/usr/bin/llama-server"], {"LLAMA_ARG_API_KEY_FILE": "/etc/llama/key"})
+    assert t["api_key_file"] == "/etc/llama/key"
+
+
 def test_a_key_file_from_a_credential() -> None:
     t = table(["/usr/bin/llama-server", "--api-key-file", "${CREDENTIALS_DIRECTORY}/llama-key"])
     assert t["api_key_credential"] == "llama-key"

@@ -67,7 +67,8 @@ LLAMA_CPP: Final = Server(
     "llama.cpp", "openai-completions", "127.0.0.1", 8080,
     {"--host": "host", "--port": "port", "--api-key": "key", "--api-key-file": "key_file", "-a": "model",
      "--alias": "model", "--ssl-key-file": "tls", "--ssl-cert-file": "tls", "--api-prefix": "prefix"},
-    {"LLAMA_ARG_HOST": "host", "LLAMA_ARG_PORT": "port", "LLAMA_API_KEY": "key", "LLAMA_ARG_ALIAS": "model",
+    {"LLAMA_ARG_HOST": "host", "LLAMA_ARG_PORT": "port", "LLAMA_API_KEY": "key",
+     "LLAMA_ARG_API_KEY_FILE": "key_file", "LLAMA_ARG_ALIAS": "model",
      "LLAMA_ARG_SSL_KEY_FILE": "tls", "LLAMA_ARG_SSL_CERT_FILE": "tls", "LLAMA_ARG_API_PREFIX": "prefix"},
     key_fix="use --api-key-file FILE (or LoadCredential=apikey:FILE and "
             "--api-key-file ${CREDENTIALS_DIRECTORY}/apikey)")
