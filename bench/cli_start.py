@@ -31,15 +31,18 @@ from pathlib import Path
 from genready_dev.harness import Genready, booted_manager, free_port, sim_unit, wait_for
 
 
-def timed(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
-    out = []
+def timed(cmds: list[tuple[list[str], dict[str, str]]], runs: int) -> list[list[float]]:
+    """Wall seconds of each command, `runs` times, sorted. The commands take turns, so a before and
+    an after meet the same load on a shared machine."""
+    out: list[list[float]] = [[] for _ in cmds]
     for _ in range(runs):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        out.append(time.perf_counter() - t0)
-        if r.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
-    return sorted(out)
+        for (cmd, env), times in zip(cmds, out, strict=True):
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            times.append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr}")
+    return [sorted(t) for t in out]
 
 
 def row(name: str, t: list[float]) -> str:
@@ -75,11 +78,12 @@ def main() -> None:
                 env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
                 cli = [sys.executable, "-m", "genready.cli", "wait", "t", "--timeout", "0",
                        "--config", str(g.config_path)]
-                rows = [row("python3 -c pass (floor)", timed([sys.executable, "-c", "pass"], env, args.runs)),
-                        row("genready wait t --timeout 0 (this checkout)", timed(cli, env, args.runs))]
+                names = ["python3 -c pass (floor)", "genready wait t --timeout 0 (this checkout)"]
+                cmds = [([sys.executable, "-c", "pass"], env), (cli, env)]
                 for path in args.pythonpath:
-                    rows.append(row(f"genready wait t --timeout 0 ({path})",
-                                    timed(cli, {**env, "PYTHONPATH": path}, args.runs)))
+                    names.append(f"genready wait t --timeout 0 ({path})")
+                    cmds.append((cli, {**env, "PYTHONPATH": path}))
+                rows = [row(name, t) for name, t in zip(names, timed(cmds, args.runs), strict=True)]
     print(f"{args.runs} runs each, wall ms")
     print("| command | p50 | p90 | max |\n|---|---|---|---|")
     print("\n".join(rows))

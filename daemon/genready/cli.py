@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import sys
@@ -152,6 +151,8 @@ def _configured_bus(path: str | None) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
     from genready import log
     from genready.serve import daemon
 

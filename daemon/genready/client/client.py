@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import http.client
 import json
+import socket
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -28,15 +26,87 @@ def unreachable(base: str, e: Exception) -> NoReturn:
 def request(base: str, path: str, timeout: float = 10.0) -> tuple[int, Any]:
     """(HTTP status, decoded JSON body). Raises Unreachable if the daemon does not answer."""
     try:
-        with urllib.request.urlopen(base + path, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as e:
-        try:
-            return e.code, json.loads(e.read())
-        except ValueError:
-            return e.code, {"error": f"HTTP {e.code}"}
-    except (OSError, ValueError, http.client.HTTPException) as e:  # incl. a port that does not speak HTTP
+        status, body = _get(base, path, timeout) if base.startswith("http://") else _get_tls(base, path, timeout)
+    except (OSError, ValueError) as e:  # incl. a port that does not speak HTTP
         raise Unreachable(str(e) or type(e).__name__) from e
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        if 200 <= status < 300:
+            raise Unreachable(f"HTTP {status} with a body that is not JSON") from None
+        return status, {"error": f"HTTP {status}"}
+
+
+MAX_HEAD = 64 * 1024  # bytes of status line and headers
+
+
+def _get(base: str, path: str, timeout: float) -> tuple[int, bytes]:
+    """GET over plain HTTP/1.1, `Connection: close`: the daemon's API, read with a socket alone.
+    urllib and http.client would bring email and ssl along, a third of `genready wait`'s start-up,
+    and that command is the ExecCondition= of every triggered benchmark (bench/cli_start.py)."""
+    from urllib.parse import urlsplit  # already loaded with the config
+
+    url = urlsplit(base + path)
+    if url.hostname is None:
+        raise ValueError(f"no host in {base!r}")
+    netloc = url.netloc.rpartition("@")[2]
+    target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    head = f"GET {target} HTTP/1.1\r\nHost: {netloc}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    with socket.create_connection((url.hostname, url.port or 80), timeout=timeout) as s:
+        s.sendall(head.encode("ascii"))
+        data = b""
+        while b"\r\n\r\n" not in data:
+            if len(data) > MAX_HEAD:
+                raise ValueError("the answer's headers are too long")
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("the connection closed before an HTTP answer")
+            data += chunk
+        raw_head, _, body = data.partition(b"\r\n\r\n")
+        lines = raw_head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        if not version.startswith("HTTP/1.") or not rest[:3].isdigit():
+            raise ValueError(f"not an HTTP answer: {lines[0][:60]!r}")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        length = int(headers["content-length"]) if "content-length" in headers else None
+        while length is None or len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        body = _unchunk(body)
+    elif length is not None:
+        if len(body) < length:
+            raise ConnectionError(f"the answer ended after {len(body)} of {length} bytes")
+        body = body[:length]
+    return int(rest[:3]), body
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, i = b"", 0
+    while True:
+        end = data.index(b"\r\n", i)  # ValueError on a cut answer
+        size = int(data[i:end].split(b";")[0], 16)
+        if size == 0:
+            return out
+        out += data[end + 2:end + 2 + size]
+        i = end + 2 + size + 2
+
+
+def _get_tls(base: str, path: str, timeout: float) -> tuple[int, bytes]:
+    """Any other URL (https:// behind a proxy of the user's): urllib, loaded only then."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base + path, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+    except http.client.HTTPException as e:
+        raise ValueError(str(e) or type(e).__name__) from e
 
 
 def get_json(base: str, path: str, timeout: float = 10.0) -> Any:
