@@ -21,6 +21,7 @@ from genready.config import TargetConfig
 from genready.rule.gate import TargetGate
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.snapshot import Snapshot
+from genready.timewords import CLOCK, Clock
 from genready.vocab import Failure, HealthRoute, ProbeResult, Revocation, State
 from genready_dev.harness import await_for
 
@@ -31,7 +32,8 @@ def snap(active: str = "active", pid: int = 100, inv: str = "inv-a", *, job: int
          sub: str = "running", error: str = "") -> Snapshot:
     """A unit as systemd would describe it."""
     return Snapshot(UNIT, load_state=load, active_state=active, sub_state=sub, main_pid=pid, invocation_id=inv,
-                    job_id=job, exec_main_start_us=int(time.time() * 1e6), error=error)
+                    job_id=job, exec_main_start_us=int(time.time() * 1e6),
+                    exec_main_start_mono_us=int(time.monotonic() * 1e6), error=error)
 
 
 def target(name: str = "t", **kw: Any) -> TargetConfig:
@@ -139,14 +141,15 @@ class Events:
 class Rig:
     """One TargetGate wired to the fakes above and a real RecordStore."""
 
-    def __init__(self, tmp: Path, name: str = "t", **cfg: Any) -> None:
+    def __init__(self, tmp: Path, name: str = "t", *, clock: Clock = CLOCK, **cfg: Any) -> None:
         self.fresh = FakeFresh()
         self.prober = ScriptedProber()
         self.events = Events()
         self.store = RecordStore(tmp / "state")
         self.store.load()
         self.gate = TargetGate(target(name, **cfg), self.store, self.fresh, self.events,  # type: ignore[arg-type]
-                               prober_factory=lambda _cfg: self.prober)  # type: ignore[arg-type,return-value]
+                               prober_factory=lambda _cfg: self.prober,  # type: ignore[arg-type,return-value]
+                               clock=clock)
 
     def show(self, s: Snapshot | None) -> None:
         """systemd now shows `s`, to fresh reads and as a D-Bus event (None: the bus is lost)."""

@@ -16,7 +16,8 @@ from genready.redact import redact_lines
 from genready.rule.gate import is_ready
 from genready.rule.history import expected_load
 from genready.store.records import StartRecord
-from genready.timewords import iso
+from genready.systemd.snapshot import Snapshot
+from genready.timewords import Clock, iso
 from genready.vocab import Failure, Instance, Revocation, State
 from tests.gatefakes import UNIT, Rig, failed, ok, snap, target
 
@@ -311,10 +312,10 @@ async def test_load_timeout_auto_is_stuck_at_three_times_the_usual_load(make_rig
     assert r.gate.expected_load_seconds == 200.0
     limit = 600.0 if auto else 1800.0
     assert r.gate.stuck_after == limit
-    r.gate.progress.waiting_since = time.time() - (limit - 5)
+    r.gate.progress.waiting_mono = time.monotonic() - (limit - 5)
     await r.until(lambda: r.gate.progress.probes >= 3, "a probe later")
     assert r.gate.state == State.LOADING
-    r.gate.progress.waiting_since = time.time() - (limit + 5)
+    r.gate.progress.waiting_mono = time.monotonic() - (limit + 5)
     await r.until(lambda: r.gate.state == State.STUCK, "stuck")
     assert f"after {limit:g}s" in r.gate.reason
     elapsed, eta = r.gate.load_clock()
@@ -362,3 +363,70 @@ async def test_a_success_seen_without_the_read_before_it_is_probed_again_bracket
     assert r.prober.calls - calls == 3
     assert r.fresh.reads - reads == 4
     assert [p.ok for p in r.events.probes[-2:]] == [True, True] and r.gate.progress.successes == 2
+
+
+class SteppedClock:
+    """The clock the gate reads, moved by the test: `advance` moves both clocks (time passes), `step`
+    only the wall clock (NTP, an operator, a resumed VM)."""
+
+    def __init__(self) -> None:
+        self.wall, self.mono = 1_800_000_000.0, 5_000.0
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+    def step(self, seconds: float) -> None:
+        self.wall += seconds
+
+    def clock(self) -> Clock:
+        return Clock(wall=lambda: self.wall, mono=lambda: self.mono)
+
+    def start(self, **kw: Any) -> Snapshot:
+        """A start systemd shows as begun now, on both its clocks."""
+        return replace(snap(**kw), exec_main_start_us=int(self.wall * 1e6),
+                       exec_main_start_mono_us=int(self.mono * 1e6))
+
+
+async def test_a_wall_clock_step_back_changes_no_duration(make_rig: Callable[..., Rig]) -> None:
+    c = SteppedClock()
+    r = make_rig(clock=c.clock())
+    r.prober.answer = lambda pid: failed()
+    r.show(c.start())
+    await r.until(lambda: r.gate.progress.probes >= 1, "probing")
+    c.advance(4.0)
+    c.step(-100.0)  # the wall clock jumps back while the server loads
+    assert r.gate.load_json()["loading_seconds"] == 4.0
+    assert r.gate.waiting_seconds == 4.0
+    r.prober.answer = ok
+    await r.until(lambda: r.gate.ready, "verified")
+    assert r.gate.verified is not None and r.gate.verified.load_seconds == 4.0  # /ready's load_seconds
+    rec = r.store.get("t", "inv-a")
+    assert rec is not None and rec.load_seconds == 4.0  # the record's, which `wait` and the sweep read
+    assert r.gate.expected_load_seconds == 4.0  # the next load is expected to take as long
+    # A second start after a step forward: its load is what passed, not what the wall clock says.
+    r.prober.answer = lambda pid: failed()
+    r.show(c.start(pid=200, inv="inv-b"))
+    await r.until(lambda: r.gate.progress.instance == Instance("inv-b", 200), "probing the new start")
+    c.advance(6.0)
+    c.step(+3600.0)
+    r.prober.answer = ok
+    await r.until(lambda: r.gate.ready, "the second start verified")
+    assert r.gate.verified is not None and r.gate.verified.load_seconds == 6.0
+    assert r.gate.expected_load_seconds == 5.0  # the median of 4 and 6, not of an hour
+
+
+async def test_a_wall_clock_step_forward_makes_nothing_stuck(make_rig: Callable[..., Rig]) -> None:
+    c = SteppedClock()
+    r = make_rig(clock=c.clock(), load_timeout=300)
+    r.prober.answer = lambda pid: failed()
+    r.show(c.start())
+    await r.until(lambda: r.gate.progress.probes >= 1, "probing")
+    c.step(+1000.0)
+    probes = r.gate.progress.probes
+    await r.until(lambda: r.gate.progress.probes >= probes + 2, "probes after the step")
+    assert r.gate.state == State.LOADING, r.gate.reason
+    elapsed, _ = r.gate.load_clock()
+    assert elapsed == 0.0
+    c.advance(301.0)  # while 301 s do pass, it is stuck
+    await r.until(lambda: r.gate.state == State.STUCK, "stuck after load_timeout")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +171,12 @@ async def test_watcher_follows_a_restart_in_process(manager: UserManager) -> Non
                         == (pid2, inv2, "active"), 10, "the start after the restart")
         states = [s.active_state for s in seen[n:] if s]
         assert "inactive" in states or "deactivating" in states  # the stop was seen, not just the end
+        # The start's monotonic time (what durations are measured from) comes with the signals too.
+        mono = int(manager.show(unit, "ExecMainStartTimestampMonotonic")["ExecMainStartTimestampMonotonic"])
+        assert mono > 0
+        await await_for(lambda: (s := w.snapshot(unit)) and s.exec_main_start_mono_us == mono, 10,
+                        "ExecMainStartTimestampMonotonic of the new start")
+        assert abs(time.monotonic() - mono / 1e6) < 30  # the same clock as genready's time.monotonic()
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -1,13 +1,31 @@
 """Times as genready writes them, one definition each: `iso()` for files and the API, `duration()`
-for people (STATUS=, the CLI, the sweep's lines, the log), `ago()` and `local_time()` for the CLI.
+for people (STATUS=, the CLI, the sweep's lines, the log), `ago()` and `local_time()` for the CLI;
+and the two clocks the daemon reads (`Clock`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from genready.compat import UTC
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The daemon's two clocks. `wall()` (CLOCK_REALTIME) only for the times it shows and records
+    (ISO 8601); `mono()` (CLOCK_MONOTONIC, the clock of systemd's *TimestampMonotonic properties)
+    for every duration: load_seconds, how long a start has been loading, `stuck`, the expected
+    load. A step of the wall clock (NTP, an operator, a VM resumed) changes no duration, state or
+    expectation. Tests step the wall clock by giving a gate another Clock."""
+
+    wall: Callable[[], float] = time.time
+    mono: Callable[[], float] = time.monotonic
+
+
+CLOCK = Clock()
 
 
 def iso(ts: float | None) -> str | None:

@@ -31,7 +31,7 @@ from genready.store.records import RecordStore, StartRecord
 from genready.systemd.fresh import FreshReader
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.worker import Unresponsive
-from genready.timewords import from_iso, iso
+from genready.timewords import CLOCK, Clock, from_iso, iso
 from genready.vocab import DOWN, SYSTEMD_UNRESPONSIVE, Failure, Instance, ProbeResult, Revocation, State
 
 log = logging.getLogger("genready.rule.gate")
@@ -107,7 +107,8 @@ class Verification:
 @dataclass
 class ProbeProgress:
     instance: Instance | None = None
-    waiting_since: float = field(default_factory=time.time)
+    waiting_since: float = field(default_factory=time.time)  # wall clock: shown only
+    waiting_mono: float = field(default_factory=time.monotonic)  # the same moment, for durations
     probes: int = 0
     successes: int = 0
     failures: int = 0  # consecutive
@@ -123,7 +124,8 @@ class TargetGate:
     """State machine of one target: follows snapshots, probes new starts, keeps records."""
 
     def __init__(self, cfg: TargetConfig, store: RecordStore, fresh: FreshReader, listener: Listener,
-                 *, prober_factory: Callable[[TargetConfig], Prober] = Prober) -> None:
+                 *, prober_factory: Callable[[TargetConfig], Prober] = Prober, clock: Clock = CLOCK) -> None:
+        self.clock = clock  # wall for what is shown, monotonic for every duration (timewords.Clock)
         self.cfg = cfg
         self.store = store
         self.history = History(cfg.name, cfg.unit, store)
@@ -136,7 +138,8 @@ class TargetGate:
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
         self.verified: Verification | None = None
-        self.progress = ProbeProgress()
+        self.progress = self._new_progress()
+        self._seen: tuple[Instance, float] | None = None  # an instance, and when (monotonic) it was first seen
         self._task: asyncio.Task[None] | None = None
         self.probe_restarts = 0  # probe loops that died and were restarted (see _probe_task_done)
         self._changed = asyncio.Event()
@@ -161,6 +164,8 @@ class TargetGate:
     def on_snapshot(self, snap: Snapshot | None) -> None:
         """A new view from systemd (None: the bus is lost). Revocation happens here, at once."""
         was_ready, self.snap = self.ready, snap
+        if snap is not None and snap.invocation_id and (self._seen is None or self._seen[0] != instance_of(snap)):
+            self._seen = (instance_of(snap), self.clock.mono())
         try:
             started = self.history.observe(snap) if snap is not None else None
         except Exception:
@@ -199,12 +204,27 @@ class TargetGate:
         if self.ready or s is None or not s.invocation_id or s.active_state not in ("activating", "active"):
             return None, None
         rec = self.history.get(s.invocation_id)
-        started = from_iso(rec.started_at) if rec and rec.ended_at is None else None
+        started = self._start_mono(s) if rec and rec.ended_at is None else None
         if started is None:
             return None, None
-        elapsed = max(0.0, time.time() - started)
+        elapsed = max(0.0, self.clock.mono() - started)
         eta = None if self.expected_load_seconds is None else max(0.0, self.expected_load_seconds - elapsed)
         return elapsed, eta
+
+    def _start_mono(self, s: Snapshot) -> float | None:
+        """When (monotonic seconds) the start `s` shows began: systemd's ExecMainStartTimestampMonotonic,
+        else when genready first saw this instance; None if neither is known."""
+        if s.exec_main_start_mono_us:
+            return s.exec_main_start_mono_us / 1e6
+        return self._seen[1] if self._seen is not None and self._seen[0] == instance_of(s) else None
+
+    @property
+    def waiting_seconds(self) -> float:
+        """How long the current start has been probed without a verification (monotonic, never negative)."""
+        return max(0.0, self.clock.mono() - self.progress.waiting_mono)
+
+    def _new_progress(self, instance: Instance | None = None) -> ProbeProgress:
+        return ProbeProgress(instance=instance, waiting_since=self.clock.wall(), waiting_mono=self.clock.mono())
 
     # -- a failed start --------------------------------------------------------------------------
 
@@ -251,7 +271,7 @@ class TargetGate:
         self._unsettled = True
         # Even for the same instance (a job came and went): warmup and load_timeout count anew.
         self.progress.successes = 0
-        self.progress.waiting_since = time.time()
+        self.progress.waiting_since, self.progress.waiting_mono = self.clock.wall(), self.clock.mono()
         self.listener.on_revoked(self, reason)
 
     def _set_state(self) -> None:
@@ -293,7 +313,7 @@ class TargetGate:
         if p.last_failure == Failure.REJECTED:
             # Up, and refusing: waiting longer changes nothing until someone fixes the server or the config.
             return State.REJECTED, p.last_error.split(": ", 1)[1]
-        if time.time() - p.waiting_since > self.stuck_after:
+        if self.waiting_seconds > self.stuck_after:
             how = (f"load_timeout = auto: 3 x the usual load of {self.expected_load_seconds:g}s, at least 300s"
                    if self.cfg.load_timeout == AUTO and self.expected_load_seconds is not None else "load_timeout")
             return State.STUCK, f"no verified generation after {self.stuck_after:g}s ({how}); {err}"
@@ -329,7 +349,7 @@ class TargetGate:
             self._task = None
         if want is not None:
             if self.progress.instance != want:
-                self.progress = ProbeProgress(instance=want)
+                self.progress = self._new_progress(want)
             self._task = asyncio.get_running_loop().create_task(self._probe_loop(want), name=f"probe-{self.name}")
             self._task.add_done_callback(self._probe_task_done)
 
@@ -405,7 +425,7 @@ class TargetGate:
     async def _pause(self, schedule: Schedule, result: ProbeResult, inst: Instance) -> None:
         """Wait before the next probe: as long as the schedule says for what `result` cost the
         server, or, after a refused connection, until the server listens (listen.py)."""
-        wait = schedule.after(result, time.time() - self.progress.waiting_since)
+        wait = schedule.after(result, self.waiting_seconds)
         if wait.watch:
             await self.listen.pause(wait.seconds, inst.main_pid, cap=self.cfg.backoff_max)
         else:
@@ -460,18 +480,19 @@ class TargetGate:
         """Mark `inst` verified, if the watcher's latest view still shows it ready (else False)."""
         if not is_ready(self.snap, inst):
             return False  # a change arrived while we probed: its event will reschedule probing
-        now = time.time()
+        assert self.snap is not None  # is_ready says so
+        now = self.clock.wall()
         rec = self.history.get(inst.invocation_id)
-        started = from_iso(rec.started_at) if rec else None
-        load = round(now - started, 3) if started else None
+        started = from_iso(rec.started_at) if rec else None  # wall clock: for since=, not a duration
+        start_mono = self._start_mono(self.snap)
+        load = round(max(0.0, self.clock.mono() - start_mono), 3) if start_mono is not None else None
         self._unsettled = True
         self.verified = Verification(inst, now, load, started)
         rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
                  inst.invocation_id, load, self.progress.probes)
-        if self.snap is not None:
-            self._refresh_expected(self.snap)
+        self._refresh_expected(self.snap)
         if rec is not None:
             self.listener.on_verified(self, rec)
         return True
@@ -551,7 +572,7 @@ class TargetGate:
             if self.ready:
                 self._revoke(Revocation.CONFIG_CHANGED)
             self.verified = None
-        self.progress = ProbeProgress()
+        self.progress = self._new_progress()
         self._schedule_probing()
         self._set_state()
 

@@ -60,7 +60,7 @@ def status_line(g: TargetGate) -> str:
     if g.state in (State.LOADING, State.WARMING, State.STUCK) and g.snap:
         p = g.progress
         err = f", probe {p.probes}: {p.last_failure}" if p.last_failure else ""
-        return f"{g.name}: {g.state} pid {g.snap.main_pid} for {duration(time.time() - p.waiting_since)}{err}"
+        return f"{g.name}: {g.state} pid {g.snap.main_pid} for {duration(g.waiting_seconds)}{err}"
     return f"{g.name}: {g.state}" + (f" ({g.reason})" if g.reason else "")
 
 

@@ -44,7 +44,8 @@ def fingerprint_of(argvs: tuple[tuple[str, ...], ...]) -> str:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs, 0 = never."""
+    """What systemd says about one unit at one moment. Times are CLOCK_REALTIME µs (for display and
+    records), except *_mono_us (CLOCK_MONOTONIC µs, for durations); 0 = never."""
 
     unit: str
     load_state: str = ""
@@ -55,6 +56,7 @@ class Snapshot:
     invocation_id: str = ""
     job_id: int = 0
     exec_main_start_us: int = 0
+    exec_main_start_mono_us: int = 0
     exec_main_exit_us: int = 0
     active_enter_us: int = 0
     inactive_enter_us: int = 0
@@ -115,6 +117,7 @@ _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"MainPID": ("main_pid", int),
     b"ExecMainPID": ("exec_main_pid", int),
     b"ExecMainStartTimestamp": ("exec_main_start_us", int),
+    b"ExecMainStartTimestampMonotonic": ("exec_main_start_mono_us", int),
     b"ExecMainExitTimestamp": ("exec_main_exit_us", int),
     b"ExecMainCode": ("exec_main_code", int),
     b"ExecMainStatus": ("exec_main_status", int),
