@@ -3,19 +3,15 @@ daemon against simulator units (and a unit that dies loading) in the private use
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import re
-import shlex
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from genready_dev.harness import GENREADY, Genready, free_port, genready_service, http, sim_unit, wait_for
+from genready_dev.harness import Genready, free_port, http, sim_unit, wait_for
+from genready_dev.hostile import huge_output_failure
 from genready_dev.usermanager import UserManager
 
-GENREADY_CMD = shlex.join(GENREADY)
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.2, "probe_timeout": 2.0, "verify_owner": False}
 
 
@@ -95,77 +91,14 @@ def test_a_failed_start_shows_its_result_and_its_own_last_words(manager: UserMan
         manager.remove_unit(unit)
 
 
-@contextlib.contextmanager
-def memory_cgroup(limit: int) -> Iterator[Path | None]:
-    """A cgroup v1 memory cgroup of `limit` bytes under this process's own, where the host has one
-    (on these hybrid hosts the user manager's MemoryMax= has no memory controller to use), else None."""
-    line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.split(":")[1] == "memory"), None)
-    here = Path("/sys/fs/cgroup/memory" + line.split(":", 2)[2]) if line else None
-    if here is None or not (here / "cgroup.procs").exists():
-        yield None
-        return
-    cg = here / f"genready-test-{os.getpid()}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(limit))
-        yield cg
-    finally:
-        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), 10, "the memory cgroup empty")
-        cg.rmdir()
-
-
-def vm_kb(pid: int, key: str) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    m = re.search(rf"^{key}:\s+(\d+) kB$", status, re.M)
-    assert m, status
-    return int(m.group(1))
-
 
 def test_a_failed_start_of_a_huge_output_file_is_read_from_its_tail(manager: UserManager, tmp_path: Path) -> None:
     """200 MB of output before a start that fails while genready runs (started mid-load, so it has
-    no mark of where the start's lines begin): genready, a unit with MemoryMax=256M as shipped, stays
-    small and shows the last lines."""
-    out, go = tmp_path / "server.out", tmp_path / "go"
-    with out.open("wb") as fh:
-        fh.truncate(200 << 20)  # sparse: 200 MB without a block written
-    script = tmp_path / "server.sh"
-    script.write_text("#!/bin/sh\n"
-                      "for i in $(seq 1 30); do echo \"loading shard $i\"; done\n"
-                      f"while [ ! -e {go} ]; do sleep 0.05; done\n"
-                      "echo 'CUDA out of memory while loading shard 3' >&2\n"
-                      "exit 3\n")
-    script.chmod(0o755)
-    unit, gunit = "ld-huge.service", "ld-genready.service"
-    manager.install_unit(unit, f"[Service]\nExecStart={script}\nStandardOutput=append:{out}\n"
-                               f"StandardError=append:{out}\n")
-    manager.systemctl("start", unit)
-    g = Genready(manager, tmp_path, {"huge": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}",
-                                               "gate_startup": False, **FAST}},
-                 log_level="info")
-    try:
-        with memory_cgroup(256 << 20) as cg:
-            serve = f"{GENREADY_CMD} serve --config {g.config_path}"
-            # In the v1 memory cgroup first, where there is one; `$$$$` is the shell's $$ to systemd.
-            start = f"/bin/sh -c 'echo $$$$ > {cg}/cgroup.procs && exec {serve}'" if cg else serve
-            manager.install_unit(gunit, genready_service(g.config_path, g.log_path, "MemoryMax=256M").replace(
-                f"ExecStart={GENREADY_CMD} serve --config {g.config_path}", f"ExecStart={start}"))
-            manager.systemctl("start", gunit)
-            pid = int(manager.show(gunit, "MainPID")["MainPID"])
-            wait_for(lambda: g.status()["targets"]["huge"]["state"] == "loading", 15, "the target loading")
-            before = vm_kb(pid, "VmRSS")
-            go.touch()
-            failure = wait_for(lambda: (x := g.status()["targets"]["huge"]["last_failure"]) and x["journal"] and x,
-                               15, "the failed start's lines in /status")
-            assert failure["journal"][-1] == "CUDA out of memory while loading shard 3"
-            assert failure["journal"][-2] == "loading shard 30"
-            peak = vm_kb(pid, "VmHWM")
-            print(f"genready RSS before the failure {before / 1024:.1f} MB, peak {peak / 1024:.1f} MB")
-            assert manager.show(gunit, "ActiveState")["ActiveState"] == "active"
-            assert int(manager.show(gunit, "MainPID")["MainPID"]) == pid  # not OOM-killed and restarted
-            assert peak < 80 * 1024, f"genready's peak RSS {peak} kB"
-            manager.systemctl("stop", gunit)
-    finally:
-        manager.systemctl("stop", gunit, unit, check=False)
-        manager.systemctl("reset-failed", unit, gunit, check=False)
-        manager.remove_unit(unit)
-        manager.remove_unit(gunit)
+    no mark of where the start's lines begin): genready, a unit with MemoryMax=256M as shipped (and a
+    256 MiB memory cgroup where the host has one), stays small and shows the last lines."""
+    r = huge_output_failure(manager, tmp_path, 200 << 20)
+    print(f"genready RSS before the failure {r.rss_before_kb / 1024:.1f} MB, peak {r.peak_kb / 1024:.1f} MB "
+          f"(memory cgroup: {r.cgroup or 'none'})")
+    assert r.lines[-2:] == ["loading shard 30", "CUDA out of memory while loading shard 3"], r.lines
+    assert r.survived, "genready was killed (OOM?) or restarted while reading the failed start's lines"
+    assert r.peak_kb < 80 * 1024, f"genready's peak RSS {r.peak_kb} kB"

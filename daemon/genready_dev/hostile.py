@@ -1,6 +1,6 @@
 """Helpers for hostile-host tests and benchmarks: broken servers, small private
-mounts genready can fill or make read-only, a frozen systemd manager, and reading genready's
-three surfaces.
+mounts genready can fill or make read-only, a frozen systemd manager, a failed start after a huge
+output file, and reading genready's three surfaces.
 
 Shared by tests/test_hostile.py and bench/hostile.py, so the benchmark measures exactly
 what the tests check.
@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from genready import config
 from genready.config import TargetConfig
 from genready.store import records
-from genready_dev.harness import Genready, free_port, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, free_port, genready_service, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
 
@@ -242,3 +244,91 @@ def frozen_manager(um: UserManager, tmp: Path, seconds: float = 4.0, *, during_r
     finally:
         g.stop()
         um.systemctl("stop", unit, check=False)
+
+
+# --- a failed start after a huge output file ---------------------------------------------------
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int) -> Iterator[Path | None]:
+    """A cgroup v1 memory cgroup of `limit` bytes under this process's own, where the host has one
+    (on hybrid hosts a user manager's MemoryMax= has no memory controller to use), else None."""
+    line = next((x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.split(":")[1] == "memory"), None)
+    here = Path("/sys/fs/cgroup/memory" + line.split(":", 2)[2]) if line else None
+    if here is None or not (here / "cgroup.procs").exists():
+        yield None
+        return
+    cg = here / f"genready-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(limit))
+        yield cg
+    finally:
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), 10, "the memory cgroup empty")
+        cg.rmdir()
+
+
+def vm_kb(pid: int, key: str) -> int:
+    """A /proc/PID/status figure in kB (VmRSS: now, VmHWM: the peak)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    m = re.search(rf"^{key}:\s+(\d+) kB$", status, re.M)
+    assert m, status
+    return int(m.group(1))
+
+
+@dataclass
+class HugeOutput:
+    rss_before_kb: int  # genready's RSS while the start loaded
+    peak_kb: int  # its peak RSS once the failed start's lines were shown
+    lines: list[str]  # what /status showed as the start's last lines
+    survived: bool  # the same genready process, still active
+    cgroup: Path | None  # the memory cgroup genready ran in, if any
+
+
+def huge_output_failure(um: UserManager, tmp: Path, size: int, limit: int = 256 << 20) -> HugeOutput:
+    """A unit whose output file holds `size` bytes (sparse) before a start that fails while genready
+    runs: genready is started mid-load (so it has no mark of where that start's lines begin, and
+    reads the file's own tail), as a unit of `um` with MemoryMax= `limit` as shipped, and in a
+    memory cgroup of `limit` where the host has one."""
+    out, go = tmp / "server.out", tmp / "go"
+    with out.open("wb") as fh:
+        fh.truncate(size)  # sparse: nothing written, so the run is fast
+    script = tmp / "server.sh"
+    script.write_text("#!/bin/sh\n"
+                      "for i in $(seq 1 30); do echo \"loading shard $i\"; done\n"
+                      f"while [ ! -e {go} ]; do sleep 0.05; done\n"
+                      "echo 'CUDA out of memory while loading shard 3' >&2\n"
+                      "exit 3\n")
+    script.chmod(0o755)
+    unit, gunit = "huge-out.service", "huge-genready.service"
+    um.install_unit(unit, f"[Service]\nExecStart={script}\nStandardOutput=append:{out}\nStandardError=append:{out}\n")
+    um.systemctl("start", unit)
+    g = Genready(um, tmp, {"huge": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", "gate_startup": False,
+                                    "backoff_initial": 0.05, "backoff_max": 0.2, "verify_owner": False}},
+                 log_level="info")
+    cmd = shlex.join(GENREADY)
+    try:
+        with memory_cgroup(limit) as cg:
+            serve = f"{cmd} serve --config {g.config_path}"
+            # Into the memory cgroup first, where there is one; `$$$$` is the shell's $$ to systemd.
+            start = f"/bin/sh -c 'echo $$$$ > {cg}/cgroup.procs && exec {serve}'" if cg else serve
+            um.install_unit(gunit, genready_service(g.config_path, g.log_path, f"MemoryMax={limit}").replace(
+                f"ExecStart={serve}", f"ExecStart={start}"))
+            um.systemctl("start", gunit)
+            pid = int(um.show(gunit, "MainPID")["MainPID"])
+            wait_for(lambda: g.status()["targets"]["huge"]["state"] == "loading", 15, "the target loading")
+            before = vm_kb(pid, "VmRSS")
+            go.touch()
+            lines: list[str] = []
+            with contextlib.suppress(AssertionError):  # not shown: said by `lines`, `survived`
+                lines = wait_for(lambda: ((x := g.status()["targets"]["huge"]["last_failure"]) and x["journal"]), 15,
+                                 "the failed start's lines in /status")
+            alive = um.show(gunit, "ActiveState", "MainPID")
+            survived = alive["ActiveState"] == "active" and int(alive["MainPID"]) == pid
+            peak = vm_kb(pid, "VmHWM") if survived else 0
+            um.systemctl("stop", gunit)
+        return HugeOutput(before, peak, lines, survived, cg)
+    finally:
+        um.systemctl("stop", gunit, unit, check=False)
+        um.systemctl("reset-failed", unit, gunit, check=False)
+        um.remove_unit(unit)
+        um.remove_unit(gunit)
