@@ -91,6 +91,19 @@ def test_item1_redaction_is_one_table_of_rules() -> None:
         assert redact(once) == once
 
 
+@pytest.mark.parametrize("text", ["secret" * 10_000, "api_key=1, " * 6_000, "HF_TOKEN " * 7_000, "password" * 8_000,
+                                  "--api-key " + "w " * 30_000, "api_key='x " * 6_000, "--api-key\n" * 6_000],
+                         ids=["word", "names", "env", "word2", "flagwords", "quotes", "lines"])
+def test_item1_redaction_stays_linear_on_hostile_lines(text: str) -> None:
+    """A server's line can be long and repetitive: no shape of it may cost quadratic time (the first
+    version of the table took 40 s on 64 KiB of `api_key=1, `)."""
+    import time
+
+    t0 = time.monotonic()
+    redact(text)
+    assert time.monotonic() - t0 < 3.0
+
+
 # --- 2. escape sequences ---------------------------------------------------------------------------
 
 HOSTILE = "osc52 \x1b]52;c;cHduZWQ=\x07 title \x1b]0;pwned\x07 clear \x1b[2J up \x1b[1A\x1b[2K c1 \x9b2J del \x7f"

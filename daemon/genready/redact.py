@@ -36,8 +36,21 @@ from typing import Any, Final
 MASK: Final = "***"
 
 # A name that holds a secret: it ends in one of these words, or holds secret/password anywhere.
-_ENDS: Final = r"(?:key|token|password|passwd|secret)"
-_NAME: Final = rf"(?:[A-Za-z0-9_.-]*?{_ENDS}|[A-Za-z0-9_.-]*(?:secret|password)[A-Za-z0-9_.-]*)"
+# A name is matched whole (greedy, one pass), then judged in Python: a pattern that looked for the
+# secret word inside it backtracked quadratically on a long word.
+_NAME: Final = r"(?P<name>[A-Za-z0-9_.-]+)"
+_ENDS: Final = ("key", "token", "password", "passwd", "secret")
+
+
+def secret_name(name: str) -> bool:
+    """A name that holds a secret: it ends in key, token, password or secret, or holds secret or password."""
+    n = name.lower().lstrip("-")
+    return n.endswith(_ENDS) or "secret" in n or "password" in n
+
+
+def secret_env(name: str) -> bool:
+    """An environment variable's spelling of a secret: *_KEY, *_TOKEN, *SECRET*, *PASSWORD* (capitals)."""
+    return name.isupper() and (name.endswith(("_KEY", "_TOKEN")) or "SECRET" in name or "PASSWORD" in name)
 _CLOSE: Final = {"[": "]", "(": ")", "{": "}"}
 _BARE_END: Final = re.compile(r"[\s,;)\]}'\"]")
 _WORD: Final = re.compile(r"""'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s,;)\]}'"]+""")
@@ -134,6 +147,17 @@ class Rule:
     why: str
     start: re.Pattern[str]  # a match ends where the value starts
     value: Callable[[str, re.Match[str]], int]  # the value's end, from the match that ends at its start
+    name_ok: Callable[[str], bool] | None = None  # for a pattern with a (?P<name>…): is it a secret's name?
+
+    def next(self, text: str, pos: int) -> tuple[int, int, int] | None:
+        """(match start, value start, value end) of the first match at or after `pos` with a value."""
+        for m in self.start.finditer(text, pos):
+            if self.name_ok is not None and not self.name_ok(m.group("name")):
+                continue
+            end = self.value(text, m)
+            if end > m.end():  # an empty value is no value
+                return m.start(), m.end(), end
+        return None
 
 
 RULES: Final = (
@@ -144,35 +168,33 @@ RULES: Final = (
     Rule("URL userinfo", re.compile(r"\b[a-z][a-z0-9+.-]*://(?=[^\s/@'\"]+@)", re.I),
          lambda t, m: t.index("@", m.end())),
     Rule("a flag in a Python argument list", re.compile(
-        rf"""(['"])--?{_NAME}\1[ \t]*,[ \t]*(?=['"])""", re.I), _at(_quoted)),
-    Rule("a flag and its value", re.compile(rf"(?<![\w-])--?{_NAME}(?:=|[ \t]+)(?=[^\s-])", re.I), _at(_words)),
-    Rule("a flag at the end of a line", re.compile(rf"(?<![\w-])--?{_NAME}(?=[ \t]*\r?\n)", re.I),
-         _at(_next_line_word)),
+        rf"""(['"])--?{_NAME}\1[ \t]*,[ \t]*(?=['"])"""), _at(_quoted), secret_name),
+    Rule("a flag and its value", re.compile(rf"(?<![\w-])--?{_NAME}(?:=|[ \t]+)(?=[^\s-])"), _at(_words),
+         secret_name),
+    Rule("a flag at the end of a line", re.compile(rf"(?<![\w-])--?{_NAME}(?=[ \t]*\r?\n)"),
+         _at(_next_line_word), secret_name),
     Rule("name = value, name: value", re.compile(
-        rf"""(?<![\w-])(['"]?){_NAME}\1[ \t]*(?:=|:(?!//))[ \t]*(?=\S)""", re.I), _at(_expr)),
+        rf"""(?<![\w-])(['"]?){_NAME}\1[ \t]*(?:=|:(?!//))[ \t]*(?=\S)"""), _at(_expr), secret_name),
     Rule("an environment variable, a space, its value", re.compile(
-        r"(?<![\w-])(?:[A-Z][A-Z0-9_]*_(?:KEY|TOKEN)|[A-Z0-9_]*(?:SECRET|PASSWORD)[A-Z0-9_]*)[ \t]+(?=[^\s=:-])"),
-         _at(_one_word)),
+        r"(?<![\w-])(?P<name>[A-Z0-9_]+)[ \t]+(?=[^\s=:-])"), _at(_one_word), secret_env),
 )
 
 
 def _mask_rules(text: str) -> str:
     out: list[str] = []
     pos = 0
+    # Each rule's next match is kept until the text before it is done: every rule scans the text about
+    # once, however many values are masked (searching anew from each value was quadratic).
+    pending = [rule.next(text, 0) for rule in RULES]
     while True:
-        best: tuple[int, int, int] | None = None  # (value start, value end, match start)
-        for rule in RULES:
-            for m in rule.start.finditer(text, pos):
-                if best is not None and m.start() >= best[2]:
-                    break
-                end = rule.value(text, m)
-                if end > m.end():  # an empty value is no value: this rule's next match
-                    best = (m.end(), end, m.start())
-                    break
-        if best is None:
+        for i, hit in enumerate(pending):
+            if hit is not None and hit[0] < pos:
+                pending[i] = hit = RULES[i].next(text, pos)
+        hits = [h for h in pending if h is not None]
+        if not hits:
             out.append(text[pos:])
             return "".join(out)
-        start, end, _ = best
+        _, start, end = min(hits)
         value = text[start:end]
         lead = value[:len(value) - len(value.lstrip())]  # the line break before a next line's word stays
         value = value[len(lead):]
