@@ -2,9 +2,10 @@
 
 A row is one point of a plan: its last attempt in DIR/results.jsonl (an `ok` one if there is
 one), and, when the point's command wrote `{out}/bench.jsonl` (the bench client's `--output`),
-the figures a speculative-decoding sweep compares: accept length, output tokens/s, TTFT p50 and
-ITL p50. `report` merges several results folders (the shards of one plan, run on several hosts)
-into one table in plan order and marks the best value of each figure column.
+the figures a speculative-decoding sweep compares: accept length, draft acceptance (llama.cpp;
+a column only when some point has it), output tokens/s, TTFT p50 and ITL p50. `report` merges
+several results folders (the shards of one plan, run on several hosts) into one table in plan
+order and marks the best value of each figure column.
 
 Every file is read through the one bounded reader (config.read_file): a FIFO, a device, a directory
 or a symlink loop where a file should be is named, never waited on or read without end. A line that
@@ -42,10 +43,13 @@ class Figure:
     title: str
     higher_is_better: bool
     digits: int
+    optional: bool = False  # a column only when some row has the figure
 
 
 FIGURES: Final = (
     Figure("accept_length", "ACCEPT", True, 2),
+    # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
+    Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
@@ -243,15 +247,16 @@ def csv_cell(text: str) -> str:
 def _cells(rows: Sequence[Row], *, mark: str) -> tuple[list[str], list[list[str]]]:
     with_bench = any(r.figures for r in rows)
     with_host = len({r.host for r in rows if r.host}) > 1
+    figures = [f for f in FIGURES if not f.optional or any((r.figures or {}).get(f.key) is not None for r in rows)]
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
-        ([f.title for f in FIGURES] if with_bench else [])
+        ([f.title for f in figures] if with_bench else [])
     body = []
     for r in rows:
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
         if with_host:
             cells.append(escape(r.host) or "-")
         if with_bench:
-            for f in FIGURES:
+            for f in figures:
                 v = (r.figures or {}).get(f.key)
                 text = UNREADABLE if r.bench_unreadable else _num(v, f.digits)
                 cells.append(mark.format(text) if f.key in r.best else text)
