@@ -279,3 +279,19 @@ async def test_a_revocation_by_systemd_updates_every_surface_once(wired: Wired) 
     passes = Passes(wired)
     wired.systemd_shows("t.service", snap(pid=4242, job=9))
     assert passes.seen == [(g.progress.probes, False)]
+
+
+async def test_the_verifying_probe_sends_one_notification(wired: Wired) -> None:
+    """The probe that verifies a start is one event: its progress line (STATUS=, paced to one a second)
+    and READY=1 go out as one datagram, not two, however long the load took."""
+    wired.prober.hold = asyncio.Event()
+    wired.systemd_shows("t.service", snap(pid=4242))
+    g = wired.daemon.gates["t"]
+    await wired.until(lambda: wired.prober.calls >= 1, "the first probe out")
+    wired.daemon.outputs._status_sent = float("-inf")  # the last STATUS= was long ago: progress is due
+    wired.notifications()
+    wired.prober.hold.set()
+    await wired.until(lambda: g.ready, "verified")
+    await asyncio.sleep(0)  # anything the pass left for the loop's next turn
+    sent = wired.notifications()
+    assert len(sent) == 1 and sent[0].startswith("READY=1"), sent

@@ -109,6 +109,7 @@ class Daemon:
         self.health = Health(self._on_systemd_health)
         self._batch = 0  # > 0 while one systemd change is handed to the gates: outputs update once, after
         self._outputs_due = False
+        self._progress_due = False  # a probe's progress line is to be sent after its pass (on_probed)
         # Everything startup() opens is pushed here as it is opened, so a failure halfway
         # (e.g. the port is taken) closes exactly what was opened, in reverse order.
         self._exit = contextlib.AsyncExitStack()
@@ -397,6 +398,14 @@ class Daemon:
             self.summarizer.note(gate.name, str(result.failure), f"{gate.name}: probe failed: {result.failure}",
                                  level=logging.WARNING if result.failure in _NEEDS_AN_ADMIN else logging.INFO,
                                  detail=result.detail, pid=gate.snap.main_pid if gate.snap else None)
+        # After the pass this probe is part of: if it verified or changed the state, on_settled has sent
+        # STATUS= with that by then, and the progress line is not due (one notification per event).
+        if not self._progress_due:
+            self._progress_due = True
+            asyncio.get_running_loop().call_soon(self._progress)
+
+    def _progress(self) -> None:
+        self._progress_due = False
         self.outputs.progress(self.gates.values(), notes=self._notes())
 
     def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None:
