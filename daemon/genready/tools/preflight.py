@@ -13,6 +13,7 @@ from typing import TextIO
 from genready import compat, console
 from genready.config import Config, TargetConfig
 from genready.probe.probe import Prober
+from genready.redact import escape
 from genready.systemd.fresh import FreshReader
 from genready.systemd.snapshot import Snapshot
 from genready.vocab import ProbeResult
@@ -64,5 +65,5 @@ async def run(cfg: Config, out: TextIO) -> int:
     finally:
         fresh.close()
     for (name, _), (r, note) in zip(cfg.targets.items(), results, strict=True):
-        console.write(verdict(name, r, note) + "\n", out)
+        console.write(escape(verdict(name, r, note)) + "\n", out)  # it quotes the server's answer
     return 0 if all(r.ok for r, _ in results) else 1
