@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from genready import config
 from genready.compat import UTC
 from genready.probe.owner import (
     Addr,
@@ -174,8 +175,7 @@ def _docker_files(cid: str, api_error: EngineError) -> Container:
     root-equivalent, while reading this root-only file takes just the CAP_DAC_READ_SEARCH it has."""
     path = f"{DOCKER_ROOT}/containers/{cid}/config.v2.json"
     try:
-        with open(path, "rb") as f:
-            doc: dict[str, Any] = json.load(f)
+        doc: dict[str, Any] = json.loads(config.read_file(path, 16 << 20))  # the one bounded reader
         name = str(doc.get("Name") or "").lstrip("/")
         created = parse_time_us(str(doc["Created"]))
         env = tuple(str(e) for e in (doc.get("Config") or {}).get("Env") or ())
