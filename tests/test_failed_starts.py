@@ -98,9 +98,8 @@ def restart_cli(g: Genready, *args: str) -> tuple[subprocess.CompletedProcess[st
 
 
 def ended_at(manager: UserManager, unit: str) -> float:
-    """When the unit's last main process exited (ExecMainExitTimestamp), as CLOCK_REALTIME seconds."""
-    out = manager.systemctl("show", unit, "-pExecMainExitTimestamp", "--timestamp=unix").stdout
-    return float(out.strip().split("=", 1)[1].lstrip("@"))
+    """When the unit's last main process exited, on CLOCK_MONOTONIC (time.monotonic()'s clock)."""
+    return int(manager.show(unit, "ExecMainExitTimestampMonotonic")["ExecMainExitTimestampMonotonic"]) / 1e6
 
 
 def test_restart_of_a_failing_unit_exits_1_within_a_second_of_the_failure(
@@ -112,7 +111,7 @@ def test_restart_of_a_failing_unit_exits_1_within_a_second_of_the_failure(
     try:
         with g:
             run, took = restart_cli(g, "--timeout", "60")
-            done = time.time()
+            done = time.monotonic()
             assert run.returncode == 1, (run.returncode, run.stderr)
             assert done - ended_at(manager, unit) < 1.0, (done - ended_at(manager, unit), run.stderr)
             assert took < 30

@@ -27,7 +27,7 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.systemd import sweepdropin
 from genready.tools import sweep, sweepplan
-from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, show, wait_for
+from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -860,3 +860,24 @@ def test_a_runtime_dir_the_manager_does_not_search_exits_1_before_anything_chang
     assert restore.returncode == 1 and says in restore.stderr and "Traceback" not in restore.stderr, restore.stderr
     assert not rig.results.exists() and not (rig.tmp / "elsewhere").exists()
     assert rig.g.get("/ready/t")[1]["pid"] == pid  # the unit was not restarted
+
+
+def test_what_a_point_command_leaves_behind_is_ended_before_the_next_point(rig: Rig) -> None:
+    """Each point's command runs in guard's process-group runner: a background child it forked and
+    left running is ended when the command exits, so the next point is not measured next to it."""
+    # Alive: in /proc and not a zombie (an ended child of an exited command waits for whoever reaps orphans).
+    script = ('prev="$1/child-$(($2 - 1)).pid"\n'
+              'state=$([ -f "$prev" ] && sed "s/.*) //" "/proc/$(cat "$prev")/stat" 2>/dev/null | cut -c1)\n'
+              'if [ -n "$state" ] && [ "$state" != Z ]; then echo alive > "$1/leftover-$2"; fi\n'
+              'sleep 300 & echo $! > "$1/child-$2.pid"\n')
+    plan = rig.tmp / "plan.toml"
+    plan.write_text(tomli_w.dumps({"target": "t", "timeout": 20, "command": ["sh", "-c", script, "sh", str(rig.tmp),
+                                                                              "{n}"],
+                                   "points": [{"n": 1}, {"n": 2}, {"n": 3}]}))
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    assert [ln["status"] for ln in rig.results_lines()] == ["ok", "ok", "ok"]
+    assert not list(rig.tmp.glob("leftover-*")), "a point ran next to the previous point's leftover process"
+    children = [int((rig.tmp / f"child-{n}.pid").read_text()) for n in (1, 2, 3)]
+    assert not any(alive(pid) for pid in children)
+    assert "sh exited leaving 1 process(es) in its process group; they were ended" in rig.err.read_text()

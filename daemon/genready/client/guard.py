@@ -3,7 +3,7 @@
 A benchmark's numbers are only worth keeping if the server it measured stayed the same
 verified instance from start to end. guard pins that instance (pid, invocation, ready
 since) before CMD starts, re-checks it while CMD runs and once more after CMD exits.
-`genready sweep` runs each point's command through `run_pinned`, the same guarantee.
+`genready sweep` runs each point's command through `run_pinned` and `ProcessGroup`, the same guarantee.
 
 CMD runs in a session (and process group) of its own, so guard can end everything CMD
 started: a signal guard gets (SIGINT, SIGTERM, SIGHUP, SIGQUIT) goes to the whole group, and
@@ -32,6 +32,7 @@ from genready.exitcodes import Exit
 
 # Signals guard passes on to CMD's group: anything that would otherwise end guard and leave CMD running.
 FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+TICK: Final = 0.05  # seconds between a waiting caller's ticks (ProcessGroup.wait)
 
 
 def exit_status(returncode: int) -> int:
@@ -86,11 +87,17 @@ class ProcessGroup:
                 self._kill_timer.daemon = True
                 self._kill_timer.start()
 
-    def wait(self, child: subprocess.Popen[Any] | None = None) -> int:
-        """Wait for the leader to exit, end what it left in its group, then reap it: its status."""
+    def wait(self, child: subprocess.Popen[Any] | None = None, *, tick: Callable[[], None] | None = None) -> int:
+        """Wait for the leader to exit, end what it left in its group, then reap it: its status.
+        `tick`, if given, runs every TICK seconds until the leader exits (a caller's own signals)."""
         pid = self.child.pid
         # WNOWAIT: the leader stays a zombie, so its PID stays ours while the group is ended.
-        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        if tick is None:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        else:
+            while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
+                tick()
+                time.sleep(TICK)
         self.left_behind = len(self._end_leftovers(pid))
         with self._lock:
             if self._kill_timer is not None:

@@ -10,6 +10,7 @@ known within a long-poll, and systemd is asked nothing by the client meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from typing import Any, Final
 from genready.client import client
 
 DAEMON_RETRY: Final = 1.0  # seconds between attempts while the daemon does not answer
+SETTLE: Final = 0.5  # seconds: more than the daemon waits before it says a down unit is not restarting
 LONG_POLL: Final = 3000.0  # seconds of one long-poll when nothing is shown meanwhile (the API caps it at 3600)
 
 
@@ -91,6 +93,14 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
         if code != 503:
             return Outcome(code, body, since)
         failed = start_failed(body) if since is not None else None
+        if failed is not None and on_failure is OnFailure.ANY and failed.get("restarting"):
+            # Restarting, or just down (the daemon waits SETTLE to tell): one short look says which.
+            with contextlib.suppress(client.Unreachable):
+                code2, body2 = client.request(base, ready_path(target, since=since_q, wait=f"{SETTLE:.3f}"),
+                                              timeout=SETTLE + 30)
+                if code2 != 503:
+                    return Outcome(code2, body2, since)
+                body, failed = body2, start_failed(body2) or failed
         if failed is not None and (on_failure is OnFailure.ANY
                                    or (on_failure is OnFailure.FINAL and not failed.get("restarting"))):
             return Outcome(code, body, since, failed)

@@ -236,7 +236,8 @@ class TargetGate:
             self._down_since = None
         elif self._down_since is None:
             self._down_since = time.monotonic()
-            asyncio.get_running_loop().call_later(RESTART_SETTLE, self.wake)
+            # A little after: the loop may run a timer up to its clock's resolution early.
+            asyncio.get_running_loop().call_later(RESTART_SETTLE + 0.01, self.wake)
 
     @property
     def restarting(self) -> bool:

@@ -63,11 +63,10 @@ class LastWords:
                 mark = next((m for done, m in reversed(self._marks) if done < started), OutputMark(started))
                 self._chore(self._collect(self.failure, mark, snap))
                 break
-        # Not with a job pending: that is a start on its way, whose process may write before a mark
-        # taken now (in a thread) reads the sizes, and its lines would count as older ones. The
-        # mark of the quiet moment before the job came stands.
-        if snap.job_id == 0:
-            self._chore(self._take_mark(snap))
+        # Also with a job pending (a restart: the old process is gone, the new one not started yet), so a
+        # failed start's lines begin after its predecessor's. A mark whose read ended after the new
+        # process began may hold some of its lines: the choice above passes over it.
+        self._chore(self._take_mark(snap))
 
     def _chore(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -46,7 +46,7 @@ from types import FrameType
 from typing import Any, Final, NoReturn, TextIO
 
 from genready import console
-from genready.client import GUARD_STOP_GRACE, client, guard
+from genready.client import GUARD_STOP_GRACE, client, guard, waiting
 from genready.client.guard import check
 from genready.client.progress import target_line
 from genready.compat import StrEnum
@@ -214,6 +214,10 @@ class Attempt:
         return rec
 
 
+class RestartRefused(Exception):
+    """systemd refused to restart the unit on this point's configuration (its words)."""
+
+
 class Interrupted(Exception):
     """A SIGINT or SIGTERM arrived: stop this point, clean up, exit."""
 
@@ -236,7 +240,8 @@ class Sweep:
         self.dropin_path: Path | None = None
         self.dropin_written = False
         self.restored = True  # False from the first drop-in until the unit is verified on its own config
-        self.child: subprocess.Popen[Any] | None = None
+        # The running command's process group (guard's runner): what it leaves behind is ended with it.
+        self.child: guard.ProcessGroup | None = None
         self.pinned: dict[str, Any] = {}  # the verified instance the current command runs against
         self.signals = 0
         self.cleaning = False
@@ -257,18 +262,16 @@ class Sweep:
         if self.signals == 1:
             self.say(f"{name}: stopping{' the running command' if self.child else ''}, then cleaning up "
                      "(again to exit at once)")
-            if self.child is not None and self.child.poll() is None:
-                with contextlib.suppress(OSError):
-                    os.killpg(self.child.pid, signal.SIGINT)
+            if self.child is not None:
+                self.child.signal(signal.SIGINT)
             return
         self._exit_now(name)
 
     def _exit_now(self, name: str) -> NoReturn:
         left = []
-        if self.child is not None and self.child.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.child.pid, signal.SIGKILL)
-            left.append(f"the command (pid {self.child.pid}) was killed; its results are incomplete")
+        if self.child is not None:
+            self.child.signal(signal.SIGKILL)
+            left.append(f"the command (pid {self.child.child.pid}) was killed; its results are incomplete")
         ctl = "systemctl --user" if self.bus_kind == "user" else "systemctl"
         if self.dropin_path is not None and self.dropin_path.exists():
             left.append(f"the drop-in {self.dropin_path} is still in place: rm {self.dropin_path} && "
@@ -505,76 +508,84 @@ class Sweep:
         self.dropin_written = True
 
     def _restart_and_wait(self, point: Point, att: Attempt) -> None:
-        """Restart, then wait for a verified start newer than the restart; fills att (pid or not_ready)."""
+        """Restart, then wait for a verified start newer than the restart (waiting.restart_and_wait, as
+        `genready restart`); fills att: its pid, or not_ready with how the start ended and its last lines.
+        Meanwhile only the daemon is asked: its 503 says when such a start ended before it was verified,
+        and a crash loop (systemd restarting the unit itself) is no load to measure either."""
         assert self.sd is not None
         before = self.sd.state()
         mark = OutputMark.take(before.fragment_path, before.dropin_paths)
-        t0 = time.time()  # since= compares with the new process's start: taken before asking systemd
-        att.started_at = t0
-        try:
-            self.sd.restart()
-        except Exception as e:
-            if bus.denied(e):
-                raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: {bus.dbus_words(e)} "
-                                 "(restarting a system unit needs root or a polkit rule)") from None
-            # systemd refused this configuration (a drop-in it cannot load, such as an empty ExecStart=):
-            # the point's doing, not the sweep's. Another attempt would be refused the same way.
-            state = self.sd.state()
-            att.status, att.retry, att.unit_result = Status.NOT_READY, False, state.result
-            att.reason = f"systemd refused to restart {self.unit}: {bus.dbus_words(e)}"
-            att.journal = [bus.dbus_words(e)]
-            return
-        self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
-        deadline = time.monotonic() + self.timeout
+        att.started_at = time.time()
         last_line, last_state = time.monotonic(), ""
-        body: Any = {}
-        # Our start may zero NRestarts (systemd flushes it on a start it did not schedule itself):
-        # any rise above the lowest value seen since is an automatic restart after a failure.
-        n_low = before.n_restarts
-        while True:
-            self._check_signals()
-            wait = max(0.0, min(POLL, deadline - time.monotonic()))
+
+        def restart() -> None:
+            assert self.sd is not None
+            att.started_at = time.time()
             try:
-                code, body = client.request(self.base, f"/ready/{self.target}?since={t0:.6f}&wait={wait:.3f}",
-                                            timeout=wait + 30)
-            except client.Unreachable as e:
-                code, body = 0, {"reason": f"genready unreachable: {e}"}
-                time.sleep(wait)
-            if code == 200 and isinstance(body, dict):
-                att.pid, att.invocation_id = body.get("pid"), body.get("invocation_id")
-                att.load_seconds = body.get("load_seconds")
-                self.pinned = body
-                self.last_load = time.time() - t0
-                self.load_times.append(self.last_load)
-                return
-            if code in (400, 404):
-                raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
+                self.sd.restart()
+            except Exception as e:
+                if bus.denied(e):
+                    raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: "
+                                     f"{bus.dbus_words(e)} (restarting a system unit needs root or a polkit rule)"
+                                     ) from None
+                raise RestartRefused(bus.dbus_words(e)) from None
+            self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
+
+        def tick(code: int, body: Any) -> None:
+            nonlocal last_line, last_state
+            self._check_signals()
             expected = body.get("expected_load_seconds") if isinstance(body, dict) else None
             if isinstance(expected, int | float) and not isinstance(expected, bool):
                 self.expected_load = float(expected)
-            state = self.sd.state()
-            n_low = min(n_low, state.n_restarts)
-            if state.n_restarts > n_low or state.failed_start:
-                att.reason = (f"{self.unit} failed to start ({state.how_it_ended()})" if state.failed_start else
-                              f"{self.unit} failed and systemd restarted it ({state.how_it_ended()})")
-                break
-            if time.monotonic() >= deadline:
-                detail = body.get("reason") or body.get("last_error") if isinstance(body, dict) else ""
-                att.reason = f"no verified start within {self.timeout:g}s" + (f" ({detail})" if detail else "")
-                break
             now_state = str(body.get("state", "")) if isinstance(body, dict) else ""
             # a line every LOADING_EVERY seconds off a terminal, and at each change of state
             if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY) or now_state != last_state:
                 last_line, last_state = time.monotonic(), now_state
-                if isinstance(body, dict) and body.get("state"):
+                if now_state:
                     # the daemon's own account: state, pid, time loading of the usual, ETA, last probe
                     text = target_line(body)
                 else:
                     last = f" (last load {duration(self.last_load)})" if self.last_load else ""
-                    text = f"loading pid {state.main_pid} for {duration(time.time() - t0)}{last}"
+                    text = f"{body.get('reason')}; loading for {duration(time.time() - att.started_at)}{last}"
                 self.progress(point, f"{text}{self.eta(point, loading=True)}", transient=True)
+
+        try:
+            out = waiting.restart_and_wait(restart, self.base, self.target, self.timeout,
+                                           on_failure=waiting.OnFailure.ANY, poll=POLL, tick=tick)
+        except RestartRefused as e:
+            # systemd refused this configuration (a drop-in it cannot load, such as an empty ExecStart=):
+            # the point's doing, not the sweep's. Another attempt would be refused the same way.
+            state = self.sd.state()
+            att.status, att.retry, att.unit_result = Status.NOT_READY, False, state.result
+            att.reason = f"systemd refused to restart {self.unit}: {e}"
+            att.journal = [str(e)]
+            return
+        body = out.body
+        if out.ready and isinstance(body, dict):
+            att.pid, att.invocation_id = body.get("pid"), body.get("invocation_id")
+            att.load_seconds = body.get("load_seconds")
+            self.pinned = body
+            self.last_load = time.time() - att.started_at
+            self.load_times.append(self.last_load)
+            return
+        if out.code in (400, 404):
+            raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
+        att.status = Status.NOT_READY
+        failed = out.failed
+        if failed is not None:
+            how = waiting.failure_lines(failed)[0]
+            att.reason = (f"{self.unit} failed and systemd restarted it ({how})" if failed.get("restarting") else
+                          f"{self.unit} failed to start ({how})")
+            att.unit_result = failed.get("result")
+            att.invocation_id = failed.get("invocation_id")  # att.pid stays None: no instance to run on
+            # The daemon's lines, once it has read them; else the sweep's own mark of the output files.
+            att.journal = list(failed.get("journal") or []) or mark.lines(self.bus_kind, self.unit,
+                                                                          secrets=self.secrets)
+            return
+        detail = body.get("reason") or body.get("last_error") if isinstance(body, dict) else ""
+        att.reason = f"no verified start within {self.timeout:g}s" + (f" ({detail})" if detail else "")
         state = self.sd.state()
-        att.status, att.unit_result = Status.NOT_READY, state.result
+        att.unit_result = state.result
         att.pid, att.invocation_id = state.main_pid or None, state.invocation_id or None
         att.journal = mark.lines(self.bus_kind, self.unit, secrets=self.secrets)
 
@@ -598,16 +609,21 @@ class Sweep:
                 se = files.enter_context((folder / "stderr.log").open("wb"))
             try:
                 # Its own session: a Ctrl-C reaches the sweep, which stops the command once, on purpose.
-                self.child = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
-                                              start_new_session=True)
+                child = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
             except OSError as e:
                 att.ended_at = time.time()
                 att.status, att.exit_code, att.reason = Status.FAILED, 127, f"cannot run {cmd[0]}: {e.strerror}"
                 return
+            # guard's runner: when the command exits, what it left in its group is ended before the next point.
+            group = self.child = guard.ProcessGroup(child, STOP_GRACE)
             try:
-                res = guard.run_pinned(self.base, self.target, self.pinned, self.child, wait=self._wait_child)
+                res = guard.run_pinned(self.base, self.target, self.pinned, child, wait=self._wait_child)
             finally:
                 self.child = None
+        if group.left_behind:
+            self.progress(point, f"{cmd[0]} exited leaving {group.left_behind} process(es) in its process group; "
+                          "they were ended (SIGTERM, then SIGKILL)")
         att.ended_at = time.time()
         att.exit_code = res.returncode
         if self.signals:
@@ -621,21 +637,24 @@ class Sweep:
             self.run_times.append(att.run_seconds or 0.0)
 
     def _wait_child(self, child: subprocess.Popen[Any]) -> int:
-        """child.wait(), but a signal stops the child: SIGINT, then SIGTERM, then SIGKILL, STOP_GRACE apart."""
+        """The group's wait (the command, then what it left behind), but a signal to the sweep stops the
+        command: SIGINT, then SIGTERM, then SIGKILL to its group, STOP_GRACE apart."""
+        group = self.child
+        assert group is not None and group.child is child
         stop_at: float | None = None
         escalate = iter((signal.SIGTERM, signal.SIGKILL))
-        while True:
-            try:
-                return child.wait(0.2)
-            except subprocess.TimeoutExpired:
-                pass
+
+        def tick() -> None:
+            nonlocal stop_at
             if self.signals:
                 now = time.monotonic()
                 stop_at = stop_at or now
                 if now - stop_at >= STOP_GRACE:
                     stop_at = now
-                    with contextlib.suppress(OSError, StopIteration):
-                        os.killpg(child.pid, next(escalate))
+                    with contextlib.suppress(StopIteration):
+                        group.signal(next(escalate))
+
+        return group.wait(tick=tick)
 
     def _cleanup(self) -> None:
         if self.sd is None or not self.dropin_written:
@@ -702,23 +721,16 @@ def restore(sd: control.UnitClient, base: str, target: str, timeout: float, say:
     if on_removed:
         on_removed()
     say(f"removed {dropin}; restarting {sd.unit} on its own configuration")
-    t0 = time.time()
-    sd.restart()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        wait = max(0.0, min(POLL, deadline - time.monotonic()))
-        try:
-            code, body = client.request(base, f"/ready/{target}?since={t0:.6f}&wait={wait:.3f}", timeout=wait + 30)
-        except client.Unreachable:
-            code, body = 0, None
-            time.sleep(wait)
-        if code == 200 and isinstance(body, dict):
-            say(f"{sd.unit} is back on its own configuration: pid {body.get('pid')} verified")
-            return True
-        state = sd.state()
-        if state.failed_start:
-            say(f"{sd.unit} failed to start on its own configuration ({state.how_it_ended()})")
-            return False
+    out = waiting.restart_and_wait(sd.restart, base, target, timeout, on_failure=waiting.OnFailure.ANY, poll=POLL)
+    if out.ready and isinstance(out.body, dict):
+        say(f"{sd.unit} is back on its own configuration: pid {out.body.get('pid')} verified")
+        return True
+    if out.failed is not None:
+        first, *lines = waiting.failure_lines(out.failed)
+        say(f"{sd.unit} failed to start on its own configuration ({first})")
+        for line in lines:
+            say(line)
+        return False
     say(f"{sd.unit} restarted on its own configuration, not verified within {timeout:g}s")
     return False
 
