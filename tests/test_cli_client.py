@@ -95,6 +95,26 @@ def test_what_is_not_the_daemon_is_unreachable(serve: Callable[..., Server], ans
         client.request(srv.base, "/ready/t")
 
 
+def test_an_ipv6_address_in_the_url() -> None:
+    try:
+        sock = socket.create_server(("::1", 0), family=socket.AF_INET6)
+    except OSError as e:
+        pytest.skip(f"::1 is not available here: {e}")
+    port = sock.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = sock.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(http("200 OK", DOC, f"Content-Length: {len(DOC)}"))
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        assert client.request(f"http://[::1]:{port}", "/ready/t")[0] == 200
+    finally:
+        sock.close()
+
+
 def test_a_closed_port_is_unreachable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +126,8 @@ def test_a_closed_port_is_unreachable() -> None:
 # What the wait path must not load: each was measurable in `genready wait`'s start-up (python
 # -X importtime), and none is needed to ask the daemon one question.
 HEAVY = ("asyncio", "aiohttp", "pystemd", "http.client", "urllib.request", "email", "ssl", "logging",
-         "subprocess", "prometheus_client", "genready.serve", "genready.rule", "genready.systemd")
+         "subprocess", "shutil", "encodings.idna", "unicodedata", "prometheus_client", "genready.serve",
+         "genready.rule", "genready.systemd")
 
 
 @pytest.mark.system

@@ -39,6 +39,18 @@ class Parser(argparse.ArgumentParser):
         die(f"{self.prog}: {message}", status=Exit.USAGE)
 
 
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help layout, its width found without shutil: argparse makes a formatter for every
+    add_argument, and shutil (with bz2 and lzma) was a measurable part of `genready wait`'s start-up."""
+
+    def __init__(self, prog: str) -> None:
+        try:
+            columns = int(os.environ.get("COLUMNS", "0")) or os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # no stdout (None), no terminal, a bad COLUMNS
+            columns = 80
+        super().__init__(prog, width=max(columns, 20) - 2)  # as argparse does with shutil's width
+
+
 # Numeric flags: (lowest value, whether it is allowed). Parsed after argparse, so "soon", "nan",
 # "inf" and "-1" are all one kind of error (64, naming the flag), never an endless or hot loop.
 NUMBERS: dict[str, tuple[float, bool]] = {"timeout": (0.0, True), "since": (0.0, True), "interval": (0.0, False),
@@ -359,7 +371,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
     """`genready sweep restore` and `genready sweep report`: words after `sweep`, not plan files."""
     if name == "restore":
         p = argparse.ArgumentParser(prog="genready sweep restore", epilog=EXIT_CODES,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter,
+                                    formatter_class=Formatter,
                                     description="remove the drop-in a killed sweep left on TARGET's unit, reload, "
                                     "restart the unit on its own configuration and wait until that start is "
                                     "verified; refuses (75) while the sweep that wrote it is still running")
@@ -373,7 +385,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
     from genready.tools.sweepreport import FORMATS
 
     p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                formatter_class=Formatter,
                                 description="merge the results folders of one plan (e.g. its shards) into one "
                                 "table in plan order: status, pid, load and run seconds, and the bench client's "
                                 "accept length, output tokens/s, TTFT p50 and ITL p50 from {out}/bench.jsonl; the "
@@ -399,14 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="genready",
         description="Ready means a real generation, served by the unit's current MainPID, succeeded.",
         epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=Formatter,
     )
     p.add_argument("--version", action="version", version=f"genready {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name: str, help: str) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=Formatter)
         return sp
 
     sp = add("check-config", "validate the config and print it as TOML, defaults filled in")

@@ -52,7 +52,9 @@ def _get(base: str, path: str, timeout: float) -> tuple[int, bytes]:
     netloc = url.netloc.rpartition("@")[2]
     target = (url.path or "/") + (f"?{url.query}" if url.query else "")
     head = f"GET {target} HTTP/1.1\r\nHost: {netloc}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-    with socket.create_connection((url.hostname, url.port or 80), timeout=timeout) as s:
+    # An ASCII host as bytes: a str one is encoded by the idna codec, which loads unicodedata.
+    host: str | bytes = url.hostname.encode("ascii") if url.hostname.isascii() else url.hostname
+    with socket.create_connection((host, url.port or 80), timeout=timeout) as s:  # type: ignore[arg-type]
         s.sendall(head.encode("ascii"))
         data = b""
         while b"\r\n\r\n" not in data:
