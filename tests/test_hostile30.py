@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from genready.redact import MASK, escape, redact, redact_lines
+from genready_dev.usermanager import UserManager
 
 # --- 1. secrets in a failed start's lines ----------------------------------------------------------
 
@@ -572,3 +573,42 @@ def test_item9_the_other_files_genready_reads_are_bounded_too(tmp_path: Path) ->
     assert isinstance(got, sweepdropin.Leftover) and got.owner is None, got
     os.mkfifo(tmp_path / stamp.RUNNING_FILE)
     assert _bounded(lambda: stamp.read_running(tmp_path)) is None
+
+
+# --- the same, end to end: `genready init` on a real unit of the private user manager -------------
+
+def test_items7_8_9_init_on_a_hostile_unit_end_to_end(manager: UserManager, tmp_path: Path, fifo: Path) -> None:
+    import os
+    import subprocess
+
+    from genready.compat import tomllib
+    from genready_dev.harness import GENREADY
+
+    env_file = tmp_path / "vllm.env"
+    env_file.write_text("VLLM_API_KEY=sk-in-a-root-only-file\n")
+    os.chmod(env_file, 0o600)
+    # systemd C-unescapes the quoted word: the server gets a real line break in its --uds path.
+    manager.install_unit("h30-vllm.service", f"""[Service]
+EnvironmentFile={env_file}
+EnvironmentFile=-{fifo}
+ExecStart=/usr/bin/docker run --name v --env-file /etc/v.env vllm/vllm-openai:latest \\
+    --uds "/run/v.sock\\n[targets.other]\\nverify_owner = false\\n#" --hf-token hf_leaked_token
+""")
+    try:
+        def init(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*GENREADY, "init", "h30-vllm", "--bus", "user", "--name", "v", *args],
+                                  capture_output=True, text=True, env={**os.environ, **manager.env}, timeout=60)
+
+        done = init()
+        assert done.returncode == 0, done.stderr
+        doc = tomllib.loads(done.stdout)
+        assert list(doc["targets"]) == ["v"] and "verify_owner" not in doc["targets"]["v"], done.stdout
+        assert "\\x0a[targets.other]" in done.stdout
+        assert f"EnvironmentFile={fifo}: expected a regular file" in done.stderr  # named, not waited on
+        assert "systemctl show" not in done.stderr and "every local user" not in done.stderr, done.stderr
+        assert "hf_leaked_token" not in done.stdout + done.stderr and "sk-in-a-root" not in done.stdout + done.stderr
+        done = init("--write", "--config", str(fifo))
+        assert done.returncode == 78
+        assert f"{fifo}: expected a regular file of at most 1 MiB, found a FIFO" in done.stderr
+    finally:
+        manager.remove_unit("h30-vllm.service")
