@@ -554,11 +554,12 @@ class KeptAlive:
 
 def _llama_answer(api: str, stream: bool, drafts: tuple[int, int] | None, text: str = "ab") -> bytes:
     """An answer shaped as llama-server's (tools/server/server-task.cpp), with `timings` carrying the draft
-    counts only when it drafted."""
+    counts only when it drafted. An empty text is its answer when the first token was end-of-sequence: it
+    counts that token, completion_tokens 1."""
     timings: dict[str, Any] = {"predicted_n": len(text) or 1}
     if drafts:
         timings.update(draft_n=drafts[0], draft_n_accepted=drafts[1])
-    usage = {"completion_tokens": len(text), "prompt_tokens": 3}
+    usage = {"completion_tokens": len(text) or 1, "prompt_tokens": 3}
     if not stream:
         choice = {"message": {"role": "assistant", "content": text}} if api == "openai-chat" else {"text": text}
         return json.dumps({"choices": [{**choice, "finish_reason": "stop"}], "usage": usage,
@@ -630,7 +631,8 @@ async def test_without_drafts_there_is_no_draft_acceptance_and_without_metrics_n
 @pytest.mark.parametrize(("api", "stream"), [(a, s) for a in apis.NAMES for s in (False, True)])
 async def test_an_answer_without_a_token_is_ok_and_counted_empty(api: str, stream: bool) -> None:
     """The model's first token was end-of-sequence: a valid answer with no output. It was a failed request
-    ("the stream carried no generated token"); it is ok, with 0 tokens, and the report counts it."""
+    ("the stream carried no generated token") where the server counted no token; it is ok, with 0 tokens
+    (also where llama.cpp counts that end-of-sequence token as 1), and the report counts it."""
     empty_sglang = json.dumps({"text": "", "output_ids": [], "meta_info": {"completion_tokens": 0}}).encode()
 
     def answer(line: str, body: Any) -> tuple[bytes, bytes, bool]:
@@ -644,6 +646,12 @@ async def test_an_answer_without_a_token_is_ok_and_counted_empty(api: str, strea
         s = await _run(url, n=4, stream=stream, api=api)
     assert (s.ok, s.failed, s.empty, s.tokens) == (4, 0, 4, 0), s.errors()
     assert "  requests   4 ok, 0 failed, 4 empty" in benchclient.format_summary(s, {}, stream=stream)
+    if api == "openai-chat" and not stream:  # a reasoning model's thinking, no content yet: output, not empty
+        thinking = json.dumps({"choices": [{"message": {"content": None, "reasoning_content": "Hm"}}],
+                               "usage": {"completion_tokens": 1}}).encode()
+        async with KeptAlive(lambda line, body: (b"", thinking, False)) as url:
+            s = await _run(url, n=2, stream=False, api=api)
+        assert (s.ok, s.empty, s.tokens) == (2, 0, 2), s.errors()
     # A stream with no event at all before [DONE] is no answer.
     async with KeptAlive(lambda line, body: (b"", b"data: [DONE]\n\n", False)) as url:
         s = await _run(url, n=1, stream=True, api=api)

@@ -183,7 +183,7 @@ class Summary:
 
     @property
     def empty(self) -> int:
-        """Valid answers with no generated token (the model's first token was end-of-sequence)."""
+        """Valid answers with no output (the model's first token was end-of-sequence), counted as 0 tokens."""
         return sum(1 for o in self.outcomes if o.ok and o.tokens == 0)
 
     @property
@@ -276,11 +276,30 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
             raw = await read_body(r)
             took = time.perf_counter() - t0
         # The probe's rule (apis.py) for what a generation looks like; unlike the probe, a valid answer with no
-        # token (the model ended at once) is an empty answer, not a failure.
+        # output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a failure.
         tokens = api.counted_tokens(raw)
+        doc = json.loads(raw)
     except _REQUEST_ERRORS as e:
         return _failed(e, t0, timeout, trace)
-    return Outcome(True, took, tokens, spec_verify_ct=_verify_ct(api, raw), drafts=drafts_of(json.loads(raw)))
+    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=_verify_ct(api, raw),
+                   drafts=drafts_of(doc))
+
+
+def _has_output(api: ServerApi, doc: Any) -> bool:
+    """Whether a (valid) non-streamed answer carries any output: text, token ids, or a reasoning model's
+    thinking. An answer without is empty, whatever the server counts: llama.cpp counts the end-of-sequence
+    token it sampled first as usage.completion_tokens 1 next to an empty text."""
+    if not isinstance(doc, dict):
+        return False
+    if not api.needs_model:  # SGLang: text, or output_ids alone with --skip-tokenizer-init
+        return bool(doc.get("text")) or bool(doc.get("output_ids"))
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    msg = first.get("message")
+    if isinstance(msg, dict):
+        return any(isinstance(v, str) and v for v in (msg.get(k) for k in ("content", "reasoning",
+                                                                             "reasoning_content")))
+    return isinstance(first.get("text"), str) and first["text"] != ""
 
 
 def _verify_ct(api: ServerApi, answer: bytes | None) -> int | None:
@@ -377,11 +396,12 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
             raise BadAnswer("the stream ended without data: [DONE]")
         if last_event is None:
             raise BadAnswer("the stream carried no event before data: [DONE]")
-        # No token at all (the model's first token ended the sequence) is an empty answer, not a failure.
     except _STREAM_ERRORS as e:
         return _failed(e, t0, timeout, trace)
-    return Outcome(True, took, tokens, ttft=first, itl=tuple(gaps), spec_verify_ct=_verify_ct(api, last_event),
-                   drafts=drafts)
+    # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
+    # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
+    return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
+                   spec_verify_ct=_verify_ct(api, last_event), drafts=drafts)
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
