@@ -612,3 +612,46 @@ ExecStart=/usr/bin/docker run --name v --env-file /etc/v.env vllm/vllm-openai:la
         assert f"{fifo}: expected a regular file of at most 1 MiB, found a FIFO" in done.stderr
     finally:
         manager.remove_unit("h30-vllm.service")
+
+
+def test_items1_2_a_failed_starts_lines_reach_no_surface_raw(manager: UserManager, tmp_path: Path) -> None:
+    """A real unit prints SGLang's and vLLM's start-up lines with keys in them and escape sequences,
+    then fails: /status, `genready status` (piped) and the daemon's log show neither."""
+    import json
+    import os
+    import subprocess
+
+    from genready_dev.harness import GENREADY, Genready, free_port, wait_for
+
+    out = tmp_path / "srv.out"
+    lines = [line for line, _, _ in REAL_LINES] + ["Authorization: Basic dXNlcjpwYXNz", "HF_TOKEN hf_spaced",
+                                                    "exec server --api-key", "sk-on-the-next-line", HOSTILE]
+    data = tmp_path / "lines.txt"
+    data.write_text("\n".join(lines) + "\n")
+    script = tmp_path / "srv.sh"
+    script.write_text(f"#!/bin/sh\ncat {data} >&2\nexit 3\n")
+    script.chmod(0o755)
+    unit = "h30-leaky.service"
+    manager.install_unit(unit, f"[Service]\nExecStart={script}\nStandardOutput=append:{out}\n"
+                               f"StandardError=append:{out}\n")
+    secrets = [s for _, ss, _ in REAL_LINES for s in ss] + ["dXNlcjpwYXNz", "hf_spaced", "sk-on-the-next-line"]
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}",
+                                           "verify_owner": False, "backoff_initial": 0.05}})
+    try:
+        with g:
+            manager.systemctl("start", unit, check=False)
+            f = wait_for(lambda: (x := g.status()["targets"]["q"]["last_failure"]) and len(x["journal"]) > 5 and x,
+                         15, "the failed start's lines in /status")
+            body = json.dumps(g.status())
+            shown = subprocess.run([*GENREADY, "status", "--url", g.base], capture_output=True, text=True,
+                                   env={**os.environ, **manager.env}, timeout=30)
+        log = g.log()
+    finally:
+        manager.remove_unit(unit)
+    assert shown.returncode == 0, shown.stderr
+    for s in secrets:
+        assert s not in body and s not in shown.stdout and s not in log, s
+    assert any("'api_key': ***" in line for line in f["journal"]), f["journal"]
+    _no_controls(shown.stdout)
+    assert "\\x1b]52;c;" in shown.stdout
+    assert "\x1b" not in log and "\x07" not in log
