@@ -973,7 +973,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time to 'load weights' before generating (default: %(default)s)")
     p.add_argument("--bind-early", action="store_true",
                    help="bind the port before loading; /v1/models and /get_model_info answer 200 while "
-                   "generation and /health* answer 503 (llama.cpp, SGLang warmup). Without it the port "
+                   "generation and /health* answer 503 (older llama.cpp, SGLang warmup). Without it the port "
                    "binds only once loaded (SGLang)")
     p.add_argument("--linger-seconds", type=_seconds, default=None, metavar="S",
                    help="after SIGTERM/SIGINT keep serving generations (/health* say 503) for S seconds, "
