@@ -177,6 +177,10 @@ async def test_watcher_follows_a_restart_in_process(manager: UserManager) -> Non
         await await_for(lambda: (s := w.snapshot(unit)) and s.exec_main_start_mono_us == mono, 10,
                         "ExecMainStartTimestampMonotonic of the new start")
         assert abs(time.monotonic() - mono / 1e6) < 30  # the same clock as genready's time.monotonic()
+        stopped = int(manager.show(unit, "InactiveEnterTimestampMonotonic")["InactiveEnterTimestampMonotonic"])
+        assert 0 < stopped <= mono  # the restart's stop, before the new start
+        await await_for(lambda: (s := w.snapshot(unit)) and s.inactive_enter_mono_us == stopped, 10,
+                        "InactiveEnterTimestampMonotonic of the restart's stop")
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

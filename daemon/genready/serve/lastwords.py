@@ -31,10 +31,12 @@ class LastWords:
         self.bus_kind = bus_kind
         # The last start that ended before it was verified: how it ended and its own last words.
         self.failure: dict[str, object] | None = None
-        self._created = time.time()  # starts that ended before this are history, not news
-        # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, the mark),
-        # oldest first. A start's lines begin at the newest mark read before its process started.
-        self._marks: list[tuple[float, OutputMark]] = []
+        # Starts that ended before this are history, not news (wall clock, and monotonic for systemd's own).
+        self._created, self._created_mono = time.time(), time.monotonic()
+        # Where the unit's output stood at its last quiet moments: (when the read of the sizes ended, on the
+        # wall clock and the monotonic one, the mark), oldest first. A start's lines begin at the newest mark
+        # read before its process started.
+        self._marks: list[tuple[float, float, OutputMark]] = []
         self._chores: set[asyncio.Task[None]] = set()  # file reads off the loop (marks, failed starts)
 
     def lines(self, invocation_id: str) -> list[str]:
@@ -52,21 +54,34 @@ class LastWords:
         g = self.gate
         for rec in g.store.newest(g.name, 2):
             ended = from_iso(rec.ended_at)
-            if (rec.ready_at is None and ended is not None and ended >= self._created and rec.result != "unknown"
+            if (rec.ready_at is None and ended is not None and self._news(ended, rec.invocation_id, snap)
+                    and rec.result != "unknown"
                     and (self.failure is None or self.failure["invocation_id"] != rec.invocation_id)):
                 self.failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
                                 "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
                                 "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
                 started = from_iso(rec.started_at) or ended
                 # A mark read after the process began (a process that wrote within milliseconds of its
-                # start, while the read was on its way) would hide its lines: not that one.
-                mark = next((m for done, m in reversed(self._marks) if done < started), OutputMark(started))
+                # start, while the read was on its way) would hide its lines: not that one. Compared on the
+                # monotonic clock where systemd gives this start's (a wall-clock step moves no mark).
+                mono = snap.exec_main_start_mono_us / 1e6 if snap.invocation_id == rec.invocation_id else 0.0
+                mark = next((m for wall, mo, m in reversed(self._marks) if (mo < mono if mono else wall < started)),
+                            OutputMark(started))
                 self._chore(self._collect(self.failure, mark, snap))
                 break
         # Also with a job pending (a restart: the old process is gone, the new one not started yet), so a
         # failed start's lines begin after its predecessor's. A mark whose read ended after the new
         # process began may hold some of its lines: the choice above passes over it.
         self._chore(self._take_mark(snap))
+
+    def _news(self, ended: float, invocation_id: str, snap: Snapshot) -> bool:
+        """Did the start end after this genready began? On the monotonic clock when `snap` shows that
+        start's end (systemd's InactiveEnterTimestampMonotonic, after its process started), so that a
+        wall-clock step hides no failure; else on the wall clock of its record."""
+        end = snap.inactive_enter_mono_us if snap.invocation_id == invocation_id else 0
+        if end and end >= snap.exec_main_start_mono_us:
+            return end / 1e6 >= self._created_mono
+        return ended >= self._created
 
     def _chore(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -77,7 +92,7 @@ class LastWords:
         try:
             mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
                                   JOURNALCTL_TIMEOUT)
-            self._marks = [*self._marks[-2:], (time.time(), mark)]
+            self._marks = [*self._marks[-2:], (time.time(), time.monotonic(), mark)]
         except Exception as e:
             log.warning("%s: cannot note where %s's output stands: %s", self.gate.name, self.gate.unit, e)
 

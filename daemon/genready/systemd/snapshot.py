@@ -60,6 +60,7 @@ class Snapshot:
     exec_main_exit_us: int = 0
     active_enter_us: int = 0
     inactive_enter_us: int = 0
+    inactive_enter_mono_us: int = 0
     exec_main_code: int = 0  # CLD_* of the main process's end, 0 if none
     exec_main_status: int = 0
     n_restarts: int = 0
@@ -110,6 +111,7 @@ _UNIT_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"Job": ("job_id", lambda v: int(v[0])),
     b"ActiveEnterTimestamp": ("active_enter_us", int),
     b"InactiveEnterTimestamp": ("inactive_enter_us", int),
+    b"InactiveEnterTimestampMonotonic": ("inactive_enter_mono_us", int),
     b"FragmentPath": ("fragment_path", _s),
     b"DropInPaths": ("dropin_paths", lambda v: tuple(_s(p) for p in v or ())),
 }
