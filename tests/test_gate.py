@@ -6,6 +6,7 @@ project exists for: no 200 ever names a PID other than the unit's MainPID at tha
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -214,11 +215,11 @@ def test_crash_revokes_then_ready_after_automatic_restart(manager: UserManager, 
 
 def test_hang_times_out_and_rechecks_revoke(manager: UserManager, tmp_path: Path) -> None:
     unit = "tg-hang.service"
-    g, _ = start_sim_target(manager, tmp_path, unit, "--hang-after", "1.5", probe_timeout=0.5,
-                            recheck_interval=0.2, failure_threshold=2)
+    g, _ = start_sim_target(manager, tmp_path, unit, probe_timeout=0.5, recheck_interval=0.2, failure_threshold=2)
     try:
         pid, _ = show(manager, unit)
         wait_for(lambda: g.ready_pid("t") == pid, 20, "verified before the hang")
+        os.kill(pid, signal.SIGUSR1)  # the simulator hangs from now on (a timer raced the first verification)
         wait_for(lambda: g.get("/ready/t")[0] == 503, 20, "revoked by failed rechecks")
         body = g.get("/ready/t")[1]
         assert body["state"] in ("loading", "stuck") and "timeout" in (body["last_error"] or ""), body

@@ -405,6 +405,9 @@ class Simulator:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        # SIGUSR1: hang from now on, as --hang-after does at its time; a test sends it once it has
+        # seen what must come first (a verification), which no timer can promise on a loaded machine.
+        loop.add_signal_handler(signal.SIGUSR1, self._hang)
         self._runner = compat.AppRunner(self._app(), access_log=None, shutdown_timeout=SHUTDOWN_GRACE)
         await self._runner.setup()
         life = asyncio.create_task(self._lifecycle())
@@ -534,7 +537,8 @@ class Simulator:
 
     def _hang(self) -> None:
         self.hung = True
-        self.log("hanging", after=float(self.a.hang_after))
+        why = {"after": float(self.a.hang_after)} if self.a.hang_after is not None else {"on": "SIGUSR1"}
+        self.log("hanging", **why)
 
     def _unhealthy(self) -> None:
         # SGLang marks itself ServerStatus.UnHealthy when its health generation gets no answer for
@@ -981,7 +985,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, exit abruptly with status 1")
     p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
-                   help="S seconds after ready, keep accepting connections but never answer again")
+                   help="S seconds after ready, keep accepting connections but never answer again (SIGUSR1: "
+                   "from then on)")
     p.add_argument("--fail-rate", type=_fraction, default=0.0, metavar="P",
                    help="fraction of generations answered 500 (/health* answer 503) (default: %(default)s)")
     p.add_argument("--token-latency", type=_seconds, default=0.0, metavar="S",
