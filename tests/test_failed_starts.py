@@ -4,13 +4,17 @@ manager: a start that dies within milliseconds is recorded whole, and `genready 
 
 from __future__ import annotations
 
+import http.server
+import json
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from genready.client import progress, waiting
 from genready.rule.history import History
 from genready.store.records import RecordStore
 from genready.systemd.snapshot import Snapshot
@@ -175,3 +179,83 @@ def test_wait_since_exits_1_and_plain_wait_keeps_waiting(manager: UserManager, t
             assert "Result=exit-code" in run.stderr, run.stderr
     finally:
         manager.remove_unit(unit)
+
+
+# -- the client's wait, against a scripted /ready (in-process) -----------------------------------
+
+class Scripted:
+    """A /ready that answers 503 bodies from `answers` in turn (the last one for ever), at once."""
+
+    def __init__(self, answers: list[dict[str, Any]]) -> None:
+        self.answers: list[dict[str, Any]] = answers
+        self.asked: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.asked.append(self.path)
+                body = outer.answers[min(len(outer.asked) - 1, len(outer.answers) - 1)]
+                raw = json.dumps(body).encode()
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def body(restarting: bool | None) -> dict[str, Any]:
+    failed = None if restarting is None else {
+        "invocation_id": "ab" * 16, "main_pid": 7, "result": "exit-code", "exit_code": "exited", "exit_status": 3,
+        "ended_at": "x", "journal": ["no such model"], "restarting": restarting}
+    return {"ready": False, "target": "t", "state": "inactive", "reason": "t.service is failed", "start_failed": failed}
+
+
+def test_a_wait_since_ends_at_a_failed_start_systemd_will_not_restart() -> None:
+    s = Scripted([body(None), body(True), body(False)])
+    try:
+        t0 = time.monotonic()
+        out = waiting.wait_ready(s.base, "t", 30, 1.0, on_failure=waiting.OnFailure.FINAL, poll=0.01,
+                                 tick=lambda c, b: None)
+        assert time.monotonic() - t0 < 5 and len(s.asked) == 3
+        assert out.code == 503 and out.failed is not None and out.failed["restarting"] is False
+        assert waiting.failure_lines(out.failed) == ["Result=exit-code, exited with status 3", "  | no such model"]
+        assert "since=1.000000" in s.asked[0]
+        # While systemd restarts the unit itself, FINAL waits on (its timeout decides); WAIT ignores failures.
+        for mode, answers in ((waiting.OnFailure.FINAL, [body(True)]), (waiting.OnFailure.WAIT, [body(False)])):
+            s.answers, s.asked = answers, []
+            out = waiting.wait_ready(s.base, "t", 0.3, 1.0 if mode is waiting.OnFailure.FINAL else None,
+                                     on_failure=mode, poll=0.01, tick=lambda c, b: None)
+            assert out.code == 503 and len(s.asked) > 1
+            assert out.failed is None if mode is waiting.OnFailure.WAIT else (out.failed or {})["restarting"]
+    finally:
+        s.close()
+
+
+def test_a_sweep_wait_ends_at_any_failed_start_and_looks_once_more_to_say_which() -> None:
+    """ANY (a sweep point): a crash loop ends the wait too; a failure still marked `restarting` is
+    asked about once more, so a unit that merely had not settled is reported as down for good."""
+    s = Scripted([body(True), body(False)])
+    try:
+        out = waiting.wait_ready(s.base, "t", 30, 1.0, on_failure=waiting.OnFailure.ANY, poll=0.01)
+        assert len(s.asked) == 2 and out.failed is not None and out.failed["restarting"] is False
+        s.answers, s.asked = [body(True)], []
+        out = waiting.wait_ready(s.base, "t", 30, 1.0, on_failure=waiting.OnFailure.ANY, poll=0.01)
+        assert len(s.asked) == 2 and out.failed is not None and out.failed["restarting"] is True
+    finally:
+        s.close()
+
+
+def test_the_live_line_shows_a_failed_start() -> None:
+    line = progress.target_line(body(False))
+    assert "start abababababab failed: Result=exit-code exited 3" in line and "restarting" not in line
+    assert progress.target_line(body(True)).endswith(", restarting")
