@@ -295,3 +295,20 @@ async def test_the_verifying_probe_sends_one_notification(wired: Wired) -> None:
     await asyncio.sleep(0)  # anything the pass left for the loop's next turn
     sent = wired.notifications()
     assert len(sent) == 1 and sent[0].startswith("READY=1"), sent
+
+
+async def test_a_reload_updates_every_surface_once(wired: Wired) -> None:
+    """SIGHUP is one event: re-probing one target (its verification revoked) and adding two, one of them
+    on a unit already watched, bring sd_notify and the stamps in line once, at the end."""
+    wired.write_config({"t": {"unit": "t.service"}, "v": {"unit": "t.service"}})
+    await wired.daemon._reload()
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: all(g.ready for g in wired.daemon.gates.values()), "both verified")
+    passes = Passes(wired)
+    wired.write_config({"t": {"unit": "t.service", "warmup": 2}, "v": {"unit": "t.service"},
+                        "u": {"unit": "u.service"}, "w": {"unit": "t.service"}})
+    wired.prober.hold = asyncio.Event()  # the re-probes stay out: nothing else happens meanwhile
+    await wired.daemon._reload()
+    assert list(wired.daemon.gates) == ["t", "v", "u", "w"]
+    assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="config_changed") == 1
+    assert len(passes.seen) == 1, passes.seen

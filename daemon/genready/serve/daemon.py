@@ -298,34 +298,39 @@ class Daemon:
             return
         self.outputs.begin_reload()
         logging.getLogger("genready").setLevel(new.daemon.log_level.upper())
-        plan = reload_plan(self.cfg.targets, new.targets)
-        old_targets = self.cfg.targets
-        self.cfg = new
-        if plan.units_changed:
-            await self._stop_watcher()
-        for name in plan.remove:
-            self.lastwords.pop(name).close()
-            self.sweeps.forget(name)
-            await self.gates.pop(name).close()
-            self.metrics.forget_target(name, old_targets[name].unit)
-            self._config_changed.discard(name)
-            self.outputs.forget(name)
-        for name in plan.reconfigure:
-            await self.gates[name].reconfigure(new.targets[name])
-        for name in plan.add:
-            self._add_gate(new.targets[name])
-            if not plan.units_changed:
-                # The unit is watched already: its current snapshot is the new target's at once,
-                # not "not connected to systemd yet" until the unit next changes (issue 24 #6).
-                snap = self.watcher.snapshot(new.targets[name].unit)
-                if snap is not None:
-                    self._to_gate(self.gates[name], snap)
-        if plan.units_changed:
-            self.watcher = self._new_watcher()
-            self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
+        # One event: the outputs are brought in line once, after every target has taken the new config.
+        self._batch += 1
+        try:
+            plan = reload_plan(self.cfg.targets, new.targets)
+            old_targets = self.cfg.targets
+            self.cfg = new
+            if plan.units_changed:
+                await self._stop_watcher()
+            for name in plan.remove:
+                self.lastwords.pop(name).close()
+                self.sweeps.forget(name)
+                await self.gates.pop(name).close()
+                self.metrics.forget_target(name, old_targets[name].unit)
+                self._config_changed.discard(name)
+                self.outputs.forget(name)
+            for name in plan.reconfigure:
+                await self.gates[name].reconfigure(new.targets[name])
+            for name in plan.add:
+                self._add_gate(new.targets[name])
+                if not plan.units_changed:
+                    # The unit is watched already: its current snapshot is the new target's at once,
+                    # not "not connected to systemd yet" until the unit next changes (issue 24 #6).
+                    snap = self.watcher.snapshot(new.targets[name].unit)
+                    if snap is not None:
+                        self._to_gate(self.gates[name], snap)
+            if plan.units_changed:
+                self.watcher = self._new_watcher()
+                self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
+        finally:
+            self._batch -= 1
         event(log, logging.INFO, "config reloaded", path=str(path), targets=",".join(self.gates))
-        await self._forget_removed_off_loop()
         self._update_outputs()
+        await self._forget_removed_off_loop()
 
     async def _watchdog(self) -> None:
         # Pinged from the event loop itself, so a stuck loop stops the pings and systemd acts.
