@@ -76,6 +76,17 @@ def gguf_tools_venv() -> Path:
     return cache_dir() / f"gguf-{GGUF}-numpy-{NUMPY}"
 
 
+def build_seconds(what: str) -> float | None:
+    """How long the cached build of WHAT took, as recorded when it was made (None: not recorded)."""
+    marker = {"llama-server": llama_server().parent / "build-seconds",
+              "llama-cpp-python": llama_cpp_python_venv() / ".installed",
+              "gguf": gguf_tools_venv() / ".installed"}[what]
+    try:
+        return float(marker.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def missing(what: str) -> str | None:
     """Why WHAT ("llama-server", "llama-cpp-python", "gguf") cannot be used here, or None."""
     done = {"llama-server": llama_server(), "llama-cpp-python": llama_cpp_python_venv() / ".installed",
@@ -121,7 +132,7 @@ def _venv(venv: Path, *pip_args: str, env: dict[str, str] | None = None) -> Path
         run([base_python(), "-m", "venv", str(venv)])
         run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *pip_args],
             env={**os.environ, **(env or {})})
-        (venv / ".installed").write_text(f"{time.monotonic() - start:.0f} s\n")
+        (venv / ".installed").write_text(f"{time.monotonic() - start:.0f}\n")  # the build's seconds
         log(f"{venv} made in {time.monotonic() - start:.0f} s")
     return python
 
@@ -204,6 +215,7 @@ def ensure_llama_server() -> Path:
         tmp = binary.with_name(".llama-server.tmp")
         shutil.copy2(tree / "build" / "bin" / "llama-server", tmp)
         tmp.replace(binary)
+        (binary.parent / "build-seconds").write_text(f"{time.monotonic() - start:.0f}\n")
         log(f"{binary} built in {time.monotonic() - start:.0f} s")
     return binary
 
