@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import re
 import subprocess
 import time
@@ -28,8 +27,8 @@ from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, http, wait_for
 from genready_dev.usermanager import UserManager
+from tests import ci
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 UNIT = "llama-spec.service"
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 5.0}
 # The drafts of the sweep, by the name its points show: the identical one, a noisy copy, other weights.
@@ -45,11 +44,7 @@ PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,", "def 
 def need_llama_server() -> Path:
     """The cached llama-server binary; skip (fail under CI=true) when it or the model tools are missing."""
     for what in ("llama-server", "gguf"):
-        why = realservers.missing(what)
-        if why:
-            if IN_CI:
-                pytest.fail(why)
-            pytest.skip(why)
+        ci.require(realservers.missing(what), "a test of llama-server's speculative decoding")
     return realservers.llama_server()
 
 

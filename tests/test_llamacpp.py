@@ -27,9 +27,9 @@ from genready.compat import tomllib
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, free_port, genready_service, http, show, wait_for
 from genready_dev.usermanager import UserManager
+from tests import ci
 from tests.pki import Pki, make_pki
 
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 10.0, "gate_startup": False}
 KEY = "sk-llama-5e1f0c"
 GENREADY_UNIT = "ll-genready.service"
@@ -44,11 +44,7 @@ def unavailable(*what: str) -> str | None:
 
 
 def need(*what: str) -> None:
-    reason = unavailable(*what)
-    if reason:
-        if IN_CI:
-            pytest.fail(f"the real servers must run in CI: {reason}")
-        pytest.skip(reason)
+    ci.require(unavailable(*what), "a test of the real servers")
 
 
 @dataclass

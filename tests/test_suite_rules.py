@@ -100,3 +100,11 @@ def _is_sleep(call: ast.Call) -> bool:
 
 def test_no_test_sleeps_to_wait_or_to_prove_an_absence() -> None:
     assert sleeps_in_tests() == []
+
+
+def test_only_ci_py_reads_the_ci_variable() -> None:
+    """Skip-or-fail under CI=true is one rule (tests/ci.py); a copy of it drifts."""
+    readers = sorted(p.name for p in TESTS.glob("*.py") if p.name not in ("ci.py", "test_suite_rules.py")
+                     and ('environ.get("CI"' in p.read_text() or "environ['CI']" in p.read_text()
+                          or 'environ["CI"]' in p.read_text()))
+    assert readers == []
