@@ -122,7 +122,7 @@ def check_results_path(results: Path) -> str | None:
     where a line break would start a new directive (a `%` is doubled there, as any value's)."""
     bad = next((c for c in str(results) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if bad is not None:
-        return f"--results: expected a path without control characters or line breaks, found {bad!r} in " \
+        return f"--results: expected a path without control characters or line breaks, found {repr(bad)[1:-1]} in " \
             f"{shown(str(results))!r}"
     return None
 
