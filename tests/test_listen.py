@@ -137,16 +137,18 @@ async def test_pause_waits_out_the_cap_while_only_a_foreign_process_listens(fore
 async def test_pause_ignores_a_foreign_listener_that_appears_and_probes_after_the_cap(bystander: int) -> None:
     port = free_port()
     watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
-    pause = asyncio.ensure_future(watch.pause(0.01, bystander, cap=1.0))
+    started = time.monotonic()
+    pause = asyncio.ensure_future(watch.pause(0.01, bystander, cap=2.0))
     await await_for(lambda: watch.looks >= 1, 10, "the first look at the port", interval=0.005)
     with socket.socket() as s:  # held by this process: not the bystander's
         s.bind(("127.0.0.1", port))
         s.listen()
-        t0 = time.monotonic()
+        looks_before = watch.looks
         await compat.wait_for(pause, 10)
-        looks = watch.looks
-    assert time.monotonic() - t0 > 0.5  # it kept waiting for the unit's own listener, up to the cap
-    assert looks >= 5
+        looks_with_it = watch.looks - looks_before
+    # It saw the foreign listener (looked at least twice while it was there) and kept waiting for the
+    # unit's own, up to the cap, counted from the pause's start: no bound on how fast this machine is.
+    assert looks_with_it >= 2 and time.monotonic() - started >= 2.0, (looks_with_it, time.monotonic() - started)
 
 
 async def test_pause_is_a_plain_sleep_for_a_target_it_cannot_see() -> None:
