@@ -69,3 +69,17 @@ def test_output_mark_reads_the_tail_of_a_truncated_file_from_its_start(tmp_path:
     out.write_bytes(b"short\n")
     m = OutputMark(0.0, {out: 1000})  # the file was longer at the mark: truncated since
     assert m.lines("user", "x.service") == ["short"]
+
+
+@pytest.mark.system
+def test_journal_lines_are_cut_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit that logs to the journal (no output file): journalctl's lines are cut as the files' are.
+    (journalctl itself stands in here: these machines have no journald.)"""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "journalctl"
+    fake.write_text("#!/bin/sh\necho 'first words'\nhead -c 100000 /dev/zero | tr '\\0' y\necho\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    got = OutputMark(0.0).lines("user", "x.service")
+    assert got == ["first words", "y" * LINE_BYTES + unitlog.CUT]

@@ -99,7 +99,9 @@ class OutputMark:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOURNALCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
-        return done.stdout.splitlines()[-n:] if done.returncode == 0 else []
+        # Cut as the files' lines are (journald keeps lines of up to 48 KiB).
+        return [_cut(line.encode(errors="replace")) for line in done.stdout.splitlines()[-n:]] \
+            if done.returncode == 0 else []
 
 
 def tail_lines(fd: int, start: int, n: int = OUTPUT_LINES, cap: int = TAIL_BYTES) -> list[str]:
