@@ -504,6 +504,22 @@ def test_unusable_api_key_file_is_exit_78_without_its_content(tmp_path: Path, co
     assert "sk-" not in r.stderr
 
 
+def test_comment_lines_in_a_key_file_are_skipped_as_llama_cpp_does(tmp_path: Path) -> None:
+    # llama.cpp's --api-key-file skips lines starting with # (common/arg.cpp): its file works as is
+    key = tmp_path / "key"
+    key.write_text(f"# the server's key\n\n{KEY}\n# rotated 2026-01\n")
+    t = config.load(materialize(tmp_path, target(api_key_file=f'"{key}"'))).targets["sglang"]
+    assert t.api_key == KEY
+    key.write_text(f"# two keys\n{KEY}\n{KEY}-2\n")
+    with pytest.raises(config.ConfigError) as err:
+        config.load(materialize(tmp_path, target(api_key_file=f'"{key}"')))
+    assert "several lines" in str(err.value) and KEY not in str(err.value)
+    key.write_text("# only a comment\n")
+    with pytest.raises(config.ConfigError) as err:
+        config.load(materialize(tmp_path, target(api_key_file=f'"{key}"')))
+    assert "empty" in str(err.value)
+
+
 def test_both_key_sources_is_an_error(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text(KEY)

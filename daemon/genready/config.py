@@ -651,14 +651,19 @@ def _api_key(file: str, prefix: str, v: dict[str, Any], service: bool = True) ->
         raise ConfigError(file, key, f"a regular file of at most {MAX_KEY_BYTES >> 10} KiB holding the API key",
                           f"{path}: {e}") from None
     try:
-        secret = raw.decode("utf-8").strip()
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(file, key, "a UTF-8 text file holding the API key", f"{path}: undecodable bytes") from None
+    # Lines starting with # are comments, as in llama.cpp's --api-key-file (common/arg.cpp), so the
+    # server's own key file can be given as it is; one key line is left.
+    lines = [ln.strip() for ln in text.splitlines()]
+    keys = [ln for ln in lines if ln and not ln.startswith("#")]
+    secret = keys[0] if len(keys) == 1 else "\n".join(keys)
     # Never echo the content: an error names the file and what is wrong with it, nothing more.
     if not secret:
         raise ConfigError(file, key, "a file holding the API key", f"{path}: empty")
     if not (secret.isascii() and secret.isprintable()):  # it goes into an HTTP header
-        raise ConfigError(file, key, "one line of printable ASCII (the API key)",
+        raise ConfigError(file, key, "one line of printable ASCII (the API key; # comment lines aside)",
                           f"{path}: several lines or non-ASCII characters")
     return secret
 

@@ -400,7 +400,9 @@ def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, uni
                                  f"the same LoadCredential={name}:… line")
         else:
             prop.table["api_key_file"] = path
-            prop.comments.append("genready sends the first line of api_key_file; llama.cpp accepts any line of it")
+            prop.comments.append("genready wants one key line in api_key_file (# comment lines aside); llama.cpp "
+                                 "accepts several: keep the one genready sends first, or give genready a file "
+                                 "of its own")
         return
     if "key" not in values:
         return
