@@ -146,6 +146,29 @@ def test_restart_waits_on_while_systemd_restarts_the_unit_itself(manager: UserMa
         manager.remove_unit(unit)
 
 
+def test_restart_of_a_crash_loop_ends_when_systemd_gives_up_with_the_last_start_s_own_line(
+        manager: UserManager, tmp_path: Path) -> None:
+    """Restart=on-failure until the start limit: systemd restarts the unit itself twice, then leaves it
+    failed. restart exits 1 then, printing that last start's line only (each start says its own pid)."""
+    unit = "fs-limit.service"
+    out = tmp_path / "limit.out"
+    manager.install_unit(unit, f"[Unit]\nStartLimitIntervalSec=60\nStartLimitBurst=3\n[Service]\n"
+                               f"ExecStart=/bin/sh -c 'echo dies $$$$ >&2; exit 5'\nRestart=on-failure\n"
+                               f"RestartSec=0.2\nStandardError=append:{out}\n")
+    g = Genready(manager, tmp_path, {"q": {"unit": unit, "url": f"http://127.0.0.1:{free_port()}", **FAST}})
+    try:
+        with g:
+            run, took = restart_cli(g, "--timeout", "60")
+            assert run.returncode == 1 and took < 30, run.stderr
+            said = out.read_text().splitlines()
+            assert len(said) == 3, said
+            assert f"| {said[-1]}" in run.stderr and f"| {said[0]}" not in run.stderr, run.stderr
+            assert "Result=exit-code, exited with status 5" in run.stderr, run.stderr
+    finally:
+        manager.systemctl("reset-failed", unit, check=False)
+        manager.remove_unit(unit)
+
+
 def ready_503(g: Genready, since: float) -> dict[str, Any] | None:
     code, body = g.get(f"/ready/q?since={since:.6f}")
     f = body.get("start_failed") if code == 503 else None

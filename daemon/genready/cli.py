@@ -286,7 +286,8 @@ def _print_failed(target: str | None, out: Any) -> bool:
            "systemd is starting the unit again" if failed.get("restarting") else "")
     if out.failed is None:
         _print_not_ready(out.body)
-    console.err(f"genready: {target}: start {str(failed.get('invocation_id'))[:12]} (pid {failed.get('main_pid')}) "
+    pid = f"pid {failed['main_pid']}" if failed.get("main_pid") else "no main process"
+    console.err(f"genready: {target}: start {str(failed.get('invocation_id'))[:12]} ({pid}) "
                 f"ended before it was verified{', ' + why if why else ''}: {first}")
     for line in rest:
         console.err(line)

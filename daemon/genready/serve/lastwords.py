@@ -21,6 +21,7 @@ from genready.systemd.unitlog import JOURNALCTL_TIMEOUT, OutputMark
 from genready.timewords import from_iso
 
 log = logging.getLogger("genready.serve.lastwords")
+KEEP_MARKS = 16
 
 
 class LastWords:
@@ -53,10 +54,11 @@ class LastWords:
             return
         g = self.gate
         for rec in g.store.newest(g.name, 2):
+            if self.failure is not None and self.failure["invocation_id"] == rec.invocation_id:
+                break  # known already, and nothing newer ended (else an older failure would take its place)
             ended = from_iso(rec.ended_at)
             if (rec.ready_at is None and ended is not None and self._news(ended, rec.invocation_id, snap)
-                    and rec.result != "unknown"
-                    and (self.failure is None or self.failure["invocation_id"] != rec.invocation_id)):
+                    and rec.result != "unknown"):
                 self.failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
                                 "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
                                 "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
@@ -92,7 +94,9 @@ class LastWords:
         try:
             mark = await wait_for(asyncio.to_thread(OutputMark.take, snap.fragment_path, snap.dropin_paths),
                                   JOURNALCTL_TIMEOUT)
-            self._marks = [*self._marks[-2:], (time.time(), time.monotonic(), mark)]
+            # Several snapshots of one quiet moment each bring a mark: keep enough that one from before a
+            # start survives those taken after it ended (a process that lived a few milliseconds).
+            self._marks = [*self._marks[-(KEEP_MARKS - 1):], (time.time(), time.monotonic(), mark)]
         except Exception as e:
             log.warning("%s: cannot note where %s's output stands: %s", self.gate.name, self.gate.unit, e)
 
