@@ -142,7 +142,8 @@ def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Ite
     pki = make_pki(tmp / "pki")
     models = gguf_models.ensure("tiny", "tiny-b", "big")
     key_file = tmp / "llm.key"
-    key_file.write_text(KEY + "\n")
+    # a comment line, as llama.cpp's --api-key-file allows (common/arg.cpp): genready skips it too
+    key_file.write_text(f"# the test key\n{KEY}\n")
     router_dir = tmp / "router"
     router_dir.mkdir()
     (router_dir / "alpha.gguf").symlink_to(models["tiny"])
