@@ -107,6 +107,13 @@ def test_every_flag_help_lists_is_documented() -> None:
     assert not missing, "say what these do in README.md or docs/*.md: " + "; ".join(missing)
 
 
+def test_every_bench_script_is_in_benchmarks_md() -> None:
+    """A figure is only worth what reproducing it takes: docs/benchmarks.md names each script."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    missing = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if f"bench/{p.name}" not in text]
+    assert not missing, f"say in docs/benchmarks.md what these print and how to run them: {missing}"
+
+
 def test_the_checks_can_fail(tmp_path: Path) -> None:
     (tmp_path / "there.md").write_text("# A `heading`: here\n\n```sh\n# not a heading\n```\n")
     page = tmp_path / "page.md"
