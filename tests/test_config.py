@@ -227,7 +227,12 @@ def printed_config(out: str) -> dict[str, Any]:
     return tomllib.loads(out)
 
 
-@pytest.mark.parametrize("case", BAD, ids=[c.id for c in BAD])
+# Outside genready.service, check-config checks a credential's name only and says what only the service
+# can check (issue 30 item 6, tests/test_hostile30.py); `serve` and config.load still refuse it.
+CHECK_CONFIG_BAD = [c for c in BAD if c.id != "api-key-credential-without-systemd"]
+
+
+@pytest.mark.parametrize("case", CHECK_CONFIG_BAD, ids=[c.id for c in CHECK_CONFIG_BAD])
 @pytest.mark.system
 def test_bad_config_is_a_clear_error_with_exit_78(tmp_path: Path, case: Bad) -> None:
     path = materialize(tmp_path, case.content)
