@@ -281,6 +281,8 @@ def _print_failed(target: str | None, out: Any) -> bool:
     failed = out.failed or start_failed(out.body)
     if failed is None:
         return False
+    if target is None and isinstance(out.body, dict):  # every target: the one whose start failed
+        target = next((t.get("target") for t in out.body.get("targets", []) if t.get("start_failed") is failed), None)
     first, *rest = failure_lines(failed)
     why = ("and systemd will not start the unit again by itself" if out.failed is not None else
            "systemd is starting the unit again" if failed.get("restarting") else "")
