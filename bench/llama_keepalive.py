@@ -35,9 +35,9 @@ from genready_dev.harness import free_port, http, wait_for
 
 
 def measure(url: str, api: str, stream: bool, c: int, n: int) -> benchclient.Summary:
-    return asyncio.run(benchclient.run(url, api, requests=n, concurrency=c, max_tokens=4, timeout=30,
-                                       prompts=[Prompt(text="Hello there")], model=None,
-                                       progress=benchclient.Progress(n, io.StringIO()), stream=stream))
+    load = benchclient.LoadOptions(n, c, 4, 30, [Prompt(text="Hello there")], stream=stream)
+    progress = benchclient.Progress(n, io.StringIO())
+    return asyncio.run(benchclient.run(benchclient.ServerOptions(url, api), load, progress))
 
 
 class PlainPool(aiohttp.TCPConnector):

@@ -427,9 +427,9 @@ def _sse(*events: bytes) -> bytes:
 
 async def _run(url: str, *, n: int, stream: bool, api: str = "sglang", timeout: float = 10,
                **kw: Any) -> benchclient.Summary:
-    return await benchclient.run(url, api, requests=n, concurrency=2, max_tokens=1, timeout=timeout,
-                                 prompts=[Prompt(text="hi")], model=kw.pop("model", "m"),
-                                 progress=benchclient.Progress(n, io.StringIO()), stream=stream, **kw)
+    server = benchclient.ServerOptions(url, api, kw.pop("model", "m"))
+    load = benchclient.LoadOptions(n, 2, 1, timeout, [Prompt(text="hi")], stream=stream, **kw)
+    return await benchclient.run(server, load, benchclient.Progress(n, io.StringIO()))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -600,9 +600,10 @@ async def test_llamacpp_draft_counts_give_draft_acceptance_and_its_metrics_the_a
         return b"", _llama_answer(api, stream, drafts), False
 
     async with KeptAlive(answer, server="llama.cpp") as url:
-        s = await benchclient.run(url, api, requests=3, concurrency=1, max_tokens=2, timeout=10,
-                                  prompts=[Prompt(text=str(n)) for n in range(3)], model="m",
-                                  progress=benchclient.Progress(3, io.StringIO()), stream=stream, seed=None)
+        s = await benchclient.run(benchclient.ServerOptions(url, api, "m"),
+                                  benchclient.LoadOptions(3, 1, 2, 10, [Prompt(text=str(n)) for n in range(3)],
+                                                          stream=stream),
+                                  benchclient.Progress(3, io.StringIO()))
     assert (s.ok, s.failed) == (3, 0), s.errors()
     assert s.drafts() == (24, 15) and s.draft_acceptance() == 15 / 24
     assert s.accept() == (1 + 15 / 6, "/metrics llamacpp:spec_decode counters")
@@ -670,9 +671,9 @@ async def test_a_server_that_closes_kept_alive_connections_loses_no_request(serv
     for concurrency in (1, 2, 8):
         ka = KeptAlive(answer, server=server)
         async with ka as url:
-            s = await benchclient.run(url, "openai-chat", requests=40, concurrency=concurrency, max_tokens=2,
-                                      timeout=10, prompts=[Prompt(text="hi")], model="m",
-                                      progress=benchclient.Progress(40, io.StringIO()))
+            s = await benchclient.run(benchclient.ServerOptions(url, "openai-chat", "m"),
+                                      benchclient.LoadOptions(40, concurrency, 2, 10, [Prompt(text="hi")]),
+                                      benchclient.Progress(40, io.StringIO()))
         assert (s.ok, s.failed) == (40, 0), s.errors()
         assert len([r for r in ka.requests if r[0].startswith("POST")]) == 40  # each sent once
         if server == "llama.cpp":
@@ -726,9 +727,9 @@ async def test_a_request_lost_after_it_was_sent_still_counts_failed() -> None:
         return None if posts == 2 else (b"", _llama_answer("openai-completions", False, None), False)
 
     async with KeptAlive(answer) as url:
-        s = await benchclient.run(url, "openai-completions", requests=3, concurrency=1, max_tokens=1, timeout=10,
-                                  prompts=[Prompt(text="hi")], model="m",
-                                  progress=benchclient.Progress(3, io.StringIO()), stream=False)
+        s = await benchclient.run(benchclient.ServerOptions(url, "openai-completions", "m"),
+                                  benchclient.LoadOptions(3, 1, 1, 10, [Prompt(text="hi")], stream=False),
+                                  benchclient.Progress(3, io.StringIO()))
     assert (s.ok, s.failed, s.retried) == (2, 1, 0), s.errors()
     assert list(s.errors()) == ["ServerDisconnectedError: Server disconnected"]
 

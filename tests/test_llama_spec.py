@@ -100,9 +100,9 @@ def test_the_bench_client_loses_no_request_to_llama_server(models: dict[str, Pat
                 for c in (1, 2, 8):
                     t0 = time.monotonic()
                     s = asyncio.run(benchclient.run(
-                        server.url, api, requests=200, concurrency=c, max_tokens=4, timeout=30,
-                        prompts=[Prompt(text="Hello there")], model=None,
-                        progress=benchclient.Progress(200, io.StringIO()), stream=stream))
+                        benchclient.ServerOptions(server.url, api),
+                        benchclient.LoadOptions(200, c, 4, 30, [Prompt(text="Hello there")], stream=stream),
+                        benchclient.Progress(200, io.StringIO())))
                     table.append(f"{api:19} {'stream' if stream else 'whole':6} c={c}: {s.ok} ok, {s.failed} failed, "
                                  f"{s.retried} retried, {s.stale_connections} stale, {s.empty} empty, "
                                  f"{time.monotonic() - t0:.2f} s")

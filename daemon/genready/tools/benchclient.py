@@ -614,48 +614,73 @@ def takes_token_ids(api: str) -> bool:
     return "messages" not in APIS[api].body(prompt="", max_tokens=1, model="")
 
 
-async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens: int, timeout: float,
-              prompts: Sequence[Prompt], model: str | None, progress: Progress, stream: bool = True,
-              request_rate: float | None = None, seed: int | None = None, api_key: str = "",
-              ssl_context: ssl.SSLContext | None = None, temperature: float = 0.0,
-              ignore_eos: bool = False) -> Summary:
-    """Send `requests` generations, at most `concurrency` at a time; every one time-bounded.
+@dataclass(frozen=True)
+class ServerOptions:
+    """Which server the requests go to and how to speak to it: the flags that mirror a genready
+    target's settings (url, api, model, the API key, TLS)."""
+
+    url: str
+    api: str = "sglang"
+    model: str | None = None  # None: the first of /v1/models (OpenAI APIs)
+    api_key: str = ""
+    ssl_context: ssl.SSLContext | None = None  # None: the system's trust store
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What is sent: how many requests, how they arrive, what each asks for."""
+
+    requests: int
+    concurrency: int
+    max_tokens: int
+    timeout: float  # seconds one request may take, connecting included
+    prompts: Sequence[Prompt]
+    stream: bool = True
+    request_rate: float | None = None  # None: `concurrency` workers back to back; else Poisson arrivals
+    seed: int | None = None
+    temperature: float = 0.0
+    ignore_eos: bool = False
+
+
+async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> Summary:
+    """Send `load.requests` generations, at most `load.concurrency` at a time; every one time-bounded.
 
     Without `request_rate` C workers send back to back; with it, requests arrive as a Poisson
     process of that rate (exponential gaps, as bench_serving's --request-rate), still at most C
     in flight."""
-    summary = Summary(requests, concurrency)
-    server = APIS[api]
-    ssl_arg: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
-    connector = PoolConnector(limit=concurrency, ssl=ssl_arg)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    summary = Summary(load.requests, load.concurrency)
+    api, url = APIS[server.api], server.url
+    ssl_arg: ssl.SSLContext | bool = server.ssl_context if server.ssl_context is not None else True
+    connector = PoolConnector(limit=load.concurrency, ssl=ssl_arg)
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else None
     # A request whose pooled connection turned out stale is sent again on a connection of its own.
-    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency, ssl=ssl_arg, force_close=True),
-                                  headers=headers)
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=load.concurrency, ssl=ssl_arg,
+                                                                 force_close=True), headers=headers)
     async with fresh, aiohttp.ClientSession(connector=connector, headers=headers,
                                              trace_configs=[_reuse_tracer()]) as session:
-        if server.needs_model and model is None:
-            model = await discover_model(session, url, timeout)
+        model = server.model
+        if api.needs_model and model is None:
+            model = await discover_model(session, url, load.timeout)
             if model is None:
                 print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
-        bodies = [request_body(server, p, max_tokens=max_tokens, model=model or "", stream=stream,
-                               temperature=temperature, ignore_eos=ignore_eos)
-                  for p in prompt_sets.schedule(prompts, requests, random.Random(seed))]
-        send = one_stream if stream else one_request
-        before = await read_spec_counters(session, url, timeout) if server.needs_model else None
+        bodies = [request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
+                               temperature=load.temperature, ignore_eos=load.ignore_eos)
+                  for p in prompt_sets.schedule(load.prompts, load.requests, random.Random(load.seed))]
+        send = one_stream if load.stream else one_request
+        before = await read_spec_counters(session, url, load.timeout) if api.needs_model else None
 
         async def one(i: int) -> None:
             t0 = time.perf_counter()
             trace: dict[str, Any] = {}
             try:
                 try:
-                    outcome = await send(fresh if summary.new_connections else session, url, server, bodies[i],
-                                         timeout, trace)
+                    outcome = await send(fresh if summary.new_connections else session, url, api, bodies[i],
+                                         load.timeout, trace)
                 except StaleConnection:
                     # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
-                    outcome = dataclasses.replace(await send(fresh, url, server, bodies[i], timeout), retried=True)
+                    outcome = dataclasses.replace(await send(fresh, url, api, bodies[i], load.timeout), retried=True)
             except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
             if not summary.new_connections:
@@ -664,45 +689,57 @@ async def run(url: str, api: str, *, requests: int, concurrency: int, max_tokens
             progress.update(len(summary.outcomes), summary.failed)
 
         t0 = time.perf_counter()
-        if request_rate is None:
-            todo = iter(range(requests))
-
-            async def worker() -> None:
-                for i in todo:  # workers pull from one shared iterator: exactly `requests` in total
-                    await one(i)
-
-            await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
-        else:
-            rng = random.Random(seed)
-            slots = asyncio.Semaphore(concurrency)
-
-            async def limited(i: int) -> None:
-                async with slots:
-                    await one(i)
-
-            tasks = []
-            for i in range(requests):
-                tasks.append(asyncio.ensure_future(limited(i)))
-                if i + 1 < requests:
-                    await asyncio.sleep(rng.expovariate(request_rate))
-            await asyncio.gather(*tasks)
+        await _arrivals(load, one)
         summary.wall_seconds = time.perf_counter() - t0
-        if server.needs_model:
-            after = await read_spec_counters(session, url, timeout)
-            if before is not None and after is not None and after.source == before.source \
-                    and after.drafts > before.drafts:
-                summary.metrics_accept = 1 + (after.accepted - before.accepted) / (after.drafts - before.drafts)
-                summary.metrics_source = after.source
-                summary.metrics_counts = {"drafts": after.drafts - before.drafts,
-                                          "accepted": after.accepted - before.accepted}
-                if after.draft_tokens is not None and before.draft_tokens is not None:
-                    summary.metrics_counts["draft_tokens"] = after.draft_tokens - before.draft_tokens
-        else:
-            summary.server_accept_length = await read_sglang_accept(session, url, timeout)
+        await _server_figures(summary, session, url, api, load.timeout, before)
         summary.stale_connections = connector.stale
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
     return summary
+
+
+async def _arrivals(load: LoadOptions, one: Callable[[int], Awaitable[None]]) -> None:
+    """`one(i)` for every request: `concurrency` workers back to back, or Poisson arrivals at
+    `request_rate` with at most `concurrency` in flight."""
+    if load.request_rate is None:
+        todo = iter(range(load.requests))
+
+        async def worker() -> None:
+            for i in todo:  # workers pull from one shared iterator: exactly `requests` in total
+                await one(i)
+
+        await asyncio.gather(*(worker() for _ in range(min(load.concurrency, load.requests))))
+        return
+    rng = random.Random(load.seed)
+    slots = asyncio.Semaphore(load.concurrency)
+
+    async def limited(i: int) -> None:
+        async with slots:
+            await one(i)
+
+    tasks = []
+    for i in range(load.requests):
+        tasks.append(asyncio.ensure_future(limited(i)))
+        if i + 1 < load.requests:
+            await asyncio.sleep(rng.expovariate(load.request_rate))
+    await asyncio.gather(*tasks)
+
+
+async def _server_figures(summary: Summary, session: aiohttp.ClientSession, url: str, api: ServerApi,
+                          timeout: float, before: SpecCounters | None) -> None:
+    """The server's own speculative-decoding figures over the run: the growth of its /metrics
+    counters (vLLM, llama.cpp), or SGLang's avg_spec_accept_length."""
+    if not api.needs_model:
+        summary.server_accept_length = await read_sglang_accept(session, url, timeout)
+        return
+    after = await read_spec_counters(session, url, timeout)
+    if before is None or after is None or after.source != before.source or after.drafts <= before.drafts:
+        return
+    summary.metrics_accept = 1 + (after.accepted - before.accepted) / (after.drafts - before.drafts)
+    summary.metrics_source = after.source
+    summary.metrics_counts = {"drafts": after.drafts - before.drafts, "accepted": after.accepted - before.accepted}
+    if after.draft_tokens is not None and before.draft_tokens is not None:
+        summary.metrics_counts["draft_tokens"] = after.draft_tokens - before.draft_tokens
 
 
 def served_by(env: Mapping[str, str]) -> dict[str, str] | None:
@@ -974,11 +1011,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key, ssl_context = settings(args, env)
     prompts = prompt_set(args)
     console.out(header(args, env))
-    summary = asyncio.run(run(
-        args.url, args.api, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens,
-        timeout=args.timeout, prompts=prompts, model=args.model, progress=Progress(args.requests, sys.stderr),
-        stream=args.stream, request_rate=args.request_rate, seed=args.seed, api_key=api_key,
-        ssl_context=ssl_context, temperature=args.temperature, ignore_eos=args.ignore_eos))
+    server = ServerOptions(args.url, args.api, args.model, api_key, ssl_context)
+    load = LoadOptions(args.requests, args.concurrency, args.max_tokens, args.timeout, prompts, stream=args.stream,
+                       request_rate=args.request_rate, seed=args.seed, temperature=args.temperature,
+                       ignore_eos=args.ignore_eos)
+    summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr)))
     console.write(format_summary(summary, env, stream=args.stream), sys.stdout)  # a closed stdout: --output still
     if args.output:
         try:
