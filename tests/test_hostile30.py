@@ -655,3 +655,23 @@ def test_items1_2_a_failed_starts_lines_reach_no_surface_raw(manager: UserManage
     _no_controls(shown.stdout)
     assert "\\x1b]52;c;" in shown.stdout
     assert "\x1b" not in log and "\x07" not in log
+
+
+def test_item6_the_bench_client_needs_a_credential_only_for_the_target_it_sends_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from genready.tools import benchclient
+
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    path = tmp_path / "genready.toml"
+    path.write_text(CRED_CONFIG.format(name="apikey") + '[targets.open]\nunit = "o.service"\n'
+                    'url = "http://127.0.0.1:1"\napi = "openai-completions"\n')
+    args = benchclient.build_parser().parse_args(["--config", str(path), "--target", "open"])
+    assert benchclient.settings(args, {})[0] == ""  # another target's credential is no obstacle
+    args = benchclient.build_parser().parse_args(["--config", str(path), "--target", "llama"])
+    with pytest.raises(SystemExit, match=r"targets.llama.api_key_credential = 'apikey'.*--api-key-file"):
+        benchclient.settings(args, {})
+    key = tmp_path / "key"
+    key.write_text("sk-1\n")
+    args = benchclient.build_parser().parse_args(["--config", str(path), "--target", "llama", "--api-key-file",
+                                                  str(key)])
+    assert benchclient.settings(args, {})[0] == "sk-1"

@@ -976,7 +976,8 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
     key, ctx = "", None
     if args.config:
         try:
-            cfg = config.load(Path(args.config))
+            # A credential is checked by name here: only the target sent to needs its key (below).
+            cfg = config.load(Path(args.config), service=False)
         except config.ConfigError as e:
             raise SystemExit(f"benchclient: {e}") from None
         name = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
@@ -993,6 +994,10 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
         args.api, args.model = args.api or t.api, args.model or t.model or None
         key = t.api_key
         ctx = t.tls_context
+        if t.credential_unchecked and not args.api_key_file:
+            raise SystemExit(f"benchclient: {args.config}: targets.{name}.api_key_credential = "
+                             f"{t.api_key_credential!r}: only genready.service has $CREDENTIALS_DIRECTORY; "
+                             "give the key with --api-key-file FILE (or run under LoadCredential=)")
     if args.api_key_file:
         try:  # the one bounded reader: a FIFO or a device named here is refused, not read
             key = config.read_file(args.api_key_file, config.MAX_KEY_BYTES).decode(errors="replace").strip()
