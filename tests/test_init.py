@@ -158,6 +158,14 @@ def test_a_literal_key_is_warned_about_never_printed(argv: list[str], env: dict[
     assert "api_key_file" not in prop.table  # nothing to point at yet: a comment says what to set
 
 
+def test_llama_cpp_socket_says_to_remove_a_stale_one() -> None:
+    prop = unitinit.target_from_exec("l.service", ["/usr/bin/llama-server", "--host", "/run/llama/api.sock"], {})
+    assert prop.table["url"] == "unix:/run/llama/api.sock"
+    assert any("ExecStartPre=-/bin/rm -f /run/llama/api.sock" in c for c in prop.comments), prop.comments
+    vllm = unitinit.target_from_exec("v.service", ["/usr/local/bin/vllm", "serve", "m", "--uds", "/run/v.sock"], {})
+    assert not any("ExecStartPre" in c for c in vllm.comments)  # uvicorn replaces a stale socket itself
+
+
 def test_llama_cpp_key_file_from_its_variable() -> None:
     # common/arg.cpp: --api-key-file's variable is LLAMA_ARG_API_KEY_FILE
     t = table(["/usr/bin/llama-server"], {"LLAMA_ARG_API_KEY_FILE": "/etc/llama/key"})

@@ -338,6 +338,11 @@ def _url(server: Server, values: dict[str, tuple[str, str]], container: _Contain
         if container is not None:
             prop.comments.append(f"the socket {uds} is inside the container: mount it onto the host (-v) and "
                                  "put the host's path in url")
+        elif server is LLAMA_CPP:
+            # server-http.cpp binds the path as is and leaves the file behind on exit: the next
+            # start fails ("couldn't bind HTTP server socket") until someone removes it
+            prop.comments.append(f"llama-server leaves {uds} behind when it stops, and a stale one fails the next "
+                                 f"start: give its unit ExecStartPre=-/bin/rm -f {uds}")
         return
     try:
         port = int(values["port"][0]) if "port" in values else server.port
