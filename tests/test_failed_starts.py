@@ -312,8 +312,7 @@ def test_a_sweep_point_asks_systemd_nothing_while_it_waits(tmp_path: Path, end: 
     s = Scripted([*[loading] * 20, last])
     unit = CountingUnit()
     p = sweepplan.parse_plan(tomllib.loads('command = "x"\n[matrix]\na = [1]'), "plan.toml")
-    sw = sweep.Sweep(p, base=s.base, target="t", unit="t.service", bus_kind="user", timeout=30,
-                     results=tmp_path, keep_config=False, err=io.StringIO())
+    sw = sweep.Sweep(sweep.SweepOptions(p, s.base, "t", "t.service", "user", 30, tmp_path), err=io.StringIO())
     sw.sd = unit  # type: ignore[assignment]
     att = sweep.Attempt(p.points[0], 1, "01/attempt-1")
     monkeypatch.setattr(sweep, "POLL", 0.01)

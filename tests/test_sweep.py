@@ -268,15 +268,15 @@ def test_a_dropin_names_its_sweep_and_is_a_leftover_only_once_that_sweep_is_gone
 @pytest.mark.parametrize("restart_each", [False, True])
 def test_the_eta_counts_the_loads_left_and_the_runs_left(tmp_path: Path, restart_each: bool) -> None:
     p = plan('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}"\n[matrix]\na = [1, 2]\nc = [1, 2, 3]')
-    s = sweep.Sweep(p, base="http://127.0.0.1:1", target="t", unit="u.service", bus_kind="user", timeout=1,
-                    results=tmp_path, keep_config=False, restart_each=restart_each, err=io.StringIO())
+    s = sweep.Sweep(sweep.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
+                                       restart_each=restart_each), err=io.StringIO())
     s.plan_schedule(set())
     assert s.eta(p.points[0], loading=True) == ""  # nothing known yet
-    s.expected_load = 300.0  # the daemon's expected_load_seconds: before this sweep timed a load
+    s.timings.expected_load = 300.0  # the daemon's expected_load_seconds: before this sweep timed a load
     loads = 6 if restart_each else 2
     took = "30m00s" if restart_each else "10m00s"
     assert s.eta(p.points[0], loading=True) == f", ETA > {took} ({loads} loads, runs not yet timed)"
-    s.load_times, s.run_times = [360.0], [60.0]  # measured: they win
+    s.timings.load_times, s.timings.run_times = [360.0], [60.0]  # measured: they win
     # At point 2 (reused, unless --restart-each): loads left are group 2's, plus this one's with --restart-each.
     want = "35m00s" if restart_each else "11m00s"  # 5 x 360 + 5 x 60, or 1 x 360 + 5 x 60
     assert s.eta(p.points[1], loading=restart_each) == f", ETA {want}"
@@ -561,8 +561,8 @@ def test_a_reused_instance_that_died_between_points_restarts(rig: Rig, monkeypat
     path = rig.write_plan(points=[{"n": 1, "budget": 8}, {"n": 2, "budget": 8}, {"n": 3, "budget": 8}],
                           flags="--model m-{budget}")
     out, err = io.StringIO(), io.StringIO()
-    s = KillBetween(rig, sweepplan.load_plan(path), base=rig.g.base, target="t", unit=UNIT, bus_kind="user",
-                    timeout=20, results=rig.results, keep_config=False, out=out, err=err)
+    s = KillBetween(rig, sweep.SweepOptions(sweepplan.load_plan(path), rig.g.base, "t", UNIT, "user", 20, rig.results),
+                    out=out, err=err)
     assert s.run(set()) == 0, err.getvalue()
     lines = rig.results_lines()
     assert [(ln["point"]["n"], ln["status"], ln["restarted"]) for ln in lines] == [

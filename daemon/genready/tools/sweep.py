@@ -222,34 +222,77 @@ class Interrupted(Exception):
     """A SIGINT or SIGTERM arrived: stop this point, clean up, exit."""
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """What `genready sweep` was asked to do: the plan, the target and its unit, where the results
+    go, and the flags."""
+
+    plan: Plan
+    base: str  # the daemon's URL
+    target: str
+    unit: str
+    bus_kind: str
+    timeout: float  # seconds a point's start may take to be verified
+    results: Path
+    keep_config: bool = False
+    restart_each: bool = False
+    shard: Shard | None = None
+    secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
+
+
+@dataclass
+class Timings:
+    """What the ETA is computed from: this sweep's loads and runs, or before the first load the
+    daemon's expected_load_seconds."""
+
+    load_times: list[float] = field(default_factory=list)  # seconds from restart to verified
+    expected_load: float | None = None  # the daemon's expected_load_seconds, until a load is timed
+    run_times: list[float] = field(default_factory=list)  # seconds of ok commands
+    last_load: float | None = None
+
+    def eta(self, schedule: Sequence[tuple[Point, bool]], point: Point, *, loading: bool) -> str:
+        """Loads left times the expected load, plus runs left times the mean run (`schedule`: the
+        points in order, True where a load is planned). The expected load is the mean of this
+        sweep's loads, or before the first one the daemon's expected_load_seconds (its recent loads
+        of the unit); until a run is measured the ETA counts the loads alone, and says so."""
+        load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
+        if load is None:
+            return ""
+        at = next((i for i, (p, _) in enumerate(schedule) if p.index == point.index), len(schedule))
+        rest = schedule[at:]
+        loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
+        if not self.run_times:
+            return f", ETA > {duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
+        return f", ETA {duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
+
+
+@dataclass
+class UnitChanges:
+    """What the sweep has changed on the unit: what the cleanup (or a second signal's last words) undoes."""
+
+    dropin_path: Path | None = None
+    dropin_written: bool = False
+    restored: bool = True  # False from the first drop-in until the unit is verified on its own config
+
+
 class Sweep:
-    def __init__(self, plan: Plan, *, base: str, target: str, unit: str, bus_kind: str, timeout: float,
-                 results: Path, keep_config: bool, restart_each: bool = False, shard: Shard | None = None,
-                 out: TextIO = sys.stdout, err: TextIO = sys.stderr, secrets: Sequence[str] = ()) -> None:
-        self.plan, self.base, self.target, self.unit, self.bus_kind = plan, base, target, unit, bus_kind
-        self.secrets = list(secrets)  # the target's own API key: masked in the unit's lines we keep
-        self.timeout, self.results, self.keep_config = timeout, results, keep_config
-        self.restart_each, self.shard = restart_each, shard
-        self.groups = shard.take(plan.groups()) if shard else plan.groups()
+    def __init__(self, opts: SweepOptions, *, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> None:
+        self.opts = opts
+        self.groups = opts.shard.take(opts.plan.groups()) if opts.shard else opts.plan.groups()
         self.started = time.time()
         self.out, self.err = out, err
         self.tty = err.isatty()
-        self.width = len(str(len(plan.points)))
+        self.width = len(str(len(opts.plan.points)))
         self.sd: control.UnitClient | None = None
         self.log: ResultsLog | None = None
-        self.dropin_path: Path | None = None
-        self.dropin_written = False
-        self.restored = True  # False from the first drop-in until the unit is verified on its own config
+        self.changes = UnitChanges()
         # The running command's process group (guard's runner): what it leaves behind is ended with it.
         self.child: guard.ProcessGroup | None = None
         self.pinned: dict[str, Any] = {}  # the verified instance the current command runs against
         self.signals = 0
         self.cleaning = False
         self.finished: dict[int, Attempt] = {}  # point index -> its last attempt in this run
-        self.load_times: list[float] = []  # seconds from restart to verified, for the ETA
-        self.expected_load: float | None = None  # the daemon's expected_load_seconds, until a load is timed
-        self.run_times: list[float] = []  # seconds of ok commands, for the ETA
-        self.last_load: float | None = None
+        self.timings = Timings()
         self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
         self.check: analyze.DropinCheck | None = None  # systemd-analyze verify, when it can run
         self.schedule: list[tuple[Point, bool]] = []  # the points to run, in order; True: a planned load
@@ -272,13 +315,13 @@ class Sweep:
         if self.child is not None:
             self.child.signal(signal.SIGKILL)
             left.append(f"the command (pid {self.child.child.pid}) was killed; its results are incomplete")
-        ctl = "systemctl --user" if self.bus_kind == "user" else "systemctl"
-        if self.dropin_path is not None and self.dropin_path.exists():
-            left.append(f"the drop-in {self.dropin_path} is still in place: rm {self.dropin_path} && "
-                        f"{ctl} daemon-reload && genready restart {self.target}")
-        elif not self.restored:
-            left.append(f"{self.unit} is on its own configuration again but its start was not verified: "
-                        f"genready wait {self.target}")
+        ctl = "systemctl --user" if self.opts.bus_kind == "user" else "systemctl"
+        if self.changes.dropin_path is not None and self.changes.dropin_path.exists():
+            left.append(f"the drop-in {self.changes.dropin_path} is still in place: rm {self.changes.dropin_path} && "
+                        f"{ctl} daemon-reload && genready restart {self.opts.target}")
+        elif not self.changes.restored:
+            left.append(f"{self.opts.unit} is on its own configuration again but its start was not verified: "
+                        f"genready wait {self.opts.target}")
         self.say(f"{name} again: exiting at once. " + ("Left to clean up: " + "; ".join(left) if left else
                                                      "Nothing left to clean up."))
         os._exit(Exit.INTERRUPTED)
@@ -297,33 +340,20 @@ class Sweep:
                       (f"genready sweep: {text}\n" if not text.startswith("[") else text + "\n"), self.err)
 
     def progress(self, point: Point, text: str, *, transient: bool = False) -> None:
-        line = f"[{point.index}/{len(self.plan.points)}] {shown(point.label)}: {text}"
+        line = f"[{point.index}/{len(self.opts.plan.points)}] {shown(point.label)}: {text}"
         if transient and self.tty:
             console.write("\r\033[K" + line[:200], self.err)
         else:
             self.say(line)
 
     def eta(self, point: Point, *, loading: bool) -> str:
-        """Loads left times the expected load, plus runs left times the mean run.
-
-        The expected load is the mean of this sweep's loads, or before the first one the daemon's
-        expected_load_seconds (its recent loads of the unit); until a run is measured the ETA
-        counts the loads alone, and says so."""
-        load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
-        if load is None:
-            return ""
-        at = next((i for i, (p, _) in enumerate(self.schedule) if p.index == point.index), len(self.schedule))
-        rest = self.schedule[at:]
-        loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
-        if not self.run_times:
-            return f", ETA > {duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
-        return f", ETA {duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
+        return self.timings.eta(self.schedule, point, loading=loading)
 
     # -- the sweep -------------------------------------------------------------------------------
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first)."""
-        self.schedule = [(p, self.restart_each or p is next(q for q in g if q.index not in skip))
+        self.schedule = [(p, self.opts.restart_each or p is next(q for q in g if q.index not in skip))
                          for g in self.groups for p in g if p.index not in skip]
 
     def run(self, skip: set[int]) -> int:
@@ -332,13 +362,13 @@ class Sweep:
         interrupted = False
         self.plan_schedule(skip)
         try:
-            self.sd = control.UnitClient(self.bus_kind, self.unit)
+            self.sd = control.UnitClient(self.opts.bus_kind, self.opts.unit)
             state = self.sd.state()
             if state.load_state != "loaded":
-                raise SweepError(f"{self.unit} is {state.load_state or 'unknown'} on the {self.bus_kind} bus")
-            self.dropin_path = self.sd.dropin_path(self.unit, DROPIN_NAME)
+                raise SweepError(f"{self.opts.unit} is {state.load_state or 'unknown'} on the {self.opts.bus_kind} bus")
+            self.changes.dropin_path = self.sd.dropin_path(self.opts.unit, DROPIN_NAME)
             self._check_plan(state, skip)  # before anything is touched: a refused drop-in is exit 78
-            self.log = ResultsLog(self.results)  # so is a results folder that cannot be written (73)
+            self.log = ResultsLog(self.opts.results)  # so is a results folder that cannot be written (73)
             self._take_over_leftover()
             for n, group in enumerate(self.groups, 1):
                 self.group_pinned = None  # a new server configuration: its first point restarts
@@ -367,20 +397,20 @@ class Sweep:
         """Every server configuration still to run, as systemd would read it (systemd-analyze verify). If it
         would take none as written, the plan is wrong: ConfigError naming the first point and systemd's words.
         If only some, those points will be recorded not_ready, with systemd's words (`_reconfigure`)."""
-        if self.plan.dropin is None:
+        if self.opts.plan.dropin is None:
             return
-        assert self.dropin_path is not None
+        assert self.changes.dropin_path is not None
         try:
-            self.check = analyze.DropinCheck(self.unit, state.fragment_path, self.dropin_path,
-                                             user=self.bus_kind == "user")
+            self.check = analyze.DropinCheck(self.opts.unit, state.fragment_path, self.changes.dropin_path,
+                                             user=self.opts.bus_kind == "user")
         except analyze.CannotVerify as e:
             self.say(f"not checking the drop-ins with systemd-analyze verify: {e}")
             return
         points = [p for g in self.groups for p in g if p.index not in skip]
-        distinct, refused = refused_dropins(self.plan, points, self.results, self.check.complaints)
+        distinct, refused = refused_dropins(self.opts.plan, points, self.opts.results, self.check.complaints)
         if not refused:
             return
-        first = dropin_refused(self.plan, *next(iter(refused.items())))
+        first = dropin_refused(self.opts.plan, *next(iter(refused.items())))
         if len(refused) == distinct:
             raise first
         self.say(f"systemd would not take the drop-in of {len(refused)} of {distinct} server configurations as "
@@ -388,36 +418,36 @@ class Sweep:
 
     def _take_over_leftover(self) -> None:
         """A drop-in already there: another live sweep's stops us (SweepBusy); a dead one's is replaced."""
-        assert self.dropin_path is not None
+        assert self.changes.dropin_path is not None
         try:
-            text = read_dropin(self.dropin_path)
+            text = read_dropin(self.changes.dropin_path)
         except FileNotFoundError:
             return
         except FileError as e:
             raise SweepError(f"{e}: not a drop-in a sweep wrote; remove it (genready sweep restore)") from None
         owner = owner_of(text)
         if owner is not None and owner.get("pid") != os.getpid() and owner_alive(owner):
-            raise SweepBusy(f"{self.dropin_path} belongs to a running {describe_owner(owner)}; two sweeps of "
-                            f"{self.unit} would change its configuration under each other")
+            raise SweepBusy(f"{self.changes.dropin_path} belongs to a running {describe_owner(owner)}; two sweeps of "
+                            f"{self.opts.unit} would change its configuration under each other")
         who = f" ({describe_owner(owner)}, gone)" if owner else ""
-        self.say(f"{self.dropin_path} was left by an earlier sweep{who}; replacing it")
-        self.dropin_written, self.restored = True, False
+        self.say(f"{self.changes.dropin_path} was left by an earlier sweep{who}; replacing it")
+        self.changes.dropin_written, self.changes.restored = True, False
 
     def _point(self, point: Point, group: int = 1) -> None:
-        for n in range(1, self.plan.attempts + 1):
+        for n in range(1, self.opts.plan.attempts + 1):
             att = self._attempt(point, n, group)
             self.finished[point.index] = att
             if att.status in RETRIED:
                 self.group_pinned = None  # that instance is not to be trusted again: restart
             if att.status not in RETRIED or not att.retry or self.signals:
                 break
-            if n < self.plan.attempts:
-                self.progress(point, f"retrying ({n + 1} of {self.plan.attempts} runs)")
+            if n < self.opts.plan.attempts:
+                self.progress(point, f"retrying ({n + 1} of {self.opts.plan.attempts} runs)")
         self._check_signals()
 
     def _folder(self, point: Point) -> tuple[Path, int]:
         """A fresh folder for this attempt: DIR/NN-point/attempt-K, K one past the last that exists."""
-        base = self.results / point.slug(self.width)
+        base = self.opts.results / point.slug(self.width)
         k = 1
         while (base / f"attempt-{k}").exists():
             k += 1
@@ -426,14 +456,14 @@ class Sweep:
         return path, k
 
     def _attempt(self, point: Point, n: int, group: int = 1) -> Attempt:
-        with writing(self.results):
+        with writing(self.opts.results):
             folder, k = self._folder(point)
             (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
-        att = Attempt(point, k, str(folder.relative_to(self.results)), group)
+        att = Attempt(point, k, str(folder.relative_to(self.opts.results)), group)
         try:
             if not self._reuse(point, att, folder) and self._reconfigure(point, att, folder):
                 self._restart_and_wait(point, att)
-                if att.pid is not None and not self.restart_each:
+                if att.pid is not None and not self.opts.restart_each:
                     self.group_pinned = self.pinned
             if att.pid is not None:
                 self._run(point, att, folder)
@@ -449,16 +479,16 @@ class Sweep:
 
     def _reuse(self, point: Point, att: Attempt, folder: Path) -> bool:
         """Run on the group's verified instance if it is still that very instance and ready (as guard checks)."""
-        if self.restart_each or self.group_pinned is None:
+        if self.opts.restart_each or self.group_pinned is None:
             return False
-        why = check(self.base, self.target, self.group_pinned)
+        why = check(self.opts.base, self.opts.target, self.group_pinned)
         if why:
             self.progress(point, f"the instance of this configuration is no longer usable ({why}); restarting")
             self.group_pinned = None
             return False
-        text = self.plan.dropin_for(point, str(folder))
+        text = self.opts.plan.dropin_for(point, str(folder))
         if text is not None:
-            with writing(self.results):
+            with writing(self.opts.results):
                 (folder / "dropin.conf").write_text(text)  # the same configuration, kept with the results
         self.pinned = self.group_pinned
         att.started_at = time.time()
@@ -469,7 +499,7 @@ class Sweep:
 
     def _record(self, att: Attempt) -> None:
         assert self.log is not None
-        self.log.append(att.to_json(self.target, self.unit))
+        self.log.append(att.to_json(self.opts.target, self.opts.unit))
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
         self.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
@@ -477,35 +507,35 @@ class Sweep:
     def _reconfigure(self, point: Point, att: Attempt, folder: Path) -> bool:
         """Write and load the point's drop-in; False (att not_ready, not retried) if systemd would not take
         it as written: the unit is not touched then."""
-        text = self.plan.dropin_for(point, str(folder))
+        text = self.opts.plan.dropin_for(point, str(folder))
         if text is None:
             return True
-        with writing(self.results):
+        with writing(self.opts.results):
             (folder / "dropin.conf").write_text(text)
         complaints = self.check.complaints(text) if self.check else []
         if complaints:
             att.status, att.retry, att.journal = Status.NOT_READY, False, complaints
             att.reason = f"systemd would not take the drop-in as written: {complaints[0]}"
             return False
-        self.restored = False
+        self.changes.restored = False
         self._write_dropin(text)
         return True
 
     def _write_dropin(self, text: str) -> None:
         """The point's drop-in in place, headed by whose it is (sweepdropin), and the manager reloaded."""
-        assert self.dropin_path is not None and self.sd is not None
+        assert self.changes.dropin_path is not None and self.sd is not None
         try:
-            self.sd.write_dropin(self.unit, DROPIN_NAME,
-                                 owner_header(self.plan.path, self.results, iso(self.started) or "") + text,
+            self.sd.write_dropin(self.opts.unit, DROPIN_NAME,
+                                 owner_header(self.opts.plan.path, self.opts.results, iso(self.started) or "") + text,
                                  written=self._written)
         except PermissionError as e:
             hint = (" (a runtime drop-in for a system unit needs root: run the sweep with sudo, or sweep a "
-                    "user manager's unit)" if self.bus_kind == "system" else "")
-            raise SweepError(f"cannot write {self.dropin_path}: {e.strerror}{hint}") from None
+                    "user manager's unit)" if self.opts.bus_kind == "system" else "")
+            raise SweepError(f"cannot write {self.changes.dropin_path}: {e.strerror}{hint}") from None
 
     def _written(self, path: Path) -> None:
         # Set before the reload: if that fails, the drop-in is in place all the same and the cleanup removes it.
-        self.dropin_written = True
+        self.changes.dropin_written = True
 
     def _restart_and_wait(self, point: Point, att: Attempt) -> None:
         """Restart, then wait for a verified start newer than the restart (waiting.restart_and_wait, as
@@ -525,18 +555,18 @@ class Sweep:
                 self.sd.restart()
             except Exception as e:
                 if bus.denied(e):
-                    raise SweepError(f"could not restart {self.unit} on the {self.bus_kind} bus: "
+                    raise SweepError(f"could not restart {self.opts.unit} on the {self.opts.bus_kind} bus: "
                                      f"{bus.dbus_words(e)} (restarting a system unit needs root or a polkit rule)"
                                      ) from None
                 raise RestartRefused(bus.dbus_words(e)) from None
-            self.progress(point, f"restarting {self.unit}{self.eta(point, loading=True)}")
+            self.progress(point, f"restarting {self.opts.unit}{self.eta(point, loading=True)}")
 
         def tick(code: int, body: Any) -> None:
             nonlocal last_line, last_state
             self._check_signals()
             expected = body.get("expected_load_seconds") if isinstance(body, dict) else None
             if isinstance(expected, int | float) and not isinstance(expected, bool):
-                self.expected_load = float(expected)
+                self.timings.expected_load = float(expected)
             now_state = str(body.get("state", "")) if isinstance(body, dict) else ""
             # a line every LOADING_EVERY seconds off a terminal, and at each change of state
             if time.monotonic() - last_line >= (1.0 if self.tty else LOADING_EVERY) or now_state != last_state:
@@ -545,19 +575,19 @@ class Sweep:
                     # the daemon's own account: state, pid, time loading of the usual, ETA, last probe
                     text = target_line(body)
                 else:
-                    last = f" (last load {duration(self.last_load)})" if self.last_load else ""
+                    last = f" (last load {duration(self.timings.last_load)})" if self.timings.last_load else ""
                     text = f"{body.get('reason')}; loading for {duration(time.time() - att.started_at)}{last}"
                 self.progress(point, f"{text}{self.eta(point, loading=True)}", transient=True)
 
         try:
-            out = waiting.restart_and_wait(restart, self.base, self.target, self.timeout,
+            out = waiting.restart_and_wait(restart, self.opts.base, self.opts.target, self.opts.timeout,
                                            on_failure=waiting.OnFailure.ANY, poll=POLL, tick=tick)
         except RestartRefused as e:
             # systemd refused this configuration (a drop-in it cannot load, such as an empty ExecStart=):
             # the point's doing, not the sweep's. Another attempt would be refused the same way.
             state = self.sd.state()
             att.status, att.retry, att.unit_result = Status.NOT_READY, False, state.result
-            att.reason = f"systemd refused to restart {self.unit}: {e}"
+            att.reason = f"systemd refused to restart {self.opts.unit}: {e}"
             att.journal = [str(e)]
             return
         body = out.body
@@ -565,8 +595,8 @@ class Sweep:
             att.pid, att.invocation_id = body.get("pid"), body.get("invocation_id")
             att.load_seconds = body.get("load_seconds")
             self.pinned = body
-            self.last_load = time.time() - att.started_at
-            self.load_times.append(self.last_load)
+            self.timings.last_load = time.time() - att.started_at
+            self.timings.load_times.append(self.timings.last_load)
             return
         if out.code in (400, 404):
             raise SweepError(f"the daemon refused: {body.get('error')} (is it running with this config?)")
@@ -574,37 +604,37 @@ class Sweep:
         failed = out.failed
         if failed is not None:
             how = waiting.failure_lines(failed)[0]
-            att.reason = (f"{self.unit} failed and systemd restarted it ({how})" if failed.get("restarting") else
-                          f"{self.unit} failed to start ({how})")
+            att.reason = (f"{self.opts.unit} failed and systemd restarted it ({how})" if failed.get("restarting") else
+                          f"{self.opts.unit} failed to start ({how})")
             att.unit_result = failed.get("result")
             att.invocation_id = failed.get("invocation_id")  # att.pid stays None: no instance to run on
             # The daemon's lines, once it has read them; else the sweep's own mark of the output files.
-            att.journal = list(failed.get("journal") or []) or mark.lines(self.bus_kind, self.unit,
-                                                                          secrets=self.secrets)
+            att.journal = list(failed.get("journal") or []) or mark.lines(self.opts.bus_kind, self.opts.unit,
+                                                                          secrets=self.opts.secrets)
             return
         detail = body.get("reason") or body.get("last_error") if isinstance(body, dict) else ""
-        att.reason = f"no verified start within {self.timeout:g}s" + (f" ({detail})" if detail else "")
+        att.reason = f"no verified start within {self.opts.timeout:g}s" + (f" ({detail})" if detail else "")
         state = self.sd.state()
         att.unit_result = state.result
         att.pid, att.invocation_id = state.main_pid or None, state.invocation_id or None
-        att.journal = mark.lines(self.bus_kind, self.unit, secrets=self.secrets)
+        att.journal = mark.lines(self.opts.bus_kind, self.opts.unit, secrets=self.opts.secrets)
 
     def _run(self, point: Point, att: Attempt, folder: Path) -> None:
-        if why := guard.stale_config(self.target, self.pinned):
+        if why := guard.stale_config(self.opts.target, self.pinned):
             # Its unit was edited and reloaded since it started: results would be filed under settings it does not run.
             att.ended_at = time.time()
             att.status, att.reason = Status.NOT_READY, why
             self.progress(point, f"not running the command: {why}")
             return
-        cmd = self.plan.command_for(point, str(folder))
-        env = dict(os.environ, **guard.guard_env(self.target, self.pinned),
+        cmd = self.opts.plan.command_for(point, str(folder))
+        env = dict(os.environ, **guard.guard_env(self.opts.target, self.pinned),
                    GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
         how = "started" if att.restarted else "reused"
         self.progress(point, f"ready pid {att.pid} ({how}, loaded in {att.load_seconds}s)"
                       f"{self.eta(point, loading=False)}; running {shlex.join(cmd)[:120]}")
         att.ran_at = time.time()
         with contextlib.ExitStack() as files:
-            with writing(self.results):
+            with writing(self.opts.results):
                 so = files.enter_context((folder / "stdout.log").open("wb"))
                 se = files.enter_context((folder / "stderr.log").open("wb"))
             try:
@@ -618,7 +648,7 @@ class Sweep:
             # guard's runner: when the command exits, what it left in its group is ended before the next point.
             group = self.child = guard.ProcessGroup(child, STOP_GRACE)
             try:
-                res = guard.run_pinned(self.base, self.target, self.pinned, child, wait=self._wait_child)
+                res = guard.run_pinned(self.opts.base, self.opts.target, self.pinned, child, wait=self._wait_child)
             finally:
                 self.child = None
         if group.left_behind:
@@ -634,7 +664,7 @@ class Sweep:
             att.status, att.reason = Status.FAILED, f"the command exited {res.returncode}"
         else:
             att.status = Status.OK
-            self.run_times.append(att.run_seconds or 0.0)
+            self.timings.run_times.append(att.run_seconds or 0.0)
 
     def _wait_child(self, child: subprocess.Popen[Any]) -> int:
         """The group's wait (the command, then what it left behind), but a signal to the sweep stops the
@@ -657,36 +687,37 @@ class Sweep:
         return group.wait(tick=tick)
 
     def _cleanup(self) -> None:
-        if self.sd is None or not self.dropin_written:
+        if self.sd is None or not self.changes.dropin_written:
             return
-        assert self.dropin_path is not None
-        if self.keep_config:
-            self.say(f"keeping {self.dropin_path} (--keep-config); {self.unit} runs the last point's configuration")
+        o, dropin = self.opts, self.changes.dropin_path
+        assert dropin is not None
+        if o.keep_config:
+            self.say(f"keeping {dropin} (--keep-config); {o.unit} runs the last point's configuration")
             return
-        self.restored = restore(self.sd, self.base, self.target, self.timeout, self.say, on_removed=self._removed)
+        self.changes.restored = restore(self.sd, o.base, o.target, o.timeout, self.say, on_removed=self._removed)
 
     def _removed(self) -> None:
-        self.dropin_written = False
+        self.changes.dropin_written = False
 
     # -- the summary -------------------------------------------------------------------------------
 
     def summary(self, skipped: set[int]) -> None:
         rows = []
-        for p in self.plan.points:
+        for p in self.opts.plan.points:
             a = self.finished.get(p.index)
             if a is None:
-                if self.shard is None or any(p in g for g in self.groups):
+                if self.opts.shard is None or any(p in g for g in self.groups):
                     rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped
                                                 else "not run"))
                 continue
-            rows.append(sweepreport.row_of(a.to_json(self.target, self.unit), self.results))
+            rows.append(sweepreport.row_of(a.to_json(self.opts.target, self.opts.unit), self.opts.results))
         sweepreport.mark_best(rows)
         text = sweepreport.render(rows)
         ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
         n = sum(len(g) for g in self.groups)
-        loads = len(self.load_times)
-        text += f"{ok}/{n} points ok" + (f" (shard {self.shard})" if self.shard else "") + \
-            f", {loads} load{'s' if loads != 1 else ''}; results in {self.results / RESULTS_FILE}\n"
+        loads = len(self.timings.load_times)
+        text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
+            f", {loads} load{'s' if loads != 1 else ''}; results in {self.opts.results / RESULTS_FILE}\n"
         console.write(text, self.out)
 
 
@@ -855,9 +886,10 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if code == 404:
         raise Failed(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?",
                      status=Exit.USAGE)
-    sweep = Sweep(plan, base=base, target=target, unit=tcfg.unit, bus_kind=cfg.daemon.bus,
-                  timeout=plan.timeout or stuck_after(tcfg.load_timeout, None), results=results,
-                  keep_config=args.keep_config, restart_each=args.restart_each, shard=shard, secrets=[tcfg.api_key])
+    sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
+                               plan.timeout or stuck_after(tcfg.load_timeout, None), results,
+                               keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
+                               secrets=(tcfg.api_key,)))
     todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
     todo = [g for g in todo if g]
     sweep.say(loads_line(sum(map(len, todo)), todo, args.restart_each) + (f" (shard {shard})" if shard else ""))
