@@ -749,3 +749,97 @@ def test_only_aiohttps_own_refusal_to_write_is_a_request_never_sent() -> None:
     assert benchclient._failed(body, 0.0, 5, {"reused": False}).error.startswith("ClientOSError")
     with pytest.raises(benchclient.StaleConnection):
         benchclient._failed(body, 0.0, 5, {"reused": True})
+
+
+# --- the flags that mirror a target's settings ------------------------------------------------------
+
+
+def _settings(*argv: str) -> tuple[Any, str, Any]:
+    args = benchclient.build_parser().parse_args(list(argv))
+    key, ctx = benchclient.settings(args, {})
+    return args, key, ctx
+
+
+def test_the_target_flags_are_the_config_settings_table() -> None:
+    """Each flag is a target setting: its name, help and choices come from config's table."""
+    from genready import config
+
+    helps = benchclient.build_parser().format_help().replace("\n", " ")
+    table = {s.name: s for s in config.TARGET_SETTINGS}
+    for name in benchclient.MIRRORED:
+        assert benchclient.flag(name) in helps, name
+        assert " ".join(table[name].help.split()) in " ".join(helps.split()), name
+    assert "{sglang,openai-completions,openai-chat}" in helps and "--no-tls-verify" in helps
+    args, key, ctx = _settings()
+    assert (args.url, args.api, args.model, key, ctx) == (benchclient.DEFAULT_URL, "sglang", None, "", None)
+
+
+def test_target_flags_are_checked_as_the_config_checks_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "key").write_text("# the key for llama-server\nsk-2\n")
+    args, key, _ = _settings("--url", "http://127.0.0.1:8000/", "--api", "openai-chat", "--api-key-file", "key")
+    assert (args.url, key) == ("http://127.0.0.1:8000", "sk-2")  # relative to the cwd; comments skipped, as the daemon
+    for argv, words in [
+        (["--ca-file", "/etc/ssl/ca.pem"], "--ca-file: expected an https:// url for TLS settings"),
+        (["--url", "http://u:p@127.0.0.1:1"], "--url: expected a URL without user:password@"),
+        (["--url", "https://127.0.0.1:1", "--ca-file", "missing.pem"], "--ca-file: expected a readable PEM bundle"),
+        (["--api-key-file", "nokey"], "--api-key-file: expected a readable file holding the API key"),
+    ]:
+        with pytest.raises(SystemExit, match=re.escape(words)) as e:
+            _settings(*argv)
+        assert "u:p" not in str(e.value)
+
+
+def test_flags_go_on_top_of_the_config_target(tmp_path: Path) -> None:
+    path = tmp_path / "genready.toml"
+    path.write_text('[targets.uds]\nunit = "u.service"\nurl = "unix:/run/llm.sock"\npath_prefix = "/sg"\n'
+                    '[targets.tls]\nunit = "t.service"\nurl = "https://127.0.0.1:9"\napi = "openai-chat"\n'
+                    'model = "m"\ntls_verify = false\n')
+    with pytest.raises(SystemExit, match="unix socket"):
+        _settings("--config", str(path), "--target", "uds")
+    args, _, ctx = _settings("--config", str(path), "--target", "uds", "--url", "http://127.0.0.1:30000")
+    assert (args.url, args.api, ctx) == ("http://127.0.0.1:30000", "sglang", None)  # its prefix went with its url
+    args, _, ctx = _settings("--config", str(path), "--target", "tls")
+    assert (args.url, args.api, args.model) == ("https://127.0.0.1:9", "openai-chat", "m")
+    assert ctx is not None and not ctx.check_hostname  # tls_verify = false, from the config
+    args, _, ctx = _settings("--config", str(path), "--target", "tls", "--tls-verify", "--model", "n")
+    assert ctx is not None and ctx.check_hostname and args.model == "n"  # the flags win
+    args, _, ctx = _settings("--config", str(path), "--target", "tls", "--url", "http://127.0.0.1:9")
+    assert ctx is None  # a plain http:// address: the target's TLS settings went with its url
+
+
+@pytest.mark.system  # the PKI is made with the openssl CLI
+async def test_mutual_tls_from_the_flags_alone(tmp_path: Path) -> None:
+    """--ca-file, --client-cert-file and --client-key-file reach a server that wants a client certificate."""
+    import ssl
+
+    from aiohttp import web
+
+    from tests.pki import make_pki
+
+    async def generate(request: web.Request) -> web.Response:
+        return web.json_response({"text": "ok", "meta_info": {"completion_tokens": 1}})
+
+    pki = make_pki(tmp_path / "pki")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(pki.server_cert), str(pki.server_key))
+    ctx.load_verify_locations(str(pki.ca))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ctx).start()
+    url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    out = tmp_path / "out.jsonl"
+    try:
+        base = ["--url", url, "-n", "2", "-c", "1", "--prompt", "hi", "--no-stream", "--ca-file", str(pki.ca)]
+        rc = await asyncio.to_thread(benchclient.main, [*base, "--output", str(out)])
+        assert rc == 1  # no client certificate: the handshake fails, and the requests are counted failed
+        rc = await asyncio.to_thread(benchclient.main, [*base, "--client-cert-file", str(pki.client_cert),
+                                                        "--client-key-file", str(pki.client_key), "--output", str(out)])
+        assert rc == 0
+    finally:
+        await runner.cleanup()
+    first, second = (json.loads(ln) for ln in out.read_text().splitlines())
+    assert (first["ok"], second["ok"]) == (0, 2), (first, second)

@@ -69,10 +69,17 @@ class Setting:
     check: Check | None = None
     words: tuple[str, ...] = ()  # strings accepted besides values of `type` (load_timeout = "auto")
     restart: bool = False  # wired at start-up: a reload that changes it keeps the running value
+    choices: tuple[str, ...] = ()  # the only values it takes (a CLI flag mirroring it offers these)
 
     @property
     def required(self) -> bool:
         return self.default is _REQUIRED
+
+    def problem(self, v: Any) -> str | None:
+        """What is wrong with `v`, a value of the right type, or None."""
+        if self.choices and v not in self.choices:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        return self.check(v) if self.check else None
 
 
 def _listen(v: str) -> str | None:
@@ -193,10 +200,6 @@ def _url(v: str) -> str | None:
     return None
 
 
-def _one_of(choices: tuple[str, ...]) -> Check:
-    return lambda v: None if v in choices else "one of " + ", ".join(repr(c) for c in choices)
-
-
 def _positive(v: float) -> str | None:
     return None if v > 0 and math.isfinite(v) else "a finite number > 0"
 
@@ -301,11 +304,11 @@ def stuck_after(load_timeout: float | str, expected: float | None) -> float:
 DAEMON_SETTINGS: Final = (
     Setting("listen", str, "127.0.0.1:9901",
             "host:port of the read-only HTTP API; loopback unless you mean it", _listen, restart=True),
-    Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', _one_of(BUSES),
+    Setting("bus", str, "system", 'which systemd manager to watch: "system" or "user"', choices=BUSES,
             restart=True),
     Setting("state_dir", str, "/var/lib/genready", "start records live here", _abs_path, restart=True),
     Setting("runtime_dir", str, "/run/genready", "ready stamps live here", _abs_path, restart=True),
-    Setting("log_level", str, "info", "debug, info, warning or error", _one_of(LOG_LEVELS)),
+    Setting("log_level", str, "info", "debug, info, warning or error", choices=LOG_LEVELS),
     Setting("allowed_hosts", list, [],
             "Host: names the API answers besides the listen address, IP addresses and localhost; any other "
             "gets 421 (a web page using DNS rebinding to read the API)", _host_names),
@@ -318,7 +321,7 @@ TARGET_SETTINGS: Final = (
     Setting("unit", str, _REQUIRED, "the systemd unit that runs the server", check_unit),
     Setting("url", str, _REQUIRED, 'the server\'s base URL, or "unix:/path" for a unix socket', _url),
     Setting("api", str, "sglang", 'how to generate: "sglang" | "openai-completions" | "openai-chat"',
-            _one_of(apis.NAMES)),
+            choices=apis.NAMES),
     Setting("model", str, "", "model name for OpenAI APIs; empty: discovered from /v1/models"),
     Setting("prompt", str, "Say OK.", "the probe's prompt"),
     Setting("max_tokens", int, 1, "tokens the probe asks for", _at_least_one),
@@ -335,7 +338,7 @@ TARGET_SETTINGS: Final = (
     Setting("verify_owner", bool, True, "prove the answer came from the unit's MainPID or a descendant"),
     Setting("owner", str, "process",
             'what verify_owner proves: "process" (the MainPID or a descendant served it) or "container" '
-            "(a container created by the unit's current start served it)", _one_of(OWNERS)),
+            "(a container created by the unit's current start served it)", choices=OWNERS),
     Setting("container", str, "",
             'owner = "container": the container\'s name; empty: the --name of the unit\'s docker/podman run',
             _container_name),
@@ -556,7 +559,7 @@ def _parse_table(file: str, prefix: str, table: Any, settings: tuple[Setting, ..
                 ok = False
         if not ok:
             raise ConfigError(file, key, " or ".join([_type_name(s.type), *(repr(w) for w in s.words)]), _found(v))
-        if s.check and (problem := s.check(v)):
+        if problem := s.problem(v):
             raise ConfigError(file, key, problem, _redacted(v) if s.name == "url" else _found(v))
         out[s.name] = list(v) if isinstance(v, list) else v  # a copy: the dataclass is frozen
     return out

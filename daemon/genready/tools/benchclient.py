@@ -926,13 +926,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"an answer other than 200 (a redirect is not followed), a non-streamed answer or /v1/models over "
         f"{MAX_BODY >> 20} MiB (not read further), or a stream line over aiohttp's limit; the report is written "
         "whatever the requests did.")
-    p.add_argument("--url", help=f"the server's base URL (default: the --config target's, else {DEFAULT_URL})")
-    p.add_argument("--api", choices=apis.NAMES,
-                   help="sglang: POST /generate; openai-completions / openai-chat: POST /v1/completions, "
-                   "/v1/chat/completions (default: the --config target's, else sglang)")
+    add_target_flags(p)
     p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
                    "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
-    p.add_argument("--api-key-file", metavar="FILE", help="send the key in FILE as Authorization: Bearer")
     p.add_argument("-n", "--requests", type=_positive_int, default=50, metavar="N",
                    help="requests in total (default: %(default)s)")
     p.add_argument("-c", "--concurrency", type=_positive_int, default=4, metavar="C",
@@ -948,7 +944,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stream the answers, for time to first token and inter-token latency (default: on)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
                    help="seconds one request may take, connecting included (default: %(default)s)")
-    p.add_argument("--model", help="model name for the OpenAI APIs (default: the first of /v1/models)")
     p.add_argument("--prompt", help="one prompt for every request (default: the built-in set of "
                    f"{len(prompt_sets.BUILTIN)} varied prompts: chat, code, reasoning, summarising)")
     p.add_argument("--dataset", metavar="FILE", help="prompts from FILE: JSON Lines with \"prompt\" (text) or "
@@ -971,43 +966,86 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The flags that mirror a target's settings are built from config's settings table (name, help,
+# choices), and what they give is checked by config.parse as a target of the config is: one
+# definition of each setting, of how a key file is read and of how a TLS context is built.
+MIRRORED: Final = ("url", "api", "model", "api_key_file", "ca_file", "tls_verify", "client_cert_file",
+                   "client_key_file")
+FALLBACK: Final[Mapping[str, object]] = {"url": DEFAULT_URL}  # without --config, where a setting has no default
+TLS_SETTINGS: Final = ("ca_file", "tls_verify", "client_cert_file", "client_key_file")
+NOTES: Final[Mapping[str, str]] = {"url": "; the bench client itself speaks TCP only"}  # what differs here
+
+
+def flag(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def add_target_flags(p: argparse.ArgumentParser) -> None:
+    """--url, --api, --model, --api-key-file, --ca-file, --[no-]tls-verify, --client-cert-file,
+    --client-key-file: each a target setting of config's table, defaulting to the --config target's."""
+    table = {s.name: s for s in config.TARGET_SETTINGS}
+    for name in MIRRORED:
+        s = table[name]
+        fallback = FALLBACK.get(name, s.default)
+        if s.type is bool:
+            p.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{s.help}{NOTES.get(name, '')} (default: the --config target's, else "
+                           f"{'on' if fallback else 'off'})")
+            continue
+        is_file = name.endswith("_file")
+        else_ = f", else {fallback}" if fallback else ""
+        p.add_argument(flag(name), default=None, choices=s.choices or None, metavar="FILE" if is_file else None,
+                       type=os.path.abspath if is_file else str,  # a file named on the command line: from the cwd
+                       help=f"{s.help}{NOTES.get(name, '')} (default: the --config target's{else_})")
+
+
 def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl.SSLContext | None]:
-    """Fill url/api/model from --config's target (explicit flags win); (API key, TLS context or None)."""
-    key, ctx = "", None
+    """The target the requests go to: --config's target (or each setting's default) with the mirrored
+    flags given on top, checked as config.parse checks a target; args.url/api/model/target filled in.
+    (API key, TLS context or None)."""
+    name, table, where = "benchclient", {"unit": "benchclient.service", **FALLBACK}, "the bench client's flags"
+    loaded: config.TargetConfig | None = None  # --config's target, as loaded: used as it is when no flag changes it
     if args.config:
         try:
             # A credential is checked by name here: only the target sent to needs its key (below).
             cfg = config.load(Path(args.config), service=False)
         except config.ConfigError as e:
             raise SystemExit(f"benchclient: {e}") from None
-        name = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
-                                                              else None)
-        if name is None or name not in cfg.targets:
+        found = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
+                                                               else None)
+        if found is None or found not in cfg.targets:
             raise SystemExit(f"benchclient: name a target of {args.config} with --target: {', '.join(cfg.targets)}")
-        t = cfg.targets[name]
+        name, table, where = found, cfg.to_toml_dict()["targets"][found], f"{args.config} with the flags given"
+        loaded = cfg.targets[found]
         args.target = name
-        if not args.url and t.unix_path is not None:
-            raise SystemExit(f"benchclient: targets.{name} is served on a unix socket ({t.url}), which the bench "
-                             "client does not speak: pass --url with a TCP address of the server")
-        # The target's url as the config parsed it, and the TLS context it built (and checked).
-        args.url = args.url or t.endpoint.base_url
-        args.api, args.model = args.api or t.api, args.model or t.model or None
-        key = t.api_key
-        ctx = t.tls_context
-        if t.credential_unchecked and not args.api_key_file:
-            raise SystemExit(f"benchclient: {args.config}: targets.{name}.api_key_credential = "
-                             f"{t.api_key_credential!r}: only genready.service has $CREDENTIALS_DIRECTORY; "
-                             "give the key with --api-key-file FILE (or run under LoadCredential=)")
-    if args.api_key_file:
-        try:  # the one bounded reader: a FIFO or a device named here is refused, not read
-            key = config.read_file(args.api_key_file, config.MAX_KEY_BYTES).decode(errors="replace").strip()
-        except config.FileError as e:
-            raise SystemExit(f"benchclient: --api-key-file {e}") from None
-        except OSError as e:
-            raise SystemExit(f"benchclient: cannot read --api-key-file {args.api_key_file}: {e.strerror}") from None
-    args.url = (args.url or DEFAULT_URL).rstrip("/")
-    args.api = args.api or "sglang"
-    return key, ctx
+    given = {n: getattr(args, n) for n in MIRRORED if getattr(args, n) is not None}
+    if "api_key_file" in given:
+        table["api_key_credential"] = ""  # the flag's key replaces the target's, however it gave one
+    if "url" in given:  # another address: the target's transport settings went with its own url
+        table["path_prefix"] = ""
+        if not given["url"].startswith("https:"):
+            table.update({s.name: s.default for s in config.TARGET_SETTINGS if s.name in TLS_SETTINGS})
+    try:
+        t = loaded if loaded is not None and not given else \
+            config.parse({"targets": {name: {**table, **given}}}, where, service=False).targets[name]
+    except config.ConfigError as e:
+        setting = e.key.rpartition(".")[2]
+        if setting in given:
+            raise SystemExit(f"benchclient: {flag(setting)}: expected {e.expected}"
+                             + (f", found {e.found}" if e.found else "")) from None
+        raise SystemExit(f"benchclient: {e}") from None
+    if t.unix_path is not None:
+        raise SystemExit(f"benchclient: targets.{name} is served on a unix socket ({t.url}), which the bench "
+                         "client does not speak: pass --url with a TCP address of the server")
+    if t.credential_unchecked:
+        raise SystemExit(f"benchclient: {args.config}: targets.{name}.api_key_credential = "
+                         f"{t.api_key_credential!r}: only genready.service has $CREDENTIALS_DIRECTORY; "
+                         "give the key with --api-key-file FILE (or run under LoadCredential=)")
+    for w in t.warnings:
+        print(f"benchclient: warning: {w}", file=sys.stderr)
+    # The url as the config parsed it, and the TLS context it built (and checked).
+    args.url, args.api, args.model = t.endpoint.base_url, t.api, t.model or None
+    return t.api_key, t.tls_context
 
 
 def main(argv: Sequence[str] | None = None) -> int:
