@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
 import subprocess
 from collections.abc import Iterator
@@ -98,6 +99,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if uses_the_real_world(item) or item.get_closest_marker("deb"):
             item.add_marker(pytest.mark.system)
 
+
+
+@pytest.fixture(autouse=True)
+def _genready_logger_restored() -> Iterator[None]:
+    """log.setup() gives the process-wide "genready" logger its own handler and propagate=False;
+    a test that calls it (or cli.main) would hide every later test's genready records from caplog
+    (pytest 7.2, Debian's, does not work around that: newer pytest happens to). Put it back."""
+    logger = logging.getLogger("genready")
+    saved = (list(logger.handlers), logger.level, logger.propagate, logger.disabled)
+    yield
+    logger.handlers[:] = saved[0]
+    logger.setLevel(saved[1])
+    logger.propagate, logger.disabled = saved[2], saved[3]
 
 
 def _refuse_processes(*args: object, **kwargs: object) -> NoReturn:

@@ -6,7 +6,6 @@ import io
 import logging
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,17 +21,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(autouse=True)
-def restore_logger() -> Iterator[None]:
-    """setup() reconfigures the process-wide "genready" logger; put it back after each test."""
-    logger = logging.getLogger(log.LOGGER_NAME)
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    yield
-    logger.handlers[:] = saved[0]
-    logger.setLevel(saved[1])
-    logger.propagate = saved[2]
 
 
 def journal_stream_of(f: io.IOBase) -> str:
