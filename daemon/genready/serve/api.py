@@ -1,4 +1,4 @@
-"""The read-only HTTP API: /ready, /status, /metrics. Nothing here changes anything."""
+"""The read-only HTTP API: /ready, /status, /metrics, the status page at /. Nothing here changes anything."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from aiohttp import web
 
 from genready import __version__
 from genready.compat import app_key
-from genready.serve import openapi
+from genready.serve import openapi, page
 from genready.serve.sweepcheck import SweepCheck
 
 if TYPE_CHECKING:
@@ -229,10 +229,23 @@ def _not_ready_body(g: TargetGate, why: str, since: float | None = None,
 
 
 async def status(request: web.Request) -> web.Response:
-    gates: dict[str, TargetGate] = request.app[GATES]
-    extra: Callable[[], dict[str, object]] = request.app[STATUS_EXTRA]  # type: ignore[assignment]
-    lastwords: dict[str, LastWords] = request.app[LASTWORDS]
-    sweeps = request.app[SWEEPS]
+    return web.json_response(await status_document(request.app))
+
+
+async def page_or_status(request: web.Request) -> web.Response:
+    """`/`: the status page for a browser (and curl's `*/*`), `/status`'s document for `Accept: application/json`."""
+    doc = await status_document(request.app)
+    if page.wants_json(request.headers.get("Accept")):
+        return web.json_response(doc, headers={"Vary": "Accept"})
+    return web.Response(text=page.render(doc), content_type="text/html", charset="utf-8", headers=page.HEADERS)
+
+
+async def status_document(app: web.Application) -> dict[str, object]:
+    """What `/status` answers, and what the page at `/` shows."""
+    gates: dict[str, TargetGate] = app[GATES]
+    extra: Callable[[], dict[str, object]] = app[STATUS_EXTRA]  # type: ignore[assignment]
+    lastwords: dict[str, LastWords] = app[LASTWORDS]
+    sweeps = app[SWEEPS]
     await sweeps.check(gates.values())
     targets = {}
     for name, g in gates.items():
@@ -243,12 +256,12 @@ async def status(request: web.Request) -> web.Response:
         t["last_failure"] = lw.failure if lw is not None else None
         t["records"] = [r.public_json() for r in g.store.newest(name, 20)]
         targets[name] = t
-    return web.json_response({
+    return {
         "version": __version__,
-        "uptime_seconds": round(time.monotonic() - request.app[STARTED], 3),
+        "uptime_seconds": round(time.monotonic() - app[STARTED], 3),
         **extra(),
         "targets": targets,
-    })
+    }
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -284,6 +297,7 @@ def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
     app[STARTED] = time.monotonic()
     app[STATUS_EXTRA] = status_extra
     app[STOPPING] = asyncio.Event()
+    app.router.add_get("/", page_or_status)
     app.router.add_get("/ready", ready)
     app.router.add_get("/ready/{target}", ready)
     app.router.add_get("/status", status)

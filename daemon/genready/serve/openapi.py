@@ -190,6 +190,14 @@ def spec() -> dict[str, Any]:
         "info": {"title": "genready", "version": __version__,
                  "description": "Read-only API: is the LLM server the unit runs now verified to generate?"},
         "paths": {
+            "/": {"get": {
+                "summary": "the status page: every target's state, load, probes, last failure and newest starts",
+                "description": "An HTML page for a browser (and for any Accept: that does not name "
+                               "application/json above text/html, such as curl's */*), sent with a strict "
+                               "Content-Security-Policy; it redraws itself from /status every 2 s. With "
+                               "Accept: application/json, the /status document.",
+                "responses": {"200": {"description": "the page, or /status's document", "content": {
+                    "text/html": {}, "application/json": {"schema": STATUS}}}, "405": _ERRORS["405"]}}},
             "/ready": {"get": {
                 "summary": "are all targets ready?", "description": ready_doc, "parameters": _READY_PARAMS,
                 "responses": {"200": _json(ALL_READY, "every target ready"),
