@@ -35,6 +35,7 @@ header { background: #24292f; color: #f6f8fa; padding: 10px 20px; display: flex;
   gap: 6px 18px; align-items: center; }
 header h1 { font-size: 17px; margin: 0 8px 0 0; }
 header a { color: #9ecbff; }
+#facts { display: flex; flex-wrap: wrap; gap: 4px 18px; }
 .fact { white-space: nowrap; }
 .fact b { color: #afb8c1; font-weight: 400; margin-right: 4px; }
 .fact.bad { color: #ffaba8; font-weight: 600; }
@@ -70,7 +71,7 @@ main { max-width: 1120px; margin: 16px auto; padding: 0 16px; display: grid; gap
 pre { margin: 0; padding: 6px 10px; font-size: 12px; white-space: pre-wrap; word-break: break-all;
   background: #fff; border-top: 1px solid #ffcecb; max-height: 16em; overflow: auto; }
 .timeline h3 { font-size: 13px; margin: 10px 0 4px; color: var(--muted); font-weight: 600; }
-.start { display: grid; grid-template-columns: 70px 1fr 300px; gap: 10px; align-items: center;
+.start { display: grid; grid-template-columns: 70px 1fr 360px; gap: 10px; align-items: center;
   font-size: 12px; }
 .track { position: relative; height: 10px; background: #eaeef2; border-radius: 3px; }
 .span { position: absolute; top: 0; bottom: 0; min-width: 3px; border-radius: 3px; }
@@ -78,7 +79,7 @@ pre { margin: 0; padding: 6px 10px; font-size: 12px; white-space: pre-wrap; word
 .o-failed { background: var(--bad); } .o-loading { background: var(--loading); }
 .o-revoked { background: var(--unknown); }
 .when { color: var(--muted); }
-.legend { font-size: 12px; color: var(--muted); display: flex; gap: 12px; margin-top: 4px; }
+.legend { font-size: 12px; color: var(--muted); display: flex; gap: 12px; margin: 0 4px; }
 .legend i { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 4px; }
 .st-ready { border-left-color: var(--ready); } .st-ready .state { background: var(--ready); }
 .st-warming { border-left-color: var(--warming); } .st-warming .state { background: var(--warming); }
@@ -199,8 +200,13 @@ function failure(f) {
   return box;
 }
 
+// A stop or restart also revokes (job_queued, inactive, pid_changed): that start served, then ended.
+// "revoked" is readiness withdrawn for a failing server (recheck_failed) or a lost bus.
+const FAULTS = ["recheck_failed", "bus_lost"];
 function outcome(r) {
-  if (r.ready_at) return r.revoked_at && r.revoke_reason !== "inactive" ? "revoked" : r.ended_at ? "served" : "serving";
+  if (r.ready_at) {
+    return FAULTS.includes(r.revoke_reason) ? "revoked" : r.ended_at || r.revoked_at ? "served" : "serving";
+  }
   return r.ended_at ? "failed" : "loading";
 }
 
@@ -218,7 +224,7 @@ function timeline(records) {
     bar.style.left = (100 * (start - t0) / span).toFixed(2) + "%";
     bar.style.width = (100 * Math.max(end - start, 0) / span).toFixed(2) + "%";
     let words = "PID " + r.main_pid + " · ";
-    if (o === "failed") words += "failed after " + secs((end - start) / 1000) + " (" + (r.result || "ended") + ")";
+    if (o === "failed") words += "failed after " + secs((end - start) / 1000) + ": " + (r.result || "ended");
     else if (o === "loading") words += "loading " + secs((nowMs - start) / 1000);
     else words += "ready in " + secs(r.load_seconds) + (o === "serving" ? "" : o === "revoked"
       ? " · revoked: " + r.revoke_reason : " · ended");
@@ -227,26 +233,31 @@ function timeline(records) {
     row.dataset.outcome = o;
     box.append(row);
   }
-  const legend = el("div", "legend");
+  return box;
+}
+
+function legend() {
+  const box = el("div", "legend");
+  box.append("newest starts:");
   for (const [o, words] of [["serving", "ready now"], ["served", "was ready, ended"], ["revoked", "revoked"],
                             ["failed", "ended before ready"], ["loading", "loading"]]) {
     const item = el("span");
     item.append(el("i", "o-" + o), words);
-    legend.append(item);
+    box.append(item);
   }
-  box.append(legend);
   return box;
 }
 
+const WAITING = ["starting", "loading", "warming", "stuck", "rejected"];  // a start being probed
 function card(t) {
   const c = el("section", "card st-" + t.state);
   c.dataset.target = t.target;
   const state = el("span", "state", t.state);
   state.dataset.field = "state";
-  const pid = el("b", null, t.pid == null ? "–" : t.pid);
+  const pid = el("b", null, t.pid ? t.pid : "–");  // 0: no process runs
   pid.dataset.field = "pid";
   const since = t.ready ? el("span", null, "ready since " + time(t.ready_since) + " (" + ago(t.ready_since) + ")")
-    : t.waiting_since ? el("span", null, "waiting since " + time(t.waiting_since)) : null;
+    : t.waiting_since && WAITING.includes(t.state) ? el("span", null, "waiting since " + time(t.waiting_since)) : null;
   const ids = add(el("span", "ids"), add(el("span", null, "PID "), pid), since);
   add(c, add(el("div", "top"), el("h2", null, t.target), el("span", "unit", t.unit), state, ids),
     el("p", "reason", t.reason), loadbar(t), probes(t), warnings(t), failure(t.last_failure), timeline(t.records));
@@ -257,7 +268,7 @@ function draw(st) {
   header(st);
   const main = document.getElementById("targets");
   const cards = Object.values(st.targets || {}).map(card);
-  main.replaceChildren(...(cards.length ? cards : [el("p", null, "no targets configured")]));
+  main.replaceChildren(...(cards.length ? [...cards, legend()] : [el("p", null, "no targets configured")]));
   document.body.classList.remove("stale");
   document.getElementById("stale").textContent = "";
   document.body.dataset.drawn = String(Date.now());
