@@ -127,7 +127,7 @@ def test_head_ready_has_status_and_no_body(served: Genready) -> None:
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
-@pytest.mark.parametrize("path", ["/ready", "/ready/sim", "/status", "/metrics", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/", "/ready", "/ready/sim", "/status", "/metrics", "/openapi.json"])
 def test_nothing_changes_anything(served: Genready, path: str, method: str) -> None:
     req = urllib.request.Request(served.base + path, method=method, data=b"{}")
     with pytest.raises(urllib.error.HTTPError) as e:

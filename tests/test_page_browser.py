@@ -129,6 +129,8 @@ def test_the_page_in_chromium(served: Genready, browser: Browser, tmp_path: Path
     assert seen["page loading"] - seen["status loading"] <= 3.0, seen
     assert seen["page ready"] - seen["status ready"] <= 3.0, seen
     assert new_pid != old_pid
+    print(f"page behind /status: loading {seen['page loading'] - seen['status loading']:.2f} s, "
+          f"ready {seen['page ready'] - seen['status ready']:.2f} s")
     # The timeline shows both starts of sim, the older one ended after it was ready.
     outcomes = browser.js('[...document.querySelectorAll("[data-target=sim] [data-outcome]")]'
                           ".map((r) => r.dataset.outcome)")
