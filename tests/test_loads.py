@@ -15,9 +15,9 @@ from genready_dev.usermanager import UserManager
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.2, "probe_timeout": 2.0, "verify_owner": False}
 
 
-def gauge(base: str, target: str) -> float:
+def gauge(base: str, target: str, name: str = "genready_expected_load_seconds") -> float:
     _, text = http(base + "/metrics")
-    m = re.search(rf'^genready_expected_load_seconds{{target="{target}",unit="[^"]+"}} (\S+)$', str(text), re.M)
+    m = re.search(rf'^{name}{{target="{target}",unit="[^"]+"}} (\S+)$', str(text), re.M)
     assert m, text
     return float(m.group(1))
 
@@ -40,6 +40,7 @@ def test_expected_load_and_eta_after_a_few_loads(manager: UserManager, tmp_path:
             assert len(loads) == 3 and all(1.4 < s < 15 for s in loads)
             assert t["expected_load_seconds"] == loads[1]  # the median
             assert gauge(g.base, "sim") == loads[1]
+            assert math.isnan(gauge(g.base, "sim", "genready_loading_seconds"))  # ready: not loading
             assert t["records"][0]["exec_fingerprint"]
             # mid-load, /ready's 503 says how long it usually takes and how long is left
             manager.systemctl("restart", unit)
@@ -51,6 +52,8 @@ def test_expected_load_and_eta_after_a_few_loads(manager: UserManager, tmp_path:
             assert body["expected_load_seconds"] == loads[1]
             assert 0 <= body["eta_seconds"] <= loads[1] and body["loading_seconds"] >= 0
             assert abs(body["loading_seconds"] + body["eta_seconds"] - loads[1]) < 0.5 or body["eta_seconds"] == 0
+            # The gauge alerts compare with the expected load (GenreadyLoadFarPastExpected): the same clock.
+            assert body["loading_seconds"] <= gauge(g.base, "sim", "genready_loading_seconds") < loads[1] + 5
     finally:
         manager.remove_unit(unit)
 

@@ -161,6 +161,9 @@ def test_gauges_are_read_at_each_scrape_and_only_then(m: Metrics, targets: Targe
     assert value(m, "genready_sweep_dropin_orphaned", target=T, unit=U) == 1
     assert value(m, "genready_systemd_responsive") == 0
     assert math.isnan(value(m, "genready_expected_load_seconds", target=T, unit=U) or 0.0)
+    assert math.isnan(value(m, "genready_loading_seconds", target=T, unit=U) or 0.0)  # not loading
+    targets.set(T, U, state="loading", loading_seconds=12.5)
+    assert value(m, "genready_loading_seconds", target=T, unit=U) == 12.5
     targets.now.clear()  # the gate is gone: so are its gauges, with nothing to forget
     assert value(m, "genready_ready", target=T, unit=U) is None
     assert value(m, "genready_starts_total", target=T, unit=U) == 1  # counters stay until forget_target

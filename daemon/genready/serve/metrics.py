@@ -67,6 +67,10 @@ class TargetGauges:
     expected_load_seconds: float | None  # None: no load verified yet (NaN)
     sweep_dropin_orphaned: bool
     config_changed: bool
+    # How long the current start has been loading (the gate's load_clock, /status's loading_seconds);
+    # None while it is ready, stopped or not known (NaN). Without it no rule could tell a load running
+    # far past genready_expected_load_seconds: genready_load_seconds is observed only once a load ends.
+    loading_seconds: float | None = None
 
 
 # (name, help) of the gauges, in exposition order.
@@ -74,6 +78,8 @@ _STATE = ("genready_state", "Current state of the target's state machine (one se
 _READY = ("genready_ready", "1 if a generation served by the unit's current MainPID succeeded, else 0")
 _EXPECTED = ("genready_expected_load_seconds", "How long this target's loads usually take: the median of the last "
              "(up to) 5 verified loads with the same ExecStart=, else of the unit's last 5; NaN without any")
+_LOADING = ("genready_loading_seconds", "How long the current start has been loading (from systemd's start of its "
+            "process), while it is not ready; NaN while it is ready, stopped or not known")
 _MAIN_PID = ("genready_main_pid", "The unit's current MainPID (0: none)")
 _SWEEP = ("genready_sweep_dropin_orphaned", "1 while the unit carries the drop-in of a genready sweep that is gone "
           "(killed mid-point): it runs that point's configuration; `genready sweep restore TARGET`")
@@ -103,17 +109,18 @@ class GaugeCollector(Collector):
     @staticmethod
     def _families(targets: Iterable[TargetGauges]) -> Iterator[Metric]:
         state = StateSetMetricFamily(*_STATE, labels=_LABELS)
-        ready, expected, pid, sweep, config = (GaugeMetricFamily(*nh, labels=_LABELS)
-                                               for nh in (_READY, _EXPECTED, _MAIN_PID, _SWEEP, _CONFIG))
+        ready, expected, loading, pid, sweep, config = (
+            GaugeMetricFamily(*nh, labels=_LABELS) for nh in (_READY, _EXPECTED, _LOADING, _MAIN_PID, _SWEEP, _CONFIG))
         for t in targets:
             labels = [t.target, t.unit]
             state.add_metric(labels, {s: s == t.state for s in STATES})
             ready.add_metric(labels, 1 if t.ready else 0)
             expected.add_metric(labels, math.nan if t.expected_load_seconds is None else t.expected_load_seconds)
+            loading.add_metric(labels, math.nan if t.loading_seconds is None else t.loading_seconds)
             pid.add_metric(labels, t.main_pid)
             sweep.add_metric(labels, 1 if t.sweep_dropin_orphaned else 0)
             config.add_metric(labels, 1 if t.config_changed else 0)
-        yield from (state, ready, expected, pid, sweep, config)
+        yield from (state, ready, expected, loading, pid, sweep, config)
 
 
 class Metrics:

@@ -49,7 +49,7 @@ def gauges(gates: Iterable[TargetGate], sweeps: SweepCheck | None = None) -> Ite
         yield TargetGauges(target=g.name, unit=g.unit, state=str(g.state), ready=g.ready,
                            main_pid=g.snap.main_pid if g.snap else 0, expected_load_seconds=g.expected_load_seconds,
                            sweep_dropin_orphaned=sweeps is not None and sweeps.warning(g.name) is not None,
-                           config_changed=bool(g.config_changes))
+                           config_changed=bool(g.config_changes), loading_seconds=g.load_clock()[0])
 
 
 def status_line(g: TargetGate) -> str:
