@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -61,6 +62,14 @@ def slurm_missing() -> str | None:
     if os.geteuid() != 0:
         return "the one-node cluster runs slurmd as root (SlurmUser=root), and this is not root"
     return None
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies, so a killed test run (SIGKILL,
+    where no fixture cleans up) leaves no cluster daemons behind. (The daemons run in the foreground,
+    -D/-F, so the process this reaches is the daemon itself.)"""
+    PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class SlurmCluster:
@@ -129,7 +138,7 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP
     def _spawn(self, name: str, argv: list[str]) -> None:
         with (self.logs / f"{name}.out").open("ab") as out:
             self.procs[name] = subprocess.Popen(argv, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
-                                                env={**os.environ, **self.env})
+                                                env={**os.environ, **self.env}, preexec_fn=_die_with_parent)
 
     def _died(self) -> str | None:
         for name, p in self.procs.items():
