@@ -140,17 +140,24 @@ def test_the_slurm_job_array_runs_one_shard_per_task(rig: Rig, slurm: fleet.Slur
             in out, out
         assert f"2/2 points ok (shard {shard}), 1 load" in out, out
     check_shards([root / "shard-1-of-2", root / "shard-2-of-2"])
+    # A task run again alone (SWEEP_SHARDS: its array now has one task) is still its shard, and resumes it.
+    before = (root / "shard-2-of-2" / "results.jsonl").read_bytes()
+    again = slurm.sbatch("--array=1", str(SBATCH), str(plan), str(root), cwd=tmp_path,
+                         env={**sweep_env(rig), "SWEEP_SHARDS": "2"})
+    wait_for(lambda: not slurm.queued(again), 60, lambda: f"job {again} done: squeue says {slurm.queued(again)}")
+    out = (tmp_path / f"genready-sweep-{again}_1.out").read_text()
+    assert f"shard 2/2 into {root}/shard-2-of-2\n" in out and "--resume: 2 of 4 points already ok" in out, out
+    assert (root / "shard-2-of-2" / "results.jsonl").read_bytes() == before
     rig.assert_restored()
 
 
 # --- Ansible ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.system
-def test_the_ansible_play_runs_one_shard_per_host_and_brings_the_folders_home(rig: Rig, tmp_path: Path) -> None:
+def run_play(rig: Rig, tmp_path: Path, plan: Path, hosts: dict[str, Path], collect: Path
+             ) -> subprocess.CompletedProcess[str]:
+    """packaging/examples/sweep-fleet.yml against aliases of localhost, each with its own work dir."""
     ci.require(fleet.ansible_missing(), "the Ansible recipe's test")
-    plan, collect = write_plan(rig), tmp_path / "collected"
-    hosts = {"gpu-a": tmp_path / "gpu-a", "gpu-b": tmp_path / "gpu-b"}  # each alias of localhost its own work dir
     inventory = tmp_path / "hosts.ini"
     inventory.write_text("[gpu]\n" + "".join(
         f"{h} ansible_connection=local sweep_results={d / 'results'}\n" for h, d in hosts.items()) +
@@ -165,10 +172,18 @@ def test_the_ansible_play_runs_one_shard_per_host_and_brings_the_folders_home(ri
     ansible_env = {**rig.manager.env, "ANSIBLE_HOME": str(home), "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
                    "ANSIBLE_ASYNC_DIR": str(home / "async"), "ANSIBLE_NOCOLOR": "1",
                    "ANSIBLE_RETRY_FILES_ENABLED": "0", "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg")}
-    # -f 1: the two aliases take the one simulator unit in turn (two real hosts each have their own).
+    # -f 1: the aliases take the one simulator unit in turn (two real hosts each have their own).
     p = subprocess.run([str(fleet.ansible_playbook()), "-i", str(inventory), "-f", "1", "-e", f"@{extra}", str(PLAY)],
                        cwd=tmp_path, env=ansible_env, capture_output=True, text=True, timeout=300)
     print(p.stdout, p.stderr)
+    return p
+
+
+@pytest.mark.system
+def test_the_ansible_play_runs_one_shard_per_host_and_brings_the_folders_home(rig: Rig, tmp_path: Path) -> None:
+    collect = tmp_path / "collected"
+    hosts = {"gpu-a": tmp_path / "gpu-a", "gpu-b": tmp_path / "gpu-b"}
+    p = run_play(rig, tmp_path, write_plan(rig), hosts, collect)
     assert p.returncode == 0, p.stdout + p.stderr
     for h in hosts:
         assert re.search(rf"^{h}\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=0", p.stdout, re.M), p.stdout
@@ -178,4 +193,20 @@ def test_the_ansible_play_runs_one_shard_per_host_and_brings_the_folders_home(ri
         assert sorted(p.relative_to(collect / h) for p in (collect / h).rglob("*")) == \
             sorted(p.relative_to(d / "results") for p in (d / "results").rglob("*"))
     assert sorted(p.name for p in collect.iterdir()) == sorted(hosts)  # no archive left behind
+    rig.assert_restored()
+
+
+@pytest.mark.system
+def test_the_ansible_play_brings_a_shard_with_a_failed_point_home_and_fails(rig: Rig, tmp_path: Path) -> None:
+    plan = tmp_path / "failing.toml"  # one configuration; the point c=2's command exits 1
+    plan.write_text(tomli_w.dumps({"target": "t", "timeout": 20, "command": [PY, "-c", "raise SystemExit({c} - 1)"],
+                                   "dropin": '[Service]\nEnvironment="SIM_FLAGS=--spec-accept 2"\n',
+                                   "matrix": {"c": [1, 2]}}))
+    collect = tmp_path / "collected"
+    p = run_play(rig, tmp_path, plan, {"gpu-a": tmp_path / "gpu-a"}, collect)
+    assert p.returncode == 2, p.stdout + p.stderr  # ansible-playbook: a host failed
+    assert "genready sweep exited 1: some points were not ok" in p.stdout, p.stdout
+    assert re.search(r"^gpu-a\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=1", p.stdout, re.M), p.stdout
+    lines = results(collect / "gpu-a")
+    assert [(ln["point"], ln["status"]) for ln in lines] == [({"c": 1}, "ok"), ({"c": 2}, "failed")], lines
     rig.assert_restored()
