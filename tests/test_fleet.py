@@ -140,6 +140,8 @@ def test_the_slurm_job_array_runs_one_shard_per_task(rig: Rig, slurm: fleet.Slur
             in out, out
         assert f"2/2 points ok (shard {shard}), 1 load" in out, out
     check_shards([root / "shard-1-of-2", root / "shard-2-of-2"])
+    first, second = results(root / "shard-1-of-2"), results(root / "shard-2-of-2")
+    assert first[-1]["ended_at"] < second[0]["started_at"], (first, second)  # in turn: --exclusive
     # A task run again alone (SWEEP_SHARDS: its array now has one task) is still its shard, and resumes it.
     before = (root / "shard-2-of-2" / "results.jsonl").read_bytes()
     again = slurm.sbatch("--array=1", str(SBATCH), str(plan), str(root), cwd=tmp_path,
