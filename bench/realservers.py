@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The cost of the real servers in `./dev test` (issue 28): their builds, first and cached, and
+"""The cost of the real servers in `./dev test`: their builds, first and cached, and
 the time tests/test_llamacpp.py adds to each of the four test runs.
 
 - first build: as recorded when the cache was made (genready_dev.realservers writes each build's

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What masking secrets and escaping control characters cost (issue 30 items 1 and 2).
+"""What masking secrets and escaping control characters cost.
 
 A failed start's last lines pass through `redact` before they reach /status, and everything from a
 server through `escape` before a terminal or the log. One line per case: a typical start-up line

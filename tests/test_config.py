@@ -228,7 +228,7 @@ def printed_config(out: str) -> dict[str, Any]:
 
 
 # Outside genready.service, check-config checks a credential's name only and says what only the service
-# can check (issue 30 item 6, tests/test_hostile30.py); `serve` and config.load still refuse it.
+# can check (tests/test_hostile_inputs.py); `serve` and config.load still refuse it.
 CHECK_CONFIG_BAD = [c for c in BAD if c.id != "api-key-credential-without-systemd"]
 
 

@@ -1,4 +1,4 @@
-"""Real servers, end to end: llama.cpp's own `llama-server` and llama-cpp-python's server (issue 28).
+"""Real servers, end to end: llama.cpp's own `llama-server` and llama-cpp-python's server.
 
 Both are built once per machine by `./dev` (genready_dev.realservers); the models are the tiny
 seeded GGUF files of genready_dev.gguf_models. One genready (a unit of the session's private user

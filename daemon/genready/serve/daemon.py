@@ -319,7 +319,7 @@ class Daemon:
                 self._add_gate(new.targets[name])
                 if not plan.units_changed:
                     # The unit is watched already: its current snapshot is the new target's at once,
-                    # not "not connected to systemd yet" until the unit next changes (issue 24 #6).
+                    # not "not connected to systemd yet" until the unit next changes.
                     snap = self.watcher.snapshot(new.targets[name].unit)
                     if snap is not None:
                         self._to_gate(self.gates[name], snap)

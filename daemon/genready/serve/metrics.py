@@ -172,7 +172,7 @@ class Metrics:
         )
         # Each code's child looked up once: /ready counts every answer, thousands a second under load.
         self._ready_by_code = {code: self._ready_requests.labels(code=str(code)) for code in READY_CODES}
-        # Outputs that failed without stopping anything (issue 10): a full or read-only directory.
+        # Outputs that failed without stopping anything: a full or read-only directory.
         self._record_errors = Counter(
             "genready_record_errors", "Failed writes of start records (state_dir full or read-only); readiness "
             "is unaffected and the records are written once possible", registry=r,

@@ -46,7 +46,7 @@ START_FAILED: dict[str, Any] = {
     "required": ["invocation_id", "result", "ended_at", "journal", "restarting"],
 }
 
-# The instance runs another ExecStart=/Environment= than its unit has now (issue 24 #4).
+# The instance runs another ExecStart=/Environment= than its unit has now.
 CONFIG_CHANGES: dict[str, Any] = {
     "config_changed_since_start": {
         "type": "boolean", "description": "the unit's ExecStart= or Environment= differ from what this "

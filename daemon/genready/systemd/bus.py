@@ -45,7 +45,7 @@ def retry_eintr(call: Callable[[], T], attempts: int = 3, quick: float = 0.5) ->
     nothing about the bus or the unit: ask again, but only if the interrupted call was quick. One
     that had already waited `quick` seconds is stuck on an unanswering bus, and the signal (most
     likely SIGTERM) must get to the event loop. pystemd raises DBusInterruptedError, an
-    InterruptedError whose errno is None (issue 24 #7): the class says it, not the errno."""
+    InterruptedError whose errno is None: the class says it, not the errno."""
     for attempt in range(attempts):
         t0 = time.monotonic()
         try:

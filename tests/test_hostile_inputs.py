@@ -1,7 +1,8 @@
-"""Hostile input, round 3 (issue 30): server output, the onboarding writer, report files.
+"""Hostile input from what genready reads and shows: a server's or a unit's output (secrets, escape
+sequences), the onboarding writer (`init --write`), the sweep's drop-in header, report and dataset
+files that are no regular file or no JSON.
 
-Test names carry the issue's item number. In-process where the surface is a function; the CLI
-where the surface is what a person runs.
+In-process where the surface is a function; the CLI where the surface is what a person runs.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from genready.redact import MASK, escape, redact, redact_lines
 from genready_dev.usermanager import UserManager
 
-# --- 1. secrets in a failed start's lines ----------------------------------------------------------
+# --- secrets in a failed start's lines ----------------------------------------------------------
 
 # Real start-up lines, as the servers' own logging calls print them.
 REAL_LINES = [
@@ -41,8 +42,9 @@ REAL_LINES = [
      "port=30000)", ["sk-sgl-8"], ["admin_api_key=None", "port=30000", "model_path='qwen'"]),
 ]
 
-# The issue's cases, each with what must stay readable around it.
-ISSUE_LINES = [
+# The shapes secrets come in beyond those (argparse errors, URLs, headers, reprs, the environment),
+# each with what must stay readable around it.
+SHAPE_LINES = [
     ("Namespace(api_key=['sk-a', 'sk-second'])", ["sk-a", "sk-second"], ["Namespace(api_key="]),
     ("sglang: error: unrecognized arguments: --admin-api-key sk-admin-1 --bogus", ["sk-admin-1"], ["--bogus"]),
     ("vllm serve m --hf-token hf_abc123 --port 8000", ["hf_abc123"], ["--port 8000"]),
@@ -61,11 +63,11 @@ ISSUE_LINES = [
 ]
 
 
-IDS = [f"real{i}" for i in range(len(REAL_LINES))] + [f"issue{i}" for i in range(len(ISSUE_LINES))]
+IDS = [f"real{i}" for i in range(len(REAL_LINES))] + [f"shape{i}" for i in range(len(SHAPE_LINES))]
 
 
-@pytest.mark.parametrize(("line", "secrets", "kept"), REAL_LINES + ISSUE_LINES, ids=IDS)
-def test_item1_no_secret_survives_and_the_rest_stays_readable(line: str, secrets: list[str], kept: list[str]) -> None:
+@pytest.mark.parametrize(("line", "secrets", "kept"), REAL_LINES + SHAPE_LINES, ids=IDS)
+def test_no_secret_survives_and_the_rest_stays_readable(line: str, secrets: list[str], kept: list[str]) -> None:
     out = redact(line)
     for s in secrets:
         assert s not in out, (s, out)
@@ -74,7 +76,7 @@ def test_item1_no_secret_survives_and_the_rest_stays_readable(line: str, secrets
     assert MASK in out
 
 
-def test_item1_a_flag_that_ends_a_line_masks_the_next_line() -> None:
+def test_a_flag_that_ends_a_line_masks_the_next_line() -> None:
     lines = ["+ exec python -m sglang.launch_server --model m --api-key", "sk-on-the-next-line --port 30000",
              "next line untouched"]
     out = redact_lines(lines)
@@ -82,12 +84,12 @@ def test_item1_a_flag_that_ends_a_line_masks_the_next_line() -> None:
     assert out[1] == f"{MASK} --port 30000" and out[2] == "next line untouched"
 
 
-def test_item1_redaction_is_one_table_of_rules() -> None:
+def test_redaction_is_one_table_of_rules() -> None:
     from genready import redact as mod
 
     assert len(mod.RULES) >= 6 and all(r.why for r in mod.RULES)
     # Idempotent: a redacted line redacts to itself (records are redacted again when read).
-    for line, _, _ in REAL_LINES + ISSUE_LINES:
+    for line, _, _ in REAL_LINES + SHAPE_LINES:
         once = redact(line)
         assert redact(once) == once
 
@@ -95,7 +97,7 @@ def test_item1_redaction_is_one_table_of_rules() -> None:
 @pytest.mark.parametrize("text", ["secret" * 10_000, "api_key=1, " * 6_000, "HF_TOKEN " * 7_000, "password" * 8_000,
                                   "--api-key " + "w " * 30_000, "api_key='x " * 6_000, "--api-key\n" * 6_000],
                          ids=["word", "names", "env", "word2", "flagwords", "quotes", "lines"])
-def test_item1_redaction_stays_linear_on_hostile_lines(text: str) -> None:
+def test_redaction_stays_linear_on_hostile_lines(text: str) -> None:
     """A server's line can be long and repetitive: no shape of it may cost quadratic time (the first
     version of the table took 40 s on 64 KiB of `api_key=1, `)."""
     import time
@@ -105,12 +107,12 @@ def test_item1_redaction_stays_linear_on_hostile_lines(text: str) -> None:
     assert time.monotonic() - t0 < 3.0
 
 
-# --- 2. escape sequences ---------------------------------------------------------------------------
+# --- escape sequences ---------------------------------------------------------------------------
 
 HOSTILE = "osc52 \x1b]52;c;cHduZWQ=\x07 title \x1b]0;pwned\x07 clear \x1b[2J up \x1b[1A\x1b[2K c1 \x9b2J del \x7f"
 
 
-def test_item2_escape_leaves_no_control_character() -> None:
+def test_escape_leaves_no_control_character() -> None:
     out = escape(HOSTILE + "\u2028\u202e\r\n\t")
     assert not any((0 <= ord(c) < 0x20 and c != "\t") or 0x7F <= ord(c) < 0xA0 for c in out)
     assert "\\x1b]52;c;" in out and "\\x9b" in out and "\\x7f" in out and "\\u2028" in out and "\\u202e" in out
@@ -165,7 +167,7 @@ def _no_controls(text: str) -> None:
 
 
 @pytest.mark.parametrize("tty", [False, True])
-def test_item2_genready_status_escapes_what_servers_wrote(tty: bool, capsys: pytest.CaptureFixture[str],
+def test_genready_status_escapes_what_servers_wrote(tty: bool, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from genready import cli
 
@@ -183,7 +185,7 @@ def test_item2_genready_status_escapes_what_servers_wrote(tty: bool, capsys: pyt
 
 
 @pytest.mark.parametrize("command", ["wait"])
-def test_item2_wait_prints_a_servers_words_escaped(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_wait_prints_a_servers_words_escaped(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     from genready import cli
 
     srv = _Canned(503, _hostile_target())
@@ -197,7 +199,7 @@ def test_item2_wait_prints_a_servers_words_escaped(command: str, capsys: pytest.
     assert "\\x1b]0;pwned\\x07" in err
 
 
-def test_item2_live_lines_escape_a_probes_error() -> None:
+def test_live_lines_escape_a_probes_error() -> None:
     import io
 
     from genready.client.progress import LiveLines
@@ -211,7 +213,7 @@ def test_item2_live_lines_escape_a_probes_error() -> None:
         assert "\x1b]" not in shown and "\x1b[2J" not in shown and "\x07" not in shown, shown
 
 
-def test_item2_the_daemon_log_has_no_raw_control_character() -> None:
+def test_the_daemon_log_has_no_raw_control_character() -> None:
     import io
     import logging
 
@@ -228,13 +230,13 @@ def test_item2_the_daemon_log_has_no_raw_control_character() -> None:
         assert text.count("\n") == 2 and "\\x1b[2J" in text, text
 
 
-def test_item2_status_line_uses_the_same_escape() -> None:
+def test_status_line_uses_the_same_escape() -> None:
     from genready.systemd.notify import one_line
 
     assert one_line("a\x1b[2Jb\nc") == "a\\x1b[2Jb; c" == escape("a\x1b[2Jb") + "; c"
 
 
-# --- 4. the sweep drop-in's header -----------------------------------------------------------------
+# --- the sweep drop-in's header -----------------------------------------------------------------
 
 @pytest.mark.parametrize(("plan", "results"), [
     ("bench\n[Service]\nExecStartPre=touch PWNED\n#.toml", "/srv/r"),
@@ -242,7 +244,7 @@ def test_item2_status_line_uses_the_same_escape() -> None:
     ("p\rq\x85r\u2028s\x7f.toml", "/srv/r\x0b\x0c"),
     ("ends-in-backslash\\", "/srv/r\\"),
 ])
-def test_item4_no_name_escapes_the_dropin_header(plan: str, results: str) -> None:
+def test_no_name_escapes_the_dropin_header(plan: str, results: str) -> None:
     from genready.systemd.sweepdropin import owner_header, owner_of
 
     head = owner_header(plan, Path(results), "2026-12-03T07:00:00+00:00")
@@ -255,13 +257,13 @@ def test_item4_no_name_escapes_the_dropin_header(plan: str, results: str) -> Non
     assert owner is not None and owner["plan"].endswith(plan) and owner["results"].endswith(results)
 
 
-# --- 6. api_key_credential outside the service -----------------------------------------------------
+# --- api_key_credential outside the service -----------------------------------------------------
 
 CRED_CONFIG = ('[targets.llama]\nunit = "llama.service"\nurl = "http://127.0.0.1:8080"\n'
                'api = "openai-completions"\napi_key_credential = "{name}"\n')
 
 
-def test_item6_check_config_checks_a_credential_as_far_as_it_can(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+def test_check_config_checks_a_credential_as_far_as_it_can(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from genready import cli, config
 
@@ -288,7 +290,7 @@ def test_item6_check_config_checks_a_credential_as_far_as_it_can(tmp_path: Path,
     assert config.load(path, service=False).targets["llama"].api_key == "sk-1"
 
 
-def test_item6_init_write_takes_the_table_it_proposes_for_a_credential(tmp_path: Path,
+def test_init_write_takes_the_table_it_proposes_for_a_credential(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from genready.tools import unitinit
 
@@ -301,7 +303,7 @@ def test_item6_init_write_takes_the_table_it_proposes_for_a_credential(tmp_path:
     assert 'api_key_credential = "apikey"' in path.read_text()
 
 
-# --- 9-12. unbounded and non-regular files ---------------------------------------------------------
+# --- unbounded and non-regular files ---------------------------------------------------------
 
 def _bounded(fn: Callable[[], object], seconds: float = 10.0) -> object:
     """fn()'s result or exception, or a failure if it does not return within `seconds` (a FIFO read hangs)."""
@@ -332,7 +334,7 @@ def fifo(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "dir"])
-def test_item9_init_write_refuses_a_config_that_is_no_regular_file(kind: str, fifo: Path, tmp_path: Path) -> None:
+def test_init_write_refuses_a_config_that_is_no_regular_file(kind: str, fifo: Path, tmp_path: Path) -> None:
     from genready.tools import unitinit
 
     path = {"fifo": str(fifo), "/dev/zero": "/dev/zero", "dir": str(tmp_path)}[kind]
@@ -343,7 +345,7 @@ def test_item9_init_write_refuses_a_config_that_is_no_regular_file(kind: str, fi
 
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
-def test_item9_init_does_not_hang_on_an_environment_file(kind: str, fifo: Path) -> None:
+def test_init_does_not_hang_on_an_environment_file(kind: str, fifo: Path) -> None:
     from genready.systemd import unitexec
 
     path = str(fifo) if kind == "fifo" else kind
@@ -353,9 +355,9 @@ def test_item9_init_does_not_hang_on_an_environment_file(kind: str, fifo: Path) 
     assert env == {} and note.startswith(f"EnvironmentFile={path}: expected a regular file"), note
 
 
-# --- 7. init: text from ExecStart= stays in its comment --------------------------------------------
+# --- init: text from ExecStart= stays in its comment --------------------------------------------
 
-def test_item7_a_line_break_in_an_execstart_argument_stays_in_its_comment() -> None:
+def test_a_line_break_in_an_execstart_argument_stays_in_its_comment() -> None:
     from genready.compat import tomllib
     from genready.tools import unitinit
 
@@ -374,9 +376,9 @@ def test_item7_a_line_break_in_an_execstart_argument_stays_in_its_comment() -> N
     assert all(line.startswith("#") for line in template.splitlines())
 
 
-# --- 8. init messages --------------------------------------------------------------------------------
+# --- init messages --------------------------------------------------------------------------------
 
-def test_item8_an_unrecognised_command_is_shown_without_its_secrets() -> None:
+def test_an_unrecognised_command_is_shown_without_its_secrets() -> None:
     from genready.tools import unitinit
 
     argv = ["/opt/srv/bin/serve", "--hf-token", "hf_leak1", "--admin-api-key", "sk-leak2", "--token", "tk-leak3",
@@ -388,7 +390,7 @@ def test_item8_an_unrecognised_command_is_shown_without_its_secrets() -> None:
     assert "--listen 0.0.0.0:1" in text and "--hf-token ***" in text
 
 
-def test_item8_the_key_exposure_warning_only_where_it_is_true(tmp_path: Path) -> None:
+def test_the_key_exposure_warning_only_where_it_is_true(tmp_path: Path) -> None:
     import os
 
     from genready.tools import unitinit
@@ -410,7 +412,7 @@ def test_item8_the_key_exposure_warning_only_where_it_is_true(tmp_path: Path) ->
     assert not any("sk-1" in w or "sk-2" in w for p in (loud, shown, cmdline) for w in p.warnings)
 
 
-# --- 10-12. sweep report ---------------------------------------------------------------------------
+# --- sweep report ---------------------------------------------------------------------------
 
 def _results_folder(root: Path) -> Path:
     """A results folder as a careless or hostile host leaves it: every kind of bad line and bench file."""
@@ -465,7 +467,7 @@ def _report(folder: Path, fmt: str, capsys: pytest.CaptureFixture[str]) -> tuple
     return got, captured.out, captured.err
 
 
-def test_item10_sweep_report_survives_every_bad_line_and_file(tmp_path: Path,
+def test_sweep_report_survives_every_bad_line_and_file(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     d = _results_folder(tmp_path)
     rc, out, err = _report(d, "table", capsys)
@@ -488,7 +490,7 @@ def test_item10_sweep_report_survives_every_bad_line_and_file(tmp_path: Path,
     assert "\\x1b]0;pwned\\x07h1" in out
 
 
-def test_item10_strict_json_and_non_finite_never_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_strict_json_and_non_finite_never_best(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
     def no_constants(name: str) -> object:
@@ -503,7 +505,7 @@ def test_item10_strict_json_and_non_finite_never_best(tmp_path: Path, capsys: py
     assert "output_tokens_per_second" not in rows["n=9"]["best"] + rows["n=10"]["best"]
 
 
-def test_item11_csv_cells_a_spreadsheet_would_run_are_quoted(tmp_path: Path,
+def test_csv_cells_a_spreadsheet_would_run_are_quoted(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     import csv
     import io
@@ -517,7 +519,7 @@ def test_item11_csv_cells_a_spreadsheet_would_run_are_quoted(tmp_path: Path,
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "dir"])
-def test_item10_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp_path: Path,
+def test_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp_path: Path,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     import os
 
@@ -535,10 +537,10 @@ def test_item10_a_results_file_that_is_no_regular_file_is_exit_65(kind: str, tmp
     assert f"{d}/results.jsonl: expected a regular file" in err
 
 
-# --- 12. bench client --dataset ----------------------------------------------------------------------
+# --- bench client --dataset ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "deep-array", "deep-lines", "dir"])
-def test_item12_a_dataset_it_cannot_read_is_exit_65_with_a_clear_error(kind: str, fifo: Path, tmp_path: Path,
+def test_a_dataset_it_cannot_read_is_exit_65_with_a_clear_error(kind: str, fifo: Path, tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     from genready.tools import benchclient
 
@@ -559,7 +561,7 @@ def test_item12_a_dataset_it_cannot_read_is_exit_65_with_a_clear_error(kind: str
     assert says in err and "Traceback" not in err, err
 
 
-def test_item9_the_other_files_genready_reads_are_bounded_too(tmp_path: Path) -> None:
+def test_the_other_files_genready_reads_are_bounded_too(tmp_path: Path) -> None:
     """The sweep drop-in (the daemon's leftover check, sweep, sweep restore) and the running stamp
     (check-config) go through the same reader: a FIFO planted there is named, never waited on."""
     import os
@@ -577,7 +579,7 @@ def test_item9_the_other_files_genready_reads_are_bounded_too(tmp_path: Path) ->
 
 # --- the same, end to end: `genready init` on a real unit of the private user manager -------------
 
-def test_items7_8_9_init_on_a_hostile_unit_end_to_end(manager: UserManager, tmp_path: Path, fifo: Path) -> None:
+def test_init_on_a_hostile_unit_end_to_end(manager: UserManager, tmp_path: Path, fifo: Path) -> None:
     import os
     import subprocess
 
@@ -614,7 +616,7 @@ ExecStart=/usr/bin/docker run --name v --env-file /etc/v.env vllm/vllm-openai:la
         manager.remove_unit("h30-vllm.service")
 
 
-def test_items1_2_a_failed_starts_lines_reach_no_surface_raw(manager: UserManager, tmp_path: Path) -> None:
+def test_a_failed_starts_lines_reach_no_surface_raw(manager: UserManager, tmp_path: Path) -> None:
     """A real unit prints SGLang's and vLLM's start-up lines with keys in them and escape sequences,
     then fails: /status, `genready status` (piped) and the daemon's log show neither."""
     import json
@@ -657,7 +659,7 @@ def test_items1_2_a_failed_starts_lines_reach_no_surface_raw(manager: UserManage
     assert "\x1b" not in log and "\x07" not in log
 
 
-def test_item6_the_bench_client_needs_a_credential_only_for_the_target_it_sends_to(
+def test_the_bench_client_needs_a_credential_only_for_the_target_it_sends_to(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from genready.tools import benchclient
 
