@@ -23,7 +23,7 @@ import tomli_w
 
 from genready import config
 from genready.config import ConfigError, TargetConfig
-from genready.tools import servercache, sweep, sweepplan, sweepreport
+from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, free_port, http, wait_for
 from genready_dev.usermanager import UserManager
@@ -106,6 +106,52 @@ def test_resume_counts_repeats(tmp_path: Path) -> None:
     assert sweep.ok_points(p, tmp_path) == {1}
     # a plan of 3 repeats has none of its points whole; lines from before repeats count as repeat 1
     assert sweep.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
+
+
+# --- the server's counters ----------------------------------------------------------------------------------
+
+# prometheus_client's exposition (as vLLM and SGLang serve it): every counter with a NAME_created gauge
+VLLM_PAGE = """# HELP vllm:prefix_cache_queries_total Prefix cache queries.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {q0}
+vllm:prefix_cache_queries_total{{engine="1",model_name="m"}} {q1}
+# HELP vllm:prefix_cache_queries_created Prefix cache queries.
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{{engine="0",model_name="m"}} 1.7963477513729482e+09
+vllm:prefix_cache_queries_created{{engine="1",model_name="m"}} 1.7963477513729482e+09
+# HELP vllm:prefix_cache_hits_total Prefix cache hits.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {h}
+# HELP vllm:spec_decode_num_drafts_total Drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {d}
+# HELP vllm:spec_decode_num_accepted_tokens_total Accepted.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="m"}} {a}
+# HELP vllm:num_requests_running Running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{engine="0",model_name="m"}} 3.0
+"""
+
+
+def test_server_counters_are_summed_over_labels_without_created_and_give_the_runs_figures() -> None:
+    before = servermetrics.counters(VLLM_PAGE.format(q0=100, q1=50, h=30, d=10, a=15))
+    assert before == {"vllm:prefix_cache_queries_total": 150, "vllm:prefix_cache_hits_total": 30,
+                      "vllm:spec_decode_num_drafts_total": 10, "vllm:spec_decode_num_accepted_tokens_total": 15}
+    after = servermetrics.counters(VLLM_PAGE.format(q0=300, q1=50, h=80, d=30, a=45))
+    run = servermetrics.over_run(before, after)
+    assert run.deltas["vllm:prefix_cache_queries_total"] == 200 and run.prefix_cache_hit_rate == 0.25
+    assert run.accept_length == 2.5 and run.accept_source is not None and run.accept_source.startswith("vllm")
+    # a restart in between: the counters start again, which is no negative delta but no figure either
+    reset = servermetrics.over_run(after, before)
+    assert reset.reset and reset.prefix_cache_hit_rate is None and reset.accept_length is None
+    assert all(v >= 0 for v in reset.deltas.values())
+    # llama.cpp's prompt_tokens exclude the cached ones (the real llama-server 11434: 753 processed, 375 cached)
+    llama = servermetrics.over_run({"llamacpp:prompt_tokens_total": 0, "llamacpp:prompt_tokens_cached_total": 0},
+                                   {"llamacpp:prompt_tokens_total": 753, "llamacpp:prompt_tokens_cached_total": 375})
+    assert llama.prefix_cache_hit_rate == round(375 / 1128, 4) and llama.prefix_cache_source is not None
+    with pytest.raises(servermetrics.NotMetrics):
+        servermetrics.counters("vllm:x_total{engine=0} 1\n")
 
 
 # --- the flush routes, per server ------------------------------------------------------------------------
@@ -273,6 +319,14 @@ def test_a_reused_points_ttft_is_biased_low_without_a_flush_and_not_with_one(cac
         assert [ln["cache"] for ln in lines] == ["cold_start", want, want] and all(ln["repeat"] == 1 for ln in lines)
         assert re.search(rf"^c=2 .*\s{want}\s", out, re.M), out
         seen[between] = ttfts(rig)
+        # the server's own counters, per run: the flush shows (the generic simulator counts as SGLang does)
+        rates = [ln["prefix_cache_hit_rate"] for ln in lines]
+        saved = [json.loads((rig.results / ln["out"] / "server_metrics.json").read_text()) for ln in lines]
+        assert [m["prefix_cache_hit_rate"] for m in saved] == rates and all(not ln["counters_reset"] for ln in lines)
+        assert saved[0]["prefix_cache_source"].startswith("sglang") and saved[0]["counters"][
+            "sglang:prompt_tokens_total"] > 0 and not any("_created" in k for k in saved[0]["counters"])
+        assert rates[1:] == ([1.0, 1.0] if between == "none" else [0.0, 0.0]), rates
+        assert re.search(r"PREFIX HIT", out), out
     # 8 prompts of the built-in set, ~2 ms of prefill per word: with the cache the first point filled, none
     none, flushed = seen["none"], seen["flush"]
     assert max(none[1:]) < 0.5 * min(flushed[1:]), seen
@@ -294,6 +348,29 @@ def test_a_server_that_cannot_be_flushed_says_so_once_and_its_points_are_warm(ca
     assert "VLLM_SERVER_DEV_MODE=1" in err and 'between_points = "restart"' in err, err
     assert [ln["cache"] for ln in rig.results_lines()] == ["cold_start", "warm", "warm"]
     assert "warm: ran on a prefix cache" in out
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("stream", [False, True])
+def test_sglang_openai_routes_give_an_accept_length_and_say_from_where(tmp_path: Path, sims: list[Sim],
+                                                                      stream: bool) -> None:
+    """Non-streamed, SGLang's OpenAI answers carry meta_info when asked (return_meta_info); streamed they
+    cannot, and the accept length is the server's own average, named as such."""
+    sims.append(Sim(tmp_path, "--profile", "sglang", "--spec-accept", "2.5"))
+    out = tmp_path / "bench.jsonl"
+    subprocess.run([PY, "-m", "genready.benchclient", "--url", sims[0].url, "--api", "openai-chat", "-n", "4",
+                    "-c", "2", "--max-tokens", "10", "--stream" if stream else "--no-stream", "--output", str(out)],
+                   check=True, capture_output=True, timeout=60)
+    res = json.loads(out.read_text())
+    assert res["ok"] == 4 and res["accept_length"] is not None, res
+    if stream:
+        assert res["accept_length"] == 2.5 and res["accept_length_source"] == \
+            "get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)", res
+    else:
+        # 10 tokens at 2.5 per verify step: 4 steps each, 40 / 16
+        assert res["accept_length"] == 2.5 and res["accept_length_source"] == \
+            "meta_info.spec_verify_ct (return_meta_info)", res
+    assert res["prefix_cache_hit_rate"] is not None and res["prefix_cache_source"].startswith("sglang"), res
 
 
 def sweep_cmd(rig: Rig, plan_path: Path) -> list[str]:

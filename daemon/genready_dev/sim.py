@@ -94,6 +94,7 @@ class GenRequest:
     text_prompt: bool = True  # False: the prompt came as token ids
     model: str | None = None  # the OpenAI routes' `model`, as sent
     prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
+    return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
 
 
 # SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
@@ -180,7 +181,8 @@ def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ..
     opts = _obj(body.get("stream_options") or {}, "stream_options")
     model = body.get("model")
     return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
-                      model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True))
+                      model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True),
+                      body.get("return_meta_info") is True)
 
 
 def _required(body: dict[str, Any], key: str, model: str) -> None:
@@ -788,6 +790,21 @@ class Simulator:
         # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it.
         return {} if self.a.spec_accept is None else {"spec_verify_ct": self.verify_steps(tokens)}
 
+    def _meta_refused(self, req: GenRequest) -> web.Response | None:
+        # SGLang's OpenAI routes: return_meta_info on a stream is a ValueError, answered 400
+        # (python/sglang/srt/entrypoints/openai/serving_chat.py); other servers ignore the field.
+        if self.p.has_native and req.return_meta_info and req.stream:
+            return self.p.openai_error(400, "return_meta_info is not supported with streaming. Please set "
+                                       "stream=false when using return_meta_info=true.")
+        return None
+
+    def _choice_meta(self, req: GenRequest) -> dict[str, Any]:
+        # serving_chat.py / serving_completions.py: choice.meta_info = ret_item["meta_info"] if return_meta_info
+        if not (self.p.has_native and req.return_meta_info):
+            return {}
+        return {"meta_info": {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
+                              **self.spec_meta(req.max_tokens)}}
+
     async def server_info(self, request: web.Request) -> web.Response:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
         # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
@@ -803,7 +820,7 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None:
+        if self.a.spec_accept is not None and self.p.name != "sglang":  # SGLang has no vllm: counters
             k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
             for name, doc, v in (("spec_decode_num_drafts", "Number of spec decoding drafts.", self.spec_drafts),
                                  ("spec_decode_num_draft_tokens", "Number of draft tokens.", self.spec_drafts * k),
@@ -953,10 +970,13 @@ class Simulator:
         def choice(text: str, finish: str | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
 
+        if (refused := self._meta_refused(req)) is not None:
+            return refused
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
-            return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage})
+            return web.json_response({**head, "choices": [{**choice(text, "length"), **self._choice_meta(req)}],
+                                      "usage": usage})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for word, _ in self._tokens(req.max_tokens, prefill):
@@ -978,13 +998,15 @@ class Simulator:
         usage = _usage(req.prompt_tokens, req.max_tokens)
         prefill = self._prefill(req)[1]
 
+        if (refused := self._meta_refused(req)) is not None:
+            return refused
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
-                 "matched_stop": None}], "usage": usage})
+                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage})
 
         def delta(d: dict[str, Any], finish: str | None) -> dict[str, Any]:
             return {**head, "object": "chat.completion.chunk", "usage": None,

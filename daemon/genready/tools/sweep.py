@@ -59,7 +59,7 @@ from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of, read_dropin
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
-from genready.tools import servercache, sweepreport
+from genready.tools import servercache, servermetrics, sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
 
@@ -203,6 +203,7 @@ class Attempt:
     repeat: int = 1  # which of the plan's `repeats` runs of the point
     cache: Cache = Cache.COLD_START
     noise_limit: float = 0.10
+    counters: servermetrics.RunCounters | None = None  # the server's /metrics counters over the run
 
     @property
     def run_seconds(self) -> float | None:
@@ -218,6 +219,10 @@ class Attempt:
             "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
             "cache": self.cache.value, "noise_limit": self.noise_limit,
         }
+        if self.counters is not None:
+            rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
+            rec["metrics_accept_length"] = self.counters.accept_length
+            rec["counters_reset"] = bool(self.counters.reset)
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:
@@ -313,6 +318,7 @@ class Sweep:
         self.restart_each = opts.restart_each or opts.plan.between_points == "restart"
         self.http = servercache.ServerHttp(opts.server) if opts.server is not None else None
         self.flush_told = False  # a server that cannot be flushed is said once
+        self.metrics_told = False  # so is a server whose /metrics cannot be read
         self.records: list[dict[str, Any]] = []  # this run's results lines, for the summary
         self.done: dict[int, set[int]] = {}  # --resume: point index -> its repeats already ok
         self.earlier: dict[int, list[dict[str, Any]]] = {}  # --resume: those repeats' ok lines, for the summary
@@ -691,6 +697,7 @@ class Sweep:
         how = "started" if att.restarted else "reused"
         self.progress(point, f"ready pid {att.pid} ({how}, loaded in {att.load_seconds}s)"
                       f"{self.eta(point, loading=False)}; running {shlex.join(cmd)[:120]}")
+        before = self._counters()
         att.ran_at = time.time()
         with contextlib.ExitStack() as files:
             with writing(self.opts.results):
@@ -715,6 +722,8 @@ class Sweep:
                           "they were ended (SIGTERM, then SIGKILL)")
         att.ended_at = time.time()
         att.exit_code = res.returncode
+        if before is not None and not self.signals and (after := self._counters()) is not None:
+            self._save_counters(point, att, folder, servermetrics.over_run(before, after))
         if self.signals:
             raise Interrupted()
         if res.problem:
@@ -724,6 +733,31 @@ class Sweep:
         else:
             att.status = Status.OK
             self.timings.run_times.append(att.run_seconds or 0.0)
+
+    def _counters(self) -> dict[str, float] | None:
+        """The server's /metrics counters now; None (said once) when it has no readable page."""
+        if self.http is None:
+            return None
+        status, body = self.http.get("/metrics")
+        why = f"GET /metrics answered {status}" if status else body.decode("utf-8", "replace")[:200]
+        if status == 200:
+            try:
+                return servermetrics.counters(body.decode("utf-8", "replace"))
+            except servermetrics.NotMetrics as e:
+                why = str(e)
+        if not self.metrics_told:
+            self.metrics_told = True
+            self.say(f"no server counters per run: the server's /metrics cannot be read ({why}; llama-server "
+                     "needs --metrics)")
+        return None
+
+    def _save_counters(self, point: Point, att: Attempt, folder: Path, run: servermetrics.RunCounters) -> None:
+        att.counters = run
+        with writing(self.opts.results):
+            (folder / servermetrics.METRICS_FILE).write_text(json.dumps(run.to_json(), indent=1) + "\n")
+        if run.reset:
+            self.progress(point, f"the server's counters went down during the run ({', '.join(run.reset[:3])}): "
+                          "it restarted; no server figures for this run")
 
     def _wait_child(self, child: subprocess.Popen[Any]) -> int:
         """The group's wait (the command, then what it left behind), but a signal to the sweep stops the

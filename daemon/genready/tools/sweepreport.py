@@ -45,6 +45,7 @@ class Figure:
     higher_is_better: bool
     digits: int
     optional: bool = False  # a column only when some row has the figure
+    ranked: bool = True  # a best value is marked (not for a figure that describes the run, not its result)
 
 
 FIGURES: Final = (
@@ -54,7 +55,11 @@ FIGURES: Final = (
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
+    # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
+    Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
 )
+# A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
 
 
 class ReportError(Exception):
@@ -209,6 +214,10 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
         except config.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
+    for key, field_name in FROM_RESULTS.items():
+        v = _as_float(rec.get(field_name))
+        if v is not None and (figures is None or figures.get(key) is None) and not unreadable:
+            figures = {**(figures or {f.key: None for f in FIGURES}), key: v}
     cache = rec.get("cache")
     noise = _as_float(rec.get("noise_limit"))
     return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
@@ -251,7 +260,7 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
             vals = [v for fig in with_figures if (v := fig.get(f.key)) is not None and math.isfinite(v)]
             if len(vals) >= 2:
                 row.figures[f.key], row.spread[f.key] = spread_of(vals)
-                if row.spread[f.key].rmad > row.noise_limit:
+                if f.ranked and row.spread[f.key].rmad > row.noise_limit:
                     row.noisy.add(f.key)
             else:
                 row.figures[f.key] = vals[0] if vals else next((fig.get(f.key) for fig in with_figures), None)
@@ -280,6 +289,8 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def mark_best(rows: Sequence[Row]) -> None:
     """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
     for f in FIGURES:
+        if not f.ranked:
+            continue
         vals = [(r, v) for r in rows if r.status == "ok" and r.figures and (v := r.figures.get(f.key)) is not None
                 and math.isfinite(v)]  # NaN and ±Infinity are never the best
         if len(vals) < 2:
@@ -344,7 +355,11 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     with_host = len({r.host for r in rows if r.host}) > 1
     cache, repeats = with_cache(rows), with_repeats(rows)
     figures = [f for f in FIGURES if not f.optional or any((r.figures or {}).get(f.key) is not None for r in rows)]
-    new = (["CACHE"] if cache else []) + (["RUNS"] if repeats else [])
+    # What describes the run (its cache, its repeats, the unranked figures such as the prefix-cache hit rate)
+    # comes before the result figures in a table, after them in CSV.
+    described = [f for f in figures if not f.ranked] if with_bench else []
+    figures = [f for f in figures if f.ranked]
+    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else [])
     titles = [f.title for f in figures] if with_bench else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
         (titles + new if new_last else new + titles)
@@ -353,7 +368,8 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
         if with_host:
             cells.append(escape(r.host) or "-")
-        extra = ([escape(r.cache) or "-"] if cache else []) + ([f"{r.runs_ok}/{r.runs}"] if repeats else [])
+        extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else [])
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
