@@ -204,6 +204,7 @@ class Attempt:
     cache: Cache = Cache.COLD_START
     noise_limit: float = 0.10
     counters: servermetrics.RunCounters | None = None  # the server's /metrics counters over the run
+    plan: str = ""  # the plan file's path, for the report's context
 
     @property
     def run_seconds(self) -> float | None:
@@ -217,7 +218,7 @@ class Attempt:
             "run_seconds": None if self.run_seconds is None else round(self.run_seconds, 3),
             "attempt": self.attempt, "out": self.out, "index": self.point.index, "group": self.group,
             "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
-            "cache": self.cache.value, "noise_limit": self.noise_limit,
+            "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
         }
         if self.counters is not None:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
@@ -499,7 +500,7 @@ class Sweep:
             folder, k = self._folder(point, repeat)
             (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), group, repeat=repeat,
-                      noise_limit=self.opts.plan.noise_limit)
+                      noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path)
         try:
             if not self._reuse(point, att, folder) and self._reconfigure(point, att, folder):
                 self._restart_and_wait(point, att)
@@ -1087,11 +1088,30 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     return Exit.OK if ok else Exit.TIMEOUT
 
 
-def report_main(folders: Sequence[str], fmt: str) -> int:
-    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures."""
+def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
+                lines: str | None = None) -> int:
+    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
+    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without)."""
     try:
         rows = sweepreport.rows_of([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    sys.stdout.write(sweepreport.render(rows, fmt))
+    if fmt == "html":
+        from genready.tools import sweephtml  # matplotlib: only here, only when asked for
+
+        try:
+            text = sweephtml.render(rows, x=x, lines=lines)
+        except sweephtml.NoMatplotlib as e:
+            raise Failed(str(e), status=Exit.UNAVAILABLE) from None
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+    else:
+        text = sweepreport.render(rows, fmt)
+    if output is None:
+        sys.stdout.write(text)
+        return Exit.OK
+    try:
+        durable.replace(Path(output), text.encode())  # whole or not at all: a ticket gets no half page
+    except OSError as e:
+        raise Failed(f"cannot write {output}: {e.strerror or e}", status=Exit.CANNOT_CREATE) from None
     return Exit.OK

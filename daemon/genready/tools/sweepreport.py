@@ -46,6 +46,7 @@ class Figure:
     digits: int
     optional: bool = False  # a column only when some row has the figure
     ranked: bool = True  # a best value is marked (not for a figure that describes the run, not its result)
+    column: bool = True  # False: read, and plotted in the HTML report, but no table column
 
 
 FIGURES: Final = (
@@ -57,6 +58,7 @@ FIGURES: Final = (
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
     # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
+    Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
@@ -170,6 +172,10 @@ class Row:
     spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
     noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
     noise_limit: float = 0.10
+    point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
+    group: int | None = None
+    invocation_id: str = ""
+    context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
 
 
 @dataclass(frozen=True)
@@ -220,11 +226,17 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
             figures = {**(figures or {f.key: None for f in FIGURES}), key: v}
     cache = rec.get("cache")
     noise = _as_float(rec.get("noise_limit"))
+    point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
     return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
                str(rec.get("pid") or "-"), _as_float(rec.get("load_seconds")), _as_float(rec.get("run_seconds")),
                rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable,
                cache=cache if isinstance(cache, str) else "",
-               noise_limit=noise if noise is not None and math.isfinite(noise) and noise >= 0 else 0.10)
+               noise_limit=noise if noise is not None and math.isfinite(noise) and noise >= 0 else 0.10,
+               point=point if isinstance(point, dict) else {},
+               group=group if isinstance(group, int) and not isinstance(group, bool) else None,
+               invocation_id=inv if isinstance(inv, str) else "",
+               context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
+                        if isinstance(v := rec.get(k), str)})
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -248,7 +260,9 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
     bad = next((r for r in rows if r.status != "ok"), None)
     row = Row(last.index, last.label, bad.status if bad else "ok", last.attempt, last.pid, last.load,
               None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
-              runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit)
+              runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
+              invocation_id=last.invocation_id,
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")})
     caches = {r.cache for r in rows}
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
@@ -354,7 +368,8 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     with_bench = any(r.figures for r in rows)
     with_host = len({r.host for r in rows if r.host}) > 1
     cache, repeats = with_cache(rows), with_repeats(rows)
-    figures = [f for f in FIGURES if not f.optional or any((r.figures or {}).get(f.key) is not None for r in rows)]
+    figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
+                                                                         for r in rows))]
     # What describes the run (its cache, its repeats, the unranked figures such as the prefix-cache hit rate)
     # comes before the result figures in a table, after them in CSV.
     described = [f for f in figures if not f.ranked] if with_bench else []
