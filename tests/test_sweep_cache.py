@@ -23,6 +23,7 @@ import tomli_w
 
 from genready import config
 from genready.config import ConfigError, TargetConfig
+from genready.exitcodes import Failed
 from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, free_port, http, wait_for
@@ -395,3 +396,48 @@ def test_repeats_run_flushed_on_one_instance_and_resume_runs_only_the_missing(ca
     new = rig.results_lines()[len(lines):]
     assert [(ln["point"]["c"], ln["repeat"]) for ln in new] == [(1, 3), (2, 3)], new
     assert re.search(r"^c=2 .*\s3/3\s", out, re.M), out
+
+
+# --- two sweeps compared -----------------------------------------------------------------------------------
+
+
+def write_side(folder: Path, figures: dict[int, list[dict[str, float]]]) -> None:
+    """A results folder: point c=K with one run (a dict of figures) per repeat."""
+    lines = []
+    for c, runs in figures.items():
+        for r, fig in enumerate(runs, 1):
+            out = f"{c:02d}-c={c}/repeat-{r}/attempt-1"
+            (folder / out).mkdir(parents=True)
+            (folder / out / "bench.jsonl").write_text(json.dumps(fig) + "\n")
+            lines.append(json.dumps({"point": {"c": c}, "index": c, "status": "ok", "attempt": 1, "out": out,
+                                     "repeat": r, "noise_limit": 0.05}))
+    folder.mkdir(exist_ok=True)
+    (folder / "results.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_compare_shows_each_figures_change_and_marks_the_noise(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_side(a, {1: [{"output_tokens_per_second": 100.0, "ttft_p50_ms": 20.0, "itl_p50_ms": 5.0}],
+                   2: [{"output_tokens_per_second": v, "ttft_p50_ms": 30.0} for v in (100.0, 120.0, 80.0)],
+                   3: [{"output_tokens_per_second": 50.0}]})
+    write_side(b, {1: [{"output_tokens_per_second": 130.0, "ttft_p50_ms": 20.4, "itl_p50_ms": 6.0}],
+                   2: [{"output_tokens_per_second": v, "ttft_p50_ms": 24.0} for v in (110.0, 112.0, 108.0)],
+                   4: [{"output_tokens_per_second": 10.0}]})
+    assert sweep.report_main([str(a), str(b)], "table", compare=True) == 0
+    out = capsys.readouterr().out
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("c=")}
+    # one run each: the plan's noise_limit (5 %) is the noise: +30 % is better, a 2 % slower TTFT is inside it,
+    # a 20 % higher ITL is worse (lower is better)
+    assert "100.0 -> 130.0 +30.0% better" in rows["c=1"] and "20.0 -> 20.4 +2.0% ~" in rows["c=1"], out
+    assert "5.00 -> 6.00 +20.0% worse" in rows["c=1"], out
+    # repeats: A's tok/s spreads by 20 % (MAD 20 around 100), so +10 % is inside the noise; TTFT -20 % is better
+    assert "100.0 -> 110.0 +10.0% ~" in rows["c=2"] and "30.0 -> 24.0 -20.0% better" in rows["c=2"], out
+    assert "ok / absent" in rows["c=3"] and "absent / ok" in rows["c=4"], out
+    assert sweep.report_main([str(a), str(b)], "html", compare=True) == 0
+    page = capsys.readouterr().out
+    assert '<td class="better">100.0 -&gt; 130.0 +30.0% better</td>' in page and 'class="noise"' in page
+    for bad in (([str(a)], "table"), ([str(a), str(b)], "csv")):
+        with pytest.raises(Failed) as e:
+            sweep.report_main(bad[0], bad[1], compare=True)
+        assert e.value.status == 64 and "--compare" in str(e.value)

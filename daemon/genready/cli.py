@@ -399,6 +399,8 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
     p.add_argument("--x", metavar="NAME", help="html: the plots' x axis (default: the client-side axis with the "
                    "most values)")
+    p.add_argument("--compare", action="store_true", help="two folders A B: the same points side by side, each "
+                   "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
     p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
                    "server configuration)")
     return p
@@ -410,7 +412,8 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
     if name == "report":
-        return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines)
+        return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
+                                 compare=args.compare)
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 

@@ -1089,14 +1089,25 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
 
 
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
-                lines: str | None = None) -> int:
+                lines: str | None = None, compare: bool = False) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
-    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without)."""
+    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
+    with `--compare A B` two sweeps' points side by side (sweepcompare)."""
+    if compare and (len(folders) != 2 or fmt not in ("table", "html")):
+        raise Failed("--compare: expected two folders A B and --format table or html, found "
+                     f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
+                     status=Exit.BAD_ARGUMENT)
     try:
-        rows = sweepreport.rows_of([Path(f) for f in folders])
+        sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
+        rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    if fmt == "html":
+    if compare:
+        from genready.tools import sweepcompare
+
+        render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
+        text = render(sides[0], sides[1], folders[0], folders[1])
+    elif fmt == "html":
         from genready.tools import sweephtml  # matplotlib: only here, only when asked for
 
         try:
