@@ -322,7 +322,7 @@ with open(log, "a") as f:
 class Rig:
     """A simulator unit whose flags come from $SIM_FLAGS, a genready watching it, and a plan writer."""
 
-    def __init__(self, manager: UserManager, tmp: Path) -> None:
+    def __init__(self, manager: UserManager, tmp: Path, target: dict[str, Any] | None = None) -> None:
         self.manager, self.tmp = manager, tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -337,7 +337,7 @@ TimeoutStopSec=10
 StandardError=append:{self.sim_log}
 """)
         manager.systemctl("start", UNIT)
-        self.g = Genready(manager, tmp, {"t": {"unit": UNIT, "url": self.url, **FAST}}).start()
+        self.g = Genready(manager, tmp, {"t": {"unit": UNIT, "url": self.url, **FAST, **(target or {})}}).start()
         wait_for(lambda: self.g.get("/ready/t")[0] == 200, 20, "the first start verified")
         self.script = tmp / "cmd.py"
         self.script.write_text(SCRIPT)

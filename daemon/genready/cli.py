@@ -365,7 +365,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 SWEEP_TOOLS = """also:
   genready sweep restore [TARGET]   remove a killed sweep's drop-in, restart the unit on its own
                                     configuration and wait until that start is verified
-  genready sweep report DIR [DIR...] [--format table|csv|markdown|json]
+  genready sweep report DIR [DIR...] [--format table|csv|markdown|json|html] [--output FILE]
                                     one table of the points of one or more results folders
 """
 
@@ -394,7 +394,15 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                                 "accept length, output tokens/s, TTFT p50 and ITL p50 from {out}/bench.jsonl; the "
                                 "best value of each figure is marked")
     p.add_argument("folders", nargs="+", metavar="DIR", help="a sweep's --results folder")
-    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--format", choices=(*FORMATS, "html"), default="table",
+                   help="html: one self-contained page with the plots (needs the genready[report] extra: matplotlib)")
+    p.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    p.add_argument("--x", metavar="NAME", help="html: the plots' x axis (default: the client-side axis with the "
+                   "most values)")
+    p.add_argument("--compare", action="store_true", help="two folders A B: the same points side by side, each "
+                   "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
+    p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
+                   "server configuration)")
     return p
 
 
@@ -404,7 +412,8 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
     if name == "report":
-        return sweep.report_main(args.folders, args.format)
+        return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
+                                 compare=args.compare)
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 

@@ -93,6 +93,8 @@ class GenRequest:
     include_usage: bool = False
     text_prompt: bool = True  # False: the prompt came as token ids
     model: str | None = None  # the OpenAI routes' `model`, as sent
+    prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
+    return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
 
 
 # SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
@@ -168,17 +170,19 @@ def parse_native(body: dict[str, Any]) -> GenRequest:
     sp = _obj(body.get("sampling_params") or {}, "sampling_params")
     _check_temperature(sp)
     n = _max_tokens(sp, ("max_new_tokens",), NATIVE_DEFAULT_MAX_NEW_TOKENS)
-    return GenRequest(prompt_tokens, n, _stream_flag(body), text_prompt=ids is None)
+    return GenRequest(prompt_tokens, n, _stream_flag(body), text_prompt=ids is None,
+                      prompt_key=json.dumps(ids if ids is not None else text))
 
 
 def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...], *,
-                   text_prompt: bool = True) -> GenRequest:
+                   text_prompt: bool = True, prompt: object = None) -> GenRequest:
     _check_temperature(body)
     n = _max_tokens(body, keys, OPENAI_DEFAULT_MAX_TOKENS)
     opts = _obj(body.get("stream_options") or {}, "stream_options")
     model = body.get("model")
     return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
-                      model if isinstance(model, str) else None)
+                      model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True),
+                      body.get("return_meta_info") is True)
 
 
 def _required(body: dict[str, Any], key: str, model: str) -> None:
@@ -201,10 +205,10 @@ def parse_completion(body: dict[str, Any]) -> GenRequest:
         prompt = prompt[0]
     n_ids = _token_ids(prompt)  # the OpenAI completions API also takes the prompt as token ids
     if n_ids is not None:
-        return _openai_common(body, n_ids, ("max_tokens",), text_prompt=False)
+        return _openai_common(body, n_ids, ("max_tokens",), text_prompt=False, prompt=prompt)
     if not isinstance(prompt, str):
         raise BadRequest("prompt must be a string or a list of token ids")
-    return _openai_common(body, _count_words(prompt), ("max_tokens",))
+    return _openai_common(body, _count_words(prompt), ("max_tokens",), prompt=prompt)
 
 
 def parse_chat(body: dict[str, Any]) -> GenRequest:
@@ -224,7 +228,7 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
             words += sum(len(str(p.get("text", "")).split()) for p in content if isinstance(p, dict))
         elif content is not None:
             raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
-    return _openai_common(body, max(1, words), ("max_completion_tokens", "max_tokens"))
+    return _openai_common(body, max(1, words), ("max_completion_tokens", "max_tokens"), prompt=messages)
 
 
 def native_error(status: int, message: str) -> web.Response:
@@ -398,6 +402,13 @@ class Simulator:
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
         self.spec_drafts = 0
         self.spec_accepted = 0
+        # A prefix cache: the prompts seen since start (or the last flush). A prompt seen before is a whole-prompt
+        # hit and skips --prefill-latency, as a radix/prefix cache skips the prefill of cached tokens.
+        self.prefix_cache: set[str] = set()
+        self.prompt_tokens_total = 0  # prompt tokens asked for (SGLang prompt_tokens, vLLM prefix_cache_queries)
+        self.cached_tokens_total = 0  # of them, found in the prefix cache (cached_tokens, prefix_cache_hits)
+        self.in_flight = 0  # generations being served: SGLang's /flush_cache refuses (400) while there are any
+        self.flushes = 0
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -590,7 +601,18 @@ class Simulator:
                 resp.force_close()
             return resp
 
-        app = web.Application(middlewares=[close_after_errors, hang, loading, api_key, not_found])
+        @web.middleware
+        async def busy(request: web.Request, handler: Handler) -> web.StreamResponse:
+            # A generation is running until its answer (or stream) has been written.
+            if request.path not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+                return await handler(request)
+            self.in_flight += 1
+            try:
+                return await handler(request)
+            finally:
+                self.in_flight -= 1
+
+        app = web.Application(middlewares=[close_after_errors, hang, loading, api_key, not_found, busy])
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
@@ -600,7 +622,15 @@ class Simulator:
             app.router.add_get("/get_server_info", self.server_info)
             app.router.add_get("/server_info", self.server_info)  # the older name of the same route
             app.router.add_post("/generate", self.generate)
-        else:
+            app.router.add_route("GET", "/flush_cache", self.flush_cache)
+            app.router.add_route("POST", "/flush_cache", self.flush_cache)
+        elif self.p.name == "llamacpp":
+            app.router.add_get("/slots", self.slots)
+            app.router.add_post("/slots/{id_slot}", self.slot_action)
+        elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
+            for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
+                app.router.add_post(path, self.reset_cache)
+        if not self.p.has_native:
             app.router.add_get("/v1/health" if self.p.name == "llamacpp" else "/ping", self.health)
         if self.router:
             app.router.add_get("/models", self.models)
@@ -613,8 +643,20 @@ class Simulator:
         # The connection stays accepted and open; only the answer never comes.
         await asyncio.get_running_loop().create_future()
 
-    async def _tokens(self, n: int) -> AsyncIterator[tuple[str, int]]:
-        """n filler tokens, each after --token-latency; stalls for good once hung."""
+    def _prefill(self, req: GenRequest) -> tuple[int, float]:
+        """(cached prompt tokens, seconds of prefill) for a generation of `req`, counted into /metrics."""
+        cached = req.prompt_tokens if req.prompt_key in self.prefix_cache else 0
+        self.prefix_cache.add(req.prompt_key)
+        self.prompt_tokens_total += req.prompt_tokens
+        self.cached_tokens_total += cached
+        prefill: float = self.a.prefill_latency
+        return cached, prefill * (req.prompt_tokens - cached)
+
+    async def _tokens(self, n: int, prefill: float = 0.0) -> AsyncIterator[tuple[str, int]]:
+        """n filler tokens, each after --token-latency, the first after `prefill` seconds more; stalls for good
+        once hung."""
+        if prefill > 0:
+            await asyncio.sleep(prefill)
         for i in range(n):
             if self.a.token_latency > 0:
                 await asyncio.sleep(self.a.token_latency)
@@ -748,6 +790,21 @@ class Simulator:
         # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it.
         return {} if self.a.spec_accept is None else {"spec_verify_ct": self.verify_steps(tokens)}
 
+    def _meta_refused(self, req: GenRequest) -> web.Response | None:
+        # SGLang's OpenAI routes: return_meta_info on a stream is a ValueError, answered 400
+        # (python/sglang/srt/entrypoints/openai/serving_chat.py); other servers ignore the field.
+        if self.p.has_native and req.return_meta_info and req.stream:
+            return self.p.openai_error(400, "return_meta_info is not supported with streaming. Please set "
+                                       "stream=false when using return_meta_info=true.")
+        return None
+
+    def _choice_meta(self, req: GenRequest) -> dict[str, Any]:
+        # serving_chat.py / serving_completions.py: choice.meta_info = ret_item["meta_info"] if return_meta_info
+        if not (self.p.has_native and req.return_meta_info):
+            return {}
+        return {"meta_info": {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
+                              **self.spec_meta(req.max_tokens)}}
+
     async def server_info(self, request: web.Request) -> web.Response:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
         # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
@@ -763,7 +820,7 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None:
+        if self.a.spec_accept is not None and self.p.name != "sglang":  # SGLang has no vllm: counters
             k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
             for name, doc, v in (("spec_decode_num_drafts", "Number of spec decoding drafts.", self.spec_drafts),
                                  ("spec_decode_num_draft_tokens", "Number of draft tokens.", self.spec_drafts * k),
@@ -771,7 +828,88 @@ class Simulator:
                                   self.spec_accepted)):
                 lines += [f"# HELP vllm:{name}_total {doc}", f"# TYPE vllm:{name}_total counter",
                           f'vllm:{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+        lines += self._prefix_metrics()
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def _prefix_metrics(self) -> list[str]:
+        """The prefix cache's counters under the profile's server's names, with the `_created` sample
+        prometheus_client adds to every counter (a timestamp: summing it into a total is wrong)."""
+        if self.p.name == "vllm":
+            # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens
+            labels = f'{{engine="0",model_name="{self.a.model}"}}'
+            names = (("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                      self.prompt_tokens_total),
+                     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      self.cached_tokens_total))
+        elif self.p.has_native:
+            # python/sglang/srt/metrics/collector.py: Counter "sglang:prompt_tokens" and "sglang:cached_tokens"
+            labels = f'{{model_name="{self.a.model}"}}'
+            names = (("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
+                     ("sglang:cached_tokens", "Number of cached prompt tokens.", self.cached_tokens_total))
+        else:
+            return []
+        out = []
+        for name, doc, v in names:
+            # prometheus_client's generate_latest() of a Counter: NAME_total, then NAME_created as a gauge
+            out += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter", f"{name}_total{labels} {float(v)}",
+                    f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
+                    f"{name}_created{labels} {float(self._created)}"]
+        return out
+
+    # -- the prefix cache's flush routes, each as its server has it --------------------------------
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        # SGLang: @app.api_route("/flush_cache", methods=["GET", "POST"]) in
+        # python/sglang/srt/entrypoints/http_server.py: 200, or 400 while requests are running or waiting.
+        ok = self.in_flight == 0
+        if ok:
+            self._flush()
+        return web.Response(status=200 if ok else 400, text=(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            "requests, the operation will not be performed.)\n"))
+
+    async def reset_cache(self, request: web.Request) -> web.Response:
+        # vLLM: POST /reset_prefix_cache, /reset_mm_cache, /reset_encoder_cache, 200 with no body; attached only
+        # with VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/serve/cache/api_router.py, attach_router).
+        if request.path == "/reset_prefix_cache":
+            self._flush()
+        return web.Response(status=200)
+
+    def _slot(self, i: int) -> dict[str, Any]:
+        return {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": self.a.spec_accept is not None,
+                "is_processing": self.in_flight > 0}
+
+    async def slots(self, request: web.Request) -> web.Response:
+        # llama.cpp: GET /slots lists the slots, each with its "id" (tools/server/server-context.cpp,
+        # handle_slots); --no-slots makes it 501 "This server does not support slots endpoint."
+        if self.a.no_slots:
+            return llamacpp_error(501, "This server does not support slots endpoint.")
+        return web.json_response([self._slot(i) for i in range(self.a.parallel)])
+
+    async def slot_action(self, request: web.Request) -> web.Response:
+        # llama.cpp: POST /slots/{id_slot}?action=erase clears that slot's cached tokens and answers
+        # {"id_slot", "n_erased"} (server-context.cpp, handle_slots_action / handle_slots_erase). Every slot
+        # action, erase too, is 501 without --slot-save-path: checked on the real llama-server 11434.
+        if self.a.no_slots:
+            return llamacpp_error(501, "This server does not support slots endpoint.")
+        if not self.a.slot_save_path:
+            return llamacpp_error(501, "This server does not support slots action. Start it with `--slot-save-path`")
+        try:
+            slot = int(request.match_info["id_slot"])
+        except ValueError:
+            return llamacpp_error(400, "Invalid slot ID")
+        if request.query.get("action") != "erase":
+            return llamacpp_error(400, "Invalid action")
+        if not 0 <= slot < self.a.parallel:
+            return llamacpp_error(400, "Invalid slot ID")
+        n = self.cached_tokens_total
+        self._flush()
+        return web.json_response({"id_slot": slot, "n_erased": n})
+
+    def _flush(self) -> None:
+        self.prefix_cache.clear()
+        self.flushes += 1
+        self.log("flushed", n=self.flushes)
 
     async def health(self, request: web.Request) -> web.Response:
         # Newer SGLang answers both /health and /health_generate with a 1-token internal
@@ -791,6 +929,7 @@ class Simulator:
             return req
         rid, t0 = uuid.uuid4().hex, time.monotonic()
         text, ids = "", list[int]()
+        cached, prefill = self._prefill(req)
 
         def chunk(done: bool) -> dict[str, Any]:
             # Without a tokenizer SGLang has no text to give back, only output_ids.
@@ -798,10 +937,10 @@ class Simulator:
             return {**head, "output_ids": list(ids), "meta_info": {
                 "id": rid, "finish_reason": {"type": "length", "length": req.max_tokens} if done else None,
                 "prompt_tokens": req.prompt_tokens, "completion_tokens": len(ids),
-                "cached_tokens": 0, "e2e_latency": round(time.monotonic() - t0, 6), **self.spec_meta(len(ids))}}
+                "cached_tokens": cached, "e2e_latency": round(time.monotonic() - t0, 6), **self.spec_meta(len(ids))}}
 
         if not req.stream:
-            async for word, tid in self._tokens(req.max_tokens):
+            async for word, tid in self._tokens(req.max_tokens, prefill):
                 text, ids = text + word, [*ids, tid]
             self.spec_done(len(ids))
             return web.json_response(chunk(True))
@@ -809,7 +948,7 @@ class Simulator:
         async def events() -> AsyncIterator[dict[str, Any]]:
             nonlocal text, ids
             i = 0
-            async for word, tid in self._tokens(req.max_tokens):
+            async for word, tid in self._tokens(req.max_tokens, prefill):
                 i += 1
                 text, ids = text + word, [*ids, tid]
                 yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
@@ -826,17 +965,21 @@ class Simulator:
         head = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
                 "model": req.model or self.names[0]}
         usage = _usage(req.prompt_tokens, req.max_tokens)
+        prefill = self._prefill(req)[1]
 
         def choice(text: str, finish: str | None) -> dict[str, Any]:
             return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
 
+        if (refused := self._meta_refused(req)) is not None:
+            return refused
         if not req.stream:
-            text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
-            return web.json_response({**head, "choices": [choice(text, "length")], "usage": usage})
+            return web.json_response({**head, "choices": [{**choice(text, "length"), **self._choice_meta(req)}],
+                                      "usage": usage})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
-            async for word, _ in self._tokens(req.max_tokens):
+            async for word, _ in self._tokens(req.max_tokens, prefill):
                 yield {**head, "choices": [choice(word, None)], "usage": None}
             self.spec_done(req.max_tokens)
             yield {**head, "choices": [choice("", "length")], "usage": None}
@@ -853,14 +996,17 @@ class Simulator:
             return self.p.openai_error(400, NO_CHAT_TEMPLATE)
         head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": req.model or self.names[0]}
         usage = _usage(req.prompt_tokens, req.max_tokens)
+        prefill = self._prefill(req)[1]
 
+        if (refused := self._meta_refused(req)) is not None:
+            return refused
         if not req.stream:
-            text = "".join([w async for w, _ in self._tokens(req.max_tokens)])
+            text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
-                 "matched_stop": None}], "usage": usage})
+                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage})
 
         def delta(d: dict[str, Any], finish: str | None) -> dict[str, Any]:
             return {**head, "object": "chat.completion.chunk", "usage": None,
@@ -869,7 +1015,7 @@ class Simulator:
         async def events() -> AsyncIterator[dict[str, Any]]:
             yield delta({"role": "assistant", "content": ""}, None)
             i = 0
-            async for word, _ in self._tokens(req.max_tokens):
+            async for word, _ in self._tokens(req.max_tokens, prefill):
                 # --reasoning-tokens: a reasoning model's first tokens go in vLLM's DeltaMessage field
                 # `reasoning`, not `content` (vllm/entrypoints/openai/engine/protocol.py).
                 yield delta({"reasoning" if i < self.a.reasoning_tokens else "content": word}, None)
@@ -1011,6 +1157,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
                    "vllm:spec_decode_* counters on GET /metrics")
+    p.add_argument("--prefill-latency", type=_seconds, default=0.0, metavar="S",
+                   help="seconds per prompt token before the first token, skipped for a prompt in the prefix cache "
+                   "(a prompt seen since start or the last flush: SGLang /flush_cache, vLLM /reset_prefix_cache "
+                   "with VLLM_SERVER_DEV_MODE=1, llama.cpp POST /slots/ID?action=erase) (default: %(default)s)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N",
+                   help="--profile llamacpp: the slots GET /slots lists (llama-server -np) (default: %(default)s)")
+    p.add_argument("--slot-save-path", metavar="DIR", default="",
+                   help="--profile llamacpp: allow the slot actions (POST /slots/ID?action=erase); without it they "
+                   "answer 501, as llama-server's do")
+    p.add_argument("--no-slots", action="store_true",
+                   help="--profile llamacpp: GET /slots and its actions answer 501, as llama-server --no-slots")
     p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
                    help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",

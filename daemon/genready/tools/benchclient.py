@@ -78,6 +78,7 @@ from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, mod
 from genready.compat import TIMEOUT_ERRORS
 from genready.exitcodes import Exit
 from genready.tools import prompts as prompt_sets
+from genready.tools import servermetrics
 from genready.tools.prompts import Prompt
 
 # A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
@@ -101,6 +102,11 @@ VLLM_METRICS_SOURCE: Final = "/metrics spec_decode counters"
 LLAMACPP_METRICS_SOURCE: Final = "/metrics llamacpp:spec_decode counters"
 # SGLang: GET /get_server_info (older: /server_info), python/sglang/srt/entrypoints/http_server.py.
 SGLANG_INFO_PATHS: Final = ("/get_server_info", "/server_info")
+# SGLang's OpenAI routes put a choice's meta_info (spec_verify_ct with it) into a non-streamed answer only when
+# the request asks with return_meta_info, and refuse it on a stream (python/sglang/srt/entrypoints/openai/
+# serving_chat.py and protocol.py). A stream's accept length is then the server's own average.
+SGLANG_META_SOURCE: Final = "meta_info.spec_verify_ct (return_meta_info)"
+SGLANG_SERVER_SOURCE: Final = "get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)"
 
 
 class Drafts(NamedTuple):
@@ -153,15 +159,20 @@ class Summary:
     stale_connections: int = 0  # pooled connections the server had closed, found before sending on them
     metrics_counts: dict[str, float] | None = None  # the /metrics counters' growth over the run
     new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
+    sglang_openai: bool = False  # the OpenAI routes of an SGLang server (it answers GET /get_server_info)
+    server_counters: servermetrics.RunCounters | None = None  # its /metrics counters over the run
 
     def accept(self) -> tuple[float | None, str | None]:
         """(accept length, where it came from); (None, None) without speculative decoding."""
         verified = [o for o in self.outcomes if o.ok and o.spec_verify_ct]
         if verified:
             steps = sum(o.spec_verify_ct or 0 for o in verified)
-            return sum(o.tokens for o in verified) / steps, "meta_info.spec_verify_ct"
+            return sum(o.tokens for o in verified) / steps, SGLANG_META_SOURCE if self.sglang_openai else \
+                "meta_info.spec_verify_ct"
         if self.metrics_accept is not None:
             return self.metrics_accept, self.metrics_source or VLLM_METRICS_SOURCE
+        if self.sglang_openai and self.server_accept_length is not None:
+            return self.server_accept_length, SGLANG_SERVER_SOURCE
         return None, None
 
     def drafts(self) -> Drafts | None:
@@ -303,13 +314,18 @@ def _has_output(api: ServerApi, doc: Any) -> bool:
 
 
 def _verify_ct(api: ServerApi, answer: bytes | None) -> int | None:
-    """SGLang's meta_info.spec_verify_ct in an answer (a stream's last event: it is cumulative).
+    """SGLang's meta_info.spec_verify_ct in an answer (a stream's last event: it is cumulative); on its
+    OpenAI routes, the first choice's meta_info (asked for with return_meta_info, non-streamed only).
 
     SGLang sets it only when a speculative algorithm runs (python/sglang/srt/managers/tokenizer_manager.py)."""
-    if api.needs_model or not answer:
+    if not answer:
         return None
     try:
-        meta = json.loads(answer).get("meta_info")
+        doc = json.loads(answer)
+        if api.needs_model:
+            choices = doc.get("choices")
+            doc = choices[0] if isinstance(choices, list) and choices else {}
+        meta = doc.get("meta_info")
     except (ValueError, AttributeError):
         return None
     v = meta.get("spec_verify_ct") if isinstance(meta, dict) else None
@@ -414,19 +430,13 @@ async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: f
 
 
 def _counter_sums(text: str, names: Sequence[str]) -> list[float] | None:
-    """Each named counter of a Prometheus /metrics page, summed over its label sets (vLLM's engines);
-    None unless every one of them is there."""
-    sums = dict.fromkeys(names, 0.0)
-    seen = set()
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in sums:
-            try:
-                sums[name] += float(line.rsplit(" ", 1)[1])
-            except (IndexError, ValueError):
-                continue
-            seen.add(name)
-    return [sums[n] for n in names] if len(seen) == len(sums) else None
+    """Each named counter of a Prometheus /metrics page, summed over its label sets (vLLM's engines),
+    parsed by prometheus_client (servermetrics.counters); None unless every one of them is there."""
+    try:
+        sums = servermetrics.counters(text)
+    except servermetrics.NotMetrics:
+        return None
+    return [sums[n] for n in names] if all(n in sums for n in names) else None
 
 
 def vllm_spec_counters(text: str) -> tuple[float, float] | None:
@@ -455,6 +465,29 @@ def spec_counters(text: str) -> SpecCounters | None:
 async def read_spec_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> SpecCounters | None:
     status, body = await _get_json_or_text(session, url + "/metrics", timeout)
     return spec_counters(body.decode("utf-8", "replace")) if status == 200 else None
+
+
+async def read_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> dict[str, float] | None:
+    """The server's /metrics counters (servermetrics.counters), or None when it has no readable page."""
+    status, body = await _get_json_or_text(session, url + "/metrics", timeout)
+    if status != 200:
+        return None
+    try:
+        return servermetrics.counters(body.decode("utf-8", "replace"))
+    except servermetrics.NotMetrics:
+        return None
+
+
+async def is_sglang(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+    """Whether the server answers SGLang's GET /get_server_info (or its older name) with a JSON object."""
+    for path in SGLANG_INFO_PATHS:
+        status, body = await _get_json_or_text(session, url + path, timeout)
+        if status == 200:
+            try:
+                return isinstance(json.loads(body), dict)
+            except ValueError:
+                return False
+    return False
 
 
 async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
@@ -670,6 +703,11 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                   for p in prompt_sets.schedule(load.prompts, load.requests, random.Random(load.seed))]
         send = one_stream if load.stream else one_request
         before = await read_spec_counters(session, url, load.timeout) if api.needs_model else None
+        summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
+        if summary.sglang_openai and not load.stream:
+            for b in bodies:
+                b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+        counted = await read_counters(session, url, load.timeout)
 
         async def one(i: int) -> None:
             t0 = time.perf_counter()
@@ -692,6 +730,9 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         await _arrivals(load, one)
         summary.wall_seconds = time.perf_counter() - t0
         await _server_figures(summary, session, url, api, load.timeout, before)
+        after = await read_counters(session, url, load.timeout)
+        if counted is not None and after is not None:
+            summary.server_counters = servermetrics.over_run(counted, after)
         summary.stale_connections = connector.stale
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
@@ -734,6 +775,9 @@ async def _server_figures(summary: Summary, session: aiohttp.ClientSession, url:
         return
     after = await read_spec_counters(session, url, timeout)
     if before is None or after is None or after.source != before.source or after.drafts <= before.drafts:
+        if summary.sglang_openai and not any(o.spec_verify_ct for o in summary.outcomes):
+            # SGLang's OpenAI routes, streamed (no meta_info): the server's own average is all there is
+            summary.server_accept_length = await read_sglang_accept(session, url, timeout)
         return
     summary.metrics_accept = 1 + (after.accepted - before.accepted) / (after.drafts - before.drafts)
     summary.metrics_source = after.source
@@ -843,6 +887,8 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) ->
         "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
         "draft_accepted": drafts.accepted if drafts else None,
         "spec_decode_counters": s.metrics_counts,
+        "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
+        "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "served_by": served_by(env), "sweep_point": sweep_point(env),

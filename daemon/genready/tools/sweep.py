@@ -50,7 +50,7 @@ from genready.client import GUARD_STOP_GRACE, client, guard, waiting
 from genready.client.guard import check
 from genready.client.progress import target_line
 from genready.compat import StrEnum
-from genready.config import Config, ConfigError, FileError, stuck_after
+from genready.config import Config, ConfigError, FileError, TargetConfig, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.redact import escape
 from genready.store import durable
@@ -59,7 +59,7 @@ from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of, read_dropin
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
-from genready.tools import sweepreport
+from genready.tools import servercache, servermetrics, sweepreport
 from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
 from genready.tools.sweepreport import RESULTS_FILE, read_results
 
@@ -68,6 +68,14 @@ POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is notice
 # The grace an interrupted command gets between SIGINT, SIGTERM and SIGKILL: guard's, one definition.
 STOP_GRACE: Final = GUARD_STOP_GRACE
 LOADING_EVERY: Final = 30.0  # seconds between "loading" lines when stderr is not a terminal
+
+
+class Cache(StrEnum):
+    """What the server's prefix cache held when a run started (the `cache` of a results.jsonl line)."""
+
+    COLD_START = "cold_start"  # the first run on a fresh start: only the warmup ran, and it was flushed if it can be
+    FLUSHED = "flushed"  # a reused instance whose cache was emptied (servercache.flush) after the warmup
+    WARM = "warm"  # a reused instance, not flushed (between_points = "none", or no route): figures biased
 
 
 class Status(StrEnum):
@@ -192,6 +200,11 @@ class Attempt:
     unit_result: str | None = None
     journal: list[str] | None = None
     retry: bool = True  # False: another attempt would meet the same refusal (systemd's, of the drop-in)
+    repeat: int = 1  # which of the plan's `repeats` runs of the point
+    cache: Cache = Cache.COLD_START
+    noise_limit: float = 0.10
+    counters: servermetrics.RunCounters | None = None  # the server's /metrics counters over the run
+    plan: str = ""  # the plan file's path, for the report's context
 
     @property
     def run_seconds(self) -> float | None:
@@ -204,8 +217,13 @@ class Attempt:
             "exit_code": self.exit_code, "started_at": iso(self.started_at), "ended_at": iso(self.ended_at),
             "run_seconds": None if self.run_seconds is None else round(self.run_seconds, 3),
             "attempt": self.attempt, "out": self.out, "index": self.point.index, "group": self.group,
-            "restarted": self.restarted, "host": socket.gethostname(),
+            "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
+            "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
         }
+        if self.counters is not None:
+            rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
+            rec["metrics_accept_length"] = self.counters.accept_length
+            rec["counters_reset"] = bool(self.counters.reset)
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:
@@ -238,6 +256,7 @@ class SweepOptions:
     restart_each: bool = False
     shard: Shard | None = None
     secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
+    server: TargetConfig | None = None  # the target: how the warmup, the flush and /metrics reach its server
 
 
 @dataclass
@@ -296,6 +315,15 @@ class Sweep:
         self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
         self.check: analyze.DropinCheck | None = None  # systemd-analyze verify, when it can run
         self.schedule: list[tuple[Point, bool]] = []  # the points to run, in order; True: a planned load
+        # between_points = "restart" is --restart-each: every run on a fresh start
+        self.restart_each = opts.restart_each or opts.plan.between_points == "restart"
+        self.http = servercache.ServerHttp(opts.server) if opts.server is not None else None
+        self.flush_told = False  # a server that cannot be flushed is said once
+        self.metrics_told = False  # so is a server whose /metrics cannot be read
+        self.records: list[dict[str, Any]] = []  # this run's results lines, for the summary
+        self.done: dict[int, set[int]] = {}  # --resume: point index -> its repeats already ok
+        self.earlier: dict[int, list[dict[str, Any]]] = {}  # --resume: those repeats' ok lines, for the summary
+        self.runs: dict[int, dict[int, Attempt]] = {}  # point index -> repeat -> its last attempt in this run
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -353,7 +381,7 @@ class Sweep:
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first)."""
-        self.schedule = [(p, self.opts.restart_each or p is next(q for q in g if q.index not in skip))
+        self.schedule = [(p, self.restart_each or p is next(q for q in g if q.index not in skip))
                          for g in self.groups for p in g if p.index not in skip]
 
     def run(self, skip: set[int]) -> int:
@@ -434,20 +462,32 @@ class Sweep:
         self.changes.dropin_written, self.changes.restored = True, False
 
     def _point(self, point: Point, group: int = 1) -> None:
-        for n in range(1, self.opts.plan.attempts + 1):
-            att = self._attempt(point, n, group)
-            self.finished[point.index] = att
-            if att.status in RETRIED:
-                self.group_pinned = None  # that instance is not to be trusted again: restart
-            if att.status not in RETRIED or not att.retry or self.signals:
-                break
-            if n < self.opts.plan.attempts:
-                self.progress(point, f"retrying ({n + 1} of {self.opts.plan.attempts} runs)")
-        self._check_signals()
+        repeats = self.opts.plan.repeats
+        for r in range(1, repeats + 1):
+            if r in self.done.get(point.index, set()):
+                continue  # --resume: this repeat is ok already
+            if repeats > 1:
+                self.progress(point, f"repeat {r} of {repeats}")
+            for n in range(1, self.opts.plan.attempts + 1):
+                att = self._attempt(point, n, group, r)
+                runs = self.runs.setdefault(point.index, {})
+                runs[r] = att
+                # a point is ok when every repeat is: its first repeat that is not stands for it
+                self.finished[point.index] = next((a for a in runs.values() if a.status is not Status.OK), att)
+                if att.status in RETRIED:
+                    self.group_pinned = None  # that instance is not to be trusted again: restart
+                if att.status not in RETRIED or not att.retry or self.signals:
+                    break
+                if n < self.opts.plan.attempts:
+                    self.progress(point, f"retrying ({n + 1} of {self.opts.plan.attempts} runs)")
+            self._check_signals()
 
-    def _folder(self, point: Point) -> tuple[Path, int]:
-        """A fresh folder for this attempt: DIR/NN-point/attempt-K, K one past the last that exists."""
+    def _folder(self, point: Point, repeat: int = 1) -> tuple[Path, int]:
+        """A fresh folder for this attempt: DIR/NN-point/attempt-K (DIR/NN-point/repeat-R/attempt-K with
+        repeats), K one past the last that exists."""
         base = self.opts.results / point.slug(self.width)
+        if self.opts.plan.repeats > 1:
+            base = base / f"repeat-{repeat}"
         k = 1
         while (base / f"attempt-{k}").exists():
             k += 1
@@ -455,17 +495,19 @@ class Sweep:
         path.mkdir(parents=True)
         return path, k
 
-    def _attempt(self, point: Point, n: int, group: int = 1) -> Attempt:
+    def _attempt(self, point: Point, n: int, group: int = 1, repeat: int = 1) -> Attempt:
         with writing(self.opts.results):
-            folder, k = self._folder(point)
+            folder, k = self._folder(point, repeat)
             (folder / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
-        att = Attempt(point, k, str(folder.relative_to(self.opts.results)), group)
+        att = Attempt(point, k, str(folder.relative_to(self.opts.results)), group, repeat=repeat,
+                      noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path)
         try:
             if not self._reuse(point, att, folder) and self._reconfigure(point, att, folder):
                 self._restart_and_wait(point, att)
-                if att.pid is not None and not self.opts.restart_each:
+                if att.pid is not None and not self.restart_each:
                     self.group_pinned = self.pinned
             if att.pid is not None:
+                self._prepare(point, att)
                 self._run(point, att, folder)
         except Interrupted:
             att.status, att.reason = Status.INVALIDATED, "the sweep was interrupted"
@@ -479,7 +521,7 @@ class Sweep:
 
     def _reuse(self, point: Point, att: Attempt, folder: Path) -> bool:
         """Run on the group's verified instance if it is still that very instance and ready (as guard checks)."""
-        if self.opts.restart_each or self.group_pinned is None:
+        if self.restart_each or self.group_pinned is None:
             return False
         why = check(self.opts.base, self.opts.target, self.group_pinned)
         if why:
@@ -497,9 +539,33 @@ class Sweep:
         att.load_seconds = self.pinned.get("load_seconds")
         return True
 
+    def _prepare(self, point: Point, att: Attempt) -> None:
+        """Before the command: the warmup (not counted), then, with between_points = "flush", the flush, so the
+        warmup's prompts are gone too. Sets att.cache: what the run starts on."""
+        att.cache = Cache.COLD_START if att.restarted else Cache.WARM
+        plan, http = self.opts.plan, self.http
+        if http is None:
+            return
+        if plan.warmup:
+            ok, why = servercache.warm_up(http, plan.warmup)
+            self.progress(point, f"warmup: {ok} of {plan.warmup} requests answered" + (f" ({why})" if why else ""))
+        if plan.between_points != "flush" or (att.restarted and not plan.warmup):
+            return  # a fresh start with no warmup has nothing to flush
+        done = servercache.flush(http)
+        if done.ok:
+            if not att.restarted:
+                att.cache = Cache.FLUSHED
+            self.progress(point, f"prefix cache flushed ({done.route})")
+        elif not self.flush_told:
+            self.flush_told = True
+            self.say(f"cannot flush the server's prefix cache: {done.why}; its reused points run warm "
+                     f"(marked cache=warm): {servercache.FIX}")
+
     def _record(self, att: Attempt) -> None:
         assert self.log is not None
-        self.log.append(att.to_json(self.opts.target, self.opts.unit))
+        rec = att.to_json(self.opts.target, self.opts.unit)
+        self.records.append(rec)
+        self.log.append(rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
         self.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
@@ -632,6 +698,7 @@ class Sweep:
         how = "started" if att.restarted else "reused"
         self.progress(point, f"ready pid {att.pid} ({how}, loaded in {att.load_seconds}s)"
                       f"{self.eta(point, loading=False)}; running {shlex.join(cmd)[:120]}")
+        before = self._counters()
         att.ran_at = time.time()
         with contextlib.ExitStack() as files:
             with writing(self.opts.results):
@@ -656,6 +723,8 @@ class Sweep:
                           "they were ended (SIGTERM, then SIGKILL)")
         att.ended_at = time.time()
         att.exit_code = res.returncode
+        if before is not None and not self.signals and (after := self._counters()) is not None:
+            self._save_counters(point, att, folder, servermetrics.over_run(before, after))
         if self.signals:
             raise Interrupted()
         if res.problem:
@@ -665,6 +734,31 @@ class Sweep:
         else:
             att.status = Status.OK
             self.timings.run_times.append(att.run_seconds or 0.0)
+
+    def _counters(self) -> dict[str, float] | None:
+        """The server's /metrics counters now; None (said once) when it has no readable page."""
+        if self.http is None:
+            return None
+        status, body = self.http.get("/metrics")
+        why = f"GET /metrics answered {status}" if status else body.decode("utf-8", "replace")[:200]
+        if status == 200:
+            try:
+                return servermetrics.counters(body.decode("utf-8", "replace"))
+            except servermetrics.NotMetrics as e:
+                why = str(e)
+        if not self.metrics_told:
+            self.metrics_told = True
+            self.say(f"no server counters per run: the server's /metrics cannot be read ({why}; llama-server "
+                     "needs --metrics)")
+        return None
+
+    def _save_counters(self, point: Point, att: Attempt, folder: Path, run: servermetrics.RunCounters) -> None:
+        att.counters = run
+        with writing(self.opts.results):
+            (folder / servermetrics.METRICS_FILE).write_text(json.dumps(run.to_json(), indent=1) + "\n")
+        if run.reset:
+            self.progress(point, f"the server's counters went down during the run ({', '.join(run.reset[:3])}): "
+                          "it restarted; no server figures for this run")
 
     def _wait_child(self, child: subprocess.Popen[Any]) -> int:
         """The group's wait (the command, then what it left behind), but a signal to the sweep stops the
@@ -710,7 +804,10 @@ class Sweep:
                     rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped
                                                 else "not run"))
                 continue
-            rows.append(sweepreport.row_of(a.to_json(self.opts.target, self.opts.unit), self.opts.results))
+            where = str(self.opts.results / RESULTS_FILE)
+            lines = [(rec, self.opts.results, where) for rec in self.earlier.get(p.index, [])] + \
+                [(rec, self.opts.results, where) for rec in self.records if rec["index"] == p.index]
+            rows.append(sweepreport.point_row(lines))
         sweepreport.mark_best(rows)
         text = sweepreport.render(rows)
         ok = sum(1 for a in self.finished.values() if a.status is Status.OK) + len(skipped)
@@ -769,11 +866,35 @@ def restore(sd: control.UnitClient, base: str, target: str, timeout: float, say:
 # --- entry points -----------------------------------------------------------------------------------
 
 
-def ok_points(plan: Plan, results: Path) -> set[int]:
-    """Indices of the plan's points that already have an `ok` line in DIR/results.jsonl."""
+def ok_runs(plan: Plan, results: Path) -> dict[int, list[dict[str, Any]]]:
+    """The plan's points' `ok` lines already in DIR/results.jsonl, by point index (one per repeat, a line
+    without `repeat` being repeat 1, from before repeats; repeats beyond the plan's are not counted)."""
     recs = read_results(results / RESULTS_FILE)
-    return {p.index for p in plan.points
-            if any(r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) for r in recs)}
+    out: dict[int, list[dict[str, Any]]] = {}
+    for p in plan.points:
+        seen: dict[int, dict[str, Any]] = {}
+        for r in recs:
+            rep = r.get("repeat", 1)
+            if r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) and \
+                    isinstance(rep, int) and 1 <= rep <= plan.repeats:
+                seen.setdefault(rep, r)
+        if seen:
+            out[p.index] = list(seen.values())
+    return out
+
+
+def ok_points(plan: Plan, results: Path) -> set[int]:
+    """Indices of the plan's points whose every repeat already has an `ok` line in DIR/results.jsonl."""
+    return {i for i, recs in ok_runs(plan, results).items() if len(recs) == plan.repeats}
+
+
+def between_words(plan: Plan) -> str:
+    """What happens before each run, in a line: the plan's between_points, warmup and repeats."""
+    how = {"flush": "the server's prefix cache flushed through its own route before each run on a reused instance",
+           "none": "no flush between points (reused points run warm)",
+           "restart": "a fresh start for every run"}[plan.between_points]
+    return f"{how}; {plan.warmup} warmup request{'s' if plan.warmup != 1 else ''} before each run" + (
+        f"; {plan.repeats} repeats per point" if plan.repeats > 1 else "")
 
 
 def loads_line(n_points: int, groups: Sequence[Sequence[Point]], restart_each: bool) -> str:
@@ -810,6 +931,13 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
     w(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
       + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
       + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
+    w(f"# {between_words(plan)}\n")
+    if plan.between_points == "flush":
+        # Said once, before anything runs: which routes a flush needs, and what a server without them gets.
+        w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
+          "VLLM_SERVER_DEV_MODE=1 in the server's environment); llama-server GET /slots and its slot actions "
+          f"(--slot-save-path DIR, not --no-slots). A server without one runs its reused points warm (cache=warm): "
+          f"{servercache.FIX}\n")
     for n, group in enumerate(groups, 1):
         w(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
         for i, p in enumerate(group):
@@ -875,9 +1003,11 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     why = check_results_path(results)
     if why:
         raise Failed(why, status=Exit.BAD_ARGUMENT)
-    skip = ok_points(plan, results) if args.resume else set()
+    done = ok_runs(plan, results) if args.resume else {}
+    skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
+    restart_each = args.restart_each or plan.between_points == "restart"
     if args.dry_run:
-        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=args.restart_each,
+        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
                        shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus))
     try:
         code, _ = client.request(base, f"/ready/{target}")
@@ -889,12 +1019,19 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
                                plan.timeout or stuck_after(tcfg.load_timeout, None), results,
                                keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
-                               secrets=(tcfg.api_key,)))
+                               secrets=(tcfg.api_key,), server=tcfg))
+    sweep.done = {i: {r.get("repeat", 1) for r in recs} for i, recs in done.items()}
+    sweep.earlier = done
     todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
     todo = [g for g in todo if g]
-    sweep.say(loads_line(sum(map(len, todo)), todo, args.restart_each) + (f" (shard {shard})" if shard else ""))
+    sweep.say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
+              f"; {between_words(plan)}")
     if skip:
         sweep.say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
+    partial = sum(1 for i, recs in done.items() if i not in skip)
+    if partial:
+        sweep.say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing "
+                  "ones run")
     try:
         return sweep.run(skip)
     except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
@@ -951,11 +1088,41 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     return Exit.OK if ok else Exit.TIMEOUT
 
 
-def report_main(folders: Sequence[str], fmt: str) -> int:
-    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures."""
+def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
+                lines: str | None = None, compare: bool = False) -> int:
+    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
+    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
+    with `--compare A B` two sweeps' points side by side (sweepcompare)."""
+    if compare and (len(folders) != 2 or fmt not in ("table", "html")):
+        raise Failed("--compare: expected two folders A B and --format table or html, found "
+                     f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
+                     status=Exit.BAD_ARGUMENT)
     try:
-        rows = sweepreport.rows_of([Path(f) for f in folders])
+        sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
+        rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    sys.stdout.write(sweepreport.render(rows, fmt))
+    if compare:
+        from genready.tools import sweepcompare
+
+        render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
+        text = render(sides[0], sides[1], folders[0], folders[1])
+    elif fmt == "html":
+        from genready.tools import sweephtml  # matplotlib: only here, only when asked for
+
+        try:
+            text = sweephtml.render(rows, x=x, lines=lines)
+        except sweephtml.NoMatplotlib as e:
+            raise Failed(str(e), status=Exit.UNAVAILABLE) from None
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+    else:
+        text = sweepreport.render(rows, fmt)
+    if output is None:
+        sys.stdout.write(text)
+        return Exit.OK
+    try:
+        durable.replace(Path(output), text.encode())  # whole or not at all: a ticket gets no half page
+    except OSError as e:
+        raise Failed(f"cannot write {output}: {e.strerror or e}", status=Exit.CANNOT_CREATE) from None
     return Exit.OK

@@ -121,6 +121,10 @@ class Plan:
     timeout: float | None
     attempts: int
     points: tuple[Point, ...]
+    between_points: str = "flush"  # BETWEEN: what a reused instance gets before each run
+    warmup: int = 2  # requests sent before each run, not counted
+    repeats: int = 1  # runs per point on the same instance
+    noise_limit: float = 0.10  # a point whose relative MAD over its repeats exceeds this is noisy
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
@@ -146,6 +150,10 @@ class Plan:
         return [tuple(g) for g in by_text.values()]
 
 
+# between_points: "flush" empties the reused server's prefix cache through its own route before each run
+# (servercache.py), "none" leaves it as the run before left it, "restart" starts the server afresh for every run.
+BETWEEN: Final = ("flush", "none", "restart")
+
 PLAN_KEYS: Final = {
     "target": "the genready target to sweep (default: the only one)",
     "command": "the benchmark: a string split like a shell (no shell), or a list of words",
@@ -154,6 +162,12 @@ PLAN_KEYS: Final = {
     "attempts": "runs per point when a run is invalidated or the server does not come up (default 2)",
     "matrix": "a table NAME = [values]: the points are their cartesian product, in file order",
     "points": "[[points]] tables of NAME = value: points listed one by one",
+    "between_points": 'before each run on a reused instance: "flush" its prefix cache (default), "none", or '
+                      '"restart" the server',
+    "warmup": "requests (the target's probe) sent before each run and not counted (default 2)",
+    "repeats": "runs per point on the same instance, each flushed before (default 1)",
+    "noise_limit": "a point whose relative median absolute deviation over its repeats exceeds this is noisy "
+                   "(default 0.10)",
 }
 
 
@@ -231,6 +245,19 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ConfigError(file, "attempts", "an integer >= 1", _found(attempts))
 
+    between = data.get("between_points", "flush")
+    if between not in BETWEEN:
+        raise ConfigError(file, "between_points", " or ".join(f'"{b}"' for b in BETWEEN), _found(between))
+    counts = {}
+    for key, default, low in (("warmup", 2, 0), ("repeats", 1, 1)):
+        v = data.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1000:
+            raise ConfigError(file, key, f"an integer from {low} to 1000", _found(v))
+        counts[key] = v
+    noise = data.get("noise_limit", 0.10)
+    if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0 <= noise < float("inf"):
+        raise ConfigError(file, "noise_limit", "a fraction >= 0 (0.10 is 10 %)", _found(noise))
+
     points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
     used: dict[str, str] = {}  # placeholder -> the key it appears in
     for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
@@ -241,7 +268,8 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
             if name != "out" and name not in dict(p.values):
                 raise ConfigError(file, key, f"a value for {{{name}}} in every point",
                                   f"none in point {p.index} ({p.label})")
-    return Plan(file, target, command, dropin, timeout, attempts, points)
+    return Plan(file, target, command, dropin, timeout, attempts, points, between, counts["warmup"],
+                counts["repeats"], float(noise))
 
 
 def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:

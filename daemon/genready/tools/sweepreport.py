@@ -22,6 +22,7 @@ import io
 import json
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,8 @@ class Figure:
     higher_is_better: bool
     digits: int
     optional: bool = False  # a column only when some row has the figure
+    ranked: bool = True  # a best value is marked (not for a figure that describes the run, not its result)
+    column: bool = True  # False: read, and plotted in the HTML report, but no table column
 
 
 FIGURES: Final = (
@@ -53,7 +56,12 @@ FIGURES: Final = (
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
+    # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
+    Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
+    Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
 )
+# A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
 
 
 class ReportError(Exception):
@@ -158,6 +166,33 @@ class Row:
     figures: dict[str, float | None] | None = None
     best: set[str] = field(default_factory=set)
     bench_unreadable: bool = False  # its bench.jsonl is there but cannot be read: figures shown "unreadable"
+    cache: str = ""  # cold_start, flushed or warm (results lines from before caches were recorded: "")
+    runs: int = 1  # repeats recorded for the point
+    runs_ok: int = 1
+    spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
+    noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
+    noise_limit: float = 0.10
+    point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
+    group: int | None = None
+    invocation_id: str = ""
+    context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over a point's repeats: the median is the row's value."""
+
+    low: float
+    high: float
+    rmad: float  # the median absolute deviation over the median's magnitude (inf for a median of 0 with spread)
+
+
+def spread_of(values: Sequence[float]) -> tuple[float, Spread]:
+    """(median, its spread) of two or more finite values."""
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    rmad = mad / abs(med) if med else (0.0 if mad == 0 else math.inf)
+    return med, Spread(min(values), max(values), rmad)
 
 
 def label_of(point: Any) -> str:
@@ -185,14 +220,70 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
         except config.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
+    for key, field_name in FROM_RESULTS.items():
+        v = _as_float(rec.get(field_name))
+        if v is not None and (figures is None or figures.get(key) is None) and not unreadable:
+            figures = {**(figures or {f.key: None for f in FIGURES}), key: v}
+    cache = rec.get("cache")
+    noise = _as_float(rec.get("noise_limit"))
+    point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
     return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
                str(rec.get("pid") or "-"), _as_float(rec.get("load_seconds")), _as_float(rec.get("run_seconds")),
-               rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable)
+               rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable,
+               cache=cache if isinstance(cache, str) else "",
+               noise_limit=noise if noise is not None and math.isfinite(noise) and noise >= 0 else 0.10,
+               point=point if isinstance(point, dict) else {},
+               group=group if isinstance(group, int) and not isinstance(group, bool) else None,
+               invocation_id=inv if isinstance(inv, str) else "",
+               context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
+                        if isinstance(v := rec.get(k), str)})
+
+
+def _repeat(rec: dict[str, Any]) -> int:
+    r = rec.get("repeat", 1)
+    return r if isinstance(r, int) and not isinstance(r, bool) else 1
+
+
+def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
+    """The row of one point from its results lines (each with its folder and FILE:LINE): per repeat, an ok
+    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread."""
+    per: dict[int, tuple[dict[str, Any], Path, str]] = {}
+    for line in lines:
+        r = _repeat(line[0])
+        if r not in per or line[0].get("status") == "ok" or per[r][0].get("status") != "ok":
+            per[r] = line
+    rows = [row_of(rec, folder, where) for _, (rec, folder, where) in sorted(per.items())]
+    if len(rows) == 1:
+        return rows[0]
+    oks = [r for r in rows if r.status == "ok"]
+    last = rows[-1]
+    bad = next((r for r in rows if r.status != "ok"), None)
+    row = Row(last.index, last.label, bad.status if bad else "ok", last.attempt, last.pid, last.load,
+              None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
+              runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
+              invocation_id=last.invocation_id,
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")})
+    caches = {r.cache for r in rows}
+    row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
+    runs = [r.run for r in oks if r.run is not None]
+    row.run = statistics.median(runs) if runs else last.run
+    with_figures = [r.figures for r in oks if r.figures]
+    if with_figures:
+        row.figures = {}
+        for f in FIGURES:
+            vals = [v for fig in with_figures if (v := fig.get(f.key)) is not None and math.isfinite(v)]
+            if len(vals) >= 2:
+                row.figures[f.key], row.spread[f.key] = spread_of(vals)
+                if f.ranked and row.spread[f.key].rmad > row.noise_limit:
+                    row.noisy.add(f.key)
+            else:
+                row.figures[f.key] = vals[0] if vals else next((fig.get(f.key) for fig in with_figures), None)
+    return row
 
 
 def rows_of(folders: Sequence[Path]) -> list[Row]:
-    """One row per point over every folder, in plan order; an ok attempt wins over later failed ones."""
-    best: dict[str, tuple[Row, bool]] = {}
+    """One row per point over every folder, in plan order (see point_row)."""
+    by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
     for folder in folders:
         path = folder / RESULTS_FILE
         try:
@@ -202,11 +293,9 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
         if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")
         for lineno, rec in lines:
-            key = json.dumps(rec.get("point"), sort_keys=True)
-            ok = rec.get("status") == "ok"
-            if key not in best or ok or not best[key][1]:
-                best[key] = (row_of(rec, folder, f"{path}:{lineno}"), ok)
-    rows = sorted((r for r, _ in best.values()), key=lambda r: r.index)
+            by_point.setdefault(json.dumps(rec.get("point"), sort_keys=True), []).append(
+                (rec, folder, f"{path}:{lineno}"))
+    rows = sorted((point_row(lines) for lines in by_point.values()), key=lambda r: r.index)
     mark_best(rows)
     return rows
 
@@ -214,6 +303,8 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def mark_best(rows: Sequence[Row]) -> None:
     """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
     for f in FIGURES:
+        if not f.ranked:
+            continue
         vals = [(r, v) for r in rows if r.status == "ok" and r.figures and (v := r.figures.get(f.key)) is not None
                 and math.isfinite(v)]  # NaN and ±Infinity are never the best
         if len(vals) < 2:
@@ -244,24 +335,75 @@ def csv_cell(text: str) -> str:
     return text
 
 
-def _cells(rows: Sequence[Row], *, mark: str) -> tuple[list[str], list[list[str]]]:
+def with_cache(rows: Sequence[Row]) -> bool:
+    """A CACHE column: some point ran on a reused instance (flushed, or warm: its figures are biased)."""
+    return any(r.cache in ("warm", "flushed") for r in rows)
+
+
+def with_repeats(rows: Sequence[Row]) -> bool:
+    return any(r.runs > 1 for r in rows)
+
+
+def figure_text(r: Row, f: Figure, mark: str = "{}") -> str:
+    """The figure's value (`mark` formats a best one); over repeats the median, with min-max and the
+    relative MAD, `!` when noisy."""
+    if r.bench_unreadable:
+        return UNREADABLE
+    text = _num((r.figures or {}).get(f.key), f.digits)
+    if f.key in r.best:
+        text = mark.format(text)
+    sp = r.spread.get(f.key)
+    if sp is not None:
+        text += f" ({sp.low:.{f.digits}f}-{sp.high:.{f.digits}f}, {_pct(sp.rmad)})" + ("!" if f.key in r.noisy else "")
+    return text
+
+
+def _pct(x: float) -> str:
+    return "inf%" if math.isinf(x) else f"{100 * x:.1f}%"
+
+
+def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Header and cells; `new_last`: CACHE and RUNS after the figures, where they do not move a column a
+    script reads by position (CSV)."""
     with_bench = any(r.figures for r in rows)
     with_host = len({r.host for r in rows if r.host}) > 1
-    figures = [f for f in FIGURES if not f.optional or any((r.figures or {}).get(f.key) is not None for r in rows)]
+    cache, repeats = with_cache(rows), with_repeats(rows)
+    figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
+                                                                         for r in rows))]
+    # What describes the run (its cache, its repeats, the unranked figures such as the prefix-cache hit rate)
+    # comes before the result figures in a table, after them in CSV.
+    described = [f for f in figures if not f.ranked] if with_bench else []
+    figures = [f for f in figures if f.ranked]
+    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else [])
+    titles = [f.title for f in figures] if with_bench else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
-        ([f.title for f in figures] if with_bench else [])
+        (titles + new if new_last else new + titles)
     body = []
     for r in rows:
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
         if with_host:
             cells.append(escape(r.host) or "-")
+        extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else [])
+        figs = []
         if with_bench:
-            for f in figures:
-                v = (r.figures or {}).get(f.key)
-                text = UNREADABLE if r.bench_unreadable else _num(v, f.digits)
-                cells.append(mark.format(text) if f.key in r.best else text)
-        body.append(cells)
+            figs = [figure_text(r, f, mark) for f in figures]
+        body.append(cells + (figs + extra if new_last else extra + figs))
     return head, body
+
+
+def legend(rows: Sequence[Row]) -> str:
+    """What the table's marks mean, for the marks it holds."""
+    notes = []
+    if any(r.best for r in rows):
+        notes.append("* best of its column")
+    if any(r.spread for r in rows):
+        limit = max(r.noise_limit for r in rows)
+        notes.append(f"median of the repeats (min-max, relative median absolute deviation); ! noisy: over "
+                     f"{_pct(limit)}")
+    if any(r.cache == "warm" for r in rows):
+        notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
+    return "".join(f"({n})\n" for n in notes)
 
 
 def render(rows: Sequence[Row], fmt: str = "table") -> str:
@@ -270,9 +412,14 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "pid": r.pid, "load_seconds": _finite(r.load), "run_seconds": _finite(r.run),
                                      "restarted": r.restarted, "host": r.host or None,
                                      **{k: _finite(v) for k, v in (r.figures or {}).items()},
-                                     "best": sorted(r.best)} for r in rows]}, indent=2, allow_nan=False) + "\n"
+                                     "best": sorted(r.best), "cache": r.cache or None, "runs": r.runs,
+                                     "runs_ok": r.runs_ok,
+                                     "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
+                                                    "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
+                                     "noisy": sorted(r.noisy)} for r in rows]},
+                          indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
-        head, body = _cells(rows, mark="{}*")
+        head, body = _cells(rows, mark="{}*", new_last=True)
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows([head, *([csv_cell(c) for c in r] for r in body)])
         return buf.getvalue()
@@ -284,4 +431,4 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return text + ("(* best of its column)\n" if any(r.best for r in rows) else "")
+    return text + legend(rows)

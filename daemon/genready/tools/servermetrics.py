@@ -1,0 +1,123 @@
+"""The server's own counters over one run: its Prometheus /metrics page before and after, the deltas,
+and the figures derived from them.
+
+The page is parsed with prometheus_client's parser, not by hand. Only counters count, summed over
+their label sets (vLLM's engines, SGLang's ranks), and never their `_created` series: those are
+timestamps, which prometheus_client's text exposition writes as a gauge `NAME_created` next to
+every counter (and OpenMetrics inside the counter's family), and which sum into nonsense. A counter
+that went down between the two reads is a reset (the server restarted in between): no negative
+delta, the run's derived figures are invalidated.
+
+Derived where the server exports the counters (names from each server's source):
+- the prefix-cache hit rate: SGLang `sglang:cached_tokens_total` / `sglang:prompt_tokens_total`
+  (python/sglang/srt/metrics/collector.py); vLLM `vllm:prefix_cache_hits_total` /
+  `vllm:prefix_cache_queries_total`, in tokens (vllm/v1/metrics/loggers.py); llama.cpp
+  `llamacpp:prompt_tokens_cached_total` / (that + `llamacpp:prompt_tokens_total`), whose
+  prompt_tokens exclude the cached ones (tools/server/server-context.cpp; checked on the real
+  llama-server 11434: two runs of a 376-token prompt counted 753 processed and 375 cached);
+- the speculative-decoding accept length, 1 + Δaccepted / Δdrafts: vLLM
+  `vllm:spec_decode_num_accepted_tokens_total` / `vllm:spec_decode_num_drafts_total`
+  (vllm/v1/spec_decode/metrics.py), llama.cpp `llamacpp:spec_decode_num_accepted_tokens_total` /
+  `llamacpp:spec_decode_num_drafts_total` (tools/server/server-task.cpp), and the draft acceptance
+  Δaccepted / Δdraft tokens where the draft tokens are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client.parser import text_string_to_metric_families
+
+METRICS_FILE: Final = "server_metrics.json"
+
+# (hit counter, its denominator, whether the denominator excludes the hits), per server
+HIT_RATES: Final = (
+    ("sglang", "sglang:cached_tokens_total", "sglang:prompt_tokens_total", False),
+    ("vllm", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", False),
+    ("llama.cpp", "llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total", True),
+)
+# (accepted tokens, verify steps, draft tokens or ""), per server
+SPEC: Final = (
+    ("vllm", "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total",
+     "vllm:spec_decode_num_draft_tokens_total"),
+    ("llama.cpp", "llamacpp:spec_decode_num_accepted_tokens_total", "llamacpp:spec_decode_num_drafts_total",
+     "llamacpp:spec_decode_num_draft_tokens_total"),
+)
+
+
+class NotMetrics(ValueError):
+    """The page is not Prometheus text."""
+
+
+def counters(text: str) -> dict[str, float]:
+    """Every counter sample of a /metrics page, summed over label sets, by sample name; `_created` left
+    out. A sample without a TYPE line counts when its name ends in `_total`, the counters' naming rule.
+    NotMetrics if prometheus_client cannot parse the page."""
+    out: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.type not in ("counter", "unknown", "untyped"):
+                continue
+            for s in family.samples:
+                if s.name.endswith("_created") or not isinstance(s.value, int | float) or math.isnan(s.value):
+                    continue
+                if family.type != "counter" and not s.name.endswith("_total"):
+                    continue
+                out[s.name] = out.get(s.name, 0.0) + float(s.value)
+    except (ValueError, TypeError, IndexError) as e:
+        raise NotMetrics(f"not Prometheus text: {e}") from None
+    return out
+
+
+@dataclass
+class RunCounters:
+    """A run's counter deltas and what they give."""
+
+    deltas: dict[str, float] = field(default_factory=dict)
+    reset: list[str] = field(default_factory=list)  # counters that went down: the server restarted
+    prefix_cache_hit_rate: float | None = None
+    prefix_cache_source: str | None = None
+    accept_length: float | None = None
+    draft_acceptance: float | None = None
+    accept_source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"counters": self.deltas, "reset": self.reset or None,
+                "prefix_cache_hit_rate": self.prefix_cache_hit_rate, "prefix_cache_source": self.prefix_cache_source,
+                "accept_length": self.accept_length, "draft_acceptance": self.draft_acceptance,
+                "accept_length_source": self.accept_source}
+
+
+def _rounded(v: float) -> float:
+    return round(v, 4)
+
+
+def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCounters:
+    """The deltas of the counters on both pages, and the derived figures (none after a reset)."""
+    run = RunCounters()
+    for name in sorted(set(before) & set(after)):
+        d = after[name] - before[name]
+        if d < 0:
+            run.reset.append(name)
+        else:
+            run.deltas[name] = d
+    if run.reset:
+        return run  # a restart in between: the counters of two processes, no figure
+    for server, hits, total, excludes in HIT_RATES:
+        if hits in run.deltas and total in run.deltas:
+            h, t = run.deltas[hits], run.deltas[total]
+            t = t + h if excludes else t
+            if t > 0:
+                run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} /metrics {hits}"
+            break
+    for server, accepted, steps, drafted in SPEC:
+        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
+            run.accept_length = _rounded(1 + run.deltas[accepted] / run.deltas[steps])
+            if run.deltas.get(drafted, 0) > 0:
+                run.draft_acceptance = _rounded(run.deltas[accepted] / run.deltas[drafted])
+            run.accept_source = f"{server} /metrics {accepted} / {steps}"
+            break
+    return run

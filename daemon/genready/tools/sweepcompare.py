@@ -1,0 +1,125 @@
+"""`genready sweep report A B --compare`: did this change help? The same points of two sweeps side by side.
+
+Points are matched by their plan values. For each figure: A's value, B's, and the change in % of A's,
+better or worse by the figure's direction. A change no larger than the noise is marked as inside
+it (`~`): the noise is the larger relative median absolute deviation of the two sides' repeats, or,
+without repeats, the plan's noise_limit (a difference of one run against one run says no more).
+Text (a table) or HTML (one self-contained page, no plots: it needs no matplotlib).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from genready.redact import escape
+from genready.tools.sweepreport import FIGURES, Figure, Row
+
+COMPARED: Final = tuple(f for f in FIGURES if f.ranked)
+
+
+@dataclass(frozen=True)
+class Change:
+    a: float | None
+    b: float | None
+    pct: float | None  # (b - a) / |a|, in %
+    noise_pct: float  # the band a change must leave to count
+    better: bool | None  # None: no change to judge, or inside the noise
+
+    @property
+    def inside_noise(self) -> bool:
+        return self.pct is not None and abs(self.pct) <= self.noise_pct
+
+
+def change(f: Figure, ra: Row | None, rb: Row | None) -> Change:
+    a = (ra.figures or {}).get(f.key) if ra is not None and ra.status == "ok" else None
+    b = (rb.figures or {}).get(f.key) if rb is not None and rb.status == "ok" else None
+    spreads = [r.spread[f.key].rmad for r in (ra, rb) if r is not None and f.key in r.spread]
+    limits = [r.noise_limit for r in (ra, rb) if r is not None]
+    noise = 100 * (max(spreads) if spreads else max(limits, default=0.10))
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or a == 0:
+        return Change(a, b, None, noise, None)
+    pct = 100 * (b - a) / abs(a)
+    better = None if abs(pct) <= noise else (pct > 0) == f.higher_is_better
+    return Change(a, b, pct, noise, better)
+
+
+def _key(r: Row) -> str:
+    return json.dumps(r.point, sort_keys=True) if r.point else r.label
+
+
+def pairs(rows_a: Sequence[Row], rows_b: Sequence[Row]) -> list[tuple[str, Row | None, Row | None]]:
+    """(label, A's row, B's row) for every point of either, A's order first, then B's own points."""
+    by_b = {_key(r): r for r in rows_b}
+    seen = set()
+    out: list[tuple[str, Row | None, Row | None]] = []
+    for r in rows_a:
+        seen.add(_key(r))
+        out.append((r.label, r, by_b.get(_key(r))))
+    out += [(r.label, None, r) for r in rows_b if _key(r) not in seen]
+    return out
+
+
+def _num(v: float | None, digits: int) -> str:
+    return "-" if v is None or not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def cell(f: Figure, c: Change) -> str:
+    """`61.2 -> 58.8 -3.9% better`; `~` after a change inside the noise."""
+    text = f"{_num(c.a, f.digits)} -> {_num(c.b, f.digits)}"
+    if c.pct is None:
+        return text
+    word = "~" if c.better is None else ("better" if c.better else "worse")
+    return f"{text} {c.pct:+.1f}% {word}"
+
+
+def _status(ra: Row | None, rb: Row | None) -> str:
+    return f"{ra.status if ra else 'absent'} / {rb.status if rb else 'absent'}"
+
+
+def compared(rows: Sequence[Row]) -> list[Figure]:
+    """The ranked figures, an optional one only when some point has it."""
+    return [f for f in COMPARED if not f.optional or any((r.figures or {}).get(f.key) is not None for r in rows)]
+
+
+def render_text(rows_a: Sequence[Row], rows_b: Sequence[Row], a: str, b: str) -> str:
+    figures = compared([*rows_a, *rows_b])
+    table = [["POINT", "STATUS A / B", *(f.title for f in figures)]]
+    for label, ra, rb in pairs(rows_a, rows_b):
+        table.append([escape(label), escape(_status(ra, rb)), *(cell(f, change(f, ra, rb)) for f in figures)])
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
+    return (f"A: {escape(a)}\nB: {escape(b)}\n" + text +
+            "(change in % of A; better/worse by the figure's direction; ~ inside the noise: the larger relative "
+            "median absolute deviation of the two sides' repeats, else the plan's noise_limit)\n")
+
+
+def render_html(rows_a: Sequence[Row], rows_b: Sequence[Row], a: str, b: str) -> str:
+    def e(v: object) -> str:
+        return html.escape(escape(str(v)))
+
+    figures = compared([*rows_a, *rows_b])
+    head = "".join(f"<th>{e(h)}</th>" for h in ["point", "status A / B", *(f.title for f in figures)])
+    body = []
+    for label, ra, rb in pairs(rows_a, rows_b):
+        cells = [f"<td>{e(label)}</td>", f"<td>{e(_status(ra, rb))}</td>"]
+        for f in figures:
+            c = change(f, ra, rb)
+            cls = "noise" if c.inside_noise else {True: "better", False: "worse", None: ""}[c.better]
+            cells.append(f'<td class="{cls}">{e(cell(f, c))}</td>')
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    css = ("body{font:14px/1.4 system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+           "td,th{border:1px solid #ccc;padding:2px 6px}td.better{background:#e3f4e3}td.worse{background:#fde2e2}"
+           "td.noise{color:#777}")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+            f"<title>genready sweep comparison</title><style>{css}</style></head><body>"
+            f"<h1>genready sweep comparison</h1><p>A: {e(a)}<br>B: {e(b)}</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            "<p>Change in % of A. Green better, red worse by the figure's direction; grey inside the noise (the "
+            "larger relative median absolute deviation of the two sides' repeats, else the plan's noise_limit)."
+            "</p></body></html>\n")
