@@ -282,6 +282,22 @@ def test_the_eta_counts_the_loads_left_and_the_runs_left(tmp_path: Path, restart
     assert s.eta(p.points[1], loading=restart_each) == f", ETA {want}"
 
 
+@pytest.mark.parametrize("restart_each", [False, True])
+def test_the_eta_counts_every_repeat(tmp_path: Path, restart_each: bool) -> None:
+    p = plan('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}"\nrepeats = 3\n'
+             '[matrix]\na = [1, 2]\nc = [1, 2, 3]')
+    s = sweep.Sweep(sweep.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
+                                       restart_each=restart_each), err=io.StringIO())
+    s.plan_schedule(set())
+    s.timings.load_times, s.timings.run_times = [360.0], [60.0]
+    # At point 2 (of 6), 5 points of 3 runs each are left: 15 runs; a load for group 2's first run only,
+    # or, with a fresh start per run, one for each of the 15 (the current run's included while loading).
+    want = "1h45m" if restart_each else "21m00s"  # 15 x 360 + 15 x 60, or 1 x 360 + 15 x 60
+    assert s.eta(p.points[1], loading=restart_each) == f", ETA {want}"
+    if restart_each:  # loaded already: that load is not left
+        assert s.eta(p.points[1], loading=False) == ", ETA 1h39m"  # 14 x 360 + 15 x 60
+
+
 # --- whole sweeps against the private manager -----------------------------------------------------
 
 # The command of every point: records what it saw; optional behaviours by flag.

@@ -268,21 +268,28 @@ class Timings:
     expected_load: float | None = None  # the daemon's expected_load_seconds, until a load is timed
     run_times: list[float] = field(default_factory=list)  # seconds of ok commands
     last_load: float | None = None
+    repeats: int = 1  # the plan's runs per point
+    every_run_loads: bool = False  # --restart-each / between_points = "restart": each repeat is a fresh start
 
     def eta(self, schedule: Sequence[tuple[Point, bool]], point: Point, *, loading: bool) -> str:
         """Loads left times the expected load, plus runs left times the mean run (`schedule`: the
-        points in order, True where a load is planned). The expected load is the mean of this
-        sweep's loads, or before the first one the daemon's expected_load_seconds (its recent loads
-        of the unit); until a run is measured the ETA counts the loads alone, and says so."""
+        points in order, True where a load is planned; each point is `repeats` runs, the current one
+        counted whole). The expected load is the mean of this sweep's loads, or before the first one
+        the daemon's expected_load_seconds (its recent loads of the unit); until a run is measured
+        the ETA counts the loads alone, and says so."""
         load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
         if load is None:
             return ""
         at = next((i for i, (p, _) in enumerate(schedule) if p.index == point.index), len(schedule))
         rest = schedule[at:]
-        loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
+        runs = len(rest) * self.repeats
+        if self.every_run_loads:
+            loads = runs - (0 if loading else 1)
+        else:
+            loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
         if not self.run_times:
             return f", ETA > {duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
-        return f", ETA {duration(loads * load + len(rest) * sum(self.run_times) / len(self.run_times))}"
+        return f", ETA {duration(loads * load + runs * sum(self.run_times) / len(self.run_times))}"
 
 
 @dataclass
@@ -311,12 +318,12 @@ class Sweep:
         self.signals = 0
         self.cleaning = False
         self.finished: dict[int, Attempt] = {}  # point index -> its last attempt in this run
-        self.timings = Timings()
         self.group_pinned: dict[str, Any] | None = None  # the verified instance of the running group
         self.check: analyze.DropinCheck | None = None  # systemd-analyze verify, when it can run
         self.schedule: list[tuple[Point, bool]] = []  # the points to run, in order; True: a planned load
         # between_points = "restart" is --restart-each: every run on a fresh start
         self.restart_each = opts.restart_each or opts.plan.between_points == "restart"
+        self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=self.restart_each)
         self.http = servercache.ServerHttp(opts.server) if opts.server is not None else None
         self.flush_told = False  # a server that cannot be flushed is said once
         self.metrics_told = False  # so is a server whose /metrics cannot be read
