@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from genready_dev.harness import wait_for
+from genready_dev.harness import stop_process, wait_for
 from tests import ci
 
 T = TypeVar("T")
@@ -193,10 +193,5 @@ class Browser:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
             self._loop.close()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        if self.proc is not None:
+            stop_process(self.proc)

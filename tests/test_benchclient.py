@@ -22,7 +22,7 @@ import pytest
 from genready import apis
 from genready.tools import benchclient, prompts
 from genready.tools.prompts import Prompt
-from genready_dev.harness import PY, env_without_notify, free_port, wait_for
+from genready_dev.harness import PY, env_without_notify, free_port, stop_process, wait_for
 from genready_dev.hostile import raw_server
 
 BENCH = [PY, "-m", "genready.benchclient"]
@@ -44,12 +44,7 @@ class Sim:
         assert self.proc.poll() is None, self.log.read_text()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")

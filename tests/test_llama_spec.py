@@ -25,7 +25,7 @@ import tomli_w
 from genready.tools import benchclient, sweepplan, sweepreport
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, http, wait_for
+from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, http, stop_process, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
 
@@ -76,12 +76,7 @@ class LlamaServer:
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 # --- the bench client loses no request ----------------------------------------------------------------------

@@ -26,7 +26,7 @@ from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
 from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import PY, free_port, http, wait_for
+from genready_dev.harness import PY, free_port, http, stop_process, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
 from tests.test_sweep import Rig
@@ -180,12 +180,7 @@ class Sim:
         return self.log.read_text().count(" flushed ")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_process(self.proc)
 
 
 @pytest.fixture

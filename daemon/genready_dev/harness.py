@@ -34,6 +34,17 @@ PY = sys.executable
 GENREADY = [PY, "-m", "genready.cli"]
 
 
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it is still there after `grace` seconds; its exit status."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(grace)
+
+
 def wait_for(predicate: Callable[[], T | None], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
              interval: float = 0.02) -> T:
     """Poll `predicate` until it returns something truthy (and return that); AssertionError
