@@ -3,7 +3,7 @@
 A run that reuses a verified instance would otherwise measure its TTFT on prompts the run
 before it left in the server's prefix (radix, KV) cache. The tools that reuse a server reset
 it between runs; so does the sweep, with `between_points = "flush"`, through each server's
-own route: each ServerKind's flush (servers.py, where each route is read from its server's
+own route: each ServerKind's flush (servers/kinds.py, where each route is read from its server's
 source). A server with none of them cannot be flushed: the sweep says so once, naming the fix
 (FIX), and records its reused points `warm`. The warmup sends the target's own probe request
 (its `prompt`, `max_tokens`, `api`) N times before each run, and the flush comes after it, so
@@ -22,18 +22,19 @@ from typing import Any, Final
 
 import aiohttp
 
-from genready import apis, servers
+from genready import apis
 from genready.config import TargetConfig
-from genready.servers import Flushed
+from genready.servers import kinds
+from genready.servers.flush import Call, Flushed
 
 __all__ = ["FIX", "Flushed", "ServerHttp", "flush", "warm_up"]
 
 TIMEOUT: Final = 30.0  # seconds for one flush or /metrics request: a server that takes longer is not idle
 BUSY_WAIT: Final = 30.0  # seconds SGLang's 400 ("requests are running") is waited out
 MAX_ANSWER: Final = 4 << 20  # bytes read of an answer: a slot list or a /metrics page, not a download
-NO_ROUTE: Final = servers.NO_ROUTE
-FLUSH_NEEDS: Final = servers.FLUSH_NEEDS  # "SGLang /flush_cache; vLLM …; llama-server …": what a flush needs
-FIX: Final = servers.FIX
+NO_ROUTE: Final = kinds.NO_ROUTE
+FLUSH_NEEDS: Final = kinds.FLUSH_NEEDS  # "SGLang /flush_cache; vLLM …; llama-server …": what a flush needs
+FIX: Final = kinds.FIX
 
 
 async def read_capped(content: aiohttp.StreamReader, cap: int) -> bytes | None:
@@ -98,9 +99,9 @@ class ServerHttp:
 
 
 def flush(http: ServerHttp, *, busy_wait: float = BUSY_WAIT) -> Flushed:
-    """Empty the server's prefix cache by the first of the known routes it has (servers.py, each kind's flush)."""
-    async def work(call: servers.Call) -> Flushed:
-        return await servers.flush(call, busy_wait)
+    """Empty the server's prefix cache by the first of the known routes it has (servers/kinds.py, each kind's flush)."""
+    async def work(call: Call) -> Flushed:
+        return await kinds.flush(call, busy_wait)
     result: Flushed = http.calls(work)
     return result
 

@@ -8,7 +8,7 @@ every counter (and OpenMetrics inside the counter's family), and which sum into 
 that went down between the two reads is a reset (the server restarted in between): no negative
 delta, the run's derived figures are invalidated.
 
-Derived where the server exports the counters (each ServerKind's names, from its source: servers.py):
+Derived where the server exports the counters (each ServerKind's names, from its source: servers/kinds.py):
 the prefix-cache hit rate, hits / queries in tokens (llama.cpp's prompt_tokens exclude the cached
 ones); the speculative-decoding accept length, 1 + Δaccepted / Δverify steps; and the draft
 acceptance Δaccepted / Δdraft tokens where the draft tokens are counted.
@@ -28,17 +28,17 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from genready import servers
+from genready.servers import kinds
 
 METRICS_FILE: Final = "server_metrics.json"
 
 # (server, hit counter, its denominator, whether the denominator excludes the hits), per kind that counts them
-HIT_RATES: Final = tuple((k.name, servers.total(h.hits), servers.total(h.total), h.total_excludes_hits)
-                         for k in servers.hit_rate_kinds() if (h := k.hit_rate) is not None)
+HIT_RATES: Final = tuple((k.name, kinds.total(h.hits), kinds.total(h.total), h.total_excludes_hits)
+                         for k in kinds.hit_rate_kinds() if (h := k.hit_rate) is not None)
 # (server, accepted tokens, verify steps, draft tokens or ""), per kind that counts them
-SPEC: Final = tuple((k.name, servers.total(m.accepted), servers.total(m.steps),
-                     servers.total(m.draft_tokens) if m.draft_tokens else "")
-                    for k in servers.spec_kinds() if (m := k.spec) is not None)
+SPEC: Final = tuple((k.name, kinds.total(m.accepted), kinds.total(m.steps),
+                     kinds.total(m.draft_tokens) if m.draft_tokens else "")
+                    for k in kinds.spec_kinds() if (m := k.spec) is not None)
 
 
 class NotMetrics(ValueError):

@@ -12,33 +12,12 @@ Each fact names the server's source file it was read from.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from genready.apis import MODELS_PATH, excerpt
-
-# (status, body) of one request to the server; status 0 (with the error as body) when it could not be asked.
-Call = Callable[..., Awaitable[tuple[int, bytes]]]
-
-
-@dataclass(frozen=True)
-class Flushed:
-    """What a flush came to: `route` when the cache was emptied, else `why` it could not be."""
-
-    route: str = ""
-    why: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.route)
-
-
-# A kind's flush: its result, or None when the server has not this kind's route (the next kind is asked).
-Flush = Callable[[Call, float], Awaitable[Flushed | None]]
+from genready.apis import MODELS_PATH
+from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
 
 
 def total(name: str) -> str:
@@ -104,67 +83,6 @@ class ServerKind:
     refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
 
 
-# --- flushes, each as the server's source has it ---------------------------------------------------------
-
-BUSY_POLL: Final = 0.25
-
-
-async def _flush_sglang(call: Call, busy_wait: float) -> Flushed | None:
-    # python/sglang/srt/entrypoints/http_server.py, flush_cache: GET or POST; 400 while requests are running or
-    # waiting (the run's last ones may still be finishing), waited out (bounded) and asked again.
-    deadline = time.monotonic() + busy_wait
-    while True:
-        status, body = await call("POST", "/flush_cache")
-        if status != 400 or time.monotonic() >= deadline:
-            break
-        await asyncio.sleep(BUSY_POLL)
-    if status == 200:
-        return Flushed("SGLang /flush_cache")
-    if status == 400:
-        return Flushed(why=f"SGLang /flush_cache still answered 400 (requests running) after {busy_wait:g}s")
-    if status == 0:
-        return Flushed(why=f"the server could not be asked: {body.decode('utf-8', 'replace')[:200]}")
-    if status in (401, 403):
-        return Flushed(why=f"/flush_cache answered {status}: the target's api_key is not the server's")
-    return None
-
-
-async def _flush_vllm(call: Call, busy_wait: float) -> Flushed | None:
-    # vllm/entrypoints/serve/cache/api_router.py: 200; the routes exist only with VLLM_SERVER_DEV_MODE=1.
-    status, _ = await call("POST", "/reset_prefix_cache")
-    if status != 200:
-        return None
-    for extra in ("/reset_mm_cache", "/reset_encoder_cache"):  # where the server has them
-        await call("POST", extra)
-    return Flushed("vLLM /reset_prefix_cache")
-
-
-async def _flush_llamacpp(call: Call, busy_wait: float) -> Flushed | None:
-    # tools/server/server-context.cpp, handle_slots / handle_slots_action: 501 with --no-slots, and (checked on
-    # the real llama-server 11434) every slot action is 501 unless it runs with --slot-save-path DIR.
-    status, body = await call("GET", "/slots")
-    if status == 501:
-        return Flushed(why="llama-server's /slots is disabled (--no-slots): start it without --no-slots")
-    if status in (401, 403):
-        return Flushed(why=f"llama-server's /slots answered {status}: the target's api_key is not the server's")
-    if status != 200:
-        return None
-    try:
-        ids = [s["id"] for s in json.loads(body) if isinstance(s, dict) and isinstance(s.get("id"), int)]
-    except (ValueError, TypeError, KeyError):
-        ids = []
-    if not ids:
-        return Flushed(why=f"llama-server's /slots listed no slot ids: {excerpt(body)}")
-    for i in ids:
-        status, body = await call("POST", f"/slots/{i}?action=erase")
-        if status == 501:
-            return Flushed(why="llama-server refuses slot actions (501: it was started without "
-                           "--slot-save-path): start it with --slot-save-path DIR")
-        if status != 200:
-            return Flushed(why=f"llama-server's POST /slots/{i}?action=erase answered {status}: {excerpt(body)}")
-    return Flushed(f"llama-server /slots/ID?action=erase ({len(ids)} slot{'s' if len(ids) != 1 else ''})")
-
-
 # --- the kinds -------------------------------------------------------------------------------------------
 
 SGLANG: Final = ServerKind(
@@ -179,7 +97,7 @@ SGLANG: Final = ServerKind(
             "in-process, so the key never reaches a command line",
     # python/sglang/srt/entrypoints/http_server.py: /get_server_info (older: /server_info)
     info_routes=("/get_server_info", "/server_info"),
-    flush=_flush_sglang, flush_needs="SGLang /flush_cache",
+    flush=flush_sglang, flush_needs="SGLang /flush_cache",
     # python/sglang/srt/metrics/collector.py
     hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
     # python/sglang/srt/managers/tokenizer_manager.py: set only when a speculative algorithm runs
@@ -199,7 +117,7 @@ VLLM: Final = ServerKind(
     key_fix="set VLLM_API_KEY from an EnvironmentFile= only root can read (a process's environment is private "
             "to its user), instead of --api-key or Environment=",
     model_is_weights=True,
-    flush=_flush_vllm,
+    flush=flush_vllm,
     flush_needs="vLLM POST /reset_prefix_cache (only with VLLM_SERVER_DEV_MODE=1 in the server's environment)",
     # vllm/v1/metrics/loggers.py; vllm/v1/spec_decode/metrics.py
     hit_rate=HitRate("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
@@ -224,7 +142,7 @@ LLAMA_CPP: Final = ServerKind(
     # fails ("couldn't bind HTTP server socket") until someone removes it
     init_notes={"uds": "llama-server leaves {uds} behind when it stops, and a stale one fails the next start: "
                        "give its unit ExecStartPre=-/bin/rm -f {uds}"},
-    flush=_flush_llamacpp,
+    flush=flush_llamacpp,
     flush_needs="llama-server GET /slots and its slot actions (--slot-save-path DIR, not --no-slots)",
     # tools/server/server-context.cpp: prompt_tokens exclude the cached ones (checked on the real llama-server
     # 11434: two runs of a 376-token prompt counted 753 processed and 375 cached)
