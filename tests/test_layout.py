@@ -244,8 +244,8 @@ def plain_appends(path: Path) -> list[str]:
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if not (isinstance(func, ast.Name) and func.id == "open" or isinstance(func, ast.Attribute)
-                and func.attr == "open"):
+        if not ((isinstance(func, ast.Name) and func.id == "open") or (isinstance(func, ast.Attribute)
+                and func.attr == "open")):
             continue
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "os":
             continue  # os.open takes flags, not a mode string

@@ -111,11 +111,25 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
             if t > 0:
                 run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} /metrics {hits}"
             break
-    for server, accepted, steps, drafted in SPEC:
-        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
-            run.accept_length = _rounded(1 + run.deltas[accepted] / run.deltas[steps])
-            if run.deltas.get(drafted, 0) > 0:
-                run.draft_acceptance = _rounded(run.deltas[accepted] / run.deltas[drafted])
-            run.accept_source = f"{server} /metrics {accepted} / {steps}"
-            break
+    if (got := spec_of(run)) is not None:
+        kind, accepted, steps, drafted = got
+        assert kind.spec is not None
+        run.accept_length = _rounded(1 + accepted / steps)
+        if drafted:
+            run.draft_acceptance = _rounded(accepted / drafted)
+        run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
     return run
+
+
+def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | None] | None:
+    """(the kind, Δaccepted, Δverify steps, Δdraft tokens or None) of the first kind whose speculative-decoding
+    counters grew over the run; None without (or after a reset). The accept length is 1 + Δaccepted / Δsteps."""
+    if run.reset:
+        return None
+    for kind in kinds.spec_kinds():
+        assert kind.spec is not None
+        accepted, steps = kinds.total(kind.spec.accepted), kinds.total(kind.spec.steps)
+        drafted = kinds.total(kind.spec.draft_tokens) if kind.spec.draft_tokens else ""
+        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
+            return kind, run.deltas[accepted], run.deltas[steps], run.deltas.get(drafted) if drafted else None
+    return None
