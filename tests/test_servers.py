@@ -1,4 +1,4 @@
-"""genready against each server's profile (`genready simulate --profile`, docs/kinds.md).
+"""genready against each server's profile (`genready simulate --profile`, docs/servers.md).
 
 Without systemd where the gate's state machine is not the question (the probe, in this process,
 against a real simulator process, its owner proven by its PID); under the private systemd
@@ -91,7 +91,7 @@ async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -
     assert "sk-wrong" not in wrong.detail
     right = await probe(sim, target(sim.url, API[profile], "sk-right"))
     assert right.ok, right
-    # Where each server answers 401 (docs/kinds.md): vLLM and llama.cpp guard the model list
+    # Where each server answers 401 (docs/servers.md): vLLM and llama.cpp guard the model list
     # too (llama.cpp leaves only /health and /v1/health open), SGLang has no model list to ask.
     where = {"sglang": "POST /generate", "vllm": "model discovery: GET /v1/models",
              "llamacpp": "model discovery: GET /v1/models"}[profile]
@@ -271,8 +271,8 @@ def test_status_says_which_model_and_why(manager: UserManager, tmp_path: Path) -
 
 
 def test_every_profile_names_its_sources() -> None:
-    # docs/kinds.md names each profile's source files; the simulator comments name them too.
-    doc = (Path(__file__).resolve().parents[1] / "docs" / "kinds.md").read_text()
+    # docs/servers.md names each profile's source files; the simulator comments name them too.
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "servers.md").read_text()
     sim = (Path(__file__).resolve().parents[1] / "daemon" / "genready_dev" / "sim.py").read_text()
     for path in ("python/sglang/srt/entrypoints/http_server.py", "python/sglang/srt/managers/tokenizer_manager.py",
                  "vllm/entrypoints/openai/models/serving.py", "vllm/entrypoints/openai/server_utils.py",
