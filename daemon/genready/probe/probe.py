@@ -46,12 +46,6 @@ _CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,15}")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
-def _says(body: bytes, words: tuple[str, ...]) -> bool:
-    """Whether a refusal's text holds one of a server kind's words (servers/kinds.py: refusal_words)."""
-    text = body.decode("utf-8", "replace").lower()
-    return any(w in text for w in words)
-
-
 class _Fail(Exception):
     def __init__(self, failure: Failure, detail: str, status: int | None = None) -> None:
         super().__init__(detail)
@@ -566,7 +560,7 @@ class Prober:
         `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests),
         `unhealthy` for llama.cpp's router saying the model is not loaded (it may load it)."""
         seen = _seen(what, resp)
-        if resp.status == 400 and _says(resp.body, kinds.ROUTER_NOT_LOADED):
+        if resp.status == 400 and kinds.says(resp.body, kinds.ROUTER_NOT_LOADED):
             return _Fail(Failure.UNHEALTHY, f"{seen} (llama.cpp's router: load the model, or start it with "
                                             "--models-autoload)", resp.status)
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
@@ -597,7 +591,7 @@ class Prober:
         if status == 400 and "tokenizer" in text and not t.prompt_ids:
             return ("the server has no tokenizer (started with --skip-tokenizer-init?): set prompt_ids = [...] "
                     "(the token ids of a short prompt) for this target")
-        if status == 422 or (status == 400 and _says(body, kinds.WRONG_SHAPE)):
+        if status == 422 or (status == 400 and kinds.says(body, kinds.WRONG_SHAPE)):
             return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
                     "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
         return "the server refuses the probe's request: check api, model, prompt and max_tokens"

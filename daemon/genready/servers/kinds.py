@@ -183,6 +183,12 @@ ROUTER_NOT_LOADED: Final = tuple(w for k in KINDS for w, why in k.refusal_words.
 ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
 
 
+def says(body: bytes, words: tuple[str, ...]) -> bool:
+    """Whether a refusal's text holds one of the kinds' words (WRONG_SHAPE, ROUTER_NOT_LOADED)."""
+    text = body.decode("utf-8", "replace").lower()
+    return any(w in text for w in words)
+
+
 def by_server_header(header: str) -> ServerKind | None:
     """The kind whose Server header this is (`llama.cpp/…`), if any."""
     product = header.split("/")[0]
