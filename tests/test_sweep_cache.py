@@ -380,14 +380,20 @@ def test_the_real_llama_servers_slots_at_np_128_are_read_whole(tmp_path: Path) -
     url = f"http://127.0.0.1:{port}"
     with (tmp_path / "llama.log").open("wb") as out:
         proc = subprocess.Popen([str(realservers.llama_server()), "--host", "127.0.0.1", "--port", str(port),
-                                 "-m", str(model), "-c", "16384", "-np", "128", "-lm", "none", "-t", "1", "-tb", "1",
+                                 "-m", str(model), "-c", "65536", "-np", "128", "-lm", "none", "-t", "1", "-tb", "1",
                                  "--slot-save-path", str(tmp_path)], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
     try:
         wait_for(lambda: http(url + "/health")[0] == 200 or proc.poll() is not None, 120, "llama-server")
         target = config.parse({"targets": {"t": {"unit": "x.service", "url": url, "api": "openai-completions"}}},
                               service=False).targets["t"]
+        # A slot that has served a request lists its parameters (~1.2 KB): 128 requests at once use every slot.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(128) as pool:
+            list(pool.map(lambda i: post(url + "/v1/completions", {"prompt": f"slot {i} " * 5, "max_tokens": 8}),
+                          range(128)))
         status, body = servercache.ServerHttp(target).get("/slots")
-        assert status == 200 and len(json.loads(body)) == 128, (status, len(body))
+        print(f"GET /slots at -np 128: {len(body):,} bytes")
+        assert status == 200 and len(json.loads(body)) == 128 and len(body) > 128_000, (status, len(body))
         done = servercache.flush(servercache.ServerHttp(target))
         assert done.route.endswith("(128 slots)"), done
     finally:
