@@ -40,12 +40,17 @@ def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def too_large(v: int) -> bool:
+    """Whether an integer a server sent is past any count (and past what a float holds: 10**400)."""
+    return v.bit_length() > 1000
+
+
 def _count(v: Any) -> int:
     """A positive count, else 0; BadAnswer for an integer that cannot be a float (10**400): no count of
     tokens is that large, and every figure made of it would overflow."""
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         return 0
-    if v.bit_length() > 1000:
+    if too_large(v):
         raise BadAnswer(f"a count of {v.bit_length()} bits, too large to be one (completion_tokens?)")
     return v
 

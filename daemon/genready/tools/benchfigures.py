@@ -9,13 +9,12 @@ counters give over the run is servermetrics' (read once before the run and once 
 from __future__ import annotations
 
 import math
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from genready.apis import BadAnswer, ServerApi
+from genready.apis import BadAnswer, ServerApi, too_large
 from genready.servers import kinds
 from genready.tools import servermetrics
 
@@ -35,7 +34,7 @@ def count(v: Any, what: str) -> int | None:
     that cannot be a float (10**400): a malformed answer, whose figures would overflow the run's."""
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
         return None
-    if v.bit_length() > sys.float_info.max_exp:
+    if too_large(v):
         raise BadAnswer(f"{what} is an integer of {v.bit_length()} bits, too large to be a count")
     return v
 

@@ -237,7 +237,7 @@ async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: 
             return None
         # NaN, or a number that cannot be a float (10**400), is no figure: never NaN in the results
         return v if isinstance(v, float) and math.isfinite(v) else \
-            float(v) if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() <= 1000 else None
+            float(v) if isinstance(v, int) and not isinstance(v, bool) and not apis.too_large(v) else None
     return None
 
 
