@@ -196,7 +196,7 @@ def from_counters(summary: Summary, run: servermetrics.RunCounters) -> None:
         return
     kind, accepted, steps, drafted = got
     assert kind.spec is not None
-    summary.metrics_accept = 1 + accepted / steps
+    summary.metrics_accept = servermetrics.accept_length(accepted, steps)
     summary.metrics_source = kind.spec.source
     summary.metrics_counts = {"drafts": steps, "accepted": accepted}
     if drafted is not None:

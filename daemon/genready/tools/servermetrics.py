@@ -114,11 +114,17 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
     if (got := spec_of(run)) is not None:
         kind, accepted, steps, drafted = got
         assert kind.spec is not None
-        run.accept_length = _rounded(1 + accepted / steps)
+        run.accept_length = _rounded(accept_length(accepted, steps))
         if drafted:
             run.draft_acceptance = _rounded(accepted / drafted)
         run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
     return run
+
+
+def accept_length(accepted: float, steps: float) -> float:
+    """Tokens per verify step of the large model: each step gives its accepted draft tokens plus one of its own
+    (vLLM's "mean acceptance length"); the bench client and the sweep both take it from here."""
+    return 1 + accepted / steps
 
 
 def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | None] | None:
