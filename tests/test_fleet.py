@@ -10,6 +10,7 @@ verbatim (checked here), so what the docs show is what ran.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +55,59 @@ def test_the_docs_quote_the_recipe_files_verbatim() -> None:
 
 def test_the_recipes_are_shipped_with_the_package() -> None:
     assert "packaging/examples/*" in (REPO / "packaging" / "debian" / "genready.examples").read_text().split()
+
+
+
+def unpack_script() -> str:
+    """The recipe's `unpack_script` (a YAML block scalar: the lines indented past its key), as the play runs it."""
+    lines = PLAY.read_text().splitlines()
+    start = lines.index("    unpack_script: |") + 1
+    body = [ln for ln in lines[start:] if ln.startswith("      ") or not ln.strip()]
+    body = body[:next(i for i, ln in enumerate(lines[start:]) if ln.strip() and not ln.startswith("      "))]
+    return "".join(ln[6:] + "\n" for ln in body)
+
+
+@pytest.mark.system  # it runs the script as the play does: in a Python process of its own
+def test_the_plays_unpacker_keeps_a_crafted_archive_inside_the_folder(tmp_path: Path) -> None:
+    """What GNU tar on a host never writes but whoever is root there can send in its place: absolute names,
+    `..`, hard links to the controller's files, a symlink then a file through it, a file over a folder.
+    Nothing is written outside the host's folder, which replaces the previous one."""
+    def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", link: str = "") -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname, info.size, info.mode = kind, link, len(data), 0o644
+        tar.addfile(info, io.BytesIO(data) if data else None)
+
+    archive, dest = tmp_path / "gpu-a.tar.gz", tmp_path / "gpu-a"
+    with tarfile.open(archive, "w:gz") as tar:
+        member("./results.jsonl", data=b"{}\n")
+        member("/tmp/genready-fleet-abs", data=b"x")
+        member("../escaped", data=b"x")
+        member("./a/../../escaped-too", data=b"x")
+        member("./pw", tarfile.LNKTYPE, link="/etc/passwd")
+        member("./copy", tarfile.LNKTYPE, link="./results.jsonl")  # a hard link within: a copy
+        member("./x", tarfile.SYMTYPE, link="/etc")
+        member("./x/cron", data=b"x")  # through the symlink, had it been made: into a folder x, here
+        member("./d", tarfile.DIRTYPE)
+        member("./d", data=b"x")
+    dest.mkdir()
+    (dest / "stale").write_text("from an earlier play\n")
+    (dest / "old-link").symlink_to("/etc")
+    p = subprocess.run([sys.executable, "-", str(archive), str(dest)], input=unpack_script(), capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    said = p.stdout.splitlines()
+    assert said == ["'/tmp/genready-fleet-abs': a path out of the folder, left out",
+                        "'../escaped': a path out of the folder, left out",
+                        "'./a/../../escaped-too': a path out of the folder, left out",
+                        "'pw': a hard link to no file of the folder, left out",
+                        "'x': a symlink, left out",
+                        "'d': left out (Is a directory)"], said
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["gpu-a", "gpu-a.tar.gz"]  # nothing beside it
+    assert not Path("/tmp/genready-fleet-abs").exists()
+    found = {str(q.relative_to(dest)): stat.filemode(q.lstat().st_mode) for q in dest.rglob("*")}
+    assert found == {"results.jsonl": "-rw-r--r--", "copy": "-rw-r--r--", "x": "drwxr-xr-x",
+                     "x/cron": "-rw-r--r--", "d": "drwxr-xr-x"}, found
+    assert (dest / "copy").read_bytes() == b"{}\n"
 
 
 # --- the rig: the simulator unit, a genready watching it, the plan ----------------------------------
