@@ -1,10 +1,11 @@
 """On a GPU host: do genready's two GPU providers (NVML through nvidia-ml-py, and nvidia-smi) agree on
 the compute processes and their memory, and what does one sample of each GPU look like?
 
-    python3 bench/gpu_check.py [--hold-mib N] [--json FILE] [--smi PATH]
+    PYTHONPATH=daemon python3 bench/gpu_check.py [--hold-mib N] [--raw] [--json FILE] [--smi PATH]
 
 Standard library only (nvidia-ml-py is used when importable, else the check says NVML was
-unavailable and runs nvidia-smi alone); no venv: it puts the checkout's daemon/ on sys.path.
+unavailable and runs nvidia-smi alone); no venv: with PYTHONPATH=daemon it runs from a bare
+checkout (the product's gpu/ package needs nothing outside the standard library).
 `--hold-mib N` first starts a process that allocates N MiB on GPU 0 (through PyTorch or CuPy,
 if either is installed) so that there is a known process to find: it must appear in both
 providers' lists with at least N MiB, under its own PID. Exit 0: agreed; 1: they disagree (or the
@@ -22,11 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "daemon"))
-
-from genready.gpu.attribution import read_proc
-from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable, Provider
-from genready.gpu.smi import APPS_FIELDS, FORMAT, GPU_FIELDS, SmiProvider, run_bounded
+try:
+    from genready.gpu.attribution import read_proc
+    from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable, Provider
+    from genready.gpu.smi import APPS_FIELDS, FORMAT, GPU_FIELDS, SmiProvider, run_bounded
+except ImportError:
+    sys.exit("genready is not importable: install it, or run from the checkout with "
+             "PYTHONPATH=daemon python3 bench/gpu_check.py")
 
 HOLDER = """
 import sys

@@ -16,8 +16,8 @@ from genready.gpu import attribution
 from genready.gpu.attribution import Proc, Start, TargetStarts, attribute, per_target, read_proc, unit_of_cgroup
 from genready.gpu.nvml import NvmlProvider
 from genready.gpu.provider import MIB, ComputeProcess, GpuUnavailable
-from genready.gpu.smi import parse_apps, parse_gpus
-from genready.gpu.watch import GpuWatch, starts_of
+from genready.gpu.smi import SmiProvider, parse_apps, parse_gpus
+from genready.gpu.watch import GpuWatch, choose, starts_of
 from genready.store.records import StartRecord
 from genready.timewords import iso
 
@@ -114,8 +114,12 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, h: FakeGpu) -> list[Any]:
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in h.procs]
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
-        return SimpleNamespace(used=h.used, total=h.total, free=h.total - h.used)
+    nvmlMemory_v2 = 0x02000028  # as nvidia-ml-py defines it
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu, version: int | None = None) -> Any:
+        # version 1 counts the driver's reserved memory as used; version 2 (what nvidia-smi shows) does not
+        reserved = 0 if version == self.nvmlMemory_v2 else 600 * MIB
+        return SimpleNamespace(used=h.used + reserved, total=h.total, free=h.total - h.used - reserved)
 
     def nvmlDeviceGetUtilizationRates(self, h: FakeGpu) -> Any:
         return SimpleNamespace(gpu=42, memory=7)
@@ -308,3 +312,18 @@ def test_read_proc_reads_this_process() -> None:
     assert p is not None and p.ppid == os.getppid() and p.cmdline
     assert p.started_at is not None and p.started_at <= __import__("time").time()
     assert read_proc(2**22 + 7) is None  # above pid_max: never a process
+
+
+def test_choose_falls_back_to_nvidia_smi_and_says_why_neither_would_do(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # an import of it fails, as without the extra
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(GpuUnavailable, match=r"nvml: nvidia-ml-py is not installed.*nvidia-smi: no nvidia-smi on PATH"):
+        choose()
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\n")
+    smi.chmod(0o755)
+    p = choose()
+    assert isinstance(p, SmiProvider) and p.path == str(smi)
+    with pytest.raises(GpuUnavailable, match="unknown provider 'amd'"):
+        choose("amd")

@@ -1,6 +1,5 @@
 """The GPU provider seam: what every provider answers (compute processes, per-GPU samples) and which
-one to use. NVML (`nvidia-ml-py`, the `genready[gpu]` extra) first, `nvidia-smi` without it; AMD
-(`amdsmi`) would be a third `Provider`.
+one to use is `watch.choose()`. AMD (`amdsmi`) would be a third `Provider`.
 
 Every call here blocks (a library call into the driver, or a subprocess): callers run it on a
 worker thread (`read_off_loop`), never on the event loop.
@@ -70,25 +69,6 @@ class Provider(Protocol):
     def samples(self) -> list[GpuSample]:
         """One sample per GPU, in index order."""
         ...
-
-
-def choose(prefer: str = "auto") -> Provider:
-    """The provider to use: `nvml`, `smi`, or `auto` (NVML if `nvidia-ml-py` is installed and the
-    driver answers it, else nvidia-smi). GpuUnavailable names every reason none would do."""
-    from genready.gpu import nvml, smi  # here: neither is needed until a GPU is asked about
-
-    reasons: list[str] = []
-    if prefer in ("auto", "nvml"):
-        try:
-            return nvml.NvmlProvider()
-        except GpuUnavailable as e:
-            reasons.append(f"nvml: {e}")
-    if prefer in ("auto", "smi"):
-        try:
-            return smi.SmiProvider()
-        except GpuUnavailable as e:
-            reasons.append(f"nvidia-smi: {e}")
-    raise GpuUnavailable("; ".join(reasons) or f"unknown provider {prefer!r} (expected auto, nvml or smi)")
 
 
 async def read_off_loop(executor: concurrent.futures.Executor | None, call: Callable[[], T]) -> T:

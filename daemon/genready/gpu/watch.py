@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from genready.gpu import nvml, smi
 from genready.gpu.attribution import (
     Holding,
     Proc,
@@ -56,6 +57,23 @@ def starts_of(target: str, unit: str, records: Iterable[StartRecord], current_in
         else:
             earlier.append(s)
     return TargetStarts(target, unit, cur, tuple(earlier), control_group)
+
+
+def choose(prefer: str = "auto") -> Provider:
+    """The provider to use: `nvml`, `smi`, or `auto` (NVML if `nvidia-ml-py` is installed and the
+    driver answers it, else nvidia-smi). GpuUnavailable names every reason none would do."""
+    reasons: list[str] = []
+    if prefer in ("auto", "nvml"):
+        try:
+            return nvml.NvmlProvider()
+        except GpuUnavailable as e:
+            reasons.append(f"nvml: {e}")
+    if prefer in ("auto", "smi"):
+        try:
+            return smi.SmiProvider()
+        except GpuUnavailable as e:
+            reasons.append(f"nvidia-smi: {e}")
+    raise GpuUnavailable("; ".join(reasons) or f"unknown provider {prefer!r} (expected auto, nvml or smi)")
 
 
 class GpuWatch:
