@@ -210,6 +210,12 @@ def test_a_process_of_the_unit_begun_during_the_current_start_is_the_current_sta
     assert h.role == "current"
 
 
+def test_a_start_without_its_main_pid_yet_still_owns_what_its_cgroup_began_since() -> None:
+    """ExecStartPre= (a weights download, a GPU check) runs before there is a MainPID."""
+    h = one(proc(305, 1, at=T0 + 122), t=llm(Start(THIRD, 0, T0 + 121)))
+    assert (h.role, h.invocation_id) == ("current", THIRD)
+
+
 def test_a_process_of_the_unit_begun_during_an_earlier_start_is_that_starts_stray() -> None:
     h = one(proc(150, 1, at=T0 + 62))
     assert (h.role, h.invocation_id) == ("stray", SECOND)
@@ -327,3 +333,30 @@ def test_choose_falls_back_to_nvidia_smi_and_says_why_neither_would_do(
     assert isinstance(p, SmiProvider) and p.path == str(smi)
     with pytest.raises(GpuUnavailable, match="unknown provider 'amd'"):
         choose("amd")
+
+
+def test_the_gauges_show_each_targets_stray_and_current_bytes_per_gpu() -> None:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from genready.gpu.gauge import GpuCollector
+    from genready.gpu.watch import GpuReading
+
+    def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        text = generate_latest(reg).decode()
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    latest: list[GpuReading | None] = [None]
+    reg = CollectorRegistry()
+    reg.register(GpuCollector(lambda: latest[0]))
+    assert scrape() == {}  # no reading yet: no series
+    procs = [ComputeProcess(UUID0, 300, 10 * MIB), ComputeProcess(UUID0, 150, 70 * MIB)]
+    holdings = attribute(procs, {300: [proc(300, at=T0 + 121)], 150: [proc(150, at=T0 + 62)]}, [llm()])
+    latest[0] = GpuReading(T0, holdings, per_target(holdings, ["llm"]))
+    labels = (("gpu", UUID0), ("target", "llm"))
+    assert scrape() == {("genready_gpu_stray_bytes", labels): 70 * MIB,
+                        ("genready_gpu_current_bytes", labels): 10 * MIB, ("genready_gpu_read_ok", ()): 1}
+    latest[0] = GpuReading(T0, error="nvidia-smi exited 9")
+    assert scrape() == {("genready_gpu_read_ok", ()): 0}

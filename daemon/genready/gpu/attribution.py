@@ -288,9 +288,9 @@ def _one(g: ComputeProcess, chain: Sequence[Proc], targets: Sequence[TargetStart
 
     for t in targets:  # the current start's first: a process is a stray only if no target's start claims it
         cur = t.current
-        if cur is None or not cur.main_pid:
+        if cur is None:
             continue
-        if any(a.pid == cur.main_pid for a in chain):
+        if cur.main_pid and any(a.pid == cur.main_pid for a in chain):
             return held("current", t, cur.invocation_id, "the current MainPID or its descendant")
         if _in_unit(p, t) and _during(p.started_at, cur, None):
             return held("current", t, cur.invocation_id, f"in {t.unit}'s cgroup, begun during the current start")

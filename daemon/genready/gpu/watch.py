@@ -83,6 +83,7 @@ class GpuWatch:
         self.provider = provider
         self.executor = executor
         self.trees = Trees()
+        self.latest: GpuReading | None = None  # the last reading, for /status and the gauges
 
     def record_tree(self, target: str, invocation_id: str, main_pid: int) -> int:
         """Remember this start's processes now (blocks on /proc): see attribution.Trees."""
@@ -94,10 +95,13 @@ class GpuWatch:
         try:
             procs = self.provider.processes()
         except GpuUnavailable as e:
-            return GpuReading(now, error=str(e))
+            self.latest = GpuReading(now, error=str(e))
+            return self.latest
         chains: dict[int, list[Proc]] = {p.pid: ancestry(p.pid) for p in procs}
         holdings = attribute(procs, chains, targets, self.trees.seen)
-        return GpuReading(now, holdings, per_target(holdings, (t.target for t in targets)))
+        # One assignment of a whole new reading: a scrape on another thread sees the old or the new.
+        self.latest = GpuReading(now, holdings, per_target(holdings, (t.target for t in targets)))
+        return self.latest
 
     def samples(self) -> list[GpuSample]:
         """One sample per GPU (blocks); GpuUnavailable propagates."""
