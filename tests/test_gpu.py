@@ -15,11 +15,13 @@ import pytest
 from genready.gpu import attribution
 from genready.gpu.attribution import Proc, Start, TargetStarts, attribute, per_target, read_proc, unit_of_cgroup
 from genready.gpu.nvml import NvmlProvider
-from genready.gpu.provider import MIB, ComputeProcess, GpuUnavailable
+from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable
+from genready.gpu.sampling import Sampler, summarise
 from genready.gpu.smi import SmiProvider, parse_apps, parse_gpus
 from genready.gpu.watch import GpuWatch, choose, starts_of
 from genready.store.records import StartRecord
 from genready.timewords import iso
+from genready_dev.harness import wait_for
 
 UUID0 = "GPU-8a4c5e1f-0b7e-2d3c-9f61-5b2e7d3a9c10"
 UUID1 = "GPU-1f0e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
@@ -360,3 +362,41 @@ def test_the_gauges_show_each_targets_stray_and_current_bytes_per_gpu() -> None:
                         ("genready_gpu_current_bytes", labels): 10 * MIB, ("genready_gpu_read_ok", ()): 1}
     latest[0] = GpuReading(T0, error="nvidia-smi exited 9")
     assert scrape() == {("genready_gpu_read_ok", ()): 0}
+
+
+# --- a run's GPU cost -----------------------------------------------------------------------------
+
+def sample(power: float | None, used_mib: int, reasons: int | None = 1, index: int = 0) -> GpuSample:
+    return GpuSample(index, UUID0 if index == 0 else UUID1, used_mib * MIB, 143771 * MIB, 50.0, power, 1980.0, 60.0,
+                     reasons)
+
+
+def test_a_runs_energy_is_power_integrated_over_time_and_gives_tokens_per_joule() -> None:
+    timeline = [(0.0, [sample(100.0, 10), sample(100.0, 10, index=1)]),
+                (1.0, [sample(300.0, 50), sample(100.0, 10, index=1)]),
+                (3.0, [sample(300.0, 20), sample(100.0, 10, index=1)])]
+    r = summarise(timeline, output_tokens=1200)
+    # all GPUs: 200 W, 400 W, 400 W; trapezoids: 1 s × 300 W + 2 s × 400 W = 1100 J over 3 s
+    assert (r.energy_j, r.mean_power_w, r.seconds) == (1100.0, 1100.0 / 3, 3.0)
+    assert r.tokens_per_joule == 1200 / 1100
+    assert r.peak_memory_bytes == 60 * MIB and not r.throttled and r.samples == 3
+
+
+def test_a_run_with_a_reason_other_than_idle_is_throttled() -> None:
+    r = summarise([(0.0, [sample(100.0, 1)]), (1.0, [sample(700.0, 1, reasons=0x4 | 0x1)])], output_tokens=None)
+    assert r.throttled and r.throttle_reasons == 0x5 and r.tokens_per_joule is None
+    assert r.to_json()["throttle_reasons"] == "0x5"
+
+
+def test_without_power_readings_there_is_no_energy() -> None:
+    r = summarise([(0.0, [sample(None, 1)]), (1.0, [sample(None, 2)])], output_tokens=10)
+    assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.peak_memory_bytes) == (None, None, None, 2 * MIB)
+
+
+def test_the_sampler_samples_on_its_own_thread_from_start_to_end() -> None:
+    nv = FakeNvml([FakeGpu(UUID0, [])])
+    with Sampler(NvmlProvider(nv), interval=0.01) as s:
+        wait_for(lambda: len(s.timeline) >= 3, 5, "three samples")
+    assert "genready-gpu-sampler" in nv.threads
+    r = s.summary(output_tokens=100)
+    assert r.samples >= 4 and r.mean_power_w == 70.5 and r.energy_j is not None and r.energy_j > 0

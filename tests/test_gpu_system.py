@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from genready.gpu.provider import MIB, ComputeProcess, GpuUnavailable
+from genready.gpu.sampling import Sampler
 from genready.gpu.smi import SmiProvider
 from genready.gpu.watch import GpuWatch, starts_of
 from genready.probe.owner import descendants
@@ -177,3 +178,14 @@ def test_a_stray_of_an_earlier_start_is_named_with_that_starts_invocation(
     llm = reading.targets["llm"]
     assert llm.current_bytes == {GPU0: 1000 * MIB}
     assert llm.stray_bytes() == {GPU0: 70000 * MIB, GPU1: 5000 * MIB}
+
+
+def test_throttling_during_a_run_marks_the_run_throttled(smi: Path) -> None:
+    nvidia_smi.write_state(smi, {"gpus": [gpu(0, GPU0, 1000)]})
+    with Sampler(SmiProvider(), interval=0.05) as s:
+        wait_for(lambda: len(s.timeline) >= 2, 10, "two samples before")
+        nvidia_smi.write_state(smi, {"gpus": [gpu(0, GPU0, 90000, "0x0000000000000004")]})  # SW power cap
+        wait_for(lambda: any(x.throttled for _, xs in s.timeline for x in xs), 10, "a throttled sample")
+    r = s.summary(output_tokens=5000)
+    assert r.throttled and r.throttle_reasons == 0x5 and r.peak_memory_bytes == 90000 * MIB
+    assert r.energy_j is not None and r.tokens_per_joule == 5000 / r.energy_j and r.errors == 0
