@@ -110,3 +110,23 @@ class GpuWatch:
     async def refresh(self, targets: Sequence[TargetStarts]) -> GpuReading:
         """`read` on the executor's thread: the event loop never waits on the driver or /proc."""
         return await read_off_loop(self.executor, lambda: self.read(targets))
+
+
+def strays_on(reading: GpuReading | None, target: str, gpus: Iterable[str] | None = None) -> list[Holding]:
+    """The target's strays that hold memory (on `gpus`, UUIDs, if given): what the sweep waits on
+    before it starts a point's load."""
+    if reading is None or target not in reading.targets:
+        return []
+    wanted = set(gpus) if gpus is not None else None
+    return [h for h in reading.targets[target].strays
+            if (h.used_bytes is None or h.used_bytes > 0) and (wanted is None or h.gpu_uuid in wanted)]
+
+
+def stray_line(h: Holding) -> str:
+    """One stray for people (a live line, the sweep's refusal, a failed start's note): which GPU,
+    how much, which process, which start left it, and how to end it (genready never does)."""
+    size = "an unknown amount" if h.used_bytes is None else f"{h.used_bytes / 2**30:.1f} GiB"
+    start = f"the start {h.invocation_id[:12]}" if h.invocation_id else "an earlier start genready has no record of"
+    where = f"in {h.unit}'s cgroup" if h.unit else "outside any unit"
+    return (f"{h.gpu_uuid} holds {size} in PID {h.pid} ({h.command or '?'}), {where}, left by {start}; "
+            f"end it with `kill {h.pid}`")
