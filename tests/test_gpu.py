@@ -246,6 +246,12 @@ def test_an_escaped_process_recorded_in_an_earlier_tree_is_that_starts_stray() -
     assert one(other, trees={(4242, p.start_ticks): ("llm", SECOND)}).role == "other"
 
 
+def test_an_escaped_process_recorded_in_the_current_tree_is_the_current_starts() -> None:
+    p = proc(4245, 1, at=T0 + 130, unit=None)
+    h = one(p, trees={(4245, p.start_ticks): ("llm", THIRD)})
+    assert (h.role, h.invocation_id) == ("current", THIRD)
+
+
 def test_an_escaped_process_whose_parent_chain_leads_to_an_earlier_main_pid_is_a_stray() -> None:
     old_main = proc(200, 1, at=T0 + 61, unit=None)
     h = one(proc(4243, 200, at=T0 + 70, unit=None), old_main)

@@ -294,6 +294,8 @@ def _one(g: ComputeProcess, chain: Sequence[Proc], targets: Sequence[TargetStart
             return held("current", t, cur.invocation_id, "the current MainPID or its descendant")
         if _in_unit(p, t) and _during(p.started_at, cur, None):
             return held("current", t, cur.invocation_id, f"in {t.unit}'s cgroup, begun during the current start")
+        if trees.get((p.pid, p.start_ticks)) == (t.target, cur.invocation_id):
+            return held("current", t, cur.invocation_id, "recorded in the current start's process tree")
     for t in targets:
         in_unit = _in_unit(p, t)
         s, why = earlier_start(chain, t, trees, in_unit=in_unit)
