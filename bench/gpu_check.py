@@ -26,6 +26,7 @@ from typing import Any
 try:
     from genready.gpu.attribution import read_proc
     from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable, Provider
+    from genready.gpu.sampling import Sampler
     from genready.gpu.smi import APPS_FIELDS, FORMAT, GPU_FIELDS, SmiProvider, run_bounded
 except ImportError:
     sys.exit("genready is not importable: install it, or run from the checkout with "
@@ -42,6 +43,19 @@ except ImportError:
     x = cupy.ones(n, dtype=cupy.uint8); cupy.cuda.Device(0).synchronize(); how = "cupy"
 print("ready", how, flush=True)
 sys.stdin.read()
+"""
+# Work for the sampler to measure: bf16 8192³ products on GPU 0 for argv[1] seconds; prints how many.
+BUSY = """
+import sys, time, torch
+a = torch.randn(8192, 8192, device="cuda:0", dtype=torch.bfloat16); b = torch.randn_like(a)
+(a @ b); torch.cuda.synchronize()
+print("ready", flush=True)
+end, n = time.time() + float(sys.argv[1]), 0
+while time.time() < end:
+    for _ in range(10):
+        c = a @ b
+    torch.cuda.synchronize(); n += 10
+print(n, flush=True)
 """
 
 
@@ -77,6 +91,30 @@ def hold(mib: int) -> tuple[subprocess.Popen[str] | None, str]:
     return p, line.split()[1]
 
 
+def load_run(provider: Provider, seconds: float) -> dict[str, Any]:
+    """Sample the GPUs every 0.5 s while BUSY runs for `seconds`; the run's figures, with the
+    driver's own energy counter beside the sampled energy where NVML has one."""
+    p = subprocess.Popen([sys.executable, "-c", BUSY, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    if p.stdout.readline().strip() != "ready":
+        p.kill()
+        return {"error": "the load could not start"}
+    nv = getattr(provider, "nv", None)
+    handle = nv.nvmlDeviceGetHandleByIndex(0) if nv is not None else None
+    e0 = nv.nvmlDeviceGetTotalEnergyConsumption(handle) if nv is not None else None
+    with Sampler(provider, interval=0.5) as sampler:
+        products = int(p.stdout.readline() or 0)
+    p.wait()
+    e1 = nv.nvmlDeviceGetTotalEnergyConsumption(handle) if nv is not None else None
+    summary = sampler.summary(products)
+    run = summary.to_json()
+    run["products"] = products
+    run["tflops"] = round(products * 2 * 8192**3 / max(summary.seconds, 1e-9) / 1e12, 1)
+    if e0 is not None and e1 is not None:
+        run["nvml_energy_counter_j"] = (e1 - e0) / 1000  # the counter is in mJ
+    return run
+
+
 def by_key(procs: list[ComputeProcess]) -> dict[tuple[str, int], int | None]:
     return {(p.gpu_uuid, p.pid): p.used_bytes for p in procs}
 
@@ -96,6 +134,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="also write the findings here")
     ap.add_argument("--smi", help="the nvidia-smi to run (default: the one on PATH)")
     ap.add_argument("--raw", action="store_true", help="also print nvidia-smi's own CSV for both queries")
+    ap.add_argument("--load-seconds", type=float, default=0,
+                    help="then sample a run of bf16 matrix products this long (PyTorch): power, energy, throttling")
     args = ap.parse_args()
     report: dict[str, Any] = {"ok": True, "problems": []}
     problems: list[str] = report["problems"]
@@ -159,6 +199,13 @@ def main() -> int:
                                     f"(listed: {sorted(k[1] for k in procs)})")
                 elif any(v is not None and v < args.hold_mib * MIB for v in mine.values()):
                     problems.append(f"{name} lists the holder with less than {args.hold_mib} MiB: {mine}")
+        if args.load_seconds:
+            for p in got:
+                run = load_run(p, args.load_seconds)
+                report[f"load_{p.name}"] = run
+                if "error" in run:
+                    problems.append(f"{p.name}: {run['error']}")
+                print(f"\n[{p.name}] a {args.load_seconds:g} s load, sampled every 0.5 s: {json.dumps(run)}")
     finally:
         if holder is not None:
             holder.kill()
