@@ -4,6 +4,7 @@ pynvml, and the attribution of GPU processes to a unit's starts (pure functions)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class FakeGpu:
     total: int = 80 * MIB
     power_mw: int | None = 70_500
     reasons: int = 1
+    energy_mj: int | None = None
 
 
 class FakeNvml:
@@ -140,6 +142,11 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeGpu) -> int:
         return h.reasons
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: FakeGpu) -> int:
+        if h.energy_mj is None:
+            raise FakeNVMLError("Not Supported")
+        return h.energy_mj
 
 
 def test_nvml_lists_every_gpus_processes_and_a_missing_value_is_none() -> None:
@@ -385,7 +392,7 @@ def test_a_runs_energy_is_power_integrated_over_time_and_gives_tokens_per_joule(
     # all GPUs: 200 W, 400 W, 400 W; trapezoids: 1 s × 300 W + 2 s × 400 W = 1100 J over 3 s
     assert (r.energy_j, r.mean_power_w, r.seconds) == (1100.0, 1100.0 / 3, 3.0)
     assert r.tokens_per_joule == 1200 / 1100
-    assert r.peak_memory_bytes == 60 * MIB and not r.throttled and r.samples == 3
+    assert r.peak_memory_bytes == 60 * MIB and not r.throttled and r.samples == 3 and r.energy_from == "power"
 
 
 def test_a_run_with_a_reason_other_than_idle_is_throttled() -> None:
@@ -419,3 +426,15 @@ def test_strays_on_picks_the_targets_strays_that_hold_memory_and_says_each_in_on
     assert stray_line(strays_on(reading, "llm")[0]) == (
         f"{UUID0} holds 70.0 GiB in PID 150 (sglang::scheduler), in llm.service's cgroup, left by the start "
         f"{SECOND[:12]}; end it with `kill 150`")
+
+
+def test_energy_comes_from_the_gpus_counters_where_nvml_has_them() -> None:
+    def at(t: float, mj: int) -> tuple[float, list[GpuSample]]:
+        return t, [dataclasses.replace(sample(100.0, 1), energy_mj=mj),
+                   dataclasses.replace(sample(100.0, 1, index=1), energy_mj=2 * mj)]
+
+    r = summarise([at(0.0, 1_000_000), at(1.0, 1_300_000), at(2.0, 1_500_000)], output_tokens=900)
+    # counters: GPU0 +500 J, GPU1 +1000 J (the sampled 200 W would have said 400 J)
+    assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.energy_from) == (1500.0, 750.0, 900 / 1500, "counter")
+    nv = FakeNvml([FakeGpu(UUID0, [], energy_mj=123_456)])
+    assert NvmlProvider(nv).samples()[0].energy_mj == 123_456

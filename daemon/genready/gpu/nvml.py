@@ -98,6 +98,7 @@ class NvmlProvider:
             power_mw = self._get("nvmlDeviceGetPowerUsage", h)
             sm = self._get("nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM)
             temp = self._get("nvmlDeviceGetTemperature", h, nv.NVML_TEMPERATURE_GPU)
+            energy = self._get("nvmlDeviceGetTotalEnergyConsumption", h)
             out.append(GpuSample(
                 index=i, uuid=_text(self._get("nvmlDeviceGetUUID", h) or ""),
                 memory_used_bytes=None if mem is None else int(mem.used),
@@ -106,5 +107,6 @@ class NvmlProvider:
                 power_w=None if power_mw is None else power_mw / 1000.0,
                 sm_clock_mhz=None if sm is None else float(sm),
                 temperature_c=None if temp is None else float(temp),
-                throttle_reasons=self._throttle(h)))
+                throttle_reasons=self._throttle(h),
+                energy_mj=None if energy is None else int(energy)))
         return out

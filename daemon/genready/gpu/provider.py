@@ -49,6 +49,9 @@ class GpuSample:
     temperature_c: float | None
     # The driver's clock-event ("throttle") reason bitmask, as NVML and nvidia-smi give it.
     throttle_reasons: int | None
+    # The GPU's energy counter since the driver loaded (NVML only, Volta and later), in mJ: a run's
+    # energy from it misses nothing between samples, where power.draw is a 1 s average.
+    energy_mj: int | None = None
 
     @property
     def throttled(self) -> bool:
