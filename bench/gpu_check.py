@@ -104,8 +104,8 @@ def load_run(provider: Provider, seconds: float) -> dict[str, Any]:
     e0 = nv.nvmlDeviceGetTotalEnergyConsumption(handle) if nv is not None else None
     with Sampler(provider, interval=0.5) as sampler:
         products = int(p.stdout.readline() or 0)
-    p.wait()
     e1 = nv.nvmlDeviceGetTotalEnergyConsumption(handle) if nv is not None else None
+    p.wait()
     summary = sampler.summary(products)
     run = summary.to_json()
     run["products"] = products
