@@ -99,8 +99,12 @@ def escaped_cgroup(manager: UserManager) -> Iterator[list[Path]]:
         yield dirs
     finally:
         for d in dirs:
-            with contextlib.suppress(OSError):
-                d.rmdir()
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            procs = d / "cgroup.procs"
+            wait_for(lambda: not procs.read_text().strip(), 10, f"{d} empty")  # noqa: B023  (called at once)
+            d.rmdir()
 
 
 def running(s: Snapshot, after: Snapshot | None = None) -> Snapshot | None:
@@ -143,7 +147,6 @@ def test_a_stray_of_an_earlier_start_is_named_with_that_starts_invocation(
             manager.systemctl("restart", unit)
             second = wait_for(lambda: running(client.read(unit), after=first), 10, "the second start")
             history.observe(second)
-            leftovers += descendants(second.main_pid)
             other_pid = int(manager.show(other, "MainPID")["MainPID"])
             nvidia_smi.write_state(smi, {"gpus": [gpu(0, GPU0, 0), gpu(1, GPU1, 0)], "apps": [
                 {"gpu_uuid": GPU0, "pid": stayed, "used_mib": 70000},
@@ -157,6 +160,8 @@ def test_a_stray_of_an_earlier_start_is_named_with_that_starts_invocation(
             # Without the recorded tree: the cgroup still tells the first; the escaped one is lost.
             bare = {h.pid: h for h in asyncio.run(GpuWatch(SmiProvider()).refresh(targets)).holdings}
     finally:
+        # KillMode=process: a stop would leave the children; kill every process of the cgroup first.
+        manager.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", unit, check=False)
         manager.systemctl("stop", unit, other, check=False)
         for pid in leftovers:
             with contextlib.suppress(ProcessLookupError):
