@@ -77,41 +77,47 @@ def _svg(fig: Any) -> str:
 def axes_of(rows: Sequence[Row]) -> tuple[list[str], list[str]]:
     """(client-side axes, server-side axes): an axis whose value changes inside a server configuration (a
     group) is the client's; one that is constant in every group is the server's. A point without the axis
-    holds None there. One pass over the points' values: linear in the lines, however many axes they name."""
-    names = list(dict.fromkeys(n for r in rows for n in r.point))
-    size: Counter[int] = Counter()  # points per group
-    first: dict[tuple[int, str], str] = {}  # the axis's first value in the group (its repr)
-    count: Counter[tuple[int, str]] = Counter()  # points of the group that have the axis
-    client: set[str] = set()
-    for r in rows:
-        g = r.group if r.group is not None else r.index
-        size[g] += 1
-        for n, v in r.point.items():
-            count[g, n] += 1
-            if first.setdefault((g, n), rv := repr(v)) != rv:
-                client.add(n)
-    for (g, n), c in count.items():  # a point of the group without the axis: None beside a value
-        if c != size[g] and first[g, n] != "None":
-            client.add(n)
-    return [n for n in names if n in client], [n for n in names if n not in client]
+    holds None there."""
+    client, server, _ = _axes(rows)
+    return client, server
 
 
 def default_x(rows: Sequence[Row]) -> str | None:
     """The client-side axis (else the server-side one) with the most distinct values, None counted where a
     point lacks it; the first such in plan order."""
-    client, server = axes_of(rows)
-    pool = client or server
-    if not pool:
-        return None
-    values: dict[str, set[str]] = {}
-    for r in rows:
-        for n, v in r.point.items():
-            values.setdefault(n, set()).add(repr(v))
-    have = Counter(n for r in rows for n in r.point)
+    return _default_x(_axes(rows))
 
-    def distinct(n: str) -> int:
-        return len(values[n]) + (have[n] < len(rows) and "None" not in values[n])
-    return max(pool, key=distinct)
+
+def _default_x(axes: tuple[list[str], list[str], dict[str, int]]) -> str | None:
+    client, server, distinct = axes
+    pool = client or server
+    return max(pool, key=distinct.__getitem__) if pool else None
+
+
+def _axes(rows: Sequence[Row]) -> tuple[list[str], list[str], dict[str, int]]:
+    """axes_of(), and per axis how many distinct values it has (default_x's measure), in one pass over the
+    points' values: linear in the lines, however many axes they name (it was quadratic)."""
+    size: Counter[int] = Counter()  # points per group
+    first: dict[tuple[int, str], str] = {}  # the axis's first value in the group (its repr)
+    count: Counter[tuple[int, str]] = Counter()  # points of the group that have the axis
+    values: dict[str, set[str]] = {}  # per axis in plan order, its values (their repr)
+    client: set[str] = set()
+    for r in rows:
+        g = r.group if r.group is not None else r.index
+        size[g] += 1
+        for n, v in r.point.items():
+            rv = repr(v)
+            count[g, n] += 1
+            values.setdefault(n, set()).add(rv)
+            if first.setdefault((g, n), rv) != rv:
+                client.add(n)
+    have: Counter[str] = Counter()
+    for (g, n), c in count.items():
+        have[n] += c
+        if c != size[g] and first[g, n] != "None":  # a point of the group without the axis: None beside a value
+            client.add(n)
+    distinct = {n: len(vs) + (have[n] < len(rows) and "None" not in vs) for n, vs in values.items()}
+    return [n for n in values if n in client], [n for n in values if n not in client], distinct
 
 
 def plottable(v: Any) -> float | None:
@@ -151,21 +157,29 @@ def _value_text(v: Any) -> str:
     return label_of({"": v})[1:]
 
 
-def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, lines: str | None
-                ) -> tuple[str | None, list[tuple[str, str]]]:
-    """One figure against axis `x`, a line per value of the other axes (`lines` first): (the SVG, None
-    without data; the points left out, each with why). x is numeric when every value is a number, else
-    each value is a category, in plan order."""
+def line_keys(rows: Sequence[Row], x: str, lines: str | None) -> list[tuple[str, ...] | None]:
+    """Per row, the line it belongs on against axis `x`: its values of the other axes (`lines` first, then
+    in plan order); None for a row without `x`. Once per page, for every figure's plot."""
     rank = {lines: 0} if lines is not None and lines != x else {}
     for r in rows:
         for n in r.point:
             if n != x and n not in rank:
                 rank[n] = len(rank)
+    return [tuple(f"{n}={_value_text(r.point[n])}" for n in sorted((n for n in r.point if n != x),
+                                                                  key=rank.__getitem__))
+            if x in r.point else None for r in rows]
+
+
+def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence[tuple[str, ...] | None]
+                ) -> tuple[str | None, list[tuple[str, str]]]:
+    """One figure against axis `x`, a line per value of the other axes (`keys`: line_keys()): (the SVG, None
+    without data; the points left out, each with why). x is numeric when every value is a number, else
+    each value is a category, in plan order."""
     series: dict[tuple[str, ...], list[tuple[Any, float, float, float]]] = {}
     left: list[tuple[str, str]] = []
-    for r in rows:
+    for r, key in zip(rows, keys, strict=True):
         v = (r.figures or {}).get(f.key)
-        if r.status != "ok" or v is None or x not in r.point:
+        if r.status != "ok" or v is None or key is None:
             continue
         xv, sp = r.point[x], r.spread.get(f.key)
         y, low, high = plottable(v), plottable(sp.low if sp else v), plottable(sp.high if sp else v)
@@ -174,8 +188,6 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, lines: str | N
         elif y is None or low is None or high is None:
             left.append((r.label, f"{f.title} = {_shown(v)}"))
         else:
-            key = tuple(f"{n}={_value_text(r.point[n])}" for n in sorted((n for n in r.point if n != x),
-                                                                         key=rank.__getitem__))
             series.setdefault(key, []).append((xv, y, low, high))
     if not series:
         return None, left
@@ -268,7 +280,8 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             raise ValueError(f"{flag}: expected one of the plan's axes ({_names(names) if names else 'none'}), "
                              f"found {v!r}")
     mpl = _matplotlib()
-    x = x or default_x(rows)
+    axes = _axes(rows)
+    x = x or _default_x(axes)
     e = htmlpage.text
     ctx = [("genready", __version__), ("report written on", socket.gethostname()),
            ("written at", time.strftime("%Y-%m-%d %H:%M:%S %Z"))]
@@ -283,15 +296,16 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     ends = sorted(r.context["ended_at"] for r in rows if r.context.get("ended_at"))
     if starts:
         ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
-    client, server = axes_of(rows)
+    client, server, _ = axes
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
     out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(_table(rows))
     plots = []
     if x is not None:
+        keys = line_keys(rows, x, lines)
         for key in PLOTTED:
             f = next(fg for fg in FIGURES if fg.key == key)
-            svg, left = figure_plot(mpl, rows, f, x, lines)
+            svg, left = figure_plot(mpl, rows, f, x, keys)
             if svg or left:
                 what = f"{f.title} against {x}"
                 image = htmlpage.data_image(svg, what) if svg else ""

@@ -19,6 +19,7 @@ import hashlib
 import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -35,10 +36,19 @@ def asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+# Text that neither escape changes: printable ASCII but the five characters HTML gives a meaning. Most
+# cells of a report are such; a report of 64 MiB of results writes a million of them.
+_PLAIN: Final = re.compile(r"[\x20-\x7e]*").fullmatch
+_MARKUP: Final = frozenset("<>&\"'")
+
+
 def text(v: object) -> str:
     """`v` as text inside HTML (an element's content or a quoted attribute): control characters escaped
     as the CLI shows them, then `<`, `>`, `&` and quotes as character references."""
-    return html.escape(escape(str(v)))
+    s = str(v)
+    if _PLAIN(s) and _MARKUP.isdisjoint(s):
+        return s
+    return html.escape(escape(s))
 
 
 def _finite(doc: Any) -> Any:
