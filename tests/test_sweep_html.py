@@ -243,3 +243,11 @@ def test_lines_each_naming_another_axis(tmp_path: Path, capsys: pytest.CaptureFi
     folder = hostile_results(tmp_path, [line(i, f'{{"axis{i}": {i}}}') for i in range(2000)])
     page = report(folder, capsys)
     assert "client: axis0, axis1," in page and "and 1,980 more; server: -" in page
+
+
+def test_an_axis_of_many_text_values_labels_at_most_max_ticks(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    folder = hostile_results(tmp_path, [line(i, f'{{"m": "m{i:05d}{"x" * 300}"}}') for i in range(3000)])
+    plot = svgs(report(folder, capsys))[0]
+    ticks = re.findall(r"<!-- (m\d{5}x*\.\.\.) -->", plot)
+    assert ticks[:2] == ["m00000" + "x" * 31 + "...", "m00075" + "x" * 31 + "..."] and len(ticks) == 40, ticks

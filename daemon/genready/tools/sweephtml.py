@@ -37,6 +37,7 @@ from genready.web import htmlpage
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
 PARETO: Final = (("ttft_p50_ms", "TTFT p50 ms"), ("itl_p50_ms", "ITL p50 ms"))
 MAX_LINES: Final = 12  # lines per plot: past that, the legend would hide the plot
+MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would overlap
 EXTRA: Final = "genready[report]"
 # The largest magnitude a plot shows: matplotlib cannot lay out an axis spanning ±1.7e308 (its limits and
 # ticks overflow, "arange: cannot compute length"); ±1e307 still draws, so 1e300 leaves room.
@@ -136,10 +137,10 @@ def _number(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)  # True is a category ("true"), not 1
 
 
-def _shown(v: Any) -> str:
-    """A value's text, cut for a note (an integer of 400 digits is a valid point value)."""
+def _shown(v: Any, width: int = 40) -> str:
+    """A value's text, cut for a note, a tick or a legend (an integer of 400 digits is a valid point value)."""
     t = escape(str(v))
-    return t if len(t) <= 40 else t[:37] + "..."
+    return t if len(t) <= width else t[:width - 3] + "..."
 
 
 def _left_out(left: Sequence[tuple[str, str]]) -> str:
@@ -191,26 +192,29 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
             series.setdefault(key, []).append((xv, y, low, high))
     if not series:
         return None, left
-    numeric = all(_number(p[0]) for pts in series.values() for p in pts)
+    drawn = list(series.items())[:MAX_LINES]
+    numeric = all(_number(p[0]) for _, pts in drawn for p in pts)
     # numbers in order; any other values as categories in the plan's order (their first point's)
     categories: dict[str, int] = {}
     if not numeric:
-        for pts in series.values():
+        for _, pts in drawn:
             for p in pts:
                 categories.setdefault(_value_text(p[0]), len(categories))
     fig = mpl(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
     handles, labels = [], []
-    for key, pts in list(series.items())[:MAX_LINES]:
+    for key, pts in drawn:
         pos = [float(p[0]) if numeric else float(categories[_value_text(p[0])]) for p in pts]
         order = sorted(range(len(pts)), key=pos.__getitem__)
         ys = [pts[i][1] for i in order]
         err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
         handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
                                    marker="o", capsize=3))
-        labels.append(_text(" ".join(key) or "all"))
+        labels.append(_text(_shown(" ".join(key) or "all", 80)))
     if not numeric:
-        ax.set_xticks(range(len(categories)), [_text(v) for v in categories])
+        # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
+        step = -(-len(categories) // MAX_TICKS)
+        ax.set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
     ax.set_xlabel(_text(x))
     ax.set_ylabel(_text(f.title))
     ax.grid(alpha=0.3)
