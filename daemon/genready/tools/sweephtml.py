@@ -215,7 +215,7 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
         # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
         step = -(-len(categories) // MAX_TICKS)
         ax.set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
-    ax.set_xlabel(_text(x))
+    ax.set_xlabel(_text(_shown(x, 80)))
     ax.set_ylabel(_text(f.title))
     ax.grid(alpha=0.3)
     if len(series) > 1:
@@ -262,7 +262,7 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
     ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
     ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
     for p in front[:20]:
-        ax.annotate(_text(p[2]), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(_text(title))
     ax.set_ylabel("OUT tok/s")
     ax.grid(alpha=0.3)
