@@ -1,11 +1,14 @@
 """`genready sweep report DIR... --format html`: one self-contained HTML file to look at and attach.
 
-No network and nothing external: the CSS is inline, there is no script, and every plot is an SVG
-drawn by matplotlib (its text drawn as paths, so no font is needed) embedded in the page, so the
-file opens on an offline GPU host. matplotlib is the optional extra `genready[report]` (Debian:
+No network and nothing external: the page is written through web/htmlpage (the shared stylesheet
+inline, no script, a Content-Security-Policy by hash), and every plot is an SVG drawn by matplotlib
+(its text drawn as paths, so no font is needed) embedded as a data: image, so the file opens on an
+offline GPU host. matplotlib is the optional extra `genready[report]` (Debian:
 python3-matplotlib), imported here only, and only when the report is written: the daemon never
 imports this module. Everything the results hold is escaped: a point value holding `<script>`
-shows as text.
+shows as text. The page reads whatever `report --format table` reads: a value no plot can show (a
+number beyond PLOT_LIMIT or not finite) is left out of its plot, and the page says which; a value
+that is no number (a string, a list) is a category on its axis. The time is linear in the lines read.
 
 The page holds the run's context (host, genready version, target, unit, plan, time), the table
 (best values, noisy, warm, failed and invalidated points marked, each point's PID, InvocationID
@@ -18,22 +21,29 @@ and its points labelled.
 
 from __future__ import annotations
 
-import html
 import io
 import math
 import socket
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
 from genready.tools.sweepreport import FIGURES, Figure, Row, figure_text, label_of
+from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
 PARETO: Final = (("ttft_p50_ms", "TTFT p50 ms"), ("itl_p50_ms", "ITL p50 ms"))
 MAX_LINES: Final = 12  # lines per plot: past that, the legend would hide the plot
+MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would overlap
 EXTRA: Final = "genready[report]"
+# The largest magnitude a plot shows: matplotlib cannot lay out an axis spanning ±1.7e308 (its limits and
+# ticks overflow, "arange: cannot compute length"); ±1e307 still draws, so 1e300 leaves room.
+PLOT_LIMIT: Final = 1e300
+SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
+SHOWN_LEFT_OUT: Final = 10  # points named in a plot's "left out" note
 
 
 class NoMatplotlib(Exception):
@@ -59,79 +69,162 @@ def _text(v: object) -> str:
     return escape(str(v)).replace("$", r"\$")
 
 
-def _e(v: object) -> str:
-    """For the page: control characters shown escaped (`\\x1b`), then HTML-escaped (`<script>` is text)."""
-    return html.escape(escape(str(v)))
-
-
 def _svg(fig: Any) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    text = buf.getvalue()
-    return text[text.index("<svg"):]  # inline: no XML declaration or DOCTYPE inside HTML
+    return buf.getvalue()
 
 
 def axes_of(rows: Sequence[Row]) -> tuple[list[str], list[str]]:
     """(client-side axes, server-side axes): an axis whose value changes inside a server configuration (a
-    group) is the client's; one that is constant in every group is the server's."""
-    names: list[str] = []
-    for r in rows:
-        names += [k for k in r.point if k not in names]
-    by_group: dict[int, list[Row]] = {}
-    for r in rows:
-        by_group.setdefault(r.group if r.group is not None else r.index, []).append(r)
-    client = [n for n in names if any(len({repr(r.point.get(n)) for r in g}) > 1 for g in by_group.values())]
-    return client, [n for n in names if n not in client]
+    group) is the client's; one that is constant in every group is the server's. A point without the axis
+    holds None there."""
+    client, server, _ = _axes(rows)
+    return client, server
 
 
 def default_x(rows: Sequence[Row]) -> str | None:
-    client, server = axes_of(rows)
+    """The client-side axis (else the server-side one) with the most distinct values, None counted where a
+    point lacks it; the first such in plan order."""
+    return _default_x(_axes(rows))
+
+
+def _default_x(axes: tuple[list[str], list[str], dict[str, int]]) -> str | None:
+    client, server, distinct = axes
     pool = client or server
-    return max(pool, key=lambda n: len({repr(r.point.get(n)) for r in rows})) if pool else None
+    return max(pool, key=distinct.__getitem__) if pool else None
 
 
-def _value_key(v: Any) -> tuple[int, float, str]:
-    return (0, float(v), "") if isinstance(v, int | float) and not isinstance(v, bool) else (1, 0.0, str(v))
-
-
-def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, lines: str | None) -> str | None:
-    """One figure against axis `x`, a line per value of the other axes (`lines` first); None without data."""
-    others = [n for r in rows for n in r.point if n != x]
-    others = list(dict.fromkeys(([lines] if lines in others else []) + others))
-    series: dict[tuple[str, ...], list[tuple[Any, float, float, float]]] = {}
+def _axes(rows: Sequence[Row]) -> tuple[list[str], list[str], dict[str, int]]:
+    """axes_of(), and per axis how many distinct values it has (default_x's measure), in one pass over the
+    points' values: linear in the lines, however many axes they name (it was quadratic)."""
+    size: Counter[int] = Counter()  # points per group
+    first: dict[tuple[int, str], str] = {}  # the axis's first value in the group (its repr)
+    count: Counter[tuple[int, str]] = Counter()  # points of the group that have the axis
+    values: dict[str, set[str]] = {}  # per axis in plan order, its values (their repr)
+    client: set[str] = set()
     for r in rows:
-        v = (r.figures or {}).get(f.key)
-        if r.status != "ok" or v is None or not math.isfinite(v) or x not in r.point:
-            continue
-        sp = r.spread.get(f.key)
-        key = tuple(f"{n}={label_of({n: r.point.get(n)}).split('=', 1)[1]}" for n in others if n in r.point)
-        series.setdefault(key, []).append((r.point[x], v, sp.low if sp else v, sp.high if sp else v))
-    if not series:
+        g = r.group if r.group is not None else r.index
+        size[g] += 1
+        for n, v in r.point.items():
+            rv = repr(v)
+            count[g, n] += 1
+            values.setdefault(n, set()).add(rv)
+            if first.setdefault((g, n), rv) != rv:
+                client.add(n)
+    have: Counter[str] = Counter()
+    for (g, n), c in count.items():
+        have[n] += c
+        if c != size[g] and first[g, n] != "None":  # a point of the group without the axis: None beside a value
+            client.add(n)
+    distinct = {n: len(vs) + (have[n] < len(rows) and "None" not in vs) for n, vs in values.items()}
+    return [n for n in values if n in client], [n for n in values if n not in client], distinct
+
+
+def plottable(v: Any) -> float | None:
+    """`v` as a plot's coordinate, or None: a number within ±PLOT_LIMIT (an integer beyond any float, an
+    infinity, a NaN and ±1.7e308 are not)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
         return None
-    # numbers in order; any other values in the plan's order (their first point's)
-    xs = list(dict.fromkeys(p[0] for pts in series.values() for p in pts))
-    numeric = all(_value_key(v)[0] == 0 for v in xs)
-    if numeric:
-        xs.sort(key=_value_key)
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and abs(f) <= PLOT_LIMIT else None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)  # True is a category ("true"), not 1
+
+
+def _shown(v: Any, width: int = 40) -> str:
+    """A value's text, cut for a note, a tick or a legend (an integer of 400 digits is a valid point value)."""
+    t = escape(str(v))
+    return t if len(t) <= width else t[:width - 3] + "..."
+
+
+def _left_out(left: Sequence[tuple[str, str]]) -> str:
+    """The note under a plot naming the points it leaves out, and why (empty when none)."""
+    if not left:
+        return ""
+    named = "; ".join(f"{_shown(label)}: {why}" for label, why in left[:SHOWN_LEFT_OUT])
+    more = f"; and {len(left) - SHOWN_LEFT_OUT} more" if len(left) > SHOWN_LEFT_OUT else ""
+    return (f'<p class="note left-out">Left out of this plot: {len(left)} point{"s" if len(left) != 1 else ""} '
+            f"whose value it cannot show ({htmlpage.text(named + more)}).</p>")
+
+
+def _value_text(v: Any) -> str:
+    """A point value's text as the table's label writes it (label_of's rule for one value)."""
+    return label_of({"": v})[1:]
+
+
+def line_keys(rows: Sequence[Row], x: str, lines: str | None) -> list[tuple[str, ...] | None]:
+    """Per row, the line it belongs on against axis `x`: its values of the other axes (`lines` first, then
+    in plan order); None for a row without `x`. Once per page, for every figure's plot."""
+    rank = {lines: 0} if lines is not None and lines != x else {}
+    for r in rows:
+        for n in r.point:
+            if n != x and n not in rank:
+                rank[n] = len(rank)
+    return [tuple(f"{n}={_value_text(r.point[n])}" for n in sorted((n for n in r.point if n != x),
+                                                                  key=rank.__getitem__))
+            if x in r.point else None for r in rows]
+
+
+def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence[tuple[str, ...] | None]
+                ) -> tuple[str | None, list[tuple[str, str]]]:
+    """One figure against axis `x`, a line per value of the other axes (`keys`: line_keys()): (the SVG, None
+    without data; the points left out, each with why). x is numeric when every value is a number, else
+    each value is a category, in plan order."""
+    series: dict[tuple[str, ...], list[tuple[Any, float, float, float]]] = {}
+    left: list[tuple[str, str]] = []
+    for r, key in zip(rows, keys, strict=True):
+        v = (r.figures or {}).get(f.key)
+        if r.status != "ok" or v is None or key is None:
+            continue
+        xv, sp = r.point[x], r.spread.get(f.key)
+        y, low, high = plottable(v), plottable(sp.low if sp else v), plottable(sp.high if sp else v)
+        if _number(xv) and plottable(xv) is None:
+            left.append((r.label, f"{x} = {_shown(xv)}"))
+        elif y is None or low is None or high is None:
+            left.append((r.label, f"{f.title} = {_shown(v)}"))
+        else:
+            series.setdefault(key, []).append((xv, y, low, high))
+    if not series:
+        return None, left
+    drawn = list(series.items())[:MAX_LINES]
+    numeric = all(_number(p[0]) for _, pts in drawn for p in pts)
+    # numbers in order; any other values as categories in the plan's order (their first point's)
+    categories: dict[str, int] = {}
+    if not numeric:
+        for _, pts in drawn:
+            for p in pts:
+                categories.setdefault(_value_text(p[0]), len(categories))
     fig = mpl(figsize=(6.4, 3.6))
     ax = fig.add_subplot()
-    for key, pts in list(series.items())[:MAX_LINES]:
-        pts.sort(key=lambda p: _value_key(p[0]) if numeric else (0, float(xs.index(p[0])), ""))
-        pos = [p[0] if numeric else xs.index(p[0]) for p in pts]
-        ys = [p[1] for p in pts]
-        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-        ax.errorbar(pos, ys, yerr=err if any(any(e) for e in err) else None, marker="o", capsize=3,
-                    label=_text(" ".join(key) or "all"))
+    handles, labels = [], []
+    for key, pts in drawn:
+        pos = [float(p[0]) if numeric else float(categories[_value_text(p[0])]) for p in pts]
+        order = sorted(range(len(pts)), key=pos.__getitem__)
+        ys = [pts[i][1] for i in order]
+        err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
+        handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
+                                   marker="o", capsize=3))
+        labels.append(_text(_shown(" ".join(key) or "all", 80)))
     if not numeric:
-        ax.set_xticks(range(len(xs)), [_text(v) for v in xs])
-    ax.set_xlabel(_text(x))
+        # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
+        step = -(-len(categories) // MAX_TICKS)
+        ax.set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
+    ax.set_xlabel(_text(_shown(x, 80)))
     ax.set_ylabel(_text(f.title))
     ax.grid(alpha=0.3)
     if len(series) > 1:
-        ax.legend(fontsize=7, loc="best")
+        # Handles and labels given: matplotlib leaves out of an automatic legend every label that starts
+        # with "_", and an axis may be named `_tp`.
+        ax.legend(handles, labels, fontsize=7, loc="best")
     if len(series) > MAX_LINES:
         ax.set_title(f"first {MAX_LINES} of {len(series)} lines", fontsize=8)
-    return _svg(fig)
+    return _svg(fig), left
 
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -145,15 +238,23 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
     return front
 
 
-def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str) -> tuple[str, list[str]] | None:
-    pts = []
+def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
+                ) -> tuple[tuple[str, list[str]] | None, list[tuple[str, str]]]:
+    """Output tokens/s against `latency`: ((the SVG, the front's labels), None without data; the points
+    left out, each with why)."""
+    pts, left = [], []
     for r in rows:
         fig_ = r.figures or {}
         lat, tps = fig_.get(latency), fig_.get("output_tokens_per_second")
-        if r.status == "ok" and lat is not None and tps is not None and math.isfinite(lat) and math.isfinite(tps):
-            pts.append((lat, tps, r.label))
+        if r.status != "ok" or lat is None or tps is None:
+            continue
+        x, y = plottable(lat), plottable(tps)
+        if x is None or y is None:
+            left.append((r.label, f"{title} = {_shown(lat)}, OUT tok/s = {_shown(tps)}"))
+        else:
+            pts.append((x, y, r.label))
     if not pts:
-        return None
+        return None, left
     front = pareto_front(pts)
     fig = mpl(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
@@ -161,23 +262,18 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str) -> tupl
     ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
     ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
     for p in front[:20]:
-        ax.annotate(_text(p[2]), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xlabel(_text(title))
     ax.set_ylabel("OUT tok/s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _svg(fig), [p[2] for p in front]
+    return (_svg(fig), [p[2] for p in front]), left
 
 
-CSS: Final = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}
-td:first-child,th:first-child{text-align:left}tr.failed,tr.not_ready,tr.unreadable{background:#fde2e2}
-tr.invalidated{background:#fff0d0}td.best{font-weight:bold;background:#e3f4e3}td.noisy{color:#a05a00}
-td.warm{color:#a00;font-weight:bold}.plots{display:flex;flex-wrap:wrap;gap:1em}.plot{max-width:48em}
-.plot svg{max-width:100%;height:auto}dl{display:grid;grid-template-columns:max-content auto;gap:0 1em}
-dt{font-weight:bold}
-"""
+def _names(names: Sequence[str]) -> str:
+    """Axis names for a line of text: the first SHOWN_NAMES, then how many more."""
+    shown = ", ".join(names[:SHOWN_NAMES]) or "-"
+    return shown + (f" and {len(names) - SHOWN_NAMES:,} more" if len(names) > SHOWN_NAMES else "")
 
 
 def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None) -> str:
@@ -185,10 +281,12 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
         if v is not None and v not in names:
-            raise ValueError(f"{flag}: expected one of the plan's axes ({', '.join(names) or 'none'}), found {v!r}")
+            raise ValueError(f"{flag}: expected one of the plan's axes ({_names(names) if names else 'none'}), "
+                             f"found {v!r}")
     mpl = _matplotlib()
-    x = x or default_x(rows)
-    e = _e
+    axes = _axes(rows)
+    x = x or _default_x(axes)
+    e = htmlpage.text
     ctx = [("genready", __version__), ("report written on", socket.gethostname()),
            ("written at", time.strftime("%Y-%m-%d %H:%M:%S %Z"))]
     for key, title in (("target", "target"), ("unit", "unit"), ("plan", "plan")):
@@ -202,35 +300,34 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     ends = sorted(r.context["ended_at"] for r in rows if r.context.get("ended_at"))
     if starts:
         ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
-    client, server = axes_of(rows)
-    ctx.append(("axes", f"client: {', '.join(client) or '-'}; server: {', '.join(server) or '-'}"))
-    out = ["<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">",
-           "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
-           "img-src data:\">",
-           f"<title>genready sweep report</title><style>{CSS}</style></head><body>",
-           "<h1>genready sweep report</h1><dl>",
-           *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
+    client, server, _ = axes
+    ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
+    out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(_table(rows))
     plots = []
     if x is not None:
+        keys = line_keys(rows, x, lines)
         for key in PLOTTED:
             f = next(fg for fg in FIGURES if fg.key == key)
-            svg = figure_plot(mpl, rows, f, x, lines)
-            if svg:
-                plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(f.title)} against {e(x)}</h3>{svg}</div>')
+            svg, left = figure_plot(mpl, rows, f, x, keys)
+            if svg or left:
+                what = f"{f.title} against {x}"
+                image = htmlpage.data_image(svg, what) if svg else ""
+                plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
     for latency, title in PARETO:
-        got = pareto_plot(mpl, rows, latency, title)
-        if got:
-            svg, front = got
-            plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>OUT tok/s against {e(title)}</h3>{svg}'
-                         f'<p>Pareto front: {e("; ".join(front))}</p></div>')
+        got, left = pareto_plot(mpl, rows, latency, title)
+        if got or left:
+            what = f"OUT tok/s against {title}"
+            image = htmlpage.data_image(got[0], what) if got else ""
+            front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
+            plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
+                         f"{_left_out(left)}</div>")
     out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
-    out.append("</body></html>\n")
-    return "\n".join(out)
+    return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html
 
 
 def _table(rows: Sequence[Row]) -> str:
-    e = _e
+    e = htmlpage.text
     figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
                                                                          for r in rows))]
     head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
