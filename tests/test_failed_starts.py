@@ -19,9 +19,10 @@ from genready.client import progress, waiting
 from genready.compat import tomllib
 from genready.rule.history import History
 from genready.store.records import RecordStore
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
-from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager
 

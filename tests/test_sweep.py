@@ -25,8 +25,9 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
 from genready.systemd import sweepdropin
-from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 

@@ -24,7 +24,10 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
-from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
+from genready.sweep import report as sweepreport
+from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, free_port, http, stop_process, wait_for
 from genready_dev.usermanager import UserManager

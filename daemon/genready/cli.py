@@ -356,7 +356,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from genready.tools import sweep  # lazy: only a sweep needs it
+    from genready.sweep import main as sweep  # lazy: only a sweep needs it
 
     cfg = load_config(args.config)
     return sweep.main(args, cfg, _api_base(args))
@@ -385,7 +385,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                        f"{config.DEFAULT_PATH})")
         p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
         return p
-    from genready.tools.sweepreport import FORMATS
+    from genready.sweep.report import FORMATS
 
     p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
                                 formatter_class=Formatter,
@@ -407,7 +407,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
 
 
 def cmd_sweep_tool(name: str, argv: list[str]) -> int:
-    from genready.tools import sweep
+    from genready.sweep import main as sweep
 
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)

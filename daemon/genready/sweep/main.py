@@ -54,14 +54,15 @@ from genready.config import Config, ConfigError, FileError, TargetConfig, stuck_
 from genready.exitcodes import Exit, Failed
 from genready.redact import escape
 from genready.store import durable
+from genready.sweep import report as sweepreport
+from genready.sweep.plan import Plan, Point, Scalar, Shard, load_plan
+from genready.sweep.report import RESULTS_FILE, read_results
 from genready.systemd import analyze, bus, control
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of, read_dropin
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
-from genready.tools import servercache, servermetrics, sweepreport
-from genready.tools.sweepplan import Plan, Point, Scalar, Shard, load_plan
-from genready.tools.sweepreport import RESULTS_FILE, read_results
+from genready.tools import servercache, servermetrics
 
 LOCK_FILE: Final = ".sweep.lock"
 POLL: Final = 0.5  # seconds: how quickly a failed start, or a signal, is noticed while waiting
@@ -1110,12 +1111,12 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
     if compare:
-        from genready.tools import sweepcompare
+        from genready.sweep import compare as sweepcompare
 
         render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
         text = render(sides[0], sides[1], folders[0], folders[1])
     elif fmt == "html":
-        from genready.tools import sweephtml  # matplotlib: only here, only when asked for
+        from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
             text = sweephtml.render(rows, x=x, lines=lines)

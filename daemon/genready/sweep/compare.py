@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
-from genready.tools.sweepreport import FIGURES, Figure, Row
+from genready.sweep.report import FIGURES, Figure, Row
 
 COMPARED: Final = tuple(f for f in FIGURES if f.ranked)
 
