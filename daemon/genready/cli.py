@@ -508,8 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see docs/sweeps.md)")
     sp.add_argument("--results", metavar="DIR", required=True,
                     help="results.jsonl and one folder per point and attempt ({out}) go here")
-    sp.add_argument("--resume", action="store_true", help="skip points that already have an ok line in "
-                    "DIR/results.jsonl")
+    sp.add_argument("--resume", action="store_const", const="same", help="skip points that already have an ok "
+                    "line in DIR/results.jsonl made by the same drop-in, command, target, unit and run keys; a folder "
+                    "holding lines another configuration made is refused (78)")
+    # One option string, not a value of --resume: `--resume PLAN.toml` must keep PLAN.toml the plan.
+    sp.add_argument("--resume=rerun-changed", dest="resume", action="store_const", const="rerun-changed",
+                    help="as --resume, and run again the points whose lines another configuration made")
     sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands; "
                     "change nothing")
     sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "
