@@ -343,6 +343,35 @@ def test_results_lines_are_strict_json(tmp_path: Path) -> None:
     assert rec["deep"] == [{"x": None}]
 
 
+def test_a_merged_report_with_a_shard_missing_says_so_and_marks_no_best(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41 #4: shard 2/2 never ran; the report of shard 1/2 alone once exited 0 with half the points,
+    its best marks computed over that half, and no word of what was missing."""
+    def shard(folder: Path, k: int, points: list[int], ttft: list[float]) -> Path:
+        folder.mkdir()
+        with (folder / "results.jsonl").open("w") as f:
+            for i, t in zip(points, ttft, strict=True):
+                out = folder / f"p{i}"
+                out.mkdir()
+                bench = {"ttft_p50_ms": t, "output_tokens_per_s": 100.0 / t}
+                (out / "bench.jsonl").write_text(json.dumps(bench) + "\n")
+                f.write(json.dumps({"point": {"a": i}, "status": "ok", "index": i, "attempt": 1, "out": f"p{i}",
+                                    "plan_points": 4, "shard": f"{k}/2"}) + "\n")
+        return folder
+
+    one = shard(tmp_path / "shard-1", 1, [1, 3], [50.0, 40.0])
+    assert sweep.report_main([str(one)], "table") == 0
+    out, err = capsys.readouterr()
+    assert "2 of 4 points have no result (shard 2/2 missing or unfinished)" in err, err
+    assert "(partial: 2 of 4 points have no result" in out and "*" not in out, out
+    assert sweep.report_main([str(one)], "table", strict=True) == 1
+    two = shard(tmp_path / "shard-2", 2, [2, 4], [60.0, 70.0])
+    capsys.readouterr()
+    assert sweep.report_main([str(one), str(two)], "table", strict=True) == 0
+    out, err = capsys.readouterr()
+    assert "partial" not in out + err and "*" in out, out
+
+
 # --- an attempt without a verified instance runs nothing (issue 41 #0) -----------------------------------
 
 

@@ -51,6 +51,7 @@ from genready.sweep.results import (
     SweepBusy,
     SweepError,
     changed_points,
+    coverage,
     fingerprint,
     ok_runs,
 )
@@ -262,10 +263,11 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
 
 
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
-                lines: str | None = None, compare: bool = False) -> int:
+                lines: str | None = None, compare: bool = False, strict: bool = False) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
     `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
-    with `--compare A B` two sweeps' points side by side (sweepcompare)."""
+    with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
+    points (a shard that never ran) says so, and marks no best value; `strict`: exit 1 then."""
     if compare and (len(folders) != 2 or fmt not in ("table", "html")):
         raise Failed("--compare: expected two folders A B and --format table or html, found "
                      f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
@@ -275,6 +277,11 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
+    partial = "" if compare else coverage([Path(f) for f in folders], {r.index for r in rows})
+    if partial:
+        for r in rows:
+            r.best.clear()  # the best of half a plan is not the plan's best
+        console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
     if compare:
         from genready.sweep import compare as sweepcompare
 
@@ -291,11 +298,14 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
         text = sweepreport.render(rows, fmt)
+        if partial and fmt in ("table", "markdown"):
+            text += f"(partial: {partial}; no best values marked)\n"
+    status = Exit.TIMEOUT if partial and strict else Exit.OK
     if output is None:
         sys.stdout.write(text)
-        return Exit.OK
+        return status
     try:
         durable.replace(Path(output), text.encode())  # whole or not at all: a ticket gets no half page
     except OSError as e:
         raise Failed(f"cannot write {output}: {e.strerror or e}", status=Exit.CANNOT_CREATE) from None
-    return Exit.OK
+    return status

@@ -204,6 +204,8 @@ class Attempt:
     plan: str = ""  # the plan file's path, for the report's context
     waited_seconds: float | None = None  # not_ready: how long the start was waited for
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
+    plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
+    shard: str | None = None  # --shard K/N
 
     @property
     def run_seconds(self) -> float | None:
@@ -218,7 +220,7 @@ class Attempt:
             "attempt": self.attempt, "out": self.out, "index": self.point.index, "group": self.group,
             "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
             "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
-            "fingerprint": dict(self.fingerprint),
+            "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
         }
         if self.counters is not None:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
@@ -272,6 +274,29 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
         if keys := differing(r.get("fingerprint"), fingerprints[p.index]):
             out[p.index] = keys
     return out
+
+
+def coverage(folders: Sequence[Path], present: set[int]) -> str:
+    """"N of M points have no result (shard K/N missing or unfinished)" for results folders whose lines name
+    their plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
+    sizes: set[int] = set()
+    shards: dict[int, set[int]] = {}  # N -> the K seen
+    for folder in folders:
+        for r in read_results(folder / RESULTS_FILE):
+            if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
+                sizes.add(n)
+            k, _, n_s = str(r.get("shard") or "").partition("/")
+            if k.isdigit() and n_s.isdigit():
+                shards.setdefault(int(n_s), set()).add(int(k))
+    if not sizes:
+        return ""  # lines from before plan_points: the plan's size is not known
+    m = max(sizes)
+    missing = m - len({i for i in present if 1 <= i <= m})
+    if missing <= 0:
+        return ""
+    gone = [f"{k}/{n}" for n, seen in sorted(shards.items()) for k in range(1, n + 1) if k not in seen]
+    return f"{missing} of {m} points have no result" + (
+        f" (shard {', '.join(gone)} missing or unfinished)" if gone else " (unfinished)")
 
 
 class Results:

@@ -138,7 +138,8 @@ class Sweep:
         folder, k = self._folder(point, repeat)
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
                       time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
-                      plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index])
+                      plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
+                      plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None)
         try:
             got: Verified | NotReady | None = None
             if instance is not None and not self.opts.every_run_restarts:
