@@ -202,7 +202,9 @@ KEYS: Final = (
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
-RUN_KEYS: Final = ("between_points", "warmup", "repeats")
+# Not `repeats`: it says how many runs, each measured alike (raising it and resuming runs only the new ones),
+# and each line names its repeat.
+RUN_KEYS: Final = ("between_points", "warmup")
 
 
 @dataclass(frozen=True)
