@@ -19,9 +19,12 @@ from genready.client import progress, waiting
 from genready.compat import tomllib
 from genready.rule.history import History
 from genready.store.records import RecordStore
+from genready.sweep import plan as sweepplan
+from genready.sweep import steps
+from genready.sweep.dropin import DropinLife
+from genready.sweep.lines import Console, Timings
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
-from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -307,23 +310,24 @@ def test_a_sweep_point_asks_systemd_nothing_while_it_waits(tmp_path: Path, end: 
     """Before, each poll of a load read the unit over D-Bus (about 2,160 calls in a 6-minute load):
     now one read before the restart (where the unit's output stands), the restart, and the daemon."""
     loading = {"ready": False, "target": "t", "state": "loading", "reason": "waiting", "start_failed": None}
-    last = ({"ready": True, "target": "t", "pid": 42, "invocation_id": "cd" * 16, "load_seconds": 1.5}
-            if end == "ready" else body(False))
+    last = ({"ready": True, "target": "t", "unit": "t.service", "pid": 42, "invocation_id": "cd" * 16,
+             "load_seconds": 1.5} if end == "ready" else body(False))
     s = Scripted([*[loading] * 20, last])
     unit = CountingUnit()
     p = sweepplan.parse_plan(tomllib.loads('command = "x"\n[matrix]\na = [1]'), "plan.toml")
-    sw = sweep.Sweep(sweep.SweepOptions(p, s.base, "t", "t.service", "user", 30, tmp_path), err=io.StringIO())
-    sw.sd = unit  # type: ignore[assignment]
-    att = sweep.Attempt(p.points[0], 1, "01/attempt-1")
-    monkeypatch.setattr(sweep, "POLL", 0.01)
+    opts = steps.SweepOptions(p, s.base, "t", "t.service", "user", 30, tmp_path)
+    # The stand-in unit client counts what the step asks of systemd: the point of this test.
+    life = DropinLife(unit, tmp_path / "dropin.conf")  # type: ignore[arg-type]
+    ctx = steps.Ctx(opts, Console(io.StringIO(), 1), life, Timings(), steps.Signals(), None, 0.0)
+    monkeypatch.setattr(steps, "POLL", 0.01)
     try:
-        sw._restart_and_wait(p.points[0], att)
+        got = steps.start(ctx, p.points[0])
     finally:
         s.close()
     assert len(s.asked) >= 21 and unit.restarts == 1 and unit.states == 1
     if end == "ready":
-        assert (att.pid, att.load_seconds) == (42, 1.5)
+        assert isinstance(got, steps.Verified) and (got.pid, got.load_seconds) == (42, 1.5)
     else:
-        assert att.pid is None and att.status is sweep.Status.NOT_READY and att.unit_result == "exit-code"
-        assert "failed to start (Result=exit-code, exited with status 3)" in att.reason
-        assert att.journal == ["no such model"]
+        assert isinstance(got, steps.NotReady) and got.unit_result == "exit-code"
+        assert "failed to start (Result=exit-code, exited with status 3)" in got.reason
+        assert got.journal == ("no such model",)

@@ -24,7 +24,11 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
-from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
+from genready.sweep import report as sweepreport
+from genready.sweep import results as sweepresults
+from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, free_port, http, stop_process, wait_for
 from genready_dev.usermanager import UserManager
@@ -102,11 +106,11 @@ def test_resume_counts_repeats(tmp_path: Path) -> None:
     write_results(tmp_path, [({"a": 1}, 1, "ok", 1.0, "cold_start"), ({"a": 1}, 2, "ok", 1.0, "flushed"),
                              ({"a": 2}, 1, "ok", 1.0, "cold_start"), ({"a": 2}, 2, "failed", 1.0, "flushed")])
     p = plan('command = "x"\nrepeats = 2\n[matrix]\na = [1, 2, 3]\n')
-    runs = sweep.ok_runs(p, tmp_path)
+    runs = sweepresults.ok_runs(p, tmp_path)
     assert {i: sorted(r["repeat"] for r in recs) for i, recs in runs.items()} == {1: [1, 2], 2: [1]}
-    assert sweep.ok_points(p, tmp_path) == {1}
+    assert sweepresults.ok_points(p, tmp_path) == {1}
     # a plan of 3 repeats has none of its points whole; lines from before repeats count as repeat 1
-    assert sweep.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
+    assert sweepresults.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
 
 
 # --- the server's counters ----------------------------------------------------------------------------------

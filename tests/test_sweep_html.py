@@ -20,7 +20,9 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
-from genready.tools import sweep, sweephtml, sweepreport
+from genready.sweep import html as sweephtml
+from genready.sweep import main as sweep
+from genready.sweep import report as sweepreport
 from genready_dev.harness import PY, REPO
 from tests import ci
 
@@ -60,9 +62,9 @@ def test_only_the_html_report_imports_matplotlib() -> None:
     daemon = REPO / "daemon" / "genready"
     importing = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
                        if re.search(r"^\s*(import|from) matplotlib", p.read_text(), re.M))
-    assert importing == ["tools/sweephtml.py"], importing
-    # and sweep.py loads that module only for --format html
-    assert not re.search(r"^from genready.tools import .*sweephtml", (daemon / "tools" / "sweep.py").read_text(), re.M)
+    assert importing == ["sweep/html.py"], importing
+    # and the sweep's entry points load that module only for --format html
+    assert not re.search(r"^from genready.sweep import .*html", (daemon / "sweep" / "main.py").read_text(), re.M)
 
 
 def test_the_pareto_front_is_the_points_nothing_beats_on_both() -> None:

@@ -356,7 +356,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from genready.tools import sweep  # lazy: only a sweep needs it
+    from genready.sweep import main as sweep  # lazy: only a sweep needs it
 
     cfg = load_config(args.config)
     return sweep.main(args, cfg, _api_base(args))
@@ -385,7 +385,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                        f"{config.DEFAULT_PATH})")
         p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
         return p
-    from genready.tools.sweepreport import FORMATS
+    from genready.sweep.report import FORMATS
 
     p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
                                 formatter_class=Formatter,
@@ -403,17 +403,19 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                    "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
     p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
                    "server configuration)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
+                   "(a shard missing or unfinished)")
     return p
 
 
 def cmd_sweep_tool(name: str, argv: list[str]) -> int:
-    from genready.tools import sweep
+    from genready.sweep import main as sweep
 
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
     if name == "report":
         return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                                 compare=args.compare)
+                                 compare=args.compare, strict=args.strict)
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 
@@ -508,8 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see docs/sweeps.md)")
     sp.add_argument("--results", metavar="DIR", required=True,
                     help="results.jsonl and one folder per point and attempt ({out}) go here")
-    sp.add_argument("--resume", action="store_true", help="skip points that already have an ok line in "
-                    "DIR/results.jsonl")
+    sp.add_argument("--resume", action="store_const", const="same", help="skip points that already have an ok "
+                    "line in DIR/results.jsonl made by the same drop-in, command, target, unit and run keys; a folder "
+                    "holding lines another configuration made is refused (78)")
+    # One option string, not a value of --resume: `--resume PLAN.toml` must keep PLAN.toml the plan.
+    sp.add_argument("--resume=rerun-changed", dest="resume", action="store_const", const="rerun-changed",
+                    help="as --resume, and run again the points whose lines another configuration made")
     sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands; "
                     "change nothing")
     sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "

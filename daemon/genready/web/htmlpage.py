@@ -1,5 +1,5 @@
 """The one way genready writes HTML, for its three hand-built pages: the status page (serve/page), the
-sweep report (tools/sweephtml) and the comparison of two sweeps (tools/sweepcompare).
+sweep report (sweep/html) and the comparison of two sweeps (sweep/compare).
 
 - Text from a server, a unit, a plan or a results file goes through `text()`: control characters shown
   escaped as the CLI shows them (redact.escape: `\\x1b[2J`, not a cleared screen), then HTML-escaped.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
-from genready.tools.sweepreport import FIGURES, Figure, Row
+from genready.sweep.report import FIGURES, Figure, Row
 from genready.web import htmlpage
 
 COMPARED: Final = tuple(f for f in FIGURES if f.ranked)

@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
-from genready.tools.sweepreport import FIGURES, Figure, Row, figure_text, label_of
+from genready.sweep.report import FIGURES, Figure, Row, figure_text, label_of
 from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
