@@ -3,8 +3,10 @@
 - start-up: the API is bound before anything talks to systemd or probes a server (a taken port
   fails start-up at once); every resource opened is closed again, in reverse order, however
   start-up or the run ends (`startup()` pushes each cleanup on one exit stack);
-- readiness is reported only through the gate's events (READY=1/STATUS=, stamps, metrics, logs:
-  `on_*`), each recomputed from the rule when sent (serve/outputs.py);
+- readiness is said only as the rule says it now: READY=1/STATUS= and the stamps are brought in
+  line once per pass of a gate (`on_settled`), recomputed from the rule when sent
+  (serve/outputs.py); the gauges are read from the gates at each scrape; counters and log lines
+  come from the gate's events (`on_*`);
 - SIGTERM/SIGINT: STOPPING=1, each long-poll in flight gets a 503 saying so, and genready exits within
   SHUTDOWN_DEADLINE (3 s) whatever blocks, every thread's stack logged if it had to be cut;
 - SIGHUP: the config is re-read off the loop; a broken one is refused and the running one kept;

@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector
 
 from genready.vocab import REFUSALS, SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
 
-# Derived from the enums of the modules that decide them (gate: states and revocations, probe:
-# failure classes), so a new value shows up here, in the OpenAPI schema and in the docs at once.
+# Derived from the shared words in vocab (states, revocations, probe failure classes), so a new
+# value shows up here, in the OpenAPI schema and in the docs at once.
 STATES: Final[tuple[str, ...]] = tuple(s.value for s in State)
 
 # Pre-initialised per target so that rate()/increase() see the 0 before the first event: a series
