@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient
 from genready.compat import wait_for
 from genready.serve import api
 from genready.serve.metrics import Metrics
+from genready.serve.target import Target
 from genready_dev.harness import await_for
 from tests.gatefakes import Rig, snap
 
@@ -32,9 +33,7 @@ class Served:
     def __init__(self, tmp: Path) -> None:
         self.a, self.b = Rig(tmp / "a", "a"), Rig(tmp / "b", "b")
         self.metrics = Metrics("test")
-        for n in ("a", "b"):
-            self.metrics.register_target(n, "t.service")
-        self.app = api.make_app({"a": self.a.gate, "b": self.b.gate}, self.metrics, max_long_polls=2)
+        self.app = api.make_app({"a": Target(self.a.gate), "b": Target(self.b.gate)}, self.metrics, max_long_polls=2)
         self.client: Client | None = None
 
     async def get(self, path: str) -> tuple[int, Any]:
