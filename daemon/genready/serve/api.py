@@ -133,6 +133,11 @@ async def _ready(request: web.Request, targets: dict[str, Target]) -> web.Respon
     if q["wait"] > 0:
         polls: LongPolls = request.app[LONG_POLLS]  # type: ignore[assignment]
         if polls.active >= polls.limit:
+            # Readiness first: a ready target answers its 200 without a slot, so slots held by others
+            # (any local user can open them) never turn a ready answer into a refusal.
+            now = await _answer(request, targets, name, {**q, "wait": 0.0})
+            if now.status != 503:
+                return now
             polls.refused += 1
             metrics_: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
             if metrics_ is not None:
