@@ -44,8 +44,19 @@ def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
     return escape(text if len(text) <= limit else text[:limit] + "…")
 
 
+def too_large(v: int) -> bool:
+    """Whether an integer a server sent is past any count (and past what a float holds: 10**400)."""
+    return v.bit_length() > 1000
+
+
 def _count(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+    """A positive count, else 0; BadAnswer for an integer that cannot be a float (10**400): no count of
+    tokens is that large, and every figure made of it would overflow."""
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        return 0
+    if too_large(v):
+        raise BadAnswer(f"a count of {v.bit_length()} bits, too large to be one (completion_tokens?)")
+    return v
 
 
 def _typed(doc: Mapping[str, Any], key: str, kind: type, what: str) -> Any:

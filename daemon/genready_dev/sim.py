@@ -37,12 +37,14 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from genready import compat
+from genready.servers import kinds
+from genready.servers.kinds import ServerKind
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -288,6 +290,15 @@ def llamacpp_error(status: int, message: str) -> web.Response:
                                         "type": _LLAMA_TYPES.get(status, "server_error")}}, status=status)
 
 
+# Each counter's HELP text, as its server writes it.
+_COUNTER_HELP: Final = {
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "sglang:prompt_tokens": "Number of prefill tokens processed.",
+    "sglang:cached_tokens": "Number of cached prompt tokens.",
+}
+
+
 @dataclass(frozen=True)
 class Profile:
     """What one real server does where servers differ. Each field names the file it comes from."""
@@ -311,6 +322,10 @@ class Profile:
     linger_seconds: float = 0.0  # after SIGTERM: keeps serving, /health 503
     checks_model: bool = False  # an unknown `model` is 404
     health_ok: Callable[[], web.Response] = lambda: web.Response(status=200)
+    # The product's ServerKind of this server: its /metrics counter names come from there (None: the generic
+    # server, which has SGLang's surface)
+    kind: ServerKind | None = None
+    engine_label: bool = False  # its counters carry engine="0" (vLLM's per-engine loggers)
 
 
 PROFILES: dict[str, Profile] = {
@@ -333,7 +348,7 @@ PROFILES: dict[str, Profile] = {
         warmup_seconds=1.0,
         # tokenizer_manager.py: on SIGTERM gracefully_exit is set, /health answers 503, requests in
         # flight and new ones are still served while it drains
-        linger_seconds=1.0),
+        linger_seconds=1.0, kind=kinds.SGLANG),
     "vllm": Profile(
         "vllm",
         # AuthenticationMiddleware (vllm/entrypoints/openai/server_utils.py): only paths starting
@@ -347,7 +362,7 @@ PROFILES: dict[str, Profile] = {
         # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
         # Shutdown: SIGTERM cancels the server task, no draining (vllm/entrypoints/launcher.py,
         # serve_http): linger 0.
-        checks_model=True),
+        checks_model=True, kind=kinds.VLLM, engine_label=True),
     "llamacpp": Profile(
         "llamacpp",
         # tools/server/server-http.cpp get_public_endpoints: only /health and /v1/health (and the web
@@ -367,7 +382,7 @@ PROFILES: dict[str, Profile] = {
         uds_stale_blocks=True,
         # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
         # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
-        health_ok=lambda: web.json_response({"status": "ok"})),
+        health_ok=lambda: web.json_response({"status": "ok"}), kind=kinds.LLAMA_CPP),
 }
 
 
@@ -820,34 +835,31 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None and self.p.name != "sglang":  # SGLang has no vllm: counters
+        spec = kinds.VLLM.spec
+        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG and spec is not None:
+            # SGLang has no vllm: counters
             k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
-            for name, doc, v in (("spec_decode_num_drafts", "Number of spec decoding drafts.", self.spec_drafts),
-                                 ("spec_decode_num_draft_tokens", "Number of draft tokens.", self.spec_drafts * k),
-                                 ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                                  self.spec_accepted)):
-                lines += [f"# HELP vllm:{name}_total {doc}", f"# TYPE vllm:{name}_total counter",
-                          f'vllm:{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+            for name, doc, v in ((spec.steps, "Number of spec decoding drafts.", self.spec_drafts),
+                                 (spec.draft_tokens, "Number of draft tokens.", self.spec_drafts * k),
+                                 (spec.accepted, "Number of accepted tokens.", self.spec_accepted)):
+                lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
+                          f'{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
         lines += self._prefix_metrics()
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
         """The prefix cache's counters under the profile's server's names, with the `_created` sample
         prometheus_client adds to every counter (a timestamp: summing it into a total is wrong)."""
-        if self.p.name == "vllm":
-            # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens
-            labels = f'{{engine="0",model_name="{self.a.model}"}}'
-            names = (("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      self.prompt_tokens_total),
-                     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      self.cached_tokens_total))
-        elif self.p.has_native:
-            # python/sglang/srt/metrics/collector.py: Counter "sglang:prompt_tokens" and "sglang:cached_tokens"
-            labels = f'{{model_name="{self.a.model}"}}'
-            names = (("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
-                     ("sglang:cached_tokens", "Number of cached prompt tokens.", self.cached_tokens_total))
-        else:
-            return []
+        kind = self.p.kind or kinds.SGLANG  # the generic server: SGLang's surface
+        hits = kind.hit_rate
+        if hits is None or hits.total_excludes_hits:
+            return []  # llama.cpp's prompt_tokens counters are not simulated
+        # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens;
+        # python/sglang/srt/metrics/collector.py: Counter "sglang:prompt_tokens" and "sglang:cached_tokens"
+        labels = (f'{{engine="0",model_name="{self.a.model}"}}' if self.p.engine_label else
+                  f'{{model_name="{self.a.model}"}}')
+        names = ((hits.total, _COUNTER_HELP.get(hits.total, hits.total), self.prompt_tokens_total),
+                 (hits.hits, _COUNTER_HELP.get(hits.hits, hits.hits), self.cached_tokens_total))
         out = []
         for name, doc, v in names:
             # prometheus_client's generate_latest() of a Counter: NAME_total, then NAME_created as a gauge

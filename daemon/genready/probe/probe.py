@@ -31,22 +31,13 @@ from genready.compat import timeout
 from genready.config import TargetConfig
 from genready.probe.container import UnitStart, find_container_owner, find_process_owner
 from genready.probe.owner import Owner, unix_owner
+from genready.servers import kinds
 from genready.vocab import Failure, HealthRoute, ProbeResult
 
 log = logging.getLogger("genready.probe.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
 _HEALTH_CAP: Final = 64 * 1024  # a health answer is a status; its body only has to be read past
-# A 400 that names a request of the wrong shape. SGLang turns FastAPI's validation errors into 400
-# (python/sglang/srt/entrypoints/http_server.py, validation_exception_handler), and so does vLLM
-# (vllm/entrypoints/openai/server_utils.py); SGLang's /generate refuses a body without a prompt
-# with "Either text, input_ids or input_embeds should be provided." (managers/io_struct.py).
-_WRONG_SHAPE: Final = ("validation error", "field required", "extra inputs are not permitted",
-                       "input_ids or input_embeds should be provided")
-# llama.cpp's router while a model is not (yet) loaded: 400 "model is not loaded" without
-# --models-autoload (tools/server/server-models.cpp); the states it lists while loading one.
-_ROUTER_NOT_LOADED: Final = "model is not loaded"
-_ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
 # ASCII digits only, and bounded: str.isdigit() takes '²', and int() refuses over 4,300 digits
 # with a ValueError, which no malformed answer may turn into anything but bad_response.
 _STATUS: Final = re.compile(r"[1-5][0-9][0-9]")
@@ -534,7 +525,7 @@ class Prober:
                 return self._unchecked(pinned, "the server's model list is unreadable")
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
         chosen = self._choose(listed, what)
-        if chosen.state in _ROUTER_LOADING:
+        if chosen.state in kinds.ROUTER_LOADING:
             raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {excerpt(chosen.id)!r} as "
                                            f"{excerpt(chosen.state)!r}")
         if chosen.state not in (None, "loaded"):
@@ -571,7 +562,7 @@ class Prober:
         `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests),
         `unhealthy` for llama.cpp's router saying the model is not loaded (it may load it)."""
         seen = _seen(what, resp)
-        if resp.status == 400 and _ROUTER_NOT_LOADED in resp.body.decode("utf-8", "replace").lower():
+        if resp.status == 400 and kinds.says(resp.body, kinds.ROUTER_NOT_LOADED):
             return _Fail(Failure.UNHEALTHY, f"{seen} (llama.cpp's router: load the model, or start it with "
                                             "--models-autoload)", resp.status)
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
@@ -602,7 +593,7 @@ class Prober:
         if status == 400 and "tokenizer" in text and not t.prompt_ids:
             return ("the server has no tokenizer (started with --skip-tokenizer-init?): set prompt_ids = [...] "
                     "(the token ids of a short prompt) for this target")
-        if status == 422 or (status == 400 and any(m in text for m in _WRONG_SHAPE)):
+        if status == 422 or (status == 400 and kinds.says(body, kinds.WRONG_SHAPE)):
             return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
                     "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
         return "the server refuses the probe's request: check api, model, prompt and max_tokens"
