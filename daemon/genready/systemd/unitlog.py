@@ -96,12 +96,14 @@ class OutputMark:
         cmd = ["journalctl", "--user-unit" if bus_kind == "user" else "--unit", unit, "--since",
                f"@{int(self.since)}", "-o", "cat", "-n", str(n), "--no-pager", "-q"]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOURNALCTL_TIMEOUT)
+            # Bytes, not text: journald keeps a line's bytes as they came and `-o cat` writes them raw
+            # (a Latin-1 path, binary garbage, a character cut by journald's 48 KiB line split), so a
+            # strict decode of the whole output would lose every line for one bad byte.
+            done = subprocess.run(cmd, capture_output=True, timeout=JOURNALCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
-        # Cut as the files' lines are (journald keeps lines of up to 48 KiB).
-        return [_cut(line.encode(errors="replace")) for line in done.stdout.splitlines()[-n:]] \
-            if done.returncode == 0 else []
+        # Decoded line by line (errors="replace") and cut as the files' lines are.
+        return [_cut(line) for line in done.stdout.splitlines()[-n:]] if done.returncode == 0 else []
 
 
 def tail_lines(fd: int, start: int, n: int = OUTPUT_LINES, cap: int = TAIL_BYTES) -> list[str]:
