@@ -160,7 +160,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except ConfigError as e:
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
-    target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
                      status=Exit.CONFIG)
@@ -227,7 +227,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
 
 def restore_main(target: str | None, cfg: Config, base: str, timeout: float | None) -> int:
     """`genready sweep restore TARGET`: put the unit back on its own configuration after a killed sweep."""
-    target = target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    target = cfg.only_target(target)
     if target is None or target not in cfg.targets:
         raise Failed(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
     unit = cfg.targets[target].unit

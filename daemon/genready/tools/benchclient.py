@@ -379,8 +379,7 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
             cfg = config.load(Path(args.config), service=False)
         except config.ConfigError as e:
             raise SystemExit(f"benchclient: {e}") from None
-        found = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
-                                                               else None)
+        found = cfg.only_target(args.target or env.get("GENREADY_TARGET"))
         if found is None or found not in cfg.targets:
             raise SystemExit(f"benchclient: name a target of {args.config} with --target: {', '.join(cfg.targets)}")
         name, table, where = found, cfg.to_toml_dict()["targets"][found], f"{args.config} with the flags given"
