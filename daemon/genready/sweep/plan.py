@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from genready.compat import StrEnum
-from genready.config import ConfigError, read_toml
+from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -182,7 +182,9 @@ KEYS: Final = (
     PlanKey("dropin", "unit file text (a string)", None,
             "unit file text for the target's unit, per point (a runtime drop-in)"),
     PlanKey("timeout", "a number of seconds > 0", None,
-            "seconds to wait for a verified start per point (default: the target's load_timeout)",
+            "seconds to wait for a verified start per point (default: the target's load_timeout; for "
+            f"load_timeout = \"auto\", {LOAD_TIMEOUT_NO_HISTORY:g} s: the sweep does not read the daemon's "
+            "load history)",
             _number(0, low_open=True)),
     PlanKey("attempts", "an integer >= 1", 2,
             "runs per point when a run is invalidated or the server does not come up", _number(1, integer=True)),
