@@ -257,11 +257,12 @@ class Progress:
     def update(self, done: int, failed: int, *, force: bool = False) -> None:
         if self.seconds is None:
             share, of = done / max(1, self.total), f"{done}/{self.total}"
+            tenths = 10 * done // max(1, self.total)  # in integers: 7/10 of the requests is 7 tenths, exactly
         else:
             gone = time.monotonic() - self._start
             share, of = min(1.0, gone / self.seconds), f"{done} in {min(gone, self.seconds):.0f}/{self.seconds:g} s"
-        if not self.enabled:
             tenths = int(10 * share)
+        if not self.enabled:
             if tenths > self._tenths:
                 self._tenths = tenths
                 self.stream.write(f"benchclient: {of} done" + (f", {failed} failed" if failed else "") + "\n")
