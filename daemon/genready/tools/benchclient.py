@@ -1,7 +1,9 @@
 """`genready-bench-client` (`python -m genready.benchclient`): a benchmark client for one LLM server.
 
-N requests against SGLang's native API or the OpenAI routes, at a fixed concurrency C or
-arriving as a Poisson process (`--request-rate R`, at most C in flight), streamed by default.
+N requests (or `--duration S` seconds of them) against SGLang's native API or the OpenAI routes, at a
+fixed concurrency C or arriving at `--request-rate R` (a Poisson process, or gamma with `--burstiness K`;
+at most C in flight), streamed by default. `--slo` judges each request against a latency target
+(goodput); every run reports offered against achieved rate and whether it saturated (tools/benchload.py).
 It reports what SGLang's bench_serving and vLLM's benchmark_serving report: time to first
 token and inter-token latency (p50/p99, from the stream), end-to-end latency, output tokens/s
 and requests/s. Requests and the token count follow apis.py, the probe's definitions.
@@ -14,6 +16,7 @@ if any request failed.
 The result block is meant for people, but its lines are stable for scripts and the demo:
 
     benchclient: N requests at concurrency C to URL (API, max_tokens M[, streaming][, Poisson R/s])[, …]
+                 (--duration: "requests for S s (at most N)"; --burstiness K: "gamma R/s, burstiness K")
       requests   N ok, F failed[ (…error kinds…)][, E empty][, R retried][, S stale connections skipped]
       rate       R requests/s, T tokens/s over S s
       latency    p50 X ms, p99 Y ms
@@ -22,6 +25,9 @@ The result block is meant for people, but its lines are stable for scripts and t
       accept     length L (SOURCE)[, server average A][, draft acceptance D (ACC/DRAFTED drafted tokens)]
                  or: length - (no speculative decoding seen)
       connection new per request: WHY                 (when the server closes kept-alive connections)
+      load       offered R/s (scheduled X), achieved Y requests/s, peak concurrency P[, …]; [not ]saturated[: …]
+                                                      (with --request-rate or --duration)
+      slo        [NOT ]met (PART FOUND <= LIMIT, …); goodput G requests/s, …  (with --slo)
       served by pid P (invocation I, unit U)
       sweep point {…}
 
@@ -366,7 +372,8 @@ def prompt_set(args: argparse.Namespace) -> list[Prompt]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m genready.benchclient",
-        description="Send N generations to an LLM server, at concurrency C or as Poisson arrivals, and print "
+        description="Send N generations (or --duration S of them) to an LLM server, at concurrency C or as "
+        "Poisson (gamma) arrivals, and print "
         "time to first token and inter-token latency (streaming), end-to-end latency (p50/p99), output tokens/s "
         "and requests/s. Under `genready guard` or `genready sweep` it also names the verified server pid it "
         "measured and the sweep point. Exit status 1 if any request failed. A request fails, and is counted, on "
@@ -396,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a latency target, e.g. ttft_p99_ms=500,itl_p50_ms=40,e2e_p99_ms=9000: each request "
                    "judged on its TTFT, mean inter-token latency and end-to-end latency (goodput, "
                    "slo_attainment), and the run's percentiles against the limits (slo_met)")
-    p.add_argument("--seed", type=int, help="random seed of the prompts' order, random prompts and the Poisson "
+    p.add_argument("--seed", type=int, help="random seed of the prompts' order, random prompts and the "
                    "arrivals: the same seed sends the same requests at the same times on every sweep point")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="stream the answers, for time to first token and inter-token latency (default: on)")
