@@ -220,10 +220,12 @@ def test_duration_sends_for_that_long_and_finishes_and_counts_those_in_flight(tm
         r = bench("--url", s.url, "--max-tokens", "4", "-c", "16", "--request-rate", "20", "--duration", "1.5",
                   "--seed", "2", "--output", str(out))
         closed = bench("--url", s.url, "--max-tokens", "2", "-c", "2", "--duration", "1", "--output", str(out))
+        behind = bench("--url", s.url, "--max-tokens", "4", "-c", "1", "--request-rate", "40", "--duration", "1",
+                       "--seed", "2", "--output", str(out))
     finally:
         s.stop()
-    assert r.returncode == 0 and closed.returncode == 0, r.stdout + r.stderr + closed.stderr
-    timed, loop = (json.loads(line) for line in out.read_text().splitlines())
+    assert r.returncode == 0 and closed.returncode == 0 and behind.returncode == 0, r.stdout + r.stderr + closed.stderr
+    timed, loop, late = (json.loads(line) for line in out.read_text().splitlines())
     expected = len(list(benchload.arrival_times(20.0, 1.0, 2, count=10**6, until=1.5)))
     assert timed["requests"] == timed["ok"] == expected and timed["duration"] == 1.5
     assert 1 <= timed["finished_after_duration"] <= 16 and timed["unsent_at_duration"] == 0
@@ -233,6 +235,11 @@ def test_duration_sends_for_that_long_and_finishes_and_counts_those_in_flight(tm
     assert "finished after --duration" in r.stdout
     assert loop["requests"] == loop["ok"] >= 2 and 1.0 <= loop["wall_seconds"] < 1.0 + 5
     assert loop["offered_rate"] is None and loop["peak_concurrency"] == 2 and loop["finished_after_duration"] >= 1
+    # One slot of 0.2 s for 40 arrivals/s: those still waiting for the slot at the end are never sent, and the run
+    # ends one request after its duration, not after the queue
+    due = len(list(benchload.arrival_times(40.0, 1.0, 2, count=10**6, until=1.0)))
+    assert late["requests"] + late["unsent_at_duration"] == due and late["unsent_at_duration"] >= due // 2
+    assert late["saturated"] is True and late["wall_seconds"] < 1.0 + 2
 
 
 @pytest.mark.system
