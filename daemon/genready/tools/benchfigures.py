@@ -99,6 +99,9 @@ class Outcome:
     spec_verify_ct: int | None = None  # SGLang's verify steps for this request (speculative decoding only)
     drafts: Drafts | None = None  # llama.cpp's timings.draft_n / draft_n_accepted (only when it drafted)
     retried: bool = False  # sent again on a fresh connection: the pooled one was stale (see _stale_connection)
+    sent: float = 0.0  # seconds after the run's start it was sent (the run sets it; benchload's rates)
+    arrival: float | None = None  # seconds after the start it was due (--request-rate); None: back to back
+    late: float = 0.0  # seconds the client itself was behind the schedule when it was due (not a slot's wait)
 
 
 @dataclass
@@ -115,6 +118,9 @@ class Summary:
     new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
     sglang_openai: bool = False  # the OpenAI routes of an SGLang server (it answers GET /get_server_info)
     server_counters: servermetrics.RunCounters | None = None  # its /metrics counters over the run
+    peak_concurrency: int = 0  # the most requests in flight at once
+    duration: float | None = None  # --duration: requests were sent for this many seconds
+    unsent: list[float] = field(default_factory=list)  # --duration: due times of arrivals never given a slot
 
     def accept(self) -> tuple[float | None, str | None]:
         """(accept length, where it came from); (None, None) without speculative decoding."""
@@ -169,6 +175,12 @@ class Summary:
     def latencies_ms(self) -> list[float]:
         # Only successful requests: a refused connection's 1 ms would flatter the server.
         return sorted(o.seconds * 1000 for o in self.outcomes if o.ok)
+
+    def finished_after_duration(self) -> int | None:
+        """Requests sent within --duration that were still in flight when it ended (finished, and counted)."""
+        if self.duration is None:
+            return None
+        return sum(1 for o in self.outcomes if o.sent + o.seconds > self.duration)
 
     def ttfts_ms(self) -> list[float]:
         return sorted(o.ttft * 1000 for o in self.outcomes if o.ok and o.ttft is not None)
