@@ -111,7 +111,7 @@ def test_the_literal_parse_refuses_what_is_not_a_small_literal(text: str) -> Non
 def test_the_dict_parse_of_hostile_lines_is_bounded_and_runs_nothing(tmp_path: Path) -> None:
     flag = tmp_path / "ran"
     hostile = [
-        "{'a': __import__('pathlib').Path(%r).touch(), 'b': 2}" % str(flag),
+        "{'a': __import__('pathlib').Path(" + repr(str(flag)) + ").touch(), 'b': 2}",
         "{'a': " + "[" * 10_000 + "}",
         "{" + "'k': 1, " * 100_000 + "}",
         "{'a': '" + "\\" * 70_000,

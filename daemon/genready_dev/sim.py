@@ -639,7 +639,7 @@ class Simulator:
             app.router.add_get("/get_model_info", self.model_info)
             app.router.add_get("/health_generate", self.health)
             app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
             app.router.add_post("/generate", self.generate)
             app.router.add_route("GET", "/flush_cache", self.flush_cache)
             app.router.add_route("POST", "/flush_cache", self.flush_cache)

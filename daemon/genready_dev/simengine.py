@@ -143,7 +143,4 @@ def llamacpp_slot_params(a: argparse.Namespace) -> dict[str, Any]:
     # tools/server/server-task.cpp, task_params::to_json: a served task's params; its speculative defaults are
     # the server's (params_base.speculative): build 11434 gives "speculative.types" only.
     s = settings(a, kinds.LLAMA_CPP)
-    params: dict[str, Any] = {"temperature": 0.8, "n_predict": -1,
-                              "speculative.types": s.get("speculative.types", "none")}
-    params.update({k: v for k, v in s.items() if k.startswith("speculative.")})
-    return params
+    return {"temperature": 0.8, "n_predict": -1, "speculative.types": s.get("speculative.types", "none")}
