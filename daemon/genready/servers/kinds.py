@@ -156,7 +156,8 @@ VLLM: Final = ServerKind(
     refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
     # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
     # line (argparse dests: `vllm serve MODEL` is model_tag); vllm/v1/metrics/loggers.py: *_info gauges
-    # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed.
+    # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed. Only flags that take
+    # a value are mapped (a switch such as --enable-prefix-caching would take the next argument for its value).
     engine=EngineRead(
         args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=True, positional="model_tag",
         flags={"--model": "model", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
@@ -164,8 +165,7 @@ VLLM: Final = ServerKind(
                "--speculative-config": "speculative_config", "-sc": "speculative_config",
                "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
                "--gpu-memory-utilization": "gpu_memory_utilization", "--kv-cache-dtype": "kv_cache_dtype",
-               "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype",
-               "--enable-prefix-caching": "enable_prefix_caching"},
+               "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype"},
         json_flags=frozenset({"--speculative-config", "-sc"})))
 
 LLAMA_CPP: Final = ServerKind(
