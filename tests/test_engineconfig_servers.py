@@ -8,7 +8,9 @@ and /slots, where it is built."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 from genready import config
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
-from genready.systemd import unitexec
+from genready.systemd import unitexec, unitlog
 from genready.systemd.unitlog import OutputMark
 from genready.tools import servercache
 from genready_dev import realservers
@@ -190,3 +192,33 @@ def test_the_real_llama_server_reports_its_model_and_spec_types_but_not_its_draf
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+
+def _fake_journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    # No journald on these machines: a journalctl that prints what a unit's journal would (as test_unitlog does)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "journalctl"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.system
+def test_without_output_files_the_args_line_comes_from_the_journal(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_journalctl(tmp_path, monkeypatch, "seq 1 50000\necho \"(APIServer pid=9) INFO [api_utils.py:273] "
+                     "non-default args: {'tensor_parallel_size': 4, 'api_key': ['sk-zz']}\"\nseq 1 10\n")
+    line = OutputMark(0.0).first_line("user", "v.service", ec.ARGS_MARK)
+    assert line is not None and "sk-zz" not in line
+    assert ec.vllm_args_line(line) == {"tensor_parallel_size": 4, "api_key": "***"}
+
+
+@pytest.mark.system
+def test_a_journalctl_that_hangs_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_journalctl(tmp_path, monkeypatch, "echo started\nexec sleep 60\n")
+    monkeypatch.setattr(unitlog, "JOURNALCTL_TIMEOUT", 0.5)
+    t0 = time.monotonic()
+    assert OutputMark(0.0).first_line("user", "v.service", ec.ARGS_MARK) is None
+    assert time.monotonic() - t0 < 10

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -106,9 +107,13 @@ class OutputMark:
         try:
             with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
                 assert proc.stdout is not None
+                # a journalctl that hangs is killed: the read then meets the end of its output
+                watchdog = threading.Timer(JOURNALCTL_TIMEOUT, proc.kill)
+                watchdog.start()
                 try:
                     line = head_line(proc.stdout.fileno(), 0, raw, stream=True)
                 finally:
+                    watchdog.cancel()
                     proc.kill()
         except OSError:
             return None
