@@ -45,6 +45,7 @@ from aiohttp.typedefs import Handler
 from genready import compat
 from genready.servers import kinds
 from genready.servers.kinds import ServerKind
+from genready_dev import simengine
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -424,6 +425,7 @@ class Simulator:
         self.cached_tokens_total = 0  # of them, found in the prefix cache (cached_tokens, prefix_cache_hits)
         self.in_flight = 0  # generations being served: SGLang's /flush_cache refuses (400) while there are any
         self.flushes = 0
+        self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -452,6 +454,8 @@ class Simulator:
         a = self.a
         self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
                  profile=self.p.name)
+        if self.p.kind is kinds.VLLM:  # its start logs the arguments it runs with (simengine.py)
+            simengine.log_vllm_args(a)
         # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
         early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
         if self.bind_early or self.router:  # a router comes up at once; its models load on demand
@@ -635,12 +639,13 @@ class Simulator:
             app.router.add_get("/get_model_info", self.model_info)
             app.router.add_get("/health_generate", self.health)
             app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
             app.router.add_post("/generate", self.generate)
             app.router.add_route("GET", "/flush_cache", self.flush_cache)
             app.router.add_route("POST", "/flush_cache", self.flush_cache)
         elif self.p.name == "llamacpp":
             app.router.add_get("/slots", self.slots)
+            app.router.add_get("/props", self.props)
             app.router.add_post("/slots/{id_slot}", self.slot_action)
         elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
             for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
@@ -794,6 +799,7 @@ class Simulator:
 
     def spec_done(self, tokens: int) -> None:
         """Count a finished generation into the /metrics counters."""
+        self.tasks_served += 1
         if self.a.spec_accept is None:
             return
         steps = self.verify_steps(tokens)
@@ -824,8 +830,12 @@ class Simulator:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
         # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
         # python/sglang/srt/entrypoints/http_server.py.
-        return web.json_response({"model_path": self.a.model, "version": "sim", "internal_states": [
-            {"last_gen_throughput": 0.0, "avg_spec_accept_length": self.a.spec_accept}]})
+        # Newer versions serve /server_info and keep /get_server_info as a deprecated alias (docs.sglang.io).
+        return web.json_response(simengine.sglang_server_info(self.a, self.a.spec_accept))
+
+    async def props(self, request: web.Request) -> web.Response:
+        # llama.cpp: GET /props (tools/server/server-context.cpp, get_res_props; simengine.py)
+        return web.json_response(simengine.llamacpp_props(self.a, CONTEXT_LENGTH))
 
     async def metrics(self, request: web.Request) -> web.Response:
         # vLLM's speculative-decoding counters, per engine, exposed only when speculative decoding
@@ -845,6 +855,8 @@ class Simulator:
                 lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
                           f'{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
         lines += self._prefix_metrics()
+        if self.p.kind is kinds.VLLM:
+            lines.append(simengine.VLLM_CACHE_INFO)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
@@ -888,8 +900,12 @@ class Simulator:
         return web.Response(status=200)
 
     def _slot(self, i: int) -> dict[str, Any]:
-        return {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": self.a.spec_accept is not None,
+        params = simengine.llamacpp_slot_params(self.a)
+        drafting = self.a.spec_accept is not None or str(params.get("speculative.types", "none")) != "none"
+        slot = {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": drafting,
                 "is_processing": self.in_flight > 0}
+        # server-context.cpp, server_slot::to_json: "params" once the slot has served a task
+        return {**slot, "params": params} if self.tasks_served else slot
 
     async def slots(self, request: web.Request) -> web.Response:
         # llama.cpp: GET /slots lists the slots, each with its "id" (tools/server/server-context.cpp,
@@ -1184,6 +1200,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
+    simengine.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,11 +12,20 @@ Each fact names the server's source file it was read from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from genready.apis import MODELS_PATH
+from genready.servers.engineconfig import (
+    ARGS_MARK,
+    EngineRead,
+    llamacpp_props,
+    llamacpp_slots,
+    sglang_info,
+    vllm_args_line,
+)
 from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
 
 
@@ -81,6 +90,8 @@ class ServerKind:
     server_header: str = ""  # its Server header's product, before the "/"
     closes_after_stream: bool = False  # closes the connection after a streamed answer despite keep-alive
     refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
+    # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
+    engine: EngineRead | None = None
 
 
 # --- the kinds -------------------------------------------------------------------------------------------
@@ -95,8 +106,9 @@ SGLANG: Final = ServerKind(
     key_fix="SGLang takes its key only as --api-key: keep it in a file (LoadCredential=apikey:FILE) and start "
             "SGLang from a small Python wrapper that reads $CREDENTIALS_DIRECTORY/apikey and launches the server "
             "in-process, so the key never reaches a command line",
-    # python/sglang/srt/entrypoints/http_server.py: /get_server_info (older: /server_info)
-    info_routes=("/get_server_info", "/server_info"),
+    # python/sglang/srt/entrypoints/http_server.py: /get_server_info; newer versions serve /server_info and
+    # answer /get_server_info with a deprecation warning in the server's log (docs.sglang.io, native_api)
+    info_routes=("/server_info", "/get_server_info"),
     flush=flush_sglang, flush_needs="SGLang /flush_cache",
     # python/sglang/srt/metrics/collector.py
     hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
@@ -104,7 +116,24 @@ SGLANG: Final = ServerKind(
     verify_field="spec_verify_ct",
     # A FastAPI validation error is 400 (http_server.py, validation_exception_handler); /generate refuses a body
     # without a prompt (managers/io_struct.py).
-    refusal_words={"input_ids or input_embeds should be provided": "shape"})
+    refusal_words={"input_ids or input_embeds should be provided": "shape"},
+    # python/sglang/srt/server_args.py: each ServerArgs field's flag is its name (--tp-size; aliases
+    # --tensor-parallel-size, --model, --speculative-draft-model; argparse takes the prefix --tp);
+    # _handle_speculative_decoding runs NEXTN as EAGLE.
+    engine=EngineRead(
+        routes=(("/server_info", sglang_info), ("/get_server_info", sglang_info)),
+        flags={"--model-path": "model_path", "--model": "model_path", "--tp-size": "tp_size", "--tp": "tp_size",
+               "--tensor-parallel-size": "tp_size", "--dp-size": "dp_size",
+               "--speculative-algorithm": "speculative_algorithm",
+               "--speculative-draft-model-path": "speculative_draft_model_path",
+               "--speculative-draft-model": "speculative_draft_model_path",
+               "--speculative-num-steps": "speculative_num_steps",
+               "--speculative-eagle-topk": "speculative_eagle_topk",
+               "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+               "--context-length": "context_length", "--max-running-requests": "max_running_requests",
+               "--mem-fraction-static": "mem_fraction_static", "--kv-cache-dtype": "kv_cache_dtype",
+               "--attention-backend": "attention_backend", "--quantization": "quantization"},
+        same={"speculative_algorithm": {"NEXTN": "EAGLE"}}))
 
 VLLM: Final = ServerKind(
     "vllm", "vLLM", "openai-completions",
@@ -124,7 +153,20 @@ VLLM: Final = ServerKind(
     spec=SpecMetrics("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_drafts",
                      "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters"),
     # vllm/entrypoints/openai/server_utils.py: validation errors are 400
-    refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"})
+    refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
+    # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
+    # line (argparse dests: `vllm serve MODEL` is model_tag); vllm/v1/metrics/loggers.py: *_info gauges
+    # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed. Only flags that take
+    # a value are mapped (a switch such as --enable-prefix-caching would take the next argument for its value).
+    engine=EngineRead(
+        args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=True, positional="model_tag",
+        flags={"--model": "model", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+               "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+               "--speculative-config": "speculative_config", "-sc": "speculative_config",
+               "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
+               "--gpu-memory-utilization": "gpu_memory_utilization", "--kv-cache-dtype": "kv_cache_dtype",
+               "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype"},
+        json_flags=frozenset({"--speculative-config", "-sc"})))
 
 LLAMA_CPP: Final = ServerKind(
     "llama.cpp", "llama.cpp", "openai-completions",
@@ -157,7 +199,19 @@ LLAMA_CPP: Final = ServerKind(
     # ends and the socket is shut down although the headers offered keep-alive.
     server_header="llama.cpp", closes_after_stream=True,
     # tools/server/server-models.cpp: the router without --models-autoload
-    refusal_words={"model is not loaded": "router"})
+    refusal_words={"model is not loaded": "router"},
+    # common/arg.cpp (build 11434): -m, -np, --spec-type (accumulates after the default "none"),
+    # --spec-draft-n-max/-n-min/-p-min (older: --draft-max/--draft-min/--draft-p-min). GET /props has the
+    # model and the slots; GET /slots has each slot's speculator and its last task's speculative.* params.
+    engine=EngineRead(
+        routes=(("/props", llamacpp_props), ("/slots", llamacpp_slots)),
+        flags={"-m": "model_path", "--model": "model_path", "-np": "total_slots", "--parallel": "total_slots",
+               "--spec-type": "speculative.types", "--spec-draft-n-max": "speculative.n_max",
+               "--spec-draft-n-min": "speculative.n_min", "--spec-draft-p-min": "speculative.p_min",
+               "--draft-max": "speculative.n_max", "--draft": "speculative.n_max", "--draft-n": "speculative.n_max",
+               "--draft-min": "speculative.n_min", "--draft-n-min": "speculative.n_min",
+               "--draft-p-min": "speculative.p_min"},
+        append={"--spec-type": "none"}))
 
 LLAMA_CPP_PYTHON: Final = ServerKind(
     "llama-cpp-python", "llama-cpp-python", "openai-completions",
@@ -220,6 +274,27 @@ def by_command(argv: list[str], base: str) -> tuple[ServerKind, list[str]] | Non
             return k, argv[2:]
         if base in k.programs:
             return k, argv[1:]
+    return None
+
+
+# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/sim.py)
+SIMULATED: Final[Mapping[str, str]] = {"sglang": "sglang", "vllm": "vllm", "llamacpp": "llama.cpp"}
+
+
+def serving(argv: Sequence[str]) -> tuple[ServerKind, list[str]] | None:
+    """The kind an ExecStart= argv runs and the server's own arguments, for reading back its configuration
+    (servers/engineconfig.py): by_command, or the simulator's profile; None when it is neither."""
+    argv = list(argv)
+    if not argv:
+        return None
+    found = by_command(argv, os.path.basename(argv[0]))
+    if found is not None:
+        return found
+    if "simulate" in argv and "--profile" in argv:
+        j = argv.index("--profile")
+        name = SIMULATED.get(argv[j + 1] if j + 1 < len(argv) else "")
+        if name is not None:
+            return BY_NAME[name], argv[argv.index("simulate") + 1:]
     return None
 
 

@@ -213,7 +213,7 @@ async def read_counters(session: aiohttp.ClientSession, url: str, timeout: float
 
 
 async def is_sglang(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
-    """Whether the server answers SGLang's GET /get_server_info (or its older name) with a JSON object."""
+    """Whether the server answers SGLang's GET /server_info (or its older name /get_server_info) with a JSON object."""
     for path in kinds.info_routes():
         status, body = await _get_json_or_text(session, url + path, timeout)
         if status == 200:
