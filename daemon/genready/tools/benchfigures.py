@@ -247,7 +247,7 @@ class Summary:
             return None
         accepted, steps = t.accepted_steps
         return servermetrics.accept_length(accepted, steps), \
-            f"{t.source} {t.spelling.accepted} / {t.spelling.steps} (per answer)"
+            f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.steps}"
 
     def drafts(self) -> Drafts | None:
         """The answers' draft counts summed over the run (llama.cpp's timings, vLLM's and SGLang's counts);
@@ -272,7 +272,7 @@ class Summary:
         t = self.totals()
         if t is not None and t.histogram and (steps := sum(t.histogram)) > 0:
             rates = [sum(t.histogram[j + 1:]) / steps for j in range(len(t.histogram) - 1)]
-            return [round(r, 4) for r in rates], f"{t.source} {t.spelling.histogram} (per answer)"
+            return [round(r, 4) for r in rates], f"per answer: {t.source} {t.spelling.histogram}"
         run = self.server_counters
         if run is not None and run.accept_per_position:
             return run.accept_per_position, run.accept_source
@@ -290,7 +290,7 @@ class Summary:
                   run.accept_length, run.accept_source)]
         if t.accepted_drafted is not None and t.accepted_drafted[1] > 0:
             pairs.append(("draft_acceptance", t.accepted_drafted[0] / t.accepted_drafted[1],
-                          f"{t.source} {t.spelling.accepted} / {t.spelling.drafted} (per answer)",
+                          f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.drafted}",
                           run.draft_acceptance, run.draft_acceptance_source))
         for figure, a, a_source, c, c_source in pairs:
             if a is not None and c is not None and abs(a - c) > DISAGREEMENT * max(abs(a), abs(c)):
