@@ -417,6 +417,9 @@ class Simulator:
         self._uds_bound: str | None = None
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
         self.spec_counters = simspec.Counters()
+        # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
+        if args.spec_accept is not None:
+            self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         # A prefix cache: the prompts seen since start (or the last flush). A prompt seen before is a whole-prompt
         # hit and skips --prefill-latency, as a radix/prefix cache skips the prefill of cached tokens.
         self.prefix_cache: set[str] = set()

@@ -109,6 +109,10 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
     """The deltas of the counters on both pages, and the derived figures (none after a reset, or after a
     counter that is not finite: the same, no figure of it can be trusted)."""
     run = RunCounters()
+    # A position's sample first seen after the run counted from 0: prometheus_client shows a label set only once
+    # it is touched, and the run's first draft at a position may be what touched it.
+    new = {k for k in set(after) - set(before) if k.endswith('"}') and k.split("{")[0] in PER_POSITION}
+    before = {**before, **{k: 0.0 for k in new}}
     for name in sorted(set(before) & set(after)):
         d = after[name] - before[name]
         if not math.isfinite(d) or d < 0:
