@@ -165,9 +165,10 @@ VLLM: Final = ServerKind(
                      "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters",
                      per_pos="vllm:spec_decode_num_accepted_tokens_per_pos"),
     # An answer's metrics.speculative_decoding, only with --per-request-spec-decode-metrics summary|detailed (null
-    # otherwise; the histogram with detailed): vLLM's test_per_request_spec_decode_metrics checks
-    # mean_acceptance_length == 1 + num_accepted_draft_tokens / num_spec_steps and
-    # num_spec_steps == sum(acceptance_histogram), in the final event of a stream too.
+    # otherwise; the histogram with detailed). The names as the vLLM e2e test test_per_request_spec_decode_metrics
+    # reads them (found by find_string; the index did not say its path): mean_acceptance_length == 1 +
+    # num_accepted_draft_tokens / num_spec_steps, num_spec_steps == sum(acceptance_histogram), and in a stream the
+    # last event alone carries them. The counters: vllm/v1/spec_decode/metrics.py (SpecDecodingProm).
     answer_spec=AnswerSpec(
         paths=(("metrics", "speculative_decoding"),),
         spellings=(Spelling("num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram",
