@@ -200,8 +200,8 @@ def test_larger_configurations_than_one_that_failed_are_skipped_not_loaded(rig: 
     assert skipped["pid"] is None and "not loaded: point 3 (draft=4 topk=2) failed to start" in skipped["reason"]
     ran = [json.loads(x) for x in rig.ran.read_text().splitlines()]
     assert [(r["draft"], r["topk"]) for r in ran] == [(2, 1), (2, 2), (4, 1)]
-    assert "1 later points are not loaded" in err and "1 loads saved so far" in err
-    assert "3/6 points ok, 3 loads, 1 skipped (1 loads saved by prune)" in out
+    assert "1 later points are not loaded" in err and "1 load saved so far" in err
+    assert "3/6 points ok, 3 loads, 1 skipped (1 load saved by prune)" in out
     assert "skipped" in out
     rig.assert_restored()
 

@@ -196,7 +196,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
                                keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
                                secrets=(tcfg.api_key,), server=tcfg), results=Results(done),
                   pruner=pruner(plan, args, results, fingerprints))
-    todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
+    pruned = sweep.pruner.earlier | {p.index for p in plan.points if sweep.pruner.pruned_by(p)}
+    todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]
     todo = [g for g in todo if g]
     say = sweep.console.say
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
@@ -208,6 +209,9 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     partial = sum(1 for i, recs in done.items() if i not in skip)
     if partial:
         say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing ones run")
+    if sweep.pruner.axes:
+        say(f"prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at "
+            "least as large on them (--no-prune loads them)")
     if sweep.pruner.earlier:
         say(f"--resume: {len(sweep.pruner.earlier)} points whose start failed in {results / RESULTS_FILE} are not "
             f"loaded again, nor the configurations they prune (--no-prune loads them)")

@@ -215,7 +215,7 @@ class Sweep:
         if before > len(self.timings.schedule):
             self.console.progress(point, f"its start failed ({result}): {before - len(self.timings.schedule)} later "
                                   f"points are not loaded (prune = {list(self.pruner.axes)}); "
-                                  f"{self.loads_saved()} loads saved so far")
+                                  f"{plural(self.loads_saved(), 'load')} saved so far")
 
     def loads_saved(self) -> int:
         """The server configurations (groups) with a point this run did not load because a start failed."""
@@ -274,10 +274,15 @@ class Sweep:
         ok = self.results.ok_count() + len(skipped)
         n = sum(len(g) for g in self.groups)
         loads = len(self.timings.load_times)
-        pruned = f", {len(self.pruned)} skipped ({self.loads_saved()} loads saved by prune)" if self.pruned else ""
+        pruned = f", {len(self.pruned)} skipped ({plural(self.loads_saved(), 'load')} saved by prune)" if self.pruned \
+            else ""
         text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
             f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
         console.write(text, self.out)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def not_ready(att: Attempt, why: NotReady) -> Attempt:
