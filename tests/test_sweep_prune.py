@@ -17,6 +17,7 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep import prune, runner, steps
 from genready_dev.harness import GENREADY, PY
@@ -76,6 +77,16 @@ def test_a_failed_start_prunes_its_configuration_and_the_larger_ones_only() -> N
     off = prune.Pruner((), p.server_axes, 3)  # --no-prune
     off.add(failed, "exit-code")
     assert not any(off.pruned_by(pt) for pt in p.points)
+
+
+def test_dry_run_lists_the_configurations_smaller_first_and_says_what_prune_does(tmp_path: Path) -> None:
+    out = io.StringIO()
+    assert sweep.dry_run(pruned_plan(), tmp_path, "u.service", "user", set(), out) == 0
+    text = out.getvalue()
+    assert "# prune = ['draft', 'topk']: smaller values first; a start that fails skips every configuration" in text
+    firsts = [ln.split("] ", 1)[1].split("  (")[0] for ln in text.splitlines() if ln.startswith("[")]
+    assert firsts[:3] == ["draft=4 topk=1 model=a c=1", "draft=4 topk=1 model=a c=2", "draft=4 topk=1 model=b c=1"]
+    assert firsts[-1] == "draft=16 topk=2 model=b c=2"
 
 
 @pytest.mark.parametrize(("extra", "key", "says"), [

@@ -102,6 +102,9 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
       + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
       + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
     w(f"# {between_words(plan)}\n")
+    if plan.prune:
+        w(f"# prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at least "
+          "as large on them (--no-prune loads them)\n")
     if plan.between_points is Between.FLUSH:
         # Said once, before anything runs: which routes a flush needs, and what a server without them gets.
         w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
