@@ -464,6 +464,12 @@ class Simulator:
             await self._bind()
         if not self.router:
             await asyncio.sleep(a.load_seconds)
+        if a.fail_load:
+            # As a load that runs out of GPU memory (weights, KV cache, CUDA-graph capture): a last line, exit 1.
+            print(f"torch.OutOfMemoryError: CUDA out of memory ({a.fail_load}) after {a.load_seconds:g}s of loading",
+                  file=sys.stderr, flush=True)
+            self.log("load failed", why=a.fail_load)
+            os._exit(1)
         if not (self.bind_early or self.router):
             await self._bind(early_sock)
         self.loaded = True
@@ -1173,6 +1179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "then exit 0; further signals do not shorten it (default: the profile's, else 0)")
     p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, exit abruptly with status 1")
+    p.add_argument("--fail-load", metavar="WHY", default="",
+                   help="fail the load: after --load-seconds, print a CUDA out-of-memory line naming WHY and exit 1 "
+                   "before binding, as a server whose configuration does not fit in GPU memory")
     p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, keep accepting connections but never answer again (SIGUSR1: "
                    "from then on)")

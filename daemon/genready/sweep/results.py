@@ -46,6 +46,7 @@ class Status(StrEnum):
     FAILED = "failed"  # the command exited non-zero (not retried: the server was fine)
     INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
     NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
+    SKIPPED = "skipped"  # not loaded: a configuration no larger on the plan's `prune` axes failed to start (pruned_by)
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
