@@ -299,10 +299,11 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
                      status=Exit.BAD_ARGUMENT)
     try:
         sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
-        rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
+        read = [] if compare else sweepreport.read_folders([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    partial = "" if compare else coverage([Path(f) for f in folders], {r.index for r in rows})
+    rows = sweepreport.rows_from(read)
+    partial = "" if compare else coverage((rec for _, _, lines in read for _, rec in lines), {r.index for r in rows})
     if partial:
         for r in rows:
             r.best.clear()  # the best of half a plan is not the plan's best

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -277,18 +277,17 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
     return out
 
 
-def coverage(folders: Sequence[Path], present: set[int]) -> str:
-    """"N of M points have no result (shard K/N missing or unfinished)" for results folders whose lines name
-    their plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
+def coverage(records: Iterable[dict[str, Any]], present: set[int]) -> str:
+    """"N of M points have no result (shard K/N missing or unfinished)" for results lines that name their
+    plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
     sizes: set[int] = set()
     shards: dict[int, set[int]] = {}  # N -> the K seen
-    for folder in folders:
-        for r in read_results(folder / RESULTS_FILE):
-            if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
-                sizes.add(n)
-            k, _, n_s = str(r.get("shard") or "").partition("/")
-            if k.isdigit() and n_s.isdigit():
-                shards.setdefault(int(n_s), set()).add(int(k))
+    for r in records:
+        if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
+            sizes.add(n)
+        k, _, n_s = str(r.get("shard") or "").partition("/")
+        if k.isdigit() and n_s.isdigit():
+            shards.setdefault(int(n_s), set()).add(int(k))
     if not sizes:
         return ""  # lines from before plan_points: the plan's size is not known
     m = max(sizes)
