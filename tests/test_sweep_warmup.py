@@ -89,6 +89,8 @@ def test_stable_is_the_default_a_number_still_a_fixed_count_and_bad_values_are_n
     p = plan('command = "x"\n[matrix]\na = [1]\n')
     assert p.stable and (p.warmup, p.warmup_window, p.warmup_tolerance, p.warmup_max, p.warmup_max_seconds) == (
         "stable", 8, 0.10, 96, 600.0)
+    # the default between_points is the member the steps compare with `is` (it was its string: never flushed)
+    assert p.between_points is sweepplan.Between.FLUSH
     p = plan('command = "x"\nwarmup = 2\n[matrix]\na = [1]\n')
     assert not p.stable and p.warmup == 2
     for bad, key in (('warmup = "stabel"', "warmup"), ("warmup = 1.5", "warmup"), ("warmup = true", "warmup"),

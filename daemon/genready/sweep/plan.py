@@ -197,7 +197,8 @@ KEYS: Final = (
             "a table NAME = [values]: the points are their cartesian product, in file order"),
     PlanKey("points", "[[points]] tables of NAME = value", None, "[[points]] tables of NAME = value: points listed "
             "one by one"),
-    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH.value,
+    # the member, not its value: a plan without the key compares its default with `is Between.FLUSH`
+    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH,
             'before each run on a reused instance: "flush" its prefix cache, "none", or "restart" the server',
             _between),
     PlanKey("warmup", 'an integer from 0 to 1000, or "stable"', STABLE,
