@@ -219,3 +219,20 @@ def test_a_number_keeps_the_fixed_count(warm_rig: Rig) -> None:
     said = progress(rig, "c=1") + progress(rig, "c=2")
     assert sum("warmup: 2 of 2 requests answered" in ln for ln in said) == 2, said
     assert not any("stable after" in ln for ln in said), said
+
+
+@pytest.mark.system
+def test_an_old_folder_made_under_the_old_default_resumes_with_it(warm_rig: Rig) -> None:
+    """A folder whose lines say warmup 2 (the old default, which a plan without the key recorded) resumes
+    with warmup = 2 for a plan without the key, saying so, instead of exit 78 for a default that changed."""
+    rig = warm_rig
+    rc, out = rig.run(rig.write_plan({"c": [1, 2]}, flags="", warmup=2))
+    assert rc == 0, out
+    first, _ = rig.results_lines()
+    (rig.results / "results.jsonl").write_text(json.dumps(first) + "\n")  # point 2 not run yet
+    rc, out = rig.run(rig.write_plan({"c": [1, 2]}, flags=""), "--resume")
+    assert rc == 0, out
+    lines = rig.results_lines()
+    assert [(ln["point"], ln["warmup_requests"], ln["warmup_converged"]) for ln in lines] == [
+        ({"c": 1}, 2, None), ({"c": 2}, 2, None)], lines
+    assert "was measured with the old default, warmup = 2" in rig.err.read_text()
