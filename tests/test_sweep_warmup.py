@@ -151,6 +151,10 @@ def test_an_unstable_run_is_marked_in_the_report_and_its_json(tmp_path: Path) ->
     assert re.search(r"^a=1\s.*\s16$", table, re.M) and "unstable: its warmup stopped at warmup_max" in table
     data = json.loads(sweepreport.render(rows, "json"))["rows"]
     assert [(d["unstable"], d["warmup_requests"]) for d in data] == [(False, 16), (True, 96)]
+    pytest.importorskip("matplotlib")
+    from genready.sweep import html as sweephtml
+    page = sweephtml.render(rows)
+    assert '<td>ok <span class="noisy">unstable (96)</span></td>' in page and "Unstable: its warmup stopped" in page
     # a table with no unstable run has no WARMUP column: older tables read as they did
     (tmp_path / "results.jsonl").write_text(json.dumps(lines[0]) + "\n")
     assert "WARMUP" not in sweepreport.render(sweepreport.rows_of([tmp_path]))
