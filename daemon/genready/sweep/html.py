@@ -334,7 +334,8 @@ def _table(rows: Sequence[Row]) -> str:
             *(f.title for f in figures)]
     body = []
     for r in rows:
-        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}</td>",
+        unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
+        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}{unstable}</td>",
                  f'<td class="{"warm" if r.cache == "warm" else ""}">{e(r.cache or "-")}</td>',
                  f"<td>{r.runs_ok}/{r.runs}</td>", f"<td>{e(r.pid)}</td>", f"<td>{e(r.invocation_id or '-')}</td>",
                  f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>",
@@ -345,6 +346,8 @@ def _table(rows: Sequence[Row]) -> str:
         body.append(f'<tr class="{e(r.status.split()[0] if r.status else "")}">{"".join(cells)}</tr>')
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
               "plan's noise_limit). Red cache: warm, the point ran on a prefix cache an earlier run filled. Rows: red "
-              "failed or not ready, orange invalidated.</p>")
+              "failed or not ready, orange invalidated." + (
+                  " Unstable: its warmup stopped at warmup_max before TTFT and ITL settled (the requests it sent)."
+                  if any(r.unstable for r in rows) else "") + "</p>")
     return ("<h2>Points</h2><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
             + "".join(body) + "</tbody></table>" + legend)

@@ -47,10 +47,12 @@ from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.prune import Pruner, earlier_failures
 from genready.sweep.report import RESULTS_FILE, read_results
 from genready.sweep.results import (
+    LEGACY_WARMUP,
     Results,
     ResultsUnwritable,
     SweepBusy,
     SweepError,
+    as_measured,
     changed_points,
     coverage,
     fingerprint,
@@ -177,6 +179,13 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if why:
         raise Failed(why, status=Exit.BAD_ARGUMENT)
     restart_each = args.restart_each or plan.between_points is Between.RESTART
+    measured = as_measured(plan, results, lambda pl, p: fingerprint(pl, p, target, tcfg.unit,
+                                                                     restart_each=restart_each))
+    if measured is not plan:
+        plan = measured
+        console.err(f"genready sweep: the plan sets no warmup and {results / RESULTS_FILE} was measured with the "
+                    f"old default, warmup = {LEGACY_WARMUP}: its points get the same, so the folder stays comparable "
+                    f'(set warmup = "stable" and --resume={RERUN_CHANGED} to measure it anew)')
     fingerprints = {p.index: fingerprint(plan, p, target, tcfg.unit, restart_each=restart_each) for p in plan.points}
     changed = changed_points(plan, results, fingerprints)
     if changed and args.resume != RERUN_CHANGED:

@@ -141,6 +141,13 @@ def _between(v: object) -> object:
     return Between(v) if isinstance(v, str) and v in tuple(Between) else _BAD
 
 
+STABLE: Final = "stable"  # warmup = "stable": until the medians settle (convergence.py)
+
+
+def _warmup(v: object) -> object:
+    return v if v == STABLE else _number(0, integer=True, high=1000)(v)
+
+
 def _target(v: object) -> object:
     return v if isinstance(v, str) and v else _BAD
 
@@ -193,11 +200,13 @@ KEYS: Final = (
             "a table NAME = [values]: the points are their cartesian product, in file order"),
     PlanKey("points", "[[points]] tables of NAME = value", None, "[[points]] tables of NAME = value: points listed "
             "one by one"),
-    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH.value,
+    # the member, not its value: a plan without the key compares its default with `is Between.FLUSH`
+    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH,
             'before each run on a reused instance: "flush" its prefix cache, "none", or "restart" the server',
             _between),
-    PlanKey("warmup", "an integer from 0 to 1000", 2,
-            "requests (the target's probe) sent before each run and not counted", _number(0, integer=True, high=1000)),
+    PlanKey("warmup", 'an integer from 0 to 1000, or "stable"', STABLE,
+            'before each run, not counted: "stable" (requests in windows until TTFT and ITL settle) or a number of '
+            "requests (the target's probe)", _warmup),
     PlanKey("repeats", "an integer from 1 to 1000", 1,
             "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
@@ -208,6 +217,19 @@ KEYS: Final = (
     PlanKey("max_failed_starts", "an integer >= 1", sweepprune.MAX_FAILED_STARTS,
             "starts in a row that end before they are verified, after which the sweep stops (exit 1; --keep-going "
             "goes on)", _number(1, integer=True)),
+    # warmup = "stable" (convergence.py): its windows, its tolerance and its bounds
+    PlanKey("warmup_window", "an integer from 1 to 1000", 8,
+            'warmup = "stable": requests per window; a window\'s medians are compared with the window before\'s',
+            _number(1, integer=True, high=1000)),
+    PlanKey("warmup_tolerance", "a fraction > 0 (0.10 is 10 %)", 0.10,
+            'warmup = "stable": done when the last window\'s median TTFT and ITL are within this of the window '
+            "before's", _number(0, low_open=True)),
+    PlanKey("warmup_max", "an integer from 2 to 10000, at least twice warmup_window", 96,
+            'warmup = "stable": at most this many requests; a run whose warmup stops here is marked unstable',
+            _number(2, integer=True, high=10_000)),
+    PlanKey("warmup_max_seconds", "a number of seconds > 0", 600.0,
+            'warmup = "stable": at most this long (checked between requests); then the run is marked unstable',
+            _number(0, low_open=True)),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -226,16 +248,25 @@ class Plan:
     attempts: int
     points: tuple[Point, ...]
     between_points: Between  # what a reused instance gets before each run
-    warmup: int  # requests sent before each run, not counted
+    warmup: int | str  # requests sent before each run, not counted; or STABLE: until the medians settle
     repeats: int  # runs per point on the same instance
     noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
-    max_failed_starts: int = sweepprune.MAX_FAILED_STARTS  # failed starts in a row that stop the sweep
+    warmup_window: int  # warmup = "stable": its windows, tolerance and bounds (convergence.Rule)
+    warmup_tolerance: float
+    warmup_max: int
+    warmup_max_seconds: float
+    max_failed_starts: int  # failed starts in a row that stop the sweep
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
+    given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
         """The axes the drop-in uses: the ones that change what is loaded."""
         return tuple(dict.fromkeys(n for n in self.dropin.names if n != "out")) if self.dropin else ()
+
+    @property
+    def stable(self) -> bool:
+        return self.warmup == STABLE
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
@@ -337,7 +368,11 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
                                   f"none in point {p.index} ({p.label})")
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
     axes = sweepprune.check_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
-    return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, **simple)
+    if simple["warmup_max"] < 2 * simple["warmup_window"]:
+        raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
+                          "windows to compare)", f"integer {simple['warmup_max']}")
+    return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
+                **simple)
 
 
 def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:

@@ -177,6 +177,8 @@ class Row:
     group: int | None = None
     invocation_id: str = ""
     context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
+    warmup_requests: int | None = None  # the warmup before the run (the most over repeats)
+    unstable: bool = False  # warmup = "stable" stopped at its bound before TTFT and ITL settled (a run of it did)
 
 
 @dataclass(frozen=True)
@@ -237,7 +239,9 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                group=group if isinstance(group, int) and not isinstance(group, bool) else None,
                invocation_id=inv if isinstance(inv, str) else "",
                context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
-                        if isinstance(v := rec.get(k), str)})
+                        if isinstance(v := rec.get(k), str)},
+               warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
+               else None, unstable=rec.get("warmup_converged") is False)
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -264,6 +268,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
               context={**last.context, "started_at": rows[0].context.get("started_at", "")})
+    row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
+    row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
@@ -414,7 +420,9 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     # comes before the result figures in a table, after them in CSV.
     described = [f for f in figures if not f.ranked] if with_bench else []
     figures = [f for f in figures if f.ranked]
-    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else [])
+    unstable = any(r.unstable for r in rows)
+    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else []) + \
+        (["WARMUP"] if unstable else [])
     titles = [f.title for f in figures] if with_bench else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
         (titles + new if new_last else new + titles)
@@ -424,12 +432,18 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         if with_host:
             cells.append(escape(r.host) or "-")
         extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
-            ([f"{r.runs_ok}/{r.runs}"] if repeats else [])
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else [])
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
         body.append(cells + (figs + extra if new_last else extra + figs))
     return head, body
+
+
+def warmup_text(r: Row) -> str:
+    """A WARMUP cell: the requests its warmup took, `unstable` when it stopped before TTFT and ITL settled."""
+    n = "-" if r.warmup_requests is None else str(r.warmup_requests)
+    return f"{n} unstable" if r.unstable else n
 
 
 def legend(rows: Sequence[Row]) -> str:
@@ -441,6 +455,9 @@ def legend(rows: Sequence[Row]) -> str:
         limit = max(r.noise_limit for r in rows)
         notes.append(f"median of the repeats (min-max, relative median absolute deviation); ! noisy: over "
                      f"{_pct(limit)}")
+    if any(r.unstable for r in rows):
+        notes.append("unstable: its warmup stopped at warmup_max (or warmup_max_seconds) before TTFT and ITL "
+                     "settled: its figures may be those of a server still warming up")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
     return "".join(f"({n})\n" for n in notes)
@@ -456,7 +473,8 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "runs_ok": r.runs_ok,
                                      "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
-                                     "noisy": sorted(r.noisy)} for r in rows]},
+                                     "noisy": sorted(r.noisy), "unstable": r.unstable,
+                                     "warmup_requests": r.warmup_requests} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)

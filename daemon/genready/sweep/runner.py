@@ -187,6 +187,8 @@ class Sweep:
         self.results.add(att, rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
+        if att.warmup_converged is False:  # warmup = "stable" hit its bound: the run may have measured a cold server
+            why += f"; unstable: the warmup did not settle in {att.warmup_requests} requests"
         self.console.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
         if att.status is not Status.SKIPPED and (stop := self.pruner.started(rec, att.point)):
             raise SweepError(stop)
@@ -296,4 +298,6 @@ def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
     """The attempt of a command that ran (or was refused) on the verified instance `v`."""
     return replace(att, status=ran.status, reason=ran.reason, started_at=v.started_at, ended_at=ran.ended_at,
                    restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
-                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters)
+                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters,
+                   warmup_requests=ran.warmed.requests if ran.warmed else None,
+                   warmup_converged=ran.warmed.converged if ran.warmed else None)
