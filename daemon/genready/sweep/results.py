@@ -46,6 +46,8 @@ class Status(StrEnum):
     FAILED = "failed"  # the command exited non-zero (not retried: the server was fine)
     INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
     NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
+    CONFIG_MISMATCH = "config_mismatch"  # the engine reports another configuration than its flags or `expect`: not run
+    NO_DRAFTING = "no_drafting"  # ran, on a speculative server, and its counters show no draft token at all
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
@@ -206,6 +208,8 @@ class Attempt:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
     shard: str | None = None  # --shard K/N
+    engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
+    config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
 
     @property
     def run_seconds(self) -> float | None:
@@ -226,6 +230,9 @@ class Attempt:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
             rec["counters_reset"] = bool(self.counters.reset)
+        if self.engine_config is not None:
+            rec["engine_config"] = dict(self.engine_config)
+            rec["config_check"] = dict(self.config_check or {})
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:
