@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from genready import config, console
 from genready.redact import escape
+from genready.servers import engineconfig
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -177,6 +178,8 @@ class Row:
     group: int | None = None
     invocation_id: str = ""
     context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
+    engine: dict[str, Any] | None = None  # what its engine said it runs (engine_config's values), where read
+    server: str = ""  # its server configuration: the digest of its rendered drop-in (the fingerprint's)
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,19 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                group=group if isinstance(group, int) and not isinstance(group, bool) else None,
                invocation_id=inv if isinstance(inv, str) else "",
                context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
-                        if isinstance(v := rec.get(k), str)})
+                        if isinstance(v := rec.get(k), str)},
+               engine=_engine_values(rec), server=_server_of(rec))
+
+
+def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
+    got = rec.get("engine_config")
+    values = got.get("values") if isinstance(got, dict) else None
+    return values if isinstance(values, dict) else None
+
+
+def _server_of(rec: dict[str, Any]) -> str:
+    fp = rec.get("fingerprint")
+    return str(fp.get("dropin", "")) if isinstance(fp, dict) else ""
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -263,7 +278,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
-              context={**last.context, "started_at": rows[0].context.get("started_at", "")})
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")},
+              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server)
     caches = {r.cache for r in rows}
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
@@ -422,7 +438,29 @@ def legend(rows: Sequence[Row]) -> str:
                      f"{_pct(limit)}")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
-    return "".join(f"({n})\n" for n in notes)
+    if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
+        notes.append(f"{engineconfig.CONFIG_MISMATCH}: its engine reports another configuration than its flags or "
+                     "the plan's expect (each line's reason names flag, expected, reported); not run")
+    if any(r.status == engineconfig.NO_DRAFTING for r in rows):
+        notes.append(f"{engineconfig.NO_DRAFTING}: its server is speculative but drafted no token in the run")
+    return "".join(f"({n})\n" for n in notes) + "".join(f"{n}\n" for n in engine_notes(rows))
+
+
+def engine_notes(rows: Sequence[Row]) -> list[str]:
+    """What the engines' own reports say across points: the keys whose values differ, and pairs of server
+    configurations whose engines report the same (a flag that did not take, where the plan has no `expect`)."""
+    with_engine = [r for r in rows if r.engine is not None]
+    if len(with_engine) < 2:
+        return []
+    out = []
+    if keys := engineconfig.differing_keys(r.engine or {} for r in with_engine):
+        out.append(f"engine keys that differ across points: {', '.join(keys[:12])}"
+                   + (f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""))
+    first: dict[str, Row] = {}  # one row per server configuration: its points share one engine
+    for r in with_engine:
+        first.setdefault(r.server or r.label, r)
+    warnings = engineconfig.identical_configs([(r.label, {"dropin": s}, r.engine or {}) for s, r in first.items()])
+    return out + [f"warning: {w}" for w in warnings[:6]]
 
 
 def render(rows: Sequence[Row], fmt: str = "table") -> str:
