@@ -83,6 +83,14 @@ def rig(manager: UserManager, tmp_path: Path) -> Any:
     r.close()
 
 
+@pytest.fixture
+def openai_rig(manager: UserManager, tmp_path: Path) -> Any:
+    """A rig whose target speaks /v1/completions: what the llama.cpp and vLLM profiles serve."""
+    r = Rig(manager, tmp_path, {"api": "openai-completions"})
+    yield r
+    r.close()
+
+
 def sim_dropin(rig: Rig, flags: str) -> str:
     """The point's server: the simulator under a profile, its flags the point's (the unit's own has none)."""
     return (f"[Service]\nExecStart=\nExecStart={PY} -m genready.cli simulate --port {rig.port} --load-seconds 0.2 "
@@ -156,7 +164,9 @@ for _ in range(n):
 
 
 @pytest.mark.system
-def test_an_unconfirmed_flag_warns_and_runs_and_a_server_that_drafts_nothing_is_no_drafting(rig: Rig) -> None:
+def test_an_unconfirmed_flag_warns_and_runs_and_a_server_that_drafts_nothing_is_no_drafting(openai_rig: Rig
+                                                                                           ) -> None:
+    rig = openai_rig
     gen = rig.tmp / "gen.py"
     gen.write_text(GEN)
     llama = "--profile llamacpp --model tiny.gguf --spec-type draft-simple --spec-draft-n-max 8"
