@@ -188,6 +188,7 @@ def test_an_unconfirmed_flag_warns_and_runs_and_a_server_that_drafts_nothing_is_
     assert drafted["exit_code"] == 0 and "drafted no token" in drafted["reason"], drafted
     assert drafted["engine_config"]["values"]["speculative_config.num_speculative_tokens"] == 3
     assert lines[2]["restarted"] is False  # the vLLM instance, reused: its report was read once, at its load
+    assert err.count("vLLM says what it runs:") == 1 and err.count("llama.cpp says what it runs:") == 1, err
     assert "no 'non-default args:' line" not in err
     assert "no_drafting" in out and "engine keys that differ across points:" in out
 

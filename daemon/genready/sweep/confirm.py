@@ -75,6 +75,8 @@ def read_engine(ctx: Ctx, point: Point, v: Verified) -> Engine | None:
     # vLLM says its settings once, in its start's output: only a start this sweep made has a mark to read from
     line = v.mark.first_line(o.bus_kind, o.unit, read.args_mark, o.secrets) if read.args_mark and v.mark else None
     got = servercache.engine_config(ctx.http, read, line)
+    ctx.console.progress(point, f"{kind.label} says what it runs: {len(got.values)} settings from "
+                         f"{', '.join(got.sources) or 'no source'}")
     for problem in got.problems:
         ctx.console.progress(point, f"{kind.label}'s configuration: {problem}")
     return Engine(kind, read, ec.expected(read, args), got)
