@@ -230,6 +230,9 @@ KEYS: Final = (
     PlanKey("warmup_max_seconds", "a number of seconds > 0", 600.0,
             'warmup = "stable": at most this long (checked between requests); then the run is marked unstable',
             _number(0, low_open=True)),
+    PlanKey("expect", "a table of ENGINE_KEY = \"value or {name}\"", None,
+            "engine keys the server must report with the point's value, e.g. speculative_num_steps = \"{steps}\" "
+            "(a point whose engine reports otherwise is config_mismatch)"),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -258,6 +261,7 @@ class Plan:
     max_failed_starts: int  # failed starts in a row that stop the sweep
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
+    expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -277,6 +281,11 @@ class Plan:
             return None
         text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out}, for_systemd=True)
         return text if text.endswith("\n") else text + "\n"
+
+    def expect_for(self, point: Point) -> dict[str, str]:
+        """The plan's `expect` for `point`: engine key -> the value its engine must report."""
+        values = {k: text_of(v) for k, v in point.values}
+        return {k: t.expand(values) for k, t in self.expect}
 
     def groups(self) -> list[tuple[Point, ...]]:
         """The server configurations: points whose rendered drop-ins are byte-identical, one group each.
@@ -357,8 +366,10 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         dropin = Template.parse(text, file, "dropin")
 
     points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
+    expect = _expect(data, file)
     used: dict[str, str] = {}  # placeholder -> the key it appears in
-    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
+    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True),
+                     *((t, f"expect.{k}") for k, t in expect)]:
         for name in tpl.names if tpl else []:
             used.setdefault(name, key)
     for p in points:
@@ -372,7 +383,31 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                **simple)
+                expect=expect, **simple)
+
+
+def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], ...]:
+    """`expect = { ENGINE_KEY = "value or {name}" }`: keys as the engine reports them (dotted for nested ones,
+    `speculative_config.method`), values strings or scalars, `{out}` refused (no engine reports a folder)."""
+    if "expect" not in data:
+        return ()
+    table = data["expect"]
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(file, "expect", "a table of ENGINE_KEY = \"value or {name}\"",
+                          "an empty table" if table == {} else _found(table))
+    out = []
+    for k, v in table.items():
+        key = f"expect.{k}"
+        if not k or len(k) > 200 or any(ord(c) < 32 for c in k):
+            raise ConfigError(file, key, "an engine key (one line, at most 200 characters)", repr(k)[:80])
+        if isinstance(v, dict | list):
+            raise ConfigError(file, key, "a string, number or boolean (an engine's flat key: "
+                              "speculative_config.method, not a table)", _found(v))
+        tpl = Template.parse(text_of(_scalar(file, key, v)), file, key)
+        if "out" in tpl.names:
+            raise ConfigError(file, key, "a value of the point's own names ({out} is its folder)", repr(v)[:80])
+        out.append((k, tpl))
+    return tuple(out)
 
 
 def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from genready import config, console
 from genready.redact import escape
+from genready.servers import engineconfig
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -179,6 +180,8 @@ class Row:
     context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
     warmup_requests: int | None = None  # the warmup before the run (the most over repeats)
     unstable: bool = False  # warmup = "stable" stopped at its bound before TTFT and ITL settled (a run of it did)
+    engine: dict[str, Any] | None = None  # what its engine said it runs (engine_config's values), where read
+    server: str = ""  # its server configuration: the digest of its rendered drop-in (the fingerprint's)
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,19 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
                         if isinstance(v := rec.get(k), str)},
                warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
-               else None, unstable=rec.get("warmup_converged") is False)
+               else None, unstable=rec.get("warmup_converged") is False,
+               engine=_engine_values(rec), server=_server_of(rec))
+
+
+def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
+    got = rec.get("engine_config")
+    values = got.get("values") if isinstance(got, dict) else None
+    return values if isinstance(values, dict) else None
+
+
+def _server_of(rec: dict[str, Any]) -> str:
+    fp = rec.get("fingerprint")
+    return str(fp.get("dropin", "")) if isinstance(fp, dict) else ""
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -267,7 +282,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
-              context={**last.context, "started_at": rows[0].context.get("started_at", "")})
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")},
+              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server)
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
@@ -460,7 +476,29 @@ def legend(rows: Sequence[Row]) -> str:
                      "settled: its figures may be those of a server still warming up")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
-    return "".join(f"({n})\n" for n in notes)
+    if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
+        notes.append(f"{engineconfig.CONFIG_MISMATCH}: its engine reports another configuration than its flags or "
+                     "the plan's expect (each line's reason names flag, expected, reported); not run")
+    if any(r.status == engineconfig.NO_DRAFTING for r in rows):
+        notes.append(f"{engineconfig.NO_DRAFTING}: its server is speculative but drafted no token in the run")
+    return "".join(f"({n})\n" for n in notes) + "".join(f"{n}\n" for n in engine_notes(rows))
+
+
+def engine_notes(rows: Sequence[Row]) -> list[str]:
+    """What the engines' own reports say across points: the keys whose values differ, and pairs of server
+    configurations whose engines report the same (a flag that did not take, where the plan has no `expect`)."""
+    with_engine = [r for r in rows if r.engine is not None]
+    if len(with_engine) < 2:
+        return []
+    out = []
+    if keys := engineconfig.differing_keys(r.engine or {} for r in with_engine):
+        out.append(f"engine keys that differ across points: {', '.join(keys[:12])}"
+                   + (f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""))
+    first: dict[str, Row] = {}  # one row per server configuration: its points share one engine
+    for r in with_engine:
+        first.setdefault(r.server or r.label, r)
+    warnings = engineconfig.identical_configs([(r.label, {"dropin": s}, r.engine or {}) for s, r in first.items()])
+    return out + [f"warning: {w}" for w in warnings[:6]]
 
 
 def render(rows: Sequence[Row], fmt: str = "table") -> str:

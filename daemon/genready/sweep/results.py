@@ -47,6 +47,8 @@ class Status(StrEnum):
     INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
     NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
     SKIPPED = "skipped"  # not loaded: a configuration no larger on the plan's `prune` axes failed to start (pruned_by)
+    CONFIG_MISMATCH = "config_mismatch"  # the engine reports another configuration than its flags or `expect`: not run
+    NO_DRAFTING = "no_drafting"  # ran, on a speculative server, and its counters show no draft token at all
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
@@ -235,6 +237,8 @@ class Attempt:
     shard: str | None = None  # --shard K/N
     warmup_requests: int | None = None  # warmup requests sent before the run (None: none ran, not_ready)
     warmup_converged: bool | None = None  # warmup = "stable": whether it settled (False: unstable); else None
+    engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
+    config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
 
     @property
     def run_seconds(self) -> float | None:
@@ -256,6 +260,9 @@ class Attempt:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
             rec["counters_reset"] = bool(self.counters.reset)
+        if self.engine_config is not None:
+            rec["engine_config"] = dict(self.engine_config)
+            rec["config_check"] = dict(self.config_check or {})
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:

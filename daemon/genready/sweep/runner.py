@@ -20,8 +20,8 @@ from typing import Final, NoReturn, TextIO
 
 from genready import console
 from genready.exitcodes import Exit
+from genready.sweep import confirm, steps
 from genready.sweep import report as sweepreport
-from genready.sweep import steps
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
@@ -61,6 +61,7 @@ class Sweep:
         # prune.py: the failed starts that prune larger configurations, and the stop after failed starts in a row
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
         self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
+        self.engines: dict[str, confirm.Engine | None] = {}  # the loaded instance's own report (confirm.py)
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -159,12 +160,13 @@ class Sweep:
                 got = steps.reconfigure(ctx, point, folder) or steps.start(ctx, point)
             if isinstance(got, NotReady):
                 return not_ready(att, got), None, got.stop
-            ran = steps.run_command(ctx, point, got, folder)
+            ran, checked = confirm.run(ctx, point, got, folder, self.engines)
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
                                   ended_at=time.time())) from None
         keep = got if ran.status not in RETRIED and not self.opts.every_run_restarts else None
-        return on_instance(att, got, ran), keep, ""
+        att = on_instance(att, got, ran)
+        return (replace(att, **checked.records()) if checked is not None else att), keep, ""
 
     def _folder(self, point: Point, repeat: int = 1) -> tuple[Path, int]:
         """A fresh folder for this attempt: DIR/NN-point/attempt-K (DIR/NN-point/repeat-R/attempt-K with

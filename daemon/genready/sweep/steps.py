@@ -20,7 +20,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -114,6 +114,7 @@ class Verified:
     pinned: Mapping[str, Any]
     restarted: bool  # False: the group's instance, reused
     started_at: float  # when its restart was asked, or its reuse began
+    mark: OutputMark | None = None  # where the unit's output stood before its start (its engine's args line)
 
     @classmethod
     def of(cls, body: object, *, restarted: bool, started_at: float) -> Verified | None:
@@ -254,7 +255,7 @@ def start(ctx: Ctx, point: Point) -> Verified | NotReady:
         v = Verified.of(body, restarted=True, started_at=started[0])
         if v is not None:
             ctx.timings.loaded(time.time() - started[0])
-            return v
+            return replace(v, mark=mark)
         return NotReady(f"genready answered ready without naming the instance: {str(body)[:200]}", started[0])
     if out.code in (400, 404):
         why = f"the daemon refused: {body.get('error')} (is it running with this config?)"
