@@ -1,0 +1,155 @@
+"""The GPU watch in the daemon (issue 40) against a real systemd unit whose earlier start leaves a
+process behind that "holds GPU memory" per the stand-in nvidia-smi on PATH (these machines have no
+GPU; genready_dev/nvidia_smi.py prints NVIDIA's documented CSV): /status (to its contract),
+`genready status`, the metric, and the record of the next start, which fails, name it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from genready.client import progress, waiting
+from genready.gpu.provider import MIB
+from genready.probe.owner import descendants
+from genready_dev import nvidia_smi
+from genready_dev.harness import GENREADY, Genready, free_port, http, show, wait_for
+from genready_dev.usermanager import UserManager
+from tests.test_api import conforms, response_schema
+
+pytestmark = pytest.mark.system
+
+UNIT = "gd-llm.service"
+GPU0 = "GPU-8a4c5e1f-0b7e-2d3c-9f61-5b2e7d3a9c10"
+FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "verify_owner": False}
+
+
+def gpu(used: int) -> dict[str, object]:
+    return {"index": 0, "uuid": GPU0, "memory_used_mib": used, "memory_total_mib": 143771, "utilization_pct": 0,
+            "power_w": 70.5, "sm_clock_mhz": 345, "temperature_c": 31, "throttle": "0x0000000000000001"}
+
+
+@pytest.fixture
+def smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stand-in nvidia-smi first on PATH (genready inherits it); the state file it answers from."""
+    state = tmp_path / "smi.json"
+    nvidia_smi.write_state(state, {"gpus": [gpu(0)], "apps": []})
+    nvidia_smi.install(tmp_path / "bin", state)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    return state
+
+
+@pytest.fixture
+def llm(manager: UserManager, tmp_path: Path) -> Iterator[Path]:
+    """A unit whose start forks a child that outlives a restart (KillMode=process: an LLM server's
+    scheduler that ignores the stop), and which fails at once while `fail` exists; that path."""
+    fail = tmp_path / "fail"
+    manager.install_unit(UNIT, "[Unit]\nStartLimitIntervalSec=0\n[Service]\nKillMode=process\n"
+                               f"ExecStart=/bin/sh -c 'if [ -e {fail} ]; then echo CUDA out of memory >&2; exit 1; fi;"
+                               " sleep 600 & exec sleep 601'\n")
+    try:
+        yield fail
+    finally:
+        manager.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", UNIT, check=False)
+        manager.systemctl("stop", UNIT, check=False)
+        manager.systemctl("reset-failed", UNIT, check=False)
+        manager.remove_unit(UNIT)
+
+
+def running(manager: UserManager, after: str = "") -> tuple[int, str] | None:
+    """(MainPID, InvocationID) of a running start (other than `after`)."""
+    pid, inv = show(manager, UNIT)
+    return (pid, inv) if pid and inv != after else None
+
+
+def stray_bytes(text: str) -> dict[tuple[str, str], float]:
+    return {(s.labels["target"], s.labels["gpu"]): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "genready_gpu_stray_bytes"}
+
+
+def test_a_stray_of_an_earlier_start_is_named_everywhere(manager: UserManager, smi: Path, llm: Path,
+                                                         tmp_path: Path) -> None:
+    g = Genready(manager, tmp_path, {"llm": {"unit": UNIT, "url": f"http://127.0.0.1:{free_port()}", **FAST}},
+                 gpu_interval=0.5)
+    g.start()
+    stray = 0
+    try:
+        manager.systemctl("start", UNIT)
+        first_pid, first = wait_for(lambda: running(manager), 10, "the first start")
+        (stray,) = wait_for(lambda: descendants(first_pid) or None, 10, "its child")
+        # A process's start time is known to 10 ms: let the first start be measurably older than the next.
+        seen = time.time()
+        wait_for(lambda: time.time() > seen + 0.3, 5, "0.3 s into the first start")
+        manager.systemctl("restart", UNIT)
+        second_pid, second = wait_for(lambda: running(manager, first), 10, "the second start")
+        nvidia_smi.write_state(smi, {"gpus": [gpu(71000)], "apps": [
+            {"gpu_uuid": GPU0, "pid": stray, "used_mib": 70000},
+            {"gpu_uuid": GPU0, "pid": second_pid, "used_mib": 1000}]})
+
+        def named() -> dict[str, Any] | None:
+            t = g.status()["targets"]["llm"]
+            gp = t.get("gpu") or {}
+            return t if [h["pid"] for h in gp.get("strays", [])] == [stray] and gp.get("current_bytes") else None
+        t = wait_for(named, 20, lambda: f"/status naming the stray {stray}: {g.status()['targets']['llm'].get('gpu')}")
+        h = t["gpu"]["strays"][0]
+        assert (h["gpu"], h["bytes"], h["invocation_id"], h["unit"]) == (GPU0, 70000 * MIB, first, UNIT), h
+        assert "sleep 600" in h["command"] and f"kill {stray}" in h["line"]
+        assert t["gpu"]["current_bytes"] == {GPU0: 1000 * MIB}
+        code, body = g.get("/status")
+        assert conforms(body, response_schema("/status", code)) == []
+
+        out = subprocess.run([*GENREADY, "status", "--url", g.base], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0 and f"kill {stray}" in out.stdout and "STRAY PID" in out.stdout, out.stdout
+
+        code, text = g.get("/metrics")
+        assert code == 200 and stray_bytes(text) == {("llm", GPU0): 70000 * MIB}, text
+
+        # The next start fails (as a CUDA out-of-memory would): its record names the stray.
+        llm.touch()
+        since = time.time()
+        manager.systemctl("restart", UNIT, check=False)
+
+        def failed() -> dict[str, Any] | None:
+            f = g.status()["targets"]["llm"]["last_failure"]
+            return f if f and f["invocation_id"] not in (first, second) and f.get("gpu_strays") else None
+        f = wait_for(failed, 20, lambda: f"the failed start's record: {g.status()['targets']['llm']['last_failure']}")
+        assert [s["pid"] for s in f["gpu_strays"]] == [stray] and f["gpu_strays"][0]["invocation_id"] == first
+        code, body = http(f"{g.base}/ready/llm?since={since}&wait=10", 15)
+        assert code == 503 and body["start_failed"]["gpu_strays"][0]["pid"] == stray, body
+        assert conforms(body, response_schema("/ready/{target}", 503)) == []
+        # `restart` and `wait`'s live line and their last words show it.
+        assert f"stray PID {stray}" in progress.target_line(body)
+        assert any(f"kill {stray}" in line for line in waiting.failure_lines(body["start_failed"]))
+    finally:
+        g.stop()
+        if stray:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stray, signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has an nvidia-smi")
+def test_without_nvidia_smi_the_daemon_shows_nothing_and_says_so_once(manager: UserManager, llm: Path,
+                                                                       tmp_path: Path) -> None:
+    g = Genready(manager, tmp_path, {"llm": {"unit": UNIT, "url": f"http://127.0.0.1:{free_port()}", **FAST}},
+                 gpu_interval=0.2)
+    g.start()
+    try:
+        manager.systemctl("start", UNIT)
+        wait_for(lambda: show(manager, UNIT)[0], 10, "a start")
+        manager.systemctl("restart", UNIT)
+        wait_for(lambda: g.log().count("no GPU processes are read on this host") == 1, 10, "the one line")
+        assert g.status()["targets"]["llm"]["gpu"] is None
+        code, text = g.get("/metrics")
+        assert code == 200 and stray_bytes(text) == {}
+        assert g.log().count("no GPU processes are read") == 1 and "cannot read the GPUs" not in g.log()
+    finally:
+        g.stop()
