@@ -6,6 +6,7 @@ GPU; genready_dev/nvidia_smi.py prints NVIDIA's documented CSV): /status (to its
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -22,7 +23,7 @@ from genready.client import progress, waiting
 from genready.gpu.provider import MIB
 from genready.probe.owner import descendants
 from genready_dev import nvidia_smi
-from genready_dev.harness import GENREADY, Genready, free_port, http, show, wait_for
+from genready_dev.harness import GENREADY, PY, Genready, free_port, http, show, wait_for
 from genready_dev.usermanager import UserManager
 from tests.test_api import conforms, response_schema
 
@@ -65,9 +66,9 @@ def llm(manager: UserManager, tmp_path: Path) -> Iterator[Path]:
         manager.remove_unit(UNIT)
 
 
-def running(manager: UserManager, after: str = "") -> tuple[int, str] | None:
+def running(manager: UserManager, after: str = "", unit: str = UNIT) -> tuple[int, str] | None:
     """(MainPID, InvocationID) of a running start (other than `after`)."""
-    pid, inv = show(manager, UNIT)
+    pid, inv = show(manager, unit)
     return (pid, inv) if pid and inv != after else None
 
 
@@ -153,3 +154,79 @@ def test_without_nvidia_smi_the_daemon_shows_nothing_and_says_so_once(manager: U
         assert g.log().count("no GPU processes are read") == 1 and "cannot read the GPUs" not in g.log()
     finally:
         g.stop()
+
+
+SWEEP_UNIT = "gd-sweep.service"
+
+
+def test_the_sweep_waits_for_strays_then_refuses_to_load_next_to_them(manager: UserManager, smi: Path,
+                                                                      tmp_path: Path) -> None:
+    port = free_port()
+    # The simulator as the server, with a child that outlives a restart (KillMode=process).
+    manager.install_unit(SWEEP_UNIT, "[Unit]\nStartLimitIntervalSec=0\n[Service]\nKillMode=process\n"
+                                     f"ExecStart=/bin/sh -c 'sleep 600 & exec {PY} -m genready.cli simulate "
+                                     f"--port {port} --load-seconds 0.2'\n")
+    g = Genready(manager, tmp_path, {"t": {"unit": SWEEP_UNIT, "url": f"http://127.0.0.1:{port}", **FAST}},
+                 gpu_interval=0.3)
+    g.start()
+    stray = 0
+    try:
+        manager.systemctl("start", SWEEP_UNIT)
+        pid, _ = wait_for(lambda: running(manager, unit=SWEEP_UNIT), 10, "a start")
+        (stray,) = wait_for(lambda: [c for c in descendants(pid) if b"sleep" in
+                                     Path(f"/proc/{c}/cmdline").read_bytes()] or None, 10, "its child")
+        seen = time.time()
+        wait_for(lambda: time.time() > seen + 0.3, 5, "0.3 s into the first start")
+        manager.systemctl("restart", SWEEP_UNIT)
+        wait_for(lambda: g.ready_pid("t") not in (None, pid), 20, "the second start verified")
+        nvidia_smi.write_state(smi, {"gpus": [gpu(70000)], "apps": [{"gpu_uuid": GPU0, "pid": stray,
+                                                                     "used_mib": 70000}]})
+        wait_for(lambda: (g.status()["targets"]["t"]["gpu"] or {}).get("strays"), 20, "the stray in /status")
+        marker = tmp_path / "ran"
+        plan = tmp_path / "plan.toml"
+        plan.write_text(f'target = "t"\ntimeout = 20\nstray_wait = 1\npoints = [{{n = 1}}]\n'
+                        f'command = ["{PY}", "-c", "import sys; open(sys.argv[1], \'a\').write(\'ran\\\\n\')", '
+                        f'"{marker}"]\n')
+        argv = [*GENREADY, "sweep", str(plan), "--config", str(g.config_path)]
+
+        # 1. It waits stray_wait, then stops (exit 1) naming the stray and how to end it; nothing loads or runs.
+        restarts = int(manager.show(SWEEP_UNIT, "NRestarts")["NRestarts"])
+        inv = show(manager, SWEEP_UNIT)[1]
+        r = subprocess.run([*argv, "--results", str(tmp_path / "r1")], env=manager.env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert f"PID {stray}" in r.stderr and f"kill {stray}" in r.stderr and "stray_wait" in r.stderr, r.stderr
+        assert not marker.exists() and show(manager, SWEEP_UNIT)[1] == inv  # no restart: no load
+        assert int(manager.show(SWEEP_UNIT, "NRestarts")["NRestarts"]) == restarts
+        (line,) = [json.loads(x) for x in (tmp_path / "r1" / "results.jsonl").read_text().splitlines()]
+        assert line["status"] == "not_ready" and f"PID {stray}" in line["reason"], line
+        assert Path(f"/proc/{stray}").exists()  # never killed
+
+        # 2. A stray that exits while the sweep waits: the sweep goes on.
+        err = tmp_path / "wait.err"
+        plan.write_text(plan.read_text().replace("stray_wait = 1", "stray_wait = 60"))
+        with err.open("w") as e:
+            p = subprocess.Popen([*argv, "--results", str(tmp_path / "r2")], env=manager.env, stderr=e,
+                                 stdout=subprocess.PIPE, text=True)
+        wait_for(lambda: "waiting up to 60 s" in err.read_text(), 30, lambda: f"the sweep waiting: {err.read_text()}")
+        os.kill(stray, signal.SIGKILL)
+        nvidia_smi.write_state(smi, {"gpus": [gpu(0)], "apps": []})
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0, (out, err.read_text())
+        assert marker.read_text() == "ran\n"
+
+        # 3. --ignore-strays: loads and runs next to one.
+        nvidia_smi.write_state(smi, {"gpus": [gpu(70000)], "apps": [{"gpu_uuid": GPU0, "pid": stray,
+                                                                     "used_mib": 70000}]})
+        r = subprocess.run([*argv, "--results", str(tmp_path / "r3"), "--ignore-strays"], env=manager.env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert marker.read_text() == "ran\nran\n"
+    finally:
+        g.stop()
+        manager.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", SWEEP_UNIT, check=False)
+        manager.systemctl("stop", SWEEP_UNIT, check=False)
+        manager.remove_unit(SWEEP_UNIT)
+        if stray:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stray, signal.SIGKILL)

@@ -528,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--restart-each", action="store_true", help="restart the unit for every point, also between "
                     "points with the same drop-in (by default such points share one verified start: one load per "
                     "server configuration)")
+    sp.add_argument("--ignore-strays", action="store_true", help="load and run next to processes of an earlier "
+                    "start that hold memory on the target's GPUs, instead of waiting stray_wait for them to exit "
+                    "and then stopping (exit 1)")
     sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
     config_flag(sp)

@@ -199,6 +199,10 @@ KEYS: Final = (
             "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
+    PlanKey("stray_wait", "a number of seconds >= 0", 60.0,
+            "seconds to wait, before a point's server loads and before its command runs, for processes of an "
+            "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
+            "(--ignore-strays: do not wait)", _number(0)),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -220,6 +224,7 @@ class Plan:
     warmup: int  # requests sent before each run, not counted
     repeats: int  # runs per point on the same instance
     noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
+    stray_wait: float = 60.0  # seconds to wait for GPU strays to exit before a load or a run (sweep/strays.py)
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}

@@ -21,7 +21,7 @@ from typing import Final, NoReturn, TextIO
 from genready import console
 from genready.exitcodes import Exit
 from genready.sweep import report as sweepreport
-from genready.sweep import steps
+from genready.sweep import steps, strays
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
@@ -141,6 +141,8 @@ class Sweep:
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None)
         try:
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
+                return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
             got: Verified | NotReady | None = None
             if instance is not None and not self.opts.every_run_restarts:
                 got = steps.reuse(ctx, point, instance, folder)
@@ -148,6 +150,9 @@ class Sweep:
                 got = steps.reconfigure(ctx, point, folder) or steps.start(ctx, point)
             if isinstance(got, NotReady):
                 return not_ready(att, got), None, got.stop
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # left by this restart
+                return replace(att, status=Status.INVALIDATED, reason=stop, ended_at=time.time(), retry=False,
+                               pid=got.pid, invocation_id=got.invocation_id), None, stop
             ran = steps.run_command(ctx, point, got, folder)
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",

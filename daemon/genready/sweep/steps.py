@@ -59,6 +59,7 @@ class SweepOptions:
     shard: Shard | None = None
     secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
     server: TargetConfig | None = None  # the target: how the warmup, the flush and /metrics reach its server
+    ignore_strays: bool = False  # --ignore-strays: load and run next to GPU strays (sweep/strays.py)
 
     @property
     def every_run_restarts(self) -> bool:
