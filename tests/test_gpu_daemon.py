@@ -157,6 +157,9 @@ def test_without_nvidia_smi_the_daemon_shows_nothing_and_says_so_once(manager: U
 
 
 SWEEP_UNIT = "gd-sweep.service"
+# The point's "benchmark": notes that it ran, writes a bench client's line, and runs for 1.5 s (two
+# GPU samples at least, a second apart).
+BENCH = str(Path(__file__).with_name("gpu_bench_stub.py"))
 
 
 def test_the_sweep_waits_for_strays_then_refuses_to_load_next_to_them(manager: UserManager, smi: Path,
@@ -185,8 +188,7 @@ def test_the_sweep_waits_for_strays_then_refuses_to_load_next_to_them(manager: U
         marker = tmp_path / "ran"
         plan = tmp_path / "plan.toml"
         plan.write_text(f'target = "t"\ntimeout = 20\nstray_wait = 1\npoints = [{{n = 1}}]\n'
-                        f'command = ["{PY}", "-c", "import sys; open(sys.argv[1], \'a\').write(\'ran\\\\n\')", '
-                        f'"{marker}"]\n')
+                        f'command = ["{PY}", "{BENCH}", "{marker}", "{{out}}"]\n')
         argv = [*GENREADY, "sweep", str(plan), "--config", str(g.config_path)]
 
         # 1. It waits stray_wait, then stops (exit 1) naming the stray and how to end it; nothing loads or runs.
@@ -215,13 +217,24 @@ def test_the_sweep_waits_for_strays_then_refuses_to_load_next_to_them(manager: U
         assert p.returncode == 0, (out, err.read_text())
         assert marker.read_text() == "ran\n"
 
-        # 3. --ignore-strays: loads and runs next to one.
-        nvidia_smi.write_state(smi, {"gpus": [gpu(70000)], "apps": [{"gpu_uuid": GPU0, "pid": stray,
-                                                                     "used_mib": 70000}]})
+        # 3. --ignore-strays: loads and runs next to one; the GPUs, sampled each second, are throttled (SW
+        # power cap) during the run: its line has the run's GPU cost and the mark, and the report shows them.
+        nvidia_smi.write_state(smi, {"gpus": [{**gpu(70000), "throttle": "0x0000000000000004"}], "apps": [
+            {"gpu_uuid": GPU0, "pid": stray, "used_mib": 70000}]})
         r = subprocess.run([*argv, "--results", str(tmp_path / "r3"), "--ignore-strays"], env=manager.env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert marker.read_text() == "ran\nran\n"
+        (line,) = [json.loads(x) for x in (tmp_path / "r3" / "results.jsonl").read_text().splitlines()]
+        assert line["throttled"] is True and line["peak_gpu_memory_bytes"] == 70000 * MIB, line
+        assert line["mean_power_w"] == pytest.approx(70.5) and line["gpu_samples"] >= 2, line
+        assert line["energy_j"] > 0 and line["tokens_per_joule"] == pytest.approx(5000 / line["energy_j"]), line
+        doc = json.loads((tmp_path / "r3" / line["out"] / "gpu.json").read_text())
+        assert doc["provider"] == "nvidia-smi" and doc["samples"][0]["gpus"][0]["uuid"] == GPU0, doc
+        rep = subprocess.run([*GENREADY, "sweep", "report", str(tmp_path / "r3")], capture_output=True, text=True,
+                             timeout=30)
+        assert rep.returncode == 0 and "TOK/J" in rep.stdout and "~ throttled" in rep.stdout, rep.stdout
+        assert f"{line['tokens_per_joule']:.3f}~" in rep.stdout, rep.stdout
     finally:
         g.stop()
         manager.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", SWEEP_UNIT, check=False)

@@ -55,6 +55,8 @@ FIGURES: Final = (
     # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
     Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
+    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/gpucost.py; results line).
+    Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
     # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
@@ -62,7 +64,8 @@ FIGURES: Final = (
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
-FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
+                       "tokens_per_joule": "tokens_per_joule"}
 
 
 class ReportError(Exception):
@@ -172,6 +175,7 @@ class Row:
     runs_ok: int = 1
     spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
     noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
+    throttled: bool = False  # a GPU's clocks were held back (not by idling) during a run: its figures marked `~`
     noise_limit: float = 0.10
     point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
     group: int | None = None
@@ -237,7 +241,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                group=group if isinstance(group, int) and not isinstance(group, bool) else None,
                invocation_id=inv if isinstance(inv, str) else "",
                context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
-                        if isinstance(v := rec.get(k), str)})
+                        if isinstance(v := rec.get(k), str)}, throttled=rec.get("throttled") is True)
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -263,7 +267,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
-              context={**last.context, "started_at": rows[0].context.get("started_at", "")})
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")},
+              throttled=any(r.throttled for r in oks))
     caches = {r.cache for r in rows}
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
@@ -374,6 +379,8 @@ def figure_text(r: Row, f: Figure, mark: str = "{}") -> str:
     sp = r.spread.get(f.key)
     if sp is not None:
         text += f" ({sp.low:.{f.digits}f}-{sp.high:.{f.digits}f}, {_pct(sp.rmad)})" + ("!" if f.key in r.noisy else "")
+    if r.throttled and f.ranked and (r.figures or {}).get(f.key) is not None:
+        text += "~"
     return text
 
 
@@ -420,6 +427,9 @@ def legend(rows: Sequence[Row]) -> str:
         limit = max(r.noise_limit for r in rows)
         notes.append(f"median of the repeats (min-max, relative median absolute deviation); ! noisy: over "
                      f"{_pct(limit)}")
+    if any(r.throttled for r in rows):
+        notes.append("~ throttled: a GPU's clocks were held back during the run by something other than idling "
+                     "(power cap, heat; its gpu.json says which)")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
     return "".join(f"({n})\n" for n in notes)
@@ -435,7 +445,7 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "runs_ok": r.runs_ok,
                                      "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
-                                     "noisy": sorted(r.noisy)} for r in rows]},
+                                     "noisy": sorted(r.noisy), "throttled": r.throttled} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)

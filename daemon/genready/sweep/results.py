@@ -206,6 +206,7 @@ class Attempt:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
     shard: str | None = None  # --shard K/N
+    gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
 
     @property
     def run_seconds(self) -> float | None:
@@ -226,6 +227,8 @@ class Attempt:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
             rec["counters_reset"] = bool(self.counters.reset)
+        if self.gpu:
+            rec.update(self.gpu)
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:

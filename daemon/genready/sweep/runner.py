@@ -251,4 +251,4 @@ def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
     """The attempt of a command that ran (or was refused) on the verified instance `v`."""
     return replace(att, status=ran.status, reason=ran.reason, started_at=v.started_at, ended_at=ran.ended_at,
                    restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
-                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters)
+                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters, gpu=ran.gpu)
