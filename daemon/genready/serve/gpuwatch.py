@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 
 from genready.compat import wait_for
@@ -74,7 +75,11 @@ class DaemonGpu:
         failing = False
         while True:
             self._due.clear()
-            reading = await self.refresh()
+            try:
+                reading = await self.refresh()
+            except Exception as e:  # a bug must not end the reads for good: said, and tried again next time
+                log.exception("reading the GPUs' processes failed")
+                reading = GpuReading(time.time(), error=f"{type(e).__name__}: {e}")
             if bool(reading.error) != failing:  # once each way, not at every read
                 failing = bool(reading.error)
                 if failing:
