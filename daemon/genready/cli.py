@@ -528,6 +528,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--restart-each", action="store_true", help="restart the unit for every point, also between "
                     "points with the same drop-in (by default such points share one verified start: one load per "
                     "server configuration)")
+    sp.add_argument("--no-prune", action="store_true", help="load every configuration, also those the plan's "
+                    "`prune` axes would skip after a smaller one failed to start")
+    sp.add_argument("--keep-going", action="store_true", help="do not stop after the plan's max_failed_starts "
+                    "starts in a row that ended before they were verified (default 3)")
     sp.add_argument("--ignore-strays", action="store_true", help="load and run next to processes of an earlier "
                     "start that hold memory on the target's GPUs, instead of waiting stray_wait for them to exit "
                     "and then stopping (exit 1)")
