@@ -98,6 +98,7 @@ topk = 1
     ('command = "x"\n[matrix]\na = [1, 1e309]', "matrix.a[1]", "a finite number, found inf"),
     ('command = "x"\n[matrix]\na = [nan]', "matrix.a[0]", "a finite number, found nan"),
     ('command = "x"\n[[points]]\na = -inf', "points[0].a", "a finite number, found -inf"),
+    ('command = "x"\nstray_wait = -1', "stray_wait", "a number of seconds >= 0, found integer -1"),
     # A value ending in a backslash would join the drop-in's next line to its own.
     ('command = "x"\ndropin = "[Service]\\nEnvironment=A={a}\\nExecStartPre=/bin/true"\n[matrix]\n'
      "b = [1, 2]\na = ['ok', 'bad\\']", "matrix.a[1]", r"'bad\\' in point 2 (b=1 a=bad\)"),

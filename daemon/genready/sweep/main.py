@@ -206,7 +206,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
                                plan.timeout or stuck_after(tcfg.load_timeout, None), results,
                                keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
-                               secrets=(tcfg.api_key,), server=tcfg), results=Results(done),
+                               secrets=(tcfg.api_key,), server=tcfg, ignore_strays=args.ignore_strays),
+                  results=Results(done),
                   pruner=pruner(plan, args, results, fingerprints))
     pruned = sweep.pruner.earlier | {p.index for p in plan.points if sweep.pruner.pruned_by(p)}
     todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]

@@ -233,6 +233,10 @@ KEYS: Final = (
     PlanKey("expect", "a table of ENGINE_KEY = \"value or {name}\"", None,
             "engine keys the server must report with the point's value, e.g. speculative_num_steps = \"{steps}\" "
             "(a point whose engine reports otherwise is config_mismatch)"),
+    PlanKey("stray_wait", "a number of seconds >= 0", 60.0,
+            "seconds to wait, before a point's server loads and before its command runs, for processes of an "
+            "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
+            "(--ignore-strays: do not wait)", _number(0)),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -259,6 +263,7 @@ class Plan:
     warmup_max: int
     warmup_max_seconds: float
     max_failed_starts: int  # failed starts in a row that stop the sweep
+    stray_wait: float  # seconds to wait for GPU strays to exit before a load or a run (sweep/strays.py)
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)

@@ -56,6 +56,8 @@ FIGURES: Final = (
     # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
     Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
+    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/gpucost.py; results line).
+    Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
     # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
@@ -63,7 +65,8 @@ FIGURES: Final = (
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
-FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
+                       "tokens_per_joule": "tokens_per_joule"}
 
 
 class ReportError(Exception):
@@ -173,6 +176,7 @@ class Row:
     runs_ok: int = 1
     spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
     noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
+    throttled: bool = False  # a GPU's clocks were held back (not by idling) during a run: its figures marked `~`
     noise_limit: float = 0.10
     point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
     group: int | None = None
@@ -245,7 +249,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                         if isinstance(v := rec.get(k), str)},
                warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
                else None, unstable=rec.get("warmup_converged") is False,
-               engine=_engine_values(rec), server=_server_of(rec))
+               engine=_engine_values(rec), server=_server_of(rec), throttled=rec.get("throttled") is True)
 
 
 def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -283,7 +287,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
-              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server)
+              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
+              throttled=any(r.throttled for r in oks))
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
@@ -417,6 +422,8 @@ def figure_text(r: Row, f: Figure, mark: str = "{}") -> str:
     sp = r.spread.get(f.key)
     if sp is not None:
         text += f" ({sp.low:.{f.digits}f}-{sp.high:.{f.digits}f}, {_pct(sp.rmad)})" + ("!" if f.key in r.noisy else "")
+    if r.throttled and f.ranked and (r.figures or {}).get(f.key) is not None:
+        text += "~"
     return text
 
 
@@ -474,6 +481,9 @@ def legend(rows: Sequence[Row]) -> str:
     if any(r.unstable for r in rows):
         notes.append("unstable: its warmup stopped at warmup_max (or warmup_max_seconds) before TTFT and ITL "
                      "settled: its figures may be those of a server still warming up")
+    if any(r.throttled for r in rows):
+        notes.append("~ throttled: a GPU's clocks were held back during the run by something other than idling "
+                     "(power cap, heat; its gpu.json says which)")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
     if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
@@ -512,7 +522,7 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
-                                     "warmup_requests": r.warmup_requests} for r in rows]},
+                                     "warmup_requests": r.warmup_requests, "throttled": r.throttled} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)

@@ -239,6 +239,7 @@ class Attempt:
     warmup_converged: bool | None = None  # warmup = "stable": whether it settled (False: unstable); else None
     engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
     config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
+    gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
 
     @property
     def run_seconds(self) -> float | None:
@@ -263,6 +264,8 @@ class Attempt:
         if self.engine_config is not None:
             rec["engine_config"] = dict(self.engine_config)
             rec["config_check"] = dict(self.config_check or {})
+        if self.gpu:
+            rec.update(self.gpu)
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:

@@ -20,7 +20,7 @@ from typing import Final, NoReturn, TextIO
 
 from genready import console
 from genready.exitcodes import Exit
-from genready.sweep import confirm, steps
+from genready.sweep import confirm, steps, strays
 from genready.sweep import report as sweepreport
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
@@ -153,6 +153,8 @@ class Sweep:
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None)
         try:
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
+                return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
             got: Verified | NotReady | None = None
             if instance is not None and not self.opts.every_run_restarts:
                 got = steps.reuse(ctx, point, instance, folder)
@@ -160,6 +162,9 @@ class Sweep:
                 got = steps.reconfigure(ctx, point, folder) or steps.start(ctx, point)
             if isinstance(got, NotReady):
                 return not_ready(att, got), None, got.stop
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # left by this restart
+                return replace(att, status=Status.INVALIDATED, reason=stop, ended_at=time.time(), retry=False,
+                               pid=got.pid, invocation_id=got.invocation_id), None, stop
             ran, checked = confirm.run(ctx, point, got, folder, self.engines)
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
@@ -302,4 +307,4 @@ def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
                    restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
                    exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters,
                    warmup_requests=ran.warmed.requests if ran.warmed else None,
-                   warmup_converged=ran.warmed.converged if ran.warmed else None)
+                   warmup_converged=ran.warmed.converged if ran.warmed else None, gpu=ran.gpu)

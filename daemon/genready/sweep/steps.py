@@ -27,6 +27,7 @@ from typing import Any, Final
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import TargetConfig
+from genready.sweep import gpucost
 from genready.sweep.dropin import POLL, DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Between, Plan, Point, Shard
@@ -59,6 +60,7 @@ class SweepOptions:
     shard: Shard | None = None
     secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
     server: TargetConfig | None = None  # the target: how the warmup, the flush and /metrics reach its server
+    ignore_strays: bool = False  # --ignore-strays: load and run next to GPU strays (sweep/strays.py)
 
     @property
     def every_run_restarts(self) -> bool:
@@ -164,6 +166,7 @@ class Ran:
     ran_at: float | None = None
     counters: servermetrics.RunCounters | None = None
     warmed: Warmed | None = None  # None: no warmup ran (the command was refused first)
+    gpu: dict[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py): results-line fields
 
 
 # --- getting a verified instance ---------------------------------------------------------------------
@@ -359,7 +362,8 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
         try:
             if ctx.signals.count:
                 ctx.signals.stop_command()  # a signal came before the group existed
-            res = guard.run_pinned(o.base, o.target, v.pinned, child, wait=group.wait)
+            with gpucost.sampled(say.say, folder, o.results) as cost:  # each second, on a thread of its own
+                res = guard.run_pinned(o.base, o.target, v.pinned, child, wait=group.wait)
         finally:
             ctx.signals.group = None
     if group.left_behind:
@@ -372,13 +376,14 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
         save_counters(ctx, point, folder, counters)
     if ctx.signals.count:
         raise Interrupted()
+    gpu = cost.figures or None
     if res.problem:
-        return Ran(Status.INVALIDATED, res.problem, ended, cache, res.returncode, ran_at, counters, warmed)
+        return Ran(Status.INVALIDATED, res.problem, ended, cache, res.returncode, ran_at, counters, warmed, gpu)
     if res.returncode != 0:
         return Ran(Status.FAILED, f"the command exited {res.returncode}", ended, cache, res.returncode, ran_at,
-                   counters, warmed)
+                   counters, warmed, gpu)
     ctx.timings.run_times.append(ended - ran_at)
-    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed)
+    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed, gpu)
 
 
 def read_counters(ctx: Ctx) -> dict[str, float] | None:
