@@ -94,10 +94,28 @@ def uses_the_real_world(item: pytest.Item) -> bool:
     return False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The system tests the Python 3.10 and 3.13 runs add to the in-process layer (`--versions-subset`;
+# docs/development.md says why these): genready, its CLI and the simulator as processes on that
+# interpreter, with pystemd built for it, against a real manager. Library versions are the newest
+# in both, as in the .venv run, and the real servers are the same binaries whatever runs pytest.
+VERSIONS_SUBSET = ("test_gate.py", "test_watcher.py", "test_reload.py", "test_frozen.py", "test_cli_client.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--versions-subset", action="store_true",
+                     help="of the system tests, only those of tests/conftest.py's VERSIONS_SUBSET")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if uses_the_real_world(item) or item.get_closest_marker("deb"):
             item.add_marker(pytest.mark.system)
+    if config.getoption("versions_subset"):
+        left_out = [i for i in items if i.get_closest_marker("system") and i.path.name not in VERSIONS_SUBSET]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            out = set(left_out)
+            items[:] = [i for i in items if i not in out]
 
 
 

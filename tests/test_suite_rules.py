@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -125,18 +126,22 @@ def registry_hosts_named(root: Path) -> list[str]:
     """`file:line host` for every registry address written in a text file under `root` (venvs,
     caches and git's own files are not the repository's; nor is this file, which lists them)."""
     found = []
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).parts
-        if not path.is_file() or path == Path(__file__).resolve() or any(
-                p in _NOT_THE_REPOSITORY or p.startswith(".venv") or p.endswith(".egg-info") for p in rel):
-            continue
-        try:
-            text = path.read_text()
-        except (UnicodeDecodeError, OSError):
-            continue  # not text: a picture, say
-        for n, line in enumerate(text.splitlines(), 1):
-            found += [f"{'/'.join(rel)}:{n} {host}" for host in REGISTRY_HOSTS if host in line.lower()]
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _NOT_THE_REPOSITORY and not d.startswith(".venv")
+                         and not d.endswith(".egg-info"))
+        for path in (Path(top) / f for f in sorted(files)):
+            if path != Path(__file__).resolve():
+                found += _registry_hosts_in(path, root)
     return found
+
+
+def _registry_hosts_in(path: Path, root: Path) -> list[str]:
+    try:
+        lines = path.read_text().lower().splitlines()
+    except (UnicodeDecodeError, OSError):
+        return []  # not text: a picture, say
+    return [f"{path.relative_to(root)}:{n} {host}" for n, line in enumerate(lines, 1) for host in REGISTRY_HOSTS
+            if host in line]
 
 
 def test_no_package_registry_address_is_written_in_the_repository(tmp_path: Path) -> None:
