@@ -147,7 +147,9 @@ def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserMa
 def test_a_loading_server_is_noticed_without_waiting_for_backoff_max(manager: UserManager, tmp_path: Path,
                                                                      shape: str) -> None:
     unit = f"tg-pace-{shape}.service"
-    flags = ["--load-seconds", "2", *(["--bind-early"] if shape == "bind-early" else [])]
+    # 4 s: genready's first probe must come before the simulator binds, on a loaded machine too
+    # (at 2 s it once came after, under two pytest-xdist workers on a shared machine: 1 probe, not 2).
+    flags = ["--load-seconds", "4", *(["--bind-early"] if shape == "bind-early" else [])]
     g, _ = start_sim_target(manager, tmp_path, unit, *flags, backoff_initial=30.0, backoff_max=30.0)
     try:
         pid, _ = show(manager, unit)

@@ -8,7 +8,6 @@ group on the simulator's prefix cache, a reused point's TTFT is lower without a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import threading
@@ -26,7 +25,7 @@ from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
 from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import PY, free_port, http, stop_process, wait_for
+from genready_dev.harness import PY, LlamaServer, Simulator, http, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
 from tests.test_sweep import Rig
@@ -158,19 +157,11 @@ def test_server_counters_are_summed_over_labels_without_created_and_give_the_run
 # --- the flush routes, per server ------------------------------------------------------------------------
 
 
-class Sim:
-    """`genready simulate` as a child process on a free port (with `env`), its lifecycle lines in a file."""
+class Sim(Simulator):
+    """`genready simulate` without a warmup on a free port (with `env`), and what a flush test asks of it."""
 
     def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"sim-{self.port}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(self.port),
-                                          "--warmup-seconds", "0", *flags], stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-        wait_for(lambda: " ready" in self.log.read_text() or self.proc.poll() is not None, 20, "the simulator")
-        assert self.proc.poll() is None, self.log.read_text()
+        super().__init__(tmp, "--warmup-seconds", "0", *flags, env=env)
 
     def target(self, api: str = "openai-completions") -> TargetConfig:
         return config.parse({"targets": {"t": {"unit": "x.service", "url": self.url, "api": api}}},
@@ -178,9 +169,6 @@ class Sim:
 
     def flushes(self) -> int:
         return self.log.read_text().count(" flushed ")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
 
 
 @pytest.fixture
@@ -245,19 +233,10 @@ def test_the_real_llama_server_is_flushed_through_its_slots(tmp_path: Path) -> N
     model = gguf_models.ensure("tiny")["tiny"]
     prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 6)
     for save in (True, False):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = tmp_path / f"llama-{port}.log"
         extra = ["--slot-save-path", str(tmp_path)] if save else []
-        with log.open("wb") as out:
-            proc = subprocess.Popen([str(realservers.llama_server()), "--host", "127.0.0.1", "--port", str(port),
-                                     "-m", str(model), "-c", "2048", "-np", "2", "-lm", "none", "-t", "1", "-tb", "1",
-                                     *extra], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        def up(url: str = url, proc: subprocess.Popen[bytes] = proc) -> bool:
-            return http(url + "/health")[0] == 200 or proc.poll() is not None
-
-        try:
-            wait_for(up, 60, "llama-server")
+        with LlamaServer(tmp_path, realservers.llama_server(), "-m", str(model), "-c", "2048", "-np", "2", "-t", "1",
+                         "-tb", "1", *extra) as server:
+            url = server.url
             target = config.parse({"targets": {"t": {"unit": "x.service", "url": url, "api": "openai-completions"}}},
                                   service=False).targets["t"]
             body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
@@ -269,9 +248,6 @@ def test_the_real_llama_server_is_flushed_through_its_slots(tmp_path: Path) -> N
                 assert post(url + "/v1/completions", body)["timings"]["cache_n"] == 0
             else:
                 assert not done.ok and "--slot-save-path" in done.why, done
-        finally:
-            proc.terminate()
-            proc.wait(10)
 
 
 # --- whole sweeps -----------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Real servers' differences, end to end: API keys, TLS, unix sockets, refusals, several models.
+"""How genready reaches a server, end to end on simulator units: API keys, TLS, unix sockets,
+refusals, several models (the real servers' differences, as `genready simulate` imitates them).
 
 One genready (a unit of the private user manager, with LoadCredential=) watches a dozen targets on
 a handful of simulator units, set up once for the module: each test asserts on its own targets,
@@ -126,7 +127,7 @@ def write_config(w: World, only: list[str] | None = None, path: Path | None = No
 
 @pytest.fixture(scope="module")
 def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    tmp = tmp_path_factory.mktemp("realsrv")
+    tmp = tmp_path_factory.mktemp("access")
     pki = make_pki(tmp / "pki")
     key_file, cred_src, cred_dir = tmp / "llm.key", tmp / "cred.key", tmp / "creds"
     key_file.write_text(KEY_FILE + "\n")
