@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready_dev.harness import GENREADY, PY, free_port, genready_service, http, show, sim_unit, wait_for
+from genready_dev.harness import PY, free_port, genready_service, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
-from tests.pki import Pki, make_pki
+from tests.pki import make_pki
+from tests.world import World as WorldBase
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "gate_startup": False}
 KEY_FILE, KEY_CRED, KEY_ROTATED = "sk-file-7f3a91c2e4", "sk-cred-5b8d20aa6e", "sk-rotated-c0ffee42"
@@ -34,47 +35,13 @@ GENREADY_UNIT = "rs-genready.service"
 
 
 @dataclass
-class World:
-    manager: UserManager
-    tmp: Path
-    pki: Pki
-    port: int  # genready's API
-    config: Path
-    log: Path
+class World(WorldBase):
     key_file: Path
     cred_dir: Path
     ports: dict[str, int]
     socket: Path
     foreign_socket: Path
     foreign: subprocess.Popen[bytes]
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status(self) -> dict[str, Any]:
-        code, body = http(self.base + "/status")
-        assert code == 200, (code, body, self.log.read_text()[-3000:])
-        return body  # type: ignore[no-any-return]
-
-    def target(self, name: str) -> dict[str, Any]:
-        t: dict[str, Any] = self.status()["targets"][name]
-        return t
-
-    def wait_state(self, name: str, state: str, timeout: float = 20) -> dict[str, Any]:
-        return wait_for(lambda: (t := self.target(name))["state"] == state and t, timeout,
-                        f"{name} in state {state} (now {self.target(name)['state']}: {self.target(name)['reason']})")
-
-    def wait_error(self, name: str, prefix: str, timeout: float = 20) -> str:
-        def last() -> str | None:
-            err = self.target(name)["last_error"]
-            return err if err and err.startswith(prefix) else None
-        return wait_for(last, timeout, f"{name}: a last_error starting with {prefix!r} (now "
-                                       f"{self.target(name)['last_error']!r})")
-
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*GENREADY, *args], env=env or self.manager.env, capture_output=True, text=True,
-                              timeout=60)
 
     def env_with_credential(self) -> dict[str, str]:
         return {**self.manager.env, "CREDENTIALS_DIRECTORY": str(self.cred_dir)}
