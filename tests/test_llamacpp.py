@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -63,17 +62,6 @@ class World(WorldBase):
             return t if t["ready"] and t["pid"] == pid and pid not in (0, not_pid) else None
         return wait_for(check, timeout, lambda: f"{name} ready with a new pid of {unit} "
                                                 f"(now {self.target(name)['state']}: {self.target(name)['reason']})")
-
-    def metric(self, name: str, target: str, label: str = "result") -> dict[str, float]:
-        """{label value: sample} of one metric for one target, from /metrics."""
-        _, text = http(self.base + "/metrics")
-        out: dict[str, float] = {}
-        for line in str(text).splitlines():
-            if line.startswith(name + "{") and f'target="{target}"' in line:
-                m = re.search(rf'{label}="([^"]*)"', line)
-                if m:
-                    out[m.group(1)] = float(line.rsplit(" ", 1)[1])
-        return out
 
 
 def unit_text(tmp: Path, name: str, argv: list[str], restart: str = "on-failure", pre: str = "") -> str:

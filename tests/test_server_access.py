@@ -147,11 +147,11 @@ def test_401_without_a_key_is_rejected_at_the_first_probe_with_the_hint(world: W
     t = world.wait_state("no_key", "rejected")
     assert "HTTP 401" in t["reason"] and "Unauthorized" in t["reason"] and "set api_key_file" in t["reason"]
     # Every probe was a refusal from the first one on: none was taken for loading.
-    probes = metric_values(world, "genready_probes_total", target="no_key")
+    probes = world.metric("genready_probes_total", target="no_key")
     assert probes["rejected"] >= 1 and all(v == 0 for k, v in probes.items() if k != "rejected"), probes
     code, body = http(world.base + "/ready/no_key")
     assert code == 503 and body["state"] == "rejected"
-    states = metric_values(world, "genready_state", target="no_key", label="genready_state")
+    states = world.metric("genready_state", target="no_key", label="genready_state")
     assert states["rejected"] == 1 and sum(states.values()) == 1
     r = world.cli("wait", "no_key", "--url", world.base, "--timeout", "0")
     assert r.returncode == 1 and "no_key: not ready: rejected: " in r.stderr and "HTTP 401" in r.stderr
@@ -170,7 +170,7 @@ def test_tls_with_a_ca_file_and_mutual_tls(world: World) -> None:
 def test_self_signed_without_ca_file_is_tls_naming_the_problem(world: World) -> None:
     err = world.wait_error("tls_self", "tls: ")
     assert "certificate verify failed: self-signed certificate" in err and "set ca_file" in err
-    probes = metric_values(world, "genready_probes_total", target="tls_self")
+    probes = world.metric("genready_probes_total", target="tls_self")
     assert probes["tls"] >= 1 and probes["refused"] == 0, probes
     assert world.target("tls_self")["state"] in ("loading", "stuck")
 
@@ -209,7 +209,7 @@ def test_openapi_and_metrics_know_the_new_words(world: World) -> None:
     _, spec = http(world.base + "/openapi.json")
     status_schema = spec["paths"]["/status"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert "rejected" in status_schema["properties"]["targets"]["additionalProperties"]["properties"]["state"]["enum"]
-    probes = metric_values(world, "genready_probes_total", target="key_file")
+    probes = world.metric("genready_probes_total", target="key_file")
     assert {"rejected", "tls"} <= set(probes)
 
 
@@ -291,20 +291,6 @@ def test_key_rotation_on_sighup(world: World) -> None:
     assert t["pid"] != old_pid and t["pid"] == show(m, "rs-key.service")[0]
     assert world.status()["config_error"] is None
     assert KEY_ROTATED not in world.log.read_text()
-
-
-# --- helpers -----------------------------------------------------------------------------------
-
-def metric_values(w: World, name: str, target: str, label: str = "result") -> dict[str, float]:
-    """{label value: sample} of one metric for one target, from /metrics."""
-    _, text = http(w.base + "/metrics")
-    out: dict[str, float] = {}
-    for line in str(text).splitlines():
-        if line.startswith(name + "{") and f'target="{target}"' in line:
-            m = re.search(rf'{label}="([^"]*)"', line)
-            if m:
-                out[m.group(1)] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def test_environment_leaves_no_key(world: World) -> None:

@@ -4,6 +4,7 @@ what their tests ask of it. Each module's `World` adds its own fields."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,17 @@ class World:
             return err if err and err.startswith(prefix) else None
         return wait_for(last, timeout, lambda: f"{name}: a last_error starting with {prefix!r} (now "
                                                f"{self.target(name)['last_error']!r})")
+
+    def metric(self, name: str, target: str, label: str = "result") -> dict[str, float]:
+        """{label value: sample} of one metric for one target, from /metrics."""
+        _, text = http(self.base + "/metrics")
+        out: dict[str, float] = {}
+        for line in str(text).splitlines():
+            if line.startswith(name + "{") and f'target="{target}"' in line:
+                m = re.search(rf'{label}="([^"]*)"', line)
+                if m:
+                    out[m.group(1)] = float(line.rsplit(" ", 1)[1])
+        return out
 
     def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         """`genready ARGS` against the module's manager (or with `env`)."""
