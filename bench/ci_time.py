@@ -42,8 +42,8 @@ def report(found: list[tuple[str, int, str]]) -> tuple[str, bool]:
     build = next((s for n, s, _ in found if n == "real-server build"), 0)
     fresh = build > BUILT_WITHIN
     budget = FRESH_BUDGET if fresh else BUILT_BUDGET
-    lines = [f"{'phase':<22} {'time':>9}  status"]
-    lines += [f"{n:<22} {s // 60:>4d}m{s % 60:02d}s  {st}" for n, s, st in found]
+    lines = [f"{'phase':<28} {'time':>9}  status"]
+    lines += [f"{n:<28} {s // 60:>4d}m{s % 60:02d}s  {st}" for n, s, st in found]
     ok = total <= budget and all(not st.startswith("FAILED") for _, _, st in found)
     lines.append(f"{'fresh' if fresh else 'built'} machine: {total / 60:.1f} min of a {budget // 60} min budget "
                  f"({HARD_LIMIT // 60} min hard limit): {'fits' if ok else 'DOES NOT FIT, or a phase failed'}")
