@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from genready.tools import benchclient
+from genready.tools import benchclient, benchrun
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import free_port, http, wait_for
@@ -83,17 +83,18 @@ def main() -> int:
 
 
 def _plain(url: str, api: str, stream: bool, c: int, n: int) -> benchclient.Summary:
-    saved: dict[str, Any] = {"PoolConnector": benchclient.PoolConnector, "_why_not_reuse": benchclient._why_not_reuse,
-                             "_failed": benchclient._failed}
-    plain_failed = saved["_failed"]
-    benchclient.PoolConnector = PlainPool  # type: ignore[misc,assignment]
-    benchclient._why_not_reuse = lambda *a: ""
-    benchclient._failed = lambda e, t0, timeout, trace=None: plain_failed(e, t0, timeout)
+    # The run lives in benchrun, which looks these names up at call time.
+    saved: dict[str, Any] = {"PoolConnector": benchrun.PoolConnector, "why_not_reuse": benchrun.why_not_reuse,
+                             "failed": benchrun.failed}
+    plain_failed = saved["failed"]
+    benchrun.PoolConnector = PlainPool  # type: ignore[misc,assignment]
+    benchrun.why_not_reuse = lambda *a: ""
+    benchrun.failed = lambda e, t0, timeout, trace=None: plain_failed(e, t0, timeout)
     try:
         return measure(url, api, stream, c, n)
     finally:
         for k, v in saved.items():
-            setattr(benchclient, k, v)
+            setattr(benchrun, k, v)
 
 
 if __name__ == "__main__":

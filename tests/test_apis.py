@@ -96,3 +96,13 @@ def test_stream_bodies_ask_for_a_stream_and_openai_for_usage() -> None:
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
     with pytest.raises(apis.BadAnswer, match="error"):
         apis.streamed(apis.APIS["openai-chat"], b'{"object": "error", "message": "boom"}', 0)
+
+
+@pytest.mark.parametrize(("api", "body"), [
+    ("sglang", b'{"text": "x", "meta_info": {"completion_tokens": 1%s}}' % (b"0" * 400)),
+    ("openai-completions", b'{"choices": [{"text": "x"}], "usage": {"completion_tokens": 1%s}}' % (b"0" * 400)),
+])
+def test_a_count_no_float_holds_is_a_bad_answer(api: str, body: bytes) -> None:
+    """10**400 tokens is valid JSON and no count: every figure made of it overflows (issue 41 #8)."""
+    with pytest.raises(apis.BadAnswer, match="too large"):
+        apis.APIS[api].counted_tokens(body)

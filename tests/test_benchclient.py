@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from genready import apis
-from genready.tools import benchclient, prompts
+from genready.tools import benchclient, benchrun, prompts, servermetrics
 from genready.tools.prompts import Prompt
 from genready_dev.harness import PY, Simulator, env_without_notify, free_port
 from genready_dev.hostile import raw_server
@@ -294,8 +294,10 @@ def test_vllm_counters_are_summed_over_engines() -> None:
             'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9\n'
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0\n')
-    assert benchclient.vllm_spec_counters(page) == (16.0, 20.0)
-    assert benchclient.vllm_spec_counters("vllm:num_requests_running 0\n") is None
+    got = servermetrics.counters(page)
+    assert (got["vllm:spec_decode_num_drafts_total"], got["vllm:spec_decode_num_accepted_tokens_total"]) == (16, 20)
+    run = servermetrics.over_run({k: 0.0 for k in got}, got)
+    assert servermetrics.spec_of(run) is not None and servermetrics.spec_of(run)[1:3] == (20, 16)  # type: ignore[index]
 
 
 @pytest.mark.system
@@ -456,7 +458,7 @@ async def test_the_report_is_written_whatever_the_requests_raise(tmp_path: Path)
 
     async for url in raw_server(lambda n: _sse(huge if n == 1 else event)):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(benchclient, "one_stream", sometimes_broken)
+            mp.setattr(benchrun, "one_stream", sometimes_broken)
             stdout = io.StringIO()
             mp.setattr(sys, "stdout", stdout)
             rc = await asyncio.to_thread(benchclient.main, ["--url", url, "-n", "6", "-c", "1", "--prompt", "hi",
@@ -684,8 +686,8 @@ async def test_a_request_refused_on_a_closed_pooled_connection_is_sent_once_more
     """aiohttp refuses to write into a connection that is closing ("Cannot write to closing transport"):
     nothing of the request reached the server. It is sent once more on a new connection and counted as one
     request, retried; the server sees each request once."""
-    monkeypatch.setattr(benchclient, "PoolConnector", ClosingPool)
-    monkeypatch.setattr(benchclient, "_why_not_reuse", lambda *a: "")  # keep using the pool: every time
+    monkeypatch.setattr(benchrun, "PoolConnector", ClosingPool)
+    monkeypatch.setattr(benchrun, "why_not_reuse", lambda *a: "")  # keep using the pool: every time
     ka = KeptAlive(lambda line, body: (b"", _llama_answer("openai-completions", stream, None), False))
     async with ka as url:
         s = await _run(url, n=6, stream=stream, api="openai-completions")
@@ -722,15 +724,15 @@ def test_only_aiohttps_own_refusal_to_write_is_a_request_never_sent() -> None:
     body.__cause__ = refused
     head = aiohttp.ClientOSError(*refused.args)
     head.__cause__ = refused
-    assert benchclient._refused_write(body) and benchclient._refused_write(head)
+    assert benchclient.refused_write(body) and benchclient.refused_write(head)
     reset = aiohttp.ClientOSError(104, "Connection reset by peer")
     reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")  # the kernel's: bytes may have gone
-    assert not benchclient._refused_write(reset)
-    assert not benchclient._refused_write(aiohttp.ServerDisconnectedError())
+    assert not benchclient.refused_write(reset)
+    assert not benchclient.refused_write(aiohttp.ServerDisconnectedError())
     # On a new connection the same refusal is the server's doing, not a stale pool: a failure.
-    assert benchclient._failed(body, 0.0, 5, {"reused": False}).error.startswith("ClientOSError")
+    assert benchclient.failed(body, 0.0, 5, {"reused": False}).error.startswith("ClientOSError")
     with pytest.raises(benchclient.StaleConnection):
-        benchclient._failed(body, 0.0, 5, {"reused": True})
+        benchclient.failed(body, 0.0, 5, {"reused": True})
 
 
 # --- the flags that mirror a target's settings ------------------------------------------------------
@@ -825,3 +827,88 @@ async def test_mutual_tls_from_the_flags_alone(tmp_path: Path) -> None:
         await runner.cleanup()
     first, second = (json.loads(ln) for ln in out.read_text().splitlines())
     assert (first["ok"], second["ok"]) == (0, 2), (first, second)
+
+
+# --- hostile numbers (issue 41 #8, #14): a count that cannot be a float, NaN from the server --------------
+
+
+def _strict(text: str) -> Any:
+    def refuse(token: str) -> Any:
+        raise ValueError(f"not JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+async def _cli(url: str, out: Path, *argv: str) -> tuple[int, str]:
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", stdout)
+        rc = await asyncio.to_thread(benchclient.main, ["--url", url, "-n", "3", "-c", "1", "--prompt", "hi",
+                                                        "--output", str(out), *argv])
+    return rc, stdout.getvalue()
+
+
+HUGE = "1" + "0" * 400  # 10**400: an integer JSON allows and no float holds
+
+
+@pytest.mark.parametrize(("api", "stream", "answer"), [
+    ("openai-completions", False, '{"choices": [{"text": " OK"}], "usage": {"completion_tokens": HUGE}}'),
+    ("sglang", True, '{"text": " OK", "meta_info": {"completion_tokens": HUGE}}'),
+    ("sglang", False, '{"text": " OK", "meta_info": {"completion_tokens": 2, "spec_verify_ct": HUGE}}'),
+    ("openai-completions", False,
+     '{"choices": [{"text": " OK"}], "usage": {"completion_tokens": 2}, "timings": {"draft_n": HUGE, '
+     '"draft_n_accepted": 1}}'),
+])
+async def test_a_count_that_cannot_be_a_float_fails_its_request_and_the_report_is_still_written(
+        tmp_path: Path, api: str, stream: bool, answer: str) -> None:
+    """completion_tokens (or spec_verify_ct, draft_n) = 10**400 raised OverflowError and lost the run: no summary,
+    no --output line. It is a malformed answer: that request fails and is counted."""
+    good = ('{"choices": [{"text": " OK"}], "usage": {"completion_tokens": 1}}' if api != "sglang" else
+            '{"text": " OK", "meta_info": {"completion_tokens": 1}}')
+    posts = 0
+
+    def reply(line: str, body: Any) -> tuple[bytes, bytes, bool]:
+        nonlocal posts
+        if not line.startswith("POST"):
+            return b"", b'{"data": [{"id": "m"}]}' if "models" in line else b"", False
+        posts += 1
+        doc = answer.replace("HUGE", HUGE) if posts == 2 else good
+        return (b"Content-Type: text/event-stream\r\n", b"data: " + doc.encode() + b"\n\ndata: [DONE]\n\n", False) \
+            if stream else (b"", doc.encode(), False)
+
+    out = tmp_path / "r.jsonl"
+    async with KeptAlive(reply) as url:
+        rc, text = await _cli(url, out, "--api", api, "--stream" if stream else "--no-stream")
+    res = _strict(out.read_text())
+    assert rc == 1 and (res["ok"], res["failed"]) == (2, 1), res
+    assert all(e.startswith("bad response") for e in res["errors"]), res["errors"]
+    assert "  requests   2 ok, 1 failed (1x bad response" in text, text
+
+
+@pytest.mark.parametrize("average", ["NaN", "Infinity", HUGE])
+async def test_sglangs_average_that_is_no_number_is_null_and_the_output_line_is_strict_json(
+        tmp_path: Path, average: str) -> None:
+    """avg_spec_accept_length: NaN in SGLang's server info reached --output as a bare NaN, which jq, JavaScript
+    and Go refuse; 10**400 raised OverflowError. Neither is a figure: null."""
+    def reply(line: str, body: Any) -> tuple[bytes, bytes, bool]:
+        if "server_info" in line:
+            return b"", b'{"internal_states": [{"avg_spec_accept_length": %s}]}' % average.encode(), False
+        if line.startswith("GET"):
+            return b"", b"", False
+        return b"", b'{"text": " OK", "meta_info": {"completion_tokens": 1}}', False
+
+    out = tmp_path / "r.jsonl"
+    async with KeptAlive(reply) as url:
+        rc, text = await _cli(url, out, "--api", "sglang", "--no-stream")
+    res = _strict(out.read_text())
+    assert rc == 0 and res["ok"] == 3 and res["server_accept_length"] is None, res
+    assert "NaN" not in text and "nan" not in text.lower().replace("nanos", ""), text
+
+
+def test_the_output_line_goes_through_durable_and_a_torn_line_is_ended_first(tmp_path: Path) -> None:
+    """--output appends through store/durable (synced, one write): a file that ends inside a line (a crash
+    mid-write) gets that line ended, so the new result is a line of its own; NaN never reaches the file."""
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"torn": ')
+    benchclient.write_result(out, {"a": 1.0, "b": float("nan"), "c": [float("inf")]})
+    lines = out.read_text().splitlines()
+    assert lines[0] == '{"torn": ' and _strict(lines[1]) == {"a": 1.0, "b": None, "c": [None]}, lines

@@ -111,6 +111,8 @@ def test_package_installs_verifies_a_unit_and_purges_clean(deb: Path, manager: U
                  "/usr/share/doc/genready/examples/sglang.service", "/usr/share/man/man1/genready.1.gz"):
         assert Path(path) in files, path
     assert not [p for p in files if "genready_dev" in str(p)], "dev tooling shipped in the product package"
+    web = {p.name for p in files if p.parent.name == "web" and p.suffix in (".css", ".js")}
+    assert web == {"base.css", "status.css", "report.css", "words.js", "status.js"}, web
     conffiles = _system("dpkg-query", "-W", "-f=${Conffiles}", "genready").stdout
     assert "/etc/genready/genready.toml" in conffiles
     assert Path("/etc/systemd/system/multi-user.target.wants/genready.service").is_symlink()  # enabled
@@ -133,6 +135,9 @@ def test_package_installs_verifies_a_unit_and_purges_clean(deb: Path, manager: U
             assert exe.startswith("/usr/bin/python3"), exe
             ready_pid = wait_for(lambda: g.ready_pid("sim"), 60, "the installed genready's /ready/sim = 200")
             assert ready_pid == int(manager.show("deb-sim.service", "MainPID")["MainPID"])
+            # the page at / is drawn from the package's data files (web/*.css, *.js), which the .deb ships
+            code, page = g.get("/")
+            assert code == 200 and isinstance(page, str) and "stale since" in page and "--ink:" in page, page[:300]
             maps = Path(f"/proc/{g.proc.pid}/maps").read_text()
             assert "/usr/lib/python3/dist-packages/aiohttp/" in maps  # Debian's compiled aiohttp
     finally:

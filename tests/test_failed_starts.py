@@ -19,9 +19,12 @@ from genready.client import progress, waiting
 from genready.compat import tomllib
 from genready.rule.history import History
 from genready.store.records import RecordStore
+from genready.sweep import plan as sweepplan
+from genready.sweep import steps
+from genready.sweep.dropin import DropinLife
+from genready.sweep.lines import Console, Timings
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
-from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -308,23 +311,84 @@ def test_a_sweep_point_asks_systemd_nothing_while_it_waits(tmp_path: Path, end: 
     """Before, each poll of a load read the unit over D-Bus (about 2,160 calls in a 6-minute load):
     now one read before the restart (where the unit's output stands), the restart, and the daemon."""
     loading = {"ready": False, "target": "t", "state": "loading", "reason": "waiting", "start_failed": None}
-    last = ({"ready": True, "target": "t", "pid": 42, "invocation_id": "cd" * 16, "load_seconds": 1.5}
-            if end == "ready" else body(False))
+    last = ({"ready": True, "target": "t", "unit": "t.service", "pid": 42, "invocation_id": "cd" * 16,
+             "load_seconds": 1.5} if end == "ready" else body(False))
     s = Scripted([*[loading] * 20, last])
     unit = CountingUnit()
     p = sweepplan.parse_plan(tomllib.loads('command = "x"\n[matrix]\na = [1]'), "plan.toml")
-    sw = sweep.Sweep(sweep.SweepOptions(p, s.base, "t", "t.service", "user", 30, tmp_path), err=io.StringIO())
-    sw.sd = unit  # type: ignore[assignment]
-    att = sweep.Attempt(p.points[0], 1, "01/attempt-1")
-    monkeypatch.setattr(sweep, "POLL", 0.01)
+    opts = steps.SweepOptions(p, s.base, "t", "t.service", "user", 30, tmp_path)
+    # The stand-in unit client counts what the step asks of systemd: the point of this test.
+    life = DropinLife(unit, tmp_path / "dropin.conf")  # type: ignore[arg-type]
+    ctx = steps.Ctx(opts, Console(io.StringIO(), 1), life, Timings(), steps.Signals(), None, 0.0)
+    monkeypatch.setattr(steps, "POLL", 0.01)
     try:
-        sw._restart_and_wait(p.points[0], att)
+        got = steps.start(ctx, p.points[0])
     finally:
         s.close()
     assert len(s.asked) >= 21 and unit.restarts == 1 and unit.states == 1
     if end == "ready":
-        assert (att.pid, att.load_seconds) == (42, 1.5)
+        assert isinstance(got, steps.Verified) and (got.pid, got.load_seconds) == (42, 1.5)
     else:
-        assert att.pid is None and att.status is sweep.Status.NOT_READY and att.unit_result == "exit-code"
-        assert "failed to start (Result=exit-code, exited with status 3)" in att.reason
-        assert att.journal == ["no such model"]
+        assert isinstance(got, steps.NotReady) and got.unit_result == "exit-code"
+        assert "failed to start (Result=exit-code, exited with status 3)" in got.reason
+        assert got.journal == ("no such model",)
+
+
+class SlotsHeld:
+    """A daemon whose long-poll slots are all held: every /ready?wait= is its "too many long-polls"
+    503; a question without wait= is answered from `ready_after` questions on (not ready before)."""
+
+    def __init__(self, ready_after: int) -> None:
+        self.asked: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.asked.append(self.path)
+                plain = [p for p in outer.asked if "wait=" not in p]
+                answer: dict[str, Any]
+                if "wait=" in self.path:
+                    code, answer = 503, {"error": "too many long-polls in flight (limit 2); retry shortly, or ask "
+                                                  "without wait="}
+                elif len(plain) >= ready_after:
+                    code, answer = 200, {"ready": True, "target": "t", "pid": 7}
+                else:
+                    code, answer = 503, body(None)
+                raw = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_wait_refused_a_long_poll_asks_without_wait_and_backs_off() -> None:
+    """Issue 41 #10: the refusal is no answer. The client asks once without wait= (always answered)
+    and pauses, longer each time, instead of asking again at once (37,558 requests in 20 s)."""
+    s = SlotsHeld(ready_after=1)
+    try:
+        t0 = time.monotonic()
+        out = waiting.wait_ready(s.base, "t", 30, None)
+        assert out.code == 200 and time.monotonic() - t0 < 5 and len(s.asked) == 2, s.asked
+        assert "wait=" in s.asked[0] and "wait=" not in s.asked[1]
+    finally:
+        s.close()
+    s = SlotsHeld(ready_after=10**9)  # never ready: the whole timeout passes at a bounded rate
+    try:
+        t0 = time.monotonic()
+        out = waiting.wait_ready(s.base, "t", 2.0, None)
+        took = time.monotonic() - t0
+        assert out.code == 503 and 1.9 <= took < 5
+        assert len(s.asked) <= 2 * 8, f"{len(s.asked)} requests in {took:.1f} s"  # 0.25+0.5+1+... s apart
+    finally:
+        s.close()

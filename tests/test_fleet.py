@@ -9,10 +9,17 @@ verbatim (checked here), so what the docs show is what ran.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import re
+import signal
+import stat
 import subprocess
 import sys
+import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,58 @@ def test_the_docs_quote_the_recipe_files_verbatim() -> None:
 
 def test_the_recipes_are_shipped_with_the_package() -> None:
     assert "packaging/examples/*" in (REPO / "packaging" / "debian" / "genready.examples").read_text().split()
+
+
+
+def unpack_script() -> str:
+    """The recipe's `unpack_script` (a YAML block scalar: the lines indented past its key), as the play runs it."""
+    lines = PLAY.read_text().splitlines()
+    lines = lines[lines.index("    unpack_script: |") + 1:]
+    end = next(i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("      "))
+    return "".join(ln[6:] + "\n" for ln in lines[:end])
+
+
+@pytest.mark.system  # it runs the script as the play does: in a Python process of its own
+def test_the_plays_unpacker_keeps_a_crafted_archive_inside_the_folder(tmp_path: Path) -> None:
+    """What GNU tar on a host never writes but whoever is root there can send in its place: absolute names,
+    `..`, hard links to the controller's files, a symlink then a file through it, a file over a folder.
+    Nothing is written outside the host's folder, which replaces the previous one."""
+    def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"", link: str = "") -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname, info.size, info.mode = kind, link, len(data), 0o644
+        tar.addfile(info, io.BytesIO(data) if data else None)
+
+    archive, dest = tmp_path / "gpu-a.tar.gz", tmp_path / "gpu-a"
+    with tarfile.open(archive, "w:gz") as tar:
+        member("./results.jsonl", data=b"{}\n")
+        member("/tmp/genready-fleet-abs", data=b"x")
+        member("../escaped", data=b"x")
+        member("./a/../../escaped-too", data=b"x")
+        member("./pw", tarfile.LNKTYPE, link="/etc/passwd")
+        member("./copy", tarfile.LNKTYPE, link="./results.jsonl")  # a hard link within: a copy
+        member("./x", tarfile.SYMTYPE, link="/etc")
+        member("./x/cron", data=b"x")  # through the symlink, had it been made: into a folder x, here
+        member("./d", tarfile.DIRTYPE)
+        member("./d", data=b"x")
+    dest.mkdir()
+    (dest / "stale").write_text("from an earlier play\n")
+    (dest / "old-link").symlink_to("/etc")
+    p = subprocess.run([sys.executable, "-", str(archive), str(dest)], input=unpack_script(), capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    said = p.stdout.splitlines()
+    assert said == ["'/tmp/genready-fleet-abs': a path out of the folder, left out",
+                        "'../escaped': a path out of the folder, left out",
+                        "'./a/../../escaped-too': a path out of the folder, left out",
+                        "'pw': a hard link to no file of the folder, left out",
+                        "'x': a symlink, left out",
+                        "'d': left out (Is a directory)"], said
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["gpu-a", "gpu-a.tar.gz"]  # nothing beside it
+    assert not Path("/tmp/genready-fleet-abs").exists()
+    found = {str(q.relative_to(dest)): stat.filemode(q.lstat().st_mode) for q in dest.rglob("*")}
+    assert found == {"results.jsonl": "-rw-r--r--", "copy": "-rw-r--r--", "x": "drwxr-xr-x",
+                     "x/cron": "-rw-r--r--", "d": "drwxr-xr-x"}, found
+    assert (dest / "copy").read_bytes() == b"{}\n"
 
 
 # --- the rig: the simulator unit, a genready watching it, the plan ----------------------------------
@@ -156,8 +215,8 @@ def test_the_slurm_job_array_runs_one_shard_per_task(rig: Rig, slurm: fleet.Slur
 # --- Ansible ----------------------------------------------------------------------------------------
 
 
-def run_play(rig: Rig, tmp_path: Path, plan: Path, hosts: dict[str, Path], collect: Path
-             ) -> subprocess.CompletedProcess[str]:
+def run_play(rig: Rig, tmp_path: Path, plan: Path, hosts: dict[str, Path], collect: Path,
+             **variables: Any) -> subprocess.CompletedProcess[str]:
     """packaging/examples/sweep-fleet.yml against aliases of localhost, each with its own work dir."""
     ci.require(fleet.ansible_missing(), "the Ansible recipe's test")
     inventory = tmp_path / "hosts.ini"
@@ -168,7 +227,7 @@ def run_play(rig: Rig, tmp_path: Path, plan: Path, hosts: dict[str, Path], colle
     env = sweep_env(rig)
     extra = tmp_path / "vars.json"
     extra.write_text(json.dumps({"sweep_plan": str(plan), "sweep_collect": str(collect), "sweep_poll": 1,
-                                 "genready": env.pop("GENREADY"), "genready_environment": env}))
+                                 "genready": env.pop("GENREADY"), "genready_environment": env, **variables}))
     home = tmp_path / "ansible-home"  # nothing of Ansible's own under /root, no ansible.cfg of the host's
     (tmp_path / "ansible.cfg").write_text("[defaults]\n")
     ansible_env = {**rig.manager.env, "ANSIBLE_HOME": str(home), "ANSIBLE_LOCAL_TEMP": str(home / "tmp"),
@@ -212,3 +271,104 @@ def test_the_ansible_play_brings_a_shard_with_a_failed_point_home_and_fails(rig:
     lines = results(collect / "gpu-a")
     assert [(ln["point"], ln["status"]) for ln in lines] == [({"c": 1}, "ok"), ({"c": 2}, "failed")], lines
     rig.assert_restored()
+
+
+def plant_hostile_files(folder: Path) -> dict[str, str]:
+    """What a root sweep's command, or whoever is root on the host, can leave in its results folder for the
+    controller to unpack: a setuid-root and a setgid executable, a file of another owner, world-writable
+    folders (the folder itself: the archive's `.`), links out of the folder, a device and a FIFO. The names
+    of those the play must say it left out, each with the words it gives."""
+    folder.mkdir(parents=True)
+    for name, mode in (("setuid-sh", 0o4755), ("setgid-sh", 0o2755)):
+        (folder / name).write_bytes(Path("/bin/sh").read_bytes())
+        (folder / name).chmod(mode)  # chmod after the write: the bits a write would clear
+    (folder / "foreign").write_text("a file of another owner\n")
+    os.chown(folder / "foreign", 4321, 4321)
+    (folder / "open").mkdir()
+    (folder / "open").chmod(0o1777)
+    folder.chmod(0o777)
+    (folder / "etc").symlink_to("/etc")
+    (folder / "up").symlink_to("../../..")
+    (folder / "open" / "shadow").symlink_to("/etc/shadow")
+    os.mknod(folder / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # the test runs as root (the rig's manager)
+    os.mkfifo(folder / "fifo")
+    return {"setuid-sh": "setuid/setgid bits dropped", "setgid-sh": "setuid/setgid bits dropped",
+            "etc": "a symlink", "up": "a symlink", "open/shadow": "a symlink", "null": "a character device",
+            "fifo": "a FIFO"}
+
+
+@pytest.mark.system
+def test_the_ansible_play_unpacks_a_hostile_hosts_folder_as_plain_files_of_the_controllers_user(
+        rig: Rig, tmp_path: Path) -> None:
+    """The controller runs as root here, as with `-b`: GNU tar as root would recreate every owner, mode and
+    file type the host's archive holds. Only plain files and folders come home, with plain modes, owned by
+    whoever ran the play; what was left out is named, and the host's play fails saying so."""
+    collect, host = tmp_path / "collected", tmp_path / "gpu-a"
+    left_out = plant_hostile_files(host / "results")
+    p = run_play(rig, tmp_path, write_plan(rig), {"gpu-a": host}, collect)
+    home = collect / "gpu-a"
+    found = {str(path.relative_to(home)): path.lstat() for path in [home, *home.rglob("*")]}
+    bad = {name: (stat.filemode(st.st_mode), st.st_uid, st.st_gid) for name, st in found.items()
+           if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or st.st_mode & 0o7022
+           or (st.st_uid, st.st_gid) != (os.getuid(), os.getgid())}
+    assert not bad, f"unpacked as the host had them: {bad}"
+    for name, why in left_out.items():
+        assert f"{name!r}: {why}" in p.stdout, p.stdout
+    assert sorted(found) == sorted(name for name in
+                                   [".", *(str(q.relative_to(host / "results")) for q in (host / "results").rglob("*"))]
+                                   if name in (".", "setuid-sh", "setgid-sh") or name not in left_out)
+    # What they held came home (the setuid executable as a plain one), and so did the sweep's results.
+    assert (home / "setuid-sh").read_bytes() == Path("/bin/sh").read_bytes()
+    assert stat.S_IMODE(found["setuid-sh"].st_mode) == 0o755 and stat.S_IMODE(found["foreign"].st_mode) == 0o644
+    assert (home / "results.jsonl").read_bytes() == (host / "results" / "results.jsonl").read_bytes()
+    assert [ln["status"] for ln in results(home)] == ["ok"] * 4
+    assert p.returncode == 2, p.stdout + p.stderr  # every point ok, but not all of the folder came home
+    assert re.search(r"^gpu-a\s+: ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=1", p.stdout, re.M), p.stdout
+    assert sorted(q.name for q in collect.iterdir()) == ["gpu-a"]  # no archive, no half-unpacked folder
+    rig.assert_restored()
+
+
+@pytest.mark.system
+def test_the_ansible_play_stops_a_sweep_past_its_limit_cleanly_and_brings_its_folder_home(
+        rig: Rig, tmp_path: Path) -> None:
+    """Past sweep_max_seconds the sweep gets SIGTERM, not Ansible's SIGKILL of its process group: it stops the
+    point's command (its own session, which that SIGKILL would miss) and removes its drop-in, and the play
+    still fetches the host's folder, then fails saying the sweep ran out of time."""
+    plan = tmp_path / "long.toml"  # one point, whose command outlives the limit
+    plan.write_text(tomli_w.dumps({
+        "target": "t", "timeout": 20, "dropin": '[Service]\nEnvironment="SIM_FLAGS=--spec-accept 2"\n',
+        "command": [PY, "-c", "import os, sys, time; open(sys.argv[1] + '/pid', 'w').write(str(os.getpid())); "
+                              "time.sleep(3600)", "{out}", "{c}"],
+        "matrix": {"c": [1]}}))
+    collect, host = tmp_path / "collected", tmp_path / "gpu-a"
+    limit = 15  # seconds: the command has started well before (the simulator loads in 0.2 s)
+    try:
+        started = time.monotonic()
+        p = run_play(rig, tmp_path, plan, {"gpu-a": host}, collect, sweep_max_seconds=limit, sweep_stop_seconds=60)
+        took = time.monotonic() - started
+        print(f"the play took {took:.1f} s with sweep_max_seconds={limit}")
+        pid_files = list(host.glob("results/*/attempt-1/pid"))
+        assert len(pid_files) == 1, f"the command did not start within the {limit} s: {p.stdout}"
+        assert not alive(pid := int(pid_files[0].read_text())), f"the point's command (pid {pid}) outlived the sweep"
+        rig.assert_restored()  # the drop-in is gone, and the unit runs its own configuration, verified
+        home = collect / "gpu-a"  # and the folder came home, although the sweep did not end by itself
+        assert home.is_dir(), p.stdout
+        assert sorted(q.relative_to(home) for q in home.rglob("*")) == \
+            sorted(q.relative_to(host / "results") for q in (host / "results").rglob("*"))
+        [line] = results(home)
+        assert (line["status"], line["reason"]) == ("invalidated", "the sweep was interrupted"), line
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert f"genready sweep exited 124: it ran past sweep_max_seconds ({limit} s)" in p.stdout, p.stdout
+        assert took < limit + 60, took  # before the SIGKILL sweep_stop_seconds later (exit 137): it ended on SIGTERM
+    finally:
+        for pid_file in host.glob("results/*/attempt-1/pid"):  # on the old recipe, the command lives on
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def alive(pid: int) -> bool:
+    """`pid` runs (a zombie is not running: it only waits for its new parent to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

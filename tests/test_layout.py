@@ -176,3 +176,111 @@ def test_the_rule_knows_only_the_rule(tmp_path: Path) -> None:
     (tmp_path / "rule" / "history.py").write_text("from genready.systemd.sweepdropin import leftover\n")
     assert rule_imports_of_forbidden(tmp_path) == ["rule/gate.py imports genready.systemd.unitlog",
                                                    "rule/history.py imports genready.systemd.sweepdropin"]
+
+
+SERVER_WORDS = frozenset({"sglang", "vllm", "llama.cpp", "llamacpp", "llama-server", "llama-cpp-python",
+                          "openai-completions", "openai-chat"})
+KIND_NAMES = frozenset({"SGLANG", "VLLM", "LLAMA_CPP", "LLAMA_CPP_PYTHON"})
+
+
+def server_comparisons(path: Path) -> list[str]:
+    """`api == "…"`, `x == "sglang"`, `x in ("sglang", …)` and `kind is VLLM` in one module: what a server kind
+    (servers/kinds.py) should answer instead."""
+    import ast
+
+    def named(node: ast.AST) -> str:
+        return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+    def words(node: ast.AST) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+        return set()
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        strings = set().union(*(words(s) for s in sides))
+        if (strings & SERVER_WORDS or (strings and any(named(s) == "api" for s in sides))
+                or any(named(s) in KIND_NAMES for s in sides)):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_server_is_told_apart_by_name_outside_the_server_kinds(tmp_path: Path) -> None:
+    """What differs between SGLang, vLLM and llama.cpp is asked of a ServerKind (servers/kinds.py), never
+    `if api == "sglang"`: a new kind is then one object plus its simulator profile."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    found = [f for path in sorted(root.rglob("*.py")) if path.parent.name != "servers"
+             for f in server_comparisons(path)]
+    assert not found, "compare with a server kind instead:\n" + "\n".join(found)
+    # the check itself finds each form
+    probe = tmp_path / "probe.py"
+    probe.write_text('if t.api == "x": pass\nif name in ("a", "vllm"): pass\nif server is VLLM: pass\n')
+    assert len(server_comparisons(probe)) == 3
+
+
+def test_no_plain_append_of_a_file_others_read(tmp_path: Path) -> None:
+    """Result lines (the bench client's --output, the sweep's results) go through store/durable.py's synced
+    append: a plain open(…, "a") tears a line on a crash and glues the next one to it."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    found = [f for path in sorted(root.rglob("*.py")) if path.relative_to(root).as_posix() != "store/durable.py"
+             for f in plain_appends(path)]
+    assert not found, "append through genready.store.durable:\n" + "\n".join(found)
+    probe = tmp_path / "probe.py"
+    probe.write_text('open(p, "a")\nPath(p).open(mode="a+")\nopen(p, "ab").write(b"")\nopen(p, "r")\n')
+    assert len(plain_appends(probe)) == 3
+
+
+def plain_appends(path: Path) -> list[str]:
+    """Calls of open() or Path.open() with an append mode ("a", "ab", "a+", …) in one module."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if not ((isinstance(func, ast.Name) and func.id == "open") or (isinstance(func, ast.Attribute)
+                and func.attr == "open")):
+            continue
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "os":
+            continue  # os.open takes flags, not a mode string
+        is_path_open = isinstance(func, ast.Attribute)
+        modes = [k.value for k in node.keywords if k.arg == "mode"]
+        if len(node.args) > (0 if is_path_open else 1):
+            modes.append(node.args[0 if is_path_open else 1])
+        if any(isinstance(m, ast.Constant) and isinstance(m.value, str) and "a" in m.value for m in modes):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_one_way_to_write_html() -> None:
+    """Escaping, the Content-Security-Policy and a page's head live in web/htmlpage.py: the three pages
+    once had three stylesheets, three escapes and three policies, and 260 lines of CSS and JavaScript in
+    Python strings no linter read (the CSS and JS are web/'s package data files now)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    words = ("content-security-policy", "default-src", "sha256-", "<!doctype html", "<style", "<script")
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel == "web/htmlpage.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                      and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not [m for m in mods if m == "html" or m.startswith("html.")], \
+                    f"{rel} imports html: escape with genready.web.htmlpage.text"
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                # a whole header name, or the makings of a policy or a page's head (prose may name the header)
+                low = node.value.lower()
+                found = [w for w in words if w in low and (w != words[0] or low == w)]
+                assert not found, f"{rel} writes {found[0]!r}: build pages with genready.web.htmlpage"

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready.tools import benchclient, sweepplan, sweepreport
+from genready.sweep import plan as sweepplan
+from genready.sweep import report as sweepreport
+from genready.tools import benchclient
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, REPO, Genready, LlamaServer, free_port, wait_for

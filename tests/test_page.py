@@ -21,6 +21,7 @@ from genready.redact import escape
 from genready.serve import api, openapi, page
 from genready.serve.httplimits import HostCheck
 from genready.serve.lastwords import LastWords
+from genready.serve.target import Target
 from tests.gatefakes import Rig, snap
 
 if TYPE_CHECKING:  # generic from aiohttp 3.9 on: spelled only for mypy, never at run time
@@ -45,7 +46,7 @@ class Page:
         words.failure = {"invocation_id": "f" * 32, "main_pid": 99, "started_at": None, "ended_at": None,
                          "result": "exit-code", "exit_code": "exited", "exit_status": 3, "journal": [HOSTILE, "ok"]}
         hosts = HostCheck(lambda: (), "127.0.0.1:9")
-        self.app = api.make_app({"a": self.a.gate}, None, hosts=hosts, lastwords={"a": words})
+        self.app = api.make_app({"a": Target(self.a.gate, words)}, None, limits=(hosts.middleware,))
         self.client: Client | None = None
 
     async def get(self, path: str, **headers: str) -> tuple[int, dict[str, str], str]:
@@ -133,9 +134,10 @@ async def test_accept_json_gets_the_status_document(served: Page, accept: str) -
 
 async def test_the_page_carries_the_status_document_it_shows(served: Page) -> None:
     _, _, text = await served.get("/")
-    data = [t for tag, attrs, t in parse(text).blocks if attrs.get("type") == "application/json"]
-    assert len(data) == 1
-    doc = json.loads(data[0])
+    data = {attrs["id"]: t for tag, attrs, t in parse(text).blocks if attrs.get("type") == "application/json"}
+    assert set(data) == {"status", "settings"}
+    assert json.loads(data["settings"]) == page.SETTINGS
+    doc = json.loads(data["status"])
     assert doc["targets"]["a"]["state"] == "ready" and doc["targets"]["a"]["pid"] == 100
     assert doc["targets"]["a"]["last_failure"]["journal"] == [HOSTILE, "ok"]  # read back exactly as it was
     assert doc["targets"]["a"]["model"] == served.a.prober.model_note
@@ -166,7 +168,7 @@ async def test_hostile_text_is_no_markup_in_the_page(served: Page) -> None:
     assert sorted({tag for tag, _ in parsed.tags}) == sorted(
         {"html", "head", "meta", "title", "link", "style", "body", "header", "h1", "span", "b", "nav", "a", "ul",
          "div", "main", "table", "tr", "th", "td", "script"})
-    assert [tag for tag, _ in parsed.tags].count("script") == 2
+    assert [tag for tag, _ in parsed.tags].count("script") == 3  # the status and settings blocks, the script
     assert not [a for _, a in parsed.tags if any(k.startswith("on") for k in a)]
     assert "<img" not in text and "</script><script>" not in text.replace("</script>\n<script>", "")
     assert "\x1b" not in text.split('<script type="application/json"')[0]  # nor raw in the plain table
@@ -177,12 +179,12 @@ async def test_the_script_never_parses_data_as_html() -> None:
     # HTML parsers (and no eval) may appear in it. test_page_browser.py checks the same in Chromium.
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(",
                  "createContextualFragment", "DOMParser", "srcdoc"):
-        assert sink not in page.SCRIPT, sink
+        assert sink not in page.LAYOUT.script, sink
 
 
 def test_the_scripts_escape_is_the_clis() -> None:
     # The same table as redact.escape: what the browser test checks in Chromium with real text.
-    pattern = re.search(r"const CTRL = /\[(.*?)\]/g;", page.SCRIPT)
+    pattern = re.search(r"const CTRL = /\[(.*?)\]/g;", page.LAYOUT.script)
     assert pattern is not None
     js_class = re.compile("[" + pattern.group(1).encode().decode("unicode_escape") + "]")
     every = "".join(chr(c) for c in range(0x3000))

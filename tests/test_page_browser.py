@@ -8,6 +8,8 @@ one such run."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +147,21 @@ def test_the_page_in_chromium(served: Genready, browser: Browser, tmp_path: Path
     base = served.base + "/"
     assert browser.requests[0] == base and browser.requests.count(served.base + "/status") >= 2, browser.requests
     assert all(u.startswith(served.base + "/") or u.startswith("data:") for u in browser.requests), browser.requests
+
+    # 5. A frozen genready (SIGSTOP): the kernel still accepts the page's connection and nothing answers.
+    # Each request's deadline makes the page say "stale since" within 5 s; after SIGCONT it draws again.
+    assert served.proc is not None
+    stale_note = 'document.getElementById("stale").textContent'
+    os.kill(served.proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        wait_for(lambda: "stale since" in browser.js(stale_note), 10, "the page to say stale")
+        delay = time.monotonic() - stopped
+        note = browser.js(stale_note)
+    finally:
+        os.kill(served.proc.pid, signal.SIGCONT)
+    print(f"page stale {delay:.2f} s after SIGSTOP: {note}")
+    assert delay <= 5.0 and "did not answer within" in note, (delay, note)
+    assert browser.js("document.body.classList.contains('stale')") is True
+    wait_for(lambda: browser.js(stale_note) == "" and shown(browser)["sim"]["state"] == "ready", 10,
+             "the page drawn again after SIGCONT")

@@ -20,8 +20,8 @@ import pytest
 
 from genready import config
 from genready.config import TargetConfig
-from genready.probe.probe import _WRONG_SHAPE as WRONG_SHAPE
 from genready.probe.probe import Prober
+from genready.servers.kinds import WRONG_SHAPE
 from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import Genready, free_port, show, wait_for
 from genready_dev.usermanager import UserManager

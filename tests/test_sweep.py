@@ -9,24 +9,31 @@ there is no journald here, and the sweep takes a failed start's lines from that 
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import lines as sweeplines
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
+from genready.sweep import results as sweepresults
+from genready.sweep import runner, steps
+from genready.sweep.dropin import DropinLife
 from genready.systemd import sweepdropin
-from genready.tools import sweep, sweepplan
 from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -189,8 +196,8 @@ budget = 8
 c = 16
 ''')
     assert [[pt.index for pt in g] for g in p.groups()] == [[1, 3, 5], [2, 4]]
-    assert sweep.loads_line(5, p.groups(), False) == "5 points, 2 server configurations: 2 loads"
-    assert sweep.loads_line(5, p.groups(), True) == "5 points, 2 server configurations: 5 loads (--restart-each)"
+    assert sweeplines.loads_line(5, p.groups(), False) == "5 points, 2 server configurations: 2 loads"
+    assert sweeplines.loads_line(5, p.groups(), True) == "5 points, 2 server configurations: 5 loads (--restart-each)"
 
 
 def test_a_dropin_with_out_or_none_at_all() -> None:
@@ -268,7 +275,7 @@ def test_a_dropin_names_its_sweep_and_is_a_leftover_only_once_that_sweep_is_gone
 @pytest.mark.parametrize("restart_each", [False, True])
 def test_the_eta_counts_the_loads_left_and_the_runs_left(tmp_path: Path, restart_each: bool) -> None:
     p = plan('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}"\n[matrix]\na = [1, 2]\nc = [1, 2, 3]')
-    s = sweep.Sweep(sweep.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
                                        restart_each=restart_each), err=io.StringIO())
     s.plan_schedule(set())
     assert s.eta(p.points[0], loading=True) == ""  # nothing known yet
@@ -286,7 +293,7 @@ def test_the_eta_counts_the_loads_left_and_the_runs_left(tmp_path: Path, restart
 def test_the_eta_counts_every_repeat(tmp_path: Path, restart_each: bool) -> None:
     p = plan('command = "x {c}"\ndropin = "[Service]\\nEnvironment=A={a}"\nrepeats = 3\n'
              '[matrix]\na = [1, 2]\nc = [1, 2, 3]')
-    s = sweep.Sweep(sweep.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path,
                                        restart_each=restart_each), err=io.StringIO())
     s.plan_schedule(set())
     s.timings.load_times, s.timings.run_times = [360.0], [60.0]
@@ -296,6 +303,218 @@ def test_the_eta_counts_every_repeat(tmp_path: Path, restart_each: bool) -> None
     assert s.eta(p.points[1], loading=restart_each) == f", ETA {want}"
     if restart_each:  # loaded already: that load is not left
         assert s.eta(p.points[1], loading=False) == ", ETA 1h39m"  # 14 x 360 + 15 x 60
+
+
+def test_a_line_is_reused_only_by_the_configuration_that_made_it(tmp_path: Path) -> None:
+    """Issue 41 #1 in-process: the fingerprint names what changed, `ok_runs` skips what another made."""
+    a = plan('command = "bench --n {n} --out {out}"\ndropin = "[Service]\\nEnvironment=M={m}"\n'
+             '[[points]]\nn = 1\nm = "x"\n[[points]]\nn = 2\nm = "y"')
+    b = plan('command = "bench --n {n} --max-tokens 512 --out {out}"\ndropin = "[Service]\\nEnvironment=M={m}"\n'
+             'warmup = 0\n[[points]]\nn = 1\nm = "x"\n[[points]]\nn = 2\nm = "y"')
+    fa = {p.index: sweepresults.fingerprint(a, p, "t", "u.service", restart_each=False) for p in a.points}
+    fb = {p.index: sweepresults.fingerprint(b, p, "t", "u.service", restart_each=False) for p in b.points}
+    assert sweepresults.differing(fa[1], fb[1]) == ["command", "warmup"]
+    assert sweepresults.differing(fa[1], {**fa[1], "unit": "v.service"}) == ["unit"]
+    assert sweepresults.differing(None, fa[1]) == ["fingerprint"]  # a line from before fingerprints
+    # {out} is each attempt's folder: the same configuration in another results folder is the same
+    assert fa[1] == sweepresults.fingerprint(a, a.points[0], "t", "u.service", restart_each=False)
+    log = sweepresults.ResultsLog(tmp_path)
+    for p in a.points:
+        log.append({"point": p.as_dict(), "status": "ok", "repeat": 1, "fingerprint": fa[p.index]})
+    log.close()
+    assert set(sweepresults.ok_runs(a, tmp_path, fa)) == {1, 2}
+    assert sweepresults.ok_runs(b, tmp_path, fb) == {}
+    assert sweepresults.changed_points(b, tmp_path, fb) == {1: ["command", "warmup"], 2: ["command", "warmup"]}
+    assert sweepresults.changed_points(a, tmp_path, fa) == {}
+
+
+def test_results_lines_are_strict_json(tmp_path: Path) -> None:
+    """Issue 41 #7 for the sweep's writer: a non-finite figure is null, never a bare NaN or Infinity token."""
+    log = sweepresults.ResultsLog(tmp_path)
+    log.append({"point": {"a": 1}, "status": "ok", "prefix_cache_hit_rate": float("nan"),
+                "metrics_accept_length": float("inf"), "deep": [{"x": -float("inf")}]})
+    log.close()
+
+    def refuse(token: str) -> None:
+        raise ValueError(token)
+
+    rec = json.loads((tmp_path / "results.jsonl").read_text(), parse_constant=refuse)
+    assert rec["prefix_cache_hit_rate"] is None and rec["metrics_accept_length"] is None
+    assert rec["deep"] == [{"x": None}]
+
+
+def test_a_merged_report_with_a_shard_missing_says_so_and_marks_no_best(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 41 #4: shard 2/2 never ran; the report of shard 1/2 alone once exited 0 with half the points,
+    its best marks computed over that half, and no word of what was missing."""
+    def shard(folder: Path, k: int, points: list[int], ttft: list[float]) -> Path:
+        folder.mkdir()
+        with (folder / "results.jsonl").open("w") as f:
+            for i, t in zip(points, ttft, strict=True):
+                out = folder / f"p{i}"
+                out.mkdir()
+                bench = {"ttft_p50_ms": t, "output_tokens_per_s": 100.0 / t}
+                (out / "bench.jsonl").write_text(json.dumps(bench) + "\n")
+                f.write(json.dumps({"point": {"a": i}, "status": "ok", "index": i, "attempt": 1, "out": f"p{i}",
+                                    "plan_points": 4, "shard": f"{k}/2"}) + "\n")
+        return folder
+
+    one = shard(tmp_path / "shard-1", 1, [1, 3], [50.0, 40.0])
+    assert sweep.report_main([str(one)], "table") == 0
+    out, err = capsys.readouterr()
+    assert "2 of 4 points have no result (shard 2/2 missing or unfinished)" in err, err
+    assert "(partial: 2 of 4 points have no result" in out and "*" not in out, out
+    assert sweep.report_main([str(one)], "table", strict=True) == 1
+    two = shard(tmp_path / "shard-2", 2, [2, 4], [60.0, 70.0])
+    capsys.readouterr()
+    assert sweep.report_main([str(one), str(two)], "table", strict=True) == 0
+    out, err = capsys.readouterr()
+    assert "partial" not in out + err and "*" in out, out
+
+
+# --- an attempt without a verified instance runs nothing (issue 41 #0) -----------------------------------
+
+
+class ScriptedDaemon:
+    """genready's /ready/t on loopback answering from a script, (code, body) in turn, the last for ever.
+    Stands in for the daemon where its answer is the point: a start it never verifies, a target it no
+    longer has (the Rig tests below run the real one)."""
+
+    def __init__(self, answers: list[tuple[int, dict[str, Any]]]) -> None:
+        self.answers, self.asked = answers, 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                code, body = outer.answers[min(outer.asked, len(outer.answers) - 1)]
+                outer.asked += 1
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class LoadingUnit:
+    """The sweep's systemd client for a unit whose restarted process (pid 6521) is still loading: its restart
+    writes the process's first line to the unit's output file, where the sweep reads a failed start's lines.
+    A stand-in: the daemon's answer, not systemd's, is what these tests vary."""
+
+    def __init__(self, tmp: Path, on_restart: Any = None) -> None:
+        self.unit, self.restarts, self.on_restart = "t.service", 0, on_restart
+        self.log = tmp / "unit.log"
+        self.log.write_text("an earlier start's line\n")
+        self.fragment = tmp / "t.service"
+        self.fragment.write_text(f"[Service]\nExecStart=/bin/true\nStandardError=append:{self.log}\n")
+
+    def state(self) -> Any:
+        from genready.systemd.snapshot import Snapshot
+
+        return Snapshot("t.service", load_state="loaded", main_pid=6521 if self.restarts else 6491,
+                        invocation_id="ef" * 16, fragment_path=str(self.fragment))
+
+    def restart(self, unit: str | None = None, *, reset_failed: bool = True) -> None:
+        self.restarts += 1
+        with self.log.open("a") as f:
+            f.write("loading weights 37%\n")
+        if self.on_restart:
+            self.on_restart()
+
+    def write_dropin(self, unit: str, name: str, text: str, *, written: Any) -> None:
+        written(Path(name))
+
+
+LOADING: Final[tuple[int, dict[str, Any]]] = (
+    503, {"ready": False, "target": "t", "state": "loading", "pid": 6521, "reason": "loading"})
+EARLIER: Final = {"ready": True, "target": "t", "unit": "t.service", "pid": 6491, "invocation_id": "ab" * 16,
+                  "ready_since": "2026-01-01T00:00:00Z", "load_seconds": 1.0}
+
+
+@pytest.mark.parametrize("earlier", [False, True], ids=["first-point", "after-a-verified-point"])
+@pytest.mark.parametrize("case", ["timeout", "failed", "vanished", "interrupted"])
+def test_an_attempt_without_a_verified_start_runs_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           case: str, earlier: bool) -> None:
+    """A load slower than the timeout once ran the command against the previous point's instance (or raised
+    KeyError on a first point), its live line saying "ready". Every way to an attempt without a verified
+    start: timed out, failed, the target gone from the daemon, the wait interrupted."""
+    marker = tmp_path / "ran"
+    p = plan(tomli_w.dumps({"command": [PY, "-c", f"open({str(marker)!r}, 'w')"], "attempts": 1,
+                            "dropin": "[Service]\nEnvironment=A={a}\n", "matrix": {"a": [1]}}))
+    failed = {"ready": False, "target": "t", "state": "inactive", "reason": "t.service is failed",
+              "start_failed": {"invocation_id": "cd" * 16, "main_pid": 6521, "result": "exit-code",
+                               "exit_code": "exited", "exit_status": 3, "ended_at": "x",
+                               "journal": ["no such model"], "restarting": False}}
+    scripts: dict[str, list[tuple[int, dict[str, Any]]]] = {
+        "timeout": [LOADING], "failed": [LOADING, (503, failed)], "interrupted": [LOADING],
+        "vanished": [(404, {"error": "no target 't'"})]}
+    script = scripts[case]
+    # after a verified point: its instance is checked first (guard.check) and found gone
+    d = ScriptedDaemon([LOADING, *script] if earlier else script)
+    err = io.StringIO()
+    s = runner.Sweep(steps.SweepOptions(p, d.base, "t", "t.service", "user", 0.6, tmp_path / "r"), err=err)
+    unit = LoadingUnit(tmp_path, on_restart=(lambda: setattr(s.signals, "count", 1)) if case == "interrupted" else None)
+    ctx = steps.Ctx(s.opts, s.console, DropinLife(unit, tmp_path / "d.conf"),  # type: ignore[arg-type]
+                    s.timings, s.signals, None, 0.0)
+    monkeypatch.setattr(steps, "POLL", 0.05)
+    instance = steps.Verified.of(EARLIER, restarted=True, started_at=0.0) if earlier else None
+    try:
+        if case == "interrupted":
+            with pytest.raises(runner.Stopped) as e:
+                s._attempt(ctx, p.points[0], 1, 1, instance)
+            att, kept, stop = e.value.attempt, None, ""
+        else:
+            att, kept, stop = s._attempt(ctx, p.points[0], 1, 1, instance)
+    finally:
+        d.close()
+    said = err.getvalue()
+    assert not marker.exists() and "ready pid" not in said and "running" not in said, said
+    assert unit.restarts == 1 and kept is None and att.pid is None and att.ran_at is None, att
+    rec = att.to_json("t", "t.service")
+    json.dumps(rec, allow_nan=False)
+    if case == "timeout":
+        assert att.status is sweepresults.Status.NOT_READY and att.waited_seconds is not None, att
+        assert att.waited_seconds >= 0.6 and rec["waited_seconds"] >= 0.6
+        assert att.reason.startswith("no verified start within 0.6s (pid 6521 still loading after"), att.reason
+        assert rec["journal"] == ["loading weights 37%"] and att.unit_result == ""
+    elif case == "failed":
+        assert att.status is sweepresults.Status.NOT_READY and "failed to start" in att.reason
+        assert rec["journal"] == ["no such model"]
+    elif case == "vanished":
+        assert att.status is sweepresults.Status.NOT_READY and "no target 't'" in stop
+    else:
+        assert att.status is sweepresults.Status.INVALIDATED and att.reason == "the sweep was interrupted"
+
+
+def test_the_live_line_never_says_ready_for_the_previous_instance(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Right after a restart the daemon may still answer /ready?since= with the instance before (503,
+    state ready): the line says it waits for the restarted one."""
+    p = plan('command = "x"\n[matrix]\na = [1]')
+    before = (503, {**EARLIER, "ready": False, "state": "ready", "reason": "ready, but started before since"})
+    d = ScriptedDaemon([before])
+    err = io.StringIO()
+    s = runner.Sweep(steps.SweepOptions(p, d.base, "t", "t.service", "user", 0.3, tmp_path / "r"), err=err)
+    ctx = steps.Ctx(s.opts, s.console, DropinLife(LoadingUnit(tmp_path), tmp_path / "d.conf"),  # type: ignore[arg-type]
+                    s.timings, s.signals, None, 0.0)
+    monkeypatch.setattr(steps, "POLL", 0.05)
+    try:
+        got = steps.start(ctx, p.points[0])
+    finally:
+        d.close()
+    assert isinstance(got, steps.NotReady)
+    assert "waiting for the restarted instance (pid 6491 is the one before)" in err.getvalue()
+    assert "ready " not in err.getvalue().replace("ready, but", ""), err.getvalue()
 
 
 # --- whole sweeps against the private manager -----------------------------------------------------
@@ -508,7 +727,7 @@ def test_a_second_sigint_exits_at_once_naming_what_is_left(rig: Rig) -> None:
     p.send_signal(signal.SIGINT)
     p.communicate(timeout=10)
     err = rig.err.read_text()
-    assert p.returncode == 130 and time.monotonic() - t0 < sweep.STOP_GRACE, err
+    assert p.returncode == 130 and time.monotonic() - t0 < steps.STOP_GRACE, err
     dropin = Path(rig.manager.env["XDG_RUNTIME_DIR"]) / "systemd" / "user" / f"{UNIT}.d" / sweepdropin.DROPIN_NAME
     assert f"the drop-in {dropin} is still in place" in err and "was killed" in err, err
     assert dropin.exists()
@@ -556,35 +775,76 @@ def test_restart_each_starts_every_point_fresh(rig: Rig) -> None:
     rig.assert_restored()
 
 
-class KillBetween(sweep.Sweep):
-    """A sweep whose group's instance is killed (kill -9) before point 2, once the daemon has seen it go."""
-
-    def __init__(self, rig: Rig, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.rig = rig
-
-    def _reuse(self, point: sweepplan.Point, att: sweep.Attempt, folder: Path) -> bool:
-        if point.index == 2 and self.group_pinned is not None:
-            pid = self.group_pinned["pid"]
-            os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: self.rig.g.get("/ready/t")[1].get("pid") != pid, 20, "the daemon seeing it gone")
-        return super()._reuse(point, att, folder)
-
-
 def test_a_reused_instance_that_died_between_points_restarts(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in rig.manager.env.items():
         monkeypatch.setenv(k, v)
+    reuse = steps.reuse
+
+    def kill_then_reuse(ctx: steps.Ctx, point: sweepplan.Point, instance: steps.Verified, folder: Path
+                        ) -> steps.Verified | None:
+        """The group's instance killed (kill -9) before point 2, once the daemon has seen it go."""
+        if point.index == 2:
+            os.kill(instance.pid, signal.SIGKILL)
+            wait_for(lambda: rig.g.get("/ready/t")[1].get("pid") != instance.pid, 20, "the daemon seeing it gone")
+        return reuse(ctx, point, instance, folder)
+
+    monkeypatch.setattr(steps, "reuse", kill_then_reuse)
     path = rig.write_plan(points=[{"n": 1, "budget": 8}, {"n": 2, "budget": 8}, {"n": 3, "budget": 8}],
                           flags="--model m-{budget}")
     out, err = io.StringIO(), io.StringIO()
-    s = KillBetween(rig, sweep.SweepOptions(sweepplan.load_plan(path), rig.g.base, "t", UNIT, "user", 20, rig.results),
-                    out=out, err=err)
+    s = runner.Sweep(steps.SweepOptions(sweepplan.load_plan(path), rig.g.base, "t", UNIT, "user", 20, rig.results),
+                     out=out, err=err)
     assert s.run(set()) == 0, err.getvalue()
     lines = rig.results_lines()
     assert [(ln["point"]["n"], ln["status"], ln["restarted"]) for ln in lines] == [
         (1, "ok", True), (2, "ok", True), (3, "ok", False)], err.getvalue()
     assert lines[0]["pid"] != lines[1]["pid"] == lines[2]["pid"]
     assert "no longer usable" in err.getvalue()
+    rig.assert_restored()
+
+
+def test_a_start_that_times_out_is_not_ready_and_runs_nothing_first_or_after_a_verified_point(rig: Rig) -> None:
+    """Issue 41 #0 with the real daemon and manager: a load slower than the timeout, as the sweep's first point
+    (once a KeyError traceback) and after a verified point (once its command ran against the previous
+    point's instance, its line saying "ready pid ... loaded in Nones")."""
+    slow = 120  # seconds the simulator "loads": far past the plan's timeout
+    plan = rig.write_plan(points=[{"n": 1, "load": slow}, {"n": 2, "load": 0.2}, {"n": 3, "load": slow}],
+                          flags="--model m-{n} --load-seconds {load}", timeout=4, attempts=1)
+    rc, _ = rig.run(plan)
+    err = rig.err.read_text()
+    got = rig.results_lines()
+    assert rc == 1 and [(ln["point"]["n"], ln["status"]) for ln in got] == [
+        (1, "not_ready"), (2, "ok"), (3, "not_ready")], err
+    ran = [json.loads(ln)["n"] for ln in rig.ran.read_text().splitlines()]
+    assert ran == [2], ran  # the command ran on point 2's verified start only
+    for ln in (got[0], got[2]):
+        assert ln["pid"] is None and ln["waited_seconds"] >= 4 and "no verified start within 4s" in ln["reason"], ln
+        assert "still loading after" in ln["reason"], ln
+    assert err.count("ready pid") == 1 and "loaded in Nones" not in err, err
+    rig.assert_restored()
+
+
+def test_resume_of_an_edited_plan_stops_before_the_unit_naming_what_changed(rig: Rig) -> None:
+    """Issue 41 #1: `--resume` once counted an ok line of the same point values as done, whatever drop-in or
+    command made it: an edited plan reported the old figures as its own."""
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8}], flags="--model m-{budget}")
+    assert rig.run(plan, "--resume")[0] == 0
+    assert rig.run(plan, "--resume")[0] == 0  # the same plan: nothing to run again
+    assert [ln["status"] for ln in rig.results_lines()] == ["ok"]
+    pid = rig.g.get("/ready/t")[1]["pid"]
+    plan = rig.write_plan(points=[{"n": 1, "budget": 8}], flags="--model other-{budget}")
+    rc, _ = rig.run(plan, "--resume")
+    err = rig.err.read_text()
+    assert rc == 78 and "point 1: dropin differ" in err and "--resume=rerun-changed" in err, err
+    assert rig.g.get("/ready/t")[1]["pid"] == pid  # the unit was not touched
+    rc, _ = rig.run(plan, "--resume=rerun-changed")
+    assert rc == 0, rig.err.read_text()
+    got = rig.results_lines()
+    assert [ln["status"] for ln in got] == ["ok", "ok"] and got[0]["fingerprint"] != got[1]["fingerprint"]
+    assert json.loads(rig.ran.read_text().splitlines()[-1])["n"] == 1
+    table = subprocess.run([*GENREADY, "sweep", "report", str(rig.results)], capture_output=True, text=True,
+                           timeout=60, check=True).stdout
+    assert table.count("n=1 budget=8 [fingerprint ") == 2, table  # two rows, each marked, never merged
     rig.assert_restored()
 
 
@@ -725,8 +985,8 @@ def test_a_results_folder_that_cannot_be_written_names_the_folder(tmp_path: Path
     for folder, says in [(a_file, "it exists and is not a folder"),
                          (dangling, f"it is a symlink to {tmp_path / 'gone'}, which does not exist"),
                          (a_file / "sub", "Not a directory")]:
-        with pytest.raises(sweep.ResultsUnwritable) as e:
-            sweep.ResultsLog(folder)
+        with pytest.raises(sweepresults.ResultsUnwritable) as e:
+            sweepresults.ResultsLog(folder)
         assert str(e.value) == f"cannot write the results folder {folder}: {says}"
 
 

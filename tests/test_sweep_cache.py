@@ -23,7 +23,11 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
-from genready.tools import servercache, servermetrics, sweep, sweepplan, sweepreport
+from genready.sweep import main as sweep
+from genready.sweep import plan as sweepplan
+from genready.sweep import report as sweepreport
+from genready.sweep import results as sweepresults
+from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, LlamaServer, Simulator, http, wait_for
 from genready_dev.usermanager import UserManager
@@ -101,11 +105,11 @@ def test_resume_counts_repeats(tmp_path: Path) -> None:
     write_results(tmp_path, [({"a": 1}, 1, "ok", 1.0, "cold_start"), ({"a": 1}, 2, "ok", 1.0, "flushed"),
                              ({"a": 2}, 1, "ok", 1.0, "cold_start"), ({"a": 2}, 2, "failed", 1.0, "flushed")])
     p = plan('command = "x"\nrepeats = 2\n[matrix]\na = [1, 2, 3]\n')
-    runs = sweep.ok_runs(p, tmp_path)
+    runs = sweepresults.ok_runs(p, tmp_path)
     assert {i: sorted(r["repeat"] for r in recs) for i, recs in runs.items()} == {1: [1, 2], 2: [1]}
-    assert sweep.ok_points(p, tmp_path) == {1}
+    assert sweepresults.ok_points(p, tmp_path) == {1}
     # a plan of 3 repeats has none of its points whole; lines from before repeats count as repeat 1
-    assert sweep.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
+    assert sweepresults.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
 
 
 # --- the server's counters ----------------------------------------------------------------------------------
@@ -152,6 +156,101 @@ def test_server_counters_are_summed_over_labels_without_created_and_give_the_run
     assert llama.prefix_cache_hit_rate == round(375 / 1128, 4) and llama.prefix_cache_source is not None
     with pytest.raises(servermetrics.NotMetrics):
         servermetrics.counters("vllm:x_total{engine=0} 1\n")
+
+
+def strict_json(text: str) -> Any:
+    """json.loads that refuses NaN and Infinity, as jq, JavaScript and Go do."""
+    def refuse(token: str) -> Any:
+        raise ValueError(f"not JSON: {token}")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize(("before", "after"), [
+    ("+Inf", "+Inf"),  # inf - inf = nan, and nan < 0 is false: the old code kept it as a delta
+    ("10", "+Inf"),
+    ("1e308", "1.7e308"),  # two label sets each, summing past 1.8e308
+])
+def test_a_counter_that_is_not_finite_is_a_reset_and_no_figure_is_written_as_nan(before: str, after: str) -> None:
+    page = ('# TYPE vllm:prefix_cache_hits_total counter\n'
+            'vllm:prefix_cache_hits_total{{engine="0"}} {h}\nvllm:prefix_cache_hits_total{{engine="1"}} {h}\n'
+            '# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{engine="0"}} {q}\n')
+    run = servermetrics.over_run(servermetrics.counters(page.format(h=before, q=100)),
+                                 servermetrics.counters(page.format(h=after, q=300)))
+    assert run.reset == ["vllm:prefix_cache_hits_total"], run
+    assert run.prefix_cache_hit_rate is None and run.deltas == {"vllm:prefix_cache_queries_total": 200}
+    assert strict_json(run.to_text())["reset"] == ["vllm:prefix_cache_hits_total"]
+
+
+# --- answers read whole (issue 41 #2) ---------------------------------------------------------------------
+
+
+class Dribble:
+    """A real loopback HTTP server that sends one page in many small writes, each pushed out on its own
+    (TCP_NODELAY, a pause between): what a large /metrics page or /slots list looks like on a slow link."""
+
+    def __init__(self, page: bytes, piece: int = 4096) -> None:
+        import socket
+        self.page, self.piece = page, piece
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.writes = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import socket
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                head = b""
+                while b"\r\n\r\n" not in head and (got := conn.recv(65536)):
+                    head += got
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                             b"Content-Length: %d\r\n\r\n" % len(self.page))
+                try:
+                    for i in range(0, len(self.page), self.piece):
+                        conn.sendall(self.page[i:i + self.piece])
+                        self.writes += 1
+                        time.sleep(0.0005)  # pacing, not synchronisation: each write leaves as its own segment
+                except OSError:
+                    pass  # the reader stopped at its limit
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def big_metrics_page(size: int) -> tuple[bytes, float]:
+    """A Prometheus page of about `size` bytes: one counter with many label sets (ranks, adapters), and its sum."""
+    lines = ["# TYPE vllm:prefix_cache_queries_total counter"]
+    n, total = 0, 0.0
+    while sum(map(len, lines)) < size:
+        lines.append(f'vllm:prefix_cache_queries_total{{engine="{n}",model_name="m",lora="adapter-{n:06d}"}} {n}.0')
+        total += n
+        n += 1
+    return ("\n".join(lines) + "\n").encode(), total
+
+
+def test_a_page_of_a_megabyte_in_many_small_writes_is_read_whole_and_one_over_the_limit_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One read() returned what had arrived (32-128 KB of a 265 KB page): the counters failed to parse. A 1 MB page
+    sent in 4 KB writes is read to its end; a page over MAX_ANSWER is refused once, naming the limit."""
+    page, total = big_metrics_page(1 << 20)
+    server = Dribble(page)
+    try:
+        target = config.parse({"targets": {"t": {"unit": "x.service", "url": server.url}}}, service=False).targets["t"]
+        status, body = servercache.ServerHttp(target).get("/metrics")
+        assert server.writes > 200, server.writes
+        assert status == 200 and len(body) == len(page), (status, len(body), len(page))
+        assert servermetrics.counters(body.decode()) == {"vllm:prefix_cache_queries_total": total}
+        monkeypatch.setattr(servercache, "MAX_ANSWER", 256 << 10)
+        status, body = servercache.ServerHttp(target).get("/metrics")
+        assert status == 0 and b"over the 262,144-byte limit" in body, (status, body[:200])
+    finally:
+        server.close()
 
 
 # --- the flush routes, per server ------------------------------------------------------------------------
@@ -248,6 +347,30 @@ def test_the_real_llama_server_is_flushed_through_its_slots(tmp_path: Path) -> N
                 assert post(url + "/v1/completions", body)["timings"]["cache_n"] == 0
             else:
                 assert not done.ok and "--slot-save-path" in done.why, done
+
+
+@pytest.mark.system
+def test_the_real_llama_servers_slots_at_np_128_are_read_whole(tmp_path: Path) -> None:
+    """llama-server 11434 with -np 128 lists ~159 KB of slots, of which one read() took 128,000 bytes: the flush
+    said "listed no slot ids". Every slot is listed, and erased."""
+    for what in ("llama-server", "gguf"):
+        ci.require(realservers.missing(what), "a test of llama-server's /slots at -np 128")
+    model = gguf_models.ensure("tiny")["tiny"]
+    with LlamaServer(tmp_path, realservers.llama_server(), "-m", str(model), "-c", "65536", "-np", "128", "-t", "1",
+                     "-tb", "1", "--slot-save-path", str(tmp_path), timeout=120) as server:
+        url = server.url
+        target = config.parse({"targets": {"t": {"unit": "x.service", "url": url, "api": "openai-completions"}}},
+                              service=False).targets["t"]
+        # A slot that has served a request lists its parameters (~1.2 KB): 128 requests at once use every slot.
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(128) as pool:
+            list(pool.map(lambda i: post(url + "/v1/completions", {"prompt": f"slot {i} " * 5, "max_tokens": 8}),
+                          range(128)))
+        status, body = servercache.ServerHttp(target).get("/slots")
+        print(f"GET /slots at -np 128: {len(body):,} bytes")
+        assert status == 200 and len(json.loads(body)) == 128 and len(body) > 128_000, (status, len(body))
+        done = servercache.flush(servercache.ServerHttp(target))
+        assert done.route.endswith("(128 slots)"), done
 
 
 # --- whole sweeps -----------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ hostile point value as text.
 
 from __future__ import annotations
 
+import base64
+import html
 import json
+import random
 import re
 import subprocess
 import sys
@@ -17,7 +20,9 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
-from genready.tools import sweep, sweephtml, sweepreport
+from genready.sweep import html as sweephtml
+from genready.sweep import main as sweep
+from genready.sweep import report as sweepreport
 from genready_dev.harness import PY, REPO
 from tests import ci
 
@@ -57,9 +62,9 @@ def test_only_the_html_report_imports_matplotlib() -> None:
     daemon = REPO / "daemon" / "genready"
     importing = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
                        if re.search(r"^\s*(import|from) matplotlib", p.read_text(), re.M))
-    assert importing == ["tools/sweephtml.py"], importing
-    # and sweep.py loads that module only for --format html
-    assert not re.search(r"^from genready.tools import .*sweephtml", (daemon / "tools" / "sweep.py").read_text(), re.M)
+    assert importing == ["sweep/html.py"], importing
+    # and the sweep's entry points load that module only for --format html
+    assert not re.search(r"^from genready.sweep import .*html", (daemon / "sweep" / "main.py").read_text(), re.M)
 
 
 def test_the_pareto_front_is_the_points_nothing_beats_on_both() -> None:
@@ -115,8 +120,8 @@ def test_the_html_report_in_a_real_browser(tmp_path: Path) -> None:
     plots = re.findall(r'<div class="plot" id="([a-z0-9_-]+)">(.*?)</div>', dom, re.S)
     ids = [i for i, _ in plots]
     assert ids == [f"plot-{k}" for k in sweephtml.PLOTTED] + ["pareto-ttft_p50_ms", "pareto-itl_p50_ms"], ids
-    for i, body in plots:
-        assert "<svg" in body and body.count("<path") > 20, f"{i}: an empty plot"
+    for i, body in plots:  # each plot an SVG image (a data: URI, so the policy stays hash-only)
+        assert len(svgs(body)) == 1 and svgs(body)[0].count("<path") > 20, f"{i}: an empty plot"
     # the hostile value is text: escaped, no element made of it, the escape sequence shown as \x1b
     assert "&lt;script&gt;alert(1)&lt;/script&gt;\\x1b[31m$x$" in dom and "<script" not in dom
     assert "Pareto front: " in dom and "d9 c=2" in dom
@@ -127,3 +132,124 @@ def test_the_html_report_in_a_real_browser(tmp_path: Path) -> None:
     png: Any = __import__("matplotlib.image", fromlist=["imread"]).imread(str(shot))
     assert png.std() > 0.05  # not a blank page
     print(f"screenshot: {shot}")
+
+
+# --- what every other format reads (issue 41 #9) ---------------------------------------------------------
+
+def hostile_results(tmp: Path, lines: list[str]) -> Path:
+    folder = tmp / "hostile"
+    folder.mkdir()
+    folder.joinpath("results.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def line(i: int, point: str, accept: str = "2.0", group: int = 1) -> str:
+    """A results line written as text: 10**400 has no float, and json.dumps writes 1.7e308 as it is."""
+    return (f'{{"index": {i}, "status": "ok", "group": {group}, "point": {point}, '
+            f'"metrics_accept_length": {accept}}}')
+
+
+def report(folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    assert sweep.report_main([str(folder)], "table") == 0  # what the table reads ...
+    capsys.readouterr()
+    assert sweep.report_main([str(folder)], "html") == 0  # ... the page reads
+    return capsys.readouterr().out
+
+
+def svgs(page: str) -> list[str]:
+    """The plots' SVG documents, from their data: images (or inline, as the page once had them)."""
+    return [base64.b64decode(b).decode() for b in re.findall(r'<img src="data:image/svg\+xml;base64,([^"]+)"', page)
+            ] + re.findall(r"<svg.*?</svg>", page, re.S)
+
+
+def left_out(page: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r'<p class="note left-out">(.*?)</p>', page)]
+
+
+def test_point_values_that_are_lists_or_objects_are_categories(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    folder = hostile_results(tmp_path, [line(1, '{"c": [1, 2]}'), line(2, '{"c": {"x": 1}}', "3.0"),
+                                        line(3, '{"c": 3}', "2.5")])
+    page = report(folder, capsys)
+    assert len(svgs(page)) == 1 and not left_out(page)
+    # each value a category on x, written as the table writes it
+    for tick in ("[1, 2]", "{'x': 1}", "3"):
+        assert f"<!-- {html.escape(tick, quote=False)} -->" in svgs(page)[0], tick
+
+
+def test_numbers_beyond_a_plot_are_left_out_and_the_page_says_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    big = "1" + "0" * 400
+    folder = hostile_results(tmp_path, [
+        line(1, f'{{"c": {big}}}'), line(2, '{"c": 2}', big), line(3, '{"c": 1.7e308}', "1.7e308"),
+        line(4, '{"c": -1.7e308}'), line(5, '{"c": 5}', "-1.7e308"), line(6, '{"c": 6}', "2.5"),
+        line(7, '{"c": 7}', "3.5")])
+    page = report(folder, capsys)  # not exit 64 for an --x flag nobody gave
+    assert len(svgs(page)) == 1
+    notes = left_out(page)
+    assert len(notes) == 1 and notes[0].startswith("Left out of this plot: 5 points"), notes
+    for named in ("c=1000000000", "c=2: ACCEPT = inf", "c=1.7e+308: c = 1.7e+308", "c=-1.7e+308",
+                  "c=5: ACCEPT = -1.7e+308"):
+        assert named in notes[0], (named, notes)
+    assert "c=6" not in notes[0] and len(notes[0]) < 1000  # the 400 digits cut
+
+
+def test_values_near_the_largest_float_are_no_bad_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # matplotlib cannot lay out an axis from -1.7e308 to 1.7e308: its ValueError once left as exit 64
+    # "bad --x flag", with no flag given
+    folder = hostile_results(tmp_path, [line(1, '{"c": 1}', "1.7e308"), line(2, '{"c": 2}', "-1.7e308"),
+                                        line(3, '{"c": 3}', "2.0"), line(4, '{"c": 4}', "2.5")])
+    page = report(folder, capsys)
+    assert len(svgs(page)) == 1 and "2 points" in left_out(page)[0]
+
+
+def test_an_axis_named_with_an_underscore_draws_its_legend(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # matplotlib leaves out of a legend every label that starts with "_"
+    folder = hostile_results(tmp_path, [line(tp * 10 + c, f'{{"_tp": {tp}, "c": {c}}}', str(1 + c / tp), group=tp)
+                                        for tp in (1, 2, 4) for c in (1, 2, 3)])
+    page = report(folder, capsys)
+    plot = svgs(page)[0]
+    assert "<!-- c -->" in plot  # x: the client-side axis
+    assert [tp for tp in (1, 2, 4) if f"<!-- _tp={tp} -->" not in plot] == []
+
+
+def old_axes_of(rows: list[sweepreport.Row]) -> tuple[list[str], list[str]]:
+    """axes_of as it was (quadratic): the definition the linear one must keep."""
+    names: list[str] = []
+    for r in rows:
+        names += [k for k in r.point if k not in names]
+    by_group: dict[int, list[sweepreport.Row]] = {}
+    for r in rows:
+        by_group.setdefault(r.group if r.group is not None else r.index, []).append(r)
+    client = [n for n in names if any(len({repr(r.point.get(n)) for r in g}) > 1 for g in by_group.values())]
+    return client, [n for n in names if n not in client]
+
+
+def test_axes_are_found_in_one_pass_as_they_were_defined() -> None:
+    rng = random.Random(9)
+    for _ in range(300):
+        rows = [sweepreport.Row(i, "", "ok", group=rng.choice([None, 1, 2]),
+                                point={f"a{rng.randrange(5)}": rng.choice([None, 1, 2, "x", [1]])
+                                       for _ in range(rng.randrange(4))}) for i in range(rng.randrange(1, 12))]
+        assert sweephtml.axes_of(rows) == old_axes_of(rows), [(r.group, r.point) for r in rows]
+        old_x = None
+        client, server = old_axes_of(rows)
+        if client or server:
+            old_x = max(client or server, key=lambda n: len({repr(r.point.get(n)) for r in rows}))
+        assert sweephtml.default_x(rows) == old_x
+
+
+def test_lines_each_naming_another_axis(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the correctness of the linear path; bench/sweep_report_axes.py times it over 64 MiB
+    folder = hostile_results(tmp_path, [line(i, f'{{"axis{i}": {i}}}') for i in range(2000)])
+    page = report(folder, capsys)
+    assert "client: axis0, axis1," in page and "and 1,980 more; server: -" in page
+
+
+def test_an_axis_of_many_text_values_labels_at_most_max_ticks(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    folder = hostile_results(tmp_path, [line(i, f'{{"m": "m{i:05d}{"x" * 300}"}}') for i in range(3000)])
+    plot = svgs(report(folder, capsys))[0]
+    ticks = re.findall(r"<!-- (m\d{5}x*\.\.\.) -->", plot)
+    assert ticks[:2] == ["m00000" + "x" * 31 + "...", "m00075" + "x" * 31 + "..."] and len(ticks) == 40, ticks

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from genready.redact import escape
+
 MODELS_PATH: Final = "/v1/models"
 # The largest answer body genready reads: the probe's, and the bench client's non-streamed answers and
 # /v1/models. An answer of a few tokens is a few KiB; a server sending more is broken or hostile, and
@@ -34,14 +36,27 @@ class BadAnswer(Exception):
 
 
 def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
-    """One line of at most `limit` characters, for error details."""
+    """Server text as genready keeps and shows it, wherever it enters (error details, model ids): one
+    line of at most `limit` characters, escaped as for a terminal (redact.escape: no control character,
+    no lone surrogate), so every surface (the page, /status, the CLI, the log) gets the same safe text."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
+    return escape(text if len(text) <= limit else text[:limit] + "…")
+
+
+def too_large(v: int) -> bool:
+    """Whether an integer a server sent is past any count (and past what a float holds: 10**400)."""
+    return v.bit_length() > 1000
 
 
 def _count(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+    """A positive count, else 0; BadAnswer for an integer that cannot be a float (10**400): no count of
+    tokens is that large, and every figure made of it would overflow."""
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        return 0
+    if too_large(v):
+        raise BadAnswer(f"a count of {v.bit_length()} bits, too large to be one (completion_tokens?)")
+    return v
 
 
 def _typed(doc: Mapping[str, Any], key: str, kind: type, what: str) -> Any:

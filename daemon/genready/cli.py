@@ -209,11 +209,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _one_target(args: argparse.Namespace, cfg: config.Config | None) -> str | None:
     """The TARGET argument, or the only configured target; None means "every target"."""
-    if args.target:
-        return str(args.target)
-    if cfg is not None and len(cfg.targets) == 1:
-        return next(iter(cfg.targets))
-    return None
+    if cfg is None:
+        return str(args.target) if args.target else None
+    return cfg.only_target(args.target)
 
 
 def _config_if_needed(args: argparse.Namespace) -> config.Config | None:
@@ -356,7 +354,7 @@ def cmd_guard(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from genready.tools import sweep  # lazy: only a sweep needs it
+    from genready.sweep import main as sweep  # lazy: only a sweep needs it
 
     cfg = load_config(args.config)
     return sweep.main(args, cfg, _api_base(args))
@@ -370,6 +368,16 @@ SWEEP_TOOLS = """also:
 """
 
 
+def config_flag(p: argparse.ArgumentParser) -> None:
+    """--config, as every subcommand that reads the config takes it."""
+    p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})")
+
+
+def url_flag(p: argparse.ArgumentParser) -> None:
+    """--url, as every subcommand that asks the daemon takes it."""
+    p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+
+
 def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
     """`genready sweep restore` and `genready sweep report`: words after `sweep`, not plan files."""
     if name == "restore":
@@ -381,11 +389,10 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
         p.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
                        "(default: the target's load_timeout)")
-        p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or "
-                       f"{config.DEFAULT_PATH})")
-        p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+        config_flag(p)
+        url_flag(p)
         return p
-    from genready.tools.sweepreport import FORMATS
+    from genready.sweep.report import FORMATS
 
     p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
                                 formatter_class=Formatter,
@@ -403,17 +410,19 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                    "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
     p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
                    "server configuration)")
+    p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
+                   "(a shard missing or unfinished)")
     return p
 
 
 def cmd_sweep_tool(name: str, argv: list[str]) -> int:
-    from genready.tools import sweep
+    from genready.sweep import main as sweep
 
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
     if name == "report":
         return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                                 compare=args.compare)
+                                 compare=args.compare, strict=args.strict)
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 
@@ -434,14 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = add("check-config", "validate the config and print it as TOML, defaults filled in")
-    sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
-                    f"{config.DEFAULT_PATH})")
+    config_flag(sp)
     sp.add_argument("--probe", action="store_true", help="then send one probe to each target now and print a "
                     "verdict line each (ok and the pid that served it, or the failure class and detail); exit 0 "
                     "if every target generated, else 1")
     sp.set_defaults(func=cmd_check_config)
 
-    config_help = f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})"
     sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise SGLang, vLLM "
              "or llama.cpp (also inside docker/podman run) and print a [targets.NAME] table for it")
     sp.add_argument("unit", metavar="UNIT", help="the server's unit, e.g. sglang.service")
@@ -450,25 +457,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--name", help="the target's name (default: the unit's name without .service)")
     sp.add_argument("--write", action="store_true", help="append the table to the config file (atomically, "
                     "comments kept; refused if the result would not load), then run check-config")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
+    config_flag(sp)
     sp.set_defaults(func=cmd_init)
 
     sp = add("serve", "run the daemon: watch the targets, verify starts, serve the HTTP API")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
+    config_flag(sp)
     sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")
     sp.set_defaults(func=cmd_serve)
 
     sp = add("status", "show every target's state, its load against the usual, the last failed start's own lines "
              "and the newest start records (from the daemon's /status); a table with local times on a terminal")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
-    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    config_flag(sp)
+    url_flag(sp)
     sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
     sp.set_defaults(func=cmd_status)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
-        sp.add_argument("--config", metavar="PATH", help=config_help)
-        sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+        config_flag(sp)
+        url_flag(sp)
 
     sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid. Meanwhile a "
              "live line per target on stderr (redrawn on a terminal, else at each change of state and every 30 s)")
@@ -508,8 +515,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see docs/sweeps.md)")
     sp.add_argument("--results", metavar="DIR", required=True,
                     help="results.jsonl and one folder per point and attempt ({out}) go here")
-    sp.add_argument("--resume", action="store_true", help="skip points that already have an ok line in "
-                    "DIR/results.jsonl")
+    sp.add_argument("--resume", action="store_const", const="same", help="skip points that already have an ok "
+                    "line in DIR/results.jsonl made by the same drop-in, command, target, unit and run keys; a folder "
+                    "holding lines another configuration made is refused (78)")
+    # One option string, not a value of --resume: `--resume PLAN.toml` must keep PLAN.toml the plan.
+    sp.add_argument("--resume=rerun-changed", dest="resume", action="store_const", const="rerun-changed",
+                    help="as --resume, and run again the points whose lines another configuration made")
     sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands; "
                     "change nothing")
     sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "
@@ -519,8 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "server configuration)")
     sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
-    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    config_flag(sp)
+    url_flag(sp)
     sp.set_defaults(func=cmd_sweep)
     sp.epilog = (SWEEP_TOOLS + "\n" + (sp.epilog or ""))
 

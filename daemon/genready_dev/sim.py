@@ -37,12 +37,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from genready import compat
+from genready.servers import kinds
+from genready.servers.kinds import ServerKind
+from genready_dev import simengine
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -288,6 +291,15 @@ def llamacpp_error(status: int, message: str) -> web.Response:
                                         "type": _LLAMA_TYPES.get(status, "server_error")}}, status=status)
 
 
+# Each counter's HELP text, as its server writes it.
+_COUNTER_HELP: Final = {
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "sglang:prompt_tokens": "Number of prefill tokens processed.",
+    "sglang:cached_tokens": "Number of cached prompt tokens.",
+}
+
+
 @dataclass(frozen=True)
 class Profile:
     """What one real server does where servers differ. Each field names the file it comes from."""
@@ -311,6 +323,10 @@ class Profile:
     linger_seconds: float = 0.0  # after SIGTERM: keeps serving, /health 503
     checks_model: bool = False  # an unknown `model` is 404
     health_ok: Callable[[], web.Response] = lambda: web.Response(status=200)
+    # The product's ServerKind of this server: its /metrics counter names come from there (None: the generic
+    # server, which has SGLang's surface)
+    kind: ServerKind | None = None
+    engine_label: bool = False  # its counters carry engine="0" (vLLM's per-engine loggers)
 
 
 PROFILES: dict[str, Profile] = {
@@ -333,7 +349,7 @@ PROFILES: dict[str, Profile] = {
         warmup_seconds=1.0,
         # tokenizer_manager.py: on SIGTERM gracefully_exit is set, /health answers 503, requests in
         # flight and new ones are still served while it drains
-        linger_seconds=1.0),
+        linger_seconds=1.0, kind=kinds.SGLANG),
     "vllm": Profile(
         "vllm",
         # AuthenticationMiddleware (vllm/entrypoints/openai/server_utils.py): only paths starting
@@ -347,7 +363,7 @@ PROFILES: dict[str, Profile] = {
         # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
         # Shutdown: SIGTERM cancels the server task, no draining (vllm/entrypoints/launcher.py,
         # serve_http): linger 0.
-        checks_model=True),
+        checks_model=True, kind=kinds.VLLM, engine_label=True),
     "llamacpp": Profile(
         "llamacpp",
         # tools/server/server-http.cpp get_public_endpoints: only /health and /v1/health (and the web
@@ -367,7 +383,7 @@ PROFILES: dict[str, Profile] = {
         uds_stale_blocks=True,
         # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
         # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
-        health_ok=lambda: web.json_response({"status": "ok"})),
+        health_ok=lambda: web.json_response({"status": "ok"}), kind=kinds.LLAMA_CPP),
 }
 
 
@@ -409,6 +425,7 @@ class Simulator:
         self.cached_tokens_total = 0  # of them, found in the prefix cache (cached_tokens, prefix_cache_hits)
         self.in_flight = 0  # generations being served: SGLang's /flush_cache refuses (400) while there are any
         self.flushes = 0
+        self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -437,6 +454,8 @@ class Simulator:
         a = self.a
         self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
                  profile=self.p.name)
+        if self.p.kind is kinds.VLLM:  # its start logs the arguments it runs with (simengine.py)
+            simengine.log_vllm_args(a)
         # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
         early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
         if self.bind_early or self.router:  # a router comes up at once; its models load on demand
@@ -620,12 +639,13 @@ class Simulator:
             app.router.add_get("/get_model_info", self.model_info)
             app.router.add_get("/health_generate", self.health)
             app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
             app.router.add_post("/generate", self.generate)
             app.router.add_route("GET", "/flush_cache", self.flush_cache)
             app.router.add_route("POST", "/flush_cache", self.flush_cache)
         elif self.p.name == "llamacpp":
             app.router.add_get("/slots", self.slots)
+            app.router.add_get("/props", self.props)
             app.router.add_post("/slots/{id_slot}", self.slot_action)
         elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
             for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
@@ -779,6 +799,7 @@ class Simulator:
 
     def spec_done(self, tokens: int) -> None:
         """Count a finished generation into the /metrics counters."""
+        self.tasks_served += 1
         if self.a.spec_accept is None:
             return
         steps = self.verify_steps(tokens)
@@ -809,8 +830,12 @@ class Simulator:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
         # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
         # python/sglang/srt/entrypoints/http_server.py.
-        return web.json_response({"model_path": self.a.model, "version": "sim", "internal_states": [
-            {"last_gen_throughput": 0.0, "avg_spec_accept_length": self.a.spec_accept}]})
+        # Newer versions serve /server_info and keep /get_server_info as a deprecated alias (docs.sglang.io).
+        return web.json_response(simengine.sglang_server_info(self.a, self.a.spec_accept))
+
+    async def props(self, request: web.Request) -> web.Response:
+        # llama.cpp: GET /props (tools/server/server-context.cpp, get_res_props; simengine.py)
+        return web.json_response(simengine.llamacpp_props(self.a, CONTEXT_LENGTH))
 
     async def metrics(self, request: web.Request) -> web.Response:
         # vLLM's speculative-decoding counters, per engine, exposed only when speculative decoding
@@ -820,34 +845,33 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None and self.p.name != "sglang":  # SGLang has no vllm: counters
+        spec = kinds.VLLM.spec
+        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG and spec is not None:
+            # SGLang has no vllm: counters
             k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
-            for name, doc, v in (("spec_decode_num_drafts", "Number of spec decoding drafts.", self.spec_drafts),
-                                 ("spec_decode_num_draft_tokens", "Number of draft tokens.", self.spec_drafts * k),
-                                 ("spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                                  self.spec_accepted)):
-                lines += [f"# HELP vllm:{name}_total {doc}", f"# TYPE vllm:{name}_total counter",
-                          f'vllm:{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+            for name, doc, v in ((spec.steps, "Number of spec decoding drafts.", self.spec_drafts),
+                                 (spec.draft_tokens, "Number of draft tokens.", self.spec_drafts * k),
+                                 (spec.accepted, "Number of accepted tokens.", self.spec_accepted)):
+                lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
+                          f'{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
         lines += self._prefix_metrics()
+        if self.p.kind is kinds.VLLM:
+            lines.append(simengine.VLLM_CACHE_INFO)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
         """The prefix cache's counters under the profile's server's names, with the `_created` sample
         prometheus_client adds to every counter (a timestamp: summing it into a total is wrong)."""
-        if self.p.name == "vllm":
-            # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens
-            labels = f'{{engine="0",model_name="{self.a.model}"}}'
-            names = (("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      self.prompt_tokens_total),
-                     ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      self.cached_tokens_total))
-        elif self.p.has_native:
-            # python/sglang/srt/metrics/collector.py: Counter "sglang:prompt_tokens" and "sglang:cached_tokens"
-            labels = f'{{model_name="{self.a.model}"}}'
-            names = (("sglang:prompt_tokens", "Number of prefill tokens processed.", self.prompt_tokens_total),
-                     ("sglang:cached_tokens", "Number of cached prompt tokens.", self.cached_tokens_total))
-        else:
-            return []
+        kind = self.p.kind or kinds.SGLANG  # the generic server: SGLang's surface
+        hits = kind.hit_rate
+        if hits is None or hits.total_excludes_hits:
+            return []  # llama.cpp's prompt_tokens counters are not simulated
+        # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens;
+        # python/sglang/srt/metrics/collector.py: Counter "sglang:prompt_tokens" and "sglang:cached_tokens"
+        labels = (f'{{engine="0",model_name="{self.a.model}"}}' if self.p.engine_label else
+                  f'{{model_name="{self.a.model}"}}')
+        names = ((hits.total, _COUNTER_HELP.get(hits.total, hits.total), self.prompt_tokens_total),
+                 (hits.hits, _COUNTER_HELP.get(hits.hits, hits.hits), self.cached_tokens_total))
         out = []
         for name, doc, v in names:
             # prometheus_client's generate_latest() of a Counter: NAME_total, then NAME_created as a gauge
@@ -876,8 +900,12 @@ class Simulator:
         return web.Response(status=200)
 
     def _slot(self, i: int) -> dict[str, Any]:
-        return {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": self.a.spec_accept is not None,
+        params = simengine.llamacpp_slot_params(self.a)
+        drafting = self.a.spec_accept is not None or str(params.get("speculative.types", "none")) != "none"
+        slot = {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": drafting,
                 "is_processing": self.in_flight > 0}
+        # server-context.cpp, server_slot::to_json: "params" once the slot has served a task
+        return {**slot, "params": params} if self.tasks_served else slot
 
     async def slots(self, request: web.Request) -> web.Response:
         # llama.cpp: GET /slots lists the slots, each with its "id" (tools/server/server-context.cpp,
@@ -1172,6 +1200,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
+    simengine.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 A benchmark's numbers are only worth keeping if the server it measured stayed the same
 verified instance from start to end. guard pins that instance (pid, invocation, ready
 since) before CMD starts, re-checks it while CMD runs and once more after CMD exits.
-`genready sweep` runs each point's command through `run_pinned` and `ProcessGroup`, the same guarantee.
+`genready sweep` runs each point's command through `run_pinned` and `ProcessGroup`, the same guarantee,
+and stops it with the same ladder (`ProcessGroup.stop`: SIGINT, then SIGTERM, then SIGKILL).
 
 CMD runs in a session (and process group) of its own, so guard can end everything CMD
 started: a signal guard gets (SIGINT, SIGTERM, SIGHUP, SIGQUIT) goes to the whole group, and
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -32,6 +33,7 @@ from genready.exitcodes import Exit
 
 # Signals guard passes on to CMD's group: anything that would otherwise end guard and leave CMD running.
 FORWARDED: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+THEN_KILL: Final = (signal.SIGKILL,)  # guard's ladder after the signal it passes on
 TICK: Final = 0.05  # seconds between a waiting caller's ticks (ProcessGroup.wait)
 
 
@@ -78,14 +80,28 @@ class ProcessGroup:
             if not self._reaped:
                 os.killpg(self.child.pid, sig)
 
-    def stop(self, sig: int) -> None:
-        """Send `sig` to the group now, and SIGKILL `grace` seconds later if anything is left."""
+    def stop(self, sig: int, then: Sequence[int] = THEN_KILL) -> None:
+        """Send `sig` to the group now, then each signal of `then` `grace` seconds apart while the leader is
+        unreaped: guard's ladder is the signal it got, then SIGKILL; the sweep's SIGINT, SIGTERM, SIGKILL.
+        A stop while one is under way sends its signal and leaves the ladder as it is."""
         self.signal(sig)
         with self._lock:
-            if self._kill_timer is None and not self._reaped:
-                self._kill_timer = threading.Timer(self.grace, self.signal, (signal.SIGKILL,))
-                self._kill_timer.daemon = True
-                self._kill_timer.start()
+            if self._kill_timer is None and not self._reaped and then:
+                self._arm(tuple(then))
+
+    def _arm(self, ladder: tuple[int, ...]) -> None:
+        """The next rung of a stop's ladder, `grace` seconds from now (called with the lock held)."""
+        def fire() -> None:
+            with self._lock:
+                if self._reaped:
+                    return
+                self.signal(ladder[0])
+                if ladder[1:]:
+                    self._arm(ladder[1:])
+
+        self._kill_timer = threading.Timer(self.grace, fire)
+        self._kill_timer.daemon = True
+        self._kill_timer.start()
 
     def wait(self, child: subprocess.Popen[Any] | None = None, *, tick: Callable[[], None] | None = None) -> int:
         """Wait for the leader to exit, end what it left in its group, then reap it: its status.

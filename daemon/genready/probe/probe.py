@@ -31,22 +31,13 @@ from genready.compat import timeout
 from genready.config import TargetConfig
 from genready.probe.container import UnitStart, find_container_owner, find_process_owner
 from genready.probe.owner import Owner, unix_owner
+from genready.servers import kinds
 from genready.vocab import Failure, HealthRoute, ProbeResult
 
 log = logging.getLogger("genready.probe.probe")
 _HEAD_LIMIT: Final = 64 * 1024  # status line + headers, and one chunk-size line
 _EXCERPT_BYTES: Final = 4096  # what we read of a non-200 body, for the detail
 _HEALTH_CAP: Final = 64 * 1024  # a health answer is a status; its body only has to be read past
-# A 400 that names a request of the wrong shape. SGLang turns FastAPI's validation errors into 400
-# (python/sglang/srt/entrypoints/http_server.py, validation_exception_handler), and so does vLLM
-# (vllm/entrypoints/openai/server_utils.py); SGLang's /generate refuses a body without a prompt
-# with "Either text, input_ids or input_embeds should be provided." (managers/io_struct.py).
-_WRONG_SHAPE: Final = ("validation error", "field required", "extra inputs are not permitted",
-                       "input_ids or input_embeds should be provided")
-# llama.cpp's router while a model is not (yet) loaded: 400 "model is not loaded" without
-# --models-autoload (tools/server/server-models.cpp); the states it lists while loading one.
-_ROUTER_NOT_LOADED: Final = "model is not loaded"
-_ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
 # ASCII digits only, and bounded: str.isdigit() takes '²', and int() refuses over 4,300 digits
 # with a ValueError, which no malformed answer may turn into anything but bad_response.
 _STATUS: Final = re.compile(r"[1-5][0-9][0-9]")
@@ -534,9 +525,9 @@ class Prober:
                 return self._unchecked(pinned, "the server's model list is unreadable")
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
         chosen = self._choose(listed, what)
-        if chosen.state in _ROUTER_LOADING:
-            raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {chosen.id!r} as "
-                                           f"{chosen.state!r}")
+        if chosen.state in kinds.ROUTER_LOADING:
+            raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {excerpt(chosen.id)!r} as "
+                                           f"{excerpt(chosen.state)!r}")
         if chosen.state not in (None, "loaded"):
             att.router_state = chosen.state
         self._model = chosen.id
@@ -548,7 +539,9 @@ class Prober:
         return pinned
 
     def _choose(self, listed: list[Listed], what: str) -> Listed:
-        ids = [m.id for m in listed]
+        # Shown cut and escaped as other server text (an id of 90 KB, or with a lone surrogate, is the
+        # server's to send, not every surface's to repeat); the request names the id as listed.
+        ids = [excerpt(m.id) for m in listed]
         shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
         pinned = self._t.model
         if pinned:
@@ -560,8 +553,8 @@ class Prober:
                                           f"{len(ids)}: {shown}: set model to one of them (or \"\" for the first)")
         first = listed[0]
         # The first is what vLLM serves a request without `model` with; `model` pins another.
-        self.model_note = (f'model "{first.id}" (the only one listed)' if len(ids) == 1 else
-                           f'model "{first.id}" (first of {len(ids)} listed: {shown})')
+        self.model_note = (f'model "{ids[0]}" (the only one listed)' if len(ids) == 1 else
+                           f'model "{ids[0]}" (first of {len(ids)} listed: {shown})')
         return first
 
     def _not_ok(self, what: str, resp: _Response) -> _Fail:
@@ -569,7 +562,7 @@ class Prober:
         `http_status` for one it may get over (5xx, 408 Request Timeout, 429 Too Many Requests),
         `unhealthy` for llama.cpp's router saying the model is not loaded (it may load it)."""
         seen = _seen(what, resp)
-        if resp.status == 400 and _ROUTER_NOT_LOADED in resp.body.decode("utf-8", "replace").lower():
+        if resp.status == 400 and kinds.says(resp.body, kinds.ROUTER_NOT_LOADED):
             return _Fail(Failure.UNHEALTHY, f"{seen} (llama.cpp's router: load the model, or start it with "
                                             "--models-autoload)", resp.status)
         if 400 <= resp.status < 500 and resp.status not in (408, 429):
@@ -600,7 +593,7 @@ class Prober:
         if status == 400 and "tokenizer" in text and not t.prompt_ids:
             return ("the server has no tokenizer (started with --skip-tokenizer-init?): set prompt_ids = [...] "
                     "(the token ids of a short prompt) for this target")
-        if status == 422 or (status == 400 and any(m in text for m in _WRONG_SHAPE)):
+        if status == 422 or (status == 400 and kinds.says(body, kinds.WRONG_SHAPE)):
             return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
                     "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
         return "the server refuses the probe's request: check api, model, prompt and max_tokens"

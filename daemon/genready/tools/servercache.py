@@ -3,61 +3,48 @@
 A run that reuses a verified instance would otherwise measure its TTFT on prompts the run
 before it left in the server's prefix (radix, KV) cache. The tools that reuse a server reset
 it between runs; so does the sweep, with `between_points = "flush"`, through each server's
-own route, as its source has it:
+own route: each ServerKind's flush (servers/kinds.py, where each route is read from its server's
+source). A server with none of them cannot be flushed: the sweep says so once, naming the fix
+(FIX), and records its reused points `warm`. The warmup sends the target's own probe request
+(its `prompt`, `max_tokens`, `api`) N times before each run, and the flush comes after it, so
+the warmup never warms what the run measures.
 
-- SGLang: `/flush_cache`, GET or POST (python/sglang/srt/entrypoints/http_server.py,
-  flush_cache): 200, or 400 while requests are running or waiting, so a 400 is waited out
-  (bounded) and asked again;
-- vLLM: `POST /reset_prefix_cache`, then `/reset_mm_cache` and `/reset_encoder_cache`
-  (vllm/entrypoints/serve/cache/api_router.py): 200; the routes exist only when the server
-  runs with VLLM_SERVER_DEV_MODE=1 (attach_router), else 404;
-- llama.cpp's llama-server: `GET /slots` lists the slots, `POST /slots/{id}?action=erase`
-  empties one (tools/server/server-context.cpp, handle_slots / handle_slots_action); 501 when
-  the server runs with `--no-slots`, and (checked on the real llama-server 11434) every slot
-  action, erase too, is 501 "This server does not support slots action" unless it runs with
-  `--slot-save-path DIR`.
-
-A server with none of them cannot be flushed: the sweep says so once, naming the fix, and
-records its reused points `warm`. The warmup sends the target's own probe request (its
-`prompt`, `max_tokens`, `api`) N times before each run, and the flush comes after it, so the
-warmup never warms what the run measures.
+Every answer is read to its end or to MAX_ANSWER, whichever comes first: one read() returns
+only what has arrived so far (a 265 KB /metrics page came back as 32-128 KB).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
 
 from genready import apis
 from genready.config import TargetConfig
+from genready.servers import engineconfig, kinds
+from genready.servers.flush import Call, Flushed
+
+__all__ = ["FIX", "Flushed", "ServerHttp", "engine_config", "flush", "warm_up"]
 
 TIMEOUT: Final = 30.0  # seconds for one flush or /metrics request: a server that takes longer is not idle
 BUSY_WAIT: Final = 30.0  # seconds SGLang's 400 ("requests are running") is waited out
-BUSY_POLL: Final = 0.25
 MAX_ANSWER: Final = 4 << 20  # bytes read of an answer: a slot list or a /metrics page, not a download
-NO_ROUTE: Final = ("the server has none of the flush routes (SGLang /flush_cache; vLLM POST /reset_prefix_cache, "
-                   "which exists only with VLLM_SERVER_DEV_MODE=1 in the server's environment; llama-server "
-                   "GET /slots and POST /slots/ID?action=erase, which need --slot-save-path DIR and not --no-slots)")
-FIX: Final = 'set between_points = "restart" in the plan for a fresh start per point'
+NO_ROUTE: Final = kinds.NO_ROUTE
+FLUSH_NEEDS: Final = kinds.FLUSH_NEEDS  # "SGLang /flush_cache; vLLM …; llama-server …": what a flush needs
+FIX: Final = kinds.FIX
 
 
-@dataclass(frozen=True)
-class Flushed:
-    """What a flush came to: `route` when the cache was emptied, else `why` it could not be."""
-
-    route: str = ""
-    why: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.route)
+async def read_capped(content: aiohttp.StreamReader, cap: int) -> bytes | None:
+    """The whole body, read to its end; None as soon as it passes `cap` bytes (what is past it is not held)."""
+    buf = bytearray()
+    while chunk := await content.read(cap + 1 - len(buf)):
+        buf += chunk
+        if len(buf) > cap:
+            return None
+    return bytes(buf)
 
 
 class ServerHttp:
@@ -84,7 +71,10 @@ class ServerHttp:
         try:
             async with session.request(method, self.base + path, json=body, allow_redirects=False,
                                        timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as r:
-                data = await r.content.read(MAX_ANSWER)
+                data = await read_capped(r.content, MAX_ANSWER)
+                if data is None:
+                    too_big = f"{method} {path}: an answer over the {MAX_ANSWER:,}-byte limit, not read further"
+                    return 0, too_big.encode()
                 return r.status, data
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
             return 0, f"{type(e).__name__}: {e}".encode()
@@ -109,50 +99,9 @@ class ServerHttp:
 
 
 def flush(http: ServerHttp, *, busy_wait: float = BUSY_WAIT) -> Flushed:
-    """Empty the server's prefix cache by the first of the known routes it has (see the module's words)."""
-    async def work(call: Callable[..., Any]) -> Flushed:
-        # SGLang: 400 while it has requests running or waiting (the run's last ones may still be finishing).
-        deadline = time.monotonic() + busy_wait
-        while True:
-            status, body = await call("POST", "/flush_cache")
-            if status != 400 or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(BUSY_POLL)
-        if status == 200:
-            return Flushed("SGLang /flush_cache")
-        if status == 400:
-            return Flushed(why=f"SGLang /flush_cache still answered 400 (requests running) after {busy_wait:g}s")
-        if status == 0:
-            return Flushed(why=f"the server could not be asked: {body.decode('utf-8', 'replace')[:200]}")
-        if status in (401, 403):
-            return Flushed(why=f"/flush_cache answered {status}: the target's api_key is not the server's")
-        status, _ = await call("POST", "/reset_prefix_cache")
-        if status == 200:
-            for extra in ("/reset_mm_cache", "/reset_encoder_cache"):  # where the server has them
-                await call("POST", extra)
-            return Flushed("vLLM /reset_prefix_cache")
-        status, body = await call("GET", "/slots")
-        if status == 501:
-            return Flushed(why="llama-server's /slots is disabled (--no-slots): start it without --no-slots")
-        if status in (401, 403):
-            return Flushed(why=f"llama-server's /slots answered {status}: the target's api_key is not the server's")
-        if status == 200:
-            try:
-                ids = [s["id"] for s in json.loads(body) if isinstance(s, dict) and isinstance(s.get("id"), int)]
-            except (ValueError, TypeError, KeyError):
-                ids = []
-            if not ids:
-                return Flushed(why=f"llama-server's /slots listed no slot ids: {apis.excerpt(body)}")
-            for i in ids:
-                status, body = await call("POST", f"/slots/{i}?action=erase")
-                if status == 501:
-                    return Flushed(why="llama-server refuses slot actions (501: it was started without "
-                                   "--slot-save-path): start it with --slot-save-path DIR")
-                if status != 200:
-                    return Flushed(why=f"llama-server's POST /slots/{i}?action=erase answered {status}: "
-                                   f"{apis.excerpt(body)}")
-            return Flushed(f"llama-server /slots/ID?action=erase ({len(ids)} slot{'s' if len(ids) != 1 else ''})")
-        return Flushed(why=NO_ROUTE)
+    """Empty the server's prefix cache by the first of the known routes it has (servers/kinds.py, each kind's flush)."""
+    async def work(call: Call) -> Flushed:
+        return await kinds.flush(call, busy_wait)
     result: Flushed = http.calls(work)
     return result
 
@@ -181,4 +130,13 @@ def warm_up(http: ServerHttp, n: int) -> tuple[int, str]:
                 first = f"POST {api.path} answered {status or 'nothing'}: {apis.excerpt(body)}"
         return ok, first
     result: tuple[int, str] = http.calls(work)
+    return result
+
+
+def engine_config(http: ServerHttp, read: engineconfig.EngineRead, args_line: str | None = None
+                  ) -> engineconfig.EngineConfig:
+    """What the server says it runs (servers/engineconfig.py), each answer bounded as every answer here."""
+    async def work(call: Call) -> engineconfig.EngineConfig:
+        return await engineconfig.read_engine(read, call, args_line)
+    result: engineconfig.EngineConfig = http.calls(work)
     return result

@@ -8,22 +8,19 @@ every counter (and OpenMetrics inside the counter's family), and which sum into 
 that went down between the two reads is a reset (the server restarted in between): no negative
 delta, the run's derived figures are invalidated.
 
-Derived where the server exports the counters (names from each server's source):
-- the prefix-cache hit rate: SGLang `sglang:cached_tokens_total` / `sglang:prompt_tokens_total`
-  (python/sglang/srt/metrics/collector.py); vLLM `vllm:prefix_cache_hits_total` /
-  `vllm:prefix_cache_queries_total`, in tokens (vllm/v1/metrics/loggers.py); llama.cpp
-  `llamacpp:prompt_tokens_cached_total` / (that + `llamacpp:prompt_tokens_total`), whose
-  prompt_tokens exclude the cached ones (tools/server/server-context.cpp; checked on the real
-  llama-server 11434: two runs of a 376-token prompt counted 753 processed and 375 cached);
-- the speculative-decoding accept length, 1 + Δaccepted / Δdrafts: vLLM
-  `vllm:spec_decode_num_accepted_tokens_total` / `vllm:spec_decode_num_drafts_total`
-  (vllm/v1/spec_decode/metrics.py), llama.cpp `llamacpp:spec_decode_num_accepted_tokens_total` /
-  `llamacpp:spec_decode_num_drafts_total` (tools/server/server-task.cpp), and the draft acceptance
-  Δaccepted / Δdraft tokens where the draft tokens are counted.
+Derived where the server exports the counters (each ServerKind's names, from its source: servers/kinds.py):
+the prefix-cache hit rate, hits / queries in tokens (llama.cpp's prompt_tokens exclude the cached
+ones); the speculative-decoding accept length, 1 + Δaccepted / Δverify steps; and the draft
+acceptance Δaccepted / Δdraft tokens where the draft tokens are counted.
+
+A counter that is not finite (`+Inf`, or label sets summing past 1.8e308) is treated as a reset:
+no delta of it is a number, so the run's figures are invalid, and `reset` names it. What is
+written of a run (to_text) is strict JSON (allow_nan=False): jq, JavaScript and Go refuse NaN.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,21 +28,17 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from genready.servers import kinds
+
 METRICS_FILE: Final = "server_metrics.json"
 
-# (hit counter, its denominator, whether the denominator excludes the hits), per server
-HIT_RATES: Final = (
-    ("sglang", "sglang:cached_tokens_total", "sglang:prompt_tokens_total", False),
-    ("vllm", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", False),
-    ("llama.cpp", "llamacpp:prompt_tokens_cached_total", "llamacpp:prompt_tokens_total", True),
-)
-# (accepted tokens, verify steps, draft tokens or ""), per server
-SPEC: Final = (
-    ("vllm", "vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_drafts_total",
-     "vllm:spec_decode_num_draft_tokens_total"),
-    ("llama.cpp", "llamacpp:spec_decode_num_accepted_tokens_total", "llamacpp:spec_decode_num_drafts_total",
-     "llamacpp:spec_decode_num_draft_tokens_total"),
-)
+# (server, hit counter, its denominator, whether the denominator excludes the hits), per kind that counts them
+HIT_RATES: Final = tuple((k.name, kinds.total(h.hits), kinds.total(h.total), h.total_excludes_hits)
+                         for k in kinds.hit_rate_kinds() if (h := k.hit_rate) is not None)
+# (server, accepted tokens, verify steps, draft tokens or ""), per kind that counts them
+SPEC: Final = tuple((k.name, kinds.total(m.accepted), kinds.total(m.steps),
+                     kinds.total(m.draft_tokens) if m.draft_tokens else "")
+                    for k in kinds.spec_kinds() if (m := k.spec) is not None)
 
 
 class NotMetrics(ValueError):
@@ -90,17 +83,22 @@ class RunCounters:
                 "accept_length": self.accept_length, "draft_acceptance": self.draft_acceptance,
                 "accept_length_source": self.accept_source}
 
+    def to_text(self) -> str:
+        """The run as strict JSON (never NaN or Infinity: over_run keeps no non-finite number)."""
+        return json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n"
+
 
 def _rounded(v: float) -> float:
     return round(v, 4)
 
 
 def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCounters:
-    """The deltas of the counters on both pages, and the derived figures (none after a reset)."""
+    """The deltas of the counters on both pages, and the derived figures (none after a reset, or after a
+    counter that is not finite: the same, no figure of it can be trusted)."""
     run = RunCounters()
     for name in sorted(set(before) & set(after)):
         d = after[name] - before[name]
-        if d < 0:
+        if not math.isfinite(d) or d < 0:
             run.reset.append(name)
         else:
             run.deltas[name] = d
@@ -113,11 +111,31 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
             if t > 0:
                 run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} /metrics {hits}"
             break
-    for server, accepted, steps, drafted in SPEC:
-        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
-            run.accept_length = _rounded(1 + run.deltas[accepted] / run.deltas[steps])
-            if run.deltas.get(drafted, 0) > 0:
-                run.draft_acceptance = _rounded(run.deltas[accepted] / run.deltas[drafted])
-            run.accept_source = f"{server} /metrics {accepted} / {steps}"
-            break
+    if (got := spec_of(run)) is not None:
+        kind, accepted, steps, drafted = got
+        assert kind.spec is not None
+        run.accept_length = _rounded(accept_length(accepted, steps))
+        if drafted:
+            run.draft_acceptance = _rounded(accepted / drafted)
+        run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
     return run
+
+
+def accept_length(accepted: float, steps: float) -> float:
+    """Tokens per verify step of the large model: each step gives its accepted draft tokens plus one of its own
+    (vLLM's "mean acceptance length"); the bench client and the sweep both take it from here."""
+    return 1 + accepted / steps
+
+
+def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | None] | None:
+    """(the kind, Δaccepted, Δverify steps, Δdraft tokens or None) of the first kind whose speculative-decoding
+    counters grew over the run; None without (or after a reset). The accept length is 1 + Δaccepted / Δsteps."""
+    if run.reset:
+        return None
+    for kind in kinds.spec_kinds():
+        assert kind.spec is not None
+        accepted, steps = kinds.total(kind.spec.accepted), kinds.total(kind.spec.steps)
+        drafted = kinds.total(kind.spec.draft_tokens) if kind.spec.draft_tokens else ""
+        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
+            return kind, run.deltas[accepted], run.deltas[steps], run.deltas.get(drafted) if drafted else None
+    return None

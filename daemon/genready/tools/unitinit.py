@@ -1,23 +1,10 @@
 """`genready init UNIT`: a `[targets.NAME]` table from what the unit runs.
 
 `target_from_exec` is the whole translation, a pure function from one ExecStart= argv and the
-unit's environment to a table: tests call it directly. The flags it reads, and their defaults,
-come from each server's own source:
-
-- SGLang: python/sglang/srt/server_args.py (host "127.0.0.1", port 30000, --api-key,
-  --served-model-name, --ssl-keyfile/--ssl-certfile, --fastapi-root-path, --model-path/--model).
-- vLLM: vllm/entrypoints/openai/cli_args.py (host None = every interface, port 8000, --uds,
-  --api-key or $VLLM_API_KEY, --ssl-keyfile/--ssl-certfile, --root-path) and
-  vllm/config/model.py (--served-model-name, several names: the first answers requests
-  without a model, vllm/entrypoints/openai/models/serving.py).
-- llama.cpp: common/arg.cpp (host "127.0.0.1", a host ending in ".sock" is a unix socket, port
-  8080, --api-key / $LLAMA_API_KEY, --api-key-file, --ssl-key-file/--ssl-cert-file, -a/--alias,
-  --api-prefix, and LLAMA_ARG_* variables for each).
-- llama-cpp-python (`python -m llama_cpp.server`): llama_cpp/server/settings.py (host
-  "localhost", port 8000, --api_key, --ssl_keyfile/--ssl_certfile, --root_path, --model_alias) and
-  llama_cpp/server/__main__.py (--config_file, or $CONFIG_FILE: every setting from a file). It has
-  no health route (llama_cpp/server/app.py serves only /v1/*, /tokenize*, /detokenize): its 404
-  tells the probe so, and health_path stays at its default.
+unit's environment to a table: tests call it directly. How each server is recognised, the flags it
+reads and their defaults are its ServerKind's (servers/kinds.py), each from the server's own source.
+llama-cpp-python has no health route: its 404 tells the probe so, and health_path stays at its
+default.
 """
 
 from __future__ import annotations
@@ -29,55 +16,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from genready.apis import APIS
 from genready.redact import escape, redact
+from genready.servers import kinds
+from genready.servers.kinds import ServerKind
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-@dataclass(frozen=True)
-class Server:
-    """What one server's command line means to genready."""
-
-    label: str
-    api: str
-    host: str | None  # default listen address; None: every interface
-    port: int
-    flags: Mapping[str, str]  # command-line flag -> what it sets (host, port, key, …)
-    env: Mapping[str, str] = field(default_factory=dict)  # variable -> what it sets
-    key_fix: str = ""  # how to hand this server its key without exposing it
-    health_route: bool = True  # it answers GET /health (SGLang, vLLM, llama.cpp); llama-cpp-python does not
-
-
-SGLANG: Final = Server(
-    "SGLang", "sglang", "127.0.0.1", 30000,
-    {"--host": "host", "--port": "port", "--api-key": "key", "--served-model-name": "model",
-     "--model-path": "weights", "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls",
-     "--fastapi-root-path": "prefix"},
-    key_fix="SGLang takes its key only as --api-key: keep it in a file (LoadCredential=apikey:FILE) and start "
-            "SGLang from a small Python wrapper that reads $CREDENTIALS_DIRECTORY/apikey and launches the server "
-            "in-process, so the key never reaches a command line")
-VLLM: Final = Server(
-    "vLLM", "openai-completions", None, 8000,
-    {"--host": "host", "--port": "port", "--uds": "uds", "--api-key": "key", "--served-model-name": "model",
-     "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls", "--root-path": "prefix"},
-    {"VLLM_API_KEY": "key"},
-    key_fix="set VLLM_API_KEY from an EnvironmentFile= only root can read (a process's environment is private "
-            "to its user), instead of --api-key or Environment=")
-LLAMA_CPP: Final = Server(
-    "llama.cpp", "openai-completions", "127.0.0.1", 8080,
-    {"--host": "host", "--port": "port", "--api-key": "key", "--api-key-file": "key_file", "-a": "model",
-     "--alias": "model", "--ssl-key-file": "tls", "--ssl-cert-file": "tls", "--api-prefix": "prefix"},
-    {"LLAMA_ARG_HOST": "host", "LLAMA_ARG_PORT": "port", "LLAMA_API_KEY": "key",
-     "LLAMA_ARG_API_KEY_FILE": "key_file", "LLAMA_ARG_ALIAS": "model",
-     "LLAMA_ARG_SSL_KEY_FILE": "tls", "LLAMA_ARG_SSL_CERT_FILE": "tls", "LLAMA_ARG_API_PREFIX": "prefix"},
-    key_fix="use --api-key-file FILE (or LoadCredential=apikey:FILE and "
-            "--api-key-file ${CREDENTIALS_DIRECTORY}/apikey)")
-LLAMA_CPP_PYTHON: Final = Server(
-    "llama-cpp-python", "openai-completions", "localhost", 8000,
-    {"--host": "host", "--port": "port", "--api_key": "key", "--model_alias": "model",
-     "--ssl_keyfile": "tls", "--ssl_certfile": "tls", "--root_path": "prefix"},
-    key_fix="pass the settings as a --config_file JSON file only the server's user can read, instead of --api_key",
-    health_route=False)
+Server = ServerKind  # what one server's command line means to genready: its kind
+SGLANG: Final = kinds.SGLANG
+VLLM: Final = kinds.VLLM
+LLAMA_CPP: Final = kinds.LLAMA_CPP
+LLAMA_CPP_PYTHON: Final = kinds.LLAMA_CPP_PYTHON
 
 # Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
 _MULTI: Final = frozenset({"--served-model-name", "--api-key"})
@@ -89,10 +40,6 @@ _ENGINE_BOOL: Final = frozenset({
     "-P", "--publish-all", "--replace", "--no-healthcheck", "--oom-kill-disable", "--sig-proxy", "-q", "--quiet",
     "--help", "--no-hosts", "--rmi", "--tls-verify", "--http-proxy", "--read-only-tmpfs", "--use-image-hosts",
 })
-# Images whose entrypoint is the server itself, so the arguments after the image are its flags.
-_IMAGE_ENTRYPOINTS: Final = (("vllm-openai", ("vllm", "serve")), ("vllm/vllm", ("vllm", "serve")),
-                             ("llama.cpp", ("llama-server",)), ("llama-cpp", ("llama-server",)))
-
 
 class Unrecognised(Exception):
     """No SGLang, vLLM or llama.cpp server in the command line; the text says what was found."""
@@ -159,9 +106,9 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
     # vLLM's /v1/models names the weights when no --served-model-name is given (its `serve MODEL`
     # positional or --model); the others report a name genready can discover itself.
     model = values.get("model", ("", ""))[0]
-    if server is VLLM and not model:
+    if server.model_is_weights and not model:
         model = values.get("weights", ("", ""))[0] or positional
-    if server.api != "sglang" and model:  # SGLang's own API takes no model name
+    if APIS[server.api].needs_model and model:  # SGLang's own API takes no model name
         prop.table["model"] = model
     _key(server, values, prop, unit, container is not None, _exposure(values, unit_env, env, env_files or {}))
     if not server.health_route:
@@ -260,10 +207,7 @@ def _engine_run(argv: list[str]) -> tuple[_Container, list[str]]:
     if entrypoint:
         cmd = [*entrypoint, *cmd]
     elif not cmd or cmd[0].startswith("-"):
-        for fragment, ep in _IMAGE_ENTRYPOINTS:
-            if fragment in image:
-                cmd = [*ep, *cmd]
-                break
+        cmd = [*kinds.image_entrypoint(image), *cmd]
     return c, cmd
 
 
@@ -271,23 +215,7 @@ def _recognise(argv: list[str]) -> tuple[Server, list[str]] | None:
     """(the server, its arguments after the program) or None."""
     if not argv:
         return None
-    base = os.path.basename(argv[0])
-    if base.startswith("python") or base in ("uv", "uvx"):
-        if "-m" in argv:
-            j = argv.index("-m")
-            module, rest = (argv[j + 1] if j + 1 < len(argv) else ""), argv[j + 2:]
-            for name, server in (("sglang.launch_server", SGLANG), ("vllm.entrypoints.openai.api_server", VLLM),
-                                 ("llama_cpp.server", LLAMA_CPP_PYTHON)):
-                if module == name:
-                    return server, rest
-            if module in ("sglang", "vllm") and rest[:1] == ["serve"]:
-                return (SGLANG if module == "sglang" else VLLM), rest[1:]
-        return None
-    if base in ("sglang", "vllm") and argv[1:2] == ["serve"]:
-        return (SGLANG if base == "sglang" else VLLM), argv[2:]
-    if base == "llama-server":
-        return LLAMA_CPP, argv[1:]
-    return None
+    return kinds.by_command(argv, os.path.basename(argv[0]))
 
 
 def _flags(server: Server, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
@@ -338,11 +266,8 @@ def _url(server: Server, values: dict[str, tuple[str, str]], container: _Contain
         if container is not None:
             prop.comments.append(f"the socket {uds} is inside the container: mount it onto the host (-v) and "
                                  "put the host's path in url")
-        elif server is LLAMA_CPP:
-            # server-http.cpp binds the path as is and leaves the file behind on exit: the next
-            # start fails ("couldn't bind HTTP server socket") until someone removes it
-            prop.comments.append(f"llama-server leaves {uds} behind when it stops, and a stale one fails the next "
-                                 f"start: give its unit ExecStartPre=-/bin/rm -f {uds}")
+        elif "uds" in server.init_notes:
+            prop.comments.append(server.init_notes["uds"].format(uds=uds))
         return
     try:
         port = int(values["port"][0]) if "port" in values else server.port

@@ -4,12 +4,11 @@ Points are matched by their plan values. For each figure: A's value, B's, and th
 better or worse by the figure's direction. A change no larger than the noise is marked as inside
 it (`~`): the noise is the larger relative median absolute deviation of the two sides' repeats, or,
 without repeats, the plan's noise_limit (a difference of one run against one run says no more).
-Text (a table) or HTML (one self-contained page, no plots: it needs no matplotlib).
+Text (a table) or HTML (one self-contained page through web/htmlpage, no plots: it needs no matplotlib).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Sequence
@@ -17,7 +16,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
-from genready.tools.sweepreport import FIGURES, Figure, Row
+from genready.sweep.report import FIGURES, Figure, Row
+from genready.web import htmlpage
 
 COMPARED: Final = tuple(f for f in FIGURES if f.ranked)
 
@@ -99,9 +99,7 @@ def render_text(rows_a: Sequence[Row], rows_b: Sequence[Row], a: str, b: str) ->
 
 
 def render_html(rows_a: Sequence[Row], rows_b: Sequence[Row], a: str, b: str) -> str:
-    def e(v: object) -> str:
-        return html.escape(escape(str(v)))
-
+    e = htmlpage.text
     figures = compared([*rows_a, *rows_b])
     head = "".join(f"<th>{e(h)}</th>" for h in ["point", "status A / B", *(f.title for f in figures)])
     body = []
@@ -112,14 +110,9 @@ def render_html(rows_a: Sequence[Row], rows_b: Sequence[Row], a: str, b: str) ->
             cls = "noise" if c.inside_noise else {True: "better", False: "worse", None: ""}[c.better]
             cells.append(f'<td class="{cls}">{e(cell(f, c))}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
-    css = ("body{font:14px/1.4 system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
-           "td,th{border:1px solid #ccc;padding:2px 6px}td.better{background:#e3f4e3}td.worse{background:#fde2e2}"
-           "td.noise{color:#777}")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
-            f"<title>genready sweep comparison</title><style>{css}</style></head><body>"
-            f"<h1>genready sweep comparison</h1><p>A: {e(a)}<br>B: {e(b)}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-            "<p>Change in % of A. Green better, red worse by the figure's direction; grey inside the noise (the "
-            "larger relative median absolute deviation of the two sides' repeats, else the plan's noise_limit)."
-            "</p></body></html>\n")
+    body_html = (f"<h1>genready sweep comparison</h1><p>A: {e(a)}<br>B: {e(b)}</p>"
+                 f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+                 "<p>Change in % of A. Green better, red worse by the figure's direction; grey inside the noise (the "
+                 "larger relative median absolute deviation of the two sides' repeats, else the plan's noise_limit)."
+                 "</p>")
+    return htmlpage.REPORT.page("genready sweep comparison", body_html).html

@@ -17,12 +17,13 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from genready.config import ConfigError, read_toml
+from genready.compat import StrEnum
+from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -112,6 +113,102 @@ class Point:
         return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
 
 
+class Between(StrEnum):
+    """`between_points`: what a reused instance gets before each run."""
+
+    FLUSH = "flush"  # its prefix cache emptied through the server's own route (servercache.flush)
+    NONE = "none"  # nothing: the run starts on what the run before left (figures biased warm)
+    RESTART = "restart"  # no reuse: a fresh start for every run (as --restart-each)
+
+
+_REQUIRED: Final = object()
+_BAD: Final = object()  # what a key's reader answers for a value it does not take
+
+
+def _number(low: float, *, integer: bool = False, high: float = math.inf, low_open: bool = False
+            ) -> Callable[[object], object]:
+    def read(v: object) -> object:
+        if isinstance(v, bool) or not isinstance(v, int if integer else int | float):
+            return _BAD
+        if not (low < v if low_open else low <= v) or not v <= high or not math.isfinite(v):
+            return _BAD
+        return v if integer else float(v)
+    return read
+
+
+def _between(v: object) -> object:
+    return Between(v) if isinstance(v, str) and v in tuple(Between) else _BAD
+
+
+def _target(v: object) -> object:
+    return v if isinstance(v, str) and v else _BAD
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """One key of a plan, defined once: its name, what it takes, its default and its help. `read`
+    converts a given value (or answers _BAD); None: the key has its own parser below (command, dropin,
+    matrix, points)."""
+
+    name: str
+    expected: str
+    default: Any
+    help: str
+    read: Callable[[object], object] | None = None
+
+    @property
+    def help_text(self) -> str:
+        """The help with the default, in the plan's own spelling."""
+        if self.default is _REQUIRED or self.default is None:
+            return self.help
+        shown = f'"{self.default}"' if isinstance(self.default, str) else f"{self.default:g}"
+        return f"{self.help} (default {shown})"
+
+    def value(self, data: Mapping[str, Any], file: str) -> Any:
+        assert self.read is not None
+        if self.name not in data:
+            return self.default
+        got = self.read(data[self.name])
+        if got is _BAD:
+            raise ConfigError(file, self.name, self.expected, _found(data[self.name]))
+        return got
+
+
+KEYS: Final = (
+    PlanKey("target", "a target name (string)", None,
+            "the genready target to sweep (default: the only one)", _target),
+    PlanKey("command", "a string or a list of strings", _REQUIRED,
+            "the benchmark: a string split like a shell (no shell), or a list of words"),
+    PlanKey("dropin", "unit file text (a string)", None,
+            "unit file text for the target's unit, per point (a runtime drop-in)"),
+    PlanKey("timeout", "a number of seconds > 0", None,
+            "seconds to wait for a verified start per point (default: the target's load_timeout; for "
+            f"load_timeout = \"auto\", {LOAD_TIMEOUT_NO_HISTORY:g} s: the sweep does not read the daemon's "
+            "load history)",
+            _number(0, low_open=True)),
+    PlanKey("attempts", "an integer >= 1", 2,
+            "runs per point when a run is invalidated or the server does not come up", _number(1, integer=True)),
+    PlanKey("matrix", "a table of NAME = [values]", None,
+            "a table NAME = [values]: the points are their cartesian product, in file order"),
+    PlanKey("points", "[[points]] tables of NAME = value", None, "[[points]] tables of NAME = value: points listed "
+            "one by one"),
+    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH.value,
+            'before each run on a reused instance: "flush" its prefix cache, "none", or "restart" the server',
+            _between),
+    PlanKey("warmup", "an integer from 0 to 1000", 2,
+            "requests (the target's probe) sent before each run and not counted", _number(0, integer=True, high=1000)),
+    PlanKey("repeats", "an integer from 1 to 1000", 1,
+            "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
+    PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
+            "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
+)
+PLAN_KEYS: Final = {k.name: k for k in KEYS}
+# The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
+# Not `repeats`: it says how many runs, each measured alike (raising it and resuming runs only the new ones),
+# and each line names its repeat.
+RUN_KEYS: Final = ("between_points", "warmup")
+
+
 @dataclass(frozen=True)
 class Plan:
     path: str
@@ -121,10 +218,10 @@ class Plan:
     timeout: float | None
     attempts: int
     points: tuple[Point, ...]
-    between_points: str = "flush"  # BETWEEN: what a reused instance gets before each run
-    warmup: int = 2  # requests sent before each run, not counted
-    repeats: int = 1  # runs per point on the same instance
-    noise_limit: float = 0.10  # a point whose relative MAD over its repeats exceeds this is noisy
+    between_points: Between  # what a reused instance gets before each run
+    warmup: int  # requests sent before each run, not counted
+    repeats: int  # runs per point on the same instance
+    noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
@@ -148,27 +245,6 @@ class Plan:
                 self.dropin_for(p, "") or ""
             by_text.setdefault(key, []).append(p)
         return [tuple(g) for g in by_text.values()]
-
-
-# between_points: "flush" empties the reused server's prefix cache through its own route before each run
-# (servercache.py), "none" leaves it as the run before left it, "restart" starts the server afresh for every run.
-BETWEEN: Final = ("flush", "none", "restart")
-
-PLAN_KEYS: Final = {
-    "target": "the genready target to sweep (default: the only one)",
-    "command": "the benchmark: a string split like a shell (no shell), or a list of words",
-    "dropin": "unit file text for the target's unit, per point (a runtime drop-in)",
-    "timeout": "seconds to wait for a verified start per point (default: the target's load_timeout)",
-    "attempts": "runs per point when a run is invalidated or the server does not come up (default 2)",
-    "matrix": "a table NAME = [values]: the points are their cartesian product, in file order",
-    "points": "[[points]] tables of NAME = value: points listed one by one",
-    "between_points": 'before each run on a reused instance: "flush" its prefix cache (default), "none", or '
-                      '"restart" the server',
-    "warmup": "requests (the target's probe) sent before each run and not counted (default 2)",
-    "repeats": "runs per point on the same instance, each flushed before (default 1)",
-    "noise_limit": "a point whose relative median absolute deviation over its repeats exceeds this is noisy "
-                   "(default 0.10)",
-}
 
 
 def _found(v: object) -> str:
@@ -203,9 +279,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     for key in data:
         if key not in PLAN_KEYS:
             raise ConfigError(file, key, "one of the known keys: " + ", ".join(PLAN_KEYS), f"unknown key {key!r}")
-    target = data.get("target")
-    if target is not None and not (isinstance(target, str) and target):
-        raise ConfigError(file, "target", "a target name (string)", _found(target))
+    simple = {k.name: k.value(data, file) for k in KEYS if k.read is not None}
 
     raw_cmd = data.get("command")
     if isinstance(raw_cmd, str):
@@ -217,7 +291,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     elif isinstance(raw_cmd, list) and all(isinstance(w, str) for w in raw_cmd):
         words, where = raw_cmd, [f"command[{i}]" for i in range(len(raw_cmd))]
     elif raw_cmd is None:
-        raise ConfigError(file, "command", f"a string or a list of strings ({PLAN_KEYS['command']})",
+        raise ConfigError(file, "command", f"a string or a list of strings ({PLAN_KEYS['command'].help})",
                           "nothing (the key is required)")
     else:
         raise ConfigError(file, "command", "a string or a list of strings", _found(raw_cmd))
@@ -236,28 +310,6 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
                               repr(first[:40]) if first else "no settings")
         dropin = Template.parse(text, file, "dropin")
 
-    timeout = data.get("timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < float("inf"):
-            raise ConfigError(file, "timeout", "a number of seconds > 0", _found(timeout))
-        timeout = float(timeout)
-    attempts = data.get("attempts", 2)
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ConfigError(file, "attempts", "an integer >= 1", _found(attempts))
-
-    between = data.get("between_points", "flush")
-    if between not in BETWEEN:
-        raise ConfigError(file, "between_points", " or ".join(f'"{b}"' for b in BETWEEN), _found(between))
-    counts = {}
-    for key, default, low in (("warmup", 2, 0), ("repeats", 1, 1)):
-        v = data.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1000:
-            raise ConfigError(file, key, f"an integer from {low} to 1000", _found(v))
-        counts[key] = v
-    noise = data.get("noise_limit", 0.10)
-    if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0 <= noise < float("inf"):
-        raise ConfigError(file, "noise_limit", "a fraction >= 0 (0.10 is 10 %)", _found(noise))
-
     points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
     used: dict[str, str] = {}  # placeholder -> the key it appears in
     for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
@@ -268,8 +320,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
             if name != "out" and name not in dict(p.values):
                 raise ConfigError(file, key, f"a value for {{{name}}} in every point",
                                   f"none in point {p.index} ({p.label})")
-    return Plan(file, target, command, dropin, timeout, attempts, points, between, counts["warmup"],
-                counts["repeats"], float(noise))
+    return Plan(path=file, command=command, dropin=dropin, points=points, **simple)
 
 
 def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:

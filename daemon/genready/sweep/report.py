@@ -18,6 +18,7 @@ which are never marked best).
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -293,11 +294,29 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
         if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")
         for lineno, rec in lines:
-            by_point.setdefault(json.dumps(rec.get("point"), sort_keys=True), []).append(
-                (rec, folder, f"{path}:{lineno}"))
-    rows = sorted((point_row(lines) for lines in by_point.values()), key=lambda r: r.index)
+            # Lines another configuration made (their fingerprint differs) are never merged into one row.
+            key = json.dumps([rec.get("point"), rec.get("fingerprint")], sort_keys=True)
+            by_point.setdefault(key, []).append((rec, folder, f"{path}:{lineno}"))
+    made_by: dict[str, set[str]] = {}
+    for group in by_point.values():
+        made_by.setdefault(json.dumps(group[0][0].get("point"), sort_keys=True), set()).add(_made_by(group[0][0]))
+    rows = []
+    for group in by_point.values():
+        row = point_row(group)
+        if len(made_by[json.dumps(group[0][0].get("point"), sort_keys=True)]) > 1:
+            row.label += f" [{_made_by(group[0][0])}]"  # one point, lines of several configurations
+        rows.append(row)
+    rows.sort(key=lambda r: r.index)
     mark_best(rows)
     return rows
+
+
+def _made_by(rec: dict[str, Any]) -> str:
+    """Which configuration made a line, in a few characters: its fingerprint's digest, or that it has none."""
+    fp = rec.get("fingerprint")
+    if not isinstance(fp, dict):
+        return "no fingerprint"
+    return "fingerprint " + hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def mark_best(rows: Sequence[Row]) -> None:

@@ -1,0 +1,73 @@
+"""The time `genready sweep report --format html` takes over a results.jsonl whose lines each name another
+axis (issue 41 #9d: it was quadratic in the axes; the goal is 64 MiB in under 10 s), beside the time
+`--format table` takes over the same file, at 1/8, 1/4, 1/2 and all of SIZE MiB: a linear report takes
+about twice as long for twice the lines.
+
+Each line is a real sweep's results line (its plan values, status, PID, InvocationID, load and run time,
+host, target, unit, times, the sweep's own read of the accept length) whose point names one axis no other
+line names. The files are written here; a report reads at most 64 MiB (sweepreport.MAX_RESULTS_BYTES).
+
+    .venv/bin/python bench/sweep_report_axes.py [SIZE_MIB]     (default 64)
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+LIMIT_MIB = 64  # sweepreport.MAX_RESULTS_BYTES: the most a report reads
+
+
+def write(path: Path, size: int) -> int:
+    """Lines each naming another axis, up to `size` bytes; how many."""
+    n = written = 0
+    with path.open("w") as f:
+        while True:
+            line = json.dumps({"point": {f"axis_{n:07d}": n, "draft": f"d{n % 10}"}, "index": n + 1, "group": 1,
+                               "status": "ok", "attempt": 1, "repeat": 1, "cache": "flushed", "pid": 1000 + n,
+                               "invocation_id": f"{n:032x}", "load_seconds": 30.0, "run_seconds": 5.0,
+                               "host": "gpu1", "target": "t", "unit": "sglang.service",
+                               "started_at": "2026-12-04T01:00:00Z", "ended_at": "2026-12-04T02:00:00Z",
+                               "metrics_accept_length": 1.5 + (n % 7) / 10}) + "\n"
+            if written + len(line) > size:
+                return n
+            f.write(line)
+            written += len(line)
+            n += 1
+
+
+def timed(folder: Path, fmt: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one report: the CPU time is the report's own on a machine others load too."""
+    t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([PY, "-m", "genready.cli", "sweep", "report", str(folder), "--format", fmt, "--output",
+                    str(folder.parent / f"report.{fmt}")], check=True, cwd=REPO)
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.perf_counter() - t0, cpu.ru_utime - cpu0.ru_utime + cpu.ru_stime - cpu0.ru_stime
+
+
+def main() -> int:
+    size_mib = float(sys.argv[1]) if len(sys.argv) > 1 else LIMIT_MIB
+    took = 0.0
+    for part in (8, 4, 2, 1):
+        mib = size_mib / part
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp) / "results"
+            folder.mkdir()
+            lines = write(folder / "results.jsonl", int(mib * (1 << 20)))
+            table, table_cpu = timed(folder, "table")
+            took, cpu = timed(folder, "html")
+            print(f"{mib:5.1f} MiB, {lines:,} lines naming {lines:,} axes: --format html {took:5.1f} s "
+                  f"({cpu:5.1f} s CPU, {cpu / mib:.2f} s/MiB); --format table {table:5.1f} s "
+                  f"({table_cpu:5.1f} s CPU, {table_cpu / mib:.2f} s/MiB)", flush=True)
+    return 0 if took < 10 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,336 @@
+"""The LLM servers genready knows, one ServerKind each: everything that differs between them.
+
+Every other module asks a kind (or walks KINDS) instead of comparing a server's name: `init`'s
+command-line reading (tools/unitinit.py), the flush between a sweep's runs (tools/servercache.py),
+the /metrics counters (tools/servermetrics.py), the bench client's per-answer fields and its
+connection handling (tools/bench*.py), the probe's words for a server's refusals (probe/probe.py)
+and the simulator's profiles (genready_dev/sim.py). Adding a server is one more ServerKind here,
+plus its simulator profile (docs/architecture.md, "Adding a server kind").
+
+Each fact names the server's source file it was read from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from genready.apis import MODELS_PATH
+from genready.servers.engineconfig import (
+    ARGS_MARK,
+    EngineRead,
+    llamacpp_props,
+    llamacpp_slots,
+    sglang_info,
+    vllm_args_line,
+)
+from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
+
+
+def total(name: str) -> str:
+    """A counter's sample name on a /metrics page: prometheus_client (and llama.cpp) add `_total`."""
+    return name if name.endswith("_total") else name + "_total"
+
+
+@dataclass(frozen=True)
+class HitRate:
+    """The prefix cache's counters (names without `_total`), in tokens."""
+
+    hits: str
+    total: str
+    total_excludes_hits: bool = False  # llama.cpp's prompt_tokens leave the cached ones out
+
+
+@dataclass(frozen=True)
+class SpecMetrics:
+    """Speculative decoding's counters (names without `_total`): 1 + Δaccepted / Δsteps is the accept length."""
+
+    accepted: str
+    steps: str  # verify steps (vLLM: drafts)
+    draft_tokens: str = ""  # draft tokens proposed, where counted
+    source: str = ""  # the bench client's accept_length_source for a length from them
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    """One server: how `init` recognises it, its routes, its flush, its counters and its quirks."""
+
+    name: str  # the simulator's --profile and the word in results
+    label: str  # for people
+    api: str  # the api `init` proposes
+    # -- how init recognises it: `python -m MODULE`, `PROGRAM serve` (or `python -m PROGRAM serve`), a program,
+    #    or a container image whose entrypoint is the server
+    modules: tuple[str, ...] = ()
+    serve_programs: tuple[str, ...] = ()
+    programs: tuple[str, ...] = ()
+    images: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] = ()
+    host: str | None = "127.0.0.1"  # default listen address; None: every interface
+    port: int = 8000
+    flags: Mapping[str, str] = field(default_factory=dict)  # command-line flag -> what it sets (host, port, key, …)
+    env: Mapping[str, str] = field(default_factory=dict)  # variable -> what it sets
+    key_fix: str = ""  # how to hand this server its key without exposing it
+    model_is_weights: bool = False  # /v1/models names the weights when no served name is given
+    init_notes: Mapping[str, str] = field(default_factory=dict)  # what init adds, by situation ("uds")
+    # -- routes
+    health_route: str = "/health"  # "" : it has none (its GET /health answers 404)
+    models_route: str = MODELS_PATH
+    info_routes: tuple[str, ...] = ()  # server info with avg_spec_accept_length (SGLang)
+    # -- the prefix cache's flush
+    flush: Flush | None = None
+    flush_needs: str = ""  # the words for what the flush needs
+    # -- /metrics and per-answer figures
+    hit_rate: HitRate | None = None
+    spec: SpecMetrics | None = None
+    verify_field: str = ""  # meta_info's verify-step count in an answer (SGLang)
+    draft_fields: tuple[str, str] | None = None  # timings' (drafted, accepted) in an answer (llama.cpp)
+    # -- connection quirks
+    server_header: str = ""  # its Server header's product, before the "/"
+    closes_after_stream: bool = False  # closes the connection after a streamed answer despite keep-alive
+    refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
+    # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
+    engine: EngineRead | None = None
+
+
+# --- the kinds -------------------------------------------------------------------------------------------
+
+SGLANG: Final = ServerKind(
+    "sglang", "SGLang", "sglang",
+    # python/sglang/srt/server_args.py
+    modules=("sglang.launch_server",), serve_programs=("sglang",), host="127.0.0.1", port=30000,
+    flags={"--host": "host", "--port": "port", "--api-key": "key", "--served-model-name": "model",
+           "--model-path": "weights", "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls",
+           "--fastapi-root-path": "prefix"},
+    key_fix="SGLang takes its key only as --api-key: keep it in a file (LoadCredential=apikey:FILE) and start "
+            "SGLang from a small Python wrapper that reads $CREDENTIALS_DIRECTORY/apikey and launches the server "
+            "in-process, so the key never reaches a command line",
+    # python/sglang/srt/entrypoints/http_server.py: /get_server_info; newer versions serve /server_info and
+    # answer /get_server_info with a deprecation warning in the server's log (docs.sglang.io, native_api)
+    info_routes=("/server_info", "/get_server_info"),
+    flush=flush_sglang, flush_needs="SGLang /flush_cache",
+    # python/sglang/srt/metrics/collector.py
+    hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
+    # python/sglang/srt/managers/tokenizer_manager.py: set only when a speculative algorithm runs
+    verify_field="spec_verify_ct",
+    # A FastAPI validation error is 400 (http_server.py, validation_exception_handler); /generate refuses a body
+    # without a prompt (managers/io_struct.py).
+    refusal_words={"input_ids or input_embeds should be provided": "shape"},
+    # python/sglang/srt/server_args.py: each ServerArgs field's flag is its name (--tp-size; aliases
+    # --tensor-parallel-size, --model, --speculative-draft-model; argparse takes the prefix --tp);
+    # _handle_speculative_decoding runs NEXTN as EAGLE.
+    engine=EngineRead(
+        routes=(("/server_info", sglang_info), ("/get_server_info", sglang_info)),
+        flags={"--model-path": "model_path", "--model": "model_path", "--tp-size": "tp_size", "--tp": "tp_size",
+               "--tensor-parallel-size": "tp_size", "--dp-size": "dp_size",
+               "--speculative-algorithm": "speculative_algorithm",
+               "--speculative-draft-model-path": "speculative_draft_model_path",
+               "--speculative-draft-model": "speculative_draft_model_path",
+               "--speculative-num-steps": "speculative_num_steps",
+               "--speculative-eagle-topk": "speculative_eagle_topk",
+               "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+               "--context-length": "context_length", "--max-running-requests": "max_running_requests",
+               "--mem-fraction-static": "mem_fraction_static", "--kv-cache-dtype": "kv_cache_dtype",
+               "--attention-backend": "attention_backend", "--quantization": "quantization"},
+        same={"speculative_algorithm": {"NEXTN": "EAGLE"}}))
+
+VLLM: Final = ServerKind(
+    "vllm", "vLLM", "openai-completions",
+    # vllm/entrypoints/openai/cli_args.py, vllm/config/model.py
+    modules=("vllm.entrypoints.openai.api_server",), serve_programs=("vllm",),
+    images=("vllm-openai", "vllm/vllm"), entrypoint=("vllm", "serve"), host=None, port=8000,
+    flags={"--host": "host", "--port": "port", "--uds": "uds", "--api-key": "key", "--served-model-name": "model",
+           "--model": "weights", "--ssl-keyfile": "tls", "--ssl-certfile": "tls", "--root-path": "prefix"},
+    env={"VLLM_API_KEY": "key"},
+    key_fix="set VLLM_API_KEY from an EnvironmentFile= only root can read (a process's environment is private "
+            "to its user), instead of --api-key or Environment=",
+    model_is_weights=True,
+    flush=flush_vllm,
+    flush_needs="vLLM POST /reset_prefix_cache (only with VLLM_SERVER_DEV_MODE=1 in the server's environment)",
+    # vllm/v1/metrics/loggers.py; vllm/v1/spec_decode/metrics.py
+    hit_rate=HitRate("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+    spec=SpecMetrics("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_drafts",
+                     "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters"),
+    # vllm/entrypoints/openai/server_utils.py: validation errors are 400
+    refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
+    # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
+    # line (argparse dests: `vllm serve MODEL` is model_tag); vllm/v1/metrics/loggers.py: *_info gauges
+    # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed. Only flags that take
+    # a value are mapped (a switch such as --enable-prefix-caching would take the next argument for its value).
+    engine=EngineRead(
+        args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=True, positional="model_tag",
+        flags={"--model": "model", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+               "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+               "--speculative-config": "speculative_config", "-sc": "speculative_config",
+               "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
+               "--gpu-memory-utilization": "gpu_memory_utilization", "--kv-cache-dtype": "kv_cache_dtype",
+               "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype"},
+        json_flags=frozenset({"--speculative-config", "-sc"})))
+
+LLAMA_CPP: Final = ServerKind(
+    "llama.cpp", "llama.cpp", "openai-completions",
+    # common/arg.cpp
+    programs=("llama-server",), images=("llama.cpp", "llama-cpp"), entrypoint=("llama-server",),
+    host="127.0.0.1", port=8080,
+    flags={"--host": "host", "--port": "port", "--api-key": "key", "--api-key-file": "key_file", "-a": "model",
+           "--alias": "model", "--ssl-key-file": "tls", "--ssl-cert-file": "tls", "--api-prefix": "prefix"},
+    env={"LLAMA_ARG_HOST": "host", "LLAMA_ARG_PORT": "port", "LLAMA_API_KEY": "key",
+         "LLAMA_ARG_API_KEY_FILE": "key_file", "LLAMA_ARG_ALIAS": "model",
+         "LLAMA_ARG_SSL_KEY_FILE": "tls", "LLAMA_ARG_SSL_CERT_FILE": "tls", "LLAMA_ARG_API_PREFIX": "prefix"},
+    key_fix="use --api-key-file FILE (or LoadCredential=apikey:FILE and "
+            "--api-key-file ${CREDENTIALS_DIRECTORY}/apikey)",
+    # tools/server/server-http.cpp binds the path as is and leaves the file behind on exit: the next start
+    # fails ("couldn't bind HTTP server socket") until someone removes it
+    init_notes={"uds": "llama-server leaves {uds} behind when it stops, and a stale one fails the next start: "
+                       "give its unit ExecStartPre=-/bin/rm -f {uds}"},
+    flush=flush_llamacpp,
+    flush_needs="llama-server GET /slots and its slot actions (--slot-save-path DIR, not --no-slots)",
+    # tools/server/server-context.cpp: prompt_tokens exclude the cached ones (checked on the real llama-server
+    # 11434: two runs of a 376-token prompt counted 753 processed and 375 cached)
+    hit_rate=HitRate("llamacpp:prompt_tokens_cached", "llamacpp:prompt_tokens", total_excludes_hits=True),
+    # tools/server/server-task.cpp: spec_decode_num_drafts counts verify steps (n_draft_verif_steps)
+    spec=SpecMetrics("llamacpp:spec_decode_num_accepted_tokens", "llamacpp:spec_decode_num_drafts",
+                     "llamacpp:spec_decode_num_draft_tokens", "/metrics llamacpp:spec_decode counters"),
+    # server_slot_stats::to_json (tools/server/server-common.cpp): only when the slot drafted
+    draft_fields=("draft_n", "draft_n_accepted"),
+    # Its stream provider (tools/server/server-http.cpp, process_handler_response) returns false after
+    # sink.done(), which cpp-httplib's write_content_chunked reports as a failed write: the keep-alive loop
+    # ends and the socket is shut down although the headers offered keep-alive.
+    server_header="llama.cpp", closes_after_stream=True,
+    # tools/server/server-models.cpp: the router without --models-autoload
+    refusal_words={"model is not loaded": "router"},
+    # common/arg.cpp (build 11434): -m, -np, --spec-type (accumulates after the default "none"),
+    # --spec-draft-n-max/-n-min/-p-min (older: --draft-max/--draft-min/--draft-p-min). GET /props has the
+    # model and the slots; GET /slots has each slot's speculator and its last task's speculative.* params.
+    engine=EngineRead(
+        routes=(("/props", llamacpp_props), ("/slots", llamacpp_slots)),
+        flags={"-m": "model_path", "--model": "model_path", "-np": "total_slots", "--parallel": "total_slots",
+               "--spec-type": "speculative.types", "--spec-draft-n-max": "speculative.n_max",
+               "--spec-draft-n-min": "speculative.n_min", "--spec-draft-p-min": "speculative.p_min",
+               "--draft-max": "speculative.n_max", "--draft": "speculative.n_max", "--draft-n": "speculative.n_max",
+               "--draft-min": "speculative.n_min", "--draft-n-min": "speculative.n_min",
+               "--draft-p-min": "speculative.p_min"},
+        append={"--spec-type": "none"}))
+
+LLAMA_CPP_PYTHON: Final = ServerKind(
+    "llama-cpp-python", "llama-cpp-python", "openai-completions",
+    # llama_cpp/server/settings.py, llama_cpp/server/__main__.py
+    modules=("llama_cpp.server",), host="localhost", port=8000,
+    flags={"--host": "host", "--port": "port", "--api_key": "key", "--model_alias": "model",
+           "--ssl_keyfile": "tls", "--ssl_certfile": "tls", "--root_path": "prefix"},
+    key_fix="pass the settings as a --config_file JSON file only the server's user can read, instead of --api_key",
+    # llama_cpp/server/app.py serves only /v1/*, /tokenize*, /detokenize
+    health_route="")
+
+KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON)
+BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
+
+# What a flush needs, in words, and what a server with none of the routes gets.
+FLUSH_NEEDS: Final = "; ".join(k.flush_needs for k in KINDS if k.flush_needs)
+NO_ROUTE: Final = f"the server has none of the flush routes ({FLUSH_NEEDS})"
+FIX: Final = 'set between_points = "restart" in the plan for a fresh start per point'
+# A refusal's text that says the request had the wrong shape, and the llama.cpp router's "not loaded".
+WRONG_SHAPE: Final = tuple(w for k in KINDS for w, why in k.refusal_words.items() if why == "shape")
+ROUTER_NOT_LOADED: Final = tuple(w for k in KINDS for w, why in k.refusal_words.items() if why == "router")
+# llama.cpp's router lists each model's status.value (tools/server/server-models.cpp): loading ones
+ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
+
+
+def says(body: bytes, words: tuple[str, ...]) -> bool:
+    """Whether a refusal's text holds one of the kinds' words (WRONG_SHAPE, ROUTER_NOT_LOADED)."""
+    text = body.decode("utf-8", "replace").lower()
+    return any(w in text for w in words)
+
+
+def by_server_header(header: str) -> ServerKind | None:
+    """The kind whose Server header this is (`llama.cpp/…`), if any."""
+    product = header.split("/")[0]
+    return next((k for k in KINDS if k.server_header and k.server_header == product), None)
+
+
+def closes_after_stream(header: str) -> bool:
+    """Whether the server of this Server header closes the connection after every streamed answer."""
+    kind = by_server_header(header)
+    return kind is not None and kind.closes_after_stream
+
+
+def by_command(argv: list[str], base: str) -> tuple[ServerKind, list[str]] | None:
+    """The kind a command line starts, and its arguments after the program (or module); `base` is argv[0]'s
+    base name. Python (`python -m M`, uv) or the server's own program; None when it is none of them."""
+    if base.startswith("python") or base in ("uv", "uvx"):
+        if "-m" not in argv:
+            return None
+        j = argv.index("-m")
+        module, rest = (argv[j + 1] if j + 1 < len(argv) else ""), argv[j + 2:]
+        for k in KINDS:
+            if module in k.modules:
+                return k, rest
+            if module in k.serve_programs and rest[:1] == ["serve"]:
+                return k, rest[1:]
+        return None
+    for k in KINDS:
+        if base in k.serve_programs and argv[1:2] == ["serve"]:
+            return k, argv[2:]
+        if base in k.programs:
+            return k, argv[1:]
+    return None
+
+
+# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/sim.py)
+SIMULATED: Final[Mapping[str, str]] = {"sglang": "sglang", "vllm": "vllm", "llamacpp": "llama.cpp"}
+
+
+def serving(argv: Sequence[str]) -> tuple[ServerKind, list[str]] | None:
+    """The kind an ExecStart= argv runs and the server's own arguments, for reading back its configuration
+    (servers/engineconfig.py): by_command, or the simulator's profile; None when it is neither."""
+    argv = list(argv)
+    if not argv:
+        return None
+    found = by_command(argv, os.path.basename(argv[0]))
+    if found is not None:
+        return found
+    if "simulate" in argv and "--profile" in argv:
+        j = argv.index("--profile")
+        name = SIMULATED.get(argv[j + 1] if j + 1 < len(argv) else "")
+        if name is not None:
+            return BY_NAME[name], argv[argv.index("simulate") + 1:]
+    return None
+
+
+def image_entrypoint(image: str) -> tuple[str, ...]:
+    """The command of an image whose entrypoint is a known server (by its name), else ()."""
+    for k in KINDS:
+        if any(fragment in image for fragment in k.images):
+            return k.entrypoint
+    return ()
+
+
+async def flush(call: Call, busy_wait: float) -> Flushed:
+    """Empty the server's prefix cache by the first kind's route it has; NO_ROUTE when it has none."""
+    for k in KINDS:
+        if k.flush is not None and (done := await k.flush(call, busy_wait)) is not None:
+            return done
+    return Flushed(why=NO_ROUTE)
+
+
+def info_routes() -> tuple[str, ...]:
+    """The server-info routes that carry avg_spec_accept_length, in the order to ask."""
+    return tuple(r for k in KINDS for r in k.info_routes)
+
+
+def verify_fields() -> tuple[str, ...]:
+    return tuple(k.verify_field for k in KINDS if k.verify_field)
+
+
+def draft_fields() -> tuple[tuple[str, str], ...]:
+    return tuple(k.draft_fields for k in KINDS if k.draft_fields)
+
+
+def spec_kinds() -> tuple[ServerKind, ...]:
+    """The kinds with speculative-decoding counters on /metrics."""
+    return tuple(k for k in KINDS if k.spec is not None)
+
+
+def hit_rate_kinds() -> tuple[ServerKind, ...]:
+    return tuple(k for k in KINDS if k.hit_rate is not None)

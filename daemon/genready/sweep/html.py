@@ -1,0 +1,350 @@
+"""`genready sweep report DIR... --format html`: one self-contained HTML file to look at and attach.
+
+No network and nothing external: the page is written through web/htmlpage (the shared stylesheet
+inline, no script, a Content-Security-Policy by hash), and every plot is an SVG drawn by matplotlib
+(its text drawn as paths, so no font is needed) embedded as a data: image, so the file opens on an
+offline GPU host. matplotlib is the optional extra `genready[report]` (Debian:
+python3-matplotlib), imported here only, and only when the report is written: the daemon never
+imports this module. Everything the results hold is escaped: a point value holding `<script>`
+shows as text. The page reads whatever `report --format table` reads: a value no plot can show (a
+number beyond PLOT_LIMIT or not finite) is left out of its plot, and the page says which; a value
+that is no number (a string, a list) is a category on its axis. The time is linear in the lines read.
+
+The page holds the run's context (host, genready version, target, unit, plan, time), the table
+(best values, noisy, warm, failed and invalidated points marked, each point's PID, InvocationID
+and load time), one plot per figure against the plan's axes (x: one axis, `--x`, by default the
+client-side axis with the most values; one line per value of the other axes, `--lines` first,
+by default one per server configuration; repeats as error bars from min to max), and output
+tokens/s against TTFT p50 and against ITL p50, one mark per point, with the Pareto front drawn
+and its points labelled.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import socket
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Final
+
+from genready import __version__
+from genready.redact import escape
+from genready.sweep.report import FIGURES, Figure, Row, figure_text, label_of
+from genready.web import htmlpage
+
+PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
+PARETO: Final = (("ttft_p50_ms", "TTFT p50 ms"), ("itl_p50_ms", "ITL p50 ms"))
+MAX_LINES: Final = 12  # lines per plot: past that, the legend would hide the plot
+MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would overlap
+EXTRA: Final = "genready[report]"
+# The largest magnitude a plot shows: matplotlib cannot lay out an axis spanning ±1.7e308 (its limits and
+# ticks overflow, "arange: cannot compute length"); ±1e307 still draws, so 1e300 leaves room.
+PLOT_LIMIT: Final = 1e300
+SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
+SHOWN_LEFT_OUT: Final = 10  # points named in a plot's "left out" note
+
+
+class NoMatplotlib(Exception):
+    """matplotlib is not installed: the message names the extra (exit 69)."""
+
+
+def _matplotlib() -> Any:
+    try:
+        import matplotlib
+        matplotlib.use("svg")
+        from matplotlib.figure import Figure as MplFigure
+    except ImportError:
+        raise NoMatplotlib(f"--format html draws its plots with matplotlib, which is not installed: pip install "
+                           f"'{EXTRA}' (Debian: apt install python3-matplotlib); every other format works "
+                           "without it") from None
+    matplotlib.rcParams["svg.hashsalt"] = "genready"  # the same results give the same file
+    return MplFigure
+
+
+def _text(v: object) -> str:
+    """For matplotlib: control characters shown escaped, and `$` escaped (mathtext would read `$...$` in a
+    value as a formula)."""
+    return escape(str(v)).replace("$", r"\$")
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    return buf.getvalue()
+
+
+def axes_of(rows: Sequence[Row]) -> tuple[list[str], list[str]]:
+    """(client-side axes, server-side axes): an axis whose value changes inside a server configuration (a
+    group) is the client's; one that is constant in every group is the server's. A point without the axis
+    holds None there."""
+    client, server, _ = _axes(rows)
+    return client, server
+
+
+def default_x(rows: Sequence[Row]) -> str | None:
+    """The client-side axis (else the server-side one) with the most distinct values, None counted where a
+    point lacks it; the first such in plan order."""
+    return _default_x(_axes(rows))
+
+
+def _default_x(axes: tuple[list[str], list[str], dict[str, int]]) -> str | None:
+    client, server, distinct = axes
+    pool = client or server
+    return max(pool, key=distinct.__getitem__) if pool else None
+
+
+def _axes(rows: Sequence[Row]) -> tuple[list[str], list[str], dict[str, int]]:
+    """axes_of(), and per axis how many distinct values it has (default_x's measure), in one pass over the
+    points' values: linear in the lines, however many axes they name (it was quadratic)."""
+    size: Counter[int] = Counter()  # points per group
+    first: dict[tuple[int, str], str] = {}  # the axis's first value in the group (its repr)
+    count: Counter[tuple[int, str]] = Counter()  # points of the group that have the axis
+    values: dict[str, set[str]] = {}  # per axis in plan order, its values (their repr)
+    client: set[str] = set()
+    for r in rows:
+        g = r.group if r.group is not None else r.index
+        size[g] += 1
+        for n, v in r.point.items():
+            rv = repr(v)
+            count[g, n] += 1
+            values.setdefault(n, set()).add(rv)
+            if first.setdefault((g, n), rv) != rv:
+                client.add(n)
+    have: Counter[str] = Counter()
+    for (g, n), c in count.items():
+        have[n] += c
+        if c != size[g] and first[g, n] != "None":  # a point of the group without the axis: None beside a value
+            client.add(n)
+    distinct = {n: len(vs) + (have[n] < len(rows) and "None" not in vs) for n, vs in values.items()}
+    return [n for n in values if n in client], [n for n in values if n not in client], distinct
+
+
+def plottable(v: Any) -> float | None:
+    """`v` as a plot's coordinate, or None: a number within ±PLOT_LIMIT (an integer beyond any float, an
+    infinity, a NaN and ±1.7e308 are not)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and abs(f) <= PLOT_LIMIT else None
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)  # True is a category ("true"), not 1
+
+
+def _shown(v: Any, width: int = 40) -> str:
+    """A value's text, cut for a note, a tick or a legend (an integer of 400 digits is a valid point value)."""
+    t = escape(str(v))
+    return t if len(t) <= width else t[:width - 3] + "..."
+
+
+def _left_out(left: Sequence[tuple[str, str]]) -> str:
+    """The note under a plot naming the points it leaves out, and why (empty when none)."""
+    if not left:
+        return ""
+    named = "; ".join(f"{_shown(label)}: {why}" for label, why in left[:SHOWN_LEFT_OUT])
+    more = f"; and {len(left) - SHOWN_LEFT_OUT} more" if len(left) > SHOWN_LEFT_OUT else ""
+    return (f'<p class="note left-out">Left out of this plot: {len(left)} point{"s" if len(left) != 1 else ""} '
+            f"whose value it cannot show ({htmlpage.text(named + more)}).</p>")
+
+
+def _value_text(v: Any) -> str:
+    """A point value's text as the table's label writes it (label_of's rule for one value)."""
+    return label_of({"": v})[1:]
+
+
+def line_keys(rows: Sequence[Row], x: str, lines: str | None) -> list[tuple[str, ...] | None]:
+    """Per row, the line it belongs on against axis `x`: its values of the other axes (`lines` first, then
+    in plan order); None for a row without `x`. Once per page, for every figure's plot."""
+    rank = {lines: 0} if lines is not None and lines != x else {}
+    for r in rows:
+        for n in r.point:
+            if n != x and n not in rank:
+                rank[n] = len(rank)
+    return [tuple(f"{n}={_value_text(r.point[n])}" for n in sorted((n for n in r.point if n != x),
+                                                                  key=rank.__getitem__))
+            if x in r.point else None for r in rows]
+
+
+def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence[tuple[str, ...] | None]
+                ) -> tuple[str | None, list[tuple[str, str]]]:
+    """One figure against axis `x`, a line per value of the other axes (`keys`: line_keys()): (the SVG, None
+    without data; the points left out, each with why). x is numeric when every value is a number, else
+    each value is a category, in plan order."""
+    series: dict[tuple[str, ...], list[tuple[Any, float, float, float]]] = {}
+    left: list[tuple[str, str]] = []
+    for r, key in zip(rows, keys, strict=True):
+        v = (r.figures or {}).get(f.key)
+        if r.status != "ok" or v is None or key is None:
+            continue
+        xv, sp = r.point[x], r.spread.get(f.key)
+        y, low, high = plottable(v), plottable(sp.low if sp else v), plottable(sp.high if sp else v)
+        if _number(xv) and plottable(xv) is None:
+            left.append((r.label, f"{x} = {_shown(xv)}"))
+        elif y is None or low is None or high is None:
+            left.append((r.label, f"{f.title} = {_shown(v)}"))
+        else:
+            series.setdefault(key, []).append((xv, y, low, high))
+    if not series:
+        return None, left
+    drawn = list(series.items())[:MAX_LINES]
+    numeric = all(_number(p[0]) for _, pts in drawn for p in pts)
+    # numbers in order; any other values as categories in the plan's order (their first point's)
+    categories: dict[str, int] = {}
+    if not numeric:
+        for _, pts in drawn:
+            for p in pts:
+                categories.setdefault(_value_text(p[0]), len(categories))
+    fig = mpl(figsize=(6.4, 3.6))
+    ax = fig.add_subplot()
+    handles, labels = [], []
+    for key, pts in drawn:
+        pos = [float(p[0]) if numeric else float(categories[_value_text(p[0])]) for p in pts]
+        order = sorted(range(len(pts)), key=pos.__getitem__)
+        ys = [pts[i][1] for i in order]
+        err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
+        handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
+                                   marker="o", capsize=3))
+        labels.append(_text(_shown(" ".join(key) or "all", 80)))
+    if not numeric:
+        # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
+        step = -(-len(categories) // MAX_TICKS)
+        ax.set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
+    ax.set_xlabel(_text(_shown(x, 80)))
+    ax.set_ylabel(_text(f.title))
+    ax.grid(alpha=0.3)
+    if len(series) > 1:
+        # Handles and labels given: matplotlib leaves out of an automatic legend every label that starts
+        # with "_", and an axis may be named `_tp`.
+        ax.legend(handles, labels, fontsize=7, loc="best")
+    if len(series) > MAX_LINES:
+        ax.set_title(f"first {MAX_LINES} of {len(series)} lines", fontsize=8)
+    return _svg(fig), left
+
+
+def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The points no other beats on both: lower latency (first) and higher throughput (second)."""
+    front: list[tuple[float, float, str]] = []
+    best = -math.inf
+    for p in sorted(points, key=lambda p: (p[0], -p[1])):
+        if p[1] > best:
+            front.append(p)
+            best = p[1]
+    return front
+
+
+def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
+                ) -> tuple[tuple[str, list[str]] | None, list[tuple[str, str]]]:
+    """Output tokens/s against `latency`: ((the SVG, the front's labels), None without data; the points
+    left out, each with why)."""
+    pts, left = [], []
+    for r in rows:
+        fig_ = r.figures or {}
+        lat, tps = fig_.get(latency), fig_.get("output_tokens_per_second")
+        if r.status != "ok" or lat is None or tps is None:
+            continue
+        x, y = plottable(lat), plottable(tps)
+        if x is None or y is None:
+            left.append((r.label, f"{title} = {_shown(lat)}, OUT tok/s = {_shown(tps)}"))
+        else:
+            pts.append((x, y, r.label))
+    if not pts:
+        return None, left
+    front = pareto_front(pts)
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, alpha=0.5, label="points")
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
+    ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
+    for p in front[:20]:
+        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(_text(title))
+    ax.set_ylabel("OUT tok/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return (_svg(fig), [p[2] for p in front]), left
+
+
+def _names(names: Sequence[str]) -> str:
+    """Axis names for a line of text: the first SHOWN_NAMES, then how many more."""
+    shown = ", ".join(names[:SHOWN_NAMES]) or "-"
+    return shown + (f" and {len(names) - SHOWN_NAMES:,} more" if len(names) > SHOWN_NAMES else "")
+
+
+def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None) -> str:
+    """The whole page. NoMatplotlib without matplotlib; ValueError for an --x or --lines no point has."""
+    names = list(dict.fromkeys(n for r in rows for n in r.point))
+    for flag, v in (("--x", x), ("--lines", lines)):
+        if v is not None and v not in names:
+            raise ValueError(f"{flag}: expected one of the plan's axes ({_names(names) if names else 'none'}), "
+                             f"found {v!r}")
+    mpl = _matplotlib()
+    axes = _axes(rows)
+    x = x or _default_x(axes)
+    e = htmlpage.text
+    ctx = [("genready", __version__), ("report written on", socket.gethostname()),
+           ("written at", time.strftime("%Y-%m-%d %H:%M:%S %Z"))]
+    for key, title in (("target", "target"), ("unit", "unit"), ("plan", "plan")):
+        vals = sorted({r.context[key] for r in rows if r.context.get(key)})
+        if vals:
+            ctx.append((title, ", ".join(vals)))
+    hosts = sorted({r.host for r in rows if r.host})
+    if hosts:
+        ctx.append(("hosts", ", ".join(hosts)))
+    starts = sorted(r.context["started_at"] for r in rows if r.context.get("started_at"))
+    ends = sorted(r.context["ended_at"] for r in rows if r.context.get("ended_at"))
+    if starts:
+        ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
+    client, server, _ = axes
+    ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
+    out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
+    out.append(_table(rows))
+    plots = []
+    if x is not None:
+        keys = line_keys(rows, x, lines)
+        for key in PLOTTED:
+            f = next(fg for fg in FIGURES if fg.key == key)
+            svg, left = figure_plot(mpl, rows, f, x, keys)
+            if svg or left:
+                what = f"{f.title} against {x}"
+                image = htmlpage.data_image(svg, what) if svg else ""
+                plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
+    for latency, title in PARETO:
+        got, left = pareto_plot(mpl, rows, latency, title)
+        if got or left:
+            what = f"OUT tok/s against {title}"
+            image = htmlpage.data_image(got[0], what) if got else ""
+            front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
+            plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
+                         f"{_left_out(left)}</div>")
+    out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
+    return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html
+
+
+def _table(rows: Sequence[Row]) -> str:
+    e = htmlpage.text
+    figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
+                                                                         for r in rows))]
+    head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
+            *(f.title for f in figures)]
+    body = []
+    for r in rows:
+        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}</td>",
+                 f'<td class="{"warm" if r.cache == "warm" else ""}">{e(r.cache or "-")}</td>',
+                 f"<td>{r.runs_ok}/{r.runs}</td>", f"<td>{e(r.pid)}</td>", f"<td>{e(r.invocation_id or '-')}</td>",
+                 f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>",
+                 f"<td>{'-' if r.run is None else f'{r.run:.1f}'}</td>", f"<td>{e(r.host or '-')}</td>"]
+        for f in figures:
+            cls = " ".join(c for c, on in (("best", f.key in r.best), ("noisy", f.key in r.noisy)) if on)
+            cells.append(f'<td class="{cls}">{e(figure_text(r, f))}</td>')
+        body.append(f'<tr class="{e(r.status.split()[0] if r.status else "")}">{"".join(cells)}</tr>')
+    legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
+              "plan's noise_limit). Red cache: warm, the point ran on a prefix cache an earlier run filled. Rows: red "
+              "failed or not ready, orange invalidated.</p>")
+    return ("<h2>Points</h2><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(body) + "</tbody></table>" + legend)

@@ -1,0 +1,311 @@
+"""`genready sweep PLAN.toml --results DIR`: reconfigure, restart, verify, benchmark, record; per point.
+
+A hand-written benchmark loop is where measuring the wrong server happens: a restart that
+was not waited for, a result kept although the server changed under it. The sweep runs each
+point of a plan with the guarantees of `genready restart` and `genready guard`:
+
+1. the point's drop-in is written as a *runtime* drop-in of the target's unit (gone after a
+   reboot, like `systemctl edit --runtime`) and the manager reloads over D-Bus;
+2. the unit restarts over D-Bus, and the sweep waits, with the daemon, for a verified start
+   newer than the restart (a start that fails, or crash-loops, is `not_ready` at once);
+3. the command runs pinned to that verified instance (guard.run_pinned);
+4. one fsync'd JSON line per attempt goes to DIR/results.jsonl.
+
+Loading a large model takes minutes, so steps 1-2 happen once per *server configuration*:
+points whose rendered drop-ins are byte-identical form a group (Plan.groups), and the later
+points of a group reuse the group's verified instance if, checked right before their command
+(guard.check), it is still that very instance and ready; otherwise that point restarts.
+`--restart-each` restarts for every point (for cold-start measurements).
+
+At the end, and on SIGINT/SIGTERM/SIGHUP, the drop-in is removed and the unit restarted on its
+own configuration (unless --keep-config); a second signal exits at once, naming what is left.
+The drop-in's header names the sweep that wrote it (pid, start, plan, results), so a leftover
+of a sweep that was killed can be told from a running sweep's: `genready sweep restore TARGET`
+removes it, and a second sweep of the same unit refuses to start while the first is alive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import shlex
+import sys
+import unicodedata
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from genready import console
+from genready.client import client
+from genready.config import Config, ConfigError, FileError, stuck_after
+from genready.exitcodes import Exit, Failed
+from genready.store import durable
+from genready.sweep import report as sweepreport
+from genready.sweep.dropin import dropin_refused, refused_dropins, restore
+from genready.sweep.lines import between_words, loads_line, shown
+from genready.sweep.plan import Between, Plan, Shard, load_plan
+from genready.sweep.report import RESULTS_FILE
+from genready.sweep.results import (
+    Results,
+    ResultsUnwritable,
+    SweepBusy,
+    SweepError,
+    changed_points,
+    coverage,
+    fingerprint,
+    ok_runs,
+)
+from genready.sweep.runner import Sweep
+from genready.sweep.steps import SweepOptions
+from genready.systemd import analyze, bus, control
+from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_of, read_dropin
+from genready.tools import servercache
+
+RERUN_CHANGED = "rerun-changed"  # --resume=rerun-changed: redo the points whose lines another configuration made
+
+
+def check_results_path(results: Path) -> str | None:
+    """Why `results` cannot be the results folder's path, or None. Its path is written into drop-ins ({out}),
+    where a line break would start a new directive (a `%` is doubled there, as any value's)."""
+    bad = next((c for c in str(results) if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"--results: expected a path without control characters or line breaks, found {repr(bad)[1:-1]} in " \
+            f"{shown(str(results))!r}"
+    return None
+
+
+
+def other_lines(results: Path, changed: dict[int, list[str]]) -> str:
+    """The words for a results folder that holds lines another configuration made for some of the plan's points."""
+    first, keys = next(iter(changed.items()))
+    return (f"{results / RESULTS_FILE} holds lines made by another configuration for {len(changed)} of the plan's "
+            f"points (point {first}: {', '.join(keys)} differ" + (", and others" if len(changed) > 1 else "") + ")")
+
+
+def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: TextIO, *,
+            restart_each: bool = False, shard: Shard | None = None,
+            check: Callable[[str], list[str]] | None = None) -> int:
+    """Print what the sweep would do, in the order it would do it; touch nothing. With `check`, each drop-in
+    is checked as systemd would read it: 78 if systemd would not take one as written, else 0."""
+    def w(text: str) -> None:
+        console.write(text, out)  # `--dry-run | head` is not an error
+
+    where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
+        f"/{unit}.d/{DROPIN_NAME}"
+    width = len(str(len(plan.points)))
+    groups = shard.take(plan.groups()) if shard else plan.groups()
+    todo = [[p for p in g if p.index not in skip] for g in groups]
+    todo = [g for g in todo if g]
+    refused = refused_dropins(plan, [p for g in todo for p in g], results, check)[1] if check else {}
+    w(f"# {loads_line(sum(map(len, todo)), todo, restart_each)}"
+      + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
+      + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
+    w(f"# {between_words(plan)}\n")
+    if plan.between_points is Between.FLUSH:
+        # Said once, before anything runs: which routes a flush needs, and what a server without them gets.
+        w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
+          "VLLM_SERVER_DEV_MODE=1 in the server's environment); llama-server GET /slots and its slot actions "
+          f"(--slot-save-path DIR, not --no-slots). A server without one runs its reused points warm (cache=warm): "
+          f"{servercache.FIX}\n")
+    for n, group in enumerate(groups, 1):
+        w(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
+        for i, p in enumerate(group):
+            folder = results / p.slug(width) / "attempt-N"
+            how = "restart" if restart_each or i == 0 else "reuse the verified instance, if still ready"
+            w(f"\n[{p.index}/{len(plan.points)}] {shown(p.label)}" + (
+                "  (ok earlier: skipped with --resume)" if p.index in skip else f"  ({how})") + "\n")
+            text = plan.dropin_for(p, str(folder))
+            if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):
+                w("  drop-in:\n" + "".join(f"    {shown(ln)}\n" for ln in text.removesuffix("\n").split("\n")))
+            if p in refused:
+                w("  systemd would not take this drop-in as written:\n"
+                  + "".join(f"    {shown(ln)}\n" for ln in refused[p]))
+            w(f"  command: {shown(shlex.join(plan.command_for(p, str(folder))))}\n")
+    if refused:
+        first, said = next(iter(refused.items()))
+        console.err(f"genready sweep: {dropin_refused(plan, first, said)}" + (
+            f" (and {len(refused) - 1} more drop-ins)" if len(refused) > 1 else ""))
+        return Exit.CONFIG
+    return 0
+
+
+def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[str]] | None:
+    """The drop-in check for --dry-run (it only reads the unit's files), or None, saying why, if it cannot run."""
+    if plan.dropin is None:
+        return None
+    sd = None
+    try:
+        sd = control.UnitClient(bus_kind, unit)
+        state = sd.state()
+        dropin = sd.dropin_path(unit, DROPIN_NAME)
+        return analyze.DropinCheck(unit, state.fragment_path, dropin, user=bus_kind == "user").complaints
+    except Exception as e:  # no manager to ask (D-Bus), no systemd-analyze: the dry run goes on unchecked
+        console.err(f"genready sweep: not checking the drop-ins with systemd-analyze verify: {bus.dbus_words(e)}")
+        return None
+    finally:
+        if sd is not None:
+            sd.close()
+
+
+def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
+    """`genready sweep`, called by the CLI with the parsed arguments, the config and the daemon's URL."""
+    shard = None
+    if args.shard is not None:
+        try:
+            shard = Shard.parse(args.shard)
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+    try:
+        plan = load_plan(Path(args.plan))
+    except ConfigError as e:
+        raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
+                     status=Exit.CONFIG) from None
+    target = cfg.only_target(plan.target)
+    if target is None:
+        raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
+                     status=Exit.CONFIG)
+    if target not in cfg.targets:
+        raise Failed(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}",
+                     status=Exit.CONFIG)
+    tcfg = cfg.targets[target]
+    results = Path(args.results)
+    why = check_results_path(results)
+    if why:
+        raise Failed(why, status=Exit.BAD_ARGUMENT)
+    restart_each = args.restart_each or plan.between_points is Between.RESTART
+    fingerprints = {p.index: fingerprint(plan, p, target, tcfg.unit, restart_each=restart_each) for p in plan.points}
+    changed = changed_points(plan, results, fingerprints)
+    if changed and args.resume != RERUN_CHANGED:
+        raise Failed(other_lines(results, changed), hint=f"write to a new folder (--results NEW), or redo those points "
+                     f"and keep the rest (--resume={RERUN_CHANGED})", status=Exit.CONFIG)
+    done = ok_runs(plan, results, fingerprints) if args.resume else {}
+    skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
+    if args.dry_run:
+        return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
+                       shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus))
+    try:
+        code, _ = client.request(base, f"/ready/{target}")
+    except client.Unreachable as e:
+        client.unreachable(base, e)
+    if code == 404:
+        raise Failed(f"the daemon at {base} has no target {target!r}", hint="is it running with this config?",
+                     status=Exit.USAGE)
+    sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
+                               plan.timeout or stuck_after(tcfg.load_timeout, None), results,
+                               keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
+                               secrets=(tcfg.api_key,), server=tcfg), results=Results(done))
+    todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
+    todo = [g for g in todo if g]
+    say = sweep.console.say
+    say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
+        f"; {between_words(plan)}")
+    if changed:
+        say(f"--resume={RERUN_CHANGED}: {other_lines(results, changed)}; those points run again")
+    if skip:
+        say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
+    partial = sum(1 for i, recs in done.items() if i not in skip)
+    if partial:
+        say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing ones run")
+    try:
+        return sweep.run(skip)
+    except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
+        raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
+                     status=Exit.CONFIG) from None
+    except ResultsUnwritable as e:
+        raise Failed(str(e), hint="make room, or fix the folder, then run again with --resume: the points already "
+                     "ok are kept", status=Exit.CANNOT_CREATE) from None
+    except SweepBusy as e:
+        raise Failed(str(e), hint="wait for it, or stop it (it restores the unit); if it hangs, kill it, then "
+                     f"`genready sweep restore {target}`", status=Exit.TEMPFAIL) from None
+    except (SweepError, control.NotOnUnitPath) as e:
+        raise Failed(str(e), status=Exit.TIMEOUT) from None
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM):
+            raise Failed(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT) from None
+        raise
+
+
+def restore_main(target: str | None, cfg: Config, base: str, timeout: float | None) -> int:
+    """`genready sweep restore TARGET`: put the unit back on its own configuration after a killed sweep."""
+    target = cfg.only_target(target)
+    if target is None or target not in cfg.targets:
+        raise Failed(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
+    unit = cfg.targets[target].unit
+
+    def say(text: str) -> None:
+        console.err(f"genready sweep restore: {text}")
+
+    sd = control.UnitClient(cfg.daemon.bus, unit)
+    try:
+        dropin = sd.dropin_path(unit, DROPIN_NAME)
+        try:
+            owner = owner_of(read_dropin(dropin))
+        except FileError:
+            owner = None  # not one a sweep wrote as it is: removed like an unnamed one
+        except FileNotFoundError:
+            say(f"{unit} has no sweep drop-in ({dropin}); nothing to restore")
+            return Exit.OK
+        if owner is not None and owner_alive(owner):
+            raise Failed(f"{dropin} belongs to a running {describe_owner(owner)}; it restores {unit} when it ends",
+                         hint=f"stop it (kill -TERM {owner['pid']}) instead", status=Exit.TEMPFAIL)
+        say(f"{dropin} was left by " + (f"{describe_owner(owner)}, gone" if owner else "an earlier sweep"))
+        ok = restore(sd, base, target, timeout or stuck_after(cfg.targets[target].load_timeout, None), say)
+    except Failed:
+        raise
+    except (SweepError, control.NotOnUnitPath) as e:
+        raise Failed(str(e), status=Exit.TIMEOUT) from None
+    except Exception as e:  # D-Bus: permission, no such unit
+        raise Failed(f"could not restore {unit} on the {cfg.daemon.bus} bus: {e}",
+                     hint="a system unit needs root (its runtime drop-in, its restart)", status=Exit.TIMEOUT) from None
+    finally:
+        sd.close()
+    return Exit.OK if ok else Exit.TIMEOUT
+
+
+def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
+                lines: str | None = None, compare: bool = False, strict: bool = False) -> int:
+    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
+    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
+    with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
+    points (a shard that never ran) says so, and marks no best value; `strict`: exit 1 then."""
+    if compare and (len(folders) != 2 or fmt not in ("table", "html")):
+        raise Failed("--compare: expected two folders A B and --format table or html, found "
+                     f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
+                     status=Exit.BAD_ARGUMENT)
+    try:
+        sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
+        rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
+    except sweepreport.ReportError as e:
+        raise Failed(str(e), status=Exit.BAD_DATA) from None
+    partial = "" if compare else coverage([Path(f) for f in folders], {r.index for r in rows})
+    if partial:
+        for r in rows:
+            r.best.clear()  # the best of half a plan is not the plan's best
+        console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
+    if compare:
+        from genready.sweep import compare as sweepcompare
+
+        render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
+        text = render(sides[0], sides[1], folders[0], folders[1])
+    elif fmt == "html":
+        from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
+
+        try:
+            text = sweephtml.render(rows, x=x, lines=lines)
+        except sweephtml.NoMatplotlib as e:
+            raise Failed(str(e), status=Exit.UNAVAILABLE) from None
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+    else:
+        text = sweepreport.render(rows, fmt)
+        if partial and fmt in ("table", "markdown"):
+            text += f"(partial: {partial}; no best values marked)\n"
+    status = Exit.TIMEOUT if partial and strict else Exit.OK
+    if output is None:
+        sys.stdout.write(text)
+        return status
+    try:
+        durable.replace(Path(output), text.encode())  # whole or not at all: a ticket gets no half page
+    except OSError as e:
+        raise Failed(f"cannot write {output}: {e.strerror or e}", status=Exit.CANNOT_CREATE) from None
+    return status

@@ -1,0 +1,249 @@
+"""The sweep's loop: for each server configuration, for each point, for each repeat, attempts until one
+counts; each attempt's steps (steps.py) return values, and the attempt is recorded once, whole.
+
+On SIGINT/SIGTERM/SIGHUP the running command is stopped (SIGINT, SIGTERM, SIGKILL: guard's ladder),
+the attempt recorded as interrupted, and the unit restored; a second signal exits at once, naming
+what is left to clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Final, NoReturn, TextIO
+
+from genready import console
+from genready.exitcodes import Exit
+from genready.sweep import report as sweepreport
+from genready.sweep import steps
+from genready.sweep.dropin import DropinLife
+from genready.sweep.lines import Console, Timings
+from genready.sweep.plan import Point
+from genready.sweep.report import RESULTS_FILE
+from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
+from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
+from genready.timewords import duration
+from genready.tools import servercache
+
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal went away
+
+
+class Stopped(Exception):
+    """An attempt the sweep's signal ended: recorded, then the sweep cleans up."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        super().__init__(attempt.reason)
+        self.attempt = attempt
+
+
+class Sweep:
+    """One sweep of one plan on one target: `run` it once."""
+
+    def __init__(self, opts: SweepOptions, *, results: Results | None = None, out: TextIO = sys.stdout,
+                 err: TextIO = sys.stderr) -> None:
+        self.opts = opts
+        self.groups = opts.shard.take(opts.plan.groups()) if opts.shard else opts.plan.groups()
+        self.out = out
+        self.console = Console(err, len(opts.plan.points))
+        self.results = results or Results()
+        self.signals = Signals()
+        self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts)
+        self.fingerprints = {p.index: fingerprint(opts.plan, p, opts.target, opts.unit,
+                                                  restart_each=opts.every_run_restarts) for p in opts.plan.points}
+        self.life: DropinLife | None = None
+
+    def plan_schedule(self, skip: set[int]) -> None:
+        """The points to run in order, each marked True where a load is planned (a group's first)."""
+        self.timings.schedule = [(p, self.opts.every_run_restarts or p is next(q for q in g if q.index not in skip))
+                                 for g in self.groups for p in g if p.index not in skip]
+
+    def eta(self, point: Point, *, loading: bool) -> str:
+        return self.timings.eta(point, loading=loading)
+
+    def run(self, skip: set[int]) -> int:
+        """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not, 130 if interrupted."""
+        old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        interrupted = False
+        self.plan_schedule(skip)
+        log: ResultsLog | None = None
+        try:
+            o = self.opts
+            self.life, state = DropinLife.open(o.bus_kind, o.unit)
+            # before anything is touched: a refused drop-in is exit 78, an unwritable results folder 73
+            self.life.check_plan(o.plan, [p for p, _ in self.timings.schedule], o.results, state,
+                                 user=o.bus_kind == "user", say=self.console.say)
+            log = ResultsLog(o.results)
+            self.life.take_over_leftover(self.console.say)
+            ctx = Ctx(o, self.console, self.life, self.timings, self.signals,
+                      servercache.ServerHttp(o.server) if o.server is not None else None, time.time())
+            for n, group in enumerate(self.groups, 1):
+                instance: Verified | None = None  # a new server configuration: its first point restarts
+                for point in group:
+                    if point.index not in skip:
+                        instance = self._point(ctx, log, point, n, instance)
+        except Interrupted:
+            interrupted = True
+        finally:
+            self.signals.cleaning = True
+            try:
+                self._cleanup()
+            finally:
+                if self.life:
+                    self.life.sd.close()
+                if log:
+                    log.close()
+                for s, h in old.items():
+                    signal.signal(s, h)
+        self.summary(skip)
+        if interrupted:
+            return Exit.INTERRUPTED
+        return Exit.OK if self.results.all_ok() else Exit.TIMEOUT
+
+    def _point(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, instance: Verified | None
+               ) -> Verified | None:
+        """Every repeat of a point not ok yet, each tried up to `attempts` times; the instance a next point of
+        the group may reuse."""
+        repeats, attempts = self.opts.plan.repeats, self.opts.plan.attempts
+        for r in range(1, repeats + 1):
+            if r in self.results.done_repeats(point.index):
+                continue  # --resume: this repeat is ok already
+            if repeats > 1:
+                self.console.progress(point, f"repeat {r} of {repeats}")
+            for n in range(1, attempts + 1):
+                try:
+                    att, instance, stop = self._attempt(ctx, point, group, r, instance)
+                except Stopped as e:
+                    self._record(log, e.attempt)
+                    raise Interrupted() from None
+                self._record(log, att)
+                if stop:
+                    raise SweepError(stop)
+                if att.status not in RETRIED or not att.retry or self.signals.count:
+                    break
+                if n < attempts:
+                    self.console.progress(point, f"retrying ({n + 1} of {attempts} runs)")
+            self.signals.check()
+        return instance
+
+    def _attempt(self, ctx: Ctx, point: Point, group: int, repeat: int, instance: Verified | None
+                 ) -> tuple[Attempt, Verified | None, str]:
+        """One try: a verified instance (reused or started), then the command on it. The attempt, the instance
+        a next point of the group may reuse, and why the sweep cannot go on ("" if it can)."""
+        folder, k = self._folder(point, repeat)
+        att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
+                      time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
+                      plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
+                      plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None)
+        try:
+            got: Verified | NotReady | None = None
+            if instance is not None and not self.opts.every_run_restarts:
+                got = steps.reuse(ctx, point, instance, folder)
+            if got is None:
+                got = steps.reconfigure(ctx, point, folder) or steps.start(ctx, point)
+            if isinstance(got, NotReady):
+                return not_ready(att, got), None, got.stop
+            ran = steps.run_command(ctx, point, got, folder)
+        except Interrupted:
+            raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
+                                  ended_at=time.time())) from None
+        keep = got if ran.status not in RETRIED and not self.opts.every_run_restarts else None
+        return on_instance(att, got, ran), keep, ""
+
+    def _folder(self, point: Point, repeat: int = 1) -> tuple[Path, int]:
+        """A fresh folder for this attempt: DIR/NN-point/attempt-K (DIR/NN-point/repeat-R/attempt-K with
+        repeats), K one past the last that exists."""
+        base = self.opts.results / point.slug(len(str(len(self.opts.plan.points))))
+        if self.opts.plan.repeats > 1:
+            base = base / f"repeat-{repeat}"
+        k = 1
+        while (base / f"attempt-{k}").exists():
+            k += 1
+        path = base / f"attempt-{k}"
+        with writing(self.opts.results):
+            path.mkdir(parents=True)
+            (path / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
+        return path, k
+
+    def _record(self, log: ResultsLog, att: Attempt) -> None:
+        rec = att.to_json(self.opts.target, self.opts.unit)
+        log.append(rec)
+        self.results.add(att, rec)
+        took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
+        why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
+        self.console.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals.count += 1
+        name = signal.Signals(signum).name
+        if self.signals.count == 1:
+            running = self.signals.group is not None
+            self.console.say(f"{name}: stopping{' the running command' if running else ''}, then cleaning up "
+                             "(again to exit at once)")
+            self.signals.stop_command()
+            return
+        self._exit_now(name)
+
+    def _exit_now(self, name: str) -> NoReturn:
+        left = []
+        group = self.signals.group
+        if group is not None:
+            group.signal(signal.SIGKILL)
+            left.append(f"the command (pid {group.child.pid}) was killed; its results are incomplete")
+        ctl = "systemctl --user" if self.opts.bus_kind == "user" else "systemctl"
+        if self.life is not None and (on_unit := self.life.left_behind(ctl, self.opts.unit, self.opts.target)):
+            left.append(on_unit)
+        self.console.say(f"{name} again: exiting at once. " + ("Left to clean up: " + "; ".join(left) if left else
+                                                               "Nothing left to clean up."))
+        os._exit(Exit.INTERRUPTED)
+
+    def _cleanup(self) -> None:
+        o = self.opts
+        if self.life is None or not self.life.written:
+            return
+        if o.keep_config:
+            self.console.say(f"keeping {self.life.path} (--keep-config); {o.unit} runs the last point's configuration")
+            return
+        self.life.restore(o.base, o.target, o.timeout, self.console.say)
+
+    # -- the summary -------------------------------------------------------------------------------
+
+    def summary(self, skipped: set[int]) -> None:
+        rows = []
+        where = str(self.opts.results / RESULTS_FILE)
+        for p in self.opts.plan.points:
+            if not self.results.ran(p.index):
+                if self.opts.shard is None or any(p in g for g in self.groups):
+                    rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped
+                                                else "not run"))
+                continue
+            rows.append(sweepreport.point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
+        sweepreport.mark_best(rows)
+        text = sweepreport.render(rows)
+        ok = self.results.ok_count() + len(skipped)
+        n = sum(len(g) for g in self.groups)
+        loads = len(self.timings.load_times)
+        text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
+            f", {loads} load{'s' if loads != 1 else ''}; results in {self.opts.results / RESULTS_FILE}\n"
+        console.write(text, self.out)
+
+
+def not_ready(att: Attempt, why: NotReady) -> Attempt:
+    """The attempt of a start that was never verified: no pid to name, nothing ran."""
+    return replace(att, status=Status.NOT_READY, reason=why.reason, started_at=why.started_at, ended_at=time.time(),
+                   unit_result=why.unit_result, journal=why.journal, retry=why.retry,
+                   invocation_id=why.invocation_id, waited_seconds=why.waited_seconds)
+
+
+def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
+    """The attempt of a command that ran (or was refused) on the verified instance `v`."""
+    return replace(att, status=ran.status, reason=ran.reason, started_at=v.started_at, ended_at=ran.ended_at,
+                   restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
+                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters)

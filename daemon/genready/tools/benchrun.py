@@ -1,0 +1,474 @@
+"""The bench client's run: N generations at concurrency C or as Poisson arrivals, each time-bounded,
+and the server's own figures over the run (its /metrics page read once before and once after;
+SGLang's server info after). Requests and the token count follow apis.py, the probe's rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import random
+import ssl
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, TextIO
+
+import aiohttp
+from aiohttp import http_exceptions
+
+from genready import apis
+from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
+from genready.compat import TIMEOUT_ERRORS
+from genready.servers import kinds
+from genready.tools import benchload, servermetrics
+from genready.tools import prompts as prompt_sets
+from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, reuse_tracer, why_not_reuse
+from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, from_counters, verify_ct
+from genready.tools.prompts import Prompt
+
+# What the bench client's CLI, scripts and tests reach here (the connection's parts are benchconn's).
+__all__ = ["DEFAULT_URL", "LoadOptions", "PoolConnector", "Progress", "ServerOptions", "discover_model", "failed",
+           "one_request", "one_stream", "read_body", "request_body", "run", "takes_token_ids", "why_not_reuse"]
+
+# A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
+FALLBACK_MODEL: Final = "default"
+DEFAULT_URL: Final = "http://127.0.0.1:30000"
+PROGRESS_WIDTH: Final = 30
+PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
+SERVER_FIGURES_CAP: Final = 4 << 20  # bytes read of /metrics or /get_server_info: a figure, not a download
+
+async def read_body(r: aiohttp.ClientResponse, cap: int = MAX_BODY) -> bytes:
+    """The whole body, or BadAnswer as soon as it passes `cap` bytes: what is not read is not held in memory,
+    whatever the server sends (aiohttp buffers a bounded amount ahead of the reader)."""
+    if r.content_length is not None and r.content_length > cap:
+        raise BadAnswer(f"a body of {r.content_length:,} bytes, over the {cap:,}-byte cap")
+    buf = bytearray()
+    while chunk := await r.content.read(cap + 1 - len(buf)):
+        buf += chunk
+        if len(buf) > cap:
+            raise BadAnswer(f"a body over the {cap:,}-byte cap")
+    return bytes(buf)
+
+
+def http_error(r: aiohttp.ClientResponse) -> str:
+    """A non-200 answer as a failure kind. A redirect is not followed: another server answering would be
+    counted for the verified one (a 307 to elsewhere was followed and counted ok, under the pid of this one)."""
+    if 300 <= r.status < 400:
+        return f"HTTP {r.status} redirect to {apis.excerpt(r.headers.get('Location', '?'), 80)} (not followed)"
+    return f"HTTP {r.status}"
+
+
+async def discover_model(session: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
+    """The first model id from /v1/models, or None when it cannot be read (or is not answered here: a
+    redirect is not followed, an answer over MAX_BODY not read)."""
+    try:
+        async with session.get(url + MODELS_PATH, timeout=aiohttp.ClientTimeout(total=timeout),
+                               allow_redirects=False) as r:
+            if r.status != 200:
+                return None
+            return model_from_list(await read_body(r))
+    except (aiohttp.ClientError, BadAnswer):
+        return None
+    except TIMEOUT_ERRORS:
+        return None
+
+
+# What a request to the server may raise that is the server's doing (or the network's).
+_REQUEST_ERRORS: tuple[type[BaseException], ...] = (*TIMEOUT_ERRORS, aiohttp.ClientError, BadAnswer)
+# A stream adds an SSE line over aiohttp's line limit: LineTooLong (an HttpProcessingError, not a
+# ValueError) in aiohttp 3.10+ and Debian's 3.8.4, ValueError in other 3.8/3.9 releases.
+_LINE_TOO_LONG: Final = (ValueError, http_exceptions.LineTooLong)
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_LONG)
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
+                      timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                                allow_redirects=False, trace_request_ctx=trace) as r:
+            if r.status != 200:
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+            raw = await read_body(r)
+            took = time.perf_counter() - t0
+        # The probe's rule (apis.py) for what a generation looks like; unlike the probe, a valid answer with no
+        # output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a failure.
+        tokens = api.counted_tokens(raw)
+        doc = json.loads(raw)
+        steps, drafts = verify_ct(api, doc), drafts_of(doc)
+    except _REQUEST_ERRORS as e:
+        return failed(e, t0, timeout, trace)
+    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts)
+
+
+def _has_output(api: ServerApi, doc: Any) -> bool:
+    """Whether a (valid) non-streamed answer carries any output: text, token ids, or a reasoning model's
+    thinking. An answer without is empty, whatever the server counts: llama.cpp counts the end-of-sequence
+    token it sampled first as usage.completion_tokens 1 next to an empty text."""
+    if not isinstance(doc, dict):
+        return False
+    if not api.needs_model:  # SGLang: text, or output_ids alone with --skip-tokenizer-init
+        return bool(doc.get("text")) or bool(doc.get("output_ids"))
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    msg = first.get("message")
+    if isinstance(msg, dict):
+        return any(isinstance(v, str) and v for v in (msg.get(k) for k in ("content", "reasoning",
+                                                                             "reasoning_content")))
+    return isinstance(first.get("text"), str) and first["text"] != ""
+
+
+def failed(e: BaseException, t0: float, timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
+    """The Outcome of a request started at `t0` that raised `e`, in words a reader can act on.
+
+    StaleConnection when the request was not sent at all, because the pooled connection aiohttp gave it had
+    been closed by the server (`trace` says whether it was a pooled one): the caller sends it again."""
+    took = time.perf_counter() - t0
+    if trace is not None and trace.get("reused") and refused_write(e):
+        raise StaleConnection(str(e)) from e
+    if isinstance(e, TIMEOUT_ERRORS):
+        return Outcome(False, took, error=f"timeout ({timeout:g} s)")
+    if isinstance(e, aiohttp.ClientConnectorError):
+        # asyncio words refusals as "Connect call failed (addr)"; the errno says it shorter.
+        err = e.os_error
+        why = os.strerror(err.errno) if err.errno else str(err)
+        return Outcome(False, took, error=f"cannot connect: {why}")
+    if isinstance(e, BadAnswer):
+        return Outcome(False, took, error=f"bad response: {e}")
+    if isinstance(e, _LINE_TOO_LONG):
+        return Outcome(False, took, error="bad response: a stream line over aiohttp's limit")
+    return Outcome(False, took, error=f"{type(e).__name__}: {e}")
+
+
+async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
+                     timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
+    """One streamed generation: TTFT and the gaps between events that carried output."""
+    t0 = time.perf_counter()
+    tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
+    last_event: bytes | None = None
+    drafts: Drafts | None = None
+    try:
+        async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
+                                allow_redirects=False, trace_request_ctx=trace) as r:
+            if r.status != 200:
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+            if trace is not None:
+                trace.update(stream=True, server=r.headers.get("Server", ""))
+            async for raw in r.content:  # one SSE line at a time
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    done = True
+                    break
+                tokens, new = apis.streamed(api, data, tokens)
+                last_event = data
+                if b'"timings"' in data:  # llama.cpp's timings, in the final event: cumulative for the request
+                    drafts = drafts_of(json.loads(data)) or drafts
+                if new:
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now - t0
+                    else:
+                        gaps.append(now - last)
+                    last = now
+            took = time.perf_counter() - t0
+        if not done:
+            raise BadAnswer("the stream ended without data: [DONE]")
+        if last_event is None:
+            raise BadAnswer("the stream carried no event before data: [DONE]")
+        steps = verify_ct(api, json.loads(last_event))
+    except _STREAM_ERRORS as e:
+        return failed(e, t0, timeout, trace)
+    # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
+    # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
+    return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
+                   spec_verify_ct=steps, drafts=drafts)
+
+
+async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
+    """(status, at most SERVER_FIGURES_CAP bytes of the body) of a GET; (0, b"") if it failed."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False) as r:
+            return r.status, await read_body(r, SERVER_FIGURES_CAP)
+    except _STREAM_ERRORS:  # the request errors, and ValueError
+        return 0, b""
+
+
+async def read_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> dict[str, float] | None:
+    """The server's /metrics counters (servermetrics.counters), or None when it has no readable page."""
+    status, body = await _get_json_or_text(session, url + "/metrics", timeout)
+    if status != 200:
+        return None
+    try:
+        return servermetrics.counters(body.decode("utf-8", "replace"))
+    except servermetrics.NotMetrics:
+        return None
+
+
+async def is_sglang(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
+    """Whether the server answers SGLang's GET /server_info (or its older name /get_server_info) with a JSON object."""
+    for path in kinds.info_routes():
+        status, body = await _get_json_or_text(session, url + path, timeout)
+        if status == 200:
+            try:
+                return isinstance(json.loads(body), dict)
+            except ValueError:
+                return False
+    return False
+
+
+async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
+    """internal_states[0].avg_spec_accept_length of SGLang's server info (None: not there, or no spec)."""
+    for path in kinds.info_routes():
+        status, body = await _get_json_or_text(session, url + path, timeout)
+        if status == 404:
+            continue  # an older SGLang: the other name
+        try:
+            states = json.loads(body).get("internal_states") if status == 200 else None
+            v = states[0].get("avg_spec_accept_length") if isinstance(states, list) and states else None
+        except (ValueError, AttributeError):
+            return None
+        # NaN, or a number that cannot be a float (10**400), is no figure: never NaN in the results
+        return v if isinstance(v, float) and math.isfinite(v) else \
+            float(v) if isinstance(v, int) and not isinstance(v, bool) and not apis.too_large(v) else None
+    return None
+
+
+class Progress:
+    """A one-line progress bar on a terminal; on anything else a plain line per 10 % (logs stay readable).
+    With `seconds` (--duration) the share done is the time gone, not the requests."""
+
+    def __init__(self, total: int, stream: TextIO, seconds: float | None = None) -> None:
+        self.total = total
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.seconds = seconds
+        self._start = time.monotonic()
+        self._last = 0.0
+        self._tenths = 0
+
+    def update(self, done: int, failed: int, *, force: bool = False) -> None:
+        if self.seconds is None:
+            share, of = done / max(1, self.total), f"{done}/{self.total}"
+            tenths = 10 * done // max(1, self.total)  # in integers: 7/10 of the requests is 7 tenths, exactly
+        else:
+            gone = time.monotonic() - self._start
+            share, of = min(1.0, gone / self.seconds), f"{done} in {min(gone, self.seconds):.0f}/{self.seconds:g} s"
+            tenths = int(10 * share)
+        if not self.enabled:
+            if tenths > self._tenths:
+                self._tenths = tenths
+                self.stream.write(f"benchclient: {of} done" + (f", {failed} failed" if failed else "") + "\n")
+                self.stream.flush()
+            return
+        now = time.monotonic()
+        if not force and now - self._last < PROGRESS_INTERVAL and share < 1:
+            return
+        self._last = now
+        filled = int(PROGRESS_WIDTH * share)
+        bar = "#" * filled + "-" * (PROGRESS_WIDTH - filled)
+        self.stream.write(f"\r[{bar}] {of}" + (f"  {failed} failed" if failed else ""))
+        self.stream.flush()
+
+    def clear(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def request_body(server: ServerApi, p: Prompt, *, max_tokens: int, model: str, stream: bool,
+                 temperature: float = 0.0, ignore_eos: bool = False) -> dict[str, Any]:
+    """The JSON body of one generation of `p`, on the API's shape (apis.py) with the run's sampling."""
+    n = p.max_tokens or max_tokens
+    body = (apis.stream_body(server, prompt=p.as_text(), max_tokens=n, model=model) if stream else
+            server.body(prompt=p.as_text(), max_tokens=n, model=model))
+    sampling = body.get("sampling_params", body)
+    sampling["temperature"] = temperature
+    if ignore_eos:
+        # SGLang's SamplingParams.ignore_eos; vLLM takes it as an extra sampling parameter of its OpenAI API.
+        sampling["ignore_eos"] = True
+    if "messages" in body:
+        body["messages"] = p.as_messages()
+    elif p.ids:
+        if "text" in body:  # SGLang's GenerateReqInput: input_ids instead of text
+            del body["text"]
+            body["input_ids"] = list(p.ids)
+        else:  # /v1/completions: the prompt as a list of token ids
+            body["prompt"] = list(p.ids)
+    return body
+
+
+def takes_token_ids(api: str) -> bool:
+    return "messages" not in APIS[api].body(prompt="", max_tokens=1, model="")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Which server the requests go to and how to speak to it: the flags that mirror a genready
+    target's settings (url, api, model, the API key, TLS)."""
+
+    url: str
+    api: str = "sglang"
+    model: str | None = None  # None: the first of /v1/models (OpenAI APIs)
+    api_key: str = ""
+    ssl_context: ssl.SSLContext | None = None  # None: the system's trust store
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """What is sent: how many requests, how they arrive, what each asks for."""
+
+    requests: int  # with `duration`: at most this many
+    concurrency: int
+    max_tokens: int
+    timeout: float  # seconds one request may take, connecting included
+    prompts: Sequence[Prompt]
+    stream: bool = True
+    request_rate: float | None = None  # None: `concurrency` workers back to back; else gamma arrivals
+    seed: int | None = None
+    burstiness: float = 1.0  # the arrivals' gamma shape (benchload.arrival_times): 1 is Poisson
+    duration: float | None = None  # send for this many seconds (then finish those in flight), not `requests`
+    temperature: float = 0.0
+    ignore_eos: bool = False
+
+
+async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> Summary:
+    """Send `load.requests` generations (with `load.duration`: for that long, at most that many), at most
+    `load.concurrency` at a time; every one time-bounded.
+
+    Without `request_rate` C workers send back to back; with it, requests arrive at that rate with gamma
+    gaps of shape `burstiness` (1: a Poisson process, as bench_serving's --request-rate), still at most C
+    in flight. Each Outcome says when it was due and sent; the summary, the peak in flight."""
+    summary = Summary(load.requests, load.concurrency, duration=load.duration)
+    api, url = APIS[server.api], server.url
+    ssl_arg: ssl.SSLContext | bool = server.ssl_context if server.ssl_context is not None else True
+    connector = PoolConnector(limit=load.concurrency, ssl=ssl_arg)
+    headers = {"Authorization": f"Bearer {server.api_key}"} if server.api_key else None
+    # A request whose pooled connection turned out stale is sent again on a connection of its own.
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=load.concurrency, ssl=ssl_arg,
+                                                                 force_close=True), headers=headers)
+    async with fresh, aiohttp.ClientSession(connector=connector, headers=headers,
+                                             trace_configs=[reuse_tracer()]) as session:
+        model = server.model
+        if api.needs_model and model is None:
+            model = await discover_model(session, url, load.timeout)
+            if model is None:
+                print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
+                      "(pass --model)", file=sys.stderr)
+                model = FALLBACK_MODEL
+        send = one_stream if load.stream else one_request
+        before = await read_counters(session, url, load.timeout)  # /metrics: once before the run, once after
+        summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
+        # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
+        # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it.
+        bodies: list[dict[str, Any]] = []
+        order = random.Random(load.seed)
+
+        def body(i: int) -> dict[str, Any]:
+            while len(bodies) <= i:
+                for p in prompt_sets.schedule(load.prompts, len(load.prompts), order):
+                    b = request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
+                                     temperature=load.temperature, ignore_eos=load.ignore_eos)
+                    if summary.sglang_openai and not load.stream:
+                        b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+                    bodies.append(b)
+            return bodies[i]
+
+        in_flight = 0
+
+        async def one(i: int, arrival: float | None = None, late: float = 0.0) -> None:
+            nonlocal in_flight
+            t0 = time.perf_counter()
+            in_flight += 1
+            summary.peak_concurrency = max(summary.peak_concurrency, in_flight)
+            trace: dict[str, Any] = {}
+            try:
+                try:
+                    outcome = await send(fresh if summary.new_connections else session, url, api, body(i),
+                                         load.timeout, trace)
+                except StaleConnection:
+                    # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
+                    outcome = dataclasses.replace(await send(fresh, url, api, body(i), load.timeout), retried=True)
+            except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
+                outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
+            finally:
+                in_flight -= 1
+            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late)
+            if not summary.new_connections:
+                summary.new_connections = why_not_reuse(trace, outcome, connector)
+            summary.outcomes.append(outcome)
+            progress.update(len(summary.outcomes), summary.failed)
+
+        start = time.perf_counter()
+        await _arrivals(load, one, start, summary.unsent)
+        summary.wall_seconds = time.perf_counter() - start
+        if load.duration is not None:
+            summary.requests = len(summary.outcomes)
+        after = await read_counters(session, url, load.timeout)
+        if before is not None and after is not None:
+            run = servermetrics.over_run(before, after)
+            if api.needs_model:  # the OpenAI routes: spec decoding's counters (SGLang's own API: its meta_info)
+                from_counters(summary, run)
+            else:
+                summary.server_counters = run
+        await _sglang_average(summary, session, url, api, load.timeout)
+        summary.stale_connections = connector.stale
+    progress.update(len(summary.outcomes), summary.failed, force=True)
+    progress.clear()
+    return summary
+
+
+async def _arrivals(load: LoadOptions, one: Callable[[int, float | None, float], Awaitable[None]],
+                    start: float, unsent: list[float]) -> None:
+    """`one(i, due, late)` for every request: `concurrency` workers back to back, or arrivals at
+    `request_rate` (benchload.arrival_times) with at most `concurrency` in flight; with `duration`, none
+    sent after that many seconds from `start` (those in flight are awaited; the due times of arrivals
+    still waiting for a slot then go to `unsent`)."""
+    def over() -> bool:
+        return load.duration is not None and time.perf_counter() - start >= load.duration
+
+    if load.request_rate is None:
+        todo = iter(range(load.requests))
+
+        async def worker() -> None:
+            for i in todo:  # workers pull from one shared iterator: at most `requests` in total
+                if over():
+                    return
+                await one(i, None, 0.0)
+
+        await asyncio.gather(*(worker() for _ in range(min(load.concurrency, load.requests))))
+        return
+    slots = asyncio.Semaphore(load.concurrency)
+
+    async def limited(i: int, due: float) -> None:
+        late = max(0.0, time.perf_counter() - start - due)  # the client's own lag, before any wait for a slot
+        async with slots:
+            if over():  # due within --duration, but no slot came free before its end: never sent
+                unsent.append(due)
+                return
+            await one(i, due, late)
+
+    tasks = []
+    for i, due in enumerate(benchload.arrival_times(load.request_rate, load.burstiness, load.seed,
+                                                    count=load.requests, until=load.duration)):
+        # Sleep to each arrival's time from the start, not by the gap: a late wake-up does not shift the rest.
+        if (wait := start + due - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.ensure_future(limited(i, due)))
+    await asyncio.gather(*tasks)
+
+
+async def _sglang_average(summary: Summary, session: aiohttp.ClientSession, url: str, api: ServerApi,
+                          timeout: float) -> None:
+    """SGLang's avg_spec_accept_length after the run: on its own API always, on its OpenAI routes when
+    neither meta_info nor /metrics gave an accept length (a stream has no meta_info)."""
+    if not api.needs_model or (summary.sglang_openai and summary.metrics_accept is None
+                               and not any(o.spec_verify_ct for o in summary.outcomes)):
+        summary.server_accept_length = await read_sglang_accept(session, url, timeout)
