@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -45,7 +44,7 @@ from aiohttp.typedefs import Handler
 from genready import compat
 from genready.servers import kinds
 from genready.servers.kinds import ServerKind
-from genready_dev import simengine
+from genready_dev import simengine, simspec
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -98,6 +97,7 @@ class GenRequest:
     model: str | None = None  # the OpenAI routes' `model`, as sent
     prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
     return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
+    return_spec_tokens_details: bool = False  # SGLang's OpenAI routes (>= 0.5.12): sglext.spec_tokens_details
 
 
 # SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
@@ -185,7 +185,7 @@ def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ..
     model = body.get("model")
     return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
                       model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True),
-                      body.get("return_meta_info") is True)
+                      body.get("return_meta_info") is True, body.get("return_spec_tokens_details") is True)
 
 
 def _required(body: dict[str, Any], key: str, model: str) -> None:
@@ -416,8 +416,10 @@ class Simulator:
         self._runner: compat.AppRunner | None = None
         self._uds_bound: str | None = None
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
-        self.spec_drafts = 0
-        self.spec_accepted = 0
+        self.spec_counters = simspec.Counters()
+        # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
+        if args.spec_accept is not None:
+            self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         # A prefix cache: the prompts seen since start (or the last flush). A prompt seen before is a whole-prompt
         # hit and skips --prefill-latency, as a radix/prefix cache skips the prefill of cached tokens.
         self.prefix_cache: set[str] = set()
@@ -791,25 +793,34 @@ class Simulator:
 
     # -- speculative decoding (--spec-accept X): the figures servers report, each from its source --
 
-    def verify_steps(self, tokens: int) -> int:
-        """Verify steps for `tokens` output tokens at accept length X: each step yields X tokens on
-        average (the accepted drafts plus the target model's own token)."""
-        x: float = self.a.spec_accept
-        return math.ceil(tokens / x) if tokens else 0
-
     def spec_done(self, tokens: int) -> None:
-        """Count a finished generation into the /metrics counters."""
+        """Count a finished generation into the /metrics counters (at --spec-metrics-accept, if given)."""
         self.tasks_served += 1
         if self.a.spec_accept is None:
             return
-        steps = self.verify_steps(tokens)
-        self.spec_drafts += steps
-        self.spec_accepted += tokens - steps  # each step's own token is not an accepted draft
+        self.spec_counters.count(tokens, self.a.spec_metrics_accept or self.a.spec_accept)
 
-    def spec_meta(self, tokens: int) -> dict[str, int]:
-        # SGLang adds meta_info["spec_verify_ct"] only when a speculative algorithm runs
-        # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it.
-        return {} if self.a.spec_accept is None else {"spec_verify_ct": self.verify_steps(tokens)}
+    def spec_meta(self, tokens: int) -> dict[str, Any]:
+        # SGLang adds meta_info["spec_verify_ct"] and its counts only when a speculative algorithm runs
+        # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it. The counts'
+        # names are --sglang-version's (simspec).
+        if self.a.spec_accept is None:
+            return {}
+        return simspec.sglang_meta(tokens, self.a.spec_accept, simspec.version(self.a.sglang_version))
+
+    def spec_answer(self, req: GenRequest, tokens: int) -> dict[str, Any]:
+        """What an OpenAI answer (a stream's last event) carries of speculative decoding at its top level:
+        SGLang's sglext.spec_tokens_details (>= 0.5.12, asked with return_spec_tokens_details), vLLM's
+        metrics.speculative_decoding (--per-request-spec-decode-metrics)."""
+        x = self.a.spec_accept
+        if x is None:
+            return {}
+        if self.p.has_native and req.return_spec_tokens_details and \
+                simspec.version(self.a.sglang_version) >= simspec.SGLANG_SPELLINGS[0]:
+            return {"sglext": {"spec_tokens_details": simspec.sglang_details(tokens, x)}}
+        if self.p.kind is kinds.VLLM:
+            return simspec.vllm_metrics(tokens, x, self.a.per_request_spec_decode_metrics)
+        return {}
 
     def _meta_refused(self, req: GenRequest) -> web.Response | None:
         # SGLang's OpenAI routes: return_meta_info on a stream is a ValueError, answered 400
@@ -845,15 +856,8 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        spec = kinds.VLLM.spec
-        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG and spec is not None:
-            # SGLang has no vllm: counters
-            k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
-            for name, doc, v in ((spec.steps, "Number of spec decoding drafts.", self.spec_drafts),
-                                 (spec.draft_tokens, "Number of draft tokens.", self.spec_drafts * k),
-                                 (spec.accepted, "Number of accepted tokens.", self.spec_accepted)):
-                lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
-                          f'{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG:  # SGLang has no vllm: counters
+            lines += self.spec_counters.page(self.a.model)
         lines += self._prefix_metrics()
         if self.p.kind is kinds.VLLM:
             lines.append(simengine.VLLM_CACHE_INFO)
@@ -1004,15 +1008,16 @@ class Simulator:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
             return web.json_response({**head, "choices": [{**choice(text, "length"), **self._choice_meta(req)}],
-                                      "usage": usage})
+                                      "usage": usage, **self.spec_answer(req, req.max_tokens)})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for word, _ in self._tokens(req.max_tokens, prefill):
                 yield {**head, "choices": [choice(word, None)], "usage": None}
             self.spec_done(req.max_tokens)
-            yield {**head, "choices": [choice("", "length")], "usage": None}
+            last = self.spec_answer(req, req.max_tokens)
+            yield {**head, "choices": [choice("", "length")], "usage": None, **({} if req.include_usage else last)}
             if req.include_usage:
-                yield {**head, "choices": [], "usage": usage}
+                yield {**head, "choices": [], "usage": usage, **last}
 
         return await self._sse(request, events())
 
@@ -1034,7 +1039,8 @@ class Simulator:
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
-                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage})
+                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage,
+                **self.spec_answer(req, req.max_tokens)})
 
         def delta(d: dict[str, Any], finish: str | None) -> dict[str, Any]:
             return {**head, "object": "chat.completion.chunk", "usage": None,
@@ -1049,9 +1055,10 @@ class Simulator:
                 yield delta({"reasoning" if i < self.a.reasoning_tokens else "content": word}, None)
                 i += 1
             self.spec_done(req.max_tokens)
-            yield delta({}, "length")
+            last = self.spec_answer(req, req.max_tokens)  # in the last event, as vLLM's test_per_request_... checks
+            yield {**delta({}, "length"), **({} if req.include_usage else last)}
             if req.include_usage:
-                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage, **last}
 
         return await self._sse(request, events())
 
@@ -1113,6 +1120,14 @@ def _accept_length(s: str) -> float:
 def _file(s: str) -> str:
     if not os.access(s, os.R_OK):
         raise argparse.ArgumentTypeError(f"cannot read {s!r}")
+    return s
+
+
+def _version(s: str) -> str:
+    try:
+        simspec.version(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return s
 
 
@@ -1185,6 +1200,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
                    "vllm:spec_decode_* counters on GET /metrics")
+    p.add_argument("--sglang-version", type=_version, default=simspec.SGLANG_DEFAULT_VERSION, metavar="V",
+                   help="with --spec-accept: the SGLang release whose meta_info names the per-request counts "
+                   "(<= 0.5.10 spec_accept_token_num/spec_draft_token_num, 0.5.11 spec_accepted_drafts/"
+                   "spec_proposed_drafts, >= 0.5.12 spec_num_correct_drafts/spec_num_proposed_drafts and "
+                   "sglext.spec_tokens_details; default %(default)s)")
+    p.add_argument("--per-request-spec-decode-metrics", choices=simspec.PER_REQUEST_MODES, default="none",
+                   help="--profile vllm with --spec-accept: answers carry metrics.speculative_decoding "
+                   "(detailed: with acceptance_histogram), as vLLM's flag; default %(default)s")
+    p.add_argument("--spec-metrics-accept", type=_accept_length, metavar="Y",
+                   help="with --spec-accept X: the /metrics counters count accept length Y, the answers X "
+                   "(two sources that disagree)")
     p.add_argument("--prefill-latency", type=_seconds, default=0.0, metavar="S",
                    help="seconds per prompt token before the first token, skipped for a prompt in the prefix cache "
                    "(a prompt seen since start or the last flush: SGLang /flush_cache, vLLM /reset_prefix_cache "

@@ -51,6 +51,32 @@ class SpecMetrics:
     steps: str  # verify steps (vLLM: drafts)
     draft_tokens: str = ""  # draft tokens proposed, where counted
     source: str = ""  # the bench client's accept_length_source for a length from them
+    per_pos: str = ""  # accepted draft tokens by draft position, one sample per value of its `position` label
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One version's names for an answer's speculative-decoding counts (absent: "")."""
+
+    accepted: str  # draft tokens the target model accepted
+    drafted: str = ""  # draft tokens proposed
+    steps: str = ""  # verify steps of the target model
+    histogram: str = ""  # steps by how many drafts each accepted: [steps with 0, with 1, ...]
+    versions: str = ""  # the server versions that answer so, for people
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """Where an answer carries its own speculative-decoding counts: the objects to look in (paths of keys
+    from the parsed answer, a number indexes a list) and each known spelling, newest first."""
+
+    paths: tuple[tuple[str | int, ...], ...]
+    spellings: tuple[Spelling, ...]
+    fix: str = ""  # what makes a speculative server answer them, when it does not
+
+    def names(self) -> tuple[str, ...]:
+        """Every accepted-count key, for the words of a server that answers none of them."""
+        return tuple(s.accepted for s in self.spellings)
 
 
 @dataclass(frozen=True)
@@ -86,6 +112,7 @@ class ServerKind:
     spec: SpecMetrics | None = None
     verify_field: str = ""  # meta_info's verify-step count in an answer (SGLang)
     draft_fields: tuple[str, str] | None = None  # timings' (drafted, accepted) in an answer (llama.cpp)
+    answer_spec: AnswerSpec | None = None  # an answer's own speculative-decoding counts, every spelling
     # -- connection quirks
     server_header: str = ""  # its Server header's product, before the "/"
     closes_after_stream: bool = False  # closes the connection after a streamed answer despite keep-alive
@@ -114,6 +141,19 @@ SGLANG: Final = ServerKind(
     hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
     # python/sglang/srt/managers/tokenizer_manager.py: set only when a speculative algorithm runs
     verify_field="spec_verify_ct",
+    # Renamed twice (verl read 0 for weeks after a rename, verl PR #7543). The native API's meta_info, a
+    # choice's meta_info on the OpenAI routes (return_meta_info, not on a stream), and sglext.spec_tokens_details
+    # there (return_spec_tokens_details; python/sglang/srt/entrypoints/openai/utils.py,
+    # spec_tokens_details_from_meta_info, which names spec_num_correct_drafts / spec_num_proposed_drafts /
+    # spec_verify_ct / spec_correct_drafts_histogram); the older spellings as the releases named them.
+    answer_spec=AnswerSpec(
+        paths=(("meta_info",), ("choices", 0, "meta_info"), ("sglext", "spec_tokens_details")),
+        spellings=(Spelling("spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_verify_ct",
+                            "spec_correct_drafts_histogram", ">= 0.5.12"),
+                   Spelling("spec_accepted_drafts", "spec_proposed_drafts", "spec_verify_ct", "", "0.5.11"),
+                   Spelling("spec_accept_token_num", "spec_draft_token_num", "spec_verify_ct", "", "<= 0.5.10")),
+        fix="ask an SGLang that reports them (its native /generate, or return_spec_tokens_details on its "
+            "OpenAI routes)"),
     # A FastAPI validation error is 400 (http_server.py, validation_exception_handler); /generate refuses a body
     # without a prompt (managers/io_struct.py).
     refusal_words={"input_ids or input_embeds should be provided": "shape"},
@@ -151,7 +191,18 @@ VLLM: Final = ServerKind(
     # vllm/v1/metrics/loggers.py; vllm/v1/spec_decode/metrics.py
     hit_rate=HitRate("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
     spec=SpecMetrics("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_drafts",
-                     "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters"),
+                     "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters",
+                     per_pos="vllm:spec_decode_num_accepted_tokens_per_pos"),
+    # An answer's metrics.speculative_decoding, only with --per-request-spec-decode-metrics summary|detailed (null
+    # otherwise; the histogram with detailed). The names as the vLLM e2e test test_per_request_spec_decode_metrics
+    # reads them (found by find_string; the index did not say its path): mean_acceptance_length == 1 +
+    # num_accepted_draft_tokens / num_spec_steps, num_spec_steps == sum(acceptance_histogram), and in a stream the
+    # last event alone carries them. The counters: vllm/v1/spec_decode/metrics.py (SpecDecodingProm).
+    answer_spec=AnswerSpec(
+        paths=(("metrics", "speculative_decoding"),),
+        spellings=(Spelling("num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram",
+                            "with --per-request-spec-decode-metrics"),),
+        fix="start vLLM with --per-request-spec-decode-metrics detailed"),
     # vllm/entrypoints/openai/server_utils.py: validation errors are 400
     refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
     # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
@@ -194,6 +245,8 @@ LLAMA_CPP: Final = ServerKind(
                      "llamacpp:spec_decode_num_draft_tokens", "/metrics llamacpp:spec_decode counters"),
     # server_slot_stats::to_json (tools/server/server-common.cpp): only when the slot drafted
     draft_fields=("draft_n", "draft_n_accepted"),
+    answer_spec=AnswerSpec(paths=(("timings",),), spellings=(Spelling("draft_n_accepted", "draft_n"),),
+                           fix="upgrade llama-server (recent ones put them into timings whenever a slot drafted)"),
     # Its stream provider (tools/server/server-http.cpp, process_handler_response) returns false after
     # sink.done(), which cpp-httplib's write_content_chunked reports as a failed write: the keep-alive loop
     # ends and the socket is shut down although the headers offered keep-alive.
@@ -225,6 +278,13 @@ LLAMA_CPP_PYTHON: Final = ServerKind(
 
 KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON)
 BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
+
+# Servers genready knows only by their /metrics counters (no ServerKind: nothing else of them is read).
+# TensorRT-LLM counts draft tokens and accepted ones, not verify steps: a draft acceptance, no accept length
+# (the names as Dynamo's TensorRT-LLM backend exports them, "_total" added by prometheus_client).
+COUNTER_ONLY: Final[tuple[tuple[str, SpecMetrics], ...]] = (
+    ("tensorrt-llm", SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "",
+                                 "trtllm_spec_decode_num_draft_tokens", "/metrics trtllm_spec_decode counters")),)
 
 # What a flush needs, in words, and what a server with none of the routes gets.
 FLUSH_NEEDS: Final = "; ".join(k.flush_needs for k in KINDS if k.flush_needs)
@@ -325,6 +385,11 @@ def verify_fields() -> tuple[str, ...]:
 
 def draft_fields() -> tuple[tuple[str, str], ...]:
     return tuple(k.draft_fields for k in KINDS if k.draft_fields)
+
+
+def answer_spec_kinds() -> tuple[ServerKind, ...]:
+    """The kinds whose answers carry their own speculative-decoding counts."""
+    return tuple(k for k in KINDS if k.answer_spec is not None)
 
 
 def spec_kinds() -> tuple[ServerKind, ...]:

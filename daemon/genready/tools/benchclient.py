@@ -179,6 +179,7 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
         lines.append(f"  accept     length - (no /metrics spec_decode counters){server}")
     else:
         lines.append(f"  accept     length - (no speculative decoding seen){server}")
+    lines += s.acceptance_lines()
     if s.new_connections:
         lines.append(f"  connection new per request: {s.new_connections}")
     if load is not None:
@@ -269,7 +270,8 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         "draft_acceptance": _r(s.draft_acceptance()),
         "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
         "draft_accepted": drafts.accepted if drafts else None,
-        "spec_decode_counters": s.metrics_counts,
+        "spec_decode_counters": s.metrics_counts, "counters_accept_length": _r(s.metrics_accept),
+        **s.acceptance_fields(),
         "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
         "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,

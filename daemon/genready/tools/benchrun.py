@@ -28,7 +28,17 @@ from genready.servers import kinds
 from genready.tools import benchload, servermetrics
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, reuse_tracer, why_not_reuse
-from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, from_counters, verify_ct
+from genready.tools.benchfigures import (
+    AnswerCounts,
+    Drafts,
+    Outcome,
+    Summary,
+    answer_counts,
+    carries_counts,
+    drafts_of,
+    from_counters,
+    verify_ct,
+)
 from genready.tools.prompts import Prompt
 
 # What the bench client's CLI, scripts and tests reach here (the connection's parts are benchconn's).
@@ -100,10 +110,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
         # output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a failure.
         tokens = api.counted_tokens(raw)
         doc = json.loads(raw)
-        steps, drafts = verify_ct(api, doc), drafts_of(doc)
+        steps, drafts, counts = verify_ct(api, doc), drafts_of(doc), answer_counts(doc)
     except _REQUEST_ERRORS as e:
         return failed(e, t0, timeout, trace)
-    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts)
+    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts,
+                   counts=counts)
 
 
 def _has_output(api: ServerApi, doc: Any) -> bool:
@@ -152,6 +163,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
     last_event: bytes | None = None
     drafts: Drafts | None = None
+    counts: AnswerCounts | None = None
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
                                 allow_redirects=False, trace_request_ctx=trace) as r:
@@ -169,8 +181,9 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                     break
                 tokens, new = apis.streamed(api, data, tokens)
                 last_event = data
-                if b'"timings"' in data:  # llama.cpp's timings, in the final event: cumulative for the request
-                    drafts = drafts_of(json.loads(data)) or drafts
+                if carries_counts(data):  # timings, metrics, meta_info: in the final event, cumulative
+                    event = json.loads(data)
+                    drafts, counts = drafts_of(event) or drafts, answer_counts(event) or counts
                 if new:
                     now = time.perf_counter()
                     if first is None:
@@ -189,7 +202,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
     # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
     return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
-                   spec_verify_ct=steps, drafts=drafts)
+                   spec_verify_ct=steps, drafts=drafts, counts=counts)
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
@@ -366,6 +379,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         send = one_stream if load.stream else one_request
         before = await read_counters(session, url, load.timeout)  # /metrics: once before the run, once after
         summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
+        summary.sglang = summary.sglang_openai or not api.needs_model
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
         # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it.
         bodies: list[dict[str, Any]] = []
@@ -378,6 +392,8 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                                      temperature=load.temperature, ignore_eos=load.ignore_eos)
                     if summary.sglang_openai and not load.stream:
                         b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+                    elif summary.sglang_openai:
+                        b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
                     bodies.append(b)
             return bodies[i]
 
