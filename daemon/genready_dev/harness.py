@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -159,11 +160,29 @@ def alive(pid: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range: a port
+    from that range (bind to port 0) can be taken, before its server binds it, as the source port of
+    any outgoing connection, this process's or a parallel test worker's (seen under pytest-xdist)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            got: int = s.getsockname()[1]
+            return got
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in 10000-{low - 1}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default is 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def code_paths() -> list[Path]:
