@@ -94,10 +94,39 @@ def uses_the_real_world(item: pytest.Item) -> bool:
     return False
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+# The system tests the Python 3.10 and 3.13 runs add to the in-process layer (`--versions-subset`;
+# docs/development.md says why these): genready, its CLI and the simulator as processes on that
+# interpreter, with pystemd built for it, against a real manager. Library versions are the newest
+# in both, as in the .venv run, and the real servers are the same binaries whatever runs pytest.
+VERSIONS_SUBSET = ("test_gate.py", "test_watcher.py", "test_reload.py", "test_frozen.py", "test_cli_client.py")
+
+
+# The files whose tests run the real servers (genready_dev.realservers): `./dev test` runs the rest of
+# a run while the servers build, and these once they are built (`--real-servers without|only`).
+REAL_SERVER_FILES = ("test_llamacpp.py", "test_llama_spec.py", "test_sweep_cache.py")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--versions-subset", action="store_true",
+                     help="of the system tests, only those of tests/conftest.py's VERSIONS_SUBSET")
+    parser.addoption("--real-servers", choices=("with", "without", "only"), default="with",
+                     help="the tests of tests/conftest.py's REAL_SERVER_FILES with the rest (default), "
+                          "without them, or only them")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if uses_the_real_world(item) or item.get_closest_marker("deb"):
             item.add_marker(pytest.mark.system)
+    real = config.getoption("real_servers")
+    left_out = [i for i in items if (config.getoption("versions_subset") and i.get_closest_marker("system")
+                                     and i.path.name not in VERSIONS_SUBSET)
+                or (real == "without" and i.path.name in REAL_SERVER_FILES)
+                or (real == "only" and i.path.name not in REAL_SERVER_FILES)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        out = set(left_out)
+        items[:] = [i for i in items if i not in out]
 
 
 

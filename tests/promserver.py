@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from genready_dev.harness import free_port, wait_for
+from genready_dev.harness import free_port, stop_process, wait_for
 from tests import ci
 
 
@@ -71,15 +71,7 @@ class PrometheusServer:
 
     def stop(self) -> int | None:
         """SIGTERM (Prometheus flushes its head block and exits), SIGKILL after 10 s; its exit status."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            return self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        return None if self.proc is None else stop_process(self.proc)
 
     def __enter__(self) -> PrometheusServer:
         return self.start()

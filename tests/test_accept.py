@@ -20,7 +20,7 @@ from genready.apis import BadAnswer
 from genready.tools import servermetrics
 from genready.tools.benchfigures import Outcome, Summary, answer_counts
 from genready_dev import simspec
-from genready_dev.harness import PY, env_without_notify, free_port, stop_process, wait_for
+from genready_dev.harness import PY, Simulator, env_without_notify
 
 # --- per answer, every spelling ------------------------------------------------------------------------
 
@@ -167,18 +167,11 @@ def test_a_speculative_server_answering_none_of_the_keys_is_named_once() -> None
 
 # --- against the simulator ---------------------------------------------------------------------------
 
-class Sim:
-    """`genready simulate` on a free port, its lifecycle lines in a file."""
+class Sim(Simulator):
+    """`genready simulate` with a 1 ms token latency on a free port, and one bench client run against it."""
 
     def __init__(self, tmp: Path, *flags: str) -> None:
-        self.url = f"http://127.0.0.1:{(port := free_port())}"
-        self.log = tmp / f"sim-{port}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(port),
-                                          "--token-latency", "0.001", *flags],
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        wait_for(lambda: " ready" in self.log.read_text() or self.proc.poll() is not None, 20, "the simulator")
-        assert self.proc.poll() is None, self.log.read_text()
+        super().__init__(tmp, "--token-latency", "0.001", *flags)
 
     def bench(self, tmp: Path, api: str, *args: str) -> tuple[dict[str, Any], str]:
         out = tmp / f"{api}.jsonl"
@@ -187,7 +180,7 @@ class Sim:
                                 "--max-tokens", "10", "--output", str(out), *args],
                                env=env_without_notify(), capture_output=True, text=True, timeout=60)
         finally:
-            stop_process(self.proc)
+            self.stop()
         assert r.returncode == 0, r.stdout + r.stderr
         return json.loads(out.read_text()), r.stdout
 

@@ -22,7 +22,7 @@ import pytest
 from genready import apis
 from genready.tools import benchclient, benchrun, prompts, servermetrics
 from genready.tools.prompts import Prompt
-from genready_dev.harness import PY, env_without_notify, free_port, stop_process, wait_for
+from genready_dev.harness import PY, Simulator, env_without_notify, free_port
 from genready_dev.hostile import raw_server
 
 BENCH = [PY, "-m", "genready.benchclient"]
@@ -30,21 +30,7 @@ GUARD_ENV = {"GENREADY_PID": "4242", "GENREADY_INVOCATION_ID": "0123456789abcdef
              "GENREADY_UNIT": "sglang.service"}
 
 
-class Sim:
-    """`genready simulate` on a free port, its lifecycle lines in a file."""
-
-    def __init__(self, tmp: Path, *flags: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"sim-{self.port}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(self.port), *flags],
-                                         stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        wait_for(lambda: " ready" in self.log.read_text() or self.proc.poll() is not None, 20, "the simulator")
-        assert self.proc.poll() is None, self.log.read_text()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
+Sim = Simulator  # `genready simulate` on a free port (genready_dev.harness)
 
 
 @pytest.fixture(scope="module")
@@ -496,8 +482,9 @@ async def test_answers_over_the_cap_are_failed_requests_not_read_whole() -> None
     undeclared = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + big
     for raw, says in [(declared, "a body of 300,000,000 bytes, over the 1,048,576-byte cap"),
                       (undeclared, "a body over the 1,048,576-byte cap")]:
-        async for url in raw_server(raw):
-            # timeout: the run's closing read of the server info gets the same answer, which never ends
+        # close: the run's reads of /metrics and the server info get the same answer, and end at the close
+        # (open, each waited out its timeout: 6 s of the in-process layer).
+        async for url in raw_server(raw, close=True):
             s = await _run(url, n=2, stream=False, timeout=2)
             async with aiohttp.ClientSession() as session:
                 assert await benchclient.discover_model(session, url, 5) is None

@@ -147,7 +147,9 @@ def test_bind_early_models_answer_but_not_ready_until_generation(manager: UserMa
 def test_a_loading_server_is_noticed_without_waiting_for_backoff_max(manager: UserManager, tmp_path: Path,
                                                                      shape: str) -> None:
     unit = f"tg-pace-{shape}.service"
-    flags = ["--load-seconds", "2", *(["--bind-early"] if shape == "bind-early" else [])]
+    # 4 s: genready's first probe must come before the simulator binds, on a loaded machine too
+    # (at 2 s it once came after, under two pytest-xdist workers on a shared machine: 1 probe, not 2).
+    flags = ["--load-seconds", "4", *(["--bind-early"] if shape == "bind-early" else [])]
     g, _ = start_sim_target(manager, tmp_path, unit, *flags, backoff_initial=30.0, backoff_max=30.0)
     try:
         pid, _ = show(manager, unit)
@@ -236,9 +238,10 @@ def test_restart_then_ready_is_never_200(manager: UserManager, tmp_path: Path) -
     unit = "tg-and.service"
     g, _ = start_sim_target(manager, tmp_path, unit, "--load-seconds", "0.2", "--linger-seconds", "0.2")
     try:
-        # 15 rounds of the real race (each ~1 s); the rule behind it (a job pending or another
-        # instance is never ready) is checked row by row in test_gate_rules.py.
-        for i in range(15):
+        # 6 rounds of the real race (each ~1 s, 2 on a loaded machine; 15 took 32 s of every run);
+        # the rule behind it (a job pending or another instance is never ready) is checked row by row
+        # in test_gate_rules.py.
+        for i in range(6):
             pid = wait_for(lambda: g.ready_pid("t"), 20, f"ready before restart {i}")
             assert pid == show(manager, unit)[0]
             manager.systemctl("restart", unit)

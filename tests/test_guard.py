@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from genready import cli, console
+from genready.client import waiting
 from genready.client.guard import ProcessGroup, exit_status, group_members
 from genready.exitcodes import Exit
 from genready_dev.harness import GENREADY, Genready, alive, free_port, show, sim_unit, wait_for
@@ -179,16 +180,18 @@ def test_a_usage_error_is_its_status_whoever_reads_stderr(how: str, args: list[s
 
 # -- in-process: wait waits for the daemon too -------------------------------------------------
 
-def test_wait_waits_for_an_unreachable_daemon_until_its_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+def test_wait_waits_for_an_unreachable_daemon_until_its_timeout(capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(waiting, "DAEMON_RETRY", 0.1)  # several attempts within a short timeout
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:
-        cli.main(["wait", "t", "--url", url, "--timeout", "1.5"])
+        cli.main(["wait", "t", "--url", url, "--timeout", "0.4"])
     took = time.monotonic() - t0
     err = capsys.readouterr().err
     assert e.value.code == Exit.UNAVAILABLE, err
     assert err.count("waiting for the daemon") == 1, err  # said once, not per attempt
-    assert took >= 1.5, took
+    assert took >= 0.4, took
     # --timeout 0 (ExecCondition=) still answers at once.
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as e:

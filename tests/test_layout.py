@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """PATH's syntax tree, parsed once for every fitness test here (each walks every module)."""
+    return ast.parse(path.read_text())
 
 
 def imported_by(module: str) -> set[str]:
@@ -61,7 +69,7 @@ def test_one_definition_of_each_time_word() -> None:
     for path in sorted(root.rglob("*.py")):
         if path.name == "timewords.py":
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.FunctionDef) and node.name in ("iso", "from_iso", "duration", "ago"):
                 raise AssertionError(f"{path.relative_to(root)} defines {node.name}(): use genready.timewords")
 
@@ -105,7 +113,7 @@ def _runtime_imports(path: Path, package: str) -> set[str]:
     `if TYPE_CHECKING:` block is not run, so not counted)."""
     import ast
 
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
             for child in node.body for n in ast.walk(child)}
     daemon = Path(__file__).resolve().parents[1] / "daemon"
@@ -199,7 +207,7 @@ def server_comparisons(path: Path) -> list[str]:
         return set()
 
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if not isinstance(node, ast.Compare):
             continue
         sides = [node.left, *node.comparators]
@@ -240,7 +248,7 @@ def plain_appends(path: Path) -> list[str]:
     import ast
 
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -270,7 +278,7 @@ def test_one_way_to_write_html() -> None:
         rel = path.relative_to(root).as_posix()
         if rel == "web/htmlpage.py":
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                       if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
                       and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}

@@ -27,7 +27,7 @@ from genready.sweep import report as sweepreport
 from genready.tools import benchclient
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import GENREADY, PY, REPO, Genready, free_port, http, stop_process, wait_for
+from genready_dev.harness import GENREADY, PY, REPO, Genready, LlamaServer, free_port, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
 
@@ -63,22 +63,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-class LlamaServer:
-    """llama-server as a child process on a free port, its output in a file."""
-
-    def __init__(self, tmp: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"llama-server-{self.port}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([str(need_llama_server()), "--host", "127.0.0.1", "--port", str(self.port),
-                                          "-lm", "none", *args], stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        wait_for(lambda: http(self.url + "/health")[0] == 200 or self.proc.poll() is not None, 30,
-                 "llama-server's /health 200")
-        assert self.proc.poll() is None, self.log.read_text()[-3000:]
-
-    def stop(self) -> None:
-        stop_process(self.proc)
 
 
 # --- the bench client loses no request ----------------------------------------------------------------------
@@ -89,7 +73,8 @@ def test_the_bench_client_loses_no_request_to_llama_server(models: dict[str, Pat
     """llama-server closes the connection after every streamed answer although it offered keep-alive; the
     bench client sent the next request into that connection and lost it (91 of 200 at concurrency 1). Every
     API, streamed or not, at concurrency 1, 2 and 8: 200 requests, none failed."""
-    server = LlamaServer(tmp_path, "-m", str(models["tiny"]), "-c", "2048", "-np", "8", "-t", "1", "-tb", "1")
+    server = LlamaServer(tmp_path, need_llama_server(), "-m", str(models["tiny"]), "-c", "2048", "-np", "8", "-t", "1",
+                         "-tb", "1")
     table = []
     try:
         for api in ("openai-completions", "openai-chat"):
@@ -118,7 +103,7 @@ def test_llama_servers_answers_and_counters_agree_on_acceptance(models: dict[str
     and the Δ of /metrics' llamacpp:spec_decode counters, must tell the same story on every API, streamed or
     not: the same drafted and accepted tokens, so no accept_disagreement. The noisy draft, so that the
     acceptance is neither 0 nor 1."""
-    server = LlamaServer(tmp_path, "-m", str(models["tiny"]), "-md", str(models["draft-noisy"]),
+    server = LlamaServer(tmp_path, need_llama_server(), "-m", str(models["tiny"]), "-md", str(models["draft-noisy"]),
                          "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0",
                          "--spec-draft-p-min", "0", *SERVER_FLAGS.split())
     seen = []

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -25,10 +24,11 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import GENREADY, PY, free_port, genready_service, http, show, wait_for
+from genready_dev.harness import PY, free_port, genready_service, http, show, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
-from tests.pki import Pki, make_pki
+from tests.pki import make_pki
+from tests.world import World as WorldBase
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 10.0, "gate_startup": False}
 KEY = "sk-llama-5e1f0c"
@@ -48,37 +48,11 @@ def need(*what: str) -> None:
 
 
 @dataclass
-class World:
-    manager: UserManager
-    tmp: Path
-    pki: Pki
-    port: int  # genready's API
-    config: Path
-    log: Path
+class World(WorldBase):
     ports: dict[str, int]
     socket: Path
     models: dict[str, Path]
     init_tables: dict[str, str]  # unit: what `genready init` printed
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status(self) -> dict[str, Any]:
-        code, body = http(self.base + "/status")
-        assert code == 200, (code, body, self.log.read_text()[-3000:])
-        return body  # type: ignore[no-any-return]
-
-    def target(self, name: str) -> dict[str, Any]:
-        t: dict[str, Any] = self.status()["targets"][name]
-        return t
-
-    def wait_state(self, name: str, state: str, timeout: float = 60) -> dict[str, Any]:
-        def now() -> str:
-            t = self.target(name)
-            return f"{t['state']}: {t['reason']} (last_error {t['last_error']!r}); unit log: {self.unit_log(name)}"
-        return wait_for(lambda: (t := self.target(name))["state"] == state and t, timeout,
-                        lambda: f"{name} in state {state} (now {now()})")
 
     def wait_ready_pid(self, name: str, unit: str, not_pid: int = 0, timeout: float = 60) -> dict[str, Any]:
         """The target ready, naming the unit's current MainPID (other than not_pid)."""
@@ -88,25 +62,6 @@ class World:
             return t if t["ready"] and t["pid"] == pid and pid not in (0, not_pid) else None
         return wait_for(check, timeout, lambda: f"{name} ready with a new pid of {unit} "
                                                 f"(now {self.target(name)['state']}: {self.target(name)['reason']})")
-
-    def unit_log(self, name: str) -> str:
-        unit = self.target(name)["unit"].removesuffix(".service")
-        p = self.tmp / f"{unit}.log"
-        return p.read_text()[-1500:] if p.exists() else "(none)"
-
-    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*GENREADY, *args], env=self.manager.env, capture_output=True, text=True, timeout=60)
-
-    def metric(self, name: str, target: str, label: str = "result") -> dict[str, float]:
-        """{label value: sample} of one metric for one target, from /metrics."""
-        _, text = http(self.base + "/metrics")
-        out: dict[str, float] = {}
-        for line in str(text).splitlines():
-            if line.startswith(name + "{") and f'target="{target}"' in line:
-                m = re.search(rf'{label}="([^"]*)"', line)
-                if m:
-                    out[m.group(1)] = float(line.rsplit(" ", 1)[1])
-        return out
 
 
 def unit_text(tmp: Path, name: str, argv: list[str], restart: str = "on-failure", pre: str = "") -> str:

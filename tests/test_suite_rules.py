@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,3 +109,43 @@ def test_only_ci_py_reads_the_ci_variable() -> None:
                      and ('environ.get("CI"' in p.read_text() or "environ['CI']" in p.read_text()
                           or 'environ["CI"]' in p.read_text()))
     assert readers == []
+
+
+# Package registries' own addresses (issue 36 §8): what a tool fetches comes from the index its
+# client is configured with (pip's, apt's), never from a host written here. "docker.io" alone is
+# Debian's package name, not the registry's address; ghcr.io and quay.io are left out because an
+# image name in a unit (`docker run ghcr.io/ggml-org/llama.cpp:server`) is data `genready init`
+# reads, and the container tests pull nothing (their images come from a registry-free root).
+REGISTRY_HOSTS = ("pypi.org", "pypi.python.org", "files.pythonhosted.org", "registry.npmjs.org", "crates.io",
+                  "proxy.golang.org", "registry-1.docker.io", "index.docker.io", "huggingface.co",
+                  "download.pytorch.org", "anaconda.org")
+_NOT_THE_REPOSITORY = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "build"}
+
+
+def registry_hosts_named(root: Path) -> list[str]:
+    """`file:line host` for every registry address written in a text file under `root` (venvs,
+    caches and git's own files are not the repository's; nor is this file, which lists them)."""
+    found = []
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _NOT_THE_REPOSITORY and not d.startswith(".venv")
+                         and not d.endswith(".egg-info"))
+        for path in (Path(top) / f for f in sorted(files)):
+            if path != Path(__file__).resolve():
+                found += _registry_hosts_in(path, root)
+    return found
+
+
+def _registry_hosts_in(path: Path, root: Path) -> list[str]:
+    try:
+        lines = path.read_text().lower().splitlines()
+    except (UnicodeDecodeError, OSError):
+        return []  # not text: a picture, say
+    return [f"{path.relative_to(root)}:{n} {host}" for n, line in enumerate(lines, 1) for host in REGISTRY_HOSTS
+            if host in line]
+
+
+def test_no_package_registry_address_is_written_in_the_repository(tmp_path: Path) -> None:
+    assert registry_hosts_named(TESTS.parent) == []
+    (tmp_path / "fetch.py").write_text('URL = "https://files.pythonhosted.org/packages/x.tar.gz"\n')
+    (tmp_path / "apt.sh").write_text("apt-get install docker.io\n")
+    assert registry_hosts_named(tmp_path) == ["fetch.py:1 files.pythonhosted.org"]

@@ -401,7 +401,8 @@ class ScriptedDaemon:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # A 20 ms poll: shutdown() waits for the loop to see it (0.5 s by default, in every test here).
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
         self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def close(self) -> None:

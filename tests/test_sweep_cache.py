@@ -8,7 +8,6 @@ group on the simulator's prefix cache, a reused point's TTFT is lower without a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import threading
@@ -30,7 +29,7 @@ from genready.sweep import report as sweepreport
 from genready.sweep import results as sweepresults
 from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
-from genready_dev.harness import PY, free_port, http, stop_process, wait_for
+from genready_dev.harness import PY, LlamaServer, Simulator, http, wait_for
 from genready_dev.usermanager import UserManager
 from tests import ci
 from tests.test_sweep import Rig
@@ -258,19 +257,11 @@ def test_a_page_of_a_megabyte_in_many_small_writes_is_read_whole_and_one_over_th
 # --- the flush routes, per server ------------------------------------------------------------------------
 
 
-class Sim:
-    """`genready simulate` as a child process on a free port (with `env`), its lifecycle lines in a file."""
+class Sim(Simulator):
+    """`genready simulate` without a warmup on a free port (with `env`), and what a flush test asks of it."""
 
     def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"sim-{self.port}.log"
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(self.port),
-                                          "--warmup-seconds", "0", *flags], stdout=log, stderr=log,
-                                         stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
-        wait_for(lambda: " ready" in self.log.read_text() or self.proc.poll() is not None, 20, "the simulator")
-        assert self.proc.poll() is None, self.log.read_text()
+        super().__init__(tmp, "--warmup-seconds", "0", *flags, env=env)
 
     def target(self, api: str = "openai-completions") -> TargetConfig:
         return config.parse({"targets": {"t": {"unit": "x.service", "url": self.url, "api": api}}},
@@ -278,9 +269,6 @@ class Sim:
 
     def flushes(self) -> int:
         return self.log.read_text().count(" flushed ")
-
-    def stop(self) -> None:
-        stop_process(self.proc)
 
 
 @pytest.fixture
@@ -345,19 +333,10 @@ def test_the_real_llama_server_is_flushed_through_its_slots(tmp_path: Path) -> N
     model = gguf_models.ensure("tiny")["tiny"]
     prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 6)
     for save in (True, False):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = tmp_path / f"llama-{port}.log"
         extra = ["--slot-save-path", str(tmp_path)] if save else []
-        with log.open("wb") as out:
-            proc = subprocess.Popen([str(realservers.llama_server()), "--host", "127.0.0.1", "--port", str(port),
-                                     "-m", str(model), "-c", "2048", "-np", "2", "-lm", "none", "-t", "1", "-tb", "1",
-                                     *extra], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-        def up(url: str = url, proc: subprocess.Popen[bytes] = proc) -> bool:
-            return http(url + "/health")[0] == 200 or proc.poll() is not None
-
-        try:
-            wait_for(up, 60, "llama-server")
+        with LlamaServer(tmp_path, realservers.llama_server(), "-m", str(model), "-c", "2048", "-np", "2", "-t", "1",
+                         "-tb", "1", *extra) as server:
+            url = server.url
             target = config.parse({"targets": {"t": {"unit": "x.service", "url": url, "api": "openai-completions"}}},
                                   service=False).targets["t"]
             body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
@@ -369,9 +348,6 @@ def test_the_real_llama_server_is_flushed_through_its_slots(tmp_path: Path) -> N
                 assert post(url + "/v1/completions", body)["timings"]["cache_n"] == 0
             else:
                 assert not done.ok and "--slot-save-path" in done.why, done
-        finally:
-            proc.terminate()
-            proc.wait(10)
 
 
 @pytest.mark.system
@@ -381,14 +357,9 @@ def test_the_real_llama_servers_slots_at_np_128_are_read_whole(tmp_path: Path) -
     for what in ("llama-server", "gguf"):
         ci.require(realservers.missing(what), "a test of llama-server's /slots at -np 128")
     model = gguf_models.ensure("tiny")["tiny"]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with (tmp_path / "llama.log").open("wb") as out:
-        proc = subprocess.Popen([str(realservers.llama_server()), "--host", "127.0.0.1", "--port", str(port),
-                                 "-m", str(model), "-c", "65536", "-np", "128", "-lm", "none", "-t", "1", "-tb", "1",
-                                 "--slot-save-path", str(tmp_path)], stdout=out, stderr=out, stdin=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: http(url + "/health")[0] == 200 or proc.poll() is not None, 120, "llama-server")
+    with LlamaServer(tmp_path, realservers.llama_server(), "-m", str(model), "-c", "65536", "-np", "128", "-t", "1",
+                     "-tb", "1", "--slot-save-path", str(tmp_path), timeout=120) as server:
+        url = server.url
         target = config.parse({"targets": {"t": {"unit": "x.service", "url": url, "api": "openai-completions"}}},
                               service=False).targets["t"]
         # A slot that has served a request lists its parameters (~1.2 KB). 128 requests at once do not use
@@ -401,8 +372,6 @@ def test_the_real_llama_servers_slots_at_np_128_are_read_whole(tmp_path: Path) -
         assert status == 200 and len(json.loads(body)) == 128 and len(body) > 128_000, (status, len(body))
         done = servercache.flush(servercache.ServerHttp(target))
         assert done.route.endswith("(128 slots)"), done
-    finally:
-        stop_process(proc)
 
 
 # --- whole sweeps -----------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Everything that waits goes through `wait_for(predicate, timeout, what)` (`await_for` on an event
 loop): a poll with a deadline that fails naming what it waited for, never a fixed sleep. `booted_manager()` is the
 one way to boot a private `systemd --user` (usermanager.py); `Genready` runs `genready serve`
-against it as a real process; `sim_unit` writes a unit that runs the simulator.
+against it as a real process; `sim_unit` writes a unit that runs the simulator. A test's helper
+process starts, is waited for and stops through `ChildProcess` (`Simulator`: `genready simulate`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import inspect
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,20 +31,78 @@ import tomli_w
 from genready_dev.usermanager import UserManager, unavailable_reason
 
 T = TypeVar("T")
+C = TypeVar("C", bound="ChildProcess")
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 GENREADY = [PY, "-m", "genready.cli"]
 
 
-def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0) -> int:
-    """SIGTERM, then SIGKILL if it is still there after `grace` seconds; its exit status."""
+def stop_process(proc: subprocess.Popen[Any], grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
+    """`sig` (SIGTERM), then SIGKILL if it is still there after `grace` seconds; its exit status."""
     if proc.poll() is None:
-        proc.terminate()
+        proc.send_signal(sig)
     try:
         return proc.wait(grace)
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(grace)
+
+
+class ChildProcess:
+    """A helper process of a test (a simulator, llama-server, Prometheus): started with its output in
+    `log`, waited for until `ready()` holds (an AssertionError with its log if it exits first or the
+    deadline passes), and stopped with stop_process; a `with` block stops it too."""
+
+    def __init__(self, argv: list[str], log: Path, *, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc: subprocess.Popen[bytes] = subprocess.Popen(argv, stdout=out, stderr=out,
+                                                                  stdin=subprocess.DEVNULL, env=env)
+
+    def log_text(self, tail: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-tail:]
+
+    def wait_ready(self, ready: Callable[[], object], what: str, timeout: float = 20.0) -> None:
+        """Until `ready()` is truthy; stops the process and fails, with its log, if it never is."""
+        try:
+            wait_for(lambda: ready() or self.proc.poll() is not None, timeout, what)
+            assert self.proc.poll() is None, f"{what}: it exited ({self.proc.returncode}); its log:\n{self.log_text()}"
+        except BaseException:
+            self.stop()  # a failed start must not leave a process behind
+            raise
+
+    def stop(self, grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
+        return stop_process(self.proc, grace, sig)
+
+    def __enter__(self: C) -> C:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class Simulator(ChildProcess):
+    """`genready simulate FLAGS` on a free loopback port (`--port` is added), its lifecycle lines in a
+    file under `tmp`; returns once it says it is ready."""
+
+    def __init__(self, tmp: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__([*GENREADY, "simulate", "--port", str(self.port), *flags], tmp / f"sim-{self.port}.log",
+                         env={**os.environ, **env} if env else None)
+        self.wait_ready(lambda: " ready" in self.log.read_text(), "the simulator's ready line")
+
+
+class LlamaServer(ChildProcess):
+    """llama.cpp's llama-server (`binary`, genready_dev.realservers builds it) with ARGS on a free
+    loopback port, its output in a file under `tmp`; returns once its /health answers 200."""
+
+    def __init__(self, tmp: Path, binary: Path, *args: str, timeout: float = 60.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__([str(binary), "--host", "127.0.0.1", "--port", str(self.port), "-lm", "none", *args],
+                         tmp / f"llama-server-{self.port}.log")
+        self.wait_ready(lambda: http(self.url + "/health")[0] == 200, "llama-server's /health 200", timeout)
 
 
 def wait_for(predicate: Callable[[], T | None], timeout: float = 20.0, what: str | Callable[[], str] = "condition",
@@ -100,11 +160,29 @@ def alive(pid: int) -> bool:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range: a port
+    from that range (bind to port 0) can be taken, before its server binds it, as the source port of
+    any outgoing connection, this process's or a parallel test worker's (seen under pytest-xdist)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(10000, low) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            got: int = s.getsockname()[1]
+            return got
+    raise RuntimeError(f"no free TCP port on 127.0.0.1 in 10000-{low - 1}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default is 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def code_paths() -> list[Path]:
@@ -301,16 +379,7 @@ class Genready:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait(10)
-        return rc
+        return 0 if self.proc is None else stop_process(self.proc, 10, sig)
 
     def __enter__(self) -> Genready:
         return self.start()

@@ -38,9 +38,10 @@ def target_config(url: str, api_: str = "sglang", **kw: Any) -> TargetConfig:
 
 
 async def raw_server(answer_bytes: bytes | Callable[[int], bytes],
-                     seen: list[bytes] | None = None) -> AsyncIterator[str]:
+                     seen: list[bytes] | None = None, *, close: bool = False) -> AsyncIterator[str]:
     """A loopback server answering every request with exactly `answer_bytes` (or `answer_bytes(n)` for the
-    n-th request, from 0); each request's head goes to `seen`. Yields its URL."""
+    n-th request, from 0); each request's head goes to `seen`. Yields its URL. The connection stays open
+    until the client closes it; with `close` the server's side is shut once the answer is written (EOF)."""
     count = 0
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -52,6 +53,8 @@ async def raw_server(answer_bytes: bytes | Callable[[int], bytes],
                 seen.append(head)
             writer.write(answer_bytes(n) if callable(answer_bytes) else answer_bytes)
             await writer.drain()
+            if close:
+                writer.write_eof()  # the answer ends here; a close with the request unread would be a reset
             await reader.read()  # until the probe closes
         writer.close()
 

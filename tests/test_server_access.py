@@ -1,4 +1,5 @@
-"""Real servers' differences, end to end: API keys, TLS, unix sockets, refusals, several models.
+"""How genready reaches a server, end to end on simulator units: API keys, TLS, unix sockets,
+refusals, several models (the real servers' differences, as `genready simulate` imitates them).
 
 One genready (a unit of the private user manager, with LoadCredential=) watches a dozen targets on
 a handful of simulator units, set up once for the module: each test asserts on its own targets,
@@ -21,9 +22,10 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready_dev.harness import GENREADY, PY, free_port, genready_service, http, show, sim_unit, wait_for
+from genready_dev.harness import PY, free_port, genready_service, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
-from tests.pki import Pki, make_pki
+from tests.pki import make_pki
+from tests.world import World as WorldBase
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0, "gate_startup": False}
 KEY_FILE, KEY_CRED, KEY_ROTATED = "sk-file-7f3a91c2e4", "sk-cred-5b8d20aa6e", "sk-rotated-c0ffee42"
@@ -33,47 +35,13 @@ GENREADY_UNIT = "rs-genready.service"
 
 
 @dataclass
-class World:
-    manager: UserManager
-    tmp: Path
-    pki: Pki
-    port: int  # genready's API
-    config: Path
-    log: Path
+class World(WorldBase):
     key_file: Path
     cred_dir: Path
     ports: dict[str, int]
     socket: Path
     foreign_socket: Path
     foreign: subprocess.Popen[bytes]
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def status(self) -> dict[str, Any]:
-        code, body = http(self.base + "/status")
-        assert code == 200, (code, body, self.log.read_text()[-3000:])
-        return body  # type: ignore[no-any-return]
-
-    def target(self, name: str) -> dict[str, Any]:
-        t: dict[str, Any] = self.status()["targets"][name]
-        return t
-
-    def wait_state(self, name: str, state: str, timeout: float = 20) -> dict[str, Any]:
-        return wait_for(lambda: (t := self.target(name))["state"] == state and t, timeout,
-                        f"{name} in state {state} (now {self.target(name)['state']}: {self.target(name)['reason']})")
-
-    def wait_error(self, name: str, prefix: str, timeout: float = 20) -> str:
-        def last() -> str | None:
-            err = self.target(name)["last_error"]
-            return err if err and err.startswith(prefix) else None
-        return wait_for(last, timeout, f"{name}: a last_error starting with {prefix!r} (now "
-                                       f"{self.target(name)['last_error']!r})")
-
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*GENREADY, *args], env=env or self.manager.env, capture_output=True, text=True,
-                              timeout=60)
 
     def env_with_credential(self) -> dict[str, str]:
         return {**self.manager.env, "CREDENTIALS_DIRECTORY": str(self.cred_dir)}
@@ -126,7 +94,7 @@ def write_config(w: World, only: list[str] | None = None, path: Path | None = No
 
 @pytest.fixture(scope="module")
 def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    tmp = tmp_path_factory.mktemp("realsrv")
+    tmp = tmp_path_factory.mktemp("access")
     pki = make_pki(tmp / "pki")
     key_file, cred_src, cred_dir = tmp / "llm.key", tmp / "cred.key", tmp / "creds"
     key_file.write_text(KEY_FILE + "\n")
@@ -179,11 +147,11 @@ def test_401_without_a_key_is_rejected_at_the_first_probe_with_the_hint(world: W
     t = world.wait_state("no_key", "rejected")
     assert "HTTP 401" in t["reason"] and "Unauthorized" in t["reason"] and "set api_key_file" in t["reason"]
     # Every probe was a refusal from the first one on: none was taken for loading.
-    probes = metric_values(world, "genready_probes_total", target="no_key")
+    probes = world.metric("genready_probes_total", target="no_key")
     assert probes["rejected"] >= 1 and all(v == 0 for k, v in probes.items() if k != "rejected"), probes
     code, body = http(world.base + "/ready/no_key")
     assert code == 503 and body["state"] == "rejected"
-    states = metric_values(world, "genready_state", target="no_key", label="genready_state")
+    states = world.metric("genready_state", target="no_key", label="genready_state")
     assert states["rejected"] == 1 and sum(states.values()) == 1
     r = world.cli("wait", "no_key", "--url", world.base, "--timeout", "0")
     assert r.returncode == 1 and "no_key: not ready: rejected: " in r.stderr and "HTTP 401" in r.stderr
@@ -202,7 +170,7 @@ def test_tls_with_a_ca_file_and_mutual_tls(world: World) -> None:
 def test_self_signed_without_ca_file_is_tls_naming_the_problem(world: World) -> None:
     err = world.wait_error("tls_self", "tls: ")
     assert "certificate verify failed: self-signed certificate" in err and "set ca_file" in err
-    probes = metric_values(world, "genready_probes_total", target="tls_self")
+    probes = world.metric("genready_probes_total", target="tls_self")
     assert probes["tls"] >= 1 and probes["refused"] == 0, probes
     assert world.target("tls_self")["state"] in ("loading", "stuck")
 
@@ -241,7 +209,7 @@ def test_openapi_and_metrics_know_the_new_words(world: World) -> None:
     _, spec = http(world.base + "/openapi.json")
     status_schema = spec["paths"]["/status"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
     assert "rejected" in status_schema["properties"]["targets"]["additionalProperties"]["properties"]["state"]["enum"]
-    probes = metric_values(world, "genready_probes_total", target="key_file")
+    probes = world.metric("genready_probes_total", target="key_file")
     assert {"rejected", "tls"} <= set(probes)
 
 
@@ -323,20 +291,6 @@ def test_key_rotation_on_sighup(world: World) -> None:
     assert t["pid"] != old_pid and t["pid"] == show(m, "rs-key.service")[0]
     assert world.status()["config_error"] is None
     assert KEY_ROTATED not in world.log.read_text()
-
-
-# --- helpers -----------------------------------------------------------------------------------
-
-def metric_values(w: World, name: str, target: str, label: str = "result") -> dict[str, float]:
-    """{label value: sample} of one metric for one target, from /metrics."""
-    _, text = http(w.base + "/metrics")
-    out: dict[str, float] = {}
-    for line in str(text).splitlines():
-        if line.startswith(name + "{") and f'target="{target}"' in line:
-            m = re.search(rf'{label}="([^"]*)"', line)
-            if m:
-                out[m.group(1)] = float(line.rsplit(" ", 1)[1])
-    return out
 
 
 def test_environment_leaves_no_key(world: World) -> None:
