@@ -143,6 +143,16 @@ def _genready_logger_restored() -> Iterator[None]:
     logger.propagate, logger.disabled = saved[2], saved[3]
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """matplotlib (the HTML report's) builds its font cache the first time a version of it is imported,
+    and runs `fc-list` to do so: on a fresh venv the first in-process test that renders a report would
+    be refused as one that starts a process. Build it here, before any test and outside that rule."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401
+
+
 def _refuse_processes(*args: object, **kwargs: object) -> NoReturn:
     pytest.fail("this test starts a process: mark it @pytest.mark.system (see pyproject's markers)")
 
