@@ -136,6 +136,11 @@ class Batcher:
             seq.gone = True
 
     async def _run(self) -> None:
+        # Steps are kept on a clock (each ends t(b, w) after the last one ended, not after the event loop woke
+        # up late), so a loaded machine's timer overshoot does not add to every step; a loop more than a step
+        # behind starts afresh rather than run steps back to back.
+        loop = asyncio.get_running_loop()
+        end = loop.time()
         while self.waiting or self.running:
             self.running = [s for s in self.running if not s.gone]
             while self.waiting and len(self.running) < self.m.max_running:
@@ -145,7 +150,10 @@ class Batcher:
             if not self.running:
                 continue
             self.peak_running = max(self.peak_running, len(self.running))
-            await asyncio.sleep(step_time(self.m, len(self.running)))
+            dt = step_time(self.m, len(self.running))
+            now = loop.time()
+            end = end + dt if end >= now - dt else now + dt
+            await asyncio.sleep(max(0.0, end - loop.time()))
             self.steps += 1
             for s in self.running:
                 s.credit += self.m.per_step
