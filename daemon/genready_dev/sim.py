@@ -46,7 +46,7 @@ from aiohttp.typedefs import Handler
 from genready import compat
 from genready.servers import kinds
 from genready.servers.kinds import ServerKind
-from genready_dev import simengine, simspec
+from genready_dev import simbatch, simengine, simspec
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -435,6 +435,8 @@ class Simulator:
         self.generations = 0  # generations begun since start: --cold-requests slows the first ones
         self.flushes = 0
         self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
+        model = simbatch.from_args(args)  # --batch-max-running: decode in one continuous batch (issue 39 §4)
+        self.batch = None if model is None else simbatch.Batcher(model)
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -702,6 +704,12 @@ class Simulator:
         once hung."""
         if prefill > 0:
             await asyncio.sleep(prefill)
+        if self.batch is not None:
+            async for i in self.batch.decode(n):
+                if self.hung:
+                    await self._forever()
+                yield " " + FILLER[i % len(FILLER)], FIRST_TOKEN_ID + i % len(FILLER)
+            return
         for i in range(n):
             if self.a.token_latency > 0:
                 await asyncio.sleep(self.a.token_latency * _SLOW.get())
@@ -1265,6 +1273,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "SGLang issue #28706's 6,350 ms TTFT after a restart against 3,661 ms converged)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
+    simbatch.add_arguments(p)
     simengine.add_arguments(p)
 
 

@@ -1,0 +1,142 @@
+"""The load search's decisions (issue 39 §2), in process: the `[search]` table, the next step from the steps so
+far, the bench client flags of a step and what the search found, driven against model servers whose answer is
+known."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from genready.config import ConfigError
+from genready.sweep import search
+from genready.sweep.search import Axis, Mode, Outcome, SearchSpec, Spacing, Step
+
+
+def drive(spec: SearchSpec, serve: Callable[[Step], Outcome], limit: int = 100) -> list[Outcome]:
+    """Every step the search asks for, answered by `serve`, until it stops (bounded, so a loop fails the test)."""
+    done: list[Outcome] = []
+    while (step := search.next_step(spec, done)) is not None:
+        assert step.index == len(done) + 1
+        done.append(serve(step))
+        assert len(done) < limit, "the search never stopped"
+    return done
+
+
+def server(capacity: float, conc_limit: int = 1000, knee: float = 1.0) -> Callable[[Step], Outcome]:
+    """A server serving `capacity` requests/s at most (1 at a time: capacity / 8): saturated past knee x capacity
+    (queueing shows before the throughput stops growing); its SLO holds up to `conc_limit` in flight and below
+    0.8 x capacity."""
+    def serve(step: Step) -> Outcome:
+        if step.rate is None:
+            rate = capacity * min(1.0, step.concurrency / 8)
+            return Outcome(step, rate, None, step.concurrency <= conc_limit)
+        return Outcome(step, min(step.rate, capacity), step.rate > knee * capacity, step.rate <= 0.8 * capacity)
+    return serve
+
+
+def test_rates_between_are_strictly_inside_evenly_or_geometrically() -> None:
+    assert search.rates_between(1, 5, 3, Spacing.LINEAR) == pytest.approx([2, 3, 4])
+    assert search.rates_between(1, 16, 3, Spacing.GEOMETRIC) == pytest.approx([2, 4, 8])
+    assert search.rates_between(5, 5, 3, Spacing.LINEAR) == [] and search.rates_between(0, 5, 3, Spacing.LINEAR) == []
+
+
+def test_saturation_runs_synchronous_then_throughput_then_rates_and_stops_after_the_first_saturated() -> None:
+    """Capacity 100/s, queueing past 75/s, one at a time 12.5/s: rates 12.5 + k * 87.5 / 11 for k = 1..10; 68.2
+    keeps up, 76.1 (k = 8) is the first saturated and the last step run: 2 of the 10 rates are never run."""
+    spec = SearchSpec(Mode.SATURATION, steps=10, max_concurrency=16)
+    done = drive(spec, server(100.0, knee=0.75))
+    assert [o.step.kind for o in done[:2]] == ["synchronous", "throughput"]
+    assert done[0].step.concurrency == 1 and done[1].step == Step(2, "throughput", None, 16)
+    rates = [o.step.rate or 0.0 for o in done[2:]]
+    assert rates == sorted(rates) and done[-1].saturated is True and not any(o.saturated for o in done[2:-1])
+    f = search.found(spec, done)
+    assert f.last_unsaturated is not None and f.first_saturated is not None
+    assert f.last_unsaturated <= 75 < f.first_saturated  # the true saturation lies within one step
+    assert f.first_saturated - f.last_unsaturated == pytest.approx(87.5 / 11) and len(done) == 2 + 8
+    # saturated only past what the throughput run achieved: every rate between keeps up, the bound is that run's
+    full = drive(spec, server(100.0))
+    assert len(full) == 12 and search.found(spec, full).first_saturated == 100.0
+
+
+def test_saturation_without_a_saturated_step_runs_every_rate_and_without_room_none() -> None:
+    spec = SearchSpec(Mode.SATURATION, steps=3, spacing=Spacing.GEOMETRIC)
+    done = drive(spec, lambda s: Outcome(s, 10.0 if s.rate is None and s.concurrency == 1 else 40.0
+                                         if s.rate is None else s.rate, False))
+    assert [round(o.step.rate or 0, 3) for o in done[2:]] == [14.142, 20.0, 28.284] and len(done) == 5
+    flat = drive(spec, lambda s: Outcome(s, 10.0, None))  # concurrency gains nothing: no rates between
+    assert len(flat) == 2 and search.found(spec, flat).last_unsaturated is None
+
+
+@pytest.mark.parametrize("start", [1.0, 500.0])
+def test_slo_on_the_rate_axis_brackets_then_bisects_to_the_highest_rate_that_meets_it(start: float) -> None:
+    """The SLO holds up to 80/s: from 1/s it doubles to 128/s, from 500/s it halves to 62.5/s; then it bisects
+    within max_steps to within 2 % below 80."""
+    spec = SearchSpec(Mode.SLO, slo="e2e_p99_ms=100", start=start, max_steps=20)
+    done = drive(spec, server(100.0))
+    assert done[0].step == Step(1, "bracket", start, 64)
+    assert {o.step.kind for o in done} == {"bracket", "bisect"}
+    best = search.found(spec, done).max_under_slo
+    assert best is not None and 0.98 * 80 <= best <= 80
+
+
+def test_slo_stops_at_max_steps_and_a_saturated_rate_does_not_meet_it() -> None:
+    spec = SearchSpec(Mode.SLO, slo="e2e_p99_ms=100", max_steps=4)
+    done = drive(spec, server(100.0))
+    assert len(done) == 4 and search.found(spec, done).max_under_slo == 8.0  # 1, 2, 4, 8: still bracketing
+    sat = Outcome(Step(1, "bracket", 5.0, 4), 3.0, True, True)
+    assert not search.passes(spec, sat)
+    assert search.passes(SearchSpec(Mode.SLO, Axis.CONCURRENCY, slo="x"), Outcome(Step(1, "bracket", None, 4), 3.0,
+                                                                                  True, True))
+
+
+def test_slo_on_the_concurrency_axis_finds_the_integer_limit_within_max_concurrency() -> None:
+    spec = SearchSpec(Mode.SLO, Axis.CONCURRENCY, slo="itl_p50_ms=40", max_concurrency=64, max_steps=20)
+    done = drive(spec, server(100.0, conc_limit=11))
+    assert all(o.step.rate is None for o in done) and search.found(spec, done).max_under_slo == 11
+    assert [o.step.concurrency for o in done[:5]] == [1, 2, 4, 8, 16]
+    every = drive(spec, server(100.0))  # meets it everywhere: doubling stops at max_concurrency
+    assert every[-1].step.concurrency == 64 and search.found(spec, every).max_under_slo == 64
+    none = drive(spec, server(100.0, conc_limit=0))
+    assert len(none) == 1 and search.found(spec, none).max_under_slo is None
+
+
+def test_a_steps_bench_flags_are_bounded_by_the_step_limits() -> None:
+    spec = SearchSpec(Mode.SLO, slo="ttft_p99_ms=500", max_requests_per_step=300, max_step_seconds=20)
+    assert search.bench_args(spec, Step(3, "bisect", 12.5, 64)) == [
+        "-n", "300", "-c", "64", "--duration", "20", "--request-rate", "12.5", "--slo", "ttft_p99_ms=500"]
+    assert search.bench_args(SearchSpec(Mode.SATURATION), Step(1, "synchronous", None, 1)) == [
+        "-n", "200", "-c", "1", "--duration", "60"]
+
+
+def test_an_outcome_reads_a_results_line() -> None:
+    o = Outcome.of_line(Step(1, "rate", 5.0, 8), {"requests_per_second": 4.5, "saturated": True, "slo_met": None})
+    assert (o.achieved_rate, o.saturated, o.slo_met) == (4.5, True, None)
+
+
+def test_the_search_table_parses_with_its_defaults() -> None:
+    assert search.parse({"mode": "saturation"}, "p.toml") == SearchSpec(Mode.SATURATION)
+    s = search.parse({"mode": "slo", "axis": "concurrency", "slo": "itl_p50_ms=40", "max_steps": 6, "start": 2,
+                      "max_step_seconds": 30, "max_requests_per_step": 500, "spacing": "geometric"}, "p.toml")
+    assert s == SearchSpec(Mode.SLO, Axis.CONCURRENCY, spacing=Spacing.GEOMETRIC, max_steps=6, slo="itl_p50_ms=40",
+                           start=2.0, max_requests_per_step=500, max_step_seconds=30.0)
+
+
+@pytest.mark.parametrize(("table", "key", "expected"), [
+    ([], "search", "a table"),
+    ({}, "search.mode", '"saturation" or "slo"'),
+    ({"mode": "fast"}, "search.mode", '"saturation" or "slo"'),
+    ({"mode": "saturation", "stepz": 3}, "search.stepz", "one of the known keys"),
+    ({"mode": "saturation", "steps": 0}, "search.steps", "an integer from 1 to 100"),
+    ({"mode": "saturation", "steps": True}, "search.steps", "an integer from 1 to 100"),
+    ({"mode": "saturation", "max_step_seconds": -1}, "search.max_step_seconds", "seconds > 0"),
+    ({"mode": "saturation", "axis": "tokens"}, "search.axis", '"rate" or "concurrency"'),
+    ({"mode": "slo"}, "search.slo", 'a latency target for mode = "slo"'),
+    ({"mode": "slo", "slo": "ttft_p99_ms=abc"}, "search.slo", "--slo text"),
+    ({"mode": "slo", "slo": 5}, "search.slo", "--slo text"),
+])
+def test_a_bad_search_table_names_the_key_and_what_it_takes(table: Any, key: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        search.parse(table, "plan.toml")
+    assert e.value.key == key and expected in e.value.expected and str(e.value).startswith("plan.toml: ")
