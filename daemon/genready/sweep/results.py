@@ -206,6 +206,8 @@ class Attempt:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
     shard: str | None = None  # --shard K/N
+    client: Mapping[str, Any] | None = None  # with a baseline: the point's client setting (sweep/baseline.py)
+    baseline_round: int | None = None  # with a baseline: the round of it that ran last before this point
 
     @property
     def run_seconds(self) -> float | None:
@@ -222,6 +224,10 @@ class Attempt:
             "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
             "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
         }
+        if self.point.baseline:
+            rec["baseline"] = self.point.baseline
+        if self.client is not None:
+            rec["client"], rec["baseline_round"] = dict(self.client), self.baseline_round
         if self.counters is not None:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
