@@ -24,6 +24,7 @@ from genready.sweep import baseline as sweepbaseline
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
+from genready.sweep import results as sweepresults
 from genready.sweep import speedup
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
@@ -300,3 +301,28 @@ def test_a_baseline_that_slowed_between_groups_marks_the_speedups_in_between_dri
     assert "drifted" not in second, second  # rounds 2 and 3 ran alike
     line = next(ln for ln in _report(rig).splitlines() if ln.startswith("lat=0.005 "))
     assert " drifted -" in line, line
+
+
+def test_a_baseline_run_with_a_plan_points_values_is_never_that_points_line(tmp_path: Path) -> None:
+    """`algo = "none"` may be a value of the plan's own axis: --resume must not count the baseline's run as that
+    point's, nor call its line another configuration's (a baseline with its own drop-in has another fingerprint)."""
+    text = PLAN.replace('["eagle", "ngram"]', '["none", "eagle"]').replace(
+        'baseline = { algo = "none", steps = 0 }',
+        '[baseline]\nalgo = "none"\nsteps = 3\ndropin = "[Service]\\nEnvironment=PLAIN=1\\n"')
+    p = plan(text)
+    base = sweepbaseline.schedule(p, p.groups())[0][0]
+    fps = {pt.index: sweepresults.fingerprint(p, pt, "t", "u", restart_each=False) for pt in p.points}
+    line = {"point": base.as_dict(), "status": "ok", "baseline": 1, "repeat": 1, "index": base.index,
+            "fingerprint": sweepresults.fingerprint(p, base, "t", "u", restart_each=False)}
+    assert base.as_dict() == p.points[0].as_dict()  # the same values as point 1
+    (tmp_path / "results.jsonl").write_text(json.dumps(line) + "\n")
+    assert sweepresults.ok_runs(p, tmp_path, fps) == {}
+    assert sweepresults.changed_points(p, tmp_path, fps) == {}
+    # the plan's own drop-in with the same values: the same fingerprint, and still not point 1's run
+    p = plan(PLAN.replace('["eagle", "ngram"]', '["none", "eagle"]').replace("steps = 0 }", "steps = 3 }"))
+    base = sweepbaseline.schedule(p, p.groups())[0][0]
+    fps = {pt.index: sweepresults.fingerprint(p, pt, "t", "u", restart_each=False) for pt in p.points}
+    assert base.as_dict() == p.points[0].as_dict() and fps[1] == sweepresults.fingerprint(p, base, "t", "u",
+                                                                                          restart_each=False)
+    (tmp_path / "results.jsonl").write_text(json.dumps({**line, "point": base.as_dict(), "fingerprint": fps[1]}) + "\n")
+    assert sweepresults.ok_runs(p, tmp_path, fps) == {}

@@ -254,6 +254,7 @@ def ok_runs(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, A
         for r in recs:
             rep = r.get("repeat", 1)
             if r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) and \
+                    not r.get("baseline") and \
                     isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                     (fingerprints is None or not differing(r.get("fingerprint"), fingerprints[p.index])):
                 seen.setdefault(rep, r)
@@ -274,6 +275,8 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
     out: dict[int, list[str]] = {}
     by_point = {json.dumps(p.as_dict(), sort_keys=True): p for p in plan.points}
     for r in read_results(results / RESULTS_FILE):
+        if r.get("baseline"):
+            continue  # a run of the baseline, which may hold a plan point's values: not that point's line
         p = by_point.get(json.dumps(r.get("point"), sort_keys=True)) if isinstance(r.get("point"), dict) else None
         if p is None or p.index in out:
             continue
