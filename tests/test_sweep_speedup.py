@@ -326,3 +326,20 @@ def test_a_baseline_run_with_a_plan_points_values_is_never_that_points_line(tmp_
                                                                                           restart_each=False)
     (tmp_path / "results.jsonl").write_text(json.dumps({**line, "point": base.as_dict(), "fingerprint": fps[1]}) + "\n")
     assert sweepresults.ok_runs(p, tmp_path, fps) == {}
+
+
+def test_merged_shards_each_compare_with_their_own_hosts_baseline(tmp_path: Path) -> None:
+    """Two hosts, one configuration each, each with its own run of the same baseline point (the same values,
+    the same number): a merged report keeps the two runs apart, and each point meets its own host's."""
+    folders = []
+    for index, host, algo, b, p in ((1, "gpu1", "eagle", 100.0, 200.0), (2, "gpu2", "ngram", 50.0, 150.0)):
+        folder = tmp_path / host
+        lines = [_line(folder, index, {"algo": algo, "c": 1}, p, 1), _line(folder, 3, {"algo": "none", "c": 1}, b, 1,
+                                                                          base=1)]
+        (folder / "results.jsonl").write_text("".join(json.dumps({**json.loads(ln), "host": host}) + "\n"
+                                                      for ln in lines))
+        folders.append(folder)
+    rows = sweepreport.rows_of(folders)
+    assert len([r for r in rows if r.baseline]) == 2
+    got = {r.host: r.ratios["speedup"].value for r in rows if not r.baseline}
+    assert got == pytest.approx({"gpu1": 2.0, "gpu2": 3.0}), got

@@ -316,7 +316,9 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
-            key = json.dumps([rec.get("point"), rec.get("fingerprint"), rec.get("baseline")], sort_keys=True)
+            # Each host's shard runs the baseline itself: its runs stay its own (speedup.attach matches by host).
+            key = json.dumps([rec.get("point"), rec.get("fingerprint"), rec.get("baseline"),
+                              rec.get("host") if rec.get("baseline") else None], sort_keys=True)
             by_point.setdefault(key, []).append((rec, folder, f"{path}:{lineno}"))
     made_by: dict[str, set[str]] = {}
     for group in by_point.values():
