@@ -260,29 +260,30 @@ def _report(rig: Rig, *args: str) -> str:
 
 @pytest.mark.system
 def test_speedups_against_the_baseline_come_out_with_the_right_sign(rig: Rig) -> None:
-    plan = _speed_plan(rig, {"lat": [0.004, 0.02], "c": [1, 2]}, baseline={"lat": 0.01}, repeats=3)
+    # Token latencies long enough that the requests' own overhead (a few ms on a busy machine) stays small
+    plan = _speed_plan(rig, {"lat": [0.008, 0.05], "c": [1, 2]}, baseline={"lat": 0.02}, repeats=3)
     dry = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(rig.results), "--config",
                           str(rig.g.config_path), "--dry-run"], capture_output=True, text=True, timeout=30,
                          env=rig.manager.env)
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.startswith("# 6 points, 3 server configurations: 3 loads"), dry.stdout
     assert "## server configuration 1, the baseline (round 1): points 5, 6" in dry.stdout
-    assert "[5/6] baseline#1 lat=0.01 c=1  (restart)" in dry.stdout and "--token-latency 0.01" in dry.stdout
+    assert "[5/6] baseline#1 lat=0.02 c=1  (restart)" in dry.stdout and "--token-latency 0.02" in dry.stdout
     rc, out = rig.run(plan)
     assert rc == 0, out
     assert "SPEEDUP" in out.splitlines()[0] and "6/6 points ok, 3 loads" in out  # the summary, with the baseline
     lines = rig.results_lines()
-    assert [ln["point"] for ln in lines[:6:3]] == [{"lat": 0.01, "c": 1}, {"lat": 0.01, "c": 2}]
+    assert [ln["point"] for ln in lines[:6:3]] == [{"lat": 0.02, "c": 1}, {"lat": 0.02, "c": 2}]
     assert all(ln["baseline"] == 1 for ln in lines[:6]) and all(ln["baseline_round"] == 1 for ln in lines[6:])
     rows = {(r["point"]): r for r in json.loads(_report(rig, "--format", "json"))["rows"]}
     for c in (1, 2):
-        fast, slow = rows[f"lat=0.004 c={c}"]["speedup"], rows[f"lat=0.02 c={c}"]["speedup"]
-        # 2.5 and 0.5 by the token latencies; the requests' own overhead pulls both towards 1
+        fast, slow = rows[f"lat=0.008 c={c}"]["speedup"], rows[f"lat=0.05 c={c}"]["speedup"]
+        # 2.5 and 0.4 by the token latencies; the requests' own overhead pulls both towards 1
         assert fast["value"] > 1.3 and fast["low"] > 1 and not fast["within_noise"], fast
         assert slow["value"] < 0.8 and slow["high"] < 1 and slow["slowdown"], slow
-        assert rows[f"lat=0.02 c={c}"]["itl_ratio"]["value"] > 1.3  # a slower server's tokens come later
+        assert rows[f"lat=0.05 c={c}"]["itl_ratio"]["value"] > 1.3  # a slower server's tokens come later
     table = _report(rig)
-    assert all(" slower [" in ln for ln in table.splitlines() if ln.startswith("lat=0.02 ")), table
+    assert all(" slower [" in ln for ln in table.splitlines() if ln.startswith("lat=0.05 ")), table
 
 
 @pytest.mark.system
