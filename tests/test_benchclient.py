@@ -270,9 +270,12 @@ def test_accept_length_is_the_simulators_for_every_api(tmp_path: Path, api: str,
     if api == "sglang":
         assert res["accept_length_source"] == "meta_info.spec_verify_ct" and res["server_accept_length"] == 2.5
         assert "  accept     length 2.50 (meta_info.spec_verify_ct), server average 2.50" in r.stdout
-    else:
-        assert res["accept_length_source"] == "/metrics spec_decode counters" and res["server_accept_length"] is None
-        assert "  accept     length 2.50 (/metrics spec_decode counters)" in r.stdout
+    else:  # the simulator's OpenAI routes answer SGLang 0.5.12's sglext.spec_tokens_details: the run's own counts
+        # come before the /metrics counters, which agree (issue 38 §4)
+        source = "per answer: sglext.spec_tokens_details spec_num_correct_drafts / spec_verify_ct"
+        assert res["accept_length_source"] == source and res["server_accept_length"] is None
+        assert res["counters_accept_length"] == 2.5 and res["accept_disagreement"] is None, res
+        assert f"  accept     length 2.50 ({source})" in r.stdout
 
 
 @pytest.mark.parametrize("api", apis.NAMES)

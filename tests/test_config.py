@@ -619,3 +619,13 @@ def test_one_tls_context_per_target_shared_by_every_probe_and_the_bench_client(
     _, ctx = benchclient.settings(args, {})
     assert ctx is not None and len(built) == 2
     assert args.url == "https://127.0.0.1:30000"
+
+
+def test_the_only_target_is_the_one_named_else_the_only_one_configured() -> None:
+    def cfg(*names: str) -> config.Config:
+        return config.parse({"targets": {n: {"unit": f"{n}.service", "url": "http://127.0.0.1:9"} for n in names}})
+
+    assert cfg("a").only_target() == "a"
+    assert cfg("a").only_target("b") == "b"  # named: as named (whether it exists is the caller's check)
+    assert cfg("a", "b").only_target() is None
+    assert cfg("a", "b").only_target("b") == "b"

@@ -66,7 +66,7 @@ async def test_a_failed_bind_closes_everything_start_up_opened(tmp_path: Path) -
             loop.remove_signal_handler(sig)
     # Nothing left running: no watcher, no probe, no background task of the daemon's.
     assert asyncio.all_tasks() - before == set()
-    assert d.gates == {} and d._watcher_task is None  # failed before any target was wired
+    assert d.targets == {} and d._watcher_task is None  # failed before any target was wired
     assert d._runner is not None and d._runner.server is None  # the HTTP runner was cleaned up
     # The record store's exclusive lock was released: another genready can take the directory.
     with RecordStore(tmp_path / "state") as store:

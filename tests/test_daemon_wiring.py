@@ -118,7 +118,7 @@ async def wired(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 async def test_a_verified_start_reaches_every_surface(wired: Wired) -> None:
     assert not any("READY=1" in n for n in wired.notifications())  # nothing verified yet
     wired.systemd_shows("t.service", snap(pid=4242, inv="a" * 32))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified")
     code, body = await wired.get("/ready/t")
     assert code == 200 and body["pid"] == 4242
     stamp = wired.stamp("t")
@@ -133,12 +133,12 @@ async def test_a_verified_start_reaches_every_surface(wired: Wired) -> None:
 
 async def test_a_revocation_reaches_every_surface_at_once(wired: Wired) -> None:
     wired.systemd_shows("t.service", snap(pid=4242))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified")
     wired.notifications()
     wired.prober.hold = asyncio.Event()  # the re-probe of the same instance stays out: no new verification
     wired.systemd_shows("t.service", snap(pid=4242, job=9))  # a restart job is queued
     # Synchronously, from the event: no await between the change and every surface saying so.
-    assert not wired.daemon.gates["t"].ready
+    assert not wired.daemon.targets["t"].gate.ready
     assert wired.stamp("t") is None
     assert wired.metric("genready_ready", target="t", unit="t.service") == 0
     assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="job_queued") == 1
@@ -150,7 +150,7 @@ async def test_a_revocation_reaches_every_surface_at_once(wired: Wired) -> None:
 async def test_a_failed_probe_is_counted_and_shown_in_status(wired: Wired) -> None:
     wired.prober.answer = lambda pid: failed()
     wired.systemd_shows("t.service", snap(pid=7))
-    await wired.until(lambda: wired.daemon.gates["t"].progress.probes >= 2, "two probes")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.progress.probes >= 2, "two probes")
     assert (wired.metric("genready_probes_total", target="t", unit="t.service", result="http_status") or 0) >= 2
     code, body = await wired.get("/status")
     assert code == 200 and body["targets"]["t"]["state"] == "loading"
@@ -159,30 +159,56 @@ async def test_a_failed_probe_is_counted_and_shown_in_status(wired: Wired) -> No
 
 async def test_reload_adds_reprobes_and_removes_targets(wired: Wired) -> None:
     wired.systemd_shows("t.service", snap(pid=4242))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified")
     wired.write_config({"t": {"unit": "t.service", "warmup": 2}, "u": {"unit": "u.service"}})
     await wired.daemon._reload()
-    assert list(wired.daemon.gates) == ["t", "u"]
+    assert list(wired.daemon.targets) == ["t", "u"]
     # t's settings changed: a verification made under the old ones is not kept.
     assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="config_changed") == 1
     assert wired.metric("genready_ready", target="u", unit="u.service") == 0  # u's series exist from the start
     wired.systemd_shows("t.service", snap(pid=4242))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "t verified again, twice over")
-    assert wired.daemon.gates["t"].progress.successes >= 2
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "t verified again, twice over")
+    assert wired.daemon.targets["t"].gate.progress.successes >= 2
     wired.write_config({"u": {"unit": "u.service"}})
     await wired.daemon._reload()
-    assert list(wired.daemon.gates) == ["u"]
+    assert list(wired.daemon.targets) == ["u"]
     assert wired.metric("genready_ready", target="t", unit="t.service") is None  # no stale series to alert on
     assert (await wired.get("/ready/t"))[0] == 404
 
 
+async def test_a_target_removed_by_a_reload_leaves_nothing_behind(wired: Wired) -> None:
+    """Its gate, last words, sweep warning, stamp and every series go with it: the daemon keeps no
+    registry beside its Targets that could still hold the name."""
+    wired.write_config({"t": {"unit": "t.service"}, "u": {"unit": "u.service"}})
+    await wired.daemon._reload()
+    wired.systemd_shows("t.service", snap(pid=4242))
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified")
+    gone = wired.daemon.targets["t"]
+    assert wired.stamp("t") is not None and wired.metric("genready_starts_total", target="t", unit="t.service") == 1
+    wired.write_config({"u": {"unit": "u.service"}})
+    await wired.daemon._reload()
+    assert list(wired.daemon.targets) == ["u"]
+    assert wired.stamp("t") is None
+    body = wired.daemon.metrics.render()[0]
+    assert b'target="t"' not in body and b'target="u"' in body
+    code, status = await wired.get("/status")
+    assert code == 200 and list(status["targets"]) == ["u"]
+    assert gone.gate._task is None or gone.gate._task.done()  # its probing stopped
+    assert gone.lastwords is not None and not gone.lastwords._chores  # its reads of the unit's output too
+    # Nothing else in the daemon (or its outputs and stamps) is keyed by the name any more.
+    for holder in (wired.daemon, wired.daemon.outputs, wired.daemon.stamps, wired.daemon.summarizer):
+        for attr, v in vars(holder).items():
+            if isinstance(v, (dict, set, list)):
+                assert "t" not in v and "stamp:t" not in v, f"{type(holder).__name__}.{attr} still holds t"
+
+
 async def test_a_broken_config_on_reload_keeps_the_running_one_and_says_so(wired: Wired) -> None:
     wired.systemd_shows("t.service", snap(pid=4242))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified")
     wired.notifications()
     wired.config_path.write_text('[targets.t]\nunit = "t.service"\nurl = 5\n')
     await wired.daemon._reload()
-    assert wired.daemon.gates["t"].ready  # nothing was touched
+    assert wired.daemon.targets["t"].gate.ready  # nothing was touched
     code, body = await wired.get("/status")
     assert code == 200 and "url" in body["config_error"] and str(wired.config_path) in body["config_error"]
     assert any("config reload refused" in n for n in wired.notifications())
@@ -208,7 +234,7 @@ async def test_a_records_write_that_fails_is_counted_logged_once_and_caught_up_o
     monkeypatch.setattr(durable, "write_all", write_all)
     inv = "f" * 32
     wired.systemd_shows("t.service", snap(pid=4242, inv=inv))
-    await wired.until(lambda: wired.daemon.gates["t"].ready, "verified, whatever the disk says")
+    await wired.until(lambda: wired.daemon.targets["t"].gate.ready, "verified, whatever the disk says")
     await wired.until(lambda: wired.metric("genready_record_errors_total"), "the failed write counted")
     assert wired.daemon.records_failing and wired.daemon.store.unsynced
     code, body = await wired.get("/status")
@@ -233,7 +259,7 @@ class Passes:
         self.seen: list[tuple[int, bool]] = []
         out = wired.daemon.outputs
         real = out.update
-        gate = wired.daemon.gates["t"]
+        gate = wired.daemon.targets["t"].gate
 
         def update(*a: Any, **kw: Any) -> None:
             self.seen.append((gate.progress.probes, gate.ready))
@@ -249,7 +275,7 @@ async def test_a_verification_updates_every_surface_once(wired: Wired) -> None:
     passes = Passes(wired)
     wired.systemd_shows("t.service", snap(pid=4242))
     assert len(passes.seen) == 1  # the snapshot: one pass
-    g = wired.daemon.gates["t"]
+    g = wired.daemon.targets["t"].gate
     await wired.until(lambda: g.ready, "verified")
     assert passes.at(g.progress.probes) == [(g.progress.probes, True)], passes.seen
     sent = wired.notifications()
@@ -260,7 +286,7 @@ async def test_a_verification_updates_every_surface_once(wired: Wired) -> None:
 async def test_a_recheck_revocation_updates_every_surface_once(wired: Wired) -> None:
     wired.write_config({"t": {"unit": "t.service", "recheck_interval": 0.02, "failure_threshold": 1}})
     await wired.daemon._reload()
-    g = wired.daemon.gates["t"]
+    g = wired.daemon.targets["t"].gate
     wired.systemd_shows("t.service", snap(pid=4242))
     await wired.until(lambda: g.ready, "verified")
     passes = Passes(wired)
@@ -273,7 +299,7 @@ async def test_a_recheck_revocation_updates_every_surface_once(wired: Wired) -> 
 
 async def test_a_revocation_by_systemd_updates_every_surface_once(wired: Wired) -> None:
     wired.systemd_shows("t.service", snap(pid=4242))
-    g = wired.daemon.gates["t"]
+    g = wired.daemon.targets["t"].gate
     await wired.until(lambda: g.ready, "verified")
     wired.prober.hold = asyncio.Event()
     passes = Passes(wired)
@@ -286,7 +312,7 @@ async def test_the_verifying_probe_sends_one_notification(wired: Wired) -> None:
     and READY=1 go out as one datagram, not two, however long the load took."""
     wired.prober.hold = asyncio.Event()
     wired.systemd_shows("t.service", snap(pid=4242))
-    g = wired.daemon.gates["t"]
+    g = wired.daemon.targets["t"].gate
     await wired.until(lambda: wired.prober.calls >= 1, "the first probe out")
     wired.daemon.outputs._status_sent = float("-inf")  # the last STATUS= was long ago: progress is due
     wired.notifications()
@@ -303,12 +329,12 @@ async def test_a_reload_updates_every_surface_once(wired: Wired) -> None:
     wired.write_config({"t": {"unit": "t.service"}, "v": {"unit": "t.service"}})
     await wired.daemon._reload()
     wired.systemd_shows("t.service", snap(pid=4242))
-    await wired.until(lambda: all(g.ready for g in wired.daemon.gates.values()), "both verified")
+    await wired.until(lambda: all(g.ready for g in (t.gate for t in wired.daemon.targets.values())), "both verified")
     passes = Passes(wired)
     wired.write_config({"t": {"unit": "t.service", "warmup": 2}, "v": {"unit": "t.service"},
                         "u": {"unit": "u.service"}, "w": {"unit": "t.service"}})
     wired.prober.hold = asyncio.Event()  # the re-probes stay out: nothing else happens meanwhile
     await wired.daemon._reload()
-    assert list(wired.daemon.gates) == ["t", "v", "u", "w"]
+    assert list(wired.daemon.targets) == ["t", "v", "u", "w"]
     assert wired.metric("genready_revocations_total", target="t", unit="t.service", reason="config_changed") == 1
     assert len(passes.seen) == 1, passes.seen

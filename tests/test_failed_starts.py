@@ -331,3 +331,63 @@ def test_a_sweep_point_asks_systemd_nothing_while_it_waits(tmp_path: Path, end: 
         assert isinstance(got, steps.NotReady) and got.unit_result == "exit-code"
         assert "failed to start (Result=exit-code, exited with status 3)" in got.reason
         assert got.journal == ("no such model",)
+
+
+class SlotsHeld:
+    """A daemon whose long-poll slots are all held: every /ready?wait= is its "too many long-polls"
+    503; a question without wait= is answered from `ready_after` questions on (not ready before)."""
+
+    def __init__(self, ready_after: int) -> None:
+        self.asked: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.asked.append(self.path)
+                plain = [p for p in outer.asked if "wait=" not in p]
+                answer: dict[str, Any]
+                if "wait=" in self.path:
+                    code, answer = 503, {"error": "too many long-polls in flight (limit 2); retry shortly, or ask "
+                                                  "without wait="}
+                elif len(plain) >= ready_after:
+                    code, answer = 200, {"ready": True, "target": "t", "pid": 7}
+                else:
+                    code, answer = 503, body(None)
+                raw = json.dumps(answer).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_wait_refused_a_long_poll_asks_without_wait_and_backs_off() -> None:
+    """Issue 41 #10: the refusal is no answer. The client asks once without wait= (always answered)
+    and pauses, longer each time, instead of asking again at once (37,558 requests in 20 s)."""
+    s = SlotsHeld(ready_after=1)
+    try:
+        t0 = time.monotonic()
+        out = waiting.wait_ready(s.base, "t", 30, None)
+        assert out.code == 200 and time.monotonic() - t0 < 5 and len(s.asked) == 2, s.asked
+        assert "wait=" in s.asked[0] and "wait=" not in s.asked[1]
+    finally:
+        s.close()
+    s = SlotsHeld(ready_after=10**9)  # never ready: the whole timeout passes at a bounded rate
+    try:
+        t0 = time.monotonic()
+        out = waiting.wait_ready(s.base, "t", 2.0, None)
+        took = time.monotonic() - t0
+        assert out.code == 503 and 1.9 <= took < 5
+        assert len(s.asked) <= 2 * 8, f"{len(s.asked)} requests in {took:.1f} s"  # 0.25+0.5+1+... s apart
+    finally:
+        s.close()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from genready.redact import redact_lines
-from genready.rule.gate import is_ready
+from genready.rule.gate import RESTART_SETTLE, is_ready
 from genready.rule.history import expected_load
 from genready.store.records import StartRecord
 from genready.systemd.snapshot import Snapshot
@@ -305,7 +305,7 @@ async def test_load_timeout_auto_is_stuck_at_three_times_the_usual_load(make_rig
                                                                          auto: bool) -> None:
     r = make_rig(**({} if auto else {"load_timeout": 1800}))
     for i, seconds in enumerate((190.0, 200.0, 210.0)):
-        r.store.put(_loaded(f"old-{i}", seconds, None))
+        r.store.remember(_loaded(f"old-{i}", seconds, None))
     r.prober.answer = lambda pid: failed()
     r.show(snap())
     await r.until(lambda: r.gate.progress.probes >= 1, "probing")
@@ -430,3 +430,14 @@ async def test_a_wall_clock_step_forward_makes_nothing_stuck(make_rig: Callable[
     assert elapsed == 0.0
     c.advance(301.0)  # while 301 s do pass, it is stuck
     await r.until(lambda: r.gate.state == State.STUCK, "stuck after load_timeout")
+
+
+async def test_a_settled_failure_is_timed_on_the_gate_clock(make_rig: Callable[..., Rig]) -> None:
+    """`restarting` (how long the unit has stayed down) is a duration: it is read off the gate's Clock,
+    not the process's, so a test's clock (or none other) decides it."""
+    c = SteppedClock()
+    r = make_rig(clock=c.clock())
+    r.show(replace(c.start(), active_state="failed", sub_state="failed", main_pid=0))
+    assert r.gate.restarting  # down for no time yet: systemd may start it again by itself
+    c.advance(RESTART_SETTLE * 10)  # on the gate's clock only: no real time passes
+    assert not r.gate.restarting

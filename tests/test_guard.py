@@ -135,16 +135,20 @@ def test_a_write_to_a_pipe_nobody_reads_is_dropped_and_the_next_ones_too() -> No
     os.close(r)
     with os.fdopen(w, "w") as stream:
         console.write("lost\n", stream)  # EPIPE: swallowed, and the fd now leads to /dev/null
+        assert os.path.samestat(os.fstat(w), os.stat(os.devnull))
         console.write("also lost\n", stream)
-    # (closing flushed without raising: the interpreter's final flush would not fail either)
+    assert stream.closed  # closing flushed without raising: the interpreter's final flush would not fail either
 
 
 def test_a_write_to_a_full_device_or_a_closed_stream_is_dropped() -> None:
     with open("/dev/full", "w") as full:
-        console.write("x" * 10000, full)
+        console.write("x" * 10000, full)  # ENOSPC: swallowed, the fd now leads to /dev/null
+        assert os.path.samestat(os.fstat(full.fileno()), os.stat(os.devnull))
+        console.write("more", full)
+    assert full.closed  # the close's flush did not raise either
     closed = open(os.devnull, "w")  # noqa: SIM115
     closed.close()
-    console.write("x", closed)
+    console.write("x", closed)  # ValueError (I/O on a closed file): swallowed, nothing to silence
     console.write("x", None)  # the fd was closed when Python started
 
 

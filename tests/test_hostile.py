@@ -354,6 +354,39 @@ def test_long_polls_over_the_cap_get_a_503(manager: UserManager, tmp_path: Path)
         wait_for(lambda: g.get("/ready/t?wait=0.1")[1].get("state") == "absent", 10, "long-polls served again")
 
 
+def test_a_ready_target_is_waited_for_at_once_with_every_long_poll_slot_held(manager: UserManager,
+                                                                            tmp_path: Path) -> None:
+    """Issue 41 #10: any local user can hold every long-poll slot (here: the limit's worth of
+    `/ready/s?wait=3600&pid=1`). `genready wait` on a ready target still answers at once: the daemon
+    answers readiness before it counts slots, and the client backs off a refusal instead of asking
+    again at once (before: 20 s and 37,558 requests)."""
+    unit = "th-slots.service"
+    g = Genready(manager, tmp_path, {"s": _sim_target(manager, unit)})
+    limit = httplimits.connection_cap(1) // 2
+    with g:
+        wait_for(lambda: g.get("/ready/s")[0] == 200, 20, "the start verified")
+        held = []
+        try:
+            for _ in range(limit):
+                c = socket.create_connection(("127.0.0.1", g.port), timeout=5)
+                c.sendall(b"GET /ready/s?wait=3600&pid=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                held.append(c)
+            wait_for(lambda: "too many long-polls" in str(g.get("/ready/s?wait=1&pid=1")[1]), 20, "every slot held")
+            asked0 = sum(metric(g, "genready_ready_requests_total", code=c) for c in ("200", "503"))
+            t0 = time.monotonic()
+            run = subprocess.run([*GENREADY, "wait", "s", "--url", g.base, "--timeout", "30"], env=manager.env,
+                                 capture_output=True, text=True, timeout=60, check=False)
+            took = time.monotonic() - t0
+            asked = sum(metric(g, "genready_ready_requests_total", code=c) for c in ("200", "503")) - asked0
+            print(f"genready wait with {limit} long-polls held: rc {run.returncode} in {took:.2f} s, "
+                  f"{asked:.0f} /ready answers")
+            assert run.returncode == 0, run.stderr
+            assert took < 5 and asked <= 2, (took, asked)
+        finally:
+            for c in held:
+                c.close()
+
+
 async def test_emfile_is_its_own_failure_class() -> None:
     """Out of descriptors is genready's trouble, not the server's: never "refused". The limit is
     lowered in this very process (restored after), so the EMFILE is real."""

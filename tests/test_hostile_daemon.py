@@ -243,7 +243,7 @@ def test_records_of_targets_removed_long_ago_are_forgotten(tmp_path: Path) -> No
     with RecordStore(tmp_path) as store:
         for target, days in (("a", 90), ("old", 40), ("recent", 5)):
             for i in range(3):
-                store.put(record(target, f"{target}{i}", days))
+                store.remember(record(target, f"{target}{i}", days))
         gone = store.forget_removed({"a", "b"}, time.time() - 30 * 86400)
         assert gone == ["old"]
         assert store.all("old") == [] and len(store.all("recent")) == 3
@@ -256,9 +256,9 @@ async def test_the_daemon_forgets_them_at_start(tmp_path: Path) -> None:
     (tmp_path / "state").mkdir()
     with RecordStore(tmp_path / "state") as store:
         for i in range(5):
-            store.put(record("gone", f"g{i}", 31))
-            store.put(record("kept", f"k{i}", 29))
-        store.put(record("a", "a0", 400))
+            store.remember(record("gone", f"g{i}", 31))
+            store.remember(record("kept", f"k{i}", 29))
+        store.remember(record("a", "a0", 400))
     async with daemon_on(tmp_path) as r:
         assert r.d.store.all("gone") == [] and len(r.d.store.all("kept")) == 5 and r.d.store.all("a")
     async with daemon_on(tmp_path, forget_removed_after=0.0) as r:  # 0: never

@@ -7,12 +7,21 @@ In-process where the surface is a function; the CLI where the surface is what a 
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from genready import config
+from genready.apis import EXCERPT_CHARS
+from genready.config import TargetConfig
+from genready.probe.probe import Prober
 from genready.redact import MASK, escape, redact, redact_lines
+from genready.serve import page
+from genready.vocab import Failure, ProbeResult
+from genready_dev.hostile import canned
 from genready_dev.usermanager import UserManager
 
 # --- secrets in a failed start's lines ----------------------------------------------------------
@@ -677,3 +686,45 @@ def test_the_bench_client_needs_a_credential_only_for_the_target_it_sends_to(
     args = benchclient.build_parser().parse_args(["--config", str(path), "--target", "llama", "--api-key-file",
                                                   str(key)])
     assert benchclient.settings(args, {})[0] == "sk-1"
+
+
+# --- model ids: cut and escaped like every other server text (issue 41 #6 and #13) ---------------
+
+def _target(url: str, **kw: object) -> TargetConfig:
+    # A short probe_timeout: the canned server answers one request per connection, then waits.
+    table = {"unit": "llm.service", "url": url, "api": "openai-chat", "verify_owner": False, "probe_timeout": 1, **kw}
+    return config.parse({"targets": {"t": table}}).targets["t"]
+
+
+async def _probe(models: list[str], **kw: object) -> tuple[ProbeResult, str]:
+    """One probe against a server whose GET /v1/models lists `models` (it answers every request so)."""
+    body = json.dumps({"object": "list", "data": [{"id": m} for m in models]}).encode()
+    async for url in canned(body):
+        prober = Prober(_target(url, **kw))
+        try:
+            return await prober.probe(os.getpid()), prober.model_note
+        finally:
+            await prober.close()
+    raise AssertionError("no server")
+
+
+async def test_a_model_id_with_a_lone_surrogate_reaches_every_surface_escaped() -> None:
+    """`"m\\udc80"` in the server's JSON is a str no UTF-8 encoder takes: the page answered 500 for it.
+    It enters genready escaped, so /status, the page and the CLI all show `m\\udc80` as text."""
+    result, note = await _probe(["m\udc80"])
+    for text in (note, result.detail):
+        text.encode("utf-8")  # raised UnicodeEncodeError on the old code
+    assert 'model "m\\udc80" (the only one listed)' in note
+    doc = {"targets": {"t": {"target": "t", "model": note, "last_error": result.detail}}}
+    page.render(doc).encode("utf-8")
+
+
+async def test_model_ids_are_cut_like_other_server_text() -> None:
+    """Ten ids of 90 KB made /status 1.8 MB and every /ready 503 as big: each id is cut at 200 characters."""
+    ids = [f"{i}" + "x" * 90_000 for i in range(10)]
+    result, note = await _probe(ids)
+    assert len(note) < 11 * (EXCERPT_CHARS + 10), len(note)
+    result, _ = await _probe(ids, model="nope")
+    assert result.failure is Failure.REJECTED
+    assert len(result.detail) < 11 * (EXCERPT_CHARS + 10) + 300, len(result.detail)
+    assert "it lists 10: 0xxx" in result.detail and "…" in result.detail

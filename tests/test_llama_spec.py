@@ -112,6 +112,39 @@ def test_the_bench_client_loses_no_request_to_llama_server(models: dict[str, Pat
         print("\n".join(table))
 
 
+@pytest.mark.system
+def test_llama_servers_answers_and_counters_agree_on_acceptance(models: dict[str, Path], tmp_path: Path) -> None:
+    """Acceptance two ways (issue 38 §4): the answers' timings.draft_n / draft_n_accepted summed over the run,
+    and the Δ of /metrics' llamacpp:spec_decode counters, must tell the same story on every API, streamed or
+    not: the same drafted and accepted tokens, so no accept_disagreement. The noisy draft, so that the
+    acceptance is neither 0 nor 1."""
+    server = LlamaServer(tmp_path, "-m", str(models["tiny"]), "-md", str(models["draft-noisy"]),
+                         "--spec-type", "draft-simple", "--spec-draft-n-max", "4", "--spec-draft-n-min", "0",
+                         "--spec-draft-p-min", "0", *SERVER_FLAGS.split())
+    seen = []
+    try:
+        for api in ("openai-completions", "openai-chat"):
+            for stream in (True, False):
+                s = asyncio.run(benchclient.run(
+                    benchclient.ServerOptions(server.url, api),
+                    benchclient.LoadOptions(8, 2, 24, 60, [Prompt(text=p) for p in PROMPTS], stream=stream,
+                                            temperature=0.0),
+                    benchclient.Progress(8, io.StringIO())))
+                assert (s.ok, s.failed) == (8, 0), s.errors()
+                drafts, run = s.drafts(), s.server_counters
+                assert drafts is not None and run is not None and s.metrics_counts is not None, (api, stream)
+                seen.append(f"{api} {'stream' if stream else 'whole'}: answers {drafts.accepted}/{drafts.drafted}, "
+                            f"counters {s.metrics_counts}, accept length {s.accept()}")
+                assert (drafts.drafted, drafts.accepted) == (s.metrics_counts["draft_tokens"],
+                                                             s.metrics_counts["accepted"]), seen[-1]
+                assert 0 < drafts.accepted < drafts.drafted, seen[-1]  # the noisy draft: some, not all
+                assert s.disagreement() is None and s.acceptance_missing() is None, seen[-1]
+                assert s.draft_acceptance() == pytest.approx(run.draft_acceptance, abs=1e-4), seen[-1]
+    finally:
+        server.stop()
+        print("\n".join(seen))
+
+
 # --- a speculative-decoding sweep ----------------------------------------------------------------------------
 
 

@@ -15,7 +15,15 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from genready.serve.metrics import PROBE_RESULTS, READY_CODES, REVOCATION_REASONS, STATES, Metrics, TargetGauges
+from genready.serve.metrics import (
+    PROBE_RESULTS,
+    READY_CODES,
+    REVOCATION_REASONS,
+    STATES,
+    Metrics,
+    TargetCounters,
+    TargetGauges,
+)
 from genready.serve.openapi import LAST_ERROR
 from genready.vocab import Failure
 from tests import ci
@@ -41,6 +49,12 @@ class Targets:
     def __call__(self) -> list[TargetGauges]:
         self.reads += 1
         return list(self.now.values())
+
+    def counters(self, target: str = T, unit: str = U) -> TargetCounters:
+        """The target's own counters (as the daemon's Target holds them), the target made if it is new."""
+        if target not in self.now:
+            self.set(target, unit)
+        return self.now[target].counters
 
 
 @pytest.fixture
@@ -101,15 +115,16 @@ def test_render_returns_text_format_and_build_info(m: Metrics) -> None:
 
 
 def test_registry_is_private_to_the_instance() -> None:
-    a, b = Metrics("1"), Metrics("2")  # a shared registry would raise "Duplicated timeseries"
-    a.start_seen(T, U)
+    ta = Targets()
+    a, b = Metrics("1", targets=ta), Metrics("2")  # a shared registry would raise "Duplicated timeseries"
+    ta.counters().start_seen()
     assert value(a, "genready_starts_total", target=T, unit=U) == 1
     assert value(b, "genready_starts_total", target=T, unit=U) is None
     assert "genready_state" not in prometheus_client.REGISTRY._names_to_collectors
 
 
-def test_register_target_creates_every_counter_at_zero(m: Metrics) -> None:
-    m.register_target(T, U)
+def test_a_new_target_has_every_counter_at_zero(m: Metrics, targets: Targets) -> None:
+    targets.set(T, U)
     assert value(m, "genready_starts_total", target=T, unit=U) == 0
     assert value(m, "genready_foreign_answers_total", target=T, unit=U) == 0
     for result in PROBE_RESULTS:
@@ -145,7 +160,7 @@ def test_state_is_exactly_one_and_ready_follows(m: Metrics, targets: Targets) ->
 def test_gauges_are_read_at_each_scrape_and_only_then(m: Metrics, targets: Targets) -> None:
     targets.set(T, U, state="ready", ready=True, main_pid=4242, expected_load_seconds=3.5, config_changed=True)
     before = targets.reads
-    m.start_seen(T, U)  # events count without reading the gates
+    targets.counters(T, U).start_seen()  # events count without reading the gates
     assert targets.reads == before
     assert value(m, "genready_ready", target=T, unit=U) == 1
     assert value(m, "genready_main_pid", target=T, unit=U) == 4242
@@ -164,36 +179,23 @@ def test_gauges_are_read_at_each_scrape_and_only_then(m: Metrics, targets: Targe
     assert math.isnan(value(m, "genready_loading_seconds", target=T, unit=U) or 0.0)  # not loading
     targets.set(T, U, state="loading", loading_seconds=12.5)
     assert value(m, "genready_loading_seconds", target=T, unit=U) == 12.5
-    targets.now.clear()  # the gate is gone: so are its gauges, with nothing to forget
+    targets.now.clear()  # the target is gone: so are its gauges and counters, with nothing to forget
     assert value(m, "genready_ready", target=T, unit=U) is None
-    assert value(m, "genready_starts_total", target=T, unit=U) == 1  # counters stay until forget_target
+    assert value(m, "genready_starts_total", target=T, unit=U) is None
 
 
-def test_register_target_again_does_not_reset(m: Metrics) -> None:
-    m.register_target(T, U)
-    m.start_seen(T, U)
-    m.register_target(T, U)
-    assert value(m, "genready_starts_total", target=T, unit=U) == 1
-
-
-def test_first_event_for_an_unregistered_target_registers_it(m: Metrics) -> None:
-    m.probe(T, U, "refused", 0.001)
-    assert value(m, "genready_probes_total", target=T, unit=U, result="refused") == 1
-    assert value(m, "genready_probes_total", target=T, unit=U, result="timeout") == 0
-
-
-def test_counters(m: Metrics) -> None:
-    m.register_target(T, U)
-    m.start_seen(T, U)
-    m.start_seen(T, U)
+def test_counters(m: Metrics, targets: Targets) -> None:
+    targets.set(T, U)
+    targets.counters(T, U).start_seen()
+    targets.counters(T, U).start_seen()
     assert value(m, "genready_starts_total", target=T, unit=U) == 2
-    m.revoked(T, U, "pid_changed")
-    m.revoked(T, U, "pid_changed")
-    m.revoked(T, U, "something_new")  # an unlisted reason still counts
+    targets.counters(T, U).revoked("pid_changed")
+    targets.counters(T, U).revoked("pid_changed")
+    targets.counters(T, U).revoked("something_new")  # an unlisted reason still counts
     assert value(m, "genready_revocations_total", target=T, unit=U, reason="pid_changed") == 2
     assert value(m, "genready_revocations_total", target=T, unit=U, reason="something_new") == 1
     assert value(m, "genready_revocations_total", target=T, unit=U, reason="bus_lost") == 0
-    m.foreign_answer(T, U)
+    targets.counters(T, U).foreign_answer()
     assert value(m, "genready_foreign_answers_total", target=T, unit=U) == 1
     for code in (200, 200, 503, 404):
         m.ready_request(code)
@@ -202,12 +204,12 @@ def test_counters(m: Metrics) -> None:
     assert value(m, "genready_ready_requests_total", code="404") == 1
 
 
-def test_probe_counts_and_duration_histogram(m: Metrics) -> None:
-    m.register_target(T, U)
+def test_probe_counts_and_duration_histogram(m: Metrics, targets: Targets) -> None:
+    targets.set(T, U)
     for _ in range(3):
-        m.probe(T, U, "refused", 0.002)
-    m.probe(T, U, "timeout", 30.0)
-    m.probe(T, U, "ok", 0.04)
+        targets.counters(T, U).probe("refused", 0.002)
+    targets.counters(T, U).probe("timeout", 30.0)
+    targets.counters(T, U).probe("ok", 0.04)
     assert value(m, "genready_probes_total", target=T, unit=U, result="refused") == 3
     assert value(m, "genready_probes_total", target=T, unit=U, result="timeout") == 1
     assert value(m, "genready_probes_total", target=T, unit=U, result="ok") == 1
@@ -219,9 +221,9 @@ def test_probe_counts_and_duration_histogram(m: Metrics) -> None:
     assert value(m, "genready_probe_seconds_bucket", target=T, unit=U, le="30.0") == 5
 
 
-def test_load_histogram_covers_an_hour(m: Metrics) -> None:
-    m.loaded(T, U, 362.1)
-    m.loaded(T, U, 3000.0)
+def test_load_histogram_covers_an_hour(m: Metrics, targets: Targets) -> None:
+    targets.counters(T, U).loaded(362.1)
+    targets.counters(T, U).loaded(3000.0)
     assert value(m, "genready_load_seconds_count", target=T, unit=U) == 2
     assert value(m, "genready_load_seconds_sum", target=T, unit=U) == pytest.approx(3362.1)
     assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="300.0") == 0
@@ -230,17 +232,15 @@ def test_load_histogram_covers_an_hour(m: Metrics) -> None:
     assert value(m, "genready_load_seconds_bucket", target=T, unit=U, le="3600.0") == 2
 
 
-def test_forget_target_removes_its_series(m: Metrics) -> None:
-    m.register_target(T, U)
-    m.register_target("vllm", "vllm.service")
-    m.probe(T, U, "weird", 0.1)
-    m.revoked(T, U, "something_new")
-    m.forget_target(T, U)
-    m.forget_target(T, U)  # idempotent
+def test_a_removed_target_leaves_no_series(m: Metrics, targets: Targets) -> None:
+    targets.counters(T, U).probe("weird", 0.1)
+    targets.counters(T, U).revoked("something_new")
+    targets.set("vllm", "vllm.service")
+    del targets.now[T]  # what a reload does: the Target goes, and its counters with it
     for _name, labels in samples(m):
         assert ("target", T) not in labels
     assert value(m, "genready_starts_total", target="vllm", unit="vllm.service") == 0
-    m.start_seen(T, U)  # and it can come back
+    targets.counters(T, U).start_seen()  # and it can come back, counted anew
     assert value(m, "genready_starts_total", target=T, unit=U) == 1
 
 
@@ -249,16 +249,16 @@ def test_forget_target_removes_its_series(m: Metrics) -> None:
 
 def busy(m: Metrics, targets: Targets) -> Metrics:
     """Metrics with every kind of series populated, for linting."""
-    m.register_target(T, U)
-    m.register_target("vllm", "vllm.service")
+    targets.set(T, U)
+    targets.set("vllm", "vllm.service")
     targets.set(T, U, state="ready", ready=True, main_pid=4242, expected_load_seconds=3.5)
     targets.set("vllm", "vllm.service")
-    m.start_seen(T, U)
-    m.loaded(T, U, 362.1)
-    m.probe(T, U, "ok", 0.03)
-    m.probe("vllm", "vllm.service", "refused", 0.001)
-    m.revoked(T, U, "pid_changed")
-    m.foreign_answer("vllm", "vllm.service")
+    targets.counters(T, U).start_seen()
+    targets.counters(T, U).loaded(362.1)
+    targets.counters(T, U).probe("ok", 0.03)
+    targets.counters("vllm", "vllm.service").probe("refused", 0.001)
+    targets.counters(T, U).revoked("pid_changed")
+    targets.counters("vllm", "vllm.service").foreign_answer()
     m.ready_request(200)
     return m
 

@@ -20,6 +20,7 @@ from genready.serve import outputs
 from genready.serve.metrics import Metrics
 from genready.serve.outputs import Outputs, stamp_payload
 from genready.serve.stamp import Stamps, stamp_path
+from genready.serve.target import Target
 from genready.systemd.notify import Notifier
 from tests.gatefakes import Rig, snap
 
@@ -58,16 +59,16 @@ class Surfaces:
     def __init__(self, rig: Rig, runtime: Path) -> None:
         self.rig, self.runtime = rig, runtime
         # A fresh registry per test; the gauges read from the gate at each scrape, as in the daemon.
-        self.metrics = Metrics("test", CollectorRegistry(), targets=lambda: outputs.gauges([rig.gate]))
         self.stamps = Stamps(runtime, lambda *a: None, lambda t: None)
-        self.out = Outputs(Notifier(), self.stamps)
+        self.target = Target(rig.gate, stamps=self.stamps)
+        self.metrics = Metrics("test", CollectorRegistry(), targets=lambda: [self.target.gauges()])
+        self.out = Outputs(Notifier())
         self.listening = False
-        self.out.add(rig.gate)
         # As the daemon does: every gate event brings the outputs in line.
         rig.events.then = self.update
 
     def update(self) -> None:
-        self.out.update([self.rig.gate], listening=self.listening)
+        self.out.update([self.target], listening=self.listening)
 
     @property
     def gauge(self) -> float | None:
@@ -156,16 +157,16 @@ async def test_probe_progress_is_rate_limited_and_state_changes_are_not(systemd:
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # Several loading targets are each probed several times a second: STATUS= carries their
     # progress at most once per PROGRESS_EVERY, while a change of state is sent at once.
-    gate = surfaces.rig.gate
+    target = surfaces.target
     surfaces.listening = True
     surfaces.rig.show(snap("inactive", 0, ""))
     assert systemd.heard()[-1] == "STATUS=t: inactive (t.service is inactive)"
-    surfaces.out.progress([gate])  # well within PROGRESS_EVERY (1 s) of that STATUS=
+    surfaces.out.progress([target])  # well within PROGRESS_EVERY (1 s) of that STATUS=
     assert systemd.heard() == []
     surfaces.rig.show(snap("activating", 0, "inv-b"))  # a new state: starting
     heard = systemd.heard()
     assert heard and heard[-1].startswith("STATUS=t: starting"), heard
     monkeypatch.setattr(outputs, "PROGRESS_EVERY", 0.0)
-    surfaces.out.progress([gate], notes=["a note"])
+    surfaces.out.progress([target], notes=["a note"])
     heard = systemd.heard()
     assert len(heard) == 1 and heard[0].startswith("STATUS=t: starting") and heard[0].endswith("; a note"), heard

@@ -21,6 +21,7 @@ from genready.redact import escape
 from genready.serve import api, openapi, page
 from genready.serve.httplimits import HostCheck
 from genready.serve.lastwords import LastWords
+from genready.serve.target import Target
 from tests.gatefakes import Rig, snap
 
 if TYPE_CHECKING:  # generic from aiohttp 3.9 on: spelled only for mypy, never at run time
@@ -45,7 +46,7 @@ class Page:
         words.failure = {"invocation_id": "f" * 32, "main_pid": 99, "started_at": None, "ended_at": None,
                          "result": "exit-code", "exit_code": "exited", "exit_status": 3, "journal": [HOSTILE, "ok"]}
         hosts = HostCheck(lambda: (), "127.0.0.1:9")
-        self.app = api.make_app({"a": self.a.gate}, None, hosts=hosts, lastwords={"a": words})
+        self.app = api.make_app({"a": Target(self.a.gate, words)}, None, limits=(hosts.middleware,))
         self.client: Client | None = None
 
     async def get(self, path: str, **headers: str) -> tuple[int, dict[str, str], str]:

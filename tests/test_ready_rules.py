@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient
 from genready.compat import wait_for
 from genready.serve import api
 from genready.serve.metrics import Metrics
+from genready.serve.target import Target
 from genready_dev.harness import await_for
 from tests.gatefakes import Rig, snap
 
@@ -32,9 +33,7 @@ class Served:
     def __init__(self, tmp: Path) -> None:
         self.a, self.b = Rig(tmp / "a", "a"), Rig(tmp / "b", "b")
         self.metrics = Metrics("test")
-        for n in ("a", "b"):
-            self.metrics.register_target(n, "t.service")
-        self.app = api.make_app({"a": self.a.gate, "b": self.b.gate}, self.metrics, max_long_polls=2)
+        self.app = api.make_app({"a": Target(self.a.gate), "b": Target(self.b.gate)}, self.metrics, max_long_polls=2)
         self.client: Client | None = None
 
     async def get(self, path: str) -> tuple[int, Any]:
@@ -174,3 +173,17 @@ async def test_other_methods_and_paths_are_json(served: Served) -> None:
         assert r.status == 405 and r.headers["Allow"] and (await r.json())["error"] == "method not allowed"
     code, body = await served.get("/nothing/here")
     assert code == 404 and "/nothing/here" in body["error"]
+
+
+async def test_a_ready_target_answers_a_long_poll_even_with_every_slot_held(served: Served) -> None:
+    """Any local user can hold the long-poll slots: a target that is ready answers 200 anyway, at once
+    and without a slot; a target that is not is still refused (the client then asks without wait=)."""
+    held = [asyncio.ensure_future(served.get("/ready/b?wait=30")) for _ in range(2)]
+    await served.long_polls_in_flight(2)
+    t0 = time.monotonic()
+    code, body = await served.get("/ready/a?wait=30")
+    assert code == 200 and body["pid"] == 100 and time.monotonic() - t0 < 5
+    code, body = await served.get("/ready/b?wait=30")
+    assert code == 503 and "too many long-polls" in body["error"]
+    served.app[api.STOPPING].set()
+    await wait_for(asyncio.gather(*held), 10)

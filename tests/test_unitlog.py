@@ -83,3 +83,19 @@ def test_journal_lines_are_cut_too(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     got = OutputMark(0.0).lines("user", "x.service")
     assert got == ["first words", "y" * LINE_BYTES + unitlog.CUT]
+
+
+@pytest.mark.system
+def test_journal_bytes_that_are_not_utf8_cost_only_themselves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 #11: journald keeps a line's bytes as they came and `journalctl -o cat` writes them raw.
+    A Latin-1 path, a stray 0xff or a character cut in two is replaced (U+FFFD) in its own line; the
+    start's other lines are kept. A stand-in journalctl writes the bytes: these machines have no
+    journald, and the bytes are journalctl's output, not anything genready makes."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "journalctl"
+    fake.write_text("#!/bin/sh\nprintf 'loading /mod\\350le\\n\\377\\376 garbage\\nhalf \\342\\202\\nlast words\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    got = OutputMark(0.0).lines("user", "x.service")
+    assert got == ["loading /mod\ufffdle", "\ufffd\ufffd garbage", "half \ufffd", "last words"]

@@ -162,8 +162,8 @@ async def test_a_connection_whose_setup_failed_is_never_used(monkeypatch: pytest
     worker = Worker("user", "test", on_open=on_open)
     try:
         with pytest.raises(Unresponsive):
-            await worker.run(lambda bus: bus)
-        assert await worker.run(lambda bus: bus) is opened[1]
+            await worker.submit(lambda bus: bus)
+        assert await worker.submit(lambda bus: bus) is opened[1]
         assert opened[0].closed and not opened[1].closed
     finally:
         worker.close()

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
+from genready.redact import escape
+
 MODELS_PATH: Final = "/v1/models"
 # The largest answer body genready reads: the probe's, and the bench client's non-streamed answers and
 # /v1/models. An answer of a few tokens is a few KiB; a server sending more is broken or hostile, and
@@ -34,10 +36,12 @@ class BadAnswer(Exception):
 
 
 def excerpt(data: bytes | str, limit: int = EXCERPT_CHARS) -> str:
-    """One line of at most `limit` characters, for error details."""
+    """Server text as genready keeps and shows it, wherever it enters (error details, model ids): one
+    line of at most `limit` characters, escaped as for a terminal (redact.escape: no control character,
+    no lone surrogate), so every surface (the page, /status, the CLI, the log) gets the same safe text."""
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
+    return escape(text if len(text) <= limit else text[:limit] + "…")
 
 
 def too_large(v: int) -> bool:

@@ -209,11 +209,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _one_target(args: argparse.Namespace, cfg: config.Config | None) -> str | None:
     """The TARGET argument, or the only configured target; None means "every target"."""
-    if args.target:
-        return str(args.target)
-    if cfg is not None and len(cfg.targets) == 1:
-        return next(iter(cfg.targets))
-    return None
+    if cfg is None:
+        return str(args.target) if args.target else None
+    return cfg.only_target(args.target)
 
 
 def _config_if_needed(args: argparse.Namespace) -> config.Config | None:
@@ -370,6 +368,16 @@ SWEEP_TOOLS = """also:
 """
 
 
+def config_flag(p: argparse.ArgumentParser) -> None:
+    """--config, as every subcommand that reads the config takes it."""
+    p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})")
+
+
+def url_flag(p: argparse.ArgumentParser) -> None:
+    """--url, as every subcommand that asks the daemon takes it."""
+    p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+
+
 def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
     """`genready sweep restore` and `genready sweep report`: words after `sweep`, not plan files."""
     if name == "restore":
@@ -381,9 +389,8 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
         p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
         p.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
                        "(default: the target's load_timeout)")
-        p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or "
-                       f"{config.DEFAULT_PATH})")
-        p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+        config_flag(p)
+        url_flag(p)
         return p
     from genready.sweep.report import FORMATS
 
@@ -436,14 +443,12 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     sp = add("check-config", "validate the config and print it as TOML, defaults filled in")
-    sp.add_argument("--config", metavar="PATH", help="config file (default: $GENREADY_CONFIG or "
-                    f"{config.DEFAULT_PATH})")
+    config_flag(sp)
     sp.add_argument("--probe", action="store_true", help="then send one probe to each target now and print a "
                     "verdict line each (ok and the pid that served it, or the failure class and detail); exit 0 "
                     "if every target generated, else 1")
     sp.set_defaults(func=cmd_check_config)
 
-    config_help = f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})"
     sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise SGLang, vLLM "
              "or llama.cpp (also inside docker/podman run) and print a [targets.NAME] table for it")
     sp.add_argument("unit", metavar="UNIT", help="the server's unit, e.g. sglang.service")
@@ -452,25 +457,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--name", help="the target's name (default: the unit's name without .service)")
     sp.add_argument("--write", action="store_true", help="append the table to the config file (atomically, "
                     "comments kept; refused if the result would not load), then run check-config")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
+    config_flag(sp)
     sp.set_defaults(func=cmd_init)
 
     sp = add("serve", "run the daemon: watch the targets, verify starts, serve the HTTP API")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
+    config_flag(sp)
     sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")
     sp.set_defaults(func=cmd_serve)
 
     sp = add("status", "show every target's state, its load against the usual, the last failed start's own lines "
              "and the newest start records (from the daemon's /status); a table with local times on a terminal")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
-    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    config_flag(sp)
+    url_flag(sp)
     sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
     sp.set_defaults(func=cmd_status)
 
     def client_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
-        sp.add_argument("--config", metavar="PATH", help=config_help)
-        sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+        config_flag(sp)
+        url_flag(sp)
 
     sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid. Meanwhile a "
              "live line per target on stderr (redrawn on a terminal, else at each change of state and every 30 s)")
@@ -523,10 +528,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--restart-each", action="store_true", help="restart the unit for every point, also between "
                     "points with the same drop-in (by default such points share one verified start: one load per "
                     "server configuration)")
+    sp.add_argument("--no-prune", action="store_true", help="load every configuration, also those the plan's "
+                    "`prune` axes would skip after a smaller one failed to start")
+    sp.add_argument("--keep-going", action="store_true", help="do not stop after the plan's max_failed_starts "
+                    "starts in a row that ended before they were verified (default 3)")
     sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
-    sp.add_argument("--config", metavar="PATH", help=config_help)
-    sp.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
+    config_flag(sp)
+    url_flag(sp)
     sp.set_defaults(func=cmd_sweep)
     sp.epilog = (SWEEP_TOOLS + "\n" + (sp.epilog or ""))
 

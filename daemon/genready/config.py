@@ -10,16 +10,25 @@ import ipaddress
 import math
 import os
 import re
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 from genready import apis
 from genready.compat import tomllib
+
+# A target's url (probe/endpoint.py) and the bounded reader (store/bounded.py) live apart; these names are kept
+# here (`as` re-exports) for the callers that read them as config.*.
+from genready.probe.endpoint import Endpoint as Endpoint
+from genready.probe.endpoint import endpoint as endpoint
+from genready.probe.endpoint import has_userinfo
+from genready.store.bounded import FileError as FileError
+from genready.store.bounded import read_file as read_file
+from genready.store.bounded import read_regular as read_regular
+from genready.store.bounded import size_words as size_words
 
 if TYPE_CHECKING:
     import ssl
@@ -42,8 +51,7 @@ UTF8_BOM: Final = b"\xef\xbb\xbf"
 # config froze the API or grew genready until the kernel killed it. A real one is a few KiB.
 MAX_CONFIG_BYTES: Final = 1 << 20
 MAX_KEY_BYTES: Final = 64 << 10  # an API key file
-_KINDS: Final = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                 (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+
 
 
 class ConfigError(Exception):
@@ -113,83 +121,6 @@ def listen_warning(cfg: DaemonConfig) -> str | None:
         return None
     return (f"daemon.listen = {cfg.listen!r} is not a loopback address: any host that can reach it can read "
             "genready's API (targets, units, PIDs, URLs); use 127.0.0.1 unless you mean it")
-
-
-def _has_userinfo(v: str) -> bool:
-    try:
-        parts = urlsplit(v)
-    except ValueError:
-        return "@" in v
-    return parts.username is not None or parts.password is not None
-
-
-_URL_EXPECTED: Final = ("an http:// or https:// URL with a host (e.g. http://127.0.0.1:30000), "
-                       "or unix:/absolute/path of a unix socket")
-# What a path may hold unquoted (RFC 3986 pchar and "/"): the rest is percent-encoded once, here.
-_PATH_SAFE: Final = "/%:@!$&'()*+,;=-._~"
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """A target's `url` (with `path_prefix` for a unix socket), parsed once, when the config is
-    read: where the probe connects and what it sends as Host:, the port the listen watch looks
-    at, the base URL the bench client sends to. Nothing else parses a target's url."""
-
-    scheme: str  # "http", "https" or "unix"
-    host: str  # without IPv6 brackets; "localhost" on a unix socket (the Host: header's name)
-    port: int  # the url's port, else the scheme's default; 0 on a unix socket
-    path_prefix: str  # the path every route is under: percent-quoted, no trailing "/" ("" for none)
-    host_header: str  # Host: as the url spells it: "[::1]:8000", or no port when the url gives none
-    unix_path: str | None = None
-
-    @property
-    def tls(self) -> bool:
-        return self.scheme == "https"
-
-    @property
-    def numeric_host(self) -> bool:
-        """An IP address (no name lookup needed), as opposed to a host name."""
-        try:
-            ipaddress.ip_address(self.host.split("%", 1)[0])
-        except ValueError:
-            return False
-        return True
-
-    @property
-    def where(self) -> str:
-        """For messages: `unix:PATH` or `HOST:PORT`."""
-        return f"unix:{self.unix_path}" if self.unix_path is not None else f"{self.host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        """`scheme://host[:port]/prefix`, for an HTTP client library (not for a unix socket)."""
-        return f"{self.scheme}://{self.host_header}{self.path_prefix}"
-
-
-def endpoint(url: str, path_prefix: str = "") -> Endpoint:
-    """Parse a target url; ValueError says what was expected (the config's message for `url`)."""
-    if url.startswith("unix:"):
-        if not os.path.isabs(url[5:]) or "\0" in url:
-            raise ValueError(_URL_EXPECTED)
-        return Endpoint("unix", "localhost", 0, quote(path_prefix.rstrip("/"), safe=_PATH_SAFE), "localhost",
-                        url[5:])
-    if _has_userinfo(url):
-        # Never used for anything, and shown to every local user by /status and check-config.
-        raise ValueError("a URL without user:password@ (credentials do not belong in a URL; put an API key in "
-                         "api_key_file)")
-    try:  # urlsplit itself raises on e.g. "http://[::1"; .port on a port outside 0-65535
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        raise ValueError(_URL_EXPECTED) from None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-        raise ValueError(_URL_EXPECTED)
-    if parts.query or parts.fragment:
-        raise ValueError("a base URL without query or fragment")
-    host = parts.hostname
-    shown = f"[{host}]" if ":" in host else host
-    return Endpoint(parts.scheme, host, port or (443 if parts.scheme == "https" else 80),
-                    quote(parts.path.rstrip("/"), safe=_PATH_SAFE), f"{shown}:{port}" if port else shown)
 
 
 def _url(v: str) -> str | None:
@@ -468,6 +399,13 @@ class Config:
     daemon: DaemonConfig
     targets: Mapping[str, TargetConfig]
 
+    def only_target(self, named: str | None = None) -> str | None:
+        """`named` if given, else the name of the only configured target; None when none is named and
+        there are several (the caller says what that means: every target, or "name one")."""
+        if named:
+            return named
+        return next(iter(self.targets)) if len(self.targets) == 1 else None
+
     def to_toml_dict(self) -> dict[str, Any]:
         """The effective config, defaults filled in, in the file's own shape."""
         targets = {name: {s.name: _plain(getattr(t, s.name)) for s in TARGET_SETTINGS}
@@ -519,7 +457,7 @@ def _found(v: Any) -> str:
 
 def _redacted(v: str) -> str:
     """A URL for an error message, password not shown (the message lands in logs and terminals)."""
-    if not _has_userinfo(v):
+    if not has_userinfo(v):
         return _found(v)
     try:
         parts = urlsplit(v)
@@ -669,56 +607,6 @@ def _api_key(file: str, prefix: str, v: dict[str, Any], service: bool = True) ->
         raise ConfigError(file, key, "one line of printable ASCII (the API key; # comment lines aside)",
                           f"{path}: several lines or non-ASCII characters")
     return secret
-
-
-def read_regular(path: str | Path, limit: int) -> bytes:
-    """The content of a regular file of at most `limit` bytes. OSError if it cannot be read;
-    ValueError saying what was found for anything else (a FIFO, a device, a bigger file)."""
-    # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below, not read).
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise ValueError(next((name for is_kind, name in _KINDS if is_kind(mode)), "not a regular file"))
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(limit + 1)  # the size can change while it is read: count what was read
-    if len(raw) > limit:
-        raise ValueError(f"a file of more than {limit:,} bytes")
-    return raw
-
-
-def size_words(n: int) -> str:
-    """A byte count as people give a limit: 1 MiB, 64 KiB, 100 bytes."""
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n:,} bytes"
-
-
-class FileError(ValueError):
-    """A file genready will not read, or read but cannot use: `FILE[:LINE]: problem`."""
-
-    def __init__(self, path: str | Path, problem: str, line: int | None = None) -> None:
-        self.path, self.problem, self.line = str(path), problem, line
-        super().__init__(f"{path}{f':{line}' if line else ''}: {problem}")
-
-
-def read_file(path: str | Path, cap: int) -> bytes:
-    """The content of a regular file of at most `cap` bytes, through read_regular (the one bounded
-    reader: it never waits on a FIFO nor reads a device). FileNotFoundError as it is (callers treat a
-    missing file as nothing to read); FileError naming the file for everything else."""
-    try:
-        return read_regular(path, cap)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        raise FileError(path, f"cannot read it: {e.strerror or e}") from None
-    except ValueError as e:
-        raise FileError(path, f"expected a regular file of at most {size_words(cap)}, found {e}") from None
 
 
 def resolve_path(cli_path: str | None) -> Path:

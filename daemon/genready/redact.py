@@ -228,18 +228,21 @@ def redact_lines(lines: Iterable[str], secrets: Iterable[str] = ()) -> list[str]
 
 
 # C0 controls but tab, DEL, C1; line and paragraph separators (a terminal or editor breaks the line
-# there, systemd does not); bidirectional controls (they reorder what is shown).
+# there, systemd does not); bidirectional controls (they reorder what is shown); lone surrogates (a
+# server's JSON may hold "\\udc80", which no UTF-8 encoder takes: the page answered 500 for one).
+_SURROGATES: Final = range(0xD800, 0xE000)
 _ESCAPED: Final = (
     [c for c in range(0x20) if c != 0x09] + list(range(0x7F, 0xA0))
     + [0x2028, 0x2029, 0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
 )
-_ESCAPES: Final = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in _ESCAPED}
-_NEEDS: Final = re.compile("[" + "".join(re.escape(chr(c)) for c in _ESCAPED) + "]")
+_ESCAPES: Final = {c: (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}") for c in (*_ESCAPED, *_SURROGATES)}
+_NEEDS: Final = re.compile("[" + "".join(re.escape(chr(c)) for c in _ESCAPED) + "\ud800-\udfff]")
 
 
 def escape(text: str) -> str:
-    """`text` for a terminal, a log line or a report: every control character (C0 but tab, DEL, C1),
-    U+2028/U+2029 and bidirectional overrides as `\\x1b` / `\\u2028`; the rest unchanged."""
+    """`text` for a terminal, a log line, a report or a page: every control character (C0 but tab, DEL,
+    C1), U+2028/U+2029, bidirectional overrides and lone surrogates as `\\x1b` / `\\u2028`; the rest
+    unchanged (so the result always encodes as UTF-8)."""
     return text.translate(_ESCAPES) if _NEEDS.search(text) else text
 
 

@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import signal
@@ -45,6 +44,7 @@ from aiohttp.typedefs import Handler
 from genready import compat
 from genready.servers import kinds
 from genready.servers.kinds import ServerKind
+from genready_dev import simengine, simspec
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -97,6 +97,7 @@ class GenRequest:
     model: str | None = None  # the OpenAI routes' `model`, as sent
     prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
     return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
+    return_spec_tokens_details: bool = False  # SGLang's OpenAI routes (>= 0.5.12): sglext.spec_tokens_details
 
 
 # SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
@@ -184,7 +185,7 @@ def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ..
     model = body.get("model")
     return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
                       model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True),
-                      body.get("return_meta_info") is True)
+                      body.get("return_meta_info") is True, body.get("return_spec_tokens_details") is True)
 
 
 def _required(body: dict[str, Any], key: str, model: str) -> None:
@@ -415,8 +416,10 @@ class Simulator:
         self._runner: compat.AppRunner | None = None
         self._uds_bound: str | None = None
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
-        self.spec_drafts = 0
-        self.spec_accepted = 0
+        self.spec_counters = simspec.Counters()
+        # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
+        if args.spec_accept is not None:
+            self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         # A prefix cache: the prompts seen since start (or the last flush). A prompt seen before is a whole-prompt
         # hit and skips --prefill-latency, as a radix/prefix cache skips the prefill of cached tokens.
         self.prefix_cache: set[str] = set()
@@ -424,6 +427,7 @@ class Simulator:
         self.cached_tokens_total = 0  # of them, found in the prefix cache (cached_tokens, prefix_cache_hits)
         self.in_flight = 0  # generations being served: SGLang's /flush_cache refuses (400) while there are any
         self.flushes = 0
+        self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
 
@@ -452,12 +456,20 @@ class Simulator:
         a = self.a
         self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
                  profile=self.p.name)
+        if self.p.kind is kinds.VLLM:  # its start logs the arguments it runs with (simengine.py)
+            simengine.log_vllm_args(a)
         # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
         early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
         if self.bind_early or self.router:  # a router comes up at once; its models load on demand
             await self._bind()
         if not self.router:
             await asyncio.sleep(a.load_seconds)
+        if a.fail_load:
+            # As a load that runs out of GPU memory (weights, KV cache, CUDA-graph capture): a last line, exit 1.
+            print(f"torch.OutOfMemoryError: CUDA out of memory ({a.fail_load}) after {a.load_seconds:g}s of loading",
+                  file=sys.stderr, flush=True)
+            self.log("load failed", why=a.fail_load)
+            os._exit(1)
         if not (self.bind_early or self.router):
             await self._bind(early_sock)
         self.loaded = True
@@ -635,12 +647,13 @@ class Simulator:
             app.router.add_get("/get_model_info", self.model_info)
             app.router.add_get("/health_generate", self.health)
             app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the older name of the same route
+            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
             app.router.add_post("/generate", self.generate)
             app.router.add_route("GET", "/flush_cache", self.flush_cache)
             app.router.add_route("POST", "/flush_cache", self.flush_cache)
         elif self.p.name == "llamacpp":
             app.router.add_get("/slots", self.slots)
+            app.router.add_get("/props", self.props)
             app.router.add_post("/slots/{id_slot}", self.slot_action)
         elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
             for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
@@ -786,24 +799,34 @@ class Simulator:
 
     # -- speculative decoding (--spec-accept X): the figures servers report, each from its source --
 
-    def verify_steps(self, tokens: int) -> int:
-        """Verify steps for `tokens` output tokens at accept length X: each step yields X tokens on
-        average (the accepted drafts plus the target model's own token)."""
-        x: float = self.a.spec_accept
-        return math.ceil(tokens / x) if tokens else 0
-
     def spec_done(self, tokens: int) -> None:
-        """Count a finished generation into the /metrics counters."""
+        """Count a finished generation into the /metrics counters (at --spec-metrics-accept, if given)."""
+        self.tasks_served += 1
         if self.a.spec_accept is None:
             return
-        steps = self.verify_steps(tokens)
-        self.spec_drafts += steps
-        self.spec_accepted += tokens - steps  # each step's own token is not an accepted draft
+        self.spec_counters.count(tokens, self.a.spec_metrics_accept or self.a.spec_accept)
 
-    def spec_meta(self, tokens: int) -> dict[str, int]:
-        # SGLang adds meta_info["spec_verify_ct"] only when a speculative algorithm runs
-        # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it.
-        return {} if self.a.spec_accept is None else {"spec_verify_ct": self.verify_steps(tokens)}
+    def spec_meta(self, tokens: int) -> dict[str, Any]:
+        # SGLang adds meta_info["spec_verify_ct"] and its counts only when a speculative algorithm runs
+        # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it. The counts'
+        # names are --sglang-version's (simspec).
+        if self.a.spec_accept is None:
+            return {}
+        return simspec.sglang_meta(tokens, self.a.spec_accept, simspec.version(self.a.sglang_version))
+
+    def spec_answer(self, req: GenRequest, tokens: int) -> dict[str, Any]:
+        """What an OpenAI answer (a stream's last event) carries of speculative decoding at its top level:
+        SGLang's sglext.spec_tokens_details (>= 0.5.12, asked with return_spec_tokens_details), vLLM's
+        metrics.speculative_decoding (--per-request-spec-decode-metrics)."""
+        x = self.a.spec_accept
+        if x is None:
+            return {}
+        if self.p.has_native and req.return_spec_tokens_details and \
+                simspec.version(self.a.sglang_version) >= simspec.SGLANG_SPELLINGS[0]:
+            return {"sglext": {"spec_tokens_details": simspec.sglang_details(tokens, x)}}
+        if self.p.kind is kinds.VLLM:
+            return simspec.vllm_metrics(tokens, x, self.a.per_request_spec_decode_metrics)
+        return {}
 
     def _meta_refused(self, req: GenRequest) -> web.Response | None:
         # SGLang's OpenAI routes: return_meta_info on a stream is a ValueError, answered 400
@@ -824,8 +847,12 @@ class Simulator:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
         # rank, internal_states with avg_spec_accept_length (None without speculative decoding);
         # python/sglang/srt/entrypoints/http_server.py.
-        return web.json_response({"model_path": self.a.model, "version": "sim", "internal_states": [
-            {"last_gen_throughput": 0.0, "avg_spec_accept_length": self.a.spec_accept}]})
+        # Newer versions serve /server_info and keep /get_server_info as a deprecated alias (docs.sglang.io).
+        return web.json_response(simengine.sglang_server_info(self.a, self.a.spec_accept))
+
+    async def props(self, request: web.Request) -> web.Response:
+        # llama.cpp: GET /props (tools/server/server-context.cpp, get_res_props; simengine.py)
+        return web.json_response(simengine.llamacpp_props(self.a, CONTEXT_LENGTH))
 
     async def metrics(self, request: web.Request) -> web.Response:
         # vLLM's speculative-decoding counters, per engine, exposed only when speculative decoding
@@ -835,16 +862,11 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        spec = kinds.VLLM.spec
-        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG and spec is not None:
-            # SGLang has no vllm: counters
-            k = max(1, math.ceil(self.a.spec_accept))  # num_speculative_tokens: drafts proposed per step
-            for name, doc, v in ((spec.steps, "Number of spec decoding drafts.", self.spec_drafts),
-                                 (spec.draft_tokens, "Number of draft tokens.", self.spec_drafts * k),
-                                 (spec.accepted, "Number of accepted tokens.", self.spec_accepted)):
-                lines += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter",
-                          f'{name}_total{{engine="0",model_name="{self.a.model}"}} {float(v)}']
+        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG:  # SGLang has no vllm: counters
+            lines += self.spec_counters.page(self.a.model)
         lines += self._prefix_metrics()
+        if self.p.kind is kinds.VLLM:
+            lines.append(simengine.VLLM_CACHE_INFO)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
@@ -888,8 +910,12 @@ class Simulator:
         return web.Response(status=200)
 
     def _slot(self, i: int) -> dict[str, Any]:
-        return {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": self.a.spec_accept is not None,
+        params = simengine.llamacpp_slot_params(self.a)
+        drafting = self.a.spec_accept is not None or str(params.get("speculative.types", "none")) != "none"
+        slot = {"id": i, "id_task": -1, "n_ctx": CONTEXT_LENGTH, "speculative": drafting,
                 "is_processing": self.in_flight > 0}
+        # server-context.cpp, server_slot::to_json: "params" once the slot has served a task
+        return {**slot, "params": params} if self.tasks_served else slot
 
     async def slots(self, request: web.Request) -> web.Response:
         # llama.cpp: GET /slots lists the slots, each with its "id" (tools/server/server-context.cpp,
@@ -988,15 +1014,16 @@ class Simulator:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
             self.spec_done(req.max_tokens)
             return web.json_response({**head, "choices": [{**choice(text, "length"), **self._choice_meta(req)}],
-                                      "usage": usage})
+                                      "usage": usage, **self.spec_answer(req, req.max_tokens)})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for word, _ in self._tokens(req.max_tokens, prefill):
                 yield {**head, "choices": [choice(word, None)], "usage": None}
             self.spec_done(req.max_tokens)
-            yield {**head, "choices": [choice("", "length")], "usage": None}
+            last = self.spec_answer(req, req.max_tokens)
+            yield {**head, "choices": [choice("", "length")], "usage": None, **({} if req.include_usage else last)}
             if req.include_usage:
-                yield {**head, "choices": [], "usage": usage}
+                yield {**head, "choices": [], "usage": usage, **last}
 
         return await self._sse(request, events())
 
@@ -1018,7 +1045,8 @@ class Simulator:
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
-                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage})
+                 "matched_stop": None, **self._choice_meta(req)}], "usage": usage,
+                **self.spec_answer(req, req.max_tokens)})
 
         def delta(d: dict[str, Any], finish: str | None) -> dict[str, Any]:
             return {**head, "object": "chat.completion.chunk", "usage": None,
@@ -1033,9 +1061,10 @@ class Simulator:
                 yield delta({"reasoning" if i < self.a.reasoning_tokens else "content": word}, None)
                 i += 1
             self.spec_done(req.max_tokens)
-            yield delta({}, "length")
+            last = self.spec_answer(req, req.max_tokens)  # in the last event, as vLLM's test_per_request_... checks
+            yield {**delta({}, "length"), **({} if req.include_usage else last)}
             if req.include_usage:
-                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+                yield {**head, "object": "chat.completion.chunk", "choices": [], "usage": usage, **last}
 
         return await self._sse(request, events())
 
@@ -1100,6 +1129,14 @@ def _file(s: str) -> str:
     return s
 
 
+def _version(s: str) -> str:
+    try:
+        simspec.version(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", choices=[n for n in PROFILES if n], default=None,
                    help="imitate one server, from its source: sglang (binds once loaded, then a warmup with "
@@ -1142,6 +1179,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "then exit 0; further signals do not shorten it (default: the profile's, else 0)")
     p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, exit abruptly with status 1")
+    p.add_argument("--fail-load", metavar="WHY", default="",
+                   help="fail the load: after --load-seconds, print a CUDA out-of-memory line naming WHY and exit 1 "
+                   "before binding, as a server whose configuration does not fit in GPU memory")
     p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
                    help="S seconds after ready, keep accepting connections but never answer again (SIGUSR1: "
                    "from then on)")
@@ -1169,6 +1209,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
                    "vllm:spec_decode_* counters on GET /metrics")
+    p.add_argument("--sglang-version", type=_version, default=simspec.SGLANG_DEFAULT_VERSION, metavar="V",
+                   help="with --spec-accept: the SGLang release whose meta_info names the per-request counts "
+                   "(<= 0.5.10 spec_accept_token_num/spec_draft_token_num, 0.5.11 spec_accepted_drafts/"
+                   "spec_proposed_drafts, >= 0.5.12 spec_num_correct_drafts/spec_num_proposed_drafts and "
+                   "sglext.spec_tokens_details; default %(default)s)")
+    p.add_argument("--per-request-spec-decode-metrics", choices=simspec.PER_REQUEST_MODES, default="none",
+                   help="--profile vllm with --spec-accept: answers carry metrics.speculative_decoding "
+                   "(detailed: with acceptance_histogram), as vLLM's flag; default %(default)s")
+    p.add_argument("--spec-metrics-accept", type=_accept_length, metavar="Y",
+                   help="with --spec-accept X: the /metrics counters count accept length Y, the answers X "
+                   "(two sources that disagree)")
     p.add_argument("--prefill-latency", type=_seconds, default=0.0, metavar="S",
                    help="seconds per prompt token before the first token, skipped for a prompt in the prefix cache "
                    "(a prompt seen since start or the last flush: SGLang /flush_cache, vLLM /reset_prefix_cache "
@@ -1184,6 +1235,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
+    simengine.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
-"""What a person watching a long load sees: one live line per target, and times as people read them.
+"""What a person watching a long load sees: one live line per target (`genready wait` and
+`restart`), and the load column of `genready status` (`load_text`); times as timewords writes them.
 
-On a terminal, `genready wait`, `restart` and `sweep` redraw one line per target in place:
+On a terminal, `genready wait` and `restart` redraw one line per target in place:
 
     sglang  loading  pid 4242  3m10s of ~6m02s  [=======>      ]  ETA 2m52s  probe 17: refused
 

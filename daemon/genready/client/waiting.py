@@ -22,6 +22,9 @@ from genready.client import client
 DAEMON_RETRY: Final = 1.0  # seconds between attempts while the daemon does not answer
 SETTLE: Final = 0.5  # seconds: more than the daemon waits before it says a down unit is not restarting
 LONG_POLL: Final = 3000.0  # seconds of one long-poll when nothing is shown meanwhile (the API caps it at 3600)
+# Seconds between questions while the daemon refuses long-polls (its slots are all held, which any
+# local user can do): the first pause, doubled after each refusal up to the last.
+REFUSED_PAUSE: Final = (0.25, 2.0)
 
 
 class OnFailure(enum.Enum):
@@ -58,6 +61,11 @@ def start_failed(body: Any) -> Mapping[str, Any] | None:
     return None
 
 
+def refused(code: int, body: Any) -> bool:
+    """Is this the daemon's "too many long-polls in flight" 503 (a refusal, not an answer)?"""
+    return code == 503 and isinstance(body, dict) and str(body.get("error", "")).startswith("too many long-polls")
+
+
 def ready_path(target: str | None, **query: object) -> str:
     q = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
     return (f"/ready/{target}" if target else "/ready") + (f"?{q}" if q else "")
@@ -72,16 +80,23 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
     {"reason": ...} while the daemon does not answer): live lines, a sweep's signals (it may
     raise). With `tick`, each long-poll lasts at most `poll` seconds. A daemon that does not
     answer is waited for until `timeout` too: readiness is what the caller waits for, and the
-    daemon is on its way."""
+    daemon is on its way. While the daemon refuses long-polls (all its slots held), each refusal
+    is followed by a question without wait= (always answered) and a growing pause."""
     deadline = time.monotonic() + timeout
     chunk_max = poll if poll is not None else LONG_POLL
     since_q = None if since is None else f"{since:.6f}"
+    pause = 0.0  # > 0 while the daemon refuses long-polls: the next pause
     while True:
         left = max(0.0, deadline - time.monotonic())
         chunk = min(left, chunk_max)
         try:
             code, body = client.request(base, ready_path(target, since=since_q, wait=f"{chunk:.3f}"),
                                         timeout=chunk + 30)
+            if refused(code, body):
+                code, body = client.request(base, ready_path(target, since=since_q))
+                pause = min(pause * 2, REFUSED_PAUSE[1]) if pause else REFUSED_PAUSE[0]
+            else:
+                pause = 0.0
         except client.Unreachable as e:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -108,6 +123,8 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
             return Outcome(code, body, since, failed)
         if tick is not None:
             tick(code, body)
+        if pause:
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
 
 
 def restart_and_wait(restart: Callable[[], None], base: str, target: str, timeout: float, *,

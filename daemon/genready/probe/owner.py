@@ -257,7 +257,8 @@ def _diag_listeners(family: int) -> Iterator[TcpRow]:
 
 def proc_listeners(port: int) -> list[TcpRow]:
     """The LISTEN sockets on `port` from /proc/net/tcp{,6}: slow (milliseconds, the kernel walks
-    its whole table), for checking listeners() and for hosts without sock_diag."""
+    its whole table). Only the tests read it, to check listeners() against the kernel's other view;
+    without sock_diag the listen watch gives up instead (probe/listen.py)."""
     rows: list[TcpRow] = []
     key = f":{port:04X}"
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -276,7 +277,7 @@ def proc_listeners(port: int) -> list[TcpRow]:
 def all_listeners() -> list[TcpRow]:
     """Every LISTEN socket in this network namespace, IPv4 and IPv6, from sock_diag dumps: tens
     of microseconds, cheap enough to ask every 0.1 s while a server loads. Raises OSError when
-    sock_diag is unusable (then proc_listeners() is the slow way)."""
+    sock_diag is unusable (the listen watch then probes on the plain schedule)."""
     rows = list(_diag_listeners(socket.AF_INET))
     try:
         rows += _diag_listeners(socket.AF_INET6)

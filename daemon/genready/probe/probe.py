@@ -526,8 +526,8 @@ class Prober:
             raise _Fail(Failure.BAD_RESPONSE, f"model discovery: {e}") from None
         chosen = self._choose(listed, what)
         if chosen.state in kinds.ROUTER_LOADING:
-            raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {chosen.id!r} as "
-                                           f"{chosen.state!r}")
+            raise _Fail(Failure.UNHEALTHY, f"{what}: the llama.cpp router lists model {excerpt(chosen.id)!r} as "
+                                           f"{excerpt(chosen.state)!r}")
         if chosen.state not in (None, "loaded"):
             att.router_state = chosen.state
         self._model = chosen.id
@@ -539,7 +539,9 @@ class Prober:
         return pinned
 
     def _choose(self, listed: list[Listed], what: str) -> Listed:
-        ids = [m.id for m in listed]
+        # Shown cut and escaped as other server text (an id of 90 KB, or with a lone surrogate, is the
+        # server's to send, not every surface's to repeat); the request names the id as listed.
+        ids = [excerpt(m.id) for m in listed]
         shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
         pinned = self._t.model
         if pinned:
@@ -551,8 +553,8 @@ class Prober:
                                           f"{len(ids)}: {shown}: set model to one of them (or \"\" for the first)")
         first = listed[0]
         # The first is what vLLM serves a request without `model` with; `model` pins another.
-        self.model_note = (f'model "{first.id}" (the only one listed)' if len(ids) == 1 else
-                           f'model "{first.id}" (first of {len(ids)} listed: {shown})')
+        self.model_note = (f'model "{ids[0]}" (the only one listed)' if len(ids) == 1 else
+                           f'model "{ids[0]}" (first of {len(ids)} listed: {shown})')
         return first
 
     def _not_ok(self, what: str, resp: _Response) -> _Fail:

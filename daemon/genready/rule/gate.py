@@ -235,7 +235,7 @@ class TargetGate:
         if not down:
             self._down_since = None
         elif self._down_since is None:
-            self._down_since = time.monotonic()
+            self._down_since = self.clock.mono()
             # A little after: the loop may run a timer up to its clock's resolution early.
             asyncio.get_running_loop().call_later(RESTART_SETTLE + 0.01, self.wake)
 
@@ -243,7 +243,7 @@ class TargetGate:
     def restarting(self) -> bool:
         """Whether systemd may start the unit again by itself: not once it has stayed down (inactive or
         failed, no job pending, no process) for RESTART_SETTLE seconds."""
-        return self._down_since is None or time.monotonic() - self._down_since < RESTART_SETTLE
+        return self._down_since is None or self.clock.mono() - self._down_since < RESTART_SETTLE
 
     def start_failed(self, since: float | None) -> dict[str, object] | None:
         """The newest start begun after `since` (without it: the newest start) that ended before it was

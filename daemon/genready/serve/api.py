@@ -7,7 +7,7 @@ import json
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -15,14 +15,13 @@ from aiohttp import web
 
 from genready import __version__
 from genready.compat import app_key
-from genready.serve import openapi, page
-from genready.serve.sweepcheck import SweepCheck
+from genready.serve import openapi, page, sweepcheck
 
 if TYPE_CHECKING:
     from genready.rule.gate import TargetGate, Verification
-    from genready.serve.httplimits import ConnectionGuard, HostCheck
-    from genready.serve.lastwords import LastWords
     from genready.serve.metrics import Metrics
+    from genready.serve.target import Target
+
 
 MAX_WAIT = 3600.0
 CLIENT_CHECK = 1.0  # seconds between checks that a long-poll's client is still connected
@@ -32,14 +31,12 @@ _INVOCATION = re.compile(r"[0-9a-f]{32}")
 _PID = re.compile(r"[0-9]{1,10}")
 _NUMBER = re.compile(r"([0-9]{1,12}(\.[0-9]{0,9})?|\.[0-9]{1,9})([eE][+-]?[0-9]{1,2})?")
 _PID_MAX = 2**22  # the kernel's PID_MAX_LIMIT
-GATES = app_key("gates", dict)
+TARGETS = app_key("targets", dict)  # name -> serve.target.Target, as the daemon holds them (reloads included)
 METRICS = app_key("metrics", object)
 STARTED = app_key("started", float)
 STATUS_EXTRA = app_key("status_extra", object)
 STOPPING = app_key("stopping", asyncio.Event)
 LONG_POLLS = app_key("long_polls", object)
-LASTWORDS = app_key("lastwords", dict)  # target name -> LastWords: a failed start's lines
-SWEEPS = app_key("sweeps", SweepCheck)
 
 
 class LongPolls:
@@ -116,18 +113,18 @@ def parse_ready_query(q: Mapping[str, str]) -> dict[str, Any]:
 
 
 async def ready(request: web.Request) -> web.StreamResponse:
-    gates: dict[str, TargetGate] = request.app[GATES]
+    targets: dict[str, Target] = request.app[TARGETS]
     metrics: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
-    resp = await _ready(request, gates)
+    resp = await _ready(request, targets)
     if metrics is not None:
         metrics.ready_request(resp.status)
     return resp
 
 
-async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Response:
+async def _ready(request: web.Request, targets: dict[str, Target]) -> web.Response:
     name = request.match_info.get("target")
-    if name is not None and name not in gates:
-        return _json_error(404, f"no such target: {name}", targets=sorted(gates))
+    if name is not None and name not in targets:
+        return _json_error(404, f"no such target: {name}", targets=sorted(targets))
     try:
         # Most scripts ask without a query: skip parsing one.
         q = parse_ready_query(request.query) if request.query_string else _NO_QUERY
@@ -136,6 +133,11 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
     if q["wait"] > 0:
         polls: LongPolls = request.app[LONG_POLLS]  # type: ignore[assignment]
         if polls.active >= polls.limit:
+            # Readiness first: a ready target answers its 200 without a slot, so slots held by others
+            # (any local user can open them) never turn a ready answer into a refusal.
+            now = await _answer(request, targets, name, {**q, "wait": 0.0})
+            if now.status != 503:
+                return now
             polls.refused += 1
             metrics_: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
             if metrics_ is not None:
@@ -145,20 +147,21 @@ async def _ready(request: web.Request, gates: dict[str, TargetGate]) -> web.Resp
                                      status=503, headers={"Retry-After": "1"})
         polls.active += 1
         try:
-            return await _answer(request, gates, name, q)
+            return await _answer(request, targets, name, q)
         finally:
             polls.active -= 1
-    return await _answer(request, gates, name, q)
+    return await _answer(request, targets, name, q)
 
 
-async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str | None,
+async def _answer(request: web.Request, targets: dict[str, Target], name: str | None,
                   q: Mapping[str, Any]) -> web.Response:
     deadline = time.monotonic() + q["wait"]
     while True:
         # The targets as they are now: a reload may have removed (404 at once), replaced or added some.
-        if name is not None and name not in gates:
-            return _json_error(404, f"no such target: {name} (removed by a config reload)", targets=sorted(gates))
-        chosen = [gates[name]] if name else list(gates.values())
+        if name is not None and name not in targets:
+            return _json_error(404, f"no such target: {name} (removed by a config reload)", targets=sorted(targets))
+        those = [targets[name]] if name else list(targets.values())
+        chosen = [t.gate for t in those]
         # Each pass does a fresh systemd read per target, begun after the request arrived.
         # Concurrently: targets on one unit share a systemd read, and many targets cost one wait, not N.
         checks = [g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"]) for g in chosen]
@@ -182,9 +185,8 @@ async def _answer(request: web.Request, gates: dict[str, TargetGate], name: str 
         if left <= 0 or stopping.is_set() or failed:
             if stopping.is_set():
                 verdicts = [(None, "genready is shutting down")] * len(chosen)
-            lastwords: dict[str, LastWords] = request.app[LASTWORDS]
-            not_ready = [_not_ready_body(g, why, q["since"], lastwords.get(g.name))
-                         for g, (v, why) in zip(chosen, verdicts, strict=True) if v is None]
+            not_ready = [_not_ready_body(t, why, q["since"])
+                         for t, (v, why) in zip(those, verdicts, strict=True) if v is None]
             out: Any = not_ready[0] if name else {"ready": False, "targets": not_ready}
             return web.json_response(out, status=503)
         # A long-poll in flight at shutdown gets a 503 saying so, not a dropped connection.
@@ -217,14 +219,14 @@ def _ready_bytes(g: TargetGate, v: Verification) -> bytes:
     return cached[2]
 
 
-def _not_ready_body(g: TargetGate, why: str, since: float | None = None,
-                    lastwords: LastWords | None = None) -> dict[str, object]:
+def _not_ready_body(t: Target, why: str, since: float | None = None) -> dict[str, object]:
+    g = t.gate
     j = g.to_json()
     body = {k: j[k] for k in ("target", "unit", "state", "pid", "invocation_id", "waiting_since", "probes",
                               "last_error", "expected_load_seconds", "loading_seconds", "eta_seconds")}
     failed = g.start_failed(since)
     if failed is not None:
-        failed["journal"] = lastwords.lines(str(failed["invocation_id"])) if lastwords is not None else []
+        failed["journal"] = t.lines(str(failed["invocation_id"]))
     return {"ready": False, "reason": why, **body, "start_failed": failed}
 
 
@@ -242,25 +244,22 @@ async def page_or_status(request: web.Request) -> web.Response:
 
 async def status_document(app: web.Application) -> dict[str, object]:
     """What `/status` answers, and what the page at `/` shows."""
-    gates: dict[str, TargetGate] = app[GATES]
+    targets: dict[str, Target] = app[TARGETS]
     extra: Callable[[], dict[str, object]] = app[STATUS_EXTRA]  # type: ignore[assignment]
-    lastwords: dict[str, LastWords] = app[LASTWORDS]
-    sweeps = app[SWEEPS]
-    await sweeps.check(gates.values())
-    targets = {}
-    for name, g in gates.items():
-        t = g.to_json()
-        if (warning := sweeps.warning(name)) is not None:
-            t["warnings"] = [*t["warnings"], warning]  # type: ignore[misc]
-        lw = lastwords.get(name)
-        t["last_failure"] = lw.failure if lw is not None else None
-        t["records"] = [r.public_json() for r in g.store.newest(name, 20)]
-        targets[name] = t
+    await sweepcheck.check(targets.values())
+    out = {}
+    for name, t in targets.items():
+        j = t.gate.to_json()
+        if t.sweep_warning is not None:
+            j["warnings"] = [*j["warnings"], t.sweep_warning]  # type: ignore[misc]
+        j["last_failure"] = t.lastwords.failure if t.lastwords is not None else None
+        j["records"] = [r.public_json() for r in t.gate.store.newest(name, 20)]
+        out[name] = j
     return {
         "version": __version__,
         "uptime_seconds": round(time.monotonic() - app[STARTED], 3),
         **extra(),
-        "targets": targets,
+        "targets": out,
     }
 
 
@@ -268,8 +267,7 @@ async def metrics(request: web.Request) -> web.Response:
     m: Metrics | None = request.app[METRICS]  # type: ignore[assignment]
     if m is None:
         return _json_error(404, "metrics are not enabled")
-    gates: dict[str, TargetGate] = request.app[GATES]
-    await request.app[SWEEPS].check(gates.values())
+    await sweepcheck.check(request.app[TARGETS].values())
     body, ctype = m.render()
     resp = web.Response(body=body)
     resp.headers["Content-Type"] = ctype
@@ -280,20 +278,17 @@ async def openapi_json(request: web.Request) -> web.Response:
     return web.json_response(openapi.spec())
 
 
-def make_app(gates: dict[str, TargetGate], metrics_: Metrics | None,
-             status_extra: Callable[[], dict[str, object]] = dict, *, guard: ConnectionGuard | None = None,
-             hosts: HostCheck | None = None, max_long_polls: int = 256,
-             lastwords: dict[str, LastWords] | None = None, sweeps: SweepCheck | None = None) -> web.Application:
-    """The aiohttp application; GET (and HEAD) only. `lastwords` and `sweeps`: what the daemon keeps
-    beside the gates (a failed start's lines, leftover sweep drop-ins), shown by /status and /ready."""
-    # The guard first: a connection over the cap is answered before any other work; then the Host check.
-    middlewares = [m.middleware for m in (guard, hosts) if m is not None]
-    app = web.Application(middlewares=[*middlewares, errors_as_json])
+def make_app(targets: dict[str, Target], metrics_: Metrics | None,
+             status_extra: Callable[[], dict[str, object]] = dict, *,
+             limits: Sequence[Any] = (),  # aiohttp middlewares: their type differs across aiohttp versions
+             max_long_polls: int = 256) -> web.Application:
+    """The aiohttp application; GET (and HEAD) only. `targets`: the daemon's own mapping, read at each
+    request (a reload's changes are served). `limits`: middlewares run first, in order (the connection
+    guard, then the Host check: a connection over the cap is answered before any other work)."""
+    app = web.Application(middlewares=[*limits, errors_as_json])
     app[LONG_POLLS] = LongPolls(max_long_polls)
-    app[GATES] = gates
+    app[TARGETS] = targets
     app[METRICS] = metrics_
-    app[LASTWORDS] = lastwords if lastwords is not None else {}
-    app[SWEEPS] = sweeps if sweeps is not None else SweepCheck()
     app[STARTED] = time.monotonic()
     app[STATUS_EXTRA] = status_extra
     app[STOPPING] = asyncio.Event()

@@ -3,8 +3,12 @@
 - start-up: the API is bound before anything talks to systemd or probes a server (a taken port
   fails start-up at once); every resource opened is closed again, in reverse order, however
   start-up or the run ends (`startup()` pushes each cleanup on one exit stack);
-- readiness is reported only through the gate's events (READY=1/STATUS=, stamps, metrics, logs:
-  `on_*`), each recomputed from the rule when sent (serve/outputs.py);
+- readiness is said only as the rule says it now: READY=1/STATUS= and the stamps are brought in
+  line once per pass of a gate (`on_settled`), recomputed from the rule when sent
+  (serve/outputs.py); every series of /metrics is made from the Targets at each scrape; the
+  counters they expose and the log lines come from the gate's events (`on_*`);
+- each target is one `Target` (serve/target.py): its gate and what is shown beside it, made and
+  closed together, so a reload that removes it leaves nothing behind;
 - SIGTERM/SIGINT: STOPPING=1, each long-poll in flight gets a 503 saying so, and genready exits within
   SHUTDOWN_DEADLINE (3 s) whatever blocks, every thread's stack logged if it had to be cut;
 - SIGHUP: the config is re-read off the loop; a broken one is refused and the running one kept;
@@ -33,11 +37,11 @@ from genready import __version__, compat, config
 from genready.log import Summarizer, event
 from genready.probe.owner import owner_check_unavailable
 from genready.rule.gate import TargetGate
-from genready.serve import api, httplimits, outputs, stamp
+from genready.serve import api, httplimits, stamp
 from genready.serve.lastwords import LastWords
-from genready.serve.metrics import Metrics
+from genready.serve.metrics import Metrics, TargetCounters
 from genready.serve.outputs import Outputs
-from genready.serve.sweepcheck import SweepCheck
+from genready.serve.target import Target
 from genready.store.records import RecordStore, StartRecord
 from genready.systemd.fresh import FreshReader
 from genready.systemd.notify import Notifier
@@ -87,23 +91,19 @@ class Daemon:
         self.cfg = cfg
         self.config_path = config_path
         self.notifier = Notifier()
-        # The gauges are read from the gates and the manager's health at each scrape.
-        self.metrics = Metrics(__version__, targets=lambda: outputs.gauges(list(self.gates.values()), self.sweeps),
+        # Every target's series are read from its Target, and the manager's health, at each scrape.
+        self.metrics = Metrics(__version__, targets=lambda: [t.gauges() for t in self.targets.values()],
                                responsive=lambda: self.health.responsive)
         self.summarizer = Summarizer(logging.getLogger("genready.probe.probe"))
         self.should_exit = asyncio.Event()
         self.reload_requested = False
         self.config_error = ""
         self.restart_needed: list[str] = []  # settings a reload changed that only a restart applies
-        self._config_changed: set[str] = set()  # targets whose unit differs from what its running start runs
         self.listening = False
         self.records_failing = False  # a start-record write failed and has not been caught up yet
         self.owner_problem = owner_check_unavailable()
-        self.gates: dict[str, TargetGate] = {}
-        # Beside each gate, what the surfaces show that the rule does not need: a failed start's
-        # lines (fed each snapshot after its gate) and leftover sweep drop-ins (checked per request).
-        self.lastwords: dict[str, LastWords] = {}
-        self.sweeps = SweepCheck()
+        # Each target's gate and what the surfaces show beside it, made and closed together.
+        self.targets: dict[str, Target] = {}
         self._runner: compat.AppRunner | None = None
         self._watcher_task: asyncio.Task[None] | None = None
         self.health = Health(self._on_systemd_health)
@@ -149,15 +149,15 @@ class Daemon:
         self.store.on_error = self._record_error
         self.store.on_recovered = self._records_recovered
         self.stamps = stamp.Stamps(d.runtime_dir, self._stamp_error, self._stamp_fixed)
-        self.outputs = Outputs(self.notifier, self.stamps)
+        self.outputs = Outputs(self.notifier)
         self.fresh = FreshReader(d.bus, self.health)
         stack.callback(self.fresh.close)
         stack.callback(self.summarizer.flush_all)
         self.watcher = self._new_watcher()  # /status reports on it from the first request
         await self._serve_api(stack)
         for t in self.cfg.targets.values():
-            self._add_gate(t)
-        stack.push_async_callback(self._close_gates)
+            self._add_target(t)
+        stack.push_async_callback(self._close_targets)
         self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
         stack.push_async_callback(self._stop_watcher)
         self._background(stack, self.fresh.heartbeat(), "systemd-heartbeat")
@@ -174,14 +174,14 @@ class Daemon:
 
     async def _serve_api(self, stack: contextlib.AsyncExitStack) -> None:
         d = self.cfg.daemon
-        self.guard = httplimits.ConnectionGuard(httplimits.connection_cap(len(self.cfg.targets)),
-                                             on_refuse=self.metrics.api_refused)
-        # The app holds self.gates itself: gates added later (and by reloads) are served.
+        guard = httplimits.ConnectionGuard(httplimits.connection_cap(len(self.cfg.targets)),
+                                       on_refuse=self.metrics.api_refused)
+        # The app holds self.targets itself: targets added later (and by reloads) are served.
         hosts = httplimits.HostCheck(lambda: self.cfg.daemon.allowed_hosts, d.listen,
                                      on_refuse=self.metrics.api_refused)
-        app = api.make_app(self.gates, self.metrics, self._status_extra, guard=self.guard, hosts=hosts,
-                           max_long_polls=max(1, self.guard.max_connections // 2), lastwords=self.lastwords,
-                           sweeps=self.sweeps)
+        app = api.make_app(self.targets, self.metrics, self._status_extra,
+                           limits=(guard.middleware, hosts.middleware),
+                           max_long_polls=max(1, guard.max_connections // 2))
         # aiohttp waits up to shutdown_timeout (default 60 s) for handlers still running at
         # shutdown, and a /ready?wait= long-poll (every `genready wait`) runs for minutes:
         # SIGTERM must finish within seconds. aiohttp waits twice (for the handler to finish,
@@ -192,7 +192,7 @@ class Daemon:
         stack.push_async_callback(runner.cleanup)
         self._runner = runner
         assert runner.server is not None
-        self.guard.install(runner.server)
+        guard.install(runner.server)
         site = compat.tcp_site(runner, d.host, d.port, reuse_address=True)
         await site.start()
         self.listening = True
@@ -241,17 +241,13 @@ class Daemon:
         await self._exit.aclose()
         log.info("shutdown took %.0f ms", (time.monotonic() - t0) * 1000)
 
-    async def _close_gates(self) -> None:
+    async def _close_targets(self) -> None:
         # All at once: one after the other, each waiting for its probe to unwind, adds up over many targets.
-        for lw in self.lastwords.values():
-            lw.close()
-        await asyncio.gather(*(g.close() for g in self.gates.values()), return_exceptions=True)
+        await asyncio.gather(*(t.close() for t in self.targets.values()), return_exceptions=True)
 
-    def _add_gate(self, t: config.TargetConfig) -> None:
-        gate = self.gates[t.name] = TargetGate(t, self.store, self.fresh, self)
-        self.lastwords[t.name] = LastWords(gate, self.cfg.daemon.bus)
-        self.metrics.register_target(t.name, t.unit)
-        self.outputs.add(gate)
+    def _add_target(self, t: config.TargetConfig) -> None:
+        gate = TargetGate(t, self.store, self.fresh, self)
+        self.targets[t.name] = Target(gate, LastWords(gate, self.cfg.daemon.bus), self.stamps)
         for w in t.warnings:
             log.warning("%s: %s", t.name, w)
         if t.verify_owner and self.owner_problem:
@@ -302,33 +298,28 @@ class Daemon:
         self._batch += 1
         try:
             plan = reload_plan(self.cfg.targets, new.targets)
-            old_targets = self.cfg.targets
             self.cfg = new
             if plan.units_changed:
                 await self._stop_watcher()
             for name in plan.remove:
-                self.lastwords.pop(name).close()
-                self.sweeps.forget(name)
-                await self.gates.pop(name).close()
-                self.metrics.forget_target(name, old_targets[name].unit)
-                self._config_changed.discard(name)
-                self.outputs.forget(name)
+                await self.targets.pop(name).close(removed=True)
+                self.summarizer.flush(name)  # its repeated probe failures are summed up now, not never
             for name in plan.reconfigure:
-                await self.gates[name].reconfigure(new.targets[name])
+                await self.targets[name].gate.reconfigure(new.targets[name])
             for name in plan.add:
-                self._add_gate(new.targets[name])
+                self._add_target(new.targets[name])
                 if not plan.units_changed:
                     # The unit is watched already: its current snapshot is the new target's at once,
                     # not "not connected to systemd yet" until the unit next changes.
                     snap = self.watcher.snapshot(new.targets[name].unit)
                     if snap is not None:
-                        self._to_gate(self.gates[name], snap)
+                        self._to_target(self.targets[name], snap)
             if plan.units_changed:
                 self.watcher = self._new_watcher()
                 self._watcher_task = asyncio.create_task(self.watcher.run(), name="watcher")
         finally:
             self._batch -= 1
-        event(log, logging.INFO, "config reloaded", path=str(path), targets=",".join(self.gates))
+        event(log, logging.INFO, "config reloaded", path=str(path), targets=",".join(self.targets))
         self._update_outputs()
         await self._forget_removed_off_loop()
 
@@ -346,19 +337,19 @@ class Daemon:
         # once, after every gate of the unit has taken it.
         self._batch += 1
         try:
-            for g in list(self.gates.values()):
-                if g.unit == unit:
-                    self._to_gate(g, snap)
+            for t in list(self.targets.values()):
+                if t.unit == unit:
+                    self._to_target(t, snap)
         finally:
             self._batch -= 1
         if not self._batch and self._outputs_due:
             self._update_outputs()
 
-    def _to_gate(self, g: TargetGate, snap: Snapshot | None) -> None:
-        g.on_snapshot(snap)
-        if snap is not None:
-            self.lastwords[g.name].follow(snap)  # after the gate: its start records are up to date
-        self._note_config_changes(g)
+    def _to_target(self, t: Target, snap: Snapshot | None) -> None:
+        t.gate.on_snapshot(snap)
+        if snap is not None and t.lastwords is not None:
+            t.lastwords.follow(snap)  # after the gate: its start records are up to date
+        self._note_config_changes(t)
 
     def _on_systemd_health(self, responsive: bool) -> None:
         """The manager stopped answering, or answers again: said once each way, in the log and
@@ -373,18 +364,17 @@ class Daemon:
                         "answers 503 %s until it does", self.cfg.daemon.bus, SYSTEMD_UNRESPONSIVE)
         self._update_outputs()
 
-    def _note_config_changes(self, g: TargetGate) -> None:
+    def _note_config_changes(self, t: Target) -> None:
         """One log line each time a target's unit starts or stops differing from what its running
         start was started with (the gauge reads `config_changes` itself)."""
-        changes = g.config_changes
-        if bool(changes) != (g.name in self._config_changed):
+        g, changes = t.gate, t.gate.config_changes
+        if bool(changes) != t.config_changed:
+            t.config_changed = bool(changes)
             if changes:
-                self._config_changed.add(g.name)
                 log.warning("%s: %s changed since pid %s started; it is still ready but runs the old configuration "
                             "until restarted (guard and sweep refuse it): %s", g.name, g.unit,
                             g.snap.main_pid if g.snap else "?", "; ".join(changes))
             else:
-                self._config_changed.discard(g.name)
                 log.info("%s: %s runs its unit's configuration again", g.name, g.unit)
 
     def on_state_changed(self, gate: TargetGate, old: State, new: State) -> None:
@@ -393,10 +383,17 @@ class Daemon:
         if new in (State.INACTIVE, State.ABSENT, State.UNKNOWN):
             self.summarizer.flush(gate.name)
 
+    def _counters(self, gate: TargetGate) -> TargetCounters:
+        """The counters of the target whose gate this is (a gate closed by a reload may still report:
+        its counts go nowhere)."""
+        t = self.targets.get(gate.name)
+        return t.counters if t is not None and t.gate is gate else TargetCounters()
+
     def on_probed(self, gate: TargetGate, result: ProbeResult) -> None:
-        self.metrics.probe(gate.name, gate.unit, str(result.failure or "ok"), result.seconds)
+        counters = self._counters(gate)
+        counters.probe(str(result.failure or "ok"), result.seconds)
         if result.failure is Failure.FOREIGN_OWNER:
-            self.metrics.foreign_answer(gate.name, gate.unit)
+            counters.foreign_answer()
         if result.ok:
             self.summarizer.flush(gate.name)
         else:
@@ -411,19 +408,19 @@ class Daemon:
 
     def _progress(self) -> None:
         self._progress_due = False
-        self.outputs.progress(self.gates.values(), notes=self._notes())
+        self.outputs.progress(self.targets.values(), notes=self._notes())
 
     def on_start_seen(self, gate: TargetGate, record: StartRecord) -> None:
-        self.metrics.start_seen(gate.name, gate.unit)
+        self._counters(gate).start_seen()
         event(log, logging.INFO, f"{gate.name}: new start recorded", invocation=record.invocation_id,
               pid=record.main_pid or None)
 
     def on_verified(self, gate: TargetGate, record: StartRecord) -> None:
         if record.load_seconds is not None:
-            self.metrics.loaded(gate.name, gate.unit, record.load_seconds)
+            self._counters(gate).loaded(record.load_seconds)
 
     def on_revoked(self, gate: TargetGate, reason: Revocation) -> None:
-        self.metrics.revoked(gate.name, gate.unit, reason)
+        self._counters(gate).revoked(reason)
 
     def on_settled(self, gate: TargetGate) -> None:
         """The end of a gate's pass that verified, revoked or changed the state: sd_notify and the
@@ -435,7 +432,7 @@ class Daemon:
             self._outputs_due = True
             return
         self._outputs_due = False
-        self.outputs.update(self.gates.values(), listening=self.listening, notes=self._notes())
+        self.outputs.update(self.targets.values(), listening=self.listening, notes=self._notes())
 
     def _notes(self) -> list[str]:
         notes = ([f"config reload refused: {self.config_error}"] if self.config_error else []) + self.restart_needed
@@ -496,9 +493,9 @@ class Daemon:
                       e.strerror or e, UPKEEP_INTERVAL)
 
     def _stamp_error(self, target: str, e: OSError, first: bool) -> None:
-        gate = self.gates.get(target)
-        if first:
-            self.metrics.stamp_error(target, gate.unit if gate else "")
+        t = self.targets.get(target)
+        if first and t is not None:  # a removed target's stamp, still being removed, counts for no target
+            t.counters.stamp_error()
         path = stamp.stamp_path(self.stamps.runtime_dir, target)
         self.summarizer.note(f"stamp:{target}", f"stamp error {e.errno}",
                              f"{target}: cannot update the ready stamp {path}: {e.strerror or e}; /ready, /status "

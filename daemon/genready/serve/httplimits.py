@@ -188,13 +188,6 @@ class ConnectionGuard:
             if not conn.in_request and transport is not None and transport in self._conns:
                 self._arm(transport, conn)  # the next request on this keep-alive connection
 
-    def close_all(self) -> None:
-        for conn in self._conns.values():
-            if conn.timer is not None:
-                conn.timer.cancel()
-        self._conns.clear()
-
-
 def host_allowed(host: str | None, allowed: Iterable[str]) -> bool:
     """May a request with this Host: header be answered? DNS rebinding makes a web page in a
     local browser send requests to genready under the page's own name: so only an absent or

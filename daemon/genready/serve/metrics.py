@@ -4,29 +4,38 @@ Every per-target series carries `target` (the config table name) and `unit` (the
 so a query can join on either. The registry is private to each `Metrics` instance: nothing lands
 in prometheus_client's global REGISTRY, so tests and a second daemon in one process never collide.
 
-Two kinds of series. Counters and histograms count events as they happen (`start_seen`, `probe`,
-...). Gauges say how things are: they are read from the gates and systemd's health when
-Prometheus scrapes (`GaugeCollector`, prometheus_client's custom-collector pattern, as its own
-process collector does), so a gauge can never disagree with /ready, and nothing has to remember
-to set one.
+Every per-target series is made at a scrape (`TargetCollector`, prometheus_client's custom-collector
+pattern, as its own process collector does) from what each configured target holds now: its gauges
+read from its gate (so a gauge can never disagree with /ready, and nothing has to remember to set
+one) and its counters and histograms (`TargetCounters`, counted by the target as events come). A
+target removed by a reload is simply not there at the next scrape: no label set to forget. The few
+series that belong to no target (the API's answers and refusals, record errors) are plain counters.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, Info, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Info, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric, StateSetMetricFamily
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    StateSetMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from genready.vocab import REFUSALS, SYSTEMD_UNRESPONSIVE, Failure, Revocation, State
 
-# Derived from the enums of the modules that decide them (gate: states and revocations, probe:
-# failure classes), so a new value shows up here, in the OpenAPI schema and in the docs at once.
+# Derived from the shared words in vocab (states, revocations, probe failure classes), so a new
+# value shows up here, in the OpenAPI schema and in the docs at once.
 STATES: Final[tuple[str, ...]] = tuple(s.value for s in State)
 
 # Pre-initialised per target so that rate()/increase() see the 0 before the first event: a series
@@ -55,6 +64,61 @@ PROBE_BUCKETS: Final[tuple[float, ...]] = (
 _LABELS: Final = ("target", "unit")
 
 
+class _Histogram:
+    """One label set's histogram: cumulative buckets as prometheus_client's Histogram keeps them."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one: +Inf
+        self.sum = 0.0
+
+    def observe(self, v: float) -> None:
+        self.counts[bisect_left(self.bounds, v)] += 1
+        self.sum += v
+
+    def buckets(self) -> list[tuple[str, float]]:
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            total += n
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(total)))  # as Histogram spells le
+        return out
+
+
+@dataclass
+class TargetCounters:
+    """One target's counters and histograms, counted as its events come and exposed at each scrape.
+    Every probe result and revocation reason starts at 0, so rate()/increase() see the 0 before the
+    first event; other values are counted from their first occurrence."""
+
+    created: float = field(default_factory=time.time)
+    starts: int = 0
+    foreign_answers: int = 0
+    stamp_errors: int = 0
+    probes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PROBE_RESULTS, 0))
+    revocations: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REVOCATION_REASONS, 0))
+    probe_seconds: _Histogram = field(default_factory=lambda: _Histogram(PROBE_BUCKETS))
+    load_seconds: _Histogram = field(default_factory=lambda: _Histogram(LOAD_BUCKETS))
+
+    def start_seen(self) -> None:
+        self.starts += 1
+
+    def revoked(self, reason: str) -> None:
+        self.revocations[reason] = self.revocations.get(reason, 0) + 1
+
+    def loaded(self, seconds: float) -> None:
+        self.load_seconds.observe(seconds)
+
+    def probe(self, result: str, seconds: float) -> None:
+        self.probes[result] = self.probes.get(result, 0) + 1
+        self.probe_seconds.observe(seconds)
+
+    def foreign_answer(self) -> None:
+        self.foreign_answers += 1
+
+    def stamp_error(self) -> None:
+        self.stamp_errors += 1
+
+
 @dataclass(frozen=True)
 class TargetGauges:
     """One target's gauges, as they are at the moment of a scrape."""
@@ -71,6 +135,7 @@ class TargetGauges:
     # None while it is ready, stopped or not known (NaN). Without it no rule could tell a load running
     # far past genready_expected_load_seconds: genready_load_seconds is observed only once a load ends.
     loading_seconds: float | None = None
+    counters: TargetCounters = field(default_factory=TargetCounters)  # the target's own, live
 
 
 # (name, help) of the gauges, in exposition order.
@@ -90,9 +155,22 @@ _RESPONSIVE = ("genready_systemd_responsive", "1 while the systemd manager answe
                f"or busy in a long daemon-reload): /ready is then 503 with reason {SYSTEMD_UNRESPONSIVE}")
 
 
-class GaugeCollector(Collector):
-    """The gauges, computed at each scrape from `targets()` and `responsive()` (a custom collector:
-    prometheus_client calls `collect` when the registry is rendered)."""
+# (name, help) of each target's counters and histograms.
+_STARTS = ("genready_starts", "Starts of the unit seen (new MainPID or invocation)")
+_REVOCATIONS = ("genready_revocations", "Readiness revoked, by reason")
+_LOAD = ("genready_load_seconds", "Seconds from the unit's start until it was first ready")
+_PROBES = ("genready_probes", "Probe generations, by result (ok or the failure class)")
+_PROBE_SECONDS = ("genready_probe_seconds", "Duration of probe generations, any result")
+_FOREIGN = ("genready_foreign_answers", "Answers at the target's URL that did not come from the unit's MainPID or a "
+            "descendant")
+_STAMP_ERRORS = ("genready_stamp_errors", "Failed writes or removals of the target's ready stamp (runtime_dir); "
+                 "retried until they succeed")
+
+
+class TargetCollector(Collector):
+    """Every per-target series, made at each scrape from `targets()` (gauges and counters alike), and
+    the manager's health from `responsive()` (a custom collector: prometheus_client calls `collect`
+    when the registry is rendered)."""
 
     def __init__(self, targets: Callable[[], Iterable[TargetGauges]], responsive: Callable[[], bool]) -> None:
         self.targets = targets
@@ -111,6 +189,11 @@ class GaugeCollector(Collector):
         state = StateSetMetricFamily(*_STATE, labels=_LABELS)
         ready, expected, loading, pid, sweep, config = (
             GaugeMetricFamily(*nh, labels=_LABELS) for nh in (_READY, _EXPECTED, _LOADING, _MAIN_PID, _SWEEP, _CONFIG))
+        starts, foreign, stamp_errors = (CounterMetricFamily(*nh, labels=_LABELS)
+                                         for nh in (_STARTS, _FOREIGN, _STAMP_ERRORS))
+        revocations = CounterMetricFamily(*_REVOCATIONS, labels=(*_LABELS, "reason"))
+        probes = CounterMetricFamily(*_PROBES, labels=(*_LABELS, "result"))
+        load, probe_seconds = (HistogramMetricFamily(*nh, labels=_LABELS) for nh in (_LOAD, _PROBE_SECONDS))
         for t in targets:
             labels = [t.target, t.unit]
             state.add_metric(labels, {s: s == t.state for s in STATES})
@@ -120,21 +203,28 @@ class GaugeCollector(Collector):
             pid.add_metric(labels, t.main_pid)
             sweep.add_metric(labels, 1 if t.sweep_dropin_orphaned else 0)
             config.add_metric(labels, 1 if t.config_changed else 0)
-        yield from (state, ready, expected, loading, pid, sweep, config)
+            c = t.counters
+            for family, n in ((starts, c.starts), (foreign, c.foreign_answers), (stamp_errors, c.stamp_errors)):
+                family.add_metric(labels, n, created=c.created)
+            for reason, n in c.revocations.items():
+                revocations.add_metric([*labels, reason], n, created=c.created)
+            for result, n in c.probes.items():
+                probes.add_metric([*labels, result], n, created=c.created)
+            for histogram, h in ((load, c.load_seconds), (probe_seconds, c.probe_seconds)):
+                histogram.add_metric(labels, h.buckets(), h.sum)
+                histogram.add_sample(f"{histogram.name}_created", dict(zip(_LABELS, labels, strict=True)), c.created)
+        yield from (state, ready, expected, loading, pid, sweep, config,
+                    starts, revocations, load, probes, probe_seconds, foreign, stamp_errors)
 
 
 class Metrics:
-    """The daemon's metrics. `targets` and `responsive` are read at each scrape (the gauges); call
-    `register_target` for each configured target, so its counters are 0 before the first event."""
+    """The daemon's metrics. `targets` and `responsive` are read at each scrape: every per-target
+    series, gauges and counters (each target counts its own events in its `TargetCounters`)."""
 
     def __init__(self, version: str, registry: CollectorRegistry | None = None, *,
                  targets: Callable[[], Iterable[TargetGauges]] = tuple,
                  responsive: Callable[[], bool] = lambda: True) -> None:
         self.registry: CollectorRegistry = registry if registry is not None else CollectorRegistry()
-        # (target, unit) -> the `result` / `reason` label values created for it, so forget_target can
-        # remove them without reaching into prometheus_client's private child map.
-        self._results: dict[tuple[str, str], set[str]] = {}
-        self._reasons: dict[tuple[str, str], set[str]] = {}
         r = self.registry
 
         # genready's own CPU, RSS and fds (process_cpu_seconds_total, process_resident_memory_bytes, …),
@@ -142,30 +232,7 @@ class Metrics:
         ProcessCollector(registry=r)
         # Info appends `_info`, so the exposed name is genready_build_info{version} 1.
         Info("genready_build", "genready build information", registry=r).info({"version": version})
-        r.register(GaugeCollector(targets, responsive))
-        self._starts = Counter(
-            "genready_starts", "Starts of the unit seen (new MainPID or invocation)", _LABELS, registry=r,
-        )
-        self._revocations = Counter(
-            "genready_revocations", "Readiness revoked, by reason", (*_LABELS, "reason"), registry=r,
-        )
-        self._load = Histogram(
-            "genready_load_seconds", "Seconds from the unit's start until it was first ready",
-            _LABELS, buckets=LOAD_BUCKETS, registry=r,
-        )
-        self._probes = Counter(
-            "genready_probes", "Probe generations, by result (ok or the failure class)",
-            (*_LABELS, "result"), registry=r,
-        )
-        self._probe_seconds = Histogram(
-            "genready_probe_seconds", "Duration of probe generations, any result", _LABELS,
-            buckets=PROBE_BUCKETS, registry=r,
-        )
-        self._foreign = Counter(
-            "genready_foreign_answers",
-            "Answers at the target's URL that did not come from the unit's MainPID or a descendant",
-            _LABELS, registry=r,
-        )
+        r.register(TargetCollector(targets, responsive))
         self._ready_requests = Counter(
             "genready_ready_requests", "Readiness queries answered over HTTP, by status code", ("code",),
             registry=r,
@@ -177,10 +244,6 @@ class Metrics:
             "genready_record_errors", "Failed writes of start records (state_dir full or read-only); readiness "
             "is unaffected and the records are written once possible", registry=r,
         )
-        self._stamp_errors = Counter(
-            "genready_stamp_errors", "Failed writes or removals of the target's ready stamp (runtime_dir); "
-            "retried until they succeed", _LABELS, registry=r,
-        )
         self._api_refused = Counter(
             "genready_api_refused", "API connections or long-polls refused (503 or closed) over their caps, "
             "connections closed for not sending a complete request in time, and requests for a Host: that is "
@@ -190,65 +253,8 @@ class Metrics:
         for why in API_REFUSALS:
             self._api_refused.labels(why=why)
 
-    def register_target(self, target: str, unit: str) -> None:
-        """Create the target's counters and histograms at zero (a series born at 1 hides its first event
-        from increase()). Idempotent: a second call for a known (target, unit) resets nothing."""
-        key = (target, unit)
-        if key in self._results:
-            return
-        self._results[key] = set(PROBE_RESULTS)
-        self._reasons[key] = set(REVOCATION_REASONS)
-        self._starts.labels(target, unit)
-        self._stamp_errors.labels(target, unit)
-        self._foreign.labels(target, unit)
-        self._load.labels(target, unit)
-        self._probe_seconds.labels(target, unit)
-        for result in PROBE_RESULTS:
-            self._probes.labels(target, unit, result)
-        for reason in REVOCATION_REASONS:
-            self._revocations.labels(target, unit, reason)
-
-    def forget_target(self, target: str, unit: str) -> None:
-        """Drop the counters of a target no longer configured (its gauges go with its gate)."""
-        key = (target, unit)
-        if key not in self._results:
-            return
-        for metric in (self._starts, self._foreign, self._load, self._probe_seconds, self._stamp_errors):
-            metric.remove(target, unit)
-        for result in self._results.pop(key):
-            self._probes.remove(target, unit, result)
-        for reason in self._reasons.pop(key):
-            self._revocations.remove(target, unit, reason)
-
-    def start_seen(self, target: str, unit: str) -> None:
-        self.register_target(target, unit)
-        self._starts.labels(target, unit).inc()
-
-    def revoked(self, target: str, unit: str, reason: str) -> None:
-        self.register_target(target, unit)
-        self._reasons[target, unit].add(reason)
-        self._revocations.labels(target, unit, reason).inc()
-
-    def loaded(self, target: str, unit: str, seconds: float) -> None:
-        self.register_target(target, unit)
-        self._load.labels(target, unit).observe(seconds)
-
-    def probe(self, target: str, unit: str, result: str, seconds: float) -> None:
-        self.register_target(target, unit)
-        self._results[target, unit].add(result)
-        self._probes.labels(target, unit, result).inc()
-        self._probe_seconds.labels(target, unit).observe(seconds)
-
-    def foreign_answer(self, target: str, unit: str) -> None:
-        self.register_target(target, unit)
-        self._foreign.labels(target, unit).inc()
-
     def record_error(self) -> None:
         self._record_errors.inc()
-
-    def stamp_error(self, target: str, unit: str) -> None:
-        self.register_target(target, unit)
-        self._stamp_errors.labels(target, unit).inc()
 
     def api_refused(self, why: str) -> None:
         self._api_refused.labels(why=why).inc()

@@ -1,31 +1,27 @@
 """What genready says about readiness outside its HTTP API: sd_notify (READY=1, RELOADING=1,
-STATUS=), the ready stamps and the gauges of /metrics.
+STATUS=) and the ready stamps.
 
 Each one is recomputed from the readiness rule (`TargetGate.ready`, i.e. `gate.is_ready`) at
 the moment it is sent, never taken from an event's payload or from a flag remembered since:
 a target verified and then revoked before genready's first READY=1 gets no READY=1, and a
-stamp or gauge can only say "ready" while /ready would say 200. The gauges are read from the
-gates at each scrape (`gauges`).
+stamp can only say "ready" while /ready would say 200. (The gauges of /metrics are read from the
+gates at each scrape: serve/target.py.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Final
 
 from genready.rule.gate import TargetGate
-from genready.serve.metrics import TargetGauges
-from genready.serve.stamp import Stamps
-from genready.serve.sweepcheck import SweepCheck
+from genready.serve.target import Target
 from genready.systemd.notify import Notifier
 from genready.timewords import duration
 from genready.vocab import State
 
 log = logging.getLogger("genready")
-
-_NO_STAMP: dict[str, object] = {}  # "not yet decided": differs from every payload, including None
 
 # A probe's outcome changes only STATUS='s progress words, at most once per this many seconds.
 # Loading servers are probed several times a second each; STATUS= is read by a person
@@ -41,15 +37,6 @@ def stamp_payload(gate: TargetGate) -> dict[str, object] | None:
     v = gate.verified.to_json()
     # `ready_at` is the stamp's first spelling of `ready_since`: kept for existing readers.
     return {"target": gate.name, "unit": gate.unit, **v, "ready_at": v["ready_since"]}
-
-
-def gauges(gates: Iterable[TargetGate], sweeps: SweepCheck | None = None) -> Iterator[TargetGauges]:
-    """Each target's gauges as they are now: what /metrics shows at a scrape."""
-    for g in gates:
-        yield TargetGauges(target=g.name, unit=g.unit, state=str(g.state), ready=g.ready,
-                           main_pid=g.snap.main_pid if g.snap else 0, expected_load_seconds=g.expected_load_seconds,
-                           sweep_dropin_orphaned=sweeps is not None and sweeps.warning(g.name) is not None,
-                           config_changed=bool(g.config_changes), loading_seconds=g.load_clock()[0])
 
 
 def status_line(g: TargetGate) -> str:
@@ -71,23 +58,11 @@ class Outputs:
     after that, RELOADING=1 while one of them is not, and READY=1 when all are again.
     """
 
-    def __init__(self, notifier: Notifier, stamps: Stamps) -> None:
+    def __init__(self, notifier: Notifier) -> None:
         self.notifier = notifier
-        self.stamps = stamps
         self.sent_ready = False  # READY=1 was sent once: start-up is over for systemd
         self.reloading = False  # RELOADING=1 was sent and its READY=1 not yet
-        self._stamped: dict[str, dict[str, object] | None] = {}
         self._status_sent = float("-inf")  # time.monotonic() of the last STATUS=
-
-    def add(self, gate: TargetGate) -> None:
-        """A target appears: a stamp left by an earlier run proves nothing now."""
-        self._stamped[gate.name] = None
-        self.stamps.set(gate.name, None)
-
-    def forget(self, name: str) -> None:
-        """A target is no longer configured: its stamp goes (its gauges went with its gate)."""
-        self._stamped.pop(name, None)
-        self.stamps.forget(name)
 
     def begin_reload(self) -> None:
         """A new configuration is being applied (SIGHUP): RELOADING=1 once start-up is over."""
@@ -95,14 +70,12 @@ class Outputs:
             self.reloading = True
             self.notifier.reloading(status="genready: applying a new configuration")
 
-    def update(self, gates: Iterable[TargetGate], *, listening: bool, notes: Iterable[str] = ()) -> None:
+    def update(self, targets: Iterable[Target], *, listening: bool, notes: Iterable[str] = ()) -> None:
         """Bring every output in line with `gate.ready` now; `notes` are extra STATUS= lines."""
-        gates = list(gates)
-        for g in gates:
-            payload = stamp_payload(g)
-            if self._stamped.get(g.name, _NO_STAMP) != payload:
-                self._stamped[g.name] = payload
-                self.stamps.set(g.name, payload)
+        gates = []
+        for t in targets:
+            t.stamp(stamp_payload(t.gate))
+            gates.append(t.gate)
         status = self._status(gates, notes)
         all_ready = all(g.ready for g in gates if g.cfg.gate_startup)
         if not self.sent_ready:
@@ -121,12 +94,12 @@ class Outputs:
             return
         self.notifier.status(status)
 
-    def progress(self, gates: Iterable[TargetGate], *, notes: Iterable[str] = ()) -> None:
+    def progress(self, targets: Iterable[Target], *, notes: Iterable[str] = ()) -> None:
         """A probe's outcome: only STATUS= changes (probe count, last failure), at most once per
         PROGRESS_EVERY. Readiness never changes by a probe alone: a verification, revocation or
         state change follows it as its own event, and `update()` sends that at once."""
         if time.monotonic() - self._status_sent >= PROGRESS_EVERY:
-            self.notifier.status(self._status(list(gates), notes))
+            self.notifier.status(self._status([t.gate for t in targets], notes))
 
     def _status(self, gates: list[TargetGate], notes: Iterable[str]) -> str:
         """The STATUS= text, built only to be sent at once: its time is what progress() paces by."""

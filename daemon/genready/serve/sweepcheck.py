@@ -19,40 +19,27 @@ from genready.compat import TIMEOUT_ERRORS, wait_for
 from genready.systemd import sweepdropin
 
 if TYPE_CHECKING:
-    from genready.rule.gate import TargetGate
+    from genready.serve.target import Target
 
 log = logging.getLogger("genready.serve.sweepcheck")
 SWEEP_CHECK_WAIT: Final = 2.0  # seconds /status and /metrics wait for the check before answering
 
 
-class SweepCheck:
-    """The warning of each target whose unit carries a leftover sweep drop-in (logged once, when it appears)."""
+async def check(targets: Iterable[Target]) -> None:
+    """Look again at every target, setting each one's `sweep_warning` (logged once, when it appears).
+    Bounded: a slow disk or /proc leaves the last answers standing."""
+    with contextlib.suppress(*TIMEOUT_ERRORS):
+        await wait_for(asyncio.gather(*(_check(t) for t in targets)), SWEEP_CHECK_WAIT)
 
-    def __init__(self) -> None:
-        self.warnings: dict[str, str] = {}
 
-    def warning(self, name: str) -> str | None:
-        return self.warnings.get(name)
-
-    async def check(self, gates: Iterable[TargetGate]) -> None:
-        """Look again at every target. Bounded: a slow disk or /proc leaves the last answers standing."""
-        with contextlib.suppress(*TIMEOUT_ERRORS):
-            await wait_for(asyncio.gather(*(self._check(g) for g in gates)), SWEEP_CHECK_WAIT)
-
-    async def _check(self, g: TargetGate) -> None:
-        snap = g.snap
-        if snap is None:
-            return  # the bus is down: /status says so elsewhere; the last answer stands
-        found = None
-        if sweepdropin.names_a_sweep_dropin(snap.dropin_paths):
-            found = await asyncio.to_thread(sweepdropin.leftover, snap.dropin_paths)
-        warning = found.warning(g.unit, g.name) if found else None
-        if warning is None:
-            self.warnings.pop(g.name, None)
-            return
-        if warning != self.warnings.get(g.name):
-            log.warning("%s: %s", g.name, warning)
-        self.warnings[g.name] = warning
-
-    def forget(self, name: str) -> None:
-        self.warnings.pop(name, None)
+async def _check(t: Target) -> None:
+    snap = t.gate.snap
+    if snap is None:
+        return  # the bus is down: /status says so elsewhere; the last answer stands
+    found = None
+    if sweepdropin.names_a_sweep_dropin(snap.dropin_paths):
+        found = await asyncio.to_thread(sweepdropin.leftover, snap.dropin_paths)
+    warning = found.warning(t.unit, t.name) if found else None
+    if warning is not None and warning != t.sweep_warning:
+        log.warning("%s: %s", t.name, warning)
+    t.sweep_warning = warning

@@ -12,11 +12,20 @@ Each fact names the server's source file it was read from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from genready.apis import MODELS_PATH
+from genready.servers.engineconfig import (
+    ARGS_MARK,
+    EngineRead,
+    llamacpp_props,
+    llamacpp_slots,
+    sglang_info,
+    vllm_args_line,
+)
 from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
 
 
@@ -42,6 +51,32 @@ class SpecMetrics:
     steps: str  # verify steps (vLLM: drafts)
     draft_tokens: str = ""  # draft tokens proposed, where counted
     source: str = ""  # the bench client's accept_length_source for a length from them
+    per_pos: str = ""  # accepted draft tokens by draft position, one sample per value of its `position` label
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One version's names for an answer's speculative-decoding counts (absent: "")."""
+
+    accepted: str  # draft tokens the target model accepted
+    drafted: str = ""  # draft tokens proposed
+    steps: str = ""  # verify steps of the target model
+    histogram: str = ""  # steps by how many drafts each accepted: [steps with 0, with 1, ...]
+    versions: str = ""  # the server versions that answer so, for people
+
+
+@dataclass(frozen=True)
+class AnswerSpec:
+    """Where an answer carries its own speculative-decoding counts: the objects to look in (paths of keys
+    from the parsed answer, a number indexes a list) and each known spelling, newest first."""
+
+    paths: tuple[tuple[str | int, ...], ...]
+    spellings: tuple[Spelling, ...]
+    fix: str = ""  # what makes a speculative server answer them, when it does not
+
+    def names(self) -> tuple[str, ...]:
+        """Every accepted-count key, for the words of a server that answers none of them."""
+        return tuple(s.accepted for s in self.spellings)
 
 
 @dataclass(frozen=True)
@@ -77,10 +112,13 @@ class ServerKind:
     spec: SpecMetrics | None = None
     verify_field: str = ""  # meta_info's verify-step count in an answer (SGLang)
     draft_fields: tuple[str, str] | None = None  # timings' (drafted, accepted) in an answer (llama.cpp)
+    answer_spec: AnswerSpec | None = None  # an answer's own speculative-decoding counts, every spelling
     # -- connection quirks
     server_header: str = ""  # its Server header's product, before the "/"
     closes_after_stream: bool = False  # closes the connection after a streamed answer despite keep-alive
     refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
+    # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
+    engine: EngineRead | None = None
 
 
 # --- the kinds -------------------------------------------------------------------------------------------
@@ -95,16 +133,47 @@ SGLANG: Final = ServerKind(
     key_fix="SGLang takes its key only as --api-key: keep it in a file (LoadCredential=apikey:FILE) and start "
             "SGLang from a small Python wrapper that reads $CREDENTIALS_DIRECTORY/apikey and launches the server "
             "in-process, so the key never reaches a command line",
-    # python/sglang/srt/entrypoints/http_server.py: /get_server_info (older: /server_info)
-    info_routes=("/get_server_info", "/server_info"),
+    # python/sglang/srt/entrypoints/http_server.py: /get_server_info; newer versions serve /server_info and
+    # answer /get_server_info with a deprecation warning in the server's log (docs.sglang.io, native_api)
+    info_routes=("/server_info", "/get_server_info"),
     flush=flush_sglang, flush_needs="SGLang /flush_cache",
     # python/sglang/srt/metrics/collector.py
     hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
     # python/sglang/srt/managers/tokenizer_manager.py: set only when a speculative algorithm runs
     verify_field="spec_verify_ct",
+    # Renamed twice (verl read 0 for weeks after a rename, verl PR #7543). The native API's meta_info, a
+    # choice's meta_info on the OpenAI routes (return_meta_info, not on a stream), and sglext.spec_tokens_details
+    # there (return_spec_tokens_details; python/sglang/srt/entrypoints/openai/utils.py,
+    # spec_tokens_details_from_meta_info, which names spec_num_correct_drafts / spec_num_proposed_drafts /
+    # spec_verify_ct / spec_correct_drafts_histogram); the older spellings as the releases named them.
+    answer_spec=AnswerSpec(
+        paths=(("meta_info",), ("choices", 0, "meta_info"), ("sglext", "spec_tokens_details")),
+        spellings=(Spelling("spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_verify_ct",
+                            "spec_correct_drafts_histogram", ">= 0.5.12"),
+                   Spelling("spec_accepted_drafts", "spec_proposed_drafts", "spec_verify_ct", "", "0.5.11"),
+                   Spelling("spec_accept_token_num", "spec_draft_token_num", "spec_verify_ct", "", "<= 0.5.10")),
+        fix="ask an SGLang that reports them (its native /generate, or return_spec_tokens_details on its "
+            "OpenAI routes)"),
     # A FastAPI validation error is 400 (http_server.py, validation_exception_handler); /generate refuses a body
     # without a prompt (managers/io_struct.py).
-    refusal_words={"input_ids or input_embeds should be provided": "shape"})
+    refusal_words={"input_ids or input_embeds should be provided": "shape"},
+    # python/sglang/srt/server_args.py: each ServerArgs field's flag is its name (--tp-size; aliases
+    # --tensor-parallel-size, --model, --speculative-draft-model; argparse takes the prefix --tp);
+    # _handle_speculative_decoding runs NEXTN as EAGLE.
+    engine=EngineRead(
+        routes=(("/server_info", sglang_info), ("/get_server_info", sglang_info)),
+        flags={"--model-path": "model_path", "--model": "model_path", "--tp-size": "tp_size", "--tp": "tp_size",
+               "--tensor-parallel-size": "tp_size", "--dp-size": "dp_size",
+               "--speculative-algorithm": "speculative_algorithm",
+               "--speculative-draft-model-path": "speculative_draft_model_path",
+               "--speculative-draft-model": "speculative_draft_model_path",
+               "--speculative-num-steps": "speculative_num_steps",
+               "--speculative-eagle-topk": "speculative_eagle_topk",
+               "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+               "--context-length": "context_length", "--max-running-requests": "max_running_requests",
+               "--mem-fraction-static": "mem_fraction_static", "--kv-cache-dtype": "kv_cache_dtype",
+               "--attention-backend": "attention_backend", "--quantization": "quantization"},
+        same={"speculative_algorithm": {"NEXTN": "EAGLE"}}))
 
 VLLM: Final = ServerKind(
     "vllm", "vLLM", "openai-completions",
@@ -122,9 +191,33 @@ VLLM: Final = ServerKind(
     # vllm/v1/metrics/loggers.py; vllm/v1/spec_decode/metrics.py
     hit_rate=HitRate("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
     spec=SpecMetrics("vllm:spec_decode_num_accepted_tokens", "vllm:spec_decode_num_drafts",
-                     "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters"),
+                     "vllm:spec_decode_num_draft_tokens", "/metrics spec_decode counters",
+                     per_pos="vllm:spec_decode_num_accepted_tokens_per_pos"),
+    # An answer's metrics.speculative_decoding, only with --per-request-spec-decode-metrics summary|detailed (null
+    # otherwise; the histogram with detailed). The names as the vLLM e2e test test_per_request_spec_decode_metrics
+    # reads them (found by find_string; the index did not say its path): mean_acceptance_length == 1 +
+    # num_accepted_draft_tokens / num_spec_steps, num_spec_steps == sum(acceptance_histogram), and in a stream the
+    # last event alone carries them. The counters: vllm/v1/spec_decode/metrics.py (SpecDecodingProm).
+    answer_spec=AnswerSpec(
+        paths=(("metrics", "speculative_decoding"),),
+        spellings=(Spelling("num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram",
+                            "with --per-request-spec-decode-metrics"),),
+        fix="start vLLM with --per-request-spec-decode-metrics detailed"),
     # vllm/entrypoints/openai/server_utils.py: validation errors are 400
-    refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"})
+    refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
+    # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
+    # line (argparse dests: `vllm serve MODEL` is model_tag); vllm/v1/metrics/loggers.py: *_info gauges
+    # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed. Only flags that take
+    # a value are mapped (a switch such as --enable-prefix-caching would take the next argument for its value).
+    engine=EngineRead(
+        args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=True, positional="model_tag",
+        flags={"--model": "model", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
+               "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
+               "--speculative-config": "speculative_config", "-sc": "speculative_config",
+               "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
+               "--gpu-memory-utilization": "gpu_memory_utilization", "--kv-cache-dtype": "kv_cache_dtype",
+               "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype"},
+        json_flags=frozenset({"--speculative-config", "-sc"})))
 
 LLAMA_CPP: Final = ServerKind(
     "llama.cpp", "llama.cpp", "openai-completions",
@@ -152,12 +245,26 @@ LLAMA_CPP: Final = ServerKind(
                      "llamacpp:spec_decode_num_draft_tokens", "/metrics llamacpp:spec_decode counters"),
     # server_slot_stats::to_json (tools/server/server-common.cpp): only when the slot drafted
     draft_fields=("draft_n", "draft_n_accepted"),
+    answer_spec=AnswerSpec(paths=(("timings",),), spellings=(Spelling("draft_n_accepted", "draft_n"),),
+                           fix="upgrade llama-server (recent ones put them into timings whenever a slot drafted)"),
     # Its stream provider (tools/server/server-http.cpp, process_handler_response) returns false after
     # sink.done(), which cpp-httplib's write_content_chunked reports as a failed write: the keep-alive loop
     # ends and the socket is shut down although the headers offered keep-alive.
     server_header="llama.cpp", closes_after_stream=True,
     # tools/server/server-models.cpp: the router without --models-autoload
-    refusal_words={"model is not loaded": "router"})
+    refusal_words={"model is not loaded": "router"},
+    # common/arg.cpp (build 11434): -m, -np, --spec-type (accumulates after the default "none"),
+    # --spec-draft-n-max/-n-min/-p-min (older: --draft-max/--draft-min/--draft-p-min). GET /props has the
+    # model and the slots; GET /slots has each slot's speculator and its last task's speculative.* params.
+    engine=EngineRead(
+        routes=(("/props", llamacpp_props), ("/slots", llamacpp_slots)),
+        flags={"-m": "model_path", "--model": "model_path", "-np": "total_slots", "--parallel": "total_slots",
+               "--spec-type": "speculative.types", "--spec-draft-n-max": "speculative.n_max",
+               "--spec-draft-n-min": "speculative.n_min", "--spec-draft-p-min": "speculative.p_min",
+               "--draft-max": "speculative.n_max", "--draft": "speculative.n_max", "--draft-n": "speculative.n_max",
+               "--draft-min": "speculative.n_min", "--draft-n-min": "speculative.n_min",
+               "--draft-p-min": "speculative.p_min"},
+        append={"--spec-type": "none"}))
 
 LLAMA_CPP_PYTHON: Final = ServerKind(
     "llama-cpp-python", "llama-cpp-python", "openai-completions",
@@ -171,6 +278,13 @@ LLAMA_CPP_PYTHON: Final = ServerKind(
 
 KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON)
 BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
+
+# Servers genready knows only by their /metrics counters (no ServerKind: nothing else of them is read).
+# TensorRT-LLM counts draft tokens and accepted ones, not verify steps: a draft acceptance, no accept length
+# (the names as Dynamo's TensorRT-LLM backend exports them, "_total" added by prometheus_client).
+COUNTER_ONLY: Final[tuple[tuple[str, SpecMetrics], ...]] = (
+    ("tensorrt-llm", SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "",
+                                 "trtllm_spec_decode_num_draft_tokens", "/metrics trtllm_spec_decode counters")),)
 
 # What a flush needs, in words, and what a server with none of the routes gets.
 FLUSH_NEEDS: Final = "; ".join(k.flush_needs for k in KINDS if k.flush_needs)
@@ -223,6 +337,27 @@ def by_command(argv: list[str], base: str) -> tuple[ServerKind, list[str]] | Non
     return None
 
 
+# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/sim.py)
+SIMULATED: Final[Mapping[str, str]] = {"sglang": "sglang", "vllm": "vllm", "llamacpp": "llama.cpp"}
+
+
+def serving(argv: Sequence[str]) -> tuple[ServerKind, list[str]] | None:
+    """The kind an ExecStart= argv runs and the server's own arguments, for reading back its configuration
+    (servers/engineconfig.py): by_command, or the simulator's profile; None when it is neither."""
+    argv = list(argv)
+    if not argv:
+        return None
+    found = by_command(argv, os.path.basename(argv[0]))
+    if found is not None:
+        return found
+    if "simulate" in argv and "--profile" in argv:
+        j = argv.index("--profile")
+        name = SIMULATED.get(argv[j + 1] if j + 1 < len(argv) else "")
+        if name is not None:
+            return BY_NAME[name], argv[argv.index("simulate") + 1:]
+    return None
+
+
 def image_entrypoint(image: str) -> tuple[str, ...]:
     """The command of an image whose entrypoint is a known server (by its name), else ()."""
     for k in KINDS:
@@ -250,6 +385,11 @@ def verify_fields() -> tuple[str, ...]:
 
 def draft_fields() -> tuple[tuple[str, str], ...]:
     return tuple(k.draft_fields for k in KINDS if k.draft_fields)
+
+
+def answer_spec_kinds() -> tuple[ServerKind, ...]:
+    """The kinds whose answers carry their own speculative-decoding counts."""
+    return tuple(k for k in KINDS if k.answer_spec is not None)
 
 
 def spec_kinds() -> tuple[ServerKind, ...]:

@@ -1,8 +1,8 @@
 """Files that survive a crash whole: atomic replace, synced append, and fsync of a directory.
 
-Every file genready writes for others to read goes through here: the ready stamps and the
-running file, the sweep's drop-ins, `genready init --write`'s config, the start records and the
-sweep's results. The rules, once:
+Files genready writes for others to read go through here: the ready stamps and the running
+file, the sweep's drop-ins, `genready init --write`'s config, the start records and the sweep's
+results.jsonl (the bench client's `--output` lines do not yet: issue 36 §3). The rules, once:
 
 - `replace()`: the new content goes to a temporary file beside the name (created O_EXCL and
   O_NOFOLLOW, so a link planted there is never written through), is fsync'd, given its mode (and

@@ -6,13 +6,13 @@ with a single write and fsyncs them; a torn last line (a crash mid-write) is dro
 load. Compaction rewrites the live records into a temp file and renames it over the log, so a
 crash leaves old or new.
 
-Who waits for the disk: `put` returns once its line is fsynced. `remember`, which the event loop
-calls for every start a unit makes, only changes memory (readers see the record at once) and
-queues the line for the store's one writer thread, which writes and fsyncs in order, many queued
-lines at a time. So an fsync on a busy disk (ms to seconds) never stalls /ready, /status or
-/metrics. The price is a window: a remembered record is lost by a SIGKILL or a power cut between
-the call and its fsync (normally well under a millisecond; as long as the disk is slow). That is
-acceptable because the records are history, not the truth: systemd is. After a restart genready
+Who waits for the disk: only `flush` and `close`. `remember`, which the event loop calls for every
+start a unit makes, only changes memory (readers see the record at once) and queues the line for the
+store's one writer thread, which writes and fsyncs in order, many queued lines at a time. So an
+fsync on a busy disk (ms to seconds) never stalls /ready, /status or /metrics. The price is a
+window: a remembered record is lost by a SIGKILL or a power cut between the call and its fsync
+(normally well under a millisecond; as long as the disk is slow). That is acceptable because the
+records are history, not the truth: systemd is. After a restart genready
 re-reads each unit and recreates the record of the running start from systemd's own properties
 and timestamps; what such a loss can cost is the ready_at of a start verified just before the
 crash. close() and flush() wait for everything queued, so a clean stop loses nothing.
@@ -198,14 +198,13 @@ class _Waiter:
     """Set by the writer once its job, and every job queued before it, is done."""
 
     done: threading.Event = field(default_factory=threading.Event)
-    error: OSError | None = None  # the write that carried the job's record failed
 
 
 @dataclass(frozen=True, slots=True)
 class _Job:
     """One item of the writer's queue: a record's line, a sync request, a barrier, or stop."""
 
-    seq: int = 0  # a record's place in the order of remember/put calls (1, 2, ...); 0 for the rest
+    seq: int = 0  # a record's place in the order of remember calls (1, 2, ...); 0 for the rest
     rec: StartRecord | None = None
     waiter: _Waiter | None = None
     sync: bool = False  # write what failed writes left in memory only (a full rewrite)
@@ -250,7 +249,7 @@ class RecordStore:
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         # Called on the writer thread (holding the file lock, not the readers': they may read the
-        # store, but not put, flush, sync, load or close it) for every failed write of records...
+        # store, but not flush, load or close it) for every failed write of records...
         self.on_error: Callable[[OSError], None] | None = None
         # ...and once the records failed writes kept in memory only are all on disk again.
         self.on_recovered: Callable[[], None] | None = None
@@ -267,40 +266,21 @@ class RecordStore:
         with self._io:
             self._load_io()
 
-    def put(self, rec: StartRecord) -> None:
-        """Store `rec` durably (appended and fsynced) before returning; no-op if equal to the stored one.
-
-        A failed write raises its OSError; `rec` then stays in memory like a failed remember()'s."""
-        waiter = _Waiter()
-        if not self._enqueue(rec, waiter):
-            return
-        waiter.done.wait()
-        if waiter.error is not None:
-            raise waiter.error
-
     def remember(self, rec: StartRecord) -> None:
         """Store `rec` without waiting for the disk: readers see it at once, the writer thread
         appends and fsyncs it (in call order) right after. A failed write (disk full, read-only)
         keeps the records in memory, sets `unsynced` and calls `on_error`; the records are history,
         and whoever keeps them must go on. They are written by the next successful write or sync."""
-        self._enqueue(rec, None)
+        self._enqueue(rec)
 
     @property
     def unsynced(self) -> bool:
         """Some records live only in memory since a write failed."""
         return self._unsynced
 
-    def sync(self) -> OSError | None:
-        """Write the records a failed write left in memory only (the whole file, atomically) and
-        wait for it; the error if that fails too. sync_soon() is the same without the wait."""
-        waiter = _Waiter()
-        if not self._send(_Job(sync=True, waiter=waiter)):
-            return None
-        waiter.done.wait()
-        return waiter.error
-
     def sync_soon(self) -> None:
-        """sync() on the writer thread, not waited for: `on_recovered` says when it worked."""
+        """Write the records a failed write left in memory only (the whole file, atomically), on the
+        writer thread, not waited for: `on_recovered` says when it worked."""
         self._send(_Job(sync=True))
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -386,9 +366,9 @@ class RecordStore:
             if not self._loaded and not self._closed:
                 self._load_io()
 
-    def _enqueue(self, rec: StartRecord, waiter: _Waiter | None) -> bool:
+    def _enqueue(self, rec: StartRecord) -> bool:
         """Apply `rec` in memory and queue its line; False if it equals the stored version."""
-        # A put before load() must not happen blind: compaction would drop what the file holds.
+        # A record before load() must not happen blind: compaction would drop what the file holds.
         self._ensure_loaded()
         with self._mutex:
             if self._closed:
@@ -397,7 +377,7 @@ class RecordStore:
                 return False
             self._apply(rec)
             self._seq += 1
-            self._queue.put(_Job(seq=self._seq, rec=rec, waiter=waiter))  # under _mutex: in seq order
+            self._queue.put(_Job(seq=self._seq, rec=rec))  # under _mutex: in seq order
             return True
 
     def _send(self, job: _Job) -> bool:
@@ -426,13 +406,11 @@ class RecordStore:
                     jobs.append(self._queue.get_nowait())
             try:
                 with self._io:
-                    error = self._write_jobs(jobs)
-            except Exception as e:  # a bug, not the disk: say so, and never strand a waiter
+                    self._write_jobs(jobs)  # a failure is reported through on_error
+            except Exception:  # a bug, not the disk: say so, and never strand a waiter
                 log.exception("writing start records to %s failed", self.path)
-                error = e if isinstance(e, OSError) else OSError(errno.EIO, str(e))
             for job in jobs:
                 if job.waiter is not None:
-                    job.waiter.error = error if job.rec is not None or job.sync else None
                     job.waiter.done.set()
             if any(job.stop for job in jobs):
                 return
@@ -529,7 +507,7 @@ class RecordStore:
         self._maybe_compact()
 
     def _replay(self, fd: int, data: bytes) -> None:
-        """Apply every line of `data` as a put would; repair a torn tail so the next append starts a line."""
+        """Apply every line of `data` as remember would; repair a torn tail so the next append starts a line."""
         *lines, tail = data.split(b"\n")
         for lineno, raw in enumerate(lines, 1):
             self._lines += 1
@@ -545,7 +523,7 @@ class RecordStore:
         try:
             rec = _decode(tail)
         except ValueError as e:
-            # A write cut short by a crash: its put never returned, so nothing acknowledged is lost.
+            # A write cut short by a crash: nothing flushed is lost.
             log.warning(
                 "%s:%d: dropping torn last line (%d bytes, no newline): %s", self.path, lineno, len(tail), e
             )
@@ -558,7 +536,7 @@ class RecordStore:
         self._lines += 1
 
     def _apply(self, rec: StartRecord) -> None:
-        """A put's in-memory effect (caller holds _mutex): replace in place, or add as newest and
+        """A record's in-memory effect (caller holds _mutex): replace in place, or add as newest and
         evict the oldest over the cap."""
         recs = self._records.setdefault(rec.target, {})
         new = rec.invocation_id not in recs

@@ -5,6 +5,7 @@
     runner    the loop: configurations, points, repeats, attempts; signals; the summary
     steps     one attempt's steps, values in and out: a Verified instance or NotReady, then the command
     dropin    the drop-in's lifecycle on the unit, from check to restore
+    prune     what a failed start prunes (the plan's prune axes), and the stop after failed starts in a row
     results   results.jsonl, each line's fingerprint, and the one store of what is known per point
     lines     what the sweep says while it runs, and the ETA
     report, html, compare    `sweep report` in its formats

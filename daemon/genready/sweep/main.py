@@ -33,7 +33,7 @@ import sys
 import unicodedata
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from genready import console
 from genready.client import client
@@ -45,7 +45,8 @@ from genready.sweep import report as sweepreport
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
-from genready.sweep.report import RESULTS_FILE
+from genready.sweep.prune import Pruner, earlier_failures
+from genready.sweep.report import RESULTS_FILE, read_results
 from genready.sweep.results import (
     Results,
     ResultsUnwritable,
@@ -103,6 +104,9 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
       + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
       + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
     w(f"# {between_words(plan)}\n")
+    if plan.prune:
+        w(f"# prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at least "
+          "as large on them (--no-prune loads them)\n")
     if plan.between_points is Between.FLUSH:
         # Said once, before anything runs: which routes a flush needs, and what a server without them gets.
         w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
@@ -163,7 +167,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except ConfigError as e:
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
-    target = plan.target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
                      status=Exit.CONFIG)
@@ -196,8 +200,10 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
                                plan.timeout or stuck_after(tcfg.load_timeout, None), results,
                                keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
-                               secrets=(tcfg.api_key,), server=tcfg), results=Results(done))
-    todo = [[p for p in g if p.index not in skip] for g in sweep.groups]
+                               secrets=(tcfg.api_key,), server=tcfg), results=Results(done),
+                  pruner=pruner(plan, args, results, fingerprints))
+    pruned = sweep.pruner.earlier | {p.index for p in plan.points if sweep.pruner.pruned_by(p)}
+    todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]
     todo = [g for g in todo if g]
     say = sweep.console.say
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
@@ -209,6 +215,12 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     partial = sum(1 for i, recs in done.items() if i not in skip)
     if partial:
         say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing ones run")
+    if sweep.pruner.axes:
+        say(f"prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at "
+            "least as large on them (--no-prune loads them)")
+    if sweep.pruner.earlier:
+        say(f"--resume: {len(sweep.pruner.earlier)} points whose start failed in {results / RESULTS_FILE} are not "
+            f"loaded again, nor the configurations they prune (--no-prune loads them)")
     try:
         return sweep.run(skip)
     except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
@@ -228,9 +240,22 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         raise
 
 
+def pruner(plan: Plan, args: argparse.Namespace, results: Path, fingerprints: dict[int, Any]) -> Pruner:
+    """prune.py's state for this sweep: the plan's prune axes unless --no-prune, its max_failed_starts unless
+    --keep-going, and with --resume the failed starts of earlier runs (by the configuration the plan has now)."""
+    axes = () if getattr(args, "no_prune", False) else plan.prune
+    p = Pruner(axes, plan.server_axes, None if getattr(args, "keep_going", False) else plan.max_failed_starts)
+    if args.resume and axes:
+        by_index = {pt.index: pt for pt in plan.points}
+        for i, result in earlier_failures(plan.points, read_results(results / RESULTS_FILE), fingerprints).items():
+            p.add(by_index[i], result)
+            p.earlier.add(i)
+    return p
+
+
 def restore_main(target: str | None, cfg: Config, base: str, timeout: float | None) -> int:
     """`genready sweep restore TARGET`: put the unit back on its own configuration after a killed sweep."""
-    target = target or (next(iter(cfg.targets)) if len(cfg.targets) == 1 else None)
+    target = cfg.only_target(target)
     if target is None or target not in cfg.targets:
         raise Failed(f"name the target to restore; configured: {', '.join(cfg.targets)}", status=Exit.USAGE)
     unit = cfg.targets[target].unit
@@ -277,10 +302,11 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
                      status=Exit.BAD_ARGUMENT)
     try:
         sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
-        rows = [] if compare else sweepreport.rows_of([Path(f) for f in folders])
+        read = [] if compare else sweepreport.read_folders([Path(f) for f in folders])
     except sweepreport.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    partial = "" if compare else coverage([Path(f) for f in folders], {r.index for r in rows})
+    rows = sweepreport.rows_from(read)
+    partial = "" if compare else coverage((rec for _, _, lines in read for _, rec in lines), {r.index for r in rows})
     if partial:
         for r in rows:
             r.best.clear()  # the best of half a plan is not the plan's best

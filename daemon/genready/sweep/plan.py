@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from genready.compat import StrEnum
-from genready.config import ConfigError, read_toml
+from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
+from genready.sweep import prune as sweepprune
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -186,7 +187,9 @@ KEYS: Final = (
     PlanKey("dropin", "unit file text (a string)", None,
             "unit file text for the target's unit, per point (a runtime drop-in)"),
     PlanKey("timeout", "a number of seconds > 0", None,
-            "seconds to wait for a verified start per point (default: the target's load_timeout)",
+            "seconds to wait for a verified start per point (default: the target's load_timeout; for "
+            f"load_timeout = \"auto\", {LOAD_TIMEOUT_NO_HISTORY:g} s: the sweep does not read the daemon's "
+            "load history)",
             _number(0, low_open=True)),
     PlanKey("attempts", "an integer >= 1", 2,
             "runs per point when a run is invalidated or the server does not come up", _number(1, integer=True)),
@@ -208,6 +211,12 @@ KEYS: Final = (
     PlanKey("baseline_every", "an integer >= 1", None,
             "run the baseline again after every N server configurations, and mark speedups it drifted under",
             _number(1, integer=True)),
+    PlanKey("prune", "an array of server-side axes with numbers", None,
+            "axes whose larger values need more memory: a failed start skips every configuration at least as large "
+            "on them (and equal on the others); their smaller values run first"),
+    PlanKey("max_failed_starts", "an integer >= 1", sweepprune.MAX_FAILED_STARTS,
+            "starts in a row that end before they are verified, after which the sweep stops (exit 1; --keep-going "
+            "goes on)", _number(1, integer=True)),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -231,6 +240,13 @@ class Plan:
     noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
     baseline: Baseline | None = None  # the configuration speedups are measured against
     baseline_every: int | None = None  # the baseline runs again after every N groups
+    max_failed_starts: int = sweepprune.MAX_FAILED_STARTS  # failed starts in a row that stop the sweep
+    prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
+
+    @property
+    def server_axes(self) -> tuple[str, ...]:
+        """The axes the drop-in uses: the ones that change what is loaded."""
+        return tuple(dict.fromkeys(n for n in self.dropin.names if n != "out")) if self.dropin else ()
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
@@ -248,13 +264,14 @@ class Plan:
 
         Groups come in the order of their first point, and keep the plan's order inside. A drop-in
         that uses `{out}` differs for every point (each has its own folder): one point per group.
-        Without a drop-in every point runs on the unit's own configuration: one group."""
+        Without a drop-in every point runs on the unit's own configuration: one group. With `prune`, groups
+        with smaller values on its axes come first (prune.order)."""
         by_text: dict[str, list[Point]] = {}
         for p in self.points:
             key = str(p.index) if self.dropin is not None and "out" in self.dropin.names else \
                 self.dropin_for(p, "") or ""
             by_text.setdefault(key, []).append(p)
-        return [tuple(g) for g in by_text.values()]
+        return sweepprune.order([tuple(g) for g in by_text.values()], self.prune)
 
 
 @dataclass(frozen=True)
@@ -339,7 +356,9 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
                 raise ConfigError(file, key, f"a value for {{{name}}} in every point",
                                   f"none in point {p.index} ({p.label})")
     baseline = _baseline(data, file, dropin, command, points)
-    return Plan(path=file, command=command, dropin=dropin, points=points, baseline=baseline, **simple)
+    server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
+    axes = sweepprune.check_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
+    return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, baseline=baseline, **simple)
 
 
 def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, command: tuple[Template, ...],

@@ -303,9 +303,13 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
     return row
 
 
-def rows_of(folders: Sequence[Path]) -> list[Row]:
-    """One row per point over every folder, in plan order (see point_row)."""
-    by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
+Read = list[tuple[Path, Path, list[tuple[int, dict[str, Any]]]]]  # (folder, its results file, numbered lines)
+
+
+def read_folders(folders: Sequence[Path]) -> Read:
+    """Every folder's results lines, read once (a report of 64 MiB spends most of its time decoding them):
+    rows_from() and results.coverage() both take them. ReportError for a folder without results."""
+    read: Read = []
     for folder in folders:
         path = folder / RESULTS_FILE
         try:
@@ -314,19 +318,38 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
             raise ReportError(str(e)) from None
         if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")
+        read.append((folder, path, lines))
+    return read
+
+
+def rows_of(folders: Sequence[Path]) -> list[Row]:
+    """One row per point over every folder, in plan order (see point_row)."""
+    return rows_from(read_folders(folders))
+
+
+def rows_from(read: Read) -> list[Row]:
+    """The rows of read_folders()' lines: one per point and configuration, in plan order."""
+    by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
+    point_of: dict[str, str] = {}  # a group's key -> its point's key (one json.dumps per line, not three)
+    for folder, path, lines in read:
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
-            # Each host's shard runs the baseline itself: its runs stay its own (speedup.attach matches by host).
-            key = json.dumps([rec.get("point"), rec.get("fingerprint"), rec.get("baseline"),
-                              rec.get("host") if rec.get("baseline") else None], sort_keys=True)
-            by_point.setdefault(key, []).append((rec, folder, f"{path}:{lineno}"))
+            point = json.dumps(rec.get("point"), sort_keys=True)
+            if base := rec.get("baseline"):
+                # A baseline run may hold a plan point's values: never that point's row. Each host's shard runs
+                # the baseline itself, so its runs stay its own (speedup.attach matches by host).
+                point += "\0" + json.dumps([base, rec.get("host")])
+            key = point + "\0" + json.dumps(rec.get("fingerprint"), sort_keys=True)
+            if key not in by_point:
+                by_point[key], point_of[key] = [], point
+            by_point[key].append((rec, folder, f"{path}:{lineno}"))
     made_by: dict[str, set[str]] = {}
-    for group in by_point.values():
-        made_by.setdefault(json.dumps(group[0][0].get("point"), sort_keys=True), set()).add(_made_by(group[0][0]))
+    for key, group in by_point.items():
+        made_by.setdefault(point_of[key], set()).add(_made_by(group[0][0]))
     rows = []
-    for group in by_point.values():
+    for key, group in by_point.items():
         row = point_row(group)
-        if len(made_by[json.dumps(group[0][0].get("point"), sort_keys=True)]) > 1:
+        if len(made_by[point_of[key]]) > 1:
             row.label += f" [{_made_by(group[0][0])}]"  # one point, lines of several configurations
         rows.append(row)
     rows.sort(key=lambda r: r.index)

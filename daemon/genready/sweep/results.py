@@ -15,7 +15,7 @@ import json
 import math
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -46,6 +46,7 @@ class Status(StrEnum):
     FAILED = "failed"  # the command exited non-zero (not retried: the server was fine)
     INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
     NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
+    SKIPPED = "skipped"  # not loaded: a configuration no larger on the plan's `prune` axes failed to start (pruned_by)
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
@@ -285,18 +286,17 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
     return out
 
 
-def coverage(folders: Sequence[Path], present: set[int]) -> str:
-    """"N of M points have no result (shard K/N missing or unfinished)" for results folders whose lines name
-    their plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
+def coverage(records: Iterable[dict[str, Any]], present: set[int]) -> str:
+    """"N of M points have no result (shard K/N missing or unfinished)" for results lines that name their
+    plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
     sizes: set[int] = set()
     shards: dict[int, set[int]] = {}  # N -> the K seen
-    for folder in folders:
-        for r in read_results(folder / RESULTS_FILE):
-            if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
-                sizes.add(n)
-            k, _, n_s = str(r.get("shard") or "").partition("/")
-            if k.isdigit() and n_s.isdigit():
-                shards.setdefault(int(n_s), set()).add(int(k))
+    for r in records:
+        if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
+            sizes.add(n)
+        k, _, n_s = str(r.get("shard") or "").partition("/")
+        if k.isdigit() and n_s.isdigit():
+            shards.setdefault(int(n_s), set()).add(int(k))
     if not sizes:
         return ""  # lines from before plan_points: the plan's size is not known
     m = max(sizes)

@@ -26,6 +26,7 @@ from genready.sweep import speedup, steps
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
+from genready.sweep.prune import Pruner, Source, failed_start
 from genready.sweep.report import RESULTS_FILE
 from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
 from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
@@ -47,7 +48,7 @@ class Sweep:
     """One sweep of one plan on one target: `run` it once."""
 
     def __init__(self, opts: SweepOptions, *, results: Results | None = None, out: TextIO = sys.stdout,
-                 err: TextIO = sys.stderr) -> None:
+                 err: TextIO = sys.stderr, pruner: Pruner | None = None) -> None:
         self.opts = opts
         self.groups = sweepbaseline.schedule(opts.plan, opts.shard.take(opts.plan.groups()) if opts.shard
                                              else opts.plan.groups())
@@ -61,9 +62,14 @@ class Sweep:
                                                   restart_each=opts.every_run_restarts)
                              for p in [*opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]}
         self.life: DropinLife | None = None
+        # prune.py: the failed starts that prune larger configurations, and the stop after failed starts in a row
+        self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
+        self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
 
     def plan_schedule(self, skip: set[int]) -> None:
-        """The points to run in order, each marked True where a load is planned (a group's first)."""
+        """The points to run in order, each marked True where a load is planned (a group's first); the points a
+        failed start prunes are left out, so the ETA counts the loads they save."""
+        skip = skip | self.pruner.earlier | {p.index for g in self.groups for p in g if self.pruner.pruned_by(p)}
         self.timings.schedule = [(p, self.opts.every_run_restarts or p is next(q for q in g if q.index not in skip))
                                  for g in self.groups for p in g if p.index not in skip]
 
@@ -89,8 +95,13 @@ class Sweep:
             for n, group in enumerate(self.groups, 1):
                 instance: Verified | None = None  # a new server configuration: its first point restarts
                 for point in group:
-                    if point.index not in skip:
-                        instance = self._point(ctx, log, point, n, instance)
+                    if point.index in skip or point.index in self.pruner.earlier:
+                        continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
+                    if (by := self.pruner.pruned_by(point)) is not None:
+                        self._skip(log, point, n, by)
+                        continue
+                    instance = self._point(ctx, log, point, n, instance)
+                    self._prune_after(point, skip)
         except Interrupted:
             interrupted = True
         finally:
@@ -176,13 +187,45 @@ class Sweep:
             (path / "point.json").write_text(json.dumps(point.as_dict()) + "\n")
         return path, k
 
-    def _record(self, log: ResultsLog, att: Attempt) -> None:
-        rec = att.to_json(self.opts.target, self.opts.unit)
+    def _record(self, log: ResultsLog, att: Attempt, **extra: object) -> None:
+        rec = att.to_json(self.opts.target, self.opts.unit) | extra
         log.append(rec)
         self.results.add(att, rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
         self.console.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
+        if att.status is not Status.SKIPPED and (stop := self.pruner.started(rec, att.point)):
+            raise SweepError(stop)
+
+    # -- prune.py's hooks ----------------------------------------------------------------------------
+
+    def _skip(self, log: ResultsLog, point: Point, group: int, by: Source) -> None:
+        """A point not loaded: recorded `skipped`, its line naming the failed start that pruned it."""
+        now = time.time()
+        self.pruned[point.index] = by
+        self._record(log, Attempt(point, 0, point.slug(len(str(len(self.opts.plan.points)))), Status.SKIPPED, now,
+                                  now, group, restarted=False, reason=f"not loaded: {by.words}",
+                                  noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path,
+                                  fingerprint=self.fingerprints[point.index], plan_points=len(self.opts.plan.points),
+                                  shard=str(self.opts.shard) if self.opts.shard else None),
+                     pruned_by=by.to_json())
+
+    def _prune_after(self, point: Point, skip: set[int]) -> None:
+        """After a point's last attempt: a failed start prunes the configurations at least as large."""
+        lines = self.results.lines(point.index)
+        if not self.pruner.axes or not lines or (result := failed_start(lines[-1])) is None:
+            return
+        before = len(self.timings.schedule)
+        self.pruner.add(point, result)
+        self.plan_schedule(skip)
+        if before > len(self.timings.schedule):
+            self.console.progress(point, f"its start failed ({result}): {before - len(self.timings.schedule)} later "
+                                  f"points are not loaded (prune = {list(self.pruner.axes)}); "
+                                  f"{plural(self.loads_saved(), 'load')} saved so far")
+
+    def loads_saved(self) -> int:
+        """The server configurations (groups) with a point this run did not load because a start failed."""
+        return sum(1 for g in self.groups if any(p.index in self.pruned or self.pruner.pruned_by(p) for p in g))
 
     # -- signals ---------------------------------------------------------------------------------
 
@@ -227,7 +270,8 @@ class Sweep:
         for p in [*self.opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
-                    rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped
+                    rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
+                                                "not_ready (earlier run)" if p.index in self.pruner.earlier
                                                 else "not run"))
                 continue
             rows.append(sweepreport.point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
@@ -237,9 +281,15 @@ class Sweep:
         ok = self.results.ok_count() + len(skipped)
         n = sum(len(g) for g in self.groups)
         loads = len(self.timings.load_times)
+        pruned = f", {len(self.pruned)} skipped ({plural(self.loads_saved(), 'load')} saved by prune)" if self.pruned \
+            else ""
         text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
-            f", {loads} load{'s' if loads != 1 else ''}; results in {self.opts.results / RESULTS_FILE}\n"
+            f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
         console.write(text, self.out)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def not_ready(att: Attempt, why: NotReady) -> Attempt:

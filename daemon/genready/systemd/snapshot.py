@@ -84,15 +84,6 @@ class Snapshot:
         """The unit does not exist (no unit file, or not loaded yet), or systemd refuses to report on it."""
         return self.load_state in ("", "not-found") or bool(self.error)
 
-    @property
-    def failed_start(self) -> bool:
-        """No job pending and the unit is down, or waiting to be restarted after a failure."""
-        return self.job_id == 0 and (self.active_state in ("failed", "inactive") or self.sub_state == "auto-restart")
-
-    def how_it_ended(self) -> str:
-        code = {1: "exited", 2: "killed", 3: "dumped"}.get(self.exec_main_code)
-        return f"Result={self.result}" + (f", {code} with status {self.exec_main_status}" if code else "")
-
     def to_json(self) -> dict[str, object]:
         return {
             "load_state": self.load_state, "active_state": self.active_state, "sub_state": self.sub_state,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,10 @@ TAIL_BYTES: Final = 1 << 20
 TAIL_BLOCK: Final = 64 << 10
 LINE_BYTES: Final = 2048
 CUT: Final = " [...]"  # ends a line cut at LINE_BYTES
+# first_line: a start's output is searched forward from the mark for one line (vLLM's "non-default args"),
+# through at most HEAD_BYTES; that line is kept to FIRST_LINE_BYTES (it holds every flag's value).
+HEAD_BYTES: Final = 8 << 20
+FIRST_LINE_BYTES: Final = 64 << 10
 
 
 def output_files(fragment_path: str, dropin_paths: Sequence[str]) -> list[Path]:
@@ -82,6 +87,38 @@ class OutputMark:
         else from the journal. Blocking (file reads, journalctl): the daemon calls it off its loop."""
         return redact_lines(self._raw(bus_kind, unit, n), secrets)
 
+    def first_line(self, bus_kind: str, unit: str, marker: str, secrets: Iterable[str] = ()) -> str | None:
+        """The first line the unit wrote since the mark that holds `marker`, secrets masked; None if none
+        within HEAD_BYTES of output. Blocking (file reads, journalctl)."""
+        raw = marker.encode()
+        for p, size in self.sizes.items():
+            try:
+                with p.open("rb") as f:
+                    start = size if os.fstat(f.fileno()).st_size >= size else 0
+                    line = head_line(f.fileno(), start, raw)
+            except OSError:
+                continue
+            if line is not None:
+                return redact_lines([line], secrets)[0]
+        if self.sizes:
+            return None
+        cmd = ["journalctl", "--user-unit" if bus_kind == "user" else "--unit", unit, "--since",
+               f"@{int(self.since)}", "-o", "cat", "--no-pager", "-q"]
+        try:
+            with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as proc:
+                assert proc.stdout is not None
+                # a journalctl that hangs is killed: the read then meets the end of its output
+                watchdog = threading.Timer(JOURNALCTL_TIMEOUT, proc.kill)
+                watchdog.start()
+                try:
+                    line = head_line(proc.stdout.fileno(), 0, raw, stream=True)
+                finally:
+                    watchdog.cancel()
+                    proc.kill()
+        except OSError:
+            return None
+        return None if line is None else redact_lines([line], secrets)[0]
+
     def _raw(self, bus_kind: str, unit: str, n: int) -> list[str]:
         if self.sizes:
             out: list[str] = []
@@ -96,12 +133,14 @@ class OutputMark:
         cmd = ["journalctl", "--user-unit" if bus_kind == "user" else "--unit", unit, "--since",
                f"@{int(self.since)}", "-o", "cat", "-n", str(n), "--no-pager", "-q"]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=JOURNALCTL_TIMEOUT)
+            # Bytes, not text: journald keeps a line's bytes as they came and `-o cat` writes them raw
+            # (a Latin-1 path, binary garbage, a character cut by journald's 48 KiB line split), so a
+            # strict decode of the whole output would lose every line for one bad byte.
+            done = subprocess.run(cmd, capture_output=True, timeout=JOURNALCTL_TIMEOUT)
         except (OSError, subprocess.TimeoutExpired):
             return []
-        # Cut as the files' lines are (journald keeps lines of up to 48 KiB).
-        return [_cut(line.encode(errors="replace")) for line in done.stdout.splitlines()[-n:]] \
-            if done.returncode == 0 else []
+        # Decoded line by line (errors="replace") and cut as the files' lines are.
+        return [_cut(line) for line in done.stdout.splitlines()[-n:]] if done.returncode == 0 else []
 
 
 def tail_lines(fd: int, start: int, n: int = OUTPUT_LINES, cap: int = TAIL_BYTES) -> list[str]:
@@ -127,6 +166,37 @@ def tail_lines(fd: int, start: int, n: int = OUTPUT_LINES, cap: int = TAIL_BYTES
     if lines and not lines[-1]:
         lines.pop()  # the final line break ends the last line; it starts none
     return [x for line in lines for x in line.splitlines() or [""]][-n:]
+
+
+def head_line(fd: int, start: int, marker: bytes, *, stream: bool = False, cap: int = HEAD_BYTES) -> str | None:
+    """The first line holding `marker` in `fd` from offset `start` (a pipe: `stream`), read forward in blocks
+    through at most `cap` bytes; the line cut at FIRST_LINE_BYTES (CUT marks it)."""
+    pos, seen, buf = start, 0, b""
+    while seen < cap:
+        block = os.read(fd, TAIL_BLOCK) if stream else os.pread(fd, TAIL_BLOCK, pos)
+        if not block:
+            break
+        pos, seen = pos + len(block), seen + len(block)
+        buf += block
+        at = buf.find(marker)
+        if at >= 0:
+            begin = buf.rfind(b"\n", 0, at) + 1
+            end = buf.find(b"\n", at)
+            while end < 0 and len(buf) - begin <= FIRST_LINE_BYTES and seen < cap:
+                more = os.read(fd, TAIL_BLOCK) if stream else os.pread(fd, TAIL_BLOCK, pos)
+                if not more:
+                    break
+                pos, seen = pos + len(more), seen + len(more)
+                buf += more
+                end = buf.find(b"\n", at)
+            line = buf[begin:end if end >= 0 else len(buf)].rstrip(b"\r")
+            if len(line) <= FIRST_LINE_BYTES:
+                return line.decode(errors="replace")
+            return line[:FIRST_LINE_BYTES].decode(errors="ignore") + CUT
+        # keep what may be the start of the marker's line: from the last line break (or a marker's length)
+        cut = buf.rfind(b"\n")
+        buf = buf[cut + 1:] if cut >= 0 else buf[-(FIRST_LINE_BYTES + len(marker)):]
+    return None
 
 
 def _cut(line: bytes) -> str:

@@ -72,15 +72,6 @@ class Worker:
             self._thread.start()
         return fut
 
-    async def run(self, fn: Callable[[Any], Any], *, bound: float = CALL_TIMEOUT,
-                  apply: Callable[[bool, Any], None] | None = None) -> Any:
-        """`fn(bus)` in the thread; Unresponsive after `bound` seconds (the call goes on)."""
-        fut = self.submit(fn, apply)
-        done, _ = await asyncio.wait([fut], timeout=bound)
-        if not done:
-            raise Unresponsive(f"the {self.kind} manager has not answered for {bound:g} s")
-        return fut.result()
-
     def _run(self) -> None:
         while True:
             job = self._q.get()

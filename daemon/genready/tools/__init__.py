@@ -1,1 +1,2 @@
-"""Jobs built on the rule: sweeps, the bench client, the pre-flight probe."""
+"""Jobs built on the rule, run by the CLI (never by the daemon): the sweep and its reports, the
+bench client and what it sends, `genready init`, and `check-config --probe`'s pre-flight probe."""

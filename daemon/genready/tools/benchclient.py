@@ -1,7 +1,9 @@
 """`genready-bench-client` (`python -m genready.benchclient`): a benchmark client for one LLM server.
 
-N requests against SGLang's native API or the OpenAI routes, at a fixed concurrency C or
-arriving as a Poisson process (`--request-rate R`, at most C in flight), streamed by default.
+N requests (or `--duration S` seconds of them) against SGLang's native API or the OpenAI routes, at a
+fixed concurrency C or arriving at `--request-rate R` (a Poisson process, or gamma with `--burstiness K`;
+at most C in flight), streamed by default. `--slo` judges each request against a latency target
+(goodput); every run reports offered against achieved rate and whether it saturated (tools/benchload.py).
 It reports what SGLang's bench_serving and vLLM's benchmark_serving report: time to first
 token and inter-token latency (p50/p99, from the stream), end-to-end latency, output tokens/s
 and requests/s. Requests and the token count follow apis.py, the probe's definitions.
@@ -14,6 +16,7 @@ if any request failed.
 The result block is meant for people, but its lines are stable for scripts and the demo:
 
     benchclient: N requests at concurrency C to URL (API, max_tokens M[, streaming][, Poisson R/s])[, …]
+                 (--duration: "requests for S s (at most N)"; --burstiness K: "gamma R/s, burstiness K")
       requests   N ok, F failed[ (…error kinds…)][, E empty][, R retried][, S stale connections skipped]
       rate       R requests/s, T tokens/s over S s
       latency    p50 X ms, p99 Y ms
@@ -22,6 +25,9 @@ The result block is meant for people, but its lines are stable for scripts and t
       accept     length L (SOURCE)[, server average A][, draft acceptance D (ACC/DRAFTED drafted tokens)]
                  or: length - (no speculative decoding seen)
       connection new per request: WHY                 (when the server closes kept-alive connections)
+      load       offered R/s (scheduled X), achieved Y requests/s, peak concurrency P[, …]; [not ]saturated[: …]
+                                                      (with --request-rate or --duration)
+      slo        [NOT ]met (PART FOUND <= LIMIT, …); goodput G requests/s, …  (with --slo)
       served by pid P (invocation I, unit U)
       sweep point {…}
 
@@ -68,6 +74,7 @@ from genready import config, console
 from genready.apis import MAX_BODY
 from genready.exitcodes import Exit
 from genready.store import durable
+from genready.tools import benchload
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, why_not_reuse
 from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, finite, percentile
@@ -113,11 +120,25 @@ def sweep_point(env: Mapping[str, str]) -> Any:
         return raw
 
 
+# --duration without -n: at most this many requests (a bound on the run's memory, not a target).
+DURATION_REQUEST_CAP: Final = 100_000
+DEFAULT_REQUESTS: Final = 50
+RANDOM_POOL: Final = 1000  # --duration: random prompts drawn, then sent again in turn
+
+
+def arrivals_words(rate: float, burstiness: float) -> str:
+    if burstiness == 1.0:
+        return f"Poisson {rate:g} requests/s"
+    return f"gamma {rate:g} requests/s, burstiness {burstiness:g}"
+
+
 def header(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     s = served_by(env)
     how = "".join([", streaming" if args.stream else "",
-                   f", Poisson {args.request_rate:g} requests/s" if args.request_rate else ""])
-    return (f"benchclient: {args.requests} requests at concurrency {args.concurrency} to {args.url} "
+                   f", {arrivals_words(args.request_rate, args.burstiness)}" if args.request_rate else ""])
+    count = f"{args.requests} requests" if args.duration is None else \
+        f"requests for {args.duration:g} s (at most {args.requests})"
+    return (f"benchclient: {count} at concurrency {args.concurrency} to {args.url} "
             f"({args.api}, max_tokens {args.max_tokens}{how})"
             + (f", target {args.target}" if args.target else "") + (f", label {args.label}" if args.label else "")
             + (f", pid {s['pid']}" if s else ""))
@@ -127,7 +148,8 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f} ms"
 
 
-def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) -> str:
+def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
+                   load: benchload.Load | None = None, slo: benchload.SloResult | None = None) -> str:
     lat = s.latencies_ms()
     wall = max(s.wall_seconds, 1e-9)
     errors = s.errors()
@@ -157,8 +179,17 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) 
         lines.append(f"  accept     length - (no /metrics spec_decode counters){server}")
     else:
         lines.append(f"  accept     length - (no speculative decoding seen){server}")
+    lines += s.acceptance_lines()
     if s.new_connections:
         lines.append(f"  connection new per request: {s.new_connections}")
+    if load is not None:
+        lines.append(load_line(s, load))
+    if slo is not None:
+        parts = ", ".join(f"{k} {_ms(_f(t['found_ms']))} {'<=' if t['met'] else '>'} {_f(t['limit_ms']):g}"
+                          for k, t in slo.parts.items())
+        share = "-" if slo.attainment is None else f"{slo.attainment:.1%}"
+        lines.append(f"  slo        {'met' if slo.met else 'NOT met'} ({parts}); goodput {slo.goodput:.2f} "
+                     f"requests/s, {slo.good} of {len(s.outcomes) + len(s.unsent)} requests ({share}) met every part")
     who = served_by(env)
     if who:
         lines.append(f"  served by pid {who['pid']} (invocation {who['invocation_id']}, unit {who['unit']})")
@@ -168,13 +199,59 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False) 
     return "\n".join(lines) + "\n"
 
 
+def _f(v: float | bool | None) -> float:
+    return 0.0 if v is None else float(v)
+
+
+def load_line(s: Summary, load: benchload.Load) -> str:
+    """The `load` line: offered against achieved, the peak in flight, and whether the run saturated."""
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+    offered = "closed loop" if load.offered_rate is None else \
+        f"offered {load.offered_rate:g} requests/s (scheduled {rate(load.scheduled_rate)})"
+    after = s.finished_after_duration()
+    verdict = "saturation not judged" if load.saturated is None else \
+        ("saturated: " + "; ".join(load.reasons)) if load.saturated else "not saturated"
+    return (f"  load       {offered}, achieved {rate(load.achieved_rate)} requests/s, peak concurrency "
+            f"{load.peak_concurrency}" + (f", {after} finished after --duration" if after else "")
+            + (f", {len(s.unsent)} due but never sent (no free slot)" if s.unsent else "")
+            + f"; {verdict}")
+
+
 def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) -> dict[str, Any]:
+def load_json(args: argparse.Namespace, s: Summary, load: benchload.Load,
+              slo: benchload.SloResult | None) -> dict[str, Any]:
+    """The results line's load and SLO fields, the ones a load search reads (docs/benchclient.md)."""
+    late = sorted(o.late * 1000 for o in s.outcomes if o.arrival is not None)
+    waited = sorted((o.sent - o.arrival) * 1000 for o in s.outcomes if o.arrival is not None)
+    return {
+        "burstiness": args.burstiness if args.request_rate else None, "duration": args.duration,
+        "finished_after_duration": s.finished_after_duration(),
+        "unsent_at_duration": len(s.unsent) if s.duration is not None else None,
+        "offered_rate": load.offered_rate, "scheduled_rate": _r(load.scheduled_rate),
+        "achieved_rate": _r(load.achieved_rate), "peak_concurrency": load.peak_concurrency,
+        "saturated": load.saturated, "saturation": list(load.reasons),
+        "ttft_trend": _r(load.trend[0]) if load.trend else None,
+        "client_lag_p99_ms": _r(percentile(late, 99)), "arrival_wait_p99_ms": _r(percentile(waited, 99)),
+        "slo": {p.key: p.limit_ms for p in args.slo} if args.slo else None,
+        "slo_met": slo.met if slo else None, "slo_attainment": _r6(slo.attainment) if slo else None,
+        "goodput": _r(slo.goodput) if slo else None, "good_requests": slo.good if slo else None,
+        "slo_parts": slo.parts if slo else None,
+    }
+
+
+def _r6(v: float | None) -> float | None:
+    return None if v is None else round(v, 6)
+
+
+def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
+                load: benchload.Load | None = None, slo: benchload.SloResult | None = None) -> dict[str, Any]:
     lat, ttft, itl = s.latencies_ms(), s.ttfts_ms(), s.itls_ms()
     wall = max(s.wall_seconds, 1e-9)
+    load = load or benchload.load_of(s.outcomes, args.request_rate, s.peak_concurrency, s.unsent)
     return {
         "time": time.time(), "label": args.label, "target": args.target, "url": args.url, "api": args.api,
         "requests": s.requests, "concurrency": s.concurrency, "request_rate": args.request_rate,
@@ -193,12 +270,14 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str]) ->
         "draft_acceptance": _r(s.draft_acceptance()),
         "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
         "draft_accepted": drafts.accepted if drafts else None,
-        "spec_decode_counters": s.metrics_counts,
+        "spec_decode_counters": s.metrics_counts, "counters_accept_length": _r(s.metrics_accept),
+        **s.acceptance_fields(),
         "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
         "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
         "seed": args.seed,
         "served_by": served_by(env), "sweep_point": sweep_point(env),
+        **load_json(args, s, load, slo),
     }
 
 
@@ -250,6 +329,13 @@ def _number_from(lo: float, hi: float, what: str) -> Callable[[str], float]:
     return parse
 
 
+def _slo(s: str) -> tuple[benchload.SloPart, ...]:
+    try:
+        return benchload.parse_slo(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 _ratio = _number_from(0.0, 1.0, "a number from 0 to 1")
 _non_negative_float = _number_from(0.0, sys.float_info.max, "a number >= 0")
 
@@ -265,8 +351,9 @@ def prompt_set(args: argparse.Namespace) -> list[Prompt]:
     if args.random_input_len:
         args.prompt_source = (f"random ids: input {args.random_input_len}, output "
                               f"{args.random_output_len or args.max_tokens}, ratio {args.random_range_ratio:g}")
+        drawn = args.requests if args.duration is None else min(args.requests, RANDOM_POOL)
         return [prompt_sets.random_prompt(rng, args.random_input_len, args.random_output_len,
-                                          args.random_range_ratio) for _ in range(args.requests)]
+                                          args.random_range_ratio) for _ in range(drawn)]
     if args.dataset:
         try:
             base = prompt_sets.load_dataset(Path(args.dataset))
@@ -287,7 +374,8 @@ def prompt_set(args: argparse.Namespace) -> list[Prompt]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m genready.benchclient",
-        description="Send N generations to an LLM server, at concurrency C or as Poisson arrivals, and print "
+        description="Send N generations (or --duration S of them) to an LLM server, at concurrency C or as "
+        "Poisson (gamma) arrivals, and print "
         "time to first token and inter-token latency (streaming), end-to-end latency (p50/p99), output tokens/s "
         "and requests/s. Under `genready guard` or `genready sweep` it also names the verified server pid it "
         "measured and the sweep point. Exit status 1 if any request failed. A request fails, and is counted, on "
@@ -297,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_flags(p)
     p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
                    "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
-    p.add_argument("-n", "--requests", type=_positive_int, default=50, metavar="N",
-                   help="requests in total (default: %(default)s)")
+    p.add_argument("-n", "--requests", type=_positive_int, metavar="N",
+                   help=f"requests in total (default: {DEFAULT_REQUESTS}); with --duration, at most N "
+                   f"(default: {DURATION_REQUEST_CAP})")
     p.add_argument("-c", "--concurrency", type=_positive_int, default=4, metavar="C",
                    help="requests in flight at once (default: %(default)s)")
     p.add_argument("--max-tokens", type=_positive_int, default=32, metavar="M",
@@ -306,7 +395,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-rate", type=_positive_float, metavar="R",
                    help="send requests as a Poisson process of R requests/s (at most C in flight); "
                    "default: C requests back to back")
-    p.add_argument("--seed", type=int, help="random seed of the prompts' order, random prompts and the Poisson "
+    p.add_argument("--burstiness", type=_positive_float, default=1.0, metavar="K",
+                   help="with --request-rate: gamma-distributed gaps between arrivals, of shape K and mean 1/R, "
+                   "as vLLM's benchmark: 1 is Poisson (default), below 1 burstier, above 1 more even")
+    p.add_argument("--duration", type=_positive_float, metavar="S",
+                   help="send requests for S seconds instead of N requests; those in flight at the end are "
+                   "finished, and counted (finished_after_duration)")
+    p.add_argument("--slo", type=_slo, metavar="PARTS",
+                   help="a latency target, e.g. ttft_p99_ms=500,itl_p50_ms=40,e2e_p99_ms=9000: each request "
+                   "judged on its TTFT, mean inter-token latency and end-to-end latency (goodput, "
+                   "slo_attainment), and the run's percentiles against the limits (slo_met)")
+    p.add_argument("--seed", type=int, help="random seed of the prompts' order, random prompts and the "
                    "arrivals: the same seed sends the same requests at the same times on every sweep point")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="stream the answers, for time to first token and inter-token latency (default: on)")
@@ -379,8 +478,7 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
             cfg = config.load(Path(args.config), service=False)
         except config.ConfigError as e:
             raise SystemExit(f"benchclient: {e}") from None
-        found = args.target or env.get("GENREADY_TARGET") or (next(iter(cfg.targets)) if len(cfg.targets) == 1
-                                                               else None)
+        found = cfg.only_target(args.target or env.get("GENREADY_TARGET"))
         if found is None or found not in cfg.targets:
             raise SystemExit(f"benchclient: name a target of {args.config} with --target: {', '.join(cfg.targets)}")
         name, table, where = found, cfg.to_toml_dict()["targets"][found], f"{args.config} with the flags given"
@@ -416,8 +514,22 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
     return t.api_key, t.tls_context
 
 
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags, with the checks between them (argparse's usage error, exit 2, naming the flags)."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.burstiness != 1.0 and not args.request_rate:
+        p.error("--burstiness shapes the arrivals of --request-rate: give --request-rate R")
+    if args.slo and not args.stream and (bad := [x.key for x in args.slo if x.metric != "e2e"]):
+        p.error(f"--slo {','.join(bad)}: time to first token and inter-token latency are measured on a stream; "
+                "drop --no-stream or keep to e2e parts")
+    if args.requests is None:
+        args.requests = DEFAULT_REQUESTS if args.duration is None else DURATION_REQUEST_CAP
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     env = os.environ
     api_key, ssl_context = settings(args, env)
     prompts = prompt_set(args)
@@ -425,12 +537,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = ServerOptions(args.url, args.api, args.model, api_key, ssl_context)
     load = LoadOptions(args.requests, args.concurrency, args.max_tokens, args.timeout, prompts, stream=args.stream,
                        request_rate=args.request_rate, seed=args.seed, temperature=args.temperature,
-                       ignore_eos=args.ignore_eos)
-    summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr)))
-    console.write(format_summary(summary, env, stream=args.stream), sys.stdout)  # a closed stdout: --output still
+                       ignore_eos=args.ignore_eos, burstiness=args.burstiness, duration=args.duration)
+    summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr, args.duration)))
+    figures = benchload.load_of(summary.outcomes, args.request_rate, summary.peak_concurrency, summary.unsent)
+    slo = benchload.judge(summary.outcomes, args.slo, summary.wall_seconds, len(summary.unsent)) \
+        if args.slo else None
+    shown = figures if args.request_rate or args.duration is not None else None
+    console.write(format_summary(summary, env, stream=args.stream, load=shown, slo=slo),
+                  sys.stdout)  # a closed stdout: --output still
     if args.output:
         try:
-            write_result(Path(args.output), result_json(args, summary, env))
+            write_result(Path(args.output), result_json(args, summary, env, figures, slo))
         except OSError as e:
             print(f"benchclient: cannot write {args.output}: {e}", file=sys.stderr)
             return 1

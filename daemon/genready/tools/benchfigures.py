@@ -2,8 +2,16 @@
 comes from, decided in one place (Summary.accept).
 
 What each server says per answer is its ServerKind's (servers/kinds.py): SGLang's
-meta_info.spec_verify_ct, llama.cpp's timings.draft_n / draft_n_accepted. What its /metrics
-counters give over the run is servermetrics' (read once before the run and once after).
+meta_info.spec_verify_ct, llama.cpp's timings.draft_n / draft_n_accepted, and every kind's
+answer_spec, the counts of accepted drafts, drafts and verify steps under each spelling its
+versions used (AnswerCounts). What its /metrics counters give over the run is servermetrics'
+(read once before the run and once after).
+
+Acceptance is measured two ways and reconciled (issue 38 §4): every figure is token-weighted, Σ
+accepted over Σ steps (or Σ drafted) over the run's answers, never a mean of per-answer means; where
+the answers and the counters both give a figure and they differ by more than DISAGREEMENT, the run
+records both (Summary.disagreement); and a speculative server whose answers carry none of the known
+keys is said once, by name (Summary.acceptance_missing), not left a silent null.
 """
 
 from __future__ import annotations
@@ -23,9 +31,13 @@ from genready.tools import servermetrics
 # serving_chat.py and protocol.py). A stream's accept length is then the server's own average.
 SGLANG_META_SOURCE: Final = "meta_info.spec_verify_ct (return_meta_info)"
 SGLANG_SERVER_SOURCE: Final = "get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)"
-
-
-
+# Two sources of one figure that differ by more than this (relative to the larger) disagree.
+DISAGREEMENT: Final = 0.05
+# A histogram longer than this is no draft length any server runs: not counted.
+MAX_HISTOGRAM: Final = 256
+# An SSE event that may carry an answer's counts (each kind's answer_spec path's first key)
+COUNT_KEYS: Final = tuple(f'"{p[0]}"'.encode() for k in kinds.answer_spec_kinds() if k.answer_spec
+                          for p in k.answer_spec.paths if p[0] not in ("choices",))
 
 
 
@@ -88,6 +100,85 @@ def verify_ct(api: ServerApi, doc: Any) -> int | None:
     return None
 
 
+class AnswerCounts(NamedTuple):
+    """One answer's speculative-decoding counts, as its server spelled them (a kind's answer_spec)."""
+
+    source: str  # where: the object's path, e.g. "metrics.speculative_decoding"
+    spelling: kinds.Spelling
+    accepted: int  # draft tokens accepted
+    drafted: int | None  # draft tokens proposed, where the answer says
+    steps: int | None  # verify steps, where the answer says
+    histogram: tuple[int, ...] = ()  # verify steps by how many drafts each accepted
+
+
+def _nonneg(v: Any, what: str) -> int | None:
+    """A count that may be 0; None when absent or not a non-negative integer; BadAnswer when too large."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        return None
+    if too_large(v):
+        raise BadAnswer(f"{what} is an integer of {v.bit_length()} bits, too large to be a count")
+    return v
+
+
+def _histogram(v: Any, what: str) -> tuple[int, ...]:
+    """A list of counts by accepted drafts, or a map from their number ("0", "1", ...) to counts; () if neither."""
+    if isinstance(v, dict) and all(isinstance(k, str) and k.isdigit() and len(k) < 4 for k in v):
+        v = [v.get(str(j), 0) for j in range(max((int(k) for k in v), default=-1) + 1)]
+    if not isinstance(v, list) or len(v) > MAX_HISTOGRAM:
+        return ()
+    counts = [_nonneg(x, what) for x in v]
+    return tuple(c for c in counts if c is not None) if all(c is not None for c in counts) else ()
+
+
+def _walk(doc: Any, path: tuple[str | int, ...]) -> Any:
+    for key in path:
+        if isinstance(key, int):
+            doc = doc[key] if isinstance(doc, list) and len(doc) > key else None
+        else:
+            doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
+def answer_counts(doc: Any) -> AnswerCounts | None:
+    """The speculative-decoding counts in one answer (or stream event) as parsed JSON, under the first
+    known spelling it has; None when it has none (or inconsistent ones: more accepted than drafted)."""
+    for kind in kinds.answer_spec_kinds():
+        spec = kind.answer_spec
+        assert spec is not None
+        for path in spec.paths:
+            obj = _walk(doc, path)
+            if not isinstance(obj, dict):
+                continue
+            where = ".".join(str(k) for k in path)
+            for sp in spec.spellings:
+                accepted = _nonneg(obj.get(sp.accepted), f"{where}.{sp.accepted}")
+                if accepted is None:
+                    continue
+                drafted = _nonneg(obj.get(sp.drafted), f"{where}.{sp.drafted}") if sp.drafted else None
+                steps = _nonneg(obj.get(sp.steps), f"{where}.{sp.steps}") if sp.steps else None
+                if drafted is not None and accepted > drafted:
+                    continue
+                hist = _histogram(obj.get(sp.histogram), f"{where}.{sp.histogram}") if sp.histogram else ()
+                return AnswerCounts(where, sp, accepted, drafted, steps, hist)
+    return None
+
+
+def carries_counts(event: bytes) -> bool:
+    """Whether a stream's event may hold an answer's counts (worth parsing for answer_counts)."""
+    return any(k in event for k in COUNT_KEYS)
+
+
+class Totals(NamedTuple):
+    """The run's per-answer counts summed: token-weighted figures are ratios of these sums."""
+
+    source: str
+    spelling: kinds.Spelling
+    answers: int
+    accepted_drafted: tuple[int, int] | None  # (Σ accepted, Σ drafted) over answers that say both
+    accepted_steps: tuple[int, int] | None  # (Σ accepted, Σ steps) over answers that say both
+    histogram: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class Outcome:
     ok: bool
@@ -98,7 +189,11 @@ class Outcome:
     itl: tuple[float, ...] = ()  # seconds between later events with output
     spec_verify_ct: int | None = None  # SGLang's verify steps for this request (speculative decoding only)
     drafts: Drafts | None = None  # llama.cpp's timings.draft_n / draft_n_accepted (only when it drafted)
+    counts: AnswerCounts | None = None  # the answer's own speculative-decoding counts, any kind's spelling
     retried: bool = False  # sent again on a fresh connection: the pooled one was stale (see _stale_connection)
+    sent: float = 0.0  # seconds after the run's start it was sent (the run sets it; benchload's rates)
+    arrival: float | None = None  # seconds after the start it was due (--request-rate); None: back to back
+    late: float = 0.0  # seconds the client itself was behind the schedule when it was due (not a slot's wait)
 
 
 @dataclass
@@ -115,32 +210,142 @@ class Summary:
     new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
     sglang_openai: bool = False  # the OpenAI routes of an SGLang server (it answers GET /get_server_info)
     server_counters: servermetrics.RunCounters | None = None  # its /metrics counters over the run
+    peak_concurrency: int = 0  # the most requests in flight at once
+    duration: float | None = None  # --duration: requests were sent for this many seconds
+    unsent: list[float] = field(default_factory=list)  # --duration: due times of arrivals never given a slot
+    metrics_kind: str | None = None  # the kind whose /metrics counters gave metrics_accept
+    sglang: bool = False  # SGLang, on its own API or its OpenAI routes: the kind its answers are read as
 
     def accept(self) -> tuple[float | None, str | None]:
-        """(accept length, where it came from); (None, None) without speculative decoding."""
+        """(accept length, where it came from); (None, None) without speculative decoding. The answers'
+        own counts come first (they are this run's alone), then /metrics, then SGLang's server average."""
         verified = [o for o in self.outcomes if o.ok and o.spec_verify_ct]
         if verified:
             steps = sum(o.spec_verify_ct or 0 for o in verified)
             return sum(o.tokens for o in verified) / steps, SGLANG_META_SOURCE if self.sglang_openai else \
                 "meta_info.spec_verify_ct"
+        if (got := self.answers_accept()) is not None:
+            return got
         if self.metrics_accept is not None:
             return self.metrics_accept, self.metrics_source
         if self.sglang_openai and self.server_accept_length is not None:
             return self.server_accept_length, SGLANG_SERVER_SOURCE
         return None, None
 
+    def totals(self) -> Totals | None:
+        """The per-answer counts of the run's successful answers, summed; None when no answer had any."""
+        counted = [o.counts for o in self.outcomes if o.ok and o.counts is not None]
+        if not counted:
+            return None
+        with_drafted = [(c.accepted, c.drafted) for c in counted if c.drafted is not None]
+        with_steps = [(c.accepted, c.steps) for c in counted if c.steps is not None]
+        width = max(len(c.histogram) for c in counted)
+        hist = tuple(sum(c.histogram[j] for c in counted if j < len(c.histogram)) for j in range(width))
+        return Totals(counted[-1].source, counted[-1].spelling, len(counted),
+                      (sum(a for a, _ in with_drafted), sum(d for _, d in with_drafted)) if with_drafted else None,
+                      (sum(a for a, _ in with_steps), sum(s for _, s in with_steps)) if with_steps else None, hist)
+
+    def answers_accept(self) -> tuple[float, str] | None:
+        """1 + Σ accepted / Σ verify steps over the answers that say both (vLLM's metrics.speculative_decoding);
+        None without. Token-weighted: never the mean of the answers' mean_acceptance_length."""
+        t = self.totals()
+        if t is None or t.accepted_steps is None or t.accepted_steps[1] == 0:
+            return None
+        accepted, steps = t.accepted_steps
+        return servermetrics.accept_length(accepted, steps), \
+            f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.steps}"
+
     def drafts(self) -> Drafts | None:
-        """llama.cpp's draft counts summed over the run's answers; None when no answer drafted."""
+        """The answers' draft counts summed over the run (llama.cpp's timings, vLLM's and SGLang's counts);
+        None when no answer drafted."""
+        t = self.totals()
+        if t is not None and t.accepted_drafted is not None and t.accepted_drafted[1] > 0:
+            return Drafts(t.accepted_drafted[1], t.accepted_drafted[0])
         counted = [o.drafts for o in self.outcomes if o.ok and o.drafts is not None]
         if not counted:
             return None
         return Drafts(sum(d.drafted for d in counted), sum(d.accepted for d in counted))
 
     def draft_acceptance(self) -> float | None:
-        """Σ draft_n_accepted / Σ draft_n over the run's answers (the share of drafted tokens the target
-        accepted); None when no answer drafted."""
+        """Σ accepted / Σ drafted over the run's answers (the share of drafted tokens the target accepted);
+        None when no answer drafted."""
         d = self.drafts()
         return d.accepted / d.drafted if d is not None else None
+
+    def per_position(self) -> tuple[list[float] | None, str | None]:
+        """(acceptance at draft position 0, 1, …, where it came from): from the answers' histograms (a step
+        that accepted i drafts accepted positions 0 … i-1), else from the /metrics per-position counter."""
+        t = self.totals()
+        if t is not None and t.histogram and (steps := sum(t.histogram)) > 0:
+            rates = [sum(t.histogram[j + 1:]) / steps for j in range(len(t.histogram) - 1)]
+            return [round(r, 4) for r in rates], f"per answer: {t.source} {t.spelling.histogram}"
+        run = self.server_counters
+        if run is not None and run.accept_per_position:
+            return run.accept_per_position, run.accept_source
+        return None, None
+
+    def disagreement(self) -> dict[str, dict[str, Any]] | None:
+        """Each figure that both the answers and the /metrics counters give, and that differs between them by
+        more than DISAGREEMENT: {figure: {per_answer, counters, their sources}}; None when they agree."""
+        run, t = self.server_counters, self.totals()
+        if run is None or t is None:
+            return None
+        out: dict[str, dict[str, Any]] = {}
+        mine = self.answers_accept()
+        pairs = [("accept_length", mine[0] if mine else None, mine[1] if mine else None,
+                  run.accept_length, run.accept_source)]
+        if t.accepted_drafted is not None and t.accepted_drafted[1] > 0:
+            pairs.append(("draft_acceptance", t.accepted_drafted[0] / t.accepted_drafted[1],
+                          f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.drafted}",
+                          run.draft_acceptance, run.draft_acceptance_source))
+        for figure, a, a_source, c, c_source in pairs:
+            if a is not None and c is not None and abs(a - c) > DISAGREEMENT * max(abs(a), abs(c)):
+                out[figure] = {"per_answer": round(a, 4), "counters": round(c, 4),
+                               "per_answer_source": a_source, "counters_source": c_source}
+        return out or None
+
+    def speculative(self) -> bool:
+        """Whether anything of the run says the server decodes speculatively."""
+        return (any(o.ok and (o.spec_verify_ct or o.drafts) for o in self.outcomes)
+                or self.metrics_accept is not None
+                or (self.server_accept_length is not None and self.server_accept_length > 1))
+
+    def acceptance_missing(self) -> str | None:
+        """The words for a speculative server whose answers carry none of its kind's known acceptance keys
+        (renamed by a new version, or not switched on); None when they carry them, or it is not speculative."""
+        if not self.speculative() or self.totals() is not None or not self.ok:
+            return None
+        name = kinds.SGLANG.name if self.sglang or any(o.spec_verify_ct for o in self.outcomes) else \
+            self.metrics_kind or (kinds.LLAMA_CPP.name if any(o.drafts for o in self.outcomes) else None)
+        kind = kinds.BY_NAME.get(name or "")
+        if kind is None or kind.answer_spec is None:
+            return None
+        spec = kind.answer_spec
+        where = " / ".join(".".join(str(k) for k in p) for p in spec.paths)
+        return (f"no per-request acceptance: the server answers none of {where} "
+                f"{', '.join(spec.names())} ({kind.label}); upgrade, or {spec.fix}")
+
+    def acceptance_fields(self) -> dict[str, Any]:
+        """What the run's results line says of acceptance beyond accept_length: per position, the sources'
+        disagreement, the words for missing per-answer counts."""
+        per_pos, per_pos_source = self.per_position()
+        mine = self.answers_accept()
+        return {"accept_per_position": per_pos, "accept_per_position_source": per_pos_source,
+                "accept_disagreement": self.disagreement(), "accept_missing": self.acceptance_missing(),
+                "answers_accept_length": round(mine[0], 4) if mine else None}
+
+    def acceptance_lines(self) -> list[str]:
+        """The lines of the text summary for acceptance beyond the accept length."""
+        lines = []
+        per_pos, source = self.per_position()
+        if per_pos:
+            lines.append(f"  accept     by position {', '.join(f'{r:.3f}' for r in per_pos)} ({source})")
+        for figure, d in (self.disagreement() or {}).items():
+            lines.append(f"  accept     DISAGREE {figure}: {d['per_answer']} per answer ({d['per_answer_source']}) "
+                         f"vs {d['counters']} from /metrics ({d['counters_source']})")
+        if (missing := self.acceptance_missing()) is not None:
+            lines.append(f"  accept     {missing}")
+        return lines
 
     @property
     def ok(self) -> int:
@@ -170,6 +375,12 @@ class Summary:
         # Only successful requests: a refused connection's 1 ms would flatter the server.
         return sorted(o.seconds * 1000 for o in self.outcomes if o.ok)
 
+    def finished_after_duration(self) -> int | None:
+        """Requests sent within --duration that were still in flight when it ended (finished, and counted)."""
+        if self.duration is None:
+            return None
+        return sum(1 for o in self.outcomes if o.sent + o.seconds > self.duration)
+
     def ttfts_ms(self) -> list[float]:
         return sorted(o.ttft * 1000 for o in self.outcomes if o.ok and o.ttft is not None)
 
@@ -186,8 +397,6 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
-
-
 def from_counters(summary: Summary, run: servermetrics.RunCounters) -> None:
     """The run's speculative-decoding figures from its /metrics counters (read once before, once after)."""
     summary.server_counters = run
@@ -198,6 +407,7 @@ def from_counters(summary: Summary, run: servermetrics.RunCounters) -> None:
     assert kind.spec is not None
     summary.metrics_accept = servermetrics.accept_length(accepted, steps)
     summary.metrics_source = kind.spec.source
+    summary.metrics_kind = kind.name
     summary.metrics_counts = {"drafts": steps, "accepted": accepted}
     if drafted is not None:
         summary.metrics_counts["draft_tokens"] = drafted

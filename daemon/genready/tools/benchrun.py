@@ -25,10 +25,20 @@ from genready import apis
 from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 from genready.servers import kinds
+from genready.tools import benchload, servermetrics
 from genready.tools import prompts as prompt_sets
-from genready.tools import servermetrics
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, reuse_tracer, why_not_reuse
-from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, from_counters, verify_ct
+from genready.tools.benchfigures import (
+    AnswerCounts,
+    Drafts,
+    Outcome,
+    Summary,
+    answer_counts,
+    carries_counts,
+    drafts_of,
+    from_counters,
+    verify_ct,
+)
 from genready.tools.prompts import Prompt
 
 # What the bench client's CLI, scripts and tests reach here (the connection's parts are benchconn's).
@@ -100,10 +110,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
         # output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a failure.
         tokens = api.counted_tokens(raw)
         doc = json.loads(raw)
-        steps, drafts = verify_ct(api, doc), drafts_of(doc)
+        steps, drafts, counts = verify_ct(api, doc), drafts_of(doc), answer_counts(doc)
     except _REQUEST_ERRORS as e:
         return failed(e, t0, timeout, trace)
-    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts)
+    return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts,
+                   counts=counts)
 
 
 def _has_output(api: ServerApi, doc: Any) -> bool:
@@ -152,6 +163,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
     last_event: bytes | None = None
     drafts: Drafts | None = None
+    counts: AnswerCounts | None = None
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
                                 allow_redirects=False, trace_request_ctx=trace) as r:
@@ -169,8 +181,9 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                     break
                 tokens, new = apis.streamed(api, data, tokens)
                 last_event = data
-                if b'"timings"' in data:  # llama.cpp's timings, in the final event: cumulative for the request
-                    drafts = drafts_of(json.loads(data)) or drafts
+                if carries_counts(data):  # timings, metrics, meta_info: in the final event, cumulative
+                    event = json.loads(data)
+                    drafts, counts = drafts_of(event) or drafts, answer_counts(event) or counts
                 if new:
                     now = time.perf_counter()
                     if first is None:
@@ -189,7 +202,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
     # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
     return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
-                   spec_verify_ct=steps, drafts=drafts)
+                   spec_verify_ct=steps, drafts=drafts, counts=counts)
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
@@ -213,7 +226,7 @@ async def read_counters(session: aiohttp.ClientSession, url: str, timeout: float
 
 
 async def is_sglang(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
-    """Whether the server answers SGLang's GET /get_server_info (or its older name) with a JSON object."""
+    """Whether the server answers SGLang's GET /server_info (or its older name /get_server_info) with a JSON object."""
     for path in kinds.info_routes():
         status, body = await _get_json_or_text(session, url + path, timeout)
         if status == 200:
@@ -242,31 +255,39 @@ async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: 
 
 
 class Progress:
-    """A one-line progress bar on a terminal; on anything else a plain line per 10 % (logs stay readable)."""
+    """A one-line progress bar on a terminal; on anything else a plain line per 10 % (logs stay readable).
+    With `seconds` (--duration) the share done is the time gone, not the requests."""
 
-    def __init__(self, total: int, stream: TextIO) -> None:
+    def __init__(self, total: int, stream: TextIO, seconds: float | None = None) -> None:
         self.total = total
         self.stream = stream
         self.enabled = stream.isatty()
+        self.seconds = seconds
+        self._start = time.monotonic()
         self._last = 0.0
         self._tenths = 0
 
     def update(self, done: int, failed: int, *, force: bool = False) -> None:
+        if self.seconds is None:
+            share, of = done / max(1, self.total), f"{done}/{self.total}"
+            tenths = 10 * done // max(1, self.total)  # in integers: 7/10 of the requests is 7 tenths, exactly
+        else:
+            gone = time.monotonic() - self._start
+            share, of = min(1.0, gone / self.seconds), f"{done} in {min(gone, self.seconds):.0f}/{self.seconds:g} s"
+            tenths = int(10 * share)
         if not self.enabled:
-            tenths = 10 * done // max(1, self.total)
             if tenths > self._tenths:
                 self._tenths = tenths
-                self.stream.write(f"benchclient: {done}/{self.total} done" + (f", {failed} failed" if failed else "")
-                                  + "\n")
+                self.stream.write(f"benchclient: {of} done" + (f", {failed} failed" if failed else "") + "\n")
                 self.stream.flush()
             return
         now = time.monotonic()
-        if not force and now - self._last < PROGRESS_INTERVAL and done < self.total:
+        if not force and now - self._last < PROGRESS_INTERVAL and share < 1:
             return
         self._last = now
-        filled = PROGRESS_WIDTH * done // max(1, self.total)
+        filled = int(PROGRESS_WIDTH * share)
         bar = "#" * filled + "-" * (PROGRESS_WIDTH - filled)
-        self.stream.write(f"\r[{bar}] {done}/{self.total}" + (f"  {failed} failed" if failed else ""))
+        self.stream.write(f"\r[{bar}] {of}" + (f"  {failed} failed" if failed else ""))
         self.stream.flush()
 
     def clear(self) -> None:
@@ -317,25 +338,28 @@ class ServerOptions:
 class LoadOptions:
     """What is sent: how many requests, how they arrive, what each asks for."""
 
-    requests: int
+    requests: int  # with `duration`: at most this many
     concurrency: int
     max_tokens: int
     timeout: float  # seconds one request may take, connecting included
     prompts: Sequence[Prompt]
     stream: bool = True
-    request_rate: float | None = None  # None: `concurrency` workers back to back; else Poisson arrivals
+    request_rate: float | None = None  # None: `concurrency` workers back to back; else gamma arrivals
     seed: int | None = None
+    burstiness: float = 1.0  # the arrivals' gamma shape (benchload.arrival_times): 1 is Poisson
+    duration: float | None = None  # send for this many seconds (then finish those in flight), not `requests`
     temperature: float = 0.0
     ignore_eos: bool = False
 
 
 async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> Summary:
-    """Send `load.requests` generations, at most `load.concurrency` at a time; every one time-bounded.
+    """Send `load.requests` generations (with `load.duration`: for that long, at most that many), at most
+    `load.concurrency` at a time; every one time-bounded.
 
-    Without `request_rate` C workers send back to back; with it, requests arrive as a Poisson
-    process of that rate (exponential gaps, as bench_serving's --request-rate), still at most C
-    in flight."""
-    summary = Summary(load.requests, load.concurrency)
+    Without `request_rate` C workers send back to back; with it, requests arrive at that rate with gamma
+    gaps of shape `burstiness` (1: a Poisson process, as bench_serving's --request-rate), still at most C
+    in flight. Each Outcome says when it was due and sent; the summary, the peak in flight."""
+    summary = Summary(load.requests, load.concurrency, duration=load.duration)
     api, url = APIS[server.api], server.url
     ssl_arg: ssl.SSLContext | bool = server.ssl_context if server.ssl_context is not None else True
     connector = PoolConnector(limit=load.concurrency, ssl=ssl_arg)
@@ -352,36 +376,57 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                 print(f"benchclient: cannot read a model from {url}/v1/models; using {FALLBACK_MODEL!r} "
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
-        bodies = [request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
-                               temperature=load.temperature, ignore_eos=load.ignore_eos)
-                  for p in prompt_sets.schedule(load.prompts, load.requests, random.Random(load.seed))]
         send = one_stream if load.stream else one_request
         before = await read_counters(session, url, load.timeout)  # /metrics: once before the run, once after
         summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
-        if summary.sglang_openai and not load.stream:
-            for b in bodies:
-                b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+        summary.sglang = summary.sglang_openai or not api.needs_model
+        # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
+        # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it.
+        bodies: list[dict[str, Any]] = []
+        order = random.Random(load.seed)
 
-        async def one(i: int) -> None:
+        def body(i: int) -> dict[str, Any]:
+            while len(bodies) <= i:
+                for p in prompt_sets.schedule(load.prompts, len(load.prompts), order):
+                    b = request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
+                                     temperature=load.temperature, ignore_eos=load.ignore_eos)
+                    if summary.sglang_openai and not load.stream:
+                        b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+                    elif summary.sglang_openai:
+                        b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
+                    bodies.append(b)
+            return bodies[i]
+
+        in_flight = 0
+
+        async def one(i: int, arrival: float | None = None, late: float = 0.0) -> None:
+            nonlocal in_flight
             t0 = time.perf_counter()
+            in_flight += 1
+            summary.peak_concurrency = max(summary.peak_concurrency, in_flight)
             trace: dict[str, Any] = {}
             try:
                 try:
-                    outcome = await send(fresh if summary.new_connections else session, url, api, bodies[i],
+                    outcome = await send(fresh if summary.new_connections else session, url, api, body(i),
                                          load.timeout, trace)
                 except StaleConnection:
                     # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
-                    outcome = dataclasses.replace(await send(fresh, url, api, bodies[i], load.timeout), retried=True)
+                    outcome = dataclasses.replace(await send(fresh, url, api, body(i), load.timeout), retried=True)
             except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
+            finally:
+                in_flight -= 1
+            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late)
             if not summary.new_connections:
                 summary.new_connections = why_not_reuse(trace, outcome, connector)
             summary.outcomes.append(outcome)
             progress.update(len(summary.outcomes), summary.failed)
 
-        t0 = time.perf_counter()
-        await _arrivals(load, one)
-        summary.wall_seconds = time.perf_counter() - t0
+        start = time.perf_counter()
+        await _arrivals(load, one, start, summary.unsent)
+        summary.wall_seconds = time.perf_counter() - start
+        if load.duration is not None:
+            summary.requests = len(summary.outcomes)
         after = await read_counters(session, url, load.timeout)
         if before is not None and after is not None:
             run = servermetrics.over_run(before, after)
@@ -396,33 +441,44 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
     return summary
 
 
-async def _arrivals(load: LoadOptions, one: Callable[[int], Awaitable[None]]) -> None:
-    """`one(i)` for every request: `concurrency` workers back to back, or Poisson arrivals at
-    `request_rate` with at most `concurrency` in flight."""
+async def _arrivals(load: LoadOptions, one: Callable[[int, float | None, float], Awaitable[None]],
+                    start: float, unsent: list[float]) -> None:
+    """`one(i, due, late)` for every request: `concurrency` workers back to back, or arrivals at
+    `request_rate` (benchload.arrival_times) with at most `concurrency` in flight; with `duration`, none
+    sent after that many seconds from `start` (those in flight are awaited; the due times of arrivals
+    still waiting for a slot then go to `unsent`)."""
+    def over() -> bool:
+        return load.duration is not None and time.perf_counter() - start >= load.duration
+
     if load.request_rate is None:
         todo = iter(range(load.requests))
 
         async def worker() -> None:
-            for i in todo:  # workers pull from one shared iterator: exactly `requests` in total
-                await one(i)
+            for i in todo:  # workers pull from one shared iterator: at most `requests` in total
+                if over():
+                    return
+                await one(i, None, 0.0)
 
         await asyncio.gather(*(worker() for _ in range(min(load.concurrency, load.requests))))
         return
-    rng = random.Random(load.seed)
     slots = asyncio.Semaphore(load.concurrency)
 
-    async def limited(i: int) -> None:
+    async def limited(i: int, due: float) -> None:
+        late = max(0.0, time.perf_counter() - start - due)  # the client's own lag, before any wait for a slot
         async with slots:
-            await one(i)
+            if over():  # due within --duration, but no slot came free before its end: never sent
+                unsent.append(due)
+                return
+            await one(i, due, late)
 
     tasks = []
-    for i in range(load.requests):
-        tasks.append(asyncio.ensure_future(limited(i)))
-        if i + 1 < load.requests:
-            await asyncio.sleep(rng.expovariate(load.request_rate))
+    for i, due in enumerate(benchload.arrival_times(load.request_rate, load.burstiness, load.seed,
+                                                    count=load.requests, until=load.duration)):
+        # Sleep to each arrival's time from the start, not by the gap: a late wake-up does not shift the rest.
+        if (wait := start + due - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.ensure_future(limited(i, due)))
     await asyncio.gather(*tasks)
-
-
 
 
 async def _sglang_average(summary: Summary, session: aiohttp.ClientSession, url: str, api: ServerApi,

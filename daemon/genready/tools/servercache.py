@@ -24,10 +24,10 @@ import aiohttp
 
 from genready import apis
 from genready.config import TargetConfig
-from genready.servers import kinds
+from genready.servers import engineconfig, kinds
 from genready.servers.flush import Call, Flushed
 
-__all__ = ["FIX", "Flushed", "ServerHttp", "flush", "warm_up"]
+__all__ = ["FIX", "Flushed", "ServerHttp", "engine_config", "flush", "warm_up"]
 
 TIMEOUT: Final = 30.0  # seconds for one flush or /metrics request: a server that takes longer is not idle
 BUSY_WAIT: Final = 30.0  # seconds SGLang's 400 ("requests are running") is waited out
@@ -130,4 +130,13 @@ def warm_up(http: ServerHttp, n: int) -> tuple[int, str]:
                 first = f"POST {api.path} answered {status or 'nothing'}: {apis.excerpt(body)}"
         return ok, first
     result: tuple[int, str] = http.calls(work)
+    return result
+
+
+def engine_config(http: ServerHttp, read: engineconfig.EngineRead, args_line: str | None = None
+                  ) -> engineconfig.EngineConfig:
+    """What the server says it runs (servers/engineconfig.py), each answer bounded as every answer here."""
+    async def work(call: Call) -> engineconfig.EngineConfig:
+        return await engineconfig.read_engine(read, call, args_line)
+    result: engineconfig.EngineConfig = http.calls(work)
     return result

@@ -10,8 +10,11 @@ delta, the run's derived figures are invalidated.
 
 Derived where the server exports the counters (each ServerKind's names, from its source: servers/kinds.py):
 the prefix-cache hit rate, hits / queries in tokens (llama.cpp's prompt_tokens exclude the cached
-ones); the speculative-decoding accept length, 1 + Δaccepted / Δverify steps; and the draft
-acceptance Δaccepted / Δdraft tokens where the draft tokens are counted.
+ones); the speculative-decoding accept length, 1 + Δaccepted / Δverify steps; the draft
+acceptance Δaccepted / Δdraft tokens where the draft tokens are counted (TensorRT-LLM counts only
+those: kinds.COUNTER_ONLY); and, where the server counts accepted tokens by draft position (vLLM's
+_per_pos counter, one sample per `position` label), each position's Δaccepted / Δverify steps. A
+counter is matched with and without `_total` (llama.cpp's names have been written both ways).
 
 A counter that is not finite (`+Inf`, or label sets summing past 1.8e308) is treated as a reset:
 no delta of it is a number, so the run's figures are invalid, and `reset` names it. What is
@@ -39,6 +42,10 @@ HIT_RATES: Final = tuple((k.name, kinds.total(h.hits), kinds.total(h.total), h.t
 SPEC: Final = tuple((k.name, kinds.total(m.accepted), kinds.total(m.steps),
                      kinds.total(m.draft_tokens) if m.draft_tokens else "")
                     for k in kinds.spec_kinds() if (m := k.spec) is not None)
+# Counters with one sample per draft position, kept apart by their `position` label as well as summed
+PER_POSITION: Final = frozenset(n for k in kinds.spec_kinds() if k.spec is not None and k.spec.per_pos
+                                for n in (k.spec.per_pos, kinds.total(k.spec.per_pos)))
+POSITION_LABEL: Final = "position"
 
 
 class NotMetrics(ValueError):
@@ -60,6 +67,9 @@ def counters(text: str) -> dict[str, float]:
                 if family.type != "counter" and not s.name.endswith("_total"):
                     continue
                 out[s.name] = out.get(s.name, 0.0) + float(s.value)
+                if s.name in PER_POSITION and (pos := s.labels.get(POSITION_LABEL, "")).isdigit():
+                    key = position_key(s.name, int(pos))
+                    out[key] = out.get(key, 0.0) + float(s.value)
     except (ValueError, TypeError, IndexError) as e:
         raise NotMetrics(f"not Prometheus text: {e}") from None
     return out
@@ -76,12 +86,15 @@ class RunCounters:
     accept_length: float | None = None
     draft_acceptance: float | None = None
     accept_source: str | None = None
+    accept_per_position: list[float] | None = None  # Δaccepted at draft position j / Δverify steps, j = 0, 1, …
+    draft_acceptance_source: str | None = None  # where draft_acceptance came from (TensorRT-LLM: no accept length)
 
     def to_json(self) -> dict[str, Any]:
         return {"counters": self.deltas, "reset": self.reset or None,
                 "prefix_cache_hit_rate": self.prefix_cache_hit_rate, "prefix_cache_source": self.prefix_cache_source,
                 "accept_length": self.accept_length, "draft_acceptance": self.draft_acceptance,
-                "accept_length_source": self.accept_source}
+                "accept_length_source": self.accept_source, "accept_per_position": self.accept_per_position,
+                "draft_acceptance_source": self.draft_acceptance_source}
 
     def to_text(self) -> str:
         """The run as strict JSON (never NaN or Infinity: over_run keeps no non-finite number)."""
@@ -96,6 +109,10 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
     """The deltas of the counters on both pages, and the derived figures (none after a reset, or after a
     counter that is not finite: the same, no figure of it can be trusted)."""
     run = RunCounters()
+    # A position's sample first seen after the run counted from 0: prometheus_client shows a label set only once
+    # it is touched, and the run's first draft at a position may be what touched it.
+    new = {k for k in set(after) - set(before) if k.endswith('"}') and k.split("{")[0] in PER_POSITION}
+    before = {**before, **{k: 0.0 for k in new}}
     for name in sorted(set(before) & set(after)):
         d = after[name] - before[name]
         if not math.isfinite(d) or d < 0:
@@ -115,10 +132,44 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
         kind, accepted, steps, drafted = got
         assert kind.spec is not None
         run.accept_length = _rounded(accept_length(accepted, steps))
+        run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
         if drafted:
             run.draft_acceptance = _rounded(accepted / drafted)
-        run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
+            run.draft_acceptance_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / " \
+                                          f"{kinds.total(kind.spec.draft_tokens)}"
+        if kind.spec.per_pos:
+            run.accept_per_position = [_rounded(v / steps) for v in per_position(run.deltas, kind.spec.per_pos)] or None
+        return run
+    for server, m in kinds.COUNTER_ONLY:  # draft tokens and accepted ones, no verify steps
+        proposed, kept = delta(run.deltas, m.draft_tokens), delta(run.deltas, m.accepted)
+        if proposed and kept is not None:
+            run.draft_acceptance = _rounded(kept / proposed)
+            run.draft_acceptance_source = f"{server} /metrics {kinds.total(m.accepted)} / {kinds.total(m.draft_tokens)}"
+            break
     return run
+
+
+def position_key(sample: str, position: int) -> str:
+    """The key of one draft position's sample among a page's counters."""
+    return f'{sample}{{{POSITION_LABEL}="{position}"}}'
+
+
+def per_position(deltas: Mapping[str, float], name: str) -> list[float]:
+    """A per-position counter's deltas by position 0, 1, … up to the last one on the page ([] without)."""
+    for sample in (kinds.total(name), name):
+        got = {int(k[len(sample) + len(POSITION_LABEL) + 3:-2]): v for k, v in deltas.items()
+               if k.startswith(sample + "{" + POSITION_LABEL + '="')}
+        if got:
+            return [got.get(j, 0.0) for j in range(max(got) + 1)]
+    return []
+
+
+def delta(deltas: Mapping[str, float], name: str) -> float | None:
+    """A counter's delta by its name with `_total` (prometheus_client's) or without; None when on neither page."""
+    for sample in (kinds.total(name), name):
+        if sample in deltas:
+            return deltas[sample]
+    return None
 
 
 def accept_length(accepted: float, steps: float) -> float:
@@ -134,8 +185,8 @@ def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | N
         return None
     for kind in kinds.spec_kinds():
         assert kind.spec is not None
-        accepted, steps = kinds.total(kind.spec.accepted), kinds.total(kind.spec.steps)
-        drafted = kinds.total(kind.spec.draft_tokens) if kind.spec.draft_tokens else ""
-        if run.deltas.get(steps, 0) > 0 and accepted in run.deltas:
-            return kind, run.deltas[accepted], run.deltas[steps], run.deltas.get(drafted) if drafted else None
+        accepted, steps = delta(run.deltas, kind.spec.accepted), delta(run.deltas, kind.spec.steps)
+        drafted = delta(run.deltas, kind.spec.draft_tokens) if kind.spec.draft_tokens else None
+        if steps and accepted is not None:
+            return kind, accepted, steps, drafted
     return None
