@@ -238,6 +238,15 @@ def test_a_process_of_the_unit_older_than_every_record_is_a_stray_of_an_unknown_
     assert (h.role, h.invocation_id) == ("stray", None) and "no record" in h.why
 
 
+def test_a_target_whose_only_start_is_the_current_one_does_not_stop_the_others_strays_being_found() -> None:
+    """Found by the daemon's status page test: a target with one (current) start and no earlier one
+    made every read fail (zip of no earlier starts against the current one's beginning)."""
+    fresh = TargetStarts("sim", "sim.service", Start(FIRST, 500, T0), ())
+    stopped = TargetStarts("llm", "llm.service", None, (Start(SECOND, 100, T0, T0 + 60),))
+    (h,) = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [fresh, stopped])
+    assert (h.role, h.target, h.invocation_id) == ("stray", "llm", SECOND)
+
+
 def test_a_process_of_a_stopped_unit_is_a_stray() -> None:
     t = TargetStarts("llm", "llm.service", None, (Start(FIRST, 100, T0, T0 + 60),))
     h = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [t])[0]

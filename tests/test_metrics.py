@@ -15,6 +15,9 @@ import prometheus_client
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from genready.gpu.attribution import Holding, TargetGpu
+from genready.gpu.gauge import GpuCollector
+from genready.gpu.watch import GpuReading
 from genready.serve.metrics import (
     PROBE_RESULTS,
     READY_CODES,
@@ -260,6 +263,11 @@ def busy(m: Metrics, targets: Targets) -> Metrics:
     targets.counters(T, U).revoked("pid_changed")
     targets.counters("vllm", "vllm.service").foreign_answer()
     m.ready_request(200)
+    # The GPU gauges as the daemon registers them (serve/daemon.py), over a reading with a stray: a
+    # reading, not the stand-in nvidia-smi, since what is checked here is the exposition, not the read.
+    stray = Holding("GPU-0", 4243, 70000 << 20, "stray", T, "a" * 32, U, "python3 -m sglang", "in the cgroup")
+    reading = GpuReading(0.0, [stray], {T: TargetGpu({"GPU-0": 1 << 30}, [stray])})
+    m.registry.register(GpuCollector(lambda: reading))
     return m
 
 

@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from genready.redact import escape
+from genready_dev import nvidia_smi
 from genready_dev.harness import Genready, free_port, show, sim_unit, wait_for
-from genready_dev.usermanager import UserManager
+from genready_dev.usermanager import UserManager, _hierarchies
 from tests.browser import Browser
 
 pytestmark = pytest.mark.system
@@ -32,35 +33,47 @@ ESCAPES = "\x1b[2J\x1b]0;pwned\x07 cleared"
 
 
 def broken_unit(tmp: Path) -> str:
-    """A unit whose process writes markup and escape sequences, then exits 3."""
+    """A unit whose process writes markup and escape sequences, then exits 3, leaving a child behind
+    (KillMode=process) that the stand-in nvidia-smi says holds GPU memory: a stray of that start."""
     out, script = tmp / "broken.out", tmp / "broken.sh"
     script.write_text("#!/bin/sh\n"
                       "echo 'loading /models/typo'\n"
                       f"cat <<'EOF'\n{HOSTILE_LINE}\nEOF\n"
                       "printf '\\033[2J\\033]0;pwned\\007 cleared\\n'\n"
+                      "sleep 600 >/dev/null 2>&1 &\n"
                       "exit 3\n")
     script.chmod(0o755)
-    return (f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={script}\n"
+    return (f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={script}\nKillMode=process\n"
             f"StandardOutput=append:{out}\nStandardError=append:{out}\n")
 
 
 @pytest.fixture
-def served(manager: UserManager, tmp_path: Path) -> Iterator[Genready]:
+def served(manager: UserManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Genready]:
     port = free_port()
+    smi = tmp_path / "smi.json"  # the stand-in nvidia-smi on genready's PATH (these machines have no GPU)
+    nvidia_smi.write_state(smi, {"gpus": [], "apps": []})
+    nvidia_smi.install(tmp_path / "bin", smi)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
     manager.install_unit(SIM, sim_unit(port, "--load-seconds", str(LOAD)))
     manager.install_unit(BROKEN, broken_unit(tmp_path))
     manager.systemctl("start", SIM)
     g = Genready(manager, tmp_path, {
         "sim": {"unit": SIM, "url": f"http://127.0.0.1:{port}", **FAST},
         "broken": {"unit": BROKEN, "url": f"http://127.0.0.1:{free_port()}", **FAST, "verify_owner": False},
-    }).start()
+    }, gpu_interval=0.5).start()
     try:
         manager.systemctl("start", BROKEN, check=False)  # it fails: that start's lines are the test's
         wait_for(lambda: g.ready_pid("sim") is not None, 30, "sim verified")
         wait_for(lambda: (f := g.status()["targets"]["broken"]["last_failure"]) and len(f["journal"]) >= 3,
                  20, "broken's failed start and its lines in /status")
+        cgroup = _hierarchies()[0] / manager.show(BROKEN, "ControlGroup")["ControlGroup"].lstrip("/")
+        (left,) = wait_for(lambda: (cgroup / "cgroup.procs").read_text().split() or None, 10, "the child left")
+        nvidia_smi.write_state(smi, {"gpus": [], "apps": [{"gpu_uuid": "GPU-0", "pid": int(left), "used_mib": 5000}]})
+        wait_for(lambda: (g.status()["targets"]["broken"]["gpu"] or {}).get("strays"), 20,
+                 lambda: f"the stray {left} in /status: {g.status()['targets']['broken']['gpu']}; log: {g.log()}")
         yield g
     finally:
+        manager.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", BROKEN, check=False)
         g.stop()
         manager.systemctl("stop", SIM, BROKEN, check=False)
         manager.systemctl("reset-failed", BROKEN, check=False)
@@ -101,6 +114,10 @@ def test_the_page_in_chromium(served: Genready, browser: Browser, tmp_path: Path
     assert browser.js("document.querySelectorAll('img').length") == 0
     assert browser.js("[...document.querySelectorAll('pre b, main b')].some((b) => b.textContent === 'bold')") is False
     assert browser.js("window.pwned === undefined && document.title.startsWith('genready')") is True
+    # The stray its start left, holding GPU memory, is on its card.
+    (stray,) = served.status()["targets"]["broken"]["gpu"]["strays"]
+    held = browser.js('document.querySelector("[data-target=broken] [data-field=gpu]").textContent')
+    assert f"stray PID {stray['pid']} holds 4.9 GiB on GPU-0" in held and "sleep 600" in held, held
     # The page's escape is the CLI's, for every kind of control character.
     hostile = "osc52 \x1b]52;c;cHduZWQ=\x07 c1 \x9b2J del \x7f \u2028 \u202e tab\t"
     assert browser.js(f"window.genreadyEscape({json.dumps(hostile)})") == escape(hostile)

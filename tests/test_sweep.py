@@ -98,6 +98,7 @@ topk = 1
     ('command = "x"\n[matrix]\na = [1, 1e309]', "matrix.a[1]", "a finite number, found inf"),
     ('command = "x"\n[matrix]\na = [nan]', "matrix.a[0]", "a finite number, found nan"),
     ('command = "x"\n[[points]]\na = -inf', "points[0].a", "a finite number, found -inf"),
+    ('command = "x"\nstray_wait = -1', "stray_wait", "a number of seconds >= 0, found integer -1"),
     # A value ending in a backslash would join the drop-in's next line to its own.
     ('command = "x"\ndropin = "[Service]\\nEnvironment=A={a}\\nExecStartPre=/bin/true"\n[matrix]\n'
      "b = [1, 2]\na = ['ok', 'bad\\']", "matrix.a[1]", r"'bad\\' in point 2 (b=1 a=bad\)"),
@@ -313,7 +314,8 @@ def test_a_line_is_reused_only_by_the_configuration_that_made_it(tmp_path: Path)
              'warmup = 0\n[[points]]\nn = 1\nm = "x"\n[[points]]\nn = 2\nm = "y"')
     fa = {p.index: sweepresults.fingerprint(a, p, "t", "u.service", restart_each=False) for p in a.points}
     fb = {p.index: sweepresults.fingerprint(b, p, "t", "u.service", restart_each=False) for p in b.points}
-    assert sweepresults.differing(fa[1], fb[1]) == ["command", "warmup"]
+    # issue 38: a's warmup is "stable" (the default), with its rule
+    assert sweepresults.differing(fa[1], fb[1]) == ["command", "warmup", "warmup_rule"]
     assert sweepresults.differing(fa[1], {**fa[1], "unit": "v.service"}) == ["unit"]
     assert sweepresults.differing(None, fa[1]) == ["fingerprint"]  # a line from before fingerprints
     # {out} is each attempt's folder: the same configuration in another results folder is the same
@@ -324,7 +326,8 @@ def test_a_line_is_reused_only_by_the_configuration_that_made_it(tmp_path: Path)
     log.close()
     assert set(sweepresults.ok_runs(a, tmp_path, fa)) == {1, 2}
     assert sweepresults.ok_runs(b, tmp_path, fb) == {}
-    assert sweepresults.changed_points(b, tmp_path, fb) == {1: ["command", "warmup"], 2: ["command", "warmup"]}
+    assert sweepresults.changed_points(b, tmp_path, fb) == {1: ["command", "warmup", "warmup_rule"],
+                                                            2: ["command", "warmup", "warmup_rule"]}
     assert sweepresults.changed_points(a, tmp_path, fa) == {}
 
 

@@ -45,7 +45,8 @@ def plan(text: str) -> sweepplan.Plan:
 
 def test_the_new_plan_keys_have_the_issues_defaults_and_refuse_bad_values() -> None:
     p = plan('command = "x"\n[matrix]\na = [1]\n')
-    assert (p.between_points, p.warmup, p.repeats, p.noise_limit) == ("flush", 2, 1, 0.10)
+    # issue 38: the default warmup is "stable" (it was 2)
+    assert (p.between_points, p.warmup, p.repeats, p.noise_limit) == ("flush", "stable", 1, 0.10)
     p = plan('command = "x"\nbetween_points = "none"\nwarmup = 0\nrepeats = 3\nnoise_limit = 0.2\n[matrix]\na = [1]\n')
     assert (p.between_points, p.warmup, p.repeats, p.noise_limit) == ("none", 0, 3, 0.2)
     for bad, key in (('between_points = "clear"', "between_points"), ("warmup = -1", "warmup"),

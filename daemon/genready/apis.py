@@ -217,8 +217,9 @@ def model_from_list(body: bytes) -> str:
 # event with usage.completion_tokens. `streamed_tokens` turns either into a running token count.
 
 
-def _stream_body(api: ServerApi, prompt: str, max_tokens: int, model: str) -> dict[str, Any]:
-    body = api.body(prompt=prompt, max_tokens=max_tokens, model=model)
+def _stream_body(api: ServerApi, prompt: str, max_tokens: int, model: str, prompt_ids: Sequence[int] = ()
+                 ) -> dict[str, Any]:
+    body = api.body(prompt=prompt, max_tokens=max_tokens, model=model, prompt_ids=prompt_ids)
     body["stream"] = True
     if api.needs_model:  # the OpenAI routes: ask for the final usage event, the server's own count
         body["stream_options"] = {"include_usage": True}
@@ -258,6 +259,7 @@ def streamed(api: ServerApi, event: bytes, before: int) -> tuple[int, bool]:
     return max(before + piece, _count((usage or {}).get("completion_tokens"))), piece
 
 
-def stream_body(api: ServerApi, *, prompt: str, max_tokens: int, model: str = "") -> dict[str, Any]:
-    """The JSON body of one streaming, greedy generation."""
-    return _stream_body(api, prompt, max_tokens, model)
+def stream_body(api: ServerApi, *, prompt: str, max_tokens: int, model: str = "", prompt_ids: Sequence[int] = ()
+                ) -> dict[str, Any]:
+    """The JSON body of one streaming, greedy generation (of `prompt_ids` if given, as ServerApi.body)."""
+    return _stream_body(api, prompt, max_tokens, model, prompt_ids)

@@ -532,6 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "`prune` axes would skip after a smaller one failed to start")
     sp.add_argument("--keep-going", action="store_true", help="do not stop after the plan's max_failed_starts "
                     "starts in a row that ended before they were verified (default 3)")
+    sp.add_argument("--ignore-strays", action="store_true", help="load and run next to processes of an earlier "
+                    "start that hold memory on the target's GPUs, instead of waiting stray_wait for them to exit "
+                    "and then stopping (exit 1)")
     sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
     config_flag(sp)

@@ -246,6 +246,9 @@ DAEMON_SETTINGS: Final = (
     Setting("forget_removed_after", float, 30 * 86400.0,
             "seconds after which the start records of a target no longer configured are dropped; 0 = never",
             _non_negative),
+    Setting("gpu_interval", float, 10.0,
+            "seconds between reads of which processes hold GPU memory (also read at each start and end of a "
+            "target's unit); 0 = off", _non_negative, restart=True),
 )
 
 TARGET_SETTINGS: Final = (
@@ -307,6 +310,7 @@ class DaemonConfig:
     log_level: str
     allowed_hosts: list[str]
     forget_removed_after: float
+    gpu_interval: float = 10.0
 
     @property
     def host(self) -> str:

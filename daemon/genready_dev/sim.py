@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import contextvars
 import json
+import math
 import os
 import random
 import signal
@@ -387,6 +389,10 @@ PROFILES: dict[str, Profile] = {
 }
 
 
+# The request's --cold-requests slowness, set with its prefill (_cold) and read by its tokens (_tokens).
+_SLOW: contextvars.ContextVar[float] = contextvars.ContextVar("slow", default=1.0)
+
+
 class Simulator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
@@ -426,6 +432,7 @@ class Simulator:
         self.prompt_tokens_total = 0  # prompt tokens asked for (SGLang prompt_tokens, vLLM prefix_cache_queries)
         self.cached_tokens_total = 0  # of them, found in the prefix cache (cached_tokens, prefix_cache_hits)
         self.in_flight = 0  # generations being served: SGLang's /flush_cache refuses (400) while there are any
+        self.generations = 0  # generations begun since start: --cold-requests slows the first ones
         self.flushes = 0
         self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
 
@@ -677,8 +684,18 @@ class Simulator:
         self.prefix_cache.add(req.prompt_key)
         self.prompt_tokens_total += req.prompt_tokens
         self.cached_tokens_total += cached
-        prefill: float = self.a.prefill_latency
+        prefill: float = self.a.prefill_latency * self._cold()
         return cached, prefill * (req.prompt_tokens - cached)
+
+    def _cold(self) -> float:
+        """--cold-requests: how much slower this generation is than a warmed process's (1 once warm), kept for
+        its tokens (_tokens, in the same request's task). SGLang issue #28706: TTFT 6,350 ms right after a
+        restart against 3,661 ms converged, after 50 to 100 requests (JIT, CUDA graphs, autotuning)."""
+        k, n = self.generations, self.a.cold_requests
+        self.generations += 1
+        slow = 1 + (self.a.cold_factor - 1) * math.exp(-3 * k / n) if k < n else 1.0
+        _SLOW.set(slow)
+        return slow
 
     async def _tokens(self, n: int, prefill: float = 0.0) -> AsyncIterator[tuple[str, int]]:
         """n filler tokens, each after --token-latency, the first after `prefill` seconds more; stalls for good
@@ -687,7 +704,7 @@ class Simulator:
             await asyncio.sleep(prefill)
         for i in range(n):
             if self.a.token_latency > 0:
-                await asyncio.sleep(self.a.token_latency)
+                await asyncio.sleep(self.a.token_latency * _SLOW.get())
             if self.hung:
                 await self._forever()
             k = i % len(FILLER)
@@ -1116,6 +1133,13 @@ def _client_error(s: str) -> int:
     return v
 
 
+def _slowness(s: str) -> float:
+    v = float(s)
+    if not 1 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 1 (times a warm process's latency), not {s!r}")
+    return v
+
+
 def _accept_length(s: str) -> float:
     v = float(s)
     if not 1 <= v < float("inf"):
@@ -1233,6 +1257,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--profile llamacpp: GET /slots and its actions answer 501, as llama-server --no-slots")
     p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
                    help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
+    p.add_argument("--cold-requests", type=int, default=0, metavar="N",
+                   help="a cold process: its first N generations are slower, the k-th by 1 + (F-1)*exp(-3k/N) "
+                   "(prefill and every token; F is --cold-factor), then as fast as a warm one (default: %(default)s)")
+    p.add_argument("--cold-factor", type=_slowness, default=1.73, metavar="F",
+                   help="--cold-requests: how much slower the first generation is (>= 1; default %(default)s: "
+                   "SGLang issue #28706's 6,350 ms TTFT after a restart against 3,661 ms converged)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
     simengine.add_arguments(p)

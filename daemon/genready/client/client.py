@@ -161,6 +161,7 @@ def format_status(data: dict[str, Any]) -> str:
                          _cell(r.get("result") or r.get("revoke_reason"))])
         out.append(_table(rows))
     out.append(format_failures(targets))
+    out.append(format_gpu(targets))
     return "".join(out)
 
 
@@ -176,6 +177,38 @@ def format_failures(targets: dict[str, Any], when: Callable[[str | None], str] =
         out.append(f"\n{name}: start {str(f.get('invocation_id'))[:12]} (pid {f.get('main_pid')}) ended before it "
                    f"was verified: Result={f.get('result')}{code}, at {when(f.get('ended_at'))}\n")
         out += [f"  | {line}\n" for line in f.get("journal") or []]
+        out += [f"  GPU memory was held by a stray: {h.get('line')}\n" for h in f.get("gpu_strays") or []
+                if isinstance(h, dict)]
+    return "".join(out)
+
+
+def _gib(n: object) -> str:
+    return f"{n / 2**30:.1f} GiB" if isinstance(n, int) else "?"
+
+
+def format_gpu(targets: dict[str, Any]) -> str:
+    """Each target's GPU memory (as the daemon last read it): the current start's per GPU, then each
+    stray (a process of an earlier start still holding memory) with how to end it."""
+    out = []
+    for name, t in targets.items():
+        g = t.get("gpu")
+        if not isinstance(g, dict):
+            continue
+        if g.get("error"):
+            out.append(f"\n{name}: GPU processes not read: {g['error']}\n")
+            continue
+        current = ", ".join(f"{gpu} {_gib(n)}" for gpu, n in (g.get("current_bytes") or {}).items()) or "none"
+        strays = [h for h in g.get("strays") or [] if isinstance(h, dict)]
+        if not strays and current == "none":
+            continue
+        out.append(f"\n{name}: GPU memory of the current start: {current}\n")
+        if strays:
+            rows = [["STRAY PID", "GPU", "MEMORY", "LEFT BY", "COMMAND"]]
+            rows += [[_cell(h.get("pid")), _cell(h.get("gpu")), _gib(h.get("bytes")),
+                      str(h.get("invocation_id") or "unknown start")[:12], str(h.get("command", ""))[:80]]
+                     for h in strays]
+            out.append(_table(rows))
+            out += [f"warning: {name}: {h.get('line')}\n" for h in strays]
     return "".join(out)
 
 
@@ -211,4 +244,5 @@ def format_status_tty(data: dict[str, Any], now: float | None = None) -> str:
                      failure[:80]])
     out.append("\n" + _table(rows))
     out.append(format_failures(targets, lambda iso: local_time(iso, now)))
+    out.append(format_gpu(targets))
     return "".join(out)

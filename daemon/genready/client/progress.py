@@ -57,6 +57,10 @@ def target_line(t: Mapping[str, Any], width: int = 0) -> str:
         again = ", restarting" if failed.get("restarting") else ""
         parts.append(f"start {str(failed.get('invocation_id'))[:12]} failed: "
                      f"Result={failed.get('result')}{code}{again}")
+        strays = [h for h in failed.get("gpu_strays") or [] if isinstance(h, dict)]
+        if strays:  # the likely cause of a CUDA out-of-memory
+            parts.append("GPU memory held by stray " + ", ".join(
+                f"PID {h.get('pid')} ({str(h.get('command', ''))[:40]}) on {h.get('gpu')}" for h in strays))
     elif t.get("last_error"):
         parts.append(f"probe {t.get('probes')}: {str(t['last_error']).split(':', 1)[0]}")
     elif t.get("state") in ("inactive", "absent", "unknown", "stuck", "rejected") and t.get("reason"):

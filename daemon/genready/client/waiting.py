@@ -140,4 +140,6 @@ def restart_and_wait(restart: Callable[[], None], base: str, target: str, timeou
 def failure_lines(failed: Mapping[str, Any]) -> list[str]:
     """`Result=exit-code, exited with status 3`, then the start's last lines, each as `  | line`."""
     code = f", {failed['exit_code']} with status {failed.get('exit_status')}" if failed.get("exit_code") else ""
-    return [f"Result={failed.get('result')}{code}", *(f"  | {line}" for line in failed.get("journal") or [])]
+    return [f"Result={failed.get('result')}{code}", *(f"  | {line}" for line in failed.get("journal") or []),
+            *(f"  GPU memory was held by a stray: {h.get('line')}" for h in failed.get("gpu_strays") or []
+              if isinstance(h, dict))]

@@ -232,7 +232,8 @@ def _during(at: float | None, s: Start, until: float | None) -> bool:
 def _ends(t: TargetStarts) -> list[tuple[Start, float | None]]:
     """Each earlier start with when it ended: its own ended_at, else the next start's beginning."""
     starts = sorted(t.earlier, key=lambda s: s.started_at or 0.0)
-    nxt = [s.started_at for s in starts[1:]] + [t.current.started_at if t.current else None]
+    # Each start's successor's beginning; the last earlier one's is the current start's (none: no earlier start).
+    nxt = [s.started_at for s in starts[1:]] + ([t.current.started_at if t.current else None] if starts else [])
     return [(s, s.ended_at if s.ended_at is not None else n) for s, n in zip(starts, nxt, strict=True)]
 
 

@@ -227,6 +227,7 @@ def _not_ready_body(t: Target, why: str, since: float | None = None) -> dict[str
     failed = g.start_failed(since)
     if failed is not None:
         failed["journal"] = t.lines(str(failed["invocation_id"]))
+        failed["gpu_strays"] = t.gpu_strays(str(failed["invocation_id"]))
     return {"ready": False, "reason": why, **body, "start_failed": failed}
 
 
@@ -253,6 +254,7 @@ async def status_document(app: web.Application) -> dict[str, object]:
         if t.sweep_warning is not None:
             j["warnings"] = [*j["warnings"], t.sweep_warning]  # type: ignore[misc]
         j["last_failure"] = t.lastwords.failure if t.lastwords is not None else None
+        j["gpu"] = t.gpu
         j["records"] = [r.public_json() for r in t.gate.store.newest(name, 20)]
         out[name] = j
     return {

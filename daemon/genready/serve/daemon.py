@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from genready import __version__, compat, config
+from genready.gpu.gauge import GpuCollector
 from genready.log import Summarizer, event
 from genready.probe.owner import owner_check_unavailable
 from genready.rule.gate import TargetGate
 from genready.serve import api, httplimits, stamp
+from genready.serve.gpuwatch import DaemonGpu
 from genready.serve.lastwords import LastWords
 from genready.serve.metrics import Metrics, TargetCounters
 from genready.serve.outputs import Outputs
@@ -113,6 +115,7 @@ class Daemon:
         # Everything startup() opens is pushed here as it is opened, so a failure halfway
         # (e.g. the port is taken) closes exactly what was opened, in reverse order.
         self._exit = contextlib.AsyncExitStack()
+        self.gpu: DaemonGpu | None = None  # daemon.gpu_interval = 0: none
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -164,6 +167,12 @@ class Daemon:
         if self.notifier.watchdog_interval():
             self._background(stack, self._watchdog(), "watchdog")
         self._background(stack, self._upkeep(), "upkeep")
+        if d.gpu_interval > 0:
+            self.gpu = DaemonGpu(self.targets, self.store, d.gpu_interval)
+            stack.callback(self.gpu.close)
+            gpu = self.gpu
+            self.metrics.registry.register(GpuCollector(lambda: gpu.latest))
+            self._background(stack, self.gpu.run(), "gpu")
         self._update_outputs()
         # What start-up made (modules, config, the app, the gates) lives as long as the daemon: move
         # it out of the collector's sight. A full collection then walks only what came since, instead
@@ -340,6 +349,8 @@ class Daemon:
             for t in list(self.targets.values()):
                 if t.unit == unit:
                     self._to_target(t, snap)
+            if self.gpu is not None:
+                self.gpu.poke(unit, snap)  # after the targets: a failed start's record is there to fill
         finally:
             self._batch -= 1
         if not self._batch and self._outputs_due:

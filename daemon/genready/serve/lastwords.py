@@ -61,7 +61,9 @@ class LastWords:
                     and rec.result != "unknown"):
                 self.failure = {"invocation_id": rec.invocation_id, "main_pid": rec.main_pid,
                                 "started_at": rec.started_at, "ended_at": rec.ended_at, "result": rec.result,
-                                "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": []}
+                                "exit_code": rec.exit_code, "exit_status": rec.exit_status, "journal": [],
+                                # The strays holding GPU memory when it ended (serve/gpuwatch.py fills it in).
+                                "gpu_strays": None}
                 started = from_iso(rec.started_at) or ended
                 # A mark read after the process began (a process that wrote within milliseconds of its
                 # start, while the read was on its way) would hide its lines: not that one. Compared on the

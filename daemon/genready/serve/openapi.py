@@ -18,6 +18,42 @@ LOAD_CLOCK: dict[str, Any] = {
     "eta_seconds": {**_NUM_OR_NULL, "description": "while not ready: expected_load_seconds minus loading_seconds "
                     "(0 when overdue); null without history"},
 }
+# A process holding GPU memory that is not the target's current start's (serve/gpuwatch.py).
+STRAY: dict[str, Any] = {
+    "type": "object",
+    "required": ["gpu", "pid", "bytes", "role", "invocation_id", "unit", "command", "why", "line"],
+    "properties": {
+        "gpu": {"type": "string", "description": "the GPU's UUID"}, "pid": {"type": "integer"},
+        "bytes": {**_INT_OR_NULL, "description": "GPU memory it holds there; null where the driver does not say"},
+        "role": {"type": "string", "const": "stray"},
+        "invocation_id": {**_STR_OR_NULL, "description": "the earlier start it was left by; null: a start genready "
+                          "has no record of"},
+        "unit": {**_STR_OR_NULL, "description": "the unit whose cgroup it is in; null: none (it escaped)"},
+        "command": {"type": "string", "description": "its command line, secrets masked, control characters "
+                    "escaped, at most 300 characters"},
+        "why": {"type": "string", "description": "how it is known to be that start's"},
+        "line": {"type": "string", "description": "the same in one line for people, with how to end it "
+                 "(genready never does)"},
+    },
+}
+_BYTES_PER_GPU: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "integer"}}
+GPU: dict[str, Any] = {
+    "type": ["object", "null"],
+    "description": "who holds the GPUs' memory, as last read (daemon.gpu_interval); null: not read (off, no "
+                   "nvidia-smi or NVML here, or not yet)",
+    "required": ["read_at", "error", "current_bytes", "stray_bytes", "strays"],
+    "properties": {
+        "read_at": {"type": "string"}, "error": {**_STR_OR_NULL, "description": "why the last read failed"},
+        "current_bytes": {**_BYTES_PER_GPU, "description": "per GPU UUID: memory held by the current start"},
+        "stray_bytes": {**_BYTES_PER_GPU, "description": "per GPU UUID: memory held by strays"},
+        "strays": {"type": "array", "items": STRAY},
+    },
+}
+_GPU_STRAYS: dict[str, Any] = {
+    "type": ["array", "null"], "items": STRAY,
+    "description": "the strays holding GPU memory when it ended (the likely cause of a CUDA out-of-memory); "
+                   "null: not read",
+}
 FAILURE: dict[str, Any] = {
     "type": ["object", "null"],
     "description": "the last start that ended before it was verified (since genready started), with its own "
@@ -26,7 +62,7 @@ FAILURE: dict[str, Any] = {
         "invocation_id": {"type": "string"}, "main_pid": {"type": "integer"}, "started_at": _STR_OR_NULL,
         "ended_at": _STR_OR_NULL, "result": {**_STR_OR_NULL, "description": "systemd's Result="},
         "exit_code": {**_STR_OR_NULL, "description": "exited, killed, dumped"}, "exit_status": _INT_OR_NULL,
-        "journal": {"type": "array", "items": {"type": "string"}},
+        "journal": {"type": "array", "items": {"type": "string"}}, "gpu_strays": _GPU_STRAYS,
     },
 }
 # /ready's 503: the start the caller waits for ended before it was verified.
@@ -139,7 +175,7 @@ TARGET_STATUS = {
                      "genready sweep that is gone (genready sweep restore TARGET)"},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
-        **LOAD_CLOCK, "last_failure": FAILURE,
+        **LOAD_CLOCK, "last_failure": FAILURE, "gpu": GPU,
     },
 }
 STATUS = {

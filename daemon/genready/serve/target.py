@@ -25,6 +25,8 @@ class Target:
         self.counters = TargetCounters()
         self.sweep_warning: str | None = None  # serve/sweepcheck.py sets it when /status or /metrics asks
         self.config_changed = False  # its unit differs from what its running start runs (logged once each way)
+        # What the GPU watch (serve/gpuwatch.py) last read for it: current start's bytes, strays; None: no reading.
+        self.gpu: dict[str, object] | None = None
         self.stamped: dict[str, object] | None = NO_STAMP  # the stamp's content as last applied (None: absent)
         self._stamps = stamps
         if stamps is not None:
@@ -47,6 +49,11 @@ class Target:
     def lines(self, invocation_id: str) -> list[str]:
         """A failed start's own lines, if `invocation_id` is the last failed start and they were read."""
         return self.lastwords.lines(invocation_id) if self.lastwords is not None else []
+
+    def gpu_strays(self, invocation_id: str) -> list[object] | None:
+        """The strays that held GPU memory when the failed start `invocation_id` ended (None: not read)."""
+        f = self.lastwords.failure if self.lastwords is not None else None
+        return f.get("gpu_strays") if f is not None and f["invocation_id"] == invocation_id else None  # type: ignore[return-value]
 
     def gauges(self) -> TargetGauges:
         """Every series of this target as it is now: what /metrics shows at a scrape."""

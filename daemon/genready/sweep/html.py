@@ -335,7 +335,8 @@ def _table(rows: Sequence[Row]) -> str:
             *(f.title for f in figures), *(RATIO_TITLES[n] for n in ratios)]
     body = []
     for r in rows:
-        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}</td>",
+        unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
+        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}{unstable}</td>",
                  f'<td class="{"warm" if r.cache == "warm" else ""}">{e(r.cache or "-")}</td>',
                  f"<td>{r.runs_ok}/{r.runs}</td>", f"<td>{e(r.pid)}</td>", f"<td>{e(r.invocation_id or '-')}</td>",
                  f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>",
@@ -350,7 +351,9 @@ def _table(rows: Sequence[Row]) -> str:
         body.append(f'<tr class="{e(r.status.split()[0] if r.status else "")}">{"".join(cells)}</tr>')
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
               "plan's noise_limit). Red cache: warm, the point ran on a prefix cache an earlier run filled. Rows: red "
-              "failed or not ready, orange invalidated."
+              "failed or not ready, orange invalidated." + (
+                  " Unstable: its warmup stopped at warmup_max before TTFT and ITL settled (the requests it sent)."
+                  if any(r.unstable for r in rows) else "")
               + (" SPEEDUP: output tok/s / the baseline's before it at the same client settings, [95 % interval]; "
                  "TTFT/ITL/E2E x: the point's p50 / the baseline's; orange: within the noise (~) or drifted (the "
                  "baseline moved around the point)." if ratios else "") + "</p>")

@@ -91,7 +91,10 @@ def between_words(plan: Plan) -> str:
            "instance",
            Between.NONE: "no flush between points (reused points run warm)",
            Between.RESTART: "a fresh start for every run"}[plan.between_points]
-    return f"{how}; {plan.warmup} warmup request{'s' if plan.warmup != 1 else ''} before each run" + (
+    warmup = (f"a warmup until TTFT and ITL settle (windows of {plan.warmup_window}, within "
+              f"{100 * plan.warmup_tolerance:g} %, at most {plan.warmup_max} requests or {plan.warmup_max_seconds:g} s)"
+              if plan.stable else f"{plan.warmup} warmup request{'s' if plan.warmup != 1 else ''}")
+    return f"{how}; {warmup} before each run" + (
         f"; {plan.repeats} repeats per point" if plan.repeats > 1 else "")
 
 

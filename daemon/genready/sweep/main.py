@@ -48,10 +48,12 @@ from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.prune import Pruner, earlier_failures
 from genready.sweep.report import RESULTS_FILE, read_results
 from genready.sweep.results import (
+    LEGACY_WARMUP,
     Results,
     ResultsUnwritable,
     SweepBusy,
     SweepError,
+    as_measured,
     changed_points,
     coverage,
     fingerprint,
@@ -180,6 +182,13 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if why:
         raise Failed(why, status=Exit.BAD_ARGUMENT)
     restart_each = args.restart_each or plan.between_points is Between.RESTART
+    measured = as_measured(plan, results, lambda pl, p: fingerprint(pl, p, target, tcfg.unit,
+                                                                     restart_each=restart_each))
+    if measured is not plan:
+        plan = measured
+        console.err(f"genready sweep: the plan sets no warmup and {results / RESULTS_FILE} was measured with the "
+                    f"old default, warmup = {LEGACY_WARMUP}: its points get the same, so the folder stays comparable "
+                    f'(set warmup = "stable" and --resume={RERUN_CHANGED} to measure it anew)')
     fingerprints = {p.index: fingerprint(plan, p, target, tcfg.unit, restart_each=restart_each) for p in plan.points}
     changed = changed_points(plan, results, fingerprints)
     if changed and args.resume != RERUN_CHANGED:
@@ -200,7 +209,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     sweep = Sweep(SweepOptions(plan, base, target, tcfg.unit, cfg.daemon.bus,
                                plan.timeout or stuck_after(tcfg.load_timeout, None), results,
                                keep_config=args.keep_config, restart_each=args.restart_each, shard=shard,
-                               secrets=(tcfg.api_key,), server=tcfg), results=Results(done),
+                               secrets=(tcfg.api_key,), server=tcfg, ignore_strays=args.ignore_strays),
+                  results=Results(done),
                   pruner=pruner(plan, args, results, fingerprints))
     pruned = sweep.pruner.earlier | {p.index for p in plan.points if sweep.pruner.pruned_by(p)}
     todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]

@@ -145,6 +145,13 @@ def _between(v: object) -> object:
     return Between(v) if isinstance(v, str) and v in tuple(Between) else _BAD
 
 
+STABLE: Final = "stable"  # warmup = "stable": until the medians settle (convergence.py)
+
+
+def _warmup(v: object) -> object:
+    return v if v == STABLE else _number(0, integer=True, high=1000)(v)
+
+
 def _target(v: object) -> object:
     return v if isinstance(v, str) and v else _BAD
 
@@ -197,11 +204,13 @@ KEYS: Final = (
             "a table NAME = [values]: the points are their cartesian product, in file order"),
     PlanKey("points", "[[points]] tables of NAME = value", None, "[[points]] tables of NAME = value: points listed "
             "one by one"),
-    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH.value,
+    # the member, not its value: a plan without the key compares its default with `is Between.FLUSH`
+    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH,
             'before each run on a reused instance: "flush" its prefix cache, "none", or "restart" the server',
             _between),
-    PlanKey("warmup", "an integer from 0 to 1000", 2,
-            "requests (the target's probe) sent before each run and not counted", _number(0, integer=True, high=1000)),
+    PlanKey("warmup", 'an integer from 0 to 1000, or "stable"', STABLE,
+            'before each run, not counted: "stable" (requests in windows until TTFT and ITL settle) or a number of '
+            "requests (the target's probe)", _warmup),
     PlanKey("repeats", "an integer from 1 to 1000", 1,
             "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
@@ -217,6 +226,26 @@ KEYS: Final = (
     PlanKey("max_failed_starts", "an integer >= 1", sweepprune.MAX_FAILED_STARTS,
             "starts in a row that end before they are verified, after which the sweep stops (exit 1; --keep-going "
             "goes on)", _number(1, integer=True)),
+    # warmup = "stable" (convergence.py): its windows, its tolerance and its bounds
+    PlanKey("warmup_window", "an integer from 1 to 1000", 8,
+            'warmup = "stable": requests per window; a window\'s medians are compared with the window before\'s',
+            _number(1, integer=True, high=1000)),
+    PlanKey("warmup_tolerance", "a fraction > 0 (0.10 is 10 %)", 0.10,
+            'warmup = "stable": done when the last window\'s median TTFT and ITL are within this of the window '
+            "before's", _number(0, low_open=True)),
+    PlanKey("warmup_max", "an integer from 2 to 10000, at least twice warmup_window", 96,
+            'warmup = "stable": at most this many requests; a run whose warmup stops here is marked unstable',
+            _number(2, integer=True, high=10_000)),
+    PlanKey("warmup_max_seconds", "a number of seconds > 0", 600.0,
+            'warmup = "stable": at most this long (checked between requests); then the run is marked unstable',
+            _number(0, low_open=True)),
+    PlanKey("expect", "a table of ENGINE_KEY = \"value or {name}\"", None,
+            "engine keys the server must report with the point's value, e.g. speculative_num_steps = \"{steps}\" "
+            "(a point whose engine reports otherwise is config_mismatch)"),
+    PlanKey("stray_wait", "a number of seconds >= 0", 60.0,
+            "seconds to wait, before a point's server loads and before its command runs, for processes of an "
+            "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
+            "(--ignore-strays: do not wait)", _number(0)),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -235,18 +264,29 @@ class Plan:
     attempts: int
     points: tuple[Point, ...]
     between_points: Between  # what a reused instance gets before each run
-    warmup: int  # requests sent before each run, not counted
+    warmup: int | str  # requests sent before each run, not counted; or STABLE: until the medians settle
     repeats: int  # runs per point on the same instance
     noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
+    warmup_window: int  # warmup = "stable": its windows, tolerance and bounds (convergence.Rule)
+    warmup_tolerance: float
+    warmup_max: int
+    warmup_max_seconds: float
+    max_failed_starts: int  # failed starts in a row that stop the sweep
+    stray_wait: float  # seconds to wait for GPU strays to exit before a load or a run (sweep/strays.py)
     baseline: Baseline | None = None  # the configuration speedups are measured against
     baseline_every: int | None = None  # the baseline runs again after every N groups
-    max_failed_starts: int = sweepprune.MAX_FAILED_STARTS  # failed starts in a row that stop the sweep
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
+    given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
+    expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
         """The axes the drop-in uses: the ones that change what is loaded."""
         return tuple(dict.fromkeys(n for n in self.dropin.names if n != "out")) if self.dropin else ()
+
+    @property
+    def stable(self) -> bool:
+        return self.warmup == STABLE
 
     def command_for(self, point: Point, out: str) -> list[str]:
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
@@ -258,6 +298,11 @@ class Plan:
             return None
         text = template.expand({k: text_of(v) for k, v in point.values} | {"out": out}, for_systemd=True)
         return text if text.endswith("\n") else text + "\n"
+
+    def expect_for(self, point: Point) -> dict[str, str]:
+        """The plan's `expect` for `point`: engine key -> the value its engine must report."""
+        values = {k: text_of(v) for k, v in point.values}
+        return {k: t.expand(values) for k, t in self.expect}
 
     def groups(self) -> list[tuple[Point, ...]]:
         """The server configurations: points whose rendered drop-ins are byte-identical, one group each.
@@ -346,8 +391,10 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         dropin = Template.parse(text, file, "dropin")
 
     points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
+    expect = _expect(data, file)
     used: dict[str, str] = {}  # placeholder -> the key it appears in
-    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True)]:
+    for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True),
+                     *((t, f"expect.{k}") for k, t in expect)]:
         for name in tpl.names if tpl else []:
             used.setdefault(name, key)
     for p in points:
@@ -358,7 +405,35 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     baseline = _baseline(data, file, dropin, command, points)
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
     axes = sweepprune.check_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
-    return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, baseline=baseline, **simple)
+    if simple["warmup_max"] < 2 * simple["warmup_window"]:
+        raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
+                          "windows to compare)", f"integer {simple['warmup_max']}")
+    return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
+                expect=expect, baseline=baseline, **simple)
+
+
+def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], ...]:
+    """`expect = { ENGINE_KEY = "value or {name}" }`: keys as the engine reports them (dotted for nested ones,
+    `speculative_config.method`), values strings or scalars, `{out}` refused (no engine reports a folder)."""
+    if "expect" not in data:
+        return ()
+    table = data["expect"]
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(file, "expect", "a table of ENGINE_KEY = \"value or {name}\"",
+                          "an empty table" if table == {} else _found(table))
+    out = []
+    for k, v in table.items():
+        key = f"expect.{k}"
+        if not k or len(k) > 200 or any(ord(c) < 32 for c in k):
+            raise ConfigError(file, key, "an engine key (one line, at most 200 characters)", repr(k)[:80])
+        if isinstance(v, dict | list):
+            raise ConfigError(file, key, "a string, number or boolean (an engine's flat key: "
+                              "speculative_config.method, not a table)", _found(v))
+        tpl = Template.parse(text_of(_scalar(file, key, v)), file, key)
+        if "out" in tpl.names:
+            raise ConfigError(file, key, "a value of the point's own names ({out} is its folder)", repr(v)[:80])
+        out.append((k, tpl))
+    return tuple(out)
 
 
 def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, command: tuple[Template, ...],

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from genready import config, console
 from genready.redact import escape
+from genready.servers import engineconfig
 from genready.sweep import speedup
 
 RESULTS_FILE: Final = "results.jsonl"
@@ -56,6 +57,8 @@ FIGURES: Final = (
     # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
     Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
+    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/gpucost.py; results line).
+    Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
     # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
@@ -64,7 +67,8 @@ FIGURES: Final = (
     Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
-FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length"}
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
+                       "tokens_per_joule": "tokens_per_joule"}
 
 
 class ReportError(Exception):
@@ -174,11 +178,16 @@ class Row:
     runs_ok: int = 1
     spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
     noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
+    throttled: bool = False  # a GPU's clocks were held back (not by idling) during a run: its figures marked `~`
     noise_limit: float = 0.10
     point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
     group: int | None = None
     invocation_id: str = ""
     context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
+    warmup_requests: int | None = None  # the warmup before the run (the most over repeats)
+    unstable: bool = False  # warmup = "stable" stopped at its bound before TTFT and ITL settled (a run of it did)
+    engine: dict[str, Any] | None = None  # what its engine said it runs (engine_config's values), where read
+    server: str = ""  # its server configuration: the digest of its rendered drop-in (the fingerprint's)
     # Against the plan's baseline (speedup.py): a baseline run's round, or the round a point ran after;
     # the point's client setting; each figure over its ok repeats; the ratios and the drift, at report time.
     baseline: int = 0
@@ -251,11 +260,25 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                invocation_id=inv if isinstance(inv, str) else "",
                context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
                         if isinstance(v := rec.get(k), str)},
+               warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
+               else None, unstable=rec.get("warmup_converged") is False,
+               engine=_engine_values(rec), server=_server_of(rec), throttled=rec.get("throttled") is True,
                baseline=base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0,
                baseline_round=before if isinstance(before, int) and not isinstance(before, bool) else None,
                client=client if isinstance(client, dict) else None,
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
                if rec.get("status") == "ok" else {})
+
+
+def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
+    got = rec.get("engine_config")
+    values = got.get("values") if isinstance(got, dict) else None
+    return values if isinstance(values, dict) else None
+
+
+def _server_of(rec: dict[str, Any]) -> str:
+    fp = rec.get("fingerprint")
+    return str(fp.get("dropin", "")) if isinstance(fp, dict) else ""
 
 
 def _repeat(rec: dict[str, Any]) -> int:
@@ -282,7 +305,11 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
               invocation_id=last.invocation_id,
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
+              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
+              throttled=any(r.throttled for r in oks),
               baseline=last.baseline, baseline_round=last.baseline_round, client=last.client)
+    row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
+    row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
@@ -421,6 +448,8 @@ def figure_text(r: Row, f: Figure, mark: str = "{}") -> str:
     sp = r.spread.get(f.key)
     if sp is not None:
         text += f" ({sp.low:.{f.digits}f}-{sp.high:.{f.digits}f}, {_pct(sp.rmad)})" + ("!" if f.key in r.noisy else "")
+    if r.throttled and f.ranked and (r.figures or {}).get(f.key) is not None:
+        text += "~"
     return text
 
 
@@ -479,7 +508,9 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     # comes before the result figures in a table, after them in CSV.
     described = [f for f in figures if not f.ranked] if with_bench else []
     figures = [f for f in figures if f.ranked]
-    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else [])
+    unstable = any(r.unstable for r in rows)
+    new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else []) + \
+        (["WARMUP"] if unstable else [])
     titles = [f.title for f in figures] if with_bench else []
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
@@ -490,12 +521,18 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         if with_host:
             cells.append(escape(r.host) or "-")
         extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
-            ([f"{r.runs_ok}/{r.runs}"] if repeats else [])
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else [])
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
         body.append(cells + (figs + extra if new_last else extra + figs) + [ratio_text(r, n) for n in ratios])
     return head, body
+
+
+def warmup_text(r: Row) -> str:
+    """A WARMUP cell: the requests its warmup took, `unstable` when it stopped before TTFT and ITL settled."""
+    n = "-" if r.warmup_requests is None else str(r.warmup_requests)
+    return f"{n} unstable" if r.unstable else n
 
 
 def legend(rows: Sequence[Row]) -> str:
@@ -511,9 +548,37 @@ def legend(rows: Sequence[Row]) -> str:
         notes.append("SPEEDUP: output tok/s / the baseline's run before it at the same client settings; TTFT/ITL/E2E "
                      "x: the point's p50 / the baseline's (below 1: faster); [95 % interval over the repeats]; "
                      "~ within the noise; drifted: the baseline's tok/s moved by that much around the point")
+    if any(r.unstable for r in rows):
+        notes.append("unstable: its warmup stopped at warmup_max (or warmup_max_seconds) before TTFT and ITL "
+                     "settled: its figures may be those of a server still warming up")
+    if any(r.throttled for r in rows):
+        notes.append("~ throttled: a GPU's clocks were held back during the run by something other than idling "
+                     "(power cap, heat; its gpu.json says which)")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
-    return "".join(f"({n})\n" for n in notes)
+    if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
+        notes.append(f"{engineconfig.CONFIG_MISMATCH}: its engine reports another configuration than its flags or "
+                     "the plan's expect (each line's reason names flag, expected, reported); not run")
+    if any(r.status == engineconfig.NO_DRAFTING for r in rows):
+        notes.append(f"{engineconfig.NO_DRAFTING}: its server is speculative but drafted no token in the run")
+    return "".join(f"({n})\n" for n in notes) + "".join(f"{n}\n" for n in engine_notes(rows))
+
+
+def engine_notes(rows: Sequence[Row]) -> list[str]:
+    """What the engines' own reports say across points: the keys whose values differ, and pairs of server
+    configurations whose engines report the same (a flag that did not take, where the plan has no `expect`)."""
+    with_engine = [r for r in rows if r.engine is not None]
+    if len(with_engine) < 2:
+        return []
+    out = []
+    if keys := engineconfig.differing_keys(r.engine or {} for r in with_engine):
+        out.append(f"engine keys that differ across points: {', '.join(keys[:12])}"
+                   + (f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""))
+    first: dict[str, Row] = {}  # one row per server configuration: its points share one engine
+    for r in with_engine:
+        first.setdefault(r.server or r.label, r)
+    warnings = engineconfig.identical_configs([(r.label, {"dropin": s}, r.engine or {}) for s, r in first.items()])
+    return out + [f"warning: {w}" for w in warnings[:6]]
 
 
 def render(rows: Sequence[Row], fmt: str = "table") -> str:
@@ -526,7 +591,8 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "runs_ok": r.runs_ok,
                                      "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
-                                     "noisy": sorted(r.noisy),
+                                     "noisy": sorted(r.noisy), "unstable": r.unstable,
+                                     "warmup_requests": r.warmup_requests, "throttled": r.throttled,
                                      **(ratio_json(r) if with_baseline(rows) else {})} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":

@@ -15,8 +15,8 @@ import json
 import math
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,6 +47,8 @@ class Status(StrEnum):
     INVALIDATED = "invalidated"  # the server restarted or lost readiness during the run, or we were stopped
     NOT_READY = "not_ready"  # no verified start within the timeout, or the unit failed to start
     SKIPPED = "skipped"  # not loaded: a configuration no larger on the plan's `prune` axes failed to start (pruned_by)
+    CONFIG_MISMATCH = "config_mismatch"  # the engine reports another configuration than its flags or `expect`: not run
+    NO_DRAFTING = "no_drafting"  # ran, on a speculative server, and its counters show no draft token at all
 
 
 RETRIED: Final = (Status.INVALIDATED, Status.NOT_READY)
@@ -123,7 +125,33 @@ def fingerprint(plan: Plan, point: Point, target: str, unit: str, *, restart_eac
                           "target": target, "unit": unit, "restart_each": restart_each}
     for key in RUN_KEYS:
         fp[key] = str(getattr(plan, key)) if key == "between_points" else getattr(plan, key)
+    if plan.stable:  # the rule that ended the warmup; not warmup_max_seconds, a bound in time (as `timeout`)
+        fp["warmup_rule"] = {"window": plan.warmup_window, "tolerance": plan.warmup_tolerance,
+                             "max": plan.warmup_max}
     return fp
+
+
+# `warmup`'s default before it became "stable" (issue 38): what the lines of a plan without the key recorded.
+LEGACY_WARMUP: Final = 2
+
+
+def as_measured(plan: Plan, results: Path, fingerprint_of: Callable[[Plan, Point], Mapping[str, Any]]) -> Plan:
+    """`plan`, or, when it sets no `warmup` and DIR's lines for its points were made by it under the old default
+    (warmup = 2) and none under "stable", the plan with warmup = 2: an old folder resumes as it was measured,
+    every point of it warmed alike, instead of being refused for a default that changed."""
+    if "warmup" in plan.given or not plan.stable:
+        return plan
+    old = replace(plan, warmup=LEGACY_WARMUP)
+    by_point = {json.dumps(p.as_dict(), sort_keys=True): p for p in plan.points}
+    legacy = False
+    for r in read_results(results / RESULTS_FILE):
+        p = by_point.get(json.dumps(r.get("point"), sort_keys=True)) if isinstance(r.get("point"), dict) else None
+        if p is None:
+            continue
+        if not differing(r.get("fingerprint"), fingerprint_of(plan, p)):
+            return plan
+        legacy = legacy or not differing(r.get("fingerprint"), fingerprint_of(old, p))
+    return old if legacy else plan
 
 
 def differing(a: object, b: Mapping[str, Any]) -> list[str]:
@@ -209,6 +237,11 @@ class Attempt:
     shard: str | None = None  # --shard K/N
     client: Mapping[str, Any] | None = None  # with a baseline: the point's client setting (sweep/baseline.py)
     baseline_round: int | None = None  # with a baseline: the round of it that ran last before this point
+    warmup_requests: int | None = None  # warmup requests sent before the run (None: none ran, not_ready)
+    warmup_converged: bool | None = None  # warmup = "stable": whether it settled (False: unstable); else None
+    engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
+    config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
+    gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
 
     @property
     def run_seconds(self) -> float | None:
@@ -224,6 +257,7 @@ class Attempt:
             "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
             "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
             "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
+            "warmup_requests": self.warmup_requests, "warmup_converged": self.warmup_converged,
         }
         if self.point.baseline:
             rec["baseline"] = self.point.baseline
@@ -233,6 +267,11 @@ class Attempt:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
             rec["counters_reset"] = bool(self.counters.reset)
+        if self.engine_config is not None:
+            rec["engine_config"] = dict(self.engine_config)
+            rec["config_check"] = dict(self.config_check or {})
+        if self.gpu:
+            rec.update(self.gpu)
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:

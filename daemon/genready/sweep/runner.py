@@ -21,8 +21,8 @@ from typing import Final, NoReturn, TextIO
 from genready import console
 from genready.exitcodes import Exit
 from genready.sweep import baseline as sweepbaseline
+from genready.sweep import confirm, speedup, steps, strays
 from genready.sweep import report as sweepreport
-from genready.sweep import speedup, steps
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
@@ -65,6 +65,7 @@ class Sweep:
         # prune.py: the failed starts that prune larger configurations, and the stop after failed starts in a row
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
         self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
+        self.engines: dict[str, confirm.Engine | None] = {}  # the loaded instance's own report (confirm.py)
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -158,6 +159,8 @@ class Sweep:
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
                       baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None)
         try:
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
+                return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
             got: Verified | NotReady | None = None
             if instance is not None and not self.opts.every_run_restarts:
                 got = steps.reuse(ctx, point, instance, folder)
@@ -165,12 +168,16 @@ class Sweep:
                 got = steps.reconfigure(ctx, point, folder) or steps.start(ctx, point)
             if isinstance(got, NotReady):
                 return not_ready(att, got), None, got.stop
-            ran = steps.run_command(ctx, point, got, folder)
+            if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # left by this restart
+                return replace(att, status=Status.INVALIDATED, reason=stop, ended_at=time.time(), retry=False,
+                               pid=got.pid, invocation_id=got.invocation_id), None, stop
+            ran, checked = confirm.run(ctx, point, got, folder, self.engines)
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
                                   ended_at=time.time())) from None
         keep = got if ran.status not in RETRIED and not self.opts.every_run_restarts else None
-        return on_instance(att, got, ran), keep, ""
+        att = on_instance(att, got, ran)
+        return (replace(att, **checked.records()) if checked is not None else att), keep, ""
 
     def _folder(self, point: Point, repeat: int = 1) -> tuple[Path, int]:
         """A fresh folder for this attempt: DIR/NN-point/attempt-K (DIR/NN-point/repeat-R/attempt-K with
@@ -193,6 +200,8 @@ class Sweep:
         self.results.add(att, rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
         why = f": {att.reason}" if att.reason and att.status is not Status.OK else ""
+        if att.warmup_converged is False:  # warmup = "stable" hit its bound: the run may have measured a cold server
+            why += f"; unstable: the warmup did not settle in {att.warmup_requests} requests"
         self.console.progress(att.point, f"{att.status.value}{took} (pid {att.pid or '-'}, attempt {att.attempt}){why}")
         if att.status is not Status.SKIPPED and (stop := self.pruner.started(rec, att.point)):
             raise SweepError(stop)
@@ -303,4 +312,6 @@ def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
     """The attempt of a command that ran (or was refused) on the verified instance `v`."""
     return replace(att, status=ran.status, reason=ran.reason, started_at=v.started_at, ended_at=ran.ended_at,
                    restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
-                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters)
+                   exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters,
+                   warmup_requests=ran.warmed.requests if ran.warmed else None,
+                   warmup_converged=ran.warmed.converged if ran.warmed else None, gpu=ran.gpu)

@@ -20,13 +20,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import TargetConfig
+from genready.sweep import gpucost
 from genready.sweep.dropin import POLL, DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Between, Plan, Point, Shard
@@ -34,7 +35,7 @@ from genready.sweep.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
-from genready.tools import servercache, servermetrics
+from genready.tools import convergence, servercache, servermetrics
 
 # The grace an interrupted command gets between SIGINT, SIGTERM and SIGKILL: guard's, one definition.
 STOP_GRACE: Final = GUARD_STOP_GRACE
@@ -59,6 +60,7 @@ class SweepOptions:
     shard: Shard | None = None
     secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
     server: TargetConfig | None = None  # the target: how the warmup, the flush and /metrics reach its server
+    ignore_strays: bool = False  # --ignore-strays: load and run next to GPU strays (sweep/strays.py)
 
     @property
     def every_run_restarts(self) -> bool:
@@ -114,6 +116,7 @@ class Verified:
     pinned: Mapping[str, Any]
     restarted: bool  # False: the group's instance, reused
     started_at: float  # when its restart was asked, or its reuse began
+    mark: OutputMark | None = None  # where the unit's output stood before its start (its engine's args line)
 
     @classmethod
     def of(cls, body: object, *, restarted: bool, started_at: float) -> Verified | None:
@@ -162,6 +165,8 @@ class Ran:
     exit_code: int | None = None
     ran_at: float | None = None
     counters: servermetrics.RunCounters | None = None
+    warmed: Warmed | None = None  # None: no warmup ran (the command was refused first)
+    gpu: dict[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py): results-line fields
 
 
 # --- getting a verified instance ---------------------------------------------------------------------
@@ -253,7 +258,7 @@ def start(ctx: Ctx, point: Point) -> Verified | NotReady:
         v = Verified.of(body, restarted=True, started_at=started[0])
         if v is not None:
             ctx.timings.loaded(time.time() - started[0])
-            return v
+            return replace(v, mark=mark)
         return NotReady(f"genready answered ready without naming the instance: {str(body)[:200]}", started[0])
     if out.code in (400, 404):
         why = f"the daemon refused: {body.get('error')} (is it running with this config?)"
@@ -279,25 +284,49 @@ def start(ctx: Ctx, point: Point) -> Verified | NotReady:
 # --- on a verified instance ----------------------------------------------------------------------------
 
 
-def prepare(ctx: Ctx, point: Point, v: Verified) -> Cache:
+@dataclass(frozen=True)
+class Warmed:
+    """What a run's warmup came to: requests sent, and (warmup = "stable") whether they settled."""
+
+    requests: int | None = None  # None: no warmup could run (no server to send it to)
+    converged: bool | None = None  # None: a fixed count, nothing to converge
+
+
+def warm(ctx: Ctx, point: Point) -> Warmed:
+    """The warmup before a run: the plan's fixed count of probes, or (warmup = "stable") streamed requests in
+    windows until the median TTFT and ITL settle (convergence.py), said on the point's line either way."""
+    plan, http, say = ctx.opts.plan, ctx.http, ctx.console
+    if http is None:
+        return Warmed()
+    if not plan.stable:
+        n = int(plan.warmup)
+        if n:
+            ok, why = servercache.warm_up(http, n)
+            say.progress(point, f"warmup: {ok} of {n} requests answered" + (f" ({why})" if why else ""))
+        return Warmed(n)
+    rule = convergence.Rule(plan.warmup_window, plan.warmup_tolerance, plan.warmup_max, plan.warmup_max_seconds)
+    v, why = servercache.warm_until_stable(http, rule)
+    say.progress(point, f"warmup: {convergence.words(v, rule)}" + (f" (first failure: {why})" if why else ""))
+    return Warmed(v.requests, v.converged)
+
+
+def prepare(ctx: Ctx, point: Point, v: Verified) -> tuple[Cache, Warmed]:
     """Before the command: the warmup (not counted), then, with between_points = "flush", the flush, so the
-    warmup's prompts are gone too. What the run starts on."""
+    warmup's prompts are gone too. What the run starts on, and what the warmup came to."""
     plan, http, say = ctx.opts.plan, ctx.http, ctx.console
     cache = Cache.COLD_START if v.restarted else Cache.WARM
     if http is None:
-        return cache
-    if plan.warmup:
-        ok, why = servercache.warm_up(http, plan.warmup)
-        say.progress(point, f"warmup: {ok} of {plan.warmup} requests answered" + (f" ({why})" if why else ""))
-    if plan.between_points is not Between.FLUSH or (v.restarted and not plan.warmup):
-        return cache  # a fresh start with no warmup has nothing to flush
+        return cache, Warmed()
+    warmed = warm(ctx, point)
+    if plan.between_points is not Between.FLUSH or (v.restarted and not warmed.requests):
+        return cache, warmed  # a fresh start with no warmup has nothing to flush
     done = servercache.flush(http)
     if done.ok:
         say.progress(point, f"prefix cache flushed ({done.route})")
-        return cache if v.restarted else Cache.FLUSHED
+        return (cache if v.restarted else Cache.FLUSHED), warmed
     say.once("flush", f"cannot flush the server's prefix cache: {done.why}; its reused points run warm "
              f"(marked cache=warm): {servercache.FIX}")
-    return cache
+    return cache, warmed
 
 
 def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
@@ -308,7 +337,7 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
         # Its unit was edited and reloaded since it started: results would be filed under settings it does not run.
         say.progress(point, f"not running the command: {why}")
         return Ran(Status.NOT_READY, why, time.time(), Cache.COLD_START if v.restarted else Cache.WARM)
-    cache = prepare(ctx, point, v)
+    cache, warmed = prepare(ctx, point, v)
     cmd = o.plan.command_for(point, str(folder))
     env = dict(os.environ, **guard.guard_env(o.target, v.pinned),
                GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
@@ -326,13 +355,15 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
             child = subprocess.Popen(cmd, env=env, stdout=so, stderr=se, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
         except OSError as e:
-            return Ran(Status.FAILED, f"cannot run {cmd[0]}: {e.strerror}", time.time(), cache, 127, ran_at)
+            return Ran(Status.FAILED, f"cannot run {cmd[0]}: {e.strerror}", time.time(), cache, 127, ran_at,
+                       warmed=warmed)
         # guard's runner: when the command exits, what it left in its group is ended before the next point.
         group = ctx.signals.group = guard.ProcessGroup(child, STOP_GRACE)
         try:
             if ctx.signals.count:
                 ctx.signals.stop_command()  # a signal came before the group existed
-            res = guard.run_pinned(o.base, o.target, v.pinned, child, wait=group.wait)
+            with gpucost.sampled(say.say, folder, o.results) as cost:  # each second, on a thread of its own
+                res = guard.run_pinned(o.base, o.target, v.pinned, child, wait=group.wait)
         finally:
             ctx.signals.group = None
     if group.left_behind:
@@ -345,13 +376,14 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
         save_counters(ctx, point, folder, counters)
     if ctx.signals.count:
         raise Interrupted()
+    gpu = cost.figures or None
     if res.problem:
-        return Ran(Status.INVALIDATED, res.problem, ended, cache, res.returncode, ran_at, counters)
+        return Ran(Status.INVALIDATED, res.problem, ended, cache, res.returncode, ran_at, counters, warmed, gpu)
     if res.returncode != 0:
         return Ran(Status.FAILED, f"the command exited {res.returncode}", ended, cache, res.returncode, ran_at,
-                   counters)
+                   counters, warmed, gpu)
     ctx.timings.run_times.append(ended - ran_at)
-    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters)
+    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed, gpu)
 
 
 def read_counters(ctx: Ctx) -> dict[str, float] | None:

@@ -7,7 +7,9 @@ own route: each ServerKind's flush (servers/kinds.py, where each route is read f
 source). A server with none of them cannot be flushed: the sweep says so once, naming the fix
 (FIX), and records its reused points `warm`. The warmup sends the target's own probe request
 (its `prompt`, `max_tokens`, `api`) N times before each run, and the flush comes after it, so
-the warmup never warms what the run measures.
+the warmup never warms what the run measures. `warmup = "stable"` streams it instead (the bench
+client's own streamed request, benchrun.one_stream, for TTFT and ITL) in windows until the
+medians settle (convergence.py).
 
 Every answer is read to its end or to MAX_ANSWER, whichever comes first: one read() returns
 only what has arrived so far (a 265 KB /metrics page came back as 32-128 KB).
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -26,11 +29,15 @@ from genready import apis
 from genready.config import TargetConfig
 from genready.servers import engineconfig, kinds
 from genready.servers.flush import Call, Flushed
+from genready.tools import benchrun, convergence
+from genready.tools.benchfigures import Outcome
 
-__all__ = ["FIX", "Flushed", "ServerHttp", "engine_config", "flush", "warm_up"]
+__all__ = ["FIX", "Flushed", "ServerHttp", "engine_config", "flush", "warm_until_stable", "warm_up"]
 
 TIMEOUT: Final = 30.0  # seconds for one flush or /metrics request: a server that takes longer is not idle
 BUSY_WAIT: Final = 30.0  # seconds SGLang's 400 ("requests are running") is waited out
+# Tokens a stable warmup's request asks for (at least): a probe's 1 token has a TTFT but no ITL to settle.
+WARMUP_TOKENS: Final = 16
 MAX_ANSWER: Final = 4 << 20  # bytes read of an answer: a slot list or a /metrics page, not a download
 NO_ROUTE: Final = kinds.NO_ROUTE
 FLUSH_NEEDS: Final = kinds.FLUSH_NEEDS  # "SGLang /flush_cache; vLLM …; llama-server …": what a flush needs
@@ -56,6 +63,10 @@ class ServerHttp:
         # A unix socket: aiohttp's UnixConnector, with the URL's host as Host:
         self.base = f"http://localhost{ep.path_prefix}" if ep.unix_path is not None else ep.base_url
         self.headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+
+    def session(self) -> aiohttp.ClientSession:
+        """A new session to the server (its socket, TLS and API key); the caller closes it."""
+        return self._session()
 
     def _session(self) -> aiohttp.ClientSession:
         if self.t.unix_path is not None:
@@ -139,4 +150,36 @@ def engine_config(http: ServerHttp, read: engineconfig.EngineRead, args_line: st
     async def work(call: Call) -> engineconfig.EngineConfig:
         return await engineconfig.read_engine(read, call, args_line)
     result: engineconfig.EngineConfig = http.calls(work)
+    return result
+
+
+def warm_until_stable(http: ServerHttp, rule: convergence.Rule) -> tuple[convergence.Verdict, str]:
+    """Stream the target's probe prompt (at least WARMUP_TOKENS tokens), one request after another, until
+    convergence.verdict says the windows settled or a bound was reached: (the verdict, the first failure's
+    words or "")."""
+    t = http.t
+    api = apis.APIS[t.api]
+
+    async def main() -> tuple[convergence.Verdict, str]:
+        async with http.session() as session:
+            model = t.model
+            if api.needs_model and not model:
+                model = await benchrun.discover_model(session, http.base, t.probe_timeout) or ""
+            body = apis.stream_body(api, prompt=t.prompt, max_tokens=max(t.max_tokens, WARMUP_TOKENS),
+                                    model=model or "", prompt_ids=t.prompt_ids)
+            samples: list[convergence.Sample] = []
+            first, t0 = "", time.monotonic()
+            while True:
+                left = rule.max_seconds - (time.monotonic() - t0)
+                try:  # the bench client's streamed request: the warmup's TTFT and ITL are measured as the run's
+                    got = await benchrun.one_stream(session, http.base, api, body,
+                                                    max(0.1, min(t.probe_timeout, left)))
+                except Exception as e:  # as the bench client: what no rule foresaw is one failed request
+                    got = Outcome(False, 0.0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
+                samples.append(convergence.Sample(got.ttft if got.ok else None, got.itl))
+                if not got.ok and not first:
+                    first = f"POST {api.path} (streamed): {got.error}"
+                if (v := convergence.verdict(samples, time.monotonic() - t0, rule)) is not None:
+                    return v, first
+    result: tuple[convergence.Verdict, str] = asyncio.run(main())
     return result

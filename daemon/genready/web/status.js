@@ -96,6 +96,33 @@ function failure(f) {
   pre.dataset.field = "journal";
   pre.textContent = (f.journal || []).map(esc).join("\n") || "(it wrote nothing)";
   box.append(pre);
+  for (const h of f.gpu_strays || []) box.append(el("p", "err", "GPU memory was held by a stray: " + h.line));
+  return box;
+}
+
+const gib = (n) => n == null ? "?" : (n / 2 ** 30).toFixed(1) + " GiB";
+// Who holds the GPUs' memory (daemon.gpu_interval): the current start's per GPU, and each stray, a process
+// of an earlier start still holding memory (the likely cause of the next start's CUDA out-of-memory).
+function gpu(g) {
+  if (!g) return null;
+  const box = el("div", "gpu");
+  box.dataset.field = "gpu";
+  if (g.error) return add(box, el("p", "err", "GPU processes not read: " + g.error));
+  const cur = Object.entries(g.current_bytes || {}).map(([u, n]) => u + " " + gib(n)).join(", ");
+  const strays = g.strays || [];
+  if (!cur && !strays.length) return null;
+  box.append(el("p", "mono", "GPU memory of this start: " + (cur || "none")));
+  if (strays.length) {
+    const ul = el("ul", "warnings strays");
+    for (const h of strays) {
+      const li = el("li", null, "⚠ stray PID " + h.pid + " holds " + gib(h.bytes) + " on " + h.gpu + ": "
+        + h.command + " · " + (h.invocation_id ? "left by start " + h.invocation_id.slice(0, 12)
+        : "of a start genready has no record of") + " · end it with kill " + h.pid);
+      li.dataset.pid = String(h.pid);
+      ul.append(li);
+    }
+    box.append(ul);
+  }
   return box;
 }
 
@@ -159,7 +186,8 @@ function card(t) {
     : t.waiting_since && WAITING.includes(t.state) ? el("span", null, "waiting since " + time(t.waiting_since)) : null;
   const ids = add(el("span", "ids"), add(el("span", null, "PID "), pid), since);
   add(c, add(el("div", "top"), el("h2", null, t.target), el("span", "unit", t.unit), state, ids),
-    el("p", "reason", t.reason), loadbar(t), probes(t), warnings(t), failure(t.last_failure), timeline(t.records));
+    el("p", "reason", t.reason), loadbar(t), probes(t), warnings(t), gpu(t.gpu), failure(t.last_failure),
+    timeline(t.records));
   return c;
 }
 

@@ -1,0 +1,114 @@
+"""When a server's warmup is done: windows of requests whose median TTFT and ITL have stopped moving.
+
+A fresh engine is slower for its first requests (SGLang issue #28706: TTFT 6,350 ms right after a
+restart, 3,661 ms once converged, after 50 to 100 requests: JIT compilation, CUDA-graph capture,
+kernel autotuning, the first collectives), so a fixed count of warmup requests leaves a bias that
+depends on the engine. `warmup = "stable"` sends requests in windows of `window` and stops when
+the last window's median TTFT and ITL are both within `tolerance` of the window before's, or at
+`max_requests` / `max_seconds` (not converged: the run is marked unstable). Pure functions: the
+requests are sent by servercache.warm_until_stable.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+# A difference below this many seconds is within tolerance whatever the ratio: a fast server's medians of
+# a few milliseconds move by more than 10 % on timer and loopback noise alone, and never would converge.
+NOISE_FLOOR: Final = 0.001
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The plan's warmup_window, warmup_tolerance, warmup_max and warmup_max_seconds."""
+
+    window: int = 8
+    tolerance: float = 0.10
+    max_requests: int = 96
+    max_seconds: float = 600.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One warmup request: its TTFT and the gaps between its tokens (seconds); ttft None: it failed."""
+
+    ttft: float | None
+    itl: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class Medians:
+    """A window's median TTFT and median ITL (over all its gaps; None when it had no second token)."""
+
+    ttft: float
+    itl: float | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How a warmup ended: converged, or which bound stopped it ("warmup_max", "warmup_max_seconds")."""
+
+    converged: bool
+    requests: int
+    stopped_by: str  # "converged", "warmup_max" or "warmup_max_seconds"
+    last: Medians | None = None  # the last window's medians
+    before: Medians | None = None  # the window before's
+
+
+def medians(window: Sequence[Sample]) -> Medians | None:
+    """The window's medians, or None if a request of it failed (a server that fails is not stable)."""
+    if not window or any(s.ttft is None for s in window):
+        return None
+    gaps = [g for s in window for g in s.itl]
+    return Medians(statistics.median(s.ttft for s in window if s.ttft is not None),
+                   statistics.median(gaps) if gaps else None)
+
+
+def close(now: float, before: float, tolerance: float) -> bool:
+    """`now` within `tolerance` of `before` (relative to `before`), or within NOISE_FLOOR of it."""
+    return abs(now - before) <= max(tolerance * abs(before), NOISE_FLOOR)
+
+
+def agree(last: Medians, before: Medians, tolerance: float) -> bool:
+    """Both windows' TTFT close, and their ITL too (compared only when neither window lacks it: a model
+    that ends at its first token has none; one window with and one without is no agreement)."""
+    if not close(last.ttft, before.ttft, tolerance):
+        return False
+    if last.itl is None and before.itl is None:
+        return True
+    return last.itl is not None and before.itl is not None and close(last.itl, before.itl, tolerance)
+
+
+def verdict(samples: Sequence[Sample], elapsed: float, rule: Rule) -> Verdict | None:
+    """After each request: None to send another, else how the warmup ended. Windows are consecutive blocks
+    of `rule.window` requests, judged each time one completes (from the second on)."""
+    n, w = len(samples), rule.window
+    last = before = None
+    if n >= 2 * w:
+        last, before = medians(samples[n - n % w - w:n - n % w]), medians(samples[n - n % w - 2 * w:n - n % w - w])
+        if n % w == 0 and last is not None and before is not None and agree(last, before, rule.tolerance):
+            return Verdict(True, n, "converged", last, before)
+    if n >= rule.max_requests:
+        return Verdict(False, n, "warmup_max", last, before)
+    if elapsed >= rule.max_seconds:
+        return Verdict(False, n, "warmup_max_seconds", last, before)
+    return None
+
+
+def words(v: Verdict, rule: Rule) -> str:
+    """The warmup's end in a line: `stable after 24 requests (TTFT 41.2 ms, ITL 10.3 ms)`, or why not."""
+    def ms(m: Medians | None) -> str:
+        if m is None:
+            return "a request failed"
+        return f"TTFT {1000 * m.ttft:.1f} ms" + (f", ITL {1000 * m.itl:.2f} ms" if m.itl is not None else "")
+
+    if v.converged:
+        return f"stable after {v.requests} requests ({ms(v.last)}; within {100 * rule.tolerance:g} % of the " \
+            "window before)"
+    bound = f"warmup_max ({rule.max_requests} requests)" if v.stopped_by == "warmup_max" else \
+        f"warmup_max_seconds ({rule.max_seconds:g} s)"
+    seen = f": last window {ms(v.last)}, the one before {ms(v.before)}" if v.before is not None or v.last else ""
+    return f"not stable after {v.requests} requests, stopped by {bound}{seen}; the run is marked unstable"
