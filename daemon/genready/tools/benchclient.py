@@ -50,8 +50,9 @@ figure a speculative-decoding sweep compares, comes from the server:
   llamacpp:spec_decode_num_{accepted_tokens,drafts}_total counters. Its answers also carry
   timings.draft_n / draft_n_accepted: `draft_acceptance` = Σ accepted / Σ drafted over the run
   (null when no answer drafted), the share of drafted tokens the target model kept.
-Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py),
-`--dataset FILE`, or random token ids (`--random-input-len`).
+Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py; by default
+six categories, whose figures are also given per category), `--dataset FILE`, or random token ids
+(`--random-input-len`).
 """
 
 
