@@ -210,7 +210,10 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
         err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
         handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
                                    marker="o", capsize=3))
-        labels.append(_text(_shown(" ".join(key) or "all", 80)))
+        label = _text(_shown(" ".join(key) or "all", 80))
+        # matplotlib before 3.7 (Debian 12's 3.6) leaves out of a legend every label that starts with "_",
+        # even one given outright, and an axis may be named `_tp`: a space first keeps it.
+        labels.append(" " + label if label.startswith("_") else label)
     if not numeric:
         # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
         step = -(-len(categories) // MAX_TICKS)
@@ -219,9 +222,7 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
     ax.set_ylabel(_text(f.title))
     ax.grid(alpha=0.3)
     if len(series) > 1:
-        # Handles and labels given: matplotlib leaves out of an automatic legend every label that starts
-        # with "_", and an axis may be named `_tp`.
-        ax.legend(handles, labels, fontsize=7, loc="best")
+        ax.legend(handles, labels, fontsize=7, loc="best")  # given outright: an automatic one drops "_" labels
     if len(series) > MAX_LINES:
         ax.set_title(f"first {MAX_LINES} of {len(series)} lines", fontsize=8)
     return _svg(fig), left
