@@ -176,4 +176,11 @@ def test_slo_search_reports_max_rate_under_slo_and_resume_continues_where_it_sto
     assert again[1]["invocation_id"] != lines[0]["invocation_id"]  # a new load for the steps left
     (resumed,) = found_lines(simrig)
     assert resumed["complete"] and resumed["steps"] == len(again) and resumed["max_rate_under_slo"] is not None
+    # Resumed once more, the search is over: no step runs, nothing is loaded, and it found the same.
+    pid = simrig.g.get("/ready/t")[1]["pid"]
+    rc, out = simrig.run(plan_path, "--resume")
+    assert rc == 0 and "1/1 points ok" in out, out
+    assert simrig.results_lines() == again and found_lines(simrig)[-1]["max_rate_under_slo"] == \
+        resumed["max_rate_under_slo"]
+    assert simrig.g.get("/ready/t")[1]["pid"] == pid
     simrig.assert_restored()

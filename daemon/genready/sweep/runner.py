@@ -63,6 +63,7 @@ class Sweep:
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
         self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
         self.engines: dict[str, confirm.Engine | None] = {}  # the loaded instance's own report (confirm.py)
+        self.searched_earlier: set[int] = set()  # search points whose every step an earlier run did (--resume)
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -116,7 +117,7 @@ class Sweep:
                     log.close()
                 for s, h in old.items():
                     signal.signal(s, h)
-        self.summary(skip)
+        self.summary(skip | self.searched_earlier)
         if interrupted:
             return Exit.INTERRUPTED
         return Exit.OK if self.results.all_ok() else Exit.TIMEOUT

@@ -103,6 +103,7 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
     earlier = earlier_steps(plan, results, point, sweep.fingerprints[point.index])
     done: list[search.Outcome] = []
     stopped = ""
+    ran = False
     while (step := search.next_step(spec, done)) is not None:
         s = SearchStep(step, tuple(search.bench_args(spec, step)))
         load = f"{step.rate:.3g} req/s" if step.rate is not None else "closed loop"
@@ -115,6 +116,7 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
                 sweep.results.earlier.setdefault(point.index, []).append(rec)
             else:
                 att, instance = sweep.tries(ctx, log, point, group, r, instance, s)
+                ran = True
                 if att.status is not Status.OK:
                     stopped = f"step {step.index} did not run ok ({att.status.value})"
                     break
@@ -127,6 +129,8 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
             break
         done.append(outcome(step, lines))
     _found_line(sweep, point, group, spec, done, stopped)
+    if not ran and not stopped:
+        sweep.searched_earlier.add(point.index)  # the summary's "ok (earlier run)": nothing loaded for it
     return instance
 
 
