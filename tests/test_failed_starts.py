@@ -4,11 +4,8 @@ manager: a start that dies within milliseconds is recorded whole, and `genready 
 
 from __future__ import annotations
 
-import http.server
 import io
-import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +24,7 @@ from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager
+from tests.jsonserver import JsonServer
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.2, "probe_timeout": 2.0, "verify_owner": False}
 
@@ -212,35 +210,16 @@ def test_wait_since_exits_1_and_plain_wait_keeps_waiting(manager: UserManager, t
 
 # -- the client's wait, against a scripted /ready (in-process) -----------------------------------
 
-class Scripted:
+class Scripted(JsonServer):
     """A /ready that answers 503 bodies from `answers` in turn (the last one for ever), at once."""
 
     def __init__(self, answers: list[dict[str, Any]]) -> None:
         self.answers: list[dict[str, Any]] = answers
-        self.asked: list[str] = []
-        outer = self
+        super().__init__(self._next)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.asked.append(self.path)
-                body = outer.answers[min(len(outer.asked) - 1, len(outer.answers) - 1)]
-                raw = json.dumps(body).encode()
-                self.send_response(200 if body.get("ready") else 503)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A 20 ms poll: shutdown() waits for the loop to see it (0.5 s by default, in every test here).
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _next(self, path: str) -> tuple[int, Any]:
+        body = self.answers[min(len(self.asked) - 1, len(self.answers) - 1)]
+        return (200 if body.get("ready") else 503), body
 
 
 def body(restarting: bool | None) -> dict[str, Any]:
@@ -334,42 +313,20 @@ def test_a_sweep_point_asks_systemd_nothing_while_it_waits(tmp_path: Path, end: 
         assert got.journal == ("no such model",)
 
 
-class SlotsHeld:
+class SlotsHeld(JsonServer):
     """A daemon whose long-poll slots are all held: every /ready?wait= is its "too many long-polls"
     503; a question without wait= is answered from `ready_after` questions on (not ready before)."""
 
     def __init__(self, ready_after: int) -> None:
-        self.asked: list[str] = []
-        outer = self
+        self.ready_after = ready_after
+        super().__init__(self._next)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                outer.asked.append(self.path)
-                plain = [p for p in outer.asked if "wait=" not in p]
-                answer: dict[str, Any]
-                if "wait=" in self.path:
-                    code, answer = 503, {"error": "too many long-polls in flight (limit 2); retry shortly, or ask "
-                                                  "without wait="}
-                elif len(plain) >= ready_after:
-                    code, answer = 200, {"ready": True, "target": "t", "pid": 7}
-                else:
-                    code, answer = 503, body(None)
-                raw = json.dumps(answer).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()  # see Scripted
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _next(self, path: str) -> tuple[int, Any]:
+        if "wait=" in path:
+            return 503, {"error": "too many long-polls in flight (limit 2); retry shortly, or ask without wait="}
+        if len([p for p in self.asked if "wait=" not in p]) >= self.ready_after:
+            return 200, {"ready": True, "target": "t", "pid": 7}
+        return 503, body(None)
 
 
 def test_a_wait_refused_a_long_poll_asks_without_wait_and_backs_off() -> None:

@@ -292,3 +292,15 @@ def test_one_way_to_write_html() -> None:
                 low = node.value.lower()
                 found = [w for w in words if w in low and (w != words[0] or low == w)]
                 assert not found, f"{rel} writes {found[0]!r}: build pages with genready.web.htmlpage"
+
+
+MAX_MODULE_LINES = 700
+
+
+def test_no_product_module_over_700_lines() -> None:
+    """A module past 700 lines has been doing more than one job (tools/sweep.py grew to 1,135 lines and
+    about twelve before it became the sweep/ package): split it by concern before it gets there."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
+    over = {str(p.relative_to(root)): n for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not over, f"over {MAX_MODULE_LINES} lines: {over}"

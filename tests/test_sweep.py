@@ -9,14 +9,12 @@ there is no journald here, and the sweep takes a failed start's lines from that 
 
 from __future__ import annotations
 
-import http.server
 import io
 import json
 import os
 import re
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +34,7 @@ from genready.sweep.dropin import DropinLife
 from genready.systemd import sweepdropin
 from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
+from tests.jsonserver import JsonServer, in_turn
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
 UNIT = "sw-sim.service"
@@ -378,36 +377,14 @@ def test_a_merged_report_with_a_shard_missing_says_so_and_marks_no_best(tmp_path
 # --- an attempt without a verified instance runs nothing (issue 41 #0) -----------------------------------
 
 
-class ScriptedDaemon:
+class ScriptedDaemon(JsonServer):
     """genready's /ready/t on loopback answering from a script, (code, body) in turn, the last for ever.
     Stands in for the daemon where its answer is the point: a start it never verifies, a target it no
     longer has (the Rig tests below run the real one)."""
 
     def __init__(self, answers: list[tuple[int, dict[str, Any]]]) -> None:
-        self.answers, self.asked = answers, 0
-        outer = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                code, body = outer.answers[min(outer.asked, len(outer.answers) - 1)]
-                outer.asked += 1
-                raw = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # A 20 ms poll: shutdown() waits for the loop to see it (0.5 s by default, in every test here).
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
-        self.base = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.answers = answers
+        super().__init__(lambda path: in_turn(self, self.answers))
 
 
 class LoadingUnit:

@@ -824,28 +824,33 @@ class Simulator:
 
     # -- speculative decoding (--spec-accept X): the figures servers report, each from its source --
 
-    def spec_done(self, tokens: int) -> None:
+    def spec_x(self, req: GenRequest) -> float:
+        """The accept length of `req`: --spec-accept, or its prompt's category's (--spec-accept-category)."""
+        assert self.a.spec_accept is not None
+        return simspec.accept_for(self.a.spec_accept, self.a.spec_accept_category, req.prompt_key)
+
+    def spec_done(self, tokens: int, req: GenRequest) -> None:
         """Count a finished generation into the /metrics counters (at --spec-metrics-accept, if given)."""
         self.tasks_served += 1
         if self.a.spec_accept is None:
             return
-        self.spec_counters.count(tokens, self.a.spec_metrics_accept or self.a.spec_accept)
+        self.spec_counters.count(tokens, self.a.spec_metrics_accept or self.spec_x(req))
 
-    def spec_meta(self, tokens: int) -> dict[str, Any]:
+    def spec_meta(self, tokens: int, req: GenRequest) -> dict[str, Any]:
         # SGLang adds meta_info["spec_verify_ct"] and its counts only when a speculative algorithm runs
         # (python/sglang/srt/managers/tokenizer_manager.py); accept length = completion_tokens / it. The counts'
         # names are --sglang-version's (simspec).
         if self.a.spec_accept is None:
             return {}
-        return simspec.sglang_meta(tokens, self.a.spec_accept, simspec.version(self.a.sglang_version))
+        return simspec.sglang_meta(tokens, self.spec_x(req), simspec.version(self.a.sglang_version))
 
     def spec_answer(self, req: GenRequest, tokens: int) -> dict[str, Any]:
         """What an OpenAI answer (a stream's last event) carries of speculative decoding at its top level:
         SGLang's sglext.spec_tokens_details (>= 0.5.12, asked with return_spec_tokens_details), vLLM's
         metrics.speculative_decoding (--per-request-spec-decode-metrics)."""
-        x = self.a.spec_accept
-        if x is None:
+        if self.a.spec_accept is None:
             return {}
+        x = self.spec_x(req)
         if self.p.has_native and req.return_spec_tokens_details and \
                 simspec.version(self.a.sglang_version) >= simspec.SGLANG_SPELLINGS[0]:
             return {"sglext": {"spec_tokens_details": simspec.sglang_details(tokens, x)}}
@@ -866,7 +871,7 @@ class Simulator:
         if not (self.p.has_native and req.return_meta_info):
             return {}
         return {"meta_info": {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
-                              **self.spec_meta(req.max_tokens)}}
+                              **self.spec_meta(req.max_tokens, req)}}
 
     async def server_info(self, request: web.Request) -> web.Response:
         # SGLang's GET /get_server_info (alias /server_info): server args, scheduler info and, per DP
@@ -1000,12 +1005,13 @@ class Simulator:
             return {**head, "output_ids": list(ids), "meta_info": {
                 "id": rid, "finish_reason": {"type": "length", "length": req.max_tokens} if done else None,
                 "prompt_tokens": req.prompt_tokens, "completion_tokens": len(ids),
-                "cached_tokens": cached, "e2e_latency": round(time.monotonic() - t0, 6), **self.spec_meta(len(ids))}}
+                "cached_tokens": cached, "e2e_latency": round(time.monotonic() - t0, 6),
+                **self.spec_meta(len(ids), req)}}
 
         if not req.stream:
             async for word, tid in self._tokens(req.max_tokens, prefill):
                 text, ids = text + word, [*ids, tid]
-            self.spec_done(len(ids))
+            self.spec_done(len(ids), req)
             return web.json_response(chunk(True))
 
         async def events() -> AsyncIterator[dict[str, Any]]:
@@ -1017,7 +1023,7 @@ class Simulator:
                 yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
             if req.max_tokens == 0:
                 yield chunk(True)
-            self.spec_done(len(ids))
+            self.spec_done(len(ids), req)
 
         return await self._sse(request, events())
 
@@ -1037,14 +1043,14 @@ class Simulator:
             return refused
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
-            self.spec_done(req.max_tokens)
+            self.spec_done(req.max_tokens, req)
             return web.json_response({**head, "choices": [{**choice(text, "length"), **self._choice_meta(req)}],
                                       "usage": usage, **self.spec_answer(req, req.max_tokens)})
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             async for word, _ in self._tokens(req.max_tokens, prefill):
                 yield {**head, "choices": [choice(word, None)], "usage": None}
-            self.spec_done(req.max_tokens)
+            self.spec_done(req.max_tokens, req)
             last = self.spec_answer(req, req.max_tokens)
             yield {**head, "choices": [choice("", "length")], "usage": None, **({} if req.include_usage else last)}
             if req.include_usage:
@@ -1066,7 +1072,7 @@ class Simulator:
             return refused
         if not req.stream:
             text = "".join([w async for w, _ in self._tokens(req.max_tokens, prefill)])
-            self.spec_done(req.max_tokens)
+            self.spec_done(req.max_tokens, req)
             message = {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}
             return web.json_response({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": "length",
@@ -1085,7 +1091,7 @@ class Simulator:
                 # `reasoning`, not `content` (vllm/entrypoints/openai/engine/protocol.py).
                 yield delta({"reasoning" if i < self.a.reasoning_tokens else "content": word}, None)
                 i += 1
-            self.spec_done(req.max_tokens)
+            self.spec_done(req.max_tokens, req)
             last = self.spec_answer(req, req.max_tokens)  # in the last event, as vLLM's test_per_request_... checks
             yield {**delta({}, "length"), **({} if req.include_usage else last)}
             if req.include_usage:
@@ -1153,6 +1159,13 @@ def _accept_length(s: str) -> float:
     if not 1 <= v < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a number >= 1 (tokens per verify step), not {s!r}")
     return v
+
+
+def _category_table(s: str) -> dict[str, float]:
+    try:
+        return simspec.category_table(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _file(s: str) -> str:
@@ -1241,6 +1254,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
                    "vllm:spec_decode_* counters on GET /metrics")
+    p.add_argument("--spec-accept-category", type=_category_table, metavar="NAME=X,...",
+                   help="with --spec-accept: the bench client's built-in prompts of category NAME are accepted at "
+                   "length X (e.g. coding=3.6,math_reasoning=3.2,writing=1.8); other prompts at --spec-accept")
     p.add_argument("--sglang-version", type=_version, default=simspec.SGLANG_DEFAULT_VERSION, metavar="V",
                    help="with --spec-accept: the SGLang release whose meta_info names the per-request counts "
                    "(<= 0.5.10 spec_accept_token_num/spec_draft_token_num, 0.5.11 spec_accepted_drafts/"

@@ -7,10 +7,14 @@ ceil(X) draft tokens; the A = T - S accepted drafts are spread over the steps as
 in each spelling, vLLM's metrics.speculative_decoding, vLLM's /metrics counters and their
 per-position samples) tells the same story, unless `--spec-metrics-accept Y` makes /metrics count
 accept length Y instead: two sources that disagree, as vLLM and SpecForge did (vLLM issue #42508).
+`--spec-accept-category coding=3.6,writing=1.8` gives the bench client's built-in prompts of those categories
+their own accept length (code and arithmetic are drafted right more often than prose, as Spec-Bench found).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -137,3 +141,42 @@ class Counters:
         lines += [f"# HELP {name}_total Accepted tokens per draft position.", f"# TYPE {name}_total counter"]
         lines += [f'{name}_total{{{labels},position="{j}"}} {float(v)}' for j, v in enumerate(self.per_pos)]
         return lines
+
+
+# --- accept length by the prompt's category (--spec-accept-category): the truth per-category figures are tested on
+
+def category_table(s: str) -> dict[str, float]:
+    """`--spec-accept-category coding=3.6,writing=1.8`: accept length by category; ValueError when malformed."""
+    out: dict[str, float] = {}
+    for part in s.split(","):
+        name, eq, value = part.partition("=")
+        try:
+            x = float(value)
+        except ValueError:
+            x = 0.0
+        if not eq or not name.strip() or not 1 <= x < float("inf"):
+            raise ValueError(f"NAME=X pairs with X >= 1, e.g. coding=3.6,writing=1.8; not {part!r}")
+        out[name.strip()] = x
+    return out
+
+
+@functools.cache
+def _builtin_categories() -> tuple[tuple[str, str], ...]:
+    """(the prompt text as JSON writes it inside a string, its category) for the bench client's built-in set."""
+    from genready.tools import prompts
+    return tuple((json.dumps(p.text)[1:-1], p.category) for p in prompts.CATEGORIZED)
+
+
+def category_of(prompt_key: str) -> str | None:
+    """The category of a request whose prompt (as sent, JSON: sim.GenRequest.prompt_key) holds one of the bench
+    client's built-in categorised prompts; None for any other prompt. A server cannot know a category: the
+    simulator recognises its own test set, so that tests know the true accept length of each category."""
+    return next((cat for text, cat in _builtin_categories() if text in prompt_key), None)
+
+
+def accept_for(x: float, table: dict[str, float] | None, prompt_key: str) -> float:
+    """The accept length of one request: its category's in `table`, else `x` (--spec-accept)."""
+    if not table:
+        return x
+    cat = category_of(prompt_key)
+    return table.get(cat, x) if cat is not None else x

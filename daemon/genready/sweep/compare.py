@@ -49,6 +49,8 @@ def change(f: Figure, ra: Row | None, rb: Row | None) -> Change:
 
 
 def _key(r: Row) -> str:
+    if r.baseline:  # a baseline run may hold a plan point's very values: matched by its round, never with that point
+        return json.dumps([r.point, r.baseline], sort_keys=True)
     return json.dumps(r.point, sort_keys=True) if r.point else r.label
 
 

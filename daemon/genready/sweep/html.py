@@ -31,7 +31,7 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
-from genready.sweep.report import FIGURES, Figure, Row, figure_text, label_of
+from genready.sweep.report import FIGURES, RATIO_TITLES, Figure, Row, figure_text, label_of, ratio_text, with_baseline
 from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
@@ -330,8 +330,9 @@ def _table(rows: Sequence[Row]) -> str:
     e = htmlpage.text
     figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
                                                                          for r in rows))]
+    ratios = list(RATIO_TITLES) if with_baseline(rows) else []  # against the plan's baseline (speedup.py)
     head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
-            *(f.title for f in figures)]
+            *(f.title for f in figures), *(RATIO_TITLES[n] for n in ratios)]
     body = []
     for r in rows:
         unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
@@ -343,11 +344,18 @@ def _table(rows: Sequence[Row]) -> str:
         for f in figures:
             cls = " ".join(c for c, on in (("best", f.key in r.best), ("noisy", f.key in r.noisy)) if on)
             cells.append(f'<td class="{cls}">{e(figure_text(r, f))}</td>')
+        for n in ratios:
+            got = r.ratios.get(n)
+            noisy = got is not None and (got.within_noise(r.noise_limit) or (n == "speedup" and r.drifted is not None))
+            cells.append(f'<td class="{"noisy" if noisy else ""}">{e(ratio_text(r, n))}</td>')
         body.append(f'<tr class="{e(r.status.split()[0] if r.status else "")}">{"".join(cells)}</tr>')
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
               "plan's noise_limit). Red cache: warm, the point ran on a prefix cache an earlier run filled. Rows: red "
               "failed or not ready, orange invalidated." + (
                   " Unstable: its warmup stopped at warmup_max before TTFT and ITL settled (the requests it sent)."
-                  if any(r.unstable for r in rows) else "") + "</p>")
+                  if any(r.unstable for r in rows) else "")
+              + (" SPEEDUP: output tok/s / the baseline's before it at the same client settings, [95 % interval]; "
+                 "TTFT/ITL/E2E x: the point's p50 / the baseline's; orange: within the noise (~) or drifted (the "
+                 "baseline moved around the point)." if ratios else "") + "</p>")
     return ("<h2>Points</h2><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
             + "".join(body) + "</tbody></table>" + legend)

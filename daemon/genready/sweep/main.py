@@ -40,6 +40,7 @@ from genready.client import client
 from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
+from genready.sweep import baseline as sweepbaseline
 from genready.sweep import report as sweepreport
 from genready.sweep import searchrun
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
@@ -97,7 +98,8 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
     where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
         f"/{unit}.d/{DROPIN_NAME}"
     width = len(str(len(plan.points)))
-    groups = shard.take(plan.groups()) if shard else plan.groups()
+    groups = sweepbaseline.schedule(plan, shard.take(plan.groups()) if shard else plan.groups())
+    total = max([len(plan.points), *(p.index for g in groups for p in g)])  # baseline runs are numbered past the plan
     todo = [[p for p in g if p.index not in skip] for g in groups]
     todo = [g for g in todo if g]
     refused = refused_dropins(plan, [p for g in todo for p in g], results, check)[1] if check else {}
@@ -115,11 +117,12 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
           f"(--slot-save-path DIR, not --no-slots). A server without one runs its reused points warm (cache=warm): "
           f"{servercache.FIX}\n")
     for n, group in enumerate(groups, 1):
-        w(f"\n## server configuration {n}: points {', '.join(str(p.index) for p in group)}\n")
+        w(f"\n## server configuration {n}" + (f", the baseline (round {group[0].baseline})" if group[0].baseline
+                                               else "") + f": points {', '.join(str(p.index) for p in group)}\n")
         for i, p in enumerate(group):
             folder = results / p.slug(width) / "attempt-N"
             how = "restart" if restart_each or i == 0 else "reuse the verified instance, if still ready"
-            w(f"\n[{p.index}/{len(plan.points)}] {shown(p.label)}" + (
+            w(f"\n[{p.index}/{total}] {shown(p.label)}" + (
                 "  (ok earlier: skipped with --resume)" if p.index in skip else f"  ({how})") + "\n")
             text = plan.dropin_for(p, str(folder))
             if text is not None and (i == 0 or "out" in (plan.dropin.names if plan.dropin else [])):

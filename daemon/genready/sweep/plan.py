@@ -101,18 +101,22 @@ def text_of(v: Scalar) -> str:
 
 @dataclass(frozen=True)
 class Point:
-    index: int  # 1-based, in plan order
+    index: int  # 1-based, in plan order (a baseline run's: past the plan's points)
     values: tuple[tuple[str, Scalar], ...]
+    baseline: int = 0  # a run of the `baseline` configuration: its round (1, 2, ...); 0 for a plan point
 
     def as_dict(self) -> dict[str, Scalar]:
         return dict(self.values)
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+        words = " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+        return f"baseline#{self.baseline} {words}" if self.baseline else words
 
     def slug(self, width: int) -> str:
         words = "_".join(f"{k}={text_of(v)}" for k, v in self.values)
+        if self.baseline:
+            words = f"baseline{self.baseline}_" + words
         return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
 
 
@@ -213,6 +217,11 @@ KEYS: Final = (
             "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
+    PlanKey("baseline", "a table of NAME = value (server-side values), and optionally its own dropin", None,
+            'the server configuration speedups are measured against, e.g. { algo = "none" } (see sweep/baseline.py)'),
+    PlanKey("baseline_every", "an integer >= 1", None,
+            "run the baseline again after every N server configurations, and mark speedups it drifted under",
+            _number(1, integer=True)),
     PlanKey("prune", "an array of server-side axes with numbers", None,
             "axes whose larger values need more memory: a failed start skips every configuration at least as large "
             "on them (and equal on the others); their smaller values run first"),
@@ -270,6 +279,8 @@ class Plan:
     warmup_max_seconds: float
     max_failed_starts: int  # failed starts in a row that stop the sweep
     stray_wait: float  # seconds to wait for GPU strays to exit before a load or a run (sweep/strays.py)
+    baseline: Baseline | None = None  # the configuration speedups are measured against
+    baseline_every: int | None = None  # the baseline runs again after every N groups
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
@@ -297,9 +308,10 @@ class Plan:
         return words
 
     def dropin_for(self, point: Point, out: str) -> str | None:
-        if self.dropin is None:
+        template = self.baseline.dropin if point.baseline and self.baseline and self.baseline.dropin else self.dropin
+        if template is None:
             return None
-        text = self.dropin.expand({k: text_of(v) for k, v in point.values} | {"out": out}, for_systemd=True)
+        text = template.expand({k: text_of(v) for k, v in point.values} | {"out": out}, for_systemd=True)
         return text if text.endswith("\n") else text + "\n"
 
     def expect_for(self, point: Point) -> dict[str, str]:
@@ -320,6 +332,14 @@ class Plan:
                 self.dropin_for(p, "") or ""
             by_text.setdefault(key, []).append(p)
         return sweepprune.order([tuple(g) for g in by_text.values()], self.prune)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The `baseline` key: server-side values for the plan's drop-in, or a drop-in of its own."""
+
+    values: tuple[tuple[str, Scalar], ...]
+    dropin: Template | None
 
 
 def _found(v: object) -> str:
@@ -398,13 +418,14 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
             if name != "out" and not (search and name == "search") and name not in dict(p.values):
                 raise ConfigError(file, key, f"a value for {{{name}}} in every point",
                                   f"none in point {p.index} ({p.label})")
+    baseline = _baseline(data, file, dropin, command, points)
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
     axes = sweepprune.check_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
     if simple["warmup_max"] < 2 * simple["warmup_window"]:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                expect=expect, search=search, **simple)
+                expect=expect, baseline=baseline, search=search, **simple)
 
 
 def _search(data: Mapping[str, Any], file: str, command: tuple[Template, ...], where: list[str],
@@ -450,6 +471,45 @@ def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], .
             raise ConfigError(file, key, "a value of the point's own names ({out} is its folder)", repr(v)[:80])
         out.append((k, tpl))
     return tuple(out)
+
+
+def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, command: tuple[Template, ...],
+              points: tuple[Point, ...]) -> Baseline | None:
+    """The `baseline` table, checked: every placeholder of the drop-in it runs and of the command has a value
+    at every client setting; a value the plan's drop-in does not use is a typo (it would change nothing)."""
+    if "baseline" not in data:
+        if "baseline_every" in data:
+            raise ConfigError(file, "baseline_every", "a baseline key to run again", "no baseline")
+        return None
+    raw = data["baseline"]
+    if not isinstance(raw, dict):
+        raise ConfigError(file, "baseline", PLAN_KEYS["baseline"].expected, _found(raw))
+    own = None
+    if "dropin" in raw:
+        if not isinstance(raw["dropin"], str) or not raw["dropin"].lstrip().startswith(("[", "#", ";")):
+            raise ConfigError(file, "baseline.dropin", "unit file text beginning with a section such as [Service]",
+                              _found(raw["dropin"]))
+        own = Template.parse(raw["dropin"], file, "baseline.dropin")
+    values = tuple((_name(file, f"baseline.{k}", k), _scalar(file, f"baseline.{k}", v))
+                   for k, v in raw.items() if k != "dropin")
+    server = set(dropin.names) - {"out"} if dropin else set()
+    if own is None:
+        if dropin is None:
+            raise ConfigError(file, "baseline", "a dropin of its own (the plan has no drop-in to give values to)",
+                              "values only")
+        for k, _ in values:
+            if k not in server:
+                raise ConfigError(file, f"baseline.{k}", "a placeholder of the plan's drop-in: "
+                                  + (", ".join(sorted(server)) or "none"), repr(k))
+    given = {k for k, _ in values}
+    for p in points[:1]:
+        client = {k for k, _ in p.values if k not in server}
+        for tpl, key in [(own or dropin, "baseline.dropin" if own else "dropin"), *((w, "command") for w in command)]:
+            for name in tpl.names if tpl else []:
+                if name != "out" and name not in given | client:
+                    raise ConfigError(file, f"baseline.{name}", f"a value for {{{name}}} (used in {key})",
+                                      "none in the baseline")
+    return Baseline(values, own)
 
 
 def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) -> tuple[Point, ...]:

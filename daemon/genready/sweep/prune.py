@@ -158,7 +158,7 @@ def earlier_failures(points: Iterable[Point], lines: Iterable[Mapping[str, Any]]
     ok: set[int] = set()
     for line in lines:
         values = line.get("point")
-        p = by_values.get(_key(values)) if isinstance(values, dict) else None
+        p = by_values.get(_key(values)) if isinstance(values, dict) and not line.get("baseline") else None
         if p is None or line.get("fingerprint") != dict(fingerprints.get(p.index, {})):
             continue
         if line.get("status") == "ok":

@@ -32,6 +32,7 @@ from typing import Any, Final
 from genready import config, console
 from genready.redact import escape
 from genready.servers import engineconfig
+from genready.sweep import speedup
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -63,6 +64,7 @@ FIGURES: Final = (
     # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
+    Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
@@ -186,6 +188,14 @@ class Row:
     unstable: bool = False  # warmup = "stable" stopped at its bound before TTFT and ITL settled (a run of it did)
     engine: dict[str, Any] | None = None  # what its engine said it runs (engine_config's values), where read
     server: str = ""  # its server configuration: the digest of its rendered drop-in (the fingerprint's)
+    # Against the plan's baseline (speedup.py): a baseline run's round, or the round a point ran after;
+    # the point's client setting; each figure over its ok repeats; the ratios and the drift, at report time.
+    baseline: int = 0
+    baseline_round: int | None = None
+    client: dict[str, Any] | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    ratios: dict[str, speedup.Ratio] = field(default_factory=dict)
+    drifted: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +229,8 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
         m = re.match(r"(\d+)-", str(rec.get("out", "")))
         index = int(m.group(1)) if m else 0
     label = label_of(rec.get("point"))
+    if isinstance(b := rec.get("baseline"), int) and not isinstance(b, bool) and b > 0:
+        label = f"baseline#{b} {label}"
     if problem := field_problem(rec):
         warn_line(f"{where or folder}: {problem}; the point is shown as {UNREADABLE}")
         return Row(index, label, UNREADABLE)
@@ -237,6 +249,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
     cache = rec.get("cache")
     noise = _as_float(rec.get("noise_limit"))
     point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
+    base, before, client = rec.get("baseline"), rec.get("baseline_round"), rec.get("client")
     return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
                str(rec.get("pid") or "-"), _as_float(rec.get("load_seconds")), _as_float(rec.get("run_seconds")),
                rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable,
@@ -249,7 +262,12 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                         if isinstance(v := rec.get(k), str)},
                warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
                else None, unstable=rec.get("warmup_converged") is False,
-               engine=_engine_values(rec), server=_server_of(rec), throttled=rec.get("throttled") is True)
+               engine=_engine_values(rec), server=_server_of(rec), throttled=rec.get("throttled") is True,
+               baseline=base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0,
+               baseline_round=before if isinstance(before, int) and not isinstance(before, bool) else None,
+               client=client if isinstance(client, dict) else None,
+               samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
+               if rec.get("status") == "ok" else {})
 
 
 def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -288,7 +306,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               invocation_id=last.invocation_id,
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
               engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
-              throttled=any(r.throttled for r in oks))
+              throttled=any(r.throttled for r in oks),
+              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client)
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
@@ -300,6 +319,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
         row.figures = {}
         for f in FIGURES:
             vals = [v for fig in with_figures if (v := fig.get(f.key)) is not None and math.isfinite(v)]
+            if vals:
+                row.samples[f.key] = vals
             if len(vals) >= 2:
                 row.figures[f.key], row.spread[f.key] = spread_of(vals)
                 if f.ranked and row.spread[f.key].rmad > row.noise_limit:
@@ -341,6 +362,10 @@ def rows_from(read: Read) -> list[Row]:
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
             point = json.dumps(rec.get("point"), sort_keys=True)
+            if base := rec.get("baseline"):
+                # A baseline run may hold a plan point's values: never that point's row. Each host's shard runs
+                # the baseline itself, so its runs stay its own (speedup.attach matches by host).
+                point += "\0" + json.dumps([base, rec.get("host")])
             key = point + "\0" + json.dumps(rec.get("fingerprint"), sort_keys=True)
             if key not in by_point:
                 by_point[key], point_of[key] = [], point
@@ -356,6 +381,7 @@ def rows_from(read: Read) -> list[Row]:
         rows.append(row)
     rows.sort(key=lambda r: r.index)
     mark_best(rows)
+    speedup.attach(rows)
     return rows
 
 
@@ -431,6 +457,45 @@ def _pct(x: float) -> str:
     return "inf%" if math.isinf(x) else f"{100 * x:.1f}%"
 
 
+RATIO_TITLES: Final = {"speedup": "SPEEDUP", "ttft_ratio": "TTFT x", "itl_ratio": "ITL x", "e2e_ratio": "E2E x"}
+
+
+def with_baseline(rows: Sequence[Row]) -> bool:
+    return any(r.baseline for r in rows)
+
+
+def ratio_text(r: Row, name: str) -> str:
+    """A ratio against the baseline: `1.52x [1.31-1.77]`; a speedup below 1 says `slower`; `~` within the noise
+    (the interval holds 1); `drifted -23%` when the baseline moved around the point (speedup.py)."""
+    if r.baseline:
+        return "baseline" if name == "speedup" else "-"
+    got = r.ratios.get(name)
+    if got is None:
+        return "-"
+    text = f"{got.value:.2f}x"
+    if name == "speedup" and got.value < 1:
+        text += " slower"
+    if got.low is not None and got.high is not None:
+        text += f" [{got.low:.2f}-{got.high:.2f}]"
+    if got.within_noise(r.noise_limit):
+        text += " ~"
+    if name == "speedup" and r.drifted is not None:
+        text += f" drifted {100 * r.drifted:+.0f}%"
+    return text
+
+
+def ratio_json(r: Row) -> dict[str, Any]:
+    """The ratios of a row for --format json (derived at report time from the results and bench lines)."""
+    out: dict[str, Any] = {"baseline": r.baseline or None, "baseline_round": r.baseline_round}
+    for name, _ in speedup.RATIOS:
+        got = r.ratios.get(name)
+        out[name] = None if got is None else {
+            "value": _finite(got.value), "low": _finite(got.low), "high": _finite(got.high),
+            "within_noise": got.within_noise(r.noise_limit), "slowdown": name == "speedup" and got.value < 1,
+            **({"drifted": _finite(r.drifted)} if name == "speedup" and r.drifted is not None else {})}
+    return out
+
+
 def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[list[str], list[list[str]]]:
     """Header and cells; `new_last`: CACHE and RUNS after the figures, where they do not move a column a
     script reads by position (CSV)."""
@@ -447,8 +512,9 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else []) + \
         (["WARMUP"] if unstable else [])
     titles = [f.title for f in figures] if with_bench else []
+    ratios = list(RATIO_TITLES) if with_baseline(rows) else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
-        (titles + new if new_last else new + titles)
+        (titles + new if new_last else new + titles) + [RATIO_TITLES[n] for n in ratios]
     body = []
     for r in rows:
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
@@ -459,7 +525,7 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
-        body.append(cells + (figs + extra if new_last else extra + figs))
+        body.append(cells + (figs + extra if new_last else extra + figs) + [ratio_text(r, n) for n in ratios])
     return head, body
 
 
@@ -478,6 +544,10 @@ def legend(rows: Sequence[Row]) -> str:
         limit = max(r.noise_limit for r in rows)
         notes.append(f"median of the repeats (min-max, relative median absolute deviation); ! noisy: over "
                      f"{_pct(limit)}")
+    if with_baseline(rows):
+        notes.append("SPEEDUP: output tok/s / the baseline's run before it at the same client settings; TTFT/ITL/E2E "
+                     "x: the point's p50 / the baseline's (below 1: faster); [95 % interval over the repeats]; "
+                     "~ within the noise; drifted: the baseline's tok/s moved by that much around the point")
     if any(r.unstable for r in rows):
         notes.append("unstable: its warmup stopped at warmup_max (or warmup_max_seconds) before TTFT and ITL "
                      "settled: its figures may be those of a server still warming up")
@@ -522,7 +592,8 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "spread": {k: {"min": _finite(sp.low), "max": _finite(sp.high),
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
-                                     "warmup_requests": r.warmup_requests, "throttled": r.throttled} for r in rows]},
+                                     "warmup_requests": r.warmup_requests, "throttled": r.throttled,
+                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)

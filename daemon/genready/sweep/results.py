@@ -237,6 +237,8 @@ class Attempt:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
     shard: str | None = None  # --shard K/N
+    client: Mapping[str, Any] | None = None  # with a baseline: the point's client setting (sweep/baseline.py)
+    baseline_round: int | None = None  # with a baseline: the round of it that ran last before this point
     warmup_requests: int | None = None  # warmup requests sent before the run (None: none ran, not_ready)
     warmup_converged: bool | None = None  # warmup = "stable": whether it settled (False: unstable); else None
     engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
@@ -259,6 +261,10 @@ class Attempt:
             "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
             "warmup_requests": self.warmup_requests, "warmup_converged": self.warmup_converged,
         }
+        if self.point.baseline:
+            rec["baseline"] = self.point.baseline
+        if self.client is not None:
+            rec["client"], rec["baseline_round"] = dict(self.client), self.baseline_round
         if self.counters is not None:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
@@ -290,6 +296,7 @@ def ok_runs(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, A
         for r in recs:
             rep = r.get("repeat", 1)
             if r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) and \
+                    not r.get("baseline") and \
                     isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                     (fingerprints is None or not differing(r.get("fingerprint"), fingerprints[p.index])):
                 seen.setdefault(rep, r)
@@ -310,6 +317,8 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
     out: dict[int, list[str]] = {}
     by_point = {json.dumps(p.as_dict(), sort_keys=True): p for p in plan.points}
     for r in read_results(results / RESULTS_FILE):
+        if r.get("baseline"):
+            continue  # a run of the baseline, which may hold a plan point's values: not that point's line
         p = by_point.get(json.dumps(r.get("point"), sort_keys=True)) if isinstance(r.get("point"), dict) else None
         if p is None or p.index in out:
             continue

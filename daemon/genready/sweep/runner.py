@@ -20,7 +20,8 @@ from typing import Final, NoReturn, TextIO
 
 from genready import console
 from genready.exitcodes import Exit
-from genready.sweep import confirm, searchrun, steps, strays
+from genready.sweep import baseline as sweepbaseline
+from genready.sweep import confirm, searchrun, speedup, steps, strays
 from genready.sweep import report as sweepreport
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
@@ -50,14 +51,17 @@ class Sweep:
     def __init__(self, opts: SweepOptions, *, results: Results | None = None, out: TextIO = sys.stdout,
                  err: TextIO = sys.stderr, pruner: Pruner | None = None) -> None:
         self.opts = opts
-        self.groups = opts.shard.take(opts.plan.groups()) if opts.shard else opts.plan.groups()
+        self.groups = sweepbaseline.schedule(opts.plan, opts.shard.take(opts.plan.groups()) if opts.shard
+                                             else opts.plan.groups())
+        self.round_before = sweepbaseline.round_before(self.groups)
         self.out = out
-        self.console = Console(err, len(opts.plan.points))
+        self.console = Console(err, max([len(opts.plan.points), *(p.index for g in self.groups for p in g)]))
         self.results = results or Results()
         self.signals = Signals()
         self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts)
         self.fingerprints = {p.index: fingerprint(opts.plan, p, opts.target, opts.unit,
-                                                  restart_each=opts.every_run_restarts) for p in opts.plan.points}
+                                                  restart_each=opts.every_run_restarts)
+                             for p in [*opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]}
         self.life: DropinLife | None = None
         # prune.py: the failed starts that prune larger configurations, and the stop after failed starts in a row
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
@@ -164,7 +168,9 @@ class Sweep:
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
                       time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
-                      plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None)
+                      plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
+                      client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
+                      baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None)
         try:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
                 return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
@@ -285,7 +291,7 @@ class Sweep:
     def summary(self, skipped: set[int]) -> None:
         rows = []
         where = str(self.opts.results / RESULTS_FILE)
-        for p in self.opts.plan.points:
+        for p in [*self.opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
                     rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
@@ -294,6 +300,7 @@ class Sweep:
                 continue
             rows.append(sweepreport.point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
         sweepreport.mark_best(rows)
+        speedup.attach(rows)
         text = sweepreport.render(rows)
         ok = self.results.ok_count() + len(skipped)
         n = sum(len(g) for g in self.groups)

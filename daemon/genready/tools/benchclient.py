@@ -50,8 +50,9 @@ figure a speculative-decoding sweep compares, comes from the server:
   llamacpp:spec_decode_num_{accepted_tokens,drafts}_total counters. Its answers also carry
   timings.draft_n / draft_n_accepted: `draft_acceptance` = Σ accepted / Σ drafted over the run
   (null when no answer drafted), the share of drafted tokens the target model kept.
-Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py),
-`--dataset FILE`, or random token ids (`--random-input-len`).
+Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py; by default
+six categories, whose figures are also given per category), `--dataset FILE`, or random token ids
+(`--random-input-len`).
 """
 
 
@@ -123,6 +124,10 @@ def sweep_point(env: Mapping[str, str]) -> Any:
 # --duration without -n: at most this many requests (a bound on the run's memory, not a target).
 DURATION_REQUEST_CAP: Final = 100_000
 DEFAULT_REQUESTS: Final = 50
+# Said once after a run of random token ids on a speculative server (vLLM issue #33497, llama.cpp PR #27711).
+RANDOM_ACCEPT_NOTE: Final = ("acceptance on random tokens does not predict acceptance on real prompts: drafts of "
+                             "random ids are accepted at a rate no real text has; measure acceptance with the "
+                             "built-in categories or a --dataset")
 RANDOM_POOL: Final = 1000  # --duration: random prompts drawn, then sent again in turn
 
 
@@ -180,6 +185,7 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
     else:
         lines.append(f"  accept     length - (no speculative decoding seen){server}")
     lines += s.acceptance_lines()
+    lines += s.category_lines()
     if s.new_connections:
         lines.append(f"  connection new per request: {s.new_connections}")
     if load is not None:
@@ -271,7 +277,7 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
         "draft_accepted": drafts.accepted if drafts else None,
         "spec_decode_counters": s.metrics_counts, "counters_accept_length": _r(s.metrics_accept),
-        **s.acceptance_fields(),
+        **s.acceptance_fields(), "categories": s.categories(),
         "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
         "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
@@ -364,7 +370,8 @@ def prompt_set(args: argparse.Namespace) -> list[Prompt]:
     elif args.prompt is not None:
         base, args.prompt_source = [Prompt(args.prompt)], "--prompt"
     else:
-        base, args.prompt_source = list(prompt_sets.BUILTIN), f"built-in ({len(prompt_sets.BUILTIN)} prompts)"
+        base = list(prompt_sets.PROMPT_SETS[args.prompts])
+        args.prompt_source = f"built-in {args.prompts} ({len(base)} prompts)"
     if args.random_output_len:  # the same prompts, each with its own drawn output length
         return [dataclasses.replace(p, max_tokens=prompt_sets.random_prompt(
             rng, None, args.random_output_len, args.random_range_ratio).max_tokens) for p in base]
@@ -411,11 +418,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stream the answers, for time to first token and inter-token latency (default: on)")
     p.add_argument("--timeout", type=_positive_float, default=60.0, metavar="S",
                    help="seconds one request may take, connecting included (default: %(default)s)")
-    p.add_argument("--prompt", help="one prompt for every request (default: the built-in set of "
-                   f"{len(prompt_sets.BUILTIN)} varied prompts: chat, code, reasoning, summarising)")
+    p.add_argument("--prompt", help="one prompt for every request (default: the built-in set named by --prompts)")
+    p.add_argument("--prompts", choices=tuple(prompt_sets.PROMPT_SETS), default=next(iter(prompt_sets.PROMPT_SETS)),
+                   help="the built-in set sent without --prompt, --dataset or random ids: categories (8 prompts "
+                   "in each of 6 categories, figures per category) or classic (the earlier 32 uncategorised "
+                   "prompts) (default: %(default)s)")
     p.add_argument("--dataset", metavar="FILE", help="prompts from FILE: JSON Lines with \"prompt\" (text) or "
-                   "\"messages\" (chat) per line, or a ShareGPT-style JSON array (\"conversations\" of from/value); "
-                   "the first turn of each; exit 65 naming FILE:LINE if it is missing, empty or malformed")
+                   "\"messages\" (chat) per line and an optional \"category\", Spec-Bench's or MT-bench's "
+                   "question.jsonl (question_id, category, turns), or a ShareGPT-style JSON array "
+                   "(\"conversations\" of from/value); the first turn of each; exit 65 naming FILE:LINE if it is "
+                   "missing, empty or malformed")
     p.add_argument("--random-input-len", type=_positive_int, metavar="N", help="send random token ids, N per "
                    "prompt (no tokenizer needed): SGLang gets input_ids, /v1/completions a prompt of ids; "
                    "openai-chat cannot take them (exit 64)")
@@ -545,6 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shown = figures if args.request_rate or args.duration is not None else None
     console.write(format_summary(summary, env, stream=args.stream, load=shown, slo=slo),
                   sys.stdout)  # a closed stdout: --output still
+    if args.random_input_len and summary.speculative():
+        console.err(f"benchclient: {RANDOM_ACCEPT_NOTE}")
     if args.output:
         try:
             write_result(Path(args.output), result_json(args, summary, env, figures, slo))

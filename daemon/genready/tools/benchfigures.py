@@ -33,6 +33,8 @@ SGLANG_META_SOURCE: Final = "meta_info.spec_verify_ct (return_meta_info)"
 SGLANG_SERVER_SOURCE: Final = "get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)"
 # Two sources of one figure that differ by more than this (relative to the larger) disagree.
 DISAGREEMENT: Final = 0.05
+# The category of a dataset's prompts that name none, when others do
+UNCATEGORISED: Final = "(none)"
 # A histogram longer than this is no draft length any server runs: not counted.
 MAX_HISTOGRAM: Final = 256
 # An SSE event that may carry an answer's counts (each kind's answer_spec path's first key)
@@ -194,6 +196,7 @@ class Outcome:
     sent: float = 0.0  # seconds after the run's start it was sent (the run sets it; benchload's rates)
     arrival: float | None = None  # seconds after the start it was due (--request-rate); None: back to back
     late: float = 0.0  # seconds the client itself was behind the schedule when it was due (not a slot's wait)
+    category: str = ""  # its prompt's category (tools/prompts.py): the run's figures are also given per category
 
 
 @dataclass
@@ -345,6 +348,39 @@ class Summary:
                          f"vs {d['counters']} from /metrics ({d['counters_source']})")
         if (missing := self.acceptance_missing()) is not None:
             lines.append(f"  accept     {missing}")
+        return lines
+
+    def categories(self) -> dict[str, dict[str, Any]] | None:
+        """The figures per prompt category, from the answers alone (a server's /metrics and averages cannot be
+        split by prompt): requests, output tokens, accept length and draft acceptance token-weighted as the
+        run's (accept, draft_acceptance), and output tok/s as Σ tokens / Σ request seconds (the categories'
+        requests share the run's wall time, so each request's own speed is what compares them). None when no
+        prompt has a category; prompts without one are counted under UNCATEGORISED."""
+        if not any(o.category for o in self.outcomes):
+            return None
+        out: dict[str, dict[str, Any]] = {}
+        for name in sorted({o.category or UNCATEGORISED for o in self.outcomes}):
+            part = Summary(0, self.concurrency, sglang_openai=self.sglang_openai, sglang=self.sglang,
+                           outcomes=[o for o in self.outcomes if (o.category or UNCATEGORISED) == name])
+            length, source = part.accept()
+            acceptance = part.draft_acceptance()
+            seconds = sum(o.seconds for o in part.outcomes if o.ok)
+            out[name] = {"requests": len(part.outcomes), "ok": part.ok, "output_tokens": part.tokens,
+                         "output_tokens_per_second": round(part.tokens / seconds, 3) if seconds > 0 else None,
+                         "accept_length": None if length is None else round(length, 4),
+                         "accept_length_source": source,
+                         "draft_acceptance": None if acceptance is None else round(acceptance, 4)}
+        return out
+
+    def category_lines(self) -> list[str]:
+        """The text summary's lines per category (none without categories)."""
+        lines = []
+        for name, c in (self.categories() or {}).items():
+            accept = "-" if c["accept_length"] is None else f"{c['accept_length']:.2f}"
+            drafts = "" if c["draft_acceptance"] is None else f", draft acceptance {c['draft_acceptance']:.3f}"
+            speed = "-" if c["output_tokens_per_second"] is None else f"{c['output_tokens_per_second']:.1f}"
+            lines.append(f"  category   {name}: {c['requests']} requests, accept length {accept}{drafts}, "
+                         f"{speed} output tok/s per request")
         return lines
 
     @property

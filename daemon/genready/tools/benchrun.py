@@ -383,6 +383,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
         # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it.
         bodies: list[dict[str, Any]] = []
+        categories: list[str] = []  # each body's prompt's category
         order = random.Random(load.seed)
 
         def body(i: int) -> dict[str, Any]:
@@ -395,6 +396,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                     elif summary.sglang_openai:
                         b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
                     bodies.append(b)
+                    categories.append(p.category)
             return bodies[i]
 
         in_flight = 0
@@ -416,7 +418,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
             finally:
                 in_flight -= 1
-            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late)
+            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late, category=categories[i])
             if not summary.new_connections:
                 summary.new_connections = why_not_reuse(trace, outcome, connector)
             summary.outcomes.append(outcome)

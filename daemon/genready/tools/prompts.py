@@ -1,10 +1,14 @@
 """What the bench client sends: the built-in prompts, a dataset file, or random token ids.
 
 Speculative decoding's accept length depends on the text being generated, so one fixed
-sentence measures little. The default is a small built-in set written for genready (chat,
-code, reasoning, summarising, extraction, translation: short and long). `--dataset FILE` reads
-JSON Lines with `prompt` (text) or `messages` (chat) per line, or a ShareGPT-style JSON array
-(`conversations` with `from`/`value`); the first turn of each conversation is used.
+sentence measures little. The default is a built-in set written for genready, eight prompts in each of six
+categories (writing, coding, mathematical reasoning, summarization, translation, extraction), each asking
+for a long answer; `--prompts classic` is the earlier set of 32 uncategorised ones. Figures are given per
+category (a dataset entry's `category`). `--dataset FILE` reads
+JSON Lines with `prompt` (text) or `messages` (chat) per line, Spec-Bench's and MT-bench's question.jsonl
+(`question_id`, `category`, `turns`: FastChat's fastchat/llm_judge/data/mt_bench/question.jsonl, Spec-Bench's
+data/spec_bench/question.jsonl), or a ShareGPT-style JSON array (`conversations` with `from`/`value`); the
+first turn of each conversation is sent (later turns are kept on the Prompt, not yet sent).
 `--random-input-len` sends random token ids (no tokenizer needed), as SGLang's and vLLM's
 benchmark scripts do for their "random" datasets.
 """
@@ -35,6 +39,8 @@ class Prompt:
     messages: tuple[tuple[str, str], ...] = ()  # (role, content), for the chat API
     ids: tuple[int, ...] = ()
     max_tokens: int | None = None
+    category: str = ""  # the kind of prompt ("coding", "writing", ...): figures are given per category
+    later_turns: tuple[str, ...] = ()  # a multi-turn question's later user turns (MT-bench, Spec-Bench); not sent yet
 
     def as_text(self) -> str:
         """For a text API: the text, or the chat turn's contents one after another."""
@@ -101,8 +107,114 @@ BUILTIN: Final[tuple[Prompt, ...]] = (
 )
 
 
+# The default set (--prompts categories): six kinds of prompt, eight each, written for genready (copied from no
+# dataset). Spec-Bench and MT-bench report acceptance per category because drafts of code and arithmetic are
+# accepted far more often than drafts of free prose; each prompt asks for a long answer (at least 128 tokens).
+_LONG: Final = " Write at least 200 words."
+_SOURCE_TEXT: Final = (
+    "The readiness daemon watches each inference server that systemd starts. When the server's main process "
+    "changes, every earlier result is forgotten, because a new process has not yet shown that it can generate. "
+    "The daemon then sends a short real generation request and waits for tokens to come back. Only when the "
+    "answer arrives from the current process does it tell systemd that the unit is ready. If the model takes "
+    "six minutes to load, the unit stays in its starting state for six minutes, and anything ordered after it "
+    "waits. Operators liked this because dashboards stopped showing green while a model was still loading, and "
+    "load balancers stopped sending traffic to a port that accepted connections but could not yet answer.")
+_TEXTS: Final = {
+    "writing": (
+        "Write a short story about a night-shift engineer who discovers that the cluster's oldest GPU has been "
+        "quietly finishing everyone else's jobs.",
+        "Write a persuasive blog post arguing that small teams should write their own runbooks before buying "
+        "monitoring tools.",
+        "Write a letter from a lighthouse keeper to the engineer who will replace the lamp with an automatic one.",
+        "Write the opening chapter of a mystery novel set in a data centre during a week-long heat wave.",
+        "Write a speech for the retirement party of a colleague who maintained the company's build system for "
+        "twenty years.",
+        "Write a travel essay about a slow train journey through mountain villages in late autumn.",
+        "Write a product announcement for a fictional kettle that tells you, politely, when the water is ready.",
+        "Write a dialogue between two programmers arguing about tabs and spaces, in which both slowly change "
+        "their minds.",
+    ),
+    "coding": (
+        "Write a Python module that implements an LRU cache class with get, put and a capacity limit, with type "
+        "hints, docstrings and a few pytest tests.",
+        "Write a C function that reverses a singly linked list in place, the struct definition, and a main "
+        "function that builds, reverses and prints a list of ten nodes.",
+        "Write a Go program that reads lines from standard input, counts how often each word occurs, and prints "
+        "the twenty most frequent words with their counts.",
+        "Write a TypeScript class for a rate limiter using the token bucket algorithm, with a method that says "
+        "whether a request may go now, and example usage.",
+        "Write a Rust function that parses a simple INI file into a map of sections to key-value maps, returning "
+        "an error with the line number for malformed lines, and unit tests.",
+        "Write a bash script that rotates log files in a directory: compress files older than a day, delete "
+        "compressed files older than a week, and print what it did.",
+        "Write a Python asyncio program that fetches ten URLs concurrently with at most three requests in flight, "
+        "retrying each failed request twice with exponential backoff.",
+        "Write a SQL schema for a library (books, members, loans) and five queries: overdue loans, most borrowed "
+        "books, members with no loans, loans per month, and books never borrowed.",
+    ),
+    "math_reasoning": (
+        "A tank holds 1200 litres. One pipe fills it in 40 minutes and another drains it in 60 minutes. Starting "
+        "empty with both open, how long until it is full? Solve step by step and check the answer.",
+        "Prove that the sum of the first n odd numbers is n squared, first by induction and then with a picture "
+        "argument described in words.",
+        "A shop raises a price by 20 percent and later lowers it by 20 percent. Is the final price higher or "
+        "lower than the original, and by how much? Work through it with an example and then in general.",
+        "Solve the system 2x + 3y - z = 5, x - y + 2z = 3, 3x + y + z = 10 step by step, and verify the solution.",
+        "Three dice are rolled. What is the probability that the sum is exactly 10? Count the cases carefully "
+        "and explain the method.",
+        "A car travels 150 km at 60 km/h and returns at 90 km/h. What is its average speed for the whole trip? "
+        "Explain why it is not 75 km/h.",
+        "Find all integer solutions of x squared minus y squared equals 45, showing each step of the reasoning.",
+        "A savings account pays 4 percent a year, compounded monthly. Starting with 5000, how much is there "
+        "after 3 years? Show each step and compare with yearly compounding.",
+    ),
+    "summarization": tuple(f"{ask}\n\n{_SOURCE_TEXT}" for ask in (
+        "Summarise the following text in a paragraph, then list its three main claims.",
+        "Summarise the following text for a manager who has no technical background.",
+        "Summarise the following text as release notes, with a headline and bullet points.",
+        "Summarise the following text, then say what questions an operator might still have.",
+        "Write a summary of the following text for a newsletter, and suggest a title.",
+        "Summarise the following text in the form of a short FAQ with four questions and answers.",
+        "Summarise the following text and then explain the problem it solves in your own words.",
+        "Summarise the following text for an engineer who will run the daemon for the first time.",
+    )),
+    "translation": tuple(f"{ask}\n\n{_SOURCE_TEXT}" for ask in (
+        "Translate the following text into French.",
+        "Translate the following text into German.",
+        "Translate the following text into Spanish.",
+        "Translate the following text into Italian.",
+        "Translate the following text into Portuguese.",
+        "Translate the following text into Dutch.",
+        "Translate the following text into Polish.",
+        "Translate the following text into Swedish.",
+    )),
+    "extraction": tuple(f"{ask}\n\n{_SOURCE_TEXT}" for ask in (
+        "From the following text, extract every actor (person, program or system) and what each one does, as a "
+        "table, then explain each row.",
+        "From the following text, extract every event in the order it happens, as a numbered list with a "
+        "sentence on each.",
+        "From the following text, answer these questions and quote the sentence that supports each answer: "
+        "What resets the daemon's results? What does it send? When does it notify systemd? Who benefited?",
+        "From the following text, extract all durations and conditions as JSON with keys and values, then "
+        "explain each key.",
+        "From the following text, list every claim about operators and say for each whether the text gives "
+        "evidence for it.",
+        "From the following text, extract the technical terms and define each one in two sentences.",
+        "From the following text, extract the cause and effect pairs, one per line, and explain each link.",
+        "From the following text, answer: why does the unit stay starting for six minutes, and what would go "
+        "wrong without this design? Support each point with the text.",
+    )),
+}
+CATEGORIZED: Final[tuple[Prompt, ...]] = tuple(Prompt(text + _LONG, category=cat)
+                                               for cat, texts in _TEXTS.items() for text in texts)
+# --prompts: the built-in sets by name; the first is the default (without --prompt, --dataset or random ids).
+PROMPT_SETS: Final[dict[str, tuple[Prompt, ...]]] = {"categories": CATEGORIZED, "classic": BUILTIN}
+
+
 # ShareGPT's own dump is ~650 MB: the cap is for a FIFO's or a device's endless stream, not a real dataset.
 MAX_DATASET_BYTES: Final = 1 << 30
+# A category is a label in a table, not text: longer ones are a mistaken field.
+MAX_CATEGORY: Final = 64
 
 
 def load_dataset(path: Path) -> list[Prompt]:
@@ -176,10 +288,20 @@ def _prompt(path: Path, line: int, doc: Any) -> Prompt | None:
     where = f"{path}:{line}"
     if not isinstance(doc, dict):
         raise DatasetError(f"{where}: expected a JSON object, found {type(doc).__name__}")
+    category = doc.get("category", "")
+    if not isinstance(category, str) or len(category) > MAX_CATEGORY:
+        raise DatasetError(f"{where}: \"category\": expected text of at most {MAX_CATEGORY} characters, "
+                           f"found {category!r:.40}")
     if "prompt" in doc:
         if not isinstance(doc["prompt"], str) or not doc["prompt"].strip():
             raise DatasetError(f"{where}: \"prompt\": expected non-empty text, found {doc['prompt']!r:.40}")
-        return Prompt(doc["prompt"])
+        return Prompt(doc["prompt"], category=category)
+    if "turns" in doc:  # Spec-Bench's and MT-bench's question.jsonl: {"question_id", "category", "turns": [...]}
+        turns = doc["turns"]
+        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+            raise DatasetError(f"{where}: \"turns\": expected a non-empty list of non-empty texts, "
+                               f"found {turns!r:.40}")
+        return Prompt(turns[0], category=category, later_turns=tuple(turns[1:]))
     if "messages" in doc:
         turns = [(m.get("role"), m.get("content")) for m in doc["messages"] if isinstance(m, dict)] \
             if isinstance(doc["messages"], list) else []
@@ -187,7 +309,8 @@ def _prompt(path: Path, line: int, doc: Any) -> Prompt | None:
         turns = [(_ROLES.get(str(m.get("from"))), m.get("value")) for m in doc["conversations"]
                  if isinstance(m, dict)] if isinstance(doc["conversations"], list) else []
     else:
-        raise DatasetError(f"{where}: expected \"prompt\", \"messages\" or \"conversations\", found keys "
+        raise DatasetError(f"{where}: expected \"prompt\", \"messages\" or \"conversations\" (or MT-bench's "
+                           "\"turns\"), found keys "
                            f"{', '.join(sorted(doc)) or 'none'}")
     first: list[tuple[str, str]] = []
     for role, content in turns:
@@ -195,7 +318,7 @@ def _prompt(path: Path, line: int, doc: Any) -> Prompt | None:
             raise DatasetError(f"{where}: a turn without role/from and content/value text")
         first.append((role, content))
         if role == "user":
-            return Prompt(messages=tuple(first))
+            return Prompt(messages=tuple(first), category=category)
     return None  # a conversation that starts with the assistant: nothing to ask
 
 

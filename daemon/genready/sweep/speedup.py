@@ -1,0 +1,158 @@
+"""Speedup against the sweep's baseline: ratios with a 95 % interval over repeats, and the drift check.
+
+The method (docs/sweeps.md, "Speedup against a baseline"): a ratio is taken on the log scale, as the
+ratio of the two sides' geometric means, exp(mean(log a) - mean(log b)), and its interval is Welch's t
+interval for that difference of means, exponentiated. Throughput and latency are positive and their run
+to run noise is multiplicative, so on the log scale it is close to normal and of like size on both sides;
+Welch's t carries the uncertainty of variances estimated from 2 to 5 repeats in its few degrees of freedom
+(t(0.975, 2) = 4.30), where a bootstrap over 2 or 3 repeats has 3 to 10 distinct resamples and an interval
+far too narrow. With one run on one side, the other side's variance stands for both (df = n - 1); with one
+run on each side there is no interval, and the plan's `noise_limit` says what is noise (as --compare does).
+
+Pure functions: no file, clock or random state (the tests' generator is theirs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+LEVEL: Final = 0.95
+# (results/report name, the figure it is the ratio of): speedup is a point's output tok/s over the baseline's;
+# the latency ratios are the point's p50 over the baseline's (below 1: faster).
+RATIOS: Final = (("speedup", "output_tokens_per_second"), ("ttft_ratio", "ttft_p50_ms"),
+                 ("itl_ratio", "itl_p50_ms"), ("e2e_ratio", "e2e_p50_ms"))
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _ibeta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """Student's t distribution function with `df` > 0 degrees of freedom (need not be an integer)."""
+    tail = 0.5 * _ibeta(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies (bisection)."""
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A over B: the ratio of geometric means, and its interval (None with one run on each side)."""
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+
+    def within_noise(self, noise_limit: float) -> bool:
+        """The interval holds 1; without one, the ratio is within `noise_limit` of 1."""
+        if self.low is None or self.high is None:
+            return abs(self.value - 1.0) <= noise_limit
+        return self.low <= 1.0 <= self.high
+
+
+def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Ratio | None:
+    """mean-of-logs ratio of the runs `a` over the runs `b`, with its `level` interval (module doc); None when
+    a side has no run, or a value that is not finite and positive (no ratio of a zero throughput)."""
+    if not a or not b or any(not (math.isfinite(v) and v > 0) for v in (*a, *b)):
+        return None
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    diff = statistics.fmean(la) - statistics.fmean(lb)
+    na, nb = len(la), len(lb)
+    if na < 2 and nb < 2:
+        return Ratio(math.exp(diff))
+    if na >= 2 and nb >= 2:
+        va, vb = statistics.variance(la) / na, statistics.variance(lb) / nb
+        se2 = va + vb
+        # Welch-Satterthwaite; with no spread on either side the interval is the value itself
+        df = se2 * se2 / (va * va / (na - 1) + vb * vb / (nb - 1)) if se2 > 0 else float(na + nb - 2)
+    else:
+        s2 = statistics.variance(la if na >= 2 else lb)
+        se2, df = s2 * (1 / na + 1 / nb), float(max(na, nb) - 1)
+    half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2)
+    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half))
+
+
+def drift(before: Sequence[float], after: Sequence[float], noise_limit: float) -> float | None:
+    """How far the baseline's throughput moved from one round (`before`) to the next (`after`), as a fraction
+    (-0.2: 20 % slower), when that is more than its noise; None when it is within the noise or unknown."""
+    r = ratio(after, before)
+    if r is None or r.within_noise(noise_limit):
+        return None
+    return r.value - 1.0
+
+
+class Measured(Protocol):
+    """What attach() reads and writes of a report row (report.Row)."""
+
+    status: str
+    host: str
+    noise_limit: float
+    baseline: int
+    baseline_round: int | None
+    client: dict[str, Any] | None
+    samples: dict[str, list[float]]
+    ratios: dict[str, Ratio]
+    drifted: float | None
+
+
+def attach(rows: Sequence[Measured]) -> None:
+    """Each ok point's ratios against the baseline round that ran before it at its client setting (same host),
+    and `drifted` when that round and the next one differ by more than the baseline's noise."""
+    bases: dict[str, Measured] = {}
+    for r in rows:
+        if r.baseline and r.status == "ok" and r.client is not None:
+            bases[json.dumps([r.host, r.baseline, r.client], sort_keys=True)] = r
+    for r in rows:
+        if r.baseline or r.status != "ok" or r.client is None or not r.baseline_round:
+            continue
+        base = bases.get(json.dumps([r.host, r.baseline_round, r.client], sort_keys=True))
+        if base is None:
+            continue
+        for name, key in RATIOS:
+            if (got := ratio(r.samples.get(key, []), base.samples.get(key, []))) is not None:
+                r.ratios[name] = got
+        after = bases.get(json.dumps([r.host, r.baseline_round + 1, r.client], sort_keys=True))
+        if after is not None:
+            key = RATIOS[0][1]
+            r.drifted = drift(base.samples.get(key, []), after.samples.get(key, []), base.noise_limit)
