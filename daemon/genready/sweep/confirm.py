@@ -14,7 +14,7 @@ compared, for each point run on it, with those flags and with the plan's `expect
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -114,8 +114,8 @@ def drafting(checked: Checked, counters: servermetrics.RunCounters | None) -> ec
     return ec.drafting_verdict(ec.speculative(checked.engine.got.values), drafted(checked.engine.kind, counters))
 
 
-def run(ctx: Ctx, point: Point, v: Verified, folder: Path, engines: dict[str, Engine | None]
-        ) -> tuple[Ran, Checked | None]:
+def run(ctx: Ctx, point: Point, v: Verified, folder: Path, engines: dict[str, Engine | None],
+        search_args: Sequence[str] | None = None) -> tuple[Ran, Checked | None]:
     """The point's command on `v` (steps.run_command) unless its engine reports another configuration than its
     flags or the plan's `expect` (then config_mismatch, not run); `engines` keeps the one instance's report,
     read at its first point (by invocation id), so a reused instance is not asked again."""
@@ -129,7 +129,7 @@ def run(ctx: Ctx, point: Point, v: Verified, folder: Path, engines: dict[str, En
                              f"({checked.verdict.reason})")
         return Ran(Status(checked.verdict.status), checked.verdict.reason, time.time(),
                    Cache.COLD_START if v.restarted else Cache.WARM), checked
-    ran = steps.run_command(ctx, point, v, folder)
+    ran = steps.run_command(ctx, point, v, folder, search_args)
     if checked is not None and ran.status is Status.OK and (d := drafting(checked, ran.counters)).status:
         ran = replace(ran, status=Status(d.status), reason=d.reason)
     return ran, checked

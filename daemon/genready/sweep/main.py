@@ -42,6 +42,7 @@ from genready.exitcodes import Exit, Failed
 from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
 from genready.sweep import report as sweepreport
+from genready.sweep import searchrun
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
@@ -194,7 +195,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if changed and args.resume != RERUN_CHANGED:
         raise Failed(other_lines(results, changed), hint=f"write to a new folder (--results NEW), or redo those points "
                      f"and keep the rest (--resume={RERUN_CHANGED})", status=Exit.CONFIG)
-    done = ok_runs(plan, results, fingerprints) if args.resume else {}
+    # a search's points resume step by step (searchrun.py reads their lines): none is skipped whole
+    done = ok_runs(plan, results, fingerprints) if args.resume and plan.search is None else {}
     skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
@@ -337,6 +339,8 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
         text = sweepreport.render(rows, fmt)
+        if fmt == "table":  # a [search]'s found values, a line per configuration (searchrun.py)
+            text += searchrun.table([Path(f) for f in folders])
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK

@@ -17,7 +17,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -25,6 +25,7 @@ from typing import Any, Final
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 from genready.sweep import prune as sweepprune
+from genready.sweep import search as sweepsearch
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -33,6 +34,7 @@ MAX_POINTS: Final = 10_000
 # A plan file is read whole: bounded like the config file, and only a regular file (a FIFO would block).
 MAX_PLAN_BYTES: Final = 16 << 20
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SEARCH_WORD: Final = ("search",)  # the command's word a search step's bench flags replace
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 @dataclass(frozen=True)
@@ -246,6 +248,10 @@ KEYS: Final = (
             "seconds to wait, before a point's server loads and before its command runs, for processes of an "
             "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
             "(--ignore-strays: do not wait)", _number(0)),
+    PlanKey("search", "a table: mode, axis, steps, spacing, max_concurrency, max_steps, slo, start, "
+            "max_requests_per_step, max_step_seconds", None,
+            "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
+            "command's word {search}"),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -278,6 +284,7 @@ class Plan:
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
+    search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -288,9 +295,17 @@ class Plan:
     def stable(self) -> bool:
         return self.warmup == STABLE
 
-    def command_for(self, point: Point, out: str) -> list[str]:
+    def command_for(self, point: Point, out: str, search_args: Sequence[str] | None = None) -> list[str]:
+        """The point's command; with a [search], its word `{search}` replaced by a step's bench flags
+        (`search_args`), or left as written without them (the fingerprint, --dry-run)."""
         values = {k: text_of(v) for k, v in point.values} | {"out": out}
-        return [w.expand(values) for w in self.command]
+        words: list[str] = []
+        for w in self.command:
+            if self.search is not None and w.parts == (SEARCH_WORD,):
+                words += list(search_args) if search_args is not None else ["{search}"]
+            else:
+                words.append(w.expand(values))
+        return words
 
     def dropin_for(self, point: Point, out: str) -> str | None:
         template = self.baseline.dropin if point.baseline and self.baseline and self.baseline.dropin else self.dropin
@@ -392,6 +407,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
 
     points = _points(data, file, frozenset(dropin.names) if dropin else frozenset())
     expect = _expect(data, file)
+    search = _search(data, file, command, where, points)
     used: dict[str, str] = {}  # placeholder -> the key it appears in
     for tpl, key in [(dropin, "dropin"), *zip(command, where, strict=True),
                      *((t, f"expect.{k}") for k, t in expect)]:
@@ -399,7 +415,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
             used.setdefault(name, key)
     for p in points:
         for name, key in used.items():
-            if name != "out" and name not in dict(p.values):
+            if name != "out" and not (search and name == "search") and name not in dict(p.values):
                 raise ConfigError(file, key, f"a value for {{{name}}} in every point",
                                   f"none in point {p.index} ({p.label})")
     baseline = _baseline(data, file, dropin, command, points)
@@ -409,7 +425,28 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                expect=expect, baseline=baseline, **simple)
+                expect=expect, baseline=baseline, search=search, **simple)
+
+
+def _search(data: Mapping[str, Any], file: str, command: tuple[Template, ...], where: list[str],
+            points: tuple[Point, ...]) -> sweepsearch.SearchSpec | None:
+    """The plan's `[search]` (search.parse's checks), and a command that can take each step's load: a word
+    `{search}` on its own, which the step's bench flags replace; a point value named `search` is refused."""
+    if "search" not in data:
+        return None
+    spec = sweepsearch.parse(data["search"], file)
+    alone = [k for t, k in zip(command, where, strict=True) if t.parts == (SEARCH_WORD,)]
+    inside = [k for t, k in zip(command, where, strict=True) if "search" in t.names and t.parts != (SEARCH_WORD,)]
+    if inside or len(alone) != 1:
+        raise ConfigError(file, inside[0] if inside else "command",
+                          "one word {search} on its own in the command, where each search step's bench flags go "
+                          "(-n, -c, --duration, --request-rate, --slo)",
+                          f"{len(alone)} such words" + (" and {search} inside a word" if inside else ""))
+    for p in points:
+        if "search" in dict(p.values):
+            raise ConfigError(file, "matrix.search", "no point value named search (the name of the search "
+                              "steps' flags in the command)", f"one in point {p.index} ({p.label})")
+    return spec
 
 
 def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], ...]:

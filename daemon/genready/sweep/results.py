@@ -16,7 +16,7 @@ import math
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -125,6 +125,8 @@ def fingerprint(plan: Plan, point: Point, target: str, unit: str, *, restart_eac
                           "target": target, "unit": unit, "restart_each": restart_each}
     for key in RUN_KEYS:
         fp[key] = str(getattr(plan, key)) if key == "between_points" else getattr(plan, key)
+    if plan.search is not None:  # another search is another run; a plan without one keeps its fingerprint
+        fp["search"] = json.loads(json.dumps(asdict(plan.search)))  # plain strings, as a line read back has
     if plan.stable:  # the rule that ended the warmup; not warmup_max_seconds, a bound in time (as `timeout`)
         fp["warmup_rule"] = {"window": plan.warmup_window, "tolerance": plan.warmup_tolerance,
                              "max": plan.warmup_max}

@@ -21,7 +21,7 @@ from typing import Final, NoReturn, TextIO
 from genready import console
 from genready.exitcodes import Exit
 from genready.sweep import baseline as sweepbaseline
-from genready.sweep import confirm, speedup, steps, strays
+from genready.sweep import confirm, searchrun, speedup, steps, strays
 from genready.sweep import report as sweepreport
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
@@ -29,6 +29,7 @@ from genready.sweep.plan import Point
 from genready.sweep.prune import Pruner, Source, failed_start
 from genready.sweep.report import RESULTS_FILE
 from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
+from genready.sweep.searchrun import SearchStep
 from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
 from genready.timewords import duration
 from genready.tools import servercache
@@ -66,6 +67,7 @@ class Sweep:
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
         self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
         self.engines: dict[str, confirm.Engine | None] = {}  # the loaded instance's own report (confirm.py)
+        self.searched_earlier: set[int] = set()  # search points whose every step an earlier run did (--resume)
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -101,7 +103,10 @@ class Sweep:
                     if (by := self.pruner.pruned_by(point)) is not None:
                         self._skip(log, point, n, by)
                         continue
-                    instance = self._point(ctx, log, point, n, instance)
+                    if self.opts.plan.search is not None:  # its steps, each a run like any other
+                        instance = searchrun.run(self, ctx, log, point, n, instance)
+                    else:
+                        instance = self._point(ctx, log, point, n, instance)
                     self._prune_after(point, skip)
         except Interrupted:
             interrupted = True
@@ -116,7 +121,7 @@ class Sweep:
                     log.close()
                 for s, h in old.items():
                     signal.signal(s, h)
-        self.summary(skip)
+        self.summary(skip | self.searched_earlier)
         if interrupted:
             return Exit.INTERRUPTED
         return Exit.OK if self.results.all_ok() else Exit.TIMEOUT
@@ -125,33 +130,41 @@ class Sweep:
                ) -> Verified | None:
         """Every repeat of a point not ok yet, each tried up to `attempts` times; the instance a next point of
         the group may reuse."""
-        repeats, attempts = self.opts.plan.repeats, self.opts.plan.attempts
+        repeats = self.opts.plan.repeats
         for r in range(1, repeats + 1):
             if r in self.results.done_repeats(point.index):
                 continue  # --resume: this repeat is ok already
             if repeats > 1:
                 self.console.progress(point, f"repeat {r} of {repeats}")
-            for n in range(1, attempts + 1):
-                try:
-                    att, instance, stop = self._attempt(ctx, point, group, r, instance)
-                except Stopped as e:
-                    self._record(log, e.attempt)
-                    raise Interrupted() from None
-                self._record(log, att)
-                if stop:
-                    raise SweepError(stop)
-                if att.status not in RETRIED or not att.retry or self.signals.count:
-                    break
-                if n < attempts:
-                    self.console.progress(point, f"retrying ({n + 1} of {attempts} runs)")
-            self.signals.check()
+            _, instance = self.tries(ctx, log, point, group, r, instance)
         return instance
 
-    def _attempt(self, ctx: Ctx, point: Point, group: int, repeat: int, instance: Verified | None
-                 ) -> tuple[Attempt, Verified | None, str]:
+    def tries(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, repeat: int, instance: Verified | None,
+              step: SearchStep | None = None) -> tuple[Attempt, Verified | None]:
+        """One repeat (of a search step: its flags, its folder, its line's fields), tried up to `attempts` times:
+        its last attempt, and the instance a next run may reuse."""
+        attempts = self.opts.plan.attempts
+        for n in range(1, attempts + 1):
+            try:
+                att, instance, stop = self._attempt(ctx, point, group, repeat, instance, step)
+            except Stopped as e:
+                self._record(log, e.attempt, **(step.fields if step else {}))
+                raise Interrupted() from None
+            self._record(log, att, **(step.fields if step else {}))
+            if stop:
+                raise SweepError(stop)
+            if att.status not in RETRIED or not att.retry or self.signals.count:
+                break
+            if n < attempts:
+                self.console.progress(point, f"retrying ({n + 1} of {attempts} runs)")
+        self.signals.check()
+        return att, instance
+
+    def _attempt(self, ctx: Ctx, point: Point, group: int, repeat: int, instance: Verified | None,
+                 step: SearchStep | None = None) -> tuple[Attempt, Verified | None, str]:
         """One try: a verified instance (reused or started), then the command on it. The attempt, the instance
         a next point of the group may reuse, and why the sweep cannot go on ("" if it can)."""
-        folder, k = self._folder(point, repeat)
+        folder, k = self._folder(point, repeat, step.index if step else None)
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
                       time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
@@ -171,7 +184,7 @@ class Sweep:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # left by this restart
                 return replace(att, status=Status.INVALIDATED, reason=stop, ended_at=time.time(), retry=False,
                                pid=got.pid, invocation_id=got.invocation_id), None, stop
-            ran, checked = confirm.run(ctx, point, got, folder, self.engines)
+            ran, checked = confirm.run(ctx, point, got, folder, self.engines, step.args if step else None)
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
                                   ended_at=time.time())) from None
@@ -179,10 +192,12 @@ class Sweep:
         att = on_instance(att, got, ran)
         return (replace(att, **checked.records()) if checked is not None else att), keep, ""
 
-    def _folder(self, point: Point, repeat: int = 1) -> tuple[Path, int]:
+    def _folder(self, point: Point, repeat: int = 1, step: int | None = None) -> tuple[Path, int]:
         """A fresh folder for this attempt: DIR/NN-point/attempt-K (DIR/NN-point/repeat-R/attempt-K with
-        repeats), K one past the last that exists."""
+        repeats; DIR/NN-point/step-SS/... for a search step), K one past the last that exists."""
         base = self.opts.results / point.slug(len(str(len(self.opts.plan.points))))
+        if step is not None:
+            base = base / f"step-{step:02d}"
         if self.opts.plan.repeats > 1:
             base = base / f"repeat-{repeat}"
         k = 1

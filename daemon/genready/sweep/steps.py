@@ -19,7 +19,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -329,16 +329,17 @@ def prepare(ctx: Ctx, point: Point, v: Verified) -> tuple[Cache, Warmed]:
     return cache, warmed
 
 
-def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path) -> Ran:
-    """The warmup and flush, then the point's command pinned to `v` (guard.run_pinned); Interrupted if the
-    sweep was signalled meanwhile."""
+def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, search_args: Sequence[str] | None = None
+                ) -> Ran:
+    """The warmup and flush, then the point's command pinned to `v` (guard.run_pinned), a search step's
+    `search_args` in its word {search}; Interrupted if the sweep was signalled meanwhile."""
     o, say = ctx.opts, ctx.console
     if why := guard.stale_config(o.target, v.pinned):
         # Its unit was edited and reloaded since it started: results would be filed under settings it does not run.
         say.progress(point, f"not running the command: {why}")
         return Ran(Status.NOT_READY, why, time.time(), Cache.COLD_START if v.restarted else Cache.WARM)
     cache, warmed = prepare(ctx, point, v)
-    cmd = o.plan.command_for(point, str(folder))
+    cmd = o.plan.command_for(point, str(folder), search_args)
     env = dict(os.environ, **guard.guard_env(o.target, v.pinned),
                GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
     how = "started" if v.restarted else "reused"
