@@ -299,7 +299,9 @@ def test_a_baseline_that_slowed_between_groups_marks_the_speedups_in_between_dri
     rows = {(r["point"]): r for r in json.loads(_report(rig, "--format", "json"))["rows"]}
     first, second = rows["lat=0.005 c=1"]["speedup"], rows["lat=0.006 c=1"]["speedup"]
     assert first["drifted"] < -0.3, first  # the baseline lost its speed between its rounds 1 and 2
-    assert "drifted" not in second, second  # rounds 2 and 3 ran alike
+    # Rounds 2 and 3 ran alike: no drift near the injected one. (Two tight repeats a round on a busy machine
+    # can still differ past their own noise by some per cent: a real drift, if a small one, so it may be marked.)
+    assert "drifted" not in second or abs(second["drifted"]) < 0.25, second
     line = next(ln for ln in _report(rig).splitlines() if ln.startswith("lat=0.005 "))
     assert " drifted -" in line, line
 
