@@ -544,26 +544,25 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     # comes before the result figures in a table, after them in CSV.
     described = [f for f in figures if not f.ranked] if with_bench else []
     figures = [f for f in figures if f.ranked]
-    unstable = any(r.unstable for r in rows)
+    unstable, pos = any(r.unstable for r in rows), with_positions(rows)
     new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else []) + \
-        (["WARMUP"] if unstable else [])
+        (["WARMUP"] if unstable else []) + (["ACC/POS"] if pos else [])
     titles = [f.title for f in figures] if with_bench else []
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []
-    pos = with_positions(rows)
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
-        (titles + new if new_last else new + titles) + pos * ["ACC/POS"] + [RATIO_TITLES[n] for n in ratios]
+        (titles + new if new_last else new + titles) + [RATIO_TITLES[n] for n in ratios]
     body = []
     for r in rows:
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
         if with_host:
             cells.append(escape(r.host) or "-")
         extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
-            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else [])
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else []) + \
+            ([positions_text(r.accept_per_position)] if pos else [])
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
-        body.append(cells + (figs + extra if new_last else extra + figs) + pos * [positions_text(r.accept_per_position)]
-                    + [ratio_text(r, n) for n in ratios])
+        body.append(cells + (figs + extra if new_last else extra + figs) + [ratio_text(r, n) for n in ratios])
     return head, body
 
 
