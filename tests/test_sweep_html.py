@@ -253,3 +253,73 @@ def test_an_axis_of_many_text_values_labels_at_most_max_ticks(tmp_path: Path,
     plot = svgs(report(folder, capsys))[0]
     ticks = re.findall(r"<!-- (m\d{5}x*\.\.\.) -->", plot)
     assert ticks[:2] == ["m00000" + "x" * 31 + "...", "m00075" + "x" * 31 + "..."] and len(ticks) == 40, ticks
+
+
+def measured(tmp: Path, points: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]) -> Path:
+    """A results folder: per point (its results line's extra fields, its bench line, its plan values), an out
+    folder holding that bench line as the bench client writes it (an empty bench line: no bench.jsonl)."""
+    folder = tmp / "measured"
+    folder.mkdir()
+    lines = []
+    for i, (extra, bench, point) in enumerate(points, 1):
+        out = f"{i:04d}-p"
+        if bench:
+            folder.joinpath(out).mkdir()
+            folder.joinpath(out, "bench.jsonl").write_text(json.dumps(bench) + "\n")
+        lines.append(json.dumps({"index": i, "status": "ok", "group": 1, "point": point, "out": out,
+                                 "repeat": extra.pop("repeat", 1), **extra}))
+    folder.joinpath("results.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def test_per_position_acceptance_is_a_column_and_a_json_list_only_where_a_point_has_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = measured(tmp_path, [
+        ({}, {"output_tokens_per_second": 100.0, "accept_per_position": [0.81, 0.62, 0.4],
+              "accept_per_position_source": "counters"}, {"c": 1}),
+        ({}, {"output_tokens_per_second": 90.0}, {"c": 2}),  # no per-position figures: "-"
+        ({"metrics_accept_per_position": [0.5, 0.25]}, {"output_tokens_per_second": 80.0}, {"c": 3}),  # the sweep's
+        ({}, {"output_tokens_per_second": 70.0, "accept_per_position": [0.9, "x"]}, {"c": 4}),  # not numbers: "-"
+    ])
+    assert sweep.report_main([str(folder)], "table") == 0
+    table = capsys.readouterr().out.splitlines()
+    assert "ACC/POS" in table[0]
+    assert "0.81 0.62 0.40" in table[1] and "0.50 0.25" in table[3], table
+    at = table[0].index("ACC/POS")  # before the figures, as the other columns that describe the run
+    assert table[2][at:].startswith("- ") and table[4][at:].startswith("- "), table
+    assert any(t.startswith("(ACC/POS:") for t in table), table
+    assert sweep.report_main([str(folder)], "json") == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["accept_per_position"] for r in rows] == [[0.81, 0.62, 0.4], None, [0.5, 0.25], None]
+    page = report(folder, capsys)
+    assert "<th>ACC/POS</th>" in page and "<td>0.81 0.62 0.40</td>" in page
+    (tmp_path / "plain").mkdir()
+    plain = measured(tmp_path / "plain", [({}, {"output_tokens_per_second": 1.0}, {"c": 1})])
+    assert sweep.report_main([str(plain)], "table") == 0
+    assert "ACC/POS" not in capsys.readouterr().out
+    assert "ACC/POS" not in report(plain, capsys)
+
+
+def test_per_position_acceptance_over_repeats_is_the_median_per_position() -> None:
+    folder = Path("/nonexistent")  # no "out": nothing read from disk
+    recs = [({"index": 1, "status": "ok", "repeat": k, "point": {"c": 1}, "metrics_accept_per_position": pos},
+             folder, f"r:{k}") for k, pos in enumerate(([0.9, 0.5], [0.7, 0.3, 0.1], [0.8]), 1)]
+    assert sweepreport.point_row(recs).accept_per_position == [0.8, 0.4, 0.1]
+
+
+def test_tokens_per_second_against_power_is_drawn_only_where_a_point_has_power(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    power = measured(tmp_path, [({"mean_power_w": w, "energy_j": w * 10, "tokens_per_joule": tps / w},
+                                 {"output_tokens_per_second": tps}, {"c": c})
+                                for c, (w, tps) in enumerate(((310.5, 1200.0), (455.0, 1900.0)), 1)])
+    page = report(power, capsys)
+    assert page.count('id="power"') == 1 and "OUT tok/s against mean GPU power W" in page
+    drawn = [s for s in svgs(page) if "<!-- mean GPU power W -->" in s]
+    assert len(drawn) == 1 and "<!-- c=1 -->" in drawn[0] and "<!-- c=2 -->" in drawn[0], drawn  # labelled
+    assert sweep.report_main([str(power)], "json") == 0
+    assert [r["mean_power_w"] for r in json.loads(capsys.readouterr().out)["rows"]] == [310.5, 455.0]
+    (tmp_path / "plain").mkdir()
+    plain = measured(tmp_path / "plain", [({}, {"output_tokens_per_second": 1200.0}, {"c": 1}),
+                                          ({}, {"output_tokens_per_second": 1900.0}, {"c": 2})])
+    page = report(plain, capsys)
+    assert 'id="power"' not in page and not [s for s in svgs(page) if "mean GPU power" in s]

@@ -16,7 +16,8 @@ and load time), one plot per figure against the plan's axes (x: one axis, `--x`,
 client-side axis with the most values; one line per value of the other axes, `--lines` first,
 by default one per server configuration; repeats as error bars from min to max), and output
 tokens/s against TTFT p50 and against ITL p50, one mark per point, with the Pareto front drawn
-and its points labelled.
+and its points labelled; where some point has the GPUs' mean power, output tokens/s against it, each point
+labelled.
 """
 
 from __future__ import annotations
@@ -31,7 +32,18 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
-from genready.sweep.report import FIGURES, RATIO_TITLES, Figure, Row, figure_text, label_of, ratio_text, with_baseline
+from genready.sweep.report import (
+    FIGURES,
+    RATIO_TITLES,
+    Figure,
+    Row,
+    figure_text,
+    label_of,
+    positions_text,
+    ratio_text,
+    with_baseline,
+    with_positions,
+)
 from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
@@ -271,6 +283,33 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
     return (_svg(fig), [p[2] for p in front]), left
 
 
+def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Output tokens/s against the GPUs' mean power, one labelled mark per ok point that has both: (the SVG,
+    None without data; the points left out, each with why)."""
+    pts, left = [], []
+    for r in rows:
+        fig_ = r.figures or {}
+        w, tps = fig_.get("mean_power_w"), fig_.get("output_tokens_per_second")
+        if r.status != "ok" or w is None or tps is None:
+            continue
+        x, y = plottable(w), plottable(tps)
+        if x is None or y is None:
+            left.append((r.label, f"mean power W = {_shown(w)}, OUT tok/s = {_shown(tps)}"))
+        else:
+            pts.append((x, y, r.label))
+    if not pts:
+        return None, left
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=20)
+    for p in pts[:40]:  # past that the labels would cover the marks
+        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("mean GPU power W")
+    ax.set_ylabel("OUT tok/s")
+    ax.grid(alpha=0.3)
+    return _svg(fig), left
+
+
 def _names(names: Sequence[str]) -> str:
     """Axis names for a line of text: the first SHOWN_NAMES, then how many more."""
     shown = ", ".join(names[:SHOWN_NAMES]) or "-"
@@ -323,6 +362,11 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
             plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
                          f"{_left_out(left)}</div>")
+    svg, left = power_plot(mpl, rows)
+    if svg or left:
+        what = "OUT tok/s against mean GPU power W"
+        image = htmlpage.data_image(svg, what) if svg else ""
+        plots.append(f'<div class="plot" id="power"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
     out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
     return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html
 
@@ -332,8 +376,9 @@ def _table(rows: Sequence[Row]) -> str:
     figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
                                                                          for r in rows))]
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []  # against the plan's baseline (speedup.py)
+    pos = with_positions(rows)  # the engine's acceptance per draft position, where some point has it
     head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
-            *(f.title for f in figures), *(RATIO_TITLES[n] for n in ratios)]
+            *(f.title for f in figures), *(["ACC/POS"] if pos else []), *(RATIO_TITLES[n] for n in ratios)]
     body = []
     for r in rows:
         unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
@@ -345,6 +390,8 @@ def _table(rows: Sequence[Row]) -> str:
         for f in figures:
             cls = " ".join(c for c, on in (("best", f.key in r.best), ("noisy", f.key in r.noisy)) if on)
             cells.append(f'<td class="{cls}">{e(figure_text(r, f))}</td>')
+        if pos:
+            cells.append(f"<td>{e(positions_text(r.accept_per_position))}</td>")
         for n in ratios:
             got = r.ratios.get(n)
             noisy = got is not None and (got.within_noise(r.noise_limit) or (n == "speedup" and r.drifted is not None))

@@ -65,10 +65,14 @@ FIGURES: Final = (
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
     Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
+    # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
+    Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
-                       "tokens_per_joule": "tokens_per_joule"}
+                       "tokens_per_joule": "tokens_per_joule", "mean_power_w": "mean_power_w"}
+MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
+SHOWN_POSITIONS: Final = 6  # in a table cell, then how many more
 
 
 class ReportError(Exception):
@@ -131,11 +135,35 @@ def _as_float(v: Any) -> float | None:
 def bench_figures(folder: Path) -> dict[str, float | None] | None:
     """The figures of the last bench line in `folder`/bench.jsonl, or None without one. config.FileError
     for a bench.jsonl that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
+    last = bench_line(folder)
+    return None if last is None else {f.key: _as_float(last.get(f.key)) for f in FIGURES}
+
+
+def bench_line(folder: Path) -> dict[str, Any] | None:
+    """The last line of `folder`/bench.jsonl, or None without one; config.FileError as bench_figures()."""
     lines = numbered_lines(folder / BENCH_FILE, warn=False)
-    if not lines:
+    return lines[-1][1] if lines else None
+
+
+def positions_of(v: Any) -> list[float] | None:
+    """An `accept_per_position` value (bench line, results line) as finite numbers, or None when it is not a
+    non-empty list of them (the first MAX_POSITIONS kept)."""
+    if not isinstance(v, list) or not v:
         return None
-    last = lines[-1][1]
-    return {f.key: _as_float(last.get(f.key)) for f in FIGURES}
+    got = [_as_float(x) for x in v[:MAX_POSITIONS]]
+    return None if any(x is None or not math.isfinite(x) for x in got) else [x for x in got if x is not None]
+
+
+def positions_text(pos: Sequence[float] | None) -> str:
+    """An ACC/POS cell: `0.81 0.62 0.40`, the first SHOWN_POSITIONS then `+N`; `-` without figures."""
+    if not pos:
+        return "-"
+    more = f" +{len(pos) - SHOWN_POSITIONS}" if len(pos) > SHOWN_POSITIONS else ""
+    return " ".join(f"{x:.2f}" for x in pos[:SHOWN_POSITIONS]) + more
+
+
+def with_positions(rows: Sequence[Row]) -> bool:
+    return any(r.accept_per_position for r in rows)
 
 
 # The fields of a results.jsonl line a row shows, and what each must be (None is always fine).
@@ -196,6 +224,7 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     ratios: dict[str, speedup.Ratio] = field(default_factory=dict)
     drifted: float | None = None
+    accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
 
 
 @dataclass(frozen=True)
@@ -235,10 +264,11 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
         warn_line(f"{where or folder}: {problem}; the point is shown as {UNREADABLE}")
         return Row(index, label, UNREADABLE)
     out = rec.get("out")
-    figures, unreadable = None, False
+    figures, unreadable, line = None, False, None
     if isinstance(out, str):
         try:
-            figures = bench_figures(folder / out)
+            line = bench_line(folder / out)
+            figures = None if line is None else {f.key: _as_float(line.get(f.key)) for f in FIGURES}
         except config.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
@@ -266,6 +296,8 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                baseline=base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0,
                baseline_round=before if isinstance(before, int) and not isinstance(before, bool) else None,
                client=client if isinstance(client, dict) else None,
+               accept_per_position=None if unreadable else positions_of((line or {}).get("accept_per_position"))
+               or positions_of(rec.get("metrics_accept_per_position")),
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
                if rec.get("status") == "ok" else {})
 
@@ -314,6 +346,10 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
     row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
     runs = [r.run for r in oks if r.run is not None]
     row.run = statistics.median(runs) if runs else last.run
+    got = [r.accept_per_position for r in oks if r.accept_per_position]
+    if got:  # per position, the median over the ok repeats that reach it
+        row.accept_per_position = [statistics.median(p[j] for p in got if j < len(p))
+                                   for j in range(max(len(p) for p in got))]
     with_figures = [r.figures for r in oks if r.figures]
     if with_figures:
         row.figures = {}
@@ -508,9 +544,9 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     # comes before the result figures in a table, after them in CSV.
     described = [f for f in figures if not f.ranked] if with_bench else []
     figures = [f for f in figures if f.ranked]
-    unstable = any(r.unstable for r in rows)
+    unstable, pos = any(r.unstable for r in rows), with_positions(rows)
     new = (["CACHE"] if cache else []) + [f.title for f in described] + (["RUNS"] if repeats else []) + \
-        (["WARMUP"] if unstable else [])
+        (["WARMUP"] if unstable else []) + (["ACC/POS"] if pos else [])
     titles = [f.title for f in figures] if with_bench else []
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
@@ -521,7 +557,8 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         if with_host:
             cells.append(escape(r.host) or "-")
         extra = ([escape(r.cache) or "-"] if cache else []) + [figure_text(r, f) for f in described] + \
-            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else [])
+            ([f"{r.runs_ok}/{r.runs}"] if repeats else []) + ([warmup_text(r)] if unstable else []) + \
+            ([positions_text(r.accept_per_position)] if pos else [])
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
@@ -554,6 +591,9 @@ def legend(rows: Sequence[Row]) -> str:
     if any(r.throttled for r in rows):
         notes.append("~ throttled: a GPU's clocks were held back during the run by something other than idling "
                      "(power cap, heat; its gpu.json says which)")
+    if with_positions(rows):
+        notes.append("ACC/POS: the share of verify steps that accepted the draft at position 0, 1, ... (the engine's "
+                     "per-position counters or the answers' histograms; median over the repeats)")
     if any(r.cache == "warm" for r in rows):
         notes.append("warm: ran on a prefix cache an earlier run filled (not flushed): its TTFT is biased low")
     if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
@@ -593,6 +633,7 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
                                      "warmup_requests": r.warmup_requests, "throttled": r.throttled,
+                                     "accept_per_position": r.accept_per_position,
                                      **(ratio_json(r) if with_baseline(rows) else {})} for r in rows]},
                           indent=2, allow_nan=False) + "\n"
     if fmt == "csv":

@@ -268,6 +268,7 @@ class Attempt:
         if self.counters is not None:
             rec["prefix_cache_hit_rate"] = self.counters.prefix_cache_hit_rate
             rec["metrics_accept_length"] = self.counters.accept_length
+            rec["metrics_accept_per_position"] = self.counters.accept_per_position
             rec["counters_reset"] = bool(self.counters.reset)
         if self.engine_config is not None:
             rec["engine_config"] = dict(self.engine_config)
