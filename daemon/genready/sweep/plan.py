@@ -24,7 +24,6 @@ from typing import Any, Final
 
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
-from genready.sweep import prune as sweepprune
 from genready.sweep import search as sweepsearch
 
 Scalar = str | int | float | bool
@@ -147,6 +146,7 @@ def _between(v: object) -> object:
     return Between(v) if isinstance(v, str) and v in tuple(Between) else _BAD
 
 
+MAX_FAILED_STARTS: Final = 3  # the plan key's default: a broken model path should not cost 48 loads
 STABLE: Final = "stable"  # warmup = "stable": until the medians settle (convergence.py)
 
 
@@ -225,7 +225,7 @@ KEYS: Final = (
     PlanKey("prune", "an array of server-side axes with numbers", None,
             "axes whose larger values need more memory: a failed start skips every configuration at least as large "
             "on them (and equal on the others); their smaller values run first"),
-    PlanKey("max_failed_starts", "an integer >= 1", sweepprune.MAX_FAILED_STARTS,
+    PlanKey("max_failed_starts", "an integer >= 1", MAX_FAILED_STARTS,
             "starts in a row that end before they are verified, after which the sweep stops (exit 1; --keep-going "
             "goes on)", _number(1, integer=True)),
     # warmup = "stable" (convergence.py): its windows, its tolerance and its bounds
@@ -325,13 +325,13 @@ class Plan:
         Groups come in the order of their first point, and keep the plan's order inside. A drop-in
         that uses `{out}` differs for every point (each has its own folder): one point per group.
         Without a drop-in every point runs on the unit's own configuration: one group. With `prune`, groups
-        with smaller values on its axes come first (prune.order)."""
+        with smaller values on its axes come first (_smaller_first)."""
         by_text: dict[str, list[Point]] = {}
         for p in self.points:
             key = str(p.index) if self.dropin is not None and "out" in self.dropin.names else \
                 self.dropin_for(p, "") or ""
             by_text.setdefault(key, []).append(p)
-        return sweepprune.order([tuple(g) for g in by_text.values()], self.prune)
+        return _smaller_first([tuple(g) for g in by_text.values()], self.prune)
 
 
 @dataclass(frozen=True)
@@ -420,12 +420,44 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
                                   f"none in point {p.index} ({p.label})")
     baseline = _baseline(data, file, dropin, command, points)
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
-    axes = sweepprune.check_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
+    axes = _prune_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
     if simple["warmup_max"] < 2 * simple["warmup_window"]:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
                 expect=expect, baseline=baseline, search=search, **simple)
+
+
+def _prune_axes(file: str, raw: object, server_axes: Sequence[str], points: Sequence[Point]) -> tuple[str, ...]:
+    """The plan's `prune` list (prune.py), validated: each a distinct axis of the drop-in (a server-side axis)
+    whose values are numbers in every point (a size to compare); else a ConfigError naming file, key,
+    expected and found."""
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        kind = "array" if isinstance(raw, list) else type(raw).__name__
+        raise ConfigError(file, "prune", "an array of axis names, such as [\"draft\", \"topk\"]",
+                          f"{kind} {raw!r}"[:80])
+    for i, axis in enumerate(raw):
+        key = f"prune[{i}]"
+        if axis not in server_axes:
+            raise ConfigError(file, key, "a server-side axis: one the drop-in uses ("
+                              + (", ".join(server_axes) or "the plan has none") + ")", repr(axis)[:80])
+        if axis in raw[:i]:
+            raise ConfigError(file, key, "each axis once", f"{axis!r} again")
+        for p in points:
+            v = p.as_dict().get(axis)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ConfigError(file, key, "an axis whose values are numbers (sizes that can be ordered) in "
+                                  "every point", f"{v!r} in point {p.index} ({p.label})"[:120])
+    return tuple(raw)
+
+
+def _smaller_first(groups: Sequence[tuple[Point, ...]], axes: Sequence[str]) -> list[tuple[Point, ...]]:
+    """The groups with smaller values on the pruned axes first (in the order `axes` lists them), the
+    plan's order kept between equals: a failed start is met before the configurations it prunes."""
+    def size(g: tuple[Point, ...]) -> tuple[float, ...]:
+        values = g[0].as_dict()
+        return tuple(float(values[a]) for a in axes)  # numbers: _prune_axes
+    return sorted(groups, key=size) if axes else list(groups)
 
 
 def _search(data: Mapping[str, Any], file: str, command: tuple[Template, ...], where: list[str],

@@ -8,7 +8,8 @@ equal on the plan's other server-side axes is not loaded: its points are recorde
 so a failure is met before the configurations it prunes.
 
 A start that timed out (still loading at `timeout`) neither prunes nor counts as a failed start: the
-server did not fail, it was slow, and a longer `timeout` may see it verified. Pure functions and one
+server did not fail, it was slow, and a longer `timeout` may see it verified. plan.py checks the
+`prune` key and orders the groups; what follows a failed start is here: pure functions and one
 small state (Pruner), read by the runner; a resumed sweep rebuilds it from results.jsonl.
 """
 
@@ -16,47 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-from genready.config import ConfigError
+from genready.sweep.plan import Point, Scalar
 
-if TYPE_CHECKING:  # plan.py imports this module (the group order): types only, no cycle at run time
-    from genready.sweep.plan import Point, Scalar
-
-MAX_FAILED_STARTS: Final = 3  # the plan key's default: a broken model path should not cost 48 loads
 LAST_LINES: Final = 3  # per failed start, in the message of the stop
-
-
-def check_axes(file: str, raw: object, server_axes: Sequence[str], points: Sequence[Point]) -> tuple[str, ...]:
-    """The plan's `prune` list, validated: each a distinct axis of the drop-in (a server-side axis) whose
-    values are numbers in every point (a size to compare); else a ConfigError naming file, key, expected
-    and found."""
-    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
-        kind = "array" if isinstance(raw, list) else type(raw).__name__
-        raise ConfigError(file, "prune", "an array of axis names, such as [\"draft\", \"topk\"]",
-                          f"{kind} {raw!r}"[:80])
-    for i, axis in enumerate(raw):
-        key = f"prune[{i}]"
-        if axis not in server_axes:
-            raise ConfigError(file, key, "a server-side axis: one the drop-in uses ("
-                              + (", ".join(server_axes) or "the plan has none") + ")", repr(axis)[:80])
-        if axis in raw[:i]:
-            raise ConfigError(file, key, "each axis once", f"{axis!r} again")
-        for p in points:
-            v = p.as_dict().get(axis)
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ConfigError(file, key, "an axis whose values are numbers (sizes that can be ordered) in "
-                                  "every point", f"{v!r} in point {p.index} ({p.label})"[:120])
-    return tuple(raw)
-
-
-def order(groups: Sequence[tuple[Point, ...]], axes: Sequence[str]) -> list[tuple[Point, ...]]:
-    """The groups with smaller values on the pruned axes first (in the order `axes` lists them), the
-    plan's order kept between equals: a failed start is met before the configurations it prunes."""
-    def size(g: tuple[Point, ...]) -> tuple[float, ...]:
-        values = g[0].as_dict()
-        return tuple(float(values[a]) for a in axes)  # numbers: check_axes
-    return sorted(groups, key=size) if axes else list(groups)
 
 
 def at_least_as_large(failed: Mapping[str, Scalar], other: Mapping[str, Scalar], axes: Sequence[str],

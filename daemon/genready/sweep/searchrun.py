@@ -17,20 +17,17 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from genready.config import FileError
 from genready.store import durable
 from genready.sweep import search
+from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
 from genready.sweep.report import BENCH_FILE, RESULTS_FILE, numbered_lines, read_results
-from genready.sweep.results import Status, differing, json_text, same_point, writing
-from genready.sweep.steps import Ctx, Verified
+from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
+from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
-
-if TYPE_CHECKING:  # the runner calls this module: only its type here
-    from genready.sweep.results import ResultsLog
-    from genready.sweep.runner import Sweep
 
 SEARCH_FILE: Final = "search.jsonl"  # DIR/search.jsonl: what each configuration's search found, a line each
 
@@ -50,6 +47,20 @@ class SearchStep:
     def fields(self) -> dict[str, Any]:
         return {"search_step": self.step.index, "search_kind": self.step.kind, "search_rate": self.step.rate,
                 "search_concurrency": self.step.concurrency}
+
+
+class Sweep(Protocol):
+    """What a search asks of the runner that calls it (runner.Sweep), so that this module need not import it:
+    its options, console, store and fingerprints, and one run tried up to `attempts` times."""
+
+    opts: SweepOptions
+    console: Console
+    results: Results
+    fingerprints: dict[int, dict[str, Any]]
+    searched_earlier: set[int]
+
+    def tries(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, repeat: int, instance: Verified | None,
+              step: SearchStep | None = None) -> tuple[Attempt, Verified | None]: ...
 
 
 def bench_line(results: Path, rec: Mapping[str, Any]) -> dict[str, Any] | None:
