@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -46,10 +46,10 @@ class NotLiteral(ValueError):
 
 # --- the bounded literal parse -----------------------------------------------------------------------------
 
-def _depth(text: str) -> int:
-    """The deepest bracket nesting outside quotes (a pre-check: the parser recurses on nesting)."""
-    depth = deepest = 0
-    quote, i = "", 0
+def _outside_quotes(text: str) -> Iterator[tuple[int, int]]:
+    """(index, bracket depth after it) of each character of `text` outside quotes: the one scanner of both
+    the depth pre-check and the split of a dict's repr into items."""
+    depth, quote, i = 0, "", 0
     while i < len(text):
         c = text[i]
         if quote:
@@ -59,13 +59,18 @@ def _depth(text: str) -> int:
                 quote = ""
         elif c in "'\"":
             quote = c
-        elif c in "([{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in ")]}":
-            depth -= 1
+        else:
+            if c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+            yield i, depth
         i += 1
-    return deepest
+
+
+def _depth(text: str) -> int:
+    """The deepest bracket nesting outside quotes (a pre-check: the parser recurses on nesting)."""
+    return max([0, *(depth for _, depth in _outside_quotes(text))])
 
 
 def literal(text: str) -> Any:
@@ -89,26 +94,8 @@ def literal(text: str) -> Any:
 
 def _split_top(text: str, sep: str) -> list[str]:
     """`text` split at `sep` where no bracket or quote is open (the items of a dict's repr)."""
-    out, depth, quote, start, i = [], 0, "", 0, 0
-    while i < len(text):
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 1
-            elif c == quote:
-                quote = ""
-        elif c in "'\"":
-            quote = c
-        elif c in "([{":
-            depth += 1
-        elif c in ")]}":
-            depth -= 1
-        elif c == sep and depth == 0:
-            out.append(text[start:i])
-            start = i + 1
-        i += 1
-    out.append(text[start:])
-    return out
+    cuts = [i for i, depth in _outside_quotes(text) if depth == 0 and text[i] == sep]
+    return [text[a + 1:b] for a, b in zip([-1, *cuts], [*cuts, len(text)], strict=True)]
 
 
 def dict_repr(text: str) -> dict[str, Any]:
