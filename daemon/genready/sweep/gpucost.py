@@ -16,7 +16,7 @@ from typing import Any, Final
 from genready.gpu.provider import GpuUnavailable, Provider
 from genready.gpu.sampling import Sampler
 from genready.gpu.watch import choose
-from genready.sweep.report import BENCH_FILE, numbered_lines
+from genready.sweep.report import bench_line
 from genready.sweep.results import writing
 
 GPU_FILE: Final = "gpu.json"
@@ -37,8 +37,7 @@ def provider(say: Callable[[str], None]) -> Provider | None:
 def output_tokens(folder: Path) -> int | None:
     """The run's output tokens, from the last line of its bench.jsonl (the bench client's), if any."""
     with contextlib.suppress(Exception):
-        lines = numbered_lines(folder / BENCH_FILE, warn=False)
-        n = lines[-1][1].get("output_tokens") if lines else None
+        n = (bench_line(folder) or {}).get("output_tokens")
         if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             return n
     return None

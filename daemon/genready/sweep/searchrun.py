@@ -21,7 +21,7 @@ from typing import Any, Final, Protocol
 
 from genready.config import FileError
 from genready.store import durable
-from genready.sweep import search
+from genready.sweep import report, search
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
 from genready.sweep.report import BENCH_FILE, RESULTS_FILE, numbered_lines, read_results
@@ -69,10 +69,9 @@ def bench_line(results: Path, rec: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(out, str):
         return None
     try:
-        lines = numbered_lines(results / out / BENCH_FILE, warn=False)
+        return report.bench_line(results / out)
     except FileError:
         return None
-    return lines[-1][1] if lines else None
 
 
 def outcome(step: search.Step, lines: Sequence[Mapping[str, Any]]) -> search.Outcome:
