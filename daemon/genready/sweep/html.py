@@ -255,17 +255,7 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
                 ) -> tuple[tuple[str, list[str]] | None, list[tuple[str, str]]]:
     """Output tokens/s against `latency`: ((the SVG, the front's labels), None without data; the points
     left out, each with why)."""
-    pts, left = [], []
-    for r in rows:
-        fig_ = r.figures or {}
-        lat, tps = fig_.get(latency), fig_.get("output_tokens_per_second")
-        if r.status != "ok" or lat is None or tps is None:
-            continue
-        x, y = plottable(lat), plottable(tps)
-        if x is None or y is None:
-            left.append((r.label, f"{title} = {_shown(lat)}, OUT tok/s = {_shown(tps)}"))
-        else:
-            pts.append((x, y, r.label))
+    pts, left = _against_tps(rows, latency, title)
     if not pts:
         return None, left
     front = pareto_front(pts)
@@ -283,20 +273,28 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
     return (_svg(fig), [p[2] for p in front]), left
 
 
-def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[str, str]]]:
-    """Output tokens/s against the GPUs' mean power, one labelled mark per ok point that has both: (the SVG,
-    None without data; the points left out, each with why)."""
+def _against_tps(rows: Sequence[Row], key: str, title: str
+                 ) -> tuple[list[tuple[float, float, str]], list[tuple[str, str]]]:
+    """The ok points' (figure `key`, output tokens/s, label) that have both, and the points left out (a value
+    no plot can place), each with why: what the Pareto and power plots draw."""
     pts, left = [], []
     for r in rows:
         fig_ = r.figures or {}
-        w, tps = fig_.get("mean_power_w"), fig_.get("output_tokens_per_second")
-        if r.status != "ok" or w is None or tps is None:
+        v, tps = fig_.get(key), fig_.get("output_tokens_per_second")
+        if r.status != "ok" or v is None or tps is None:
             continue
-        x, y = plottable(w), plottable(tps)
+        x, y = plottable(v), plottable(tps)
         if x is None or y is None:
-            left.append((r.label, f"mean power W = {_shown(w)}, OUT tok/s = {_shown(tps)}"))
+            left.append((r.label, f"{title} = {_shown(v)}, OUT tok/s = {_shown(tps)}"))
         else:
             pts.append((x, y, r.label))
+    return pts, left
+
+
+def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[str, str]]]:
+    """Output tokens/s against the GPUs' mean power, one labelled mark per ok point that has both: (the SVG,
+    None without data; the points left out, each with why)."""
+    pts, left = _against_tps(rows, "mean_power_w", "mean power W")
     if not pts:
         return None, left
     fig = mpl(figsize=(6.4, 4.0))
