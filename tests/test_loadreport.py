@@ -34,7 +34,7 @@ def step(rate: float | None, cap: float, **extra: Any) -> dict[str, Any]:
             "saturated": rate is not None and rate > cap, **extra}
 
 
-def write(folder: Path, configs: list[tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]],
+def write(folder: Path, configs: list[tuple[Any, list[dict[str, Any]], dict[str, Any] | None]],
           mode: str = "slo", axis: str = "rate", slo: str | None = SLO) -> Path:
     """A results folder as a search leaves it: per configuration (its point, its steps, its found line's fields;
     None: no found line) each step's results line and {out}/bench.jsonl, and DIR/search.jsonl."""
