@@ -107,6 +107,8 @@ def test_the_text_report_gives_each_configuration_its_found_value_and_crossover(
            "every load searched" in got
     assert "  cap=8: no found line, 1 steps run (the search did not end)" in got
     assert loadreport.table([write(tmp_path / "none", [])]) == ""  # no search: no section
+    # the SLO as the plan wrote it: a bench line's {"ttft_p99_ms": 5000.0} is not "5e+03"
+    assert loadreport.slo_text({"ttft_p99_ms": 5000.0, "itl_p50_ms": 40}) == "ttft_p99_ms=5000, itl_p50_ms=40"
 
 
 def test_the_page_draws_a_curve_per_configuration_the_saturation_point_the_slo_and_the_bars(
@@ -162,6 +164,19 @@ def test_an_older_plan_s_steps_are_not_this_search_s(tmp_path: Path) -> None:
     (folder / "results.jsonl").write_text("\n".join([json.dumps(old), *lines]) + "\n")
     (base, *_) = loadreport.searches([folder])
     assert [s.index for s in base.steps] == [1, 2, 3, 4]
+
+
+def test_a_baseline_with_a_plan_point_s_values_is_a_search_of_its_own(tmp_path: Path) -> None:
+    folder = write(tmp_path / "r", [({"spec": "none"}, [step(2, 10)], {"max_rate_under_slo": 2}),
+                                    ({"spec": "none"}, [step(2, 10, line={"baseline": 1}), step(4, 10)],
+                                     {"max_rate_under_slo": 4})])
+    got = loadreport.searches([folder])
+    assert [(s.label, len(s.steps)) for s in got] == [("spec=none", 1), ("baseline spec=none", 2)]
+    again = write(tmp_path / "r2", [({"spec": "none"}, [step(2, 10)], {"max_rate_under_slo": 2}),
+                                    ({"spec": "none"}, [step(4, 10)], {"max_rate_under_slo": 4})])
+    assert [s.label for s in loadreport.searches([again])] == ["spec=none [point 1]", "spec=none [point 2]"]
+    assert [s.label for s in loadreport.searches([folder, again])][2:] == ["spec=none [r2, point 1]",
+                                                                          "spec=none [r2, point 2]"]
 
 
 def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -57,6 +57,7 @@ class Search:
 
     label: str
     folder: Path
+    index: Any  # its point's number (a line's `index`)
     baseline: bool
     mode: str
     axis: str
@@ -97,12 +98,13 @@ def number(v: Any) -> float | None:
 
 
 def num_text(v: Any) -> str:
-    """A found value for text: 3 significant digits; "-" for none; any other value cut to 40 characters."""
+    """A found value for text: 3 significant digits (whole from 1000); "-" for none; any other value cut to 40
+    characters."""
     if v is None:
         return "-"
     f = number(v)
     if f is not None:
-        return f"{f:.3g}"
+        return f"{f:.0f}" if 1000 <= abs(f) < 1e15 else f"{f:.3g}"  # 5000, not 5e+03
     t = str(v)
     return t if len(t) <= 40 else t[:37] + "..."
 
@@ -140,18 +142,25 @@ def searches(folders: Sequence[Path]) -> list[Search]:
     for folder in folders:
         found: dict[str, dict[str, Any]] = {}
         for rec in _lines(folder / SEARCH_FILE):
-            found[_key(rec.get("point"))] = rec  # the last search of a point is its search
+            found[_point_key(rec)] = rec  # the last search of a point is its search
         runs: dict[str, list[dict[str, Any]]] = {}
         for rec in _lines(folder / RESULTS_FILE):
             if _int(rec.get("search_step")) is not None:
-                runs.setdefault(_key(rec.get("point")), []).append(rec)
+                runs.setdefault(_point_key(rec), []).append(rec)
         for key in dict.fromkeys([*runs, *found]):
             out.append(_search(folder, found.get(key), runs.get(key, [])))
     labels = [s.label for s in out]
     for s in out:
-        if labels.count(s.label) > 1:
-            s.label += f" [{s.folder.name or s.folder}]"  # the same point in two folders: say which
+        if labels.count(s.label) > 1:  # the same point in two folders, or a baseline searched each round
+            where = f"{s.folder.name or s.folder}, " if len(folders) > 1 else ""
+            s.label += f" [{where}point {num_text(s.index)}]"
     return out
+
+
+def _point_key(rec: Mapping[str, Any]) -> str:
+    # A point's number with its values: a baseline run may hold a plan point's values (report.rows_from), and
+    # its number is past the plan's in its results lines and its found line alike (searchrun writes both).
+    return _key([rec.get("index"), rec.get("point")])
 
 
 def _search(folder: Path, found: dict[str, Any] | None, runs: list[dict[str, Any]]) -> Search:
@@ -178,8 +187,8 @@ def _search(folder: Path, found: dict[str, Any] | None, runs: list[dict[str, Any
     slo = next((t for _, reps in sorted(by_step.items()) for _, b in reps.values() if (t := slo_text(b.get("slo")))),
                None) or slo_text(spec.get("slo"))
     base = bool(first.get("baseline")) or any(r.get("baseline") for r in runs)
-    return Search(("baseline " if base else "") + label_of(first.get("point")), folder, base, mode, axis, steps,
-                  found, slo)
+    return Search(("baseline " if base else "") + label_of(first.get("point")), folder, first.get("index"), base, mode,
+                  axis, steps, found, slo)
 
 
 def _step(axis: str, index: int, reps: list[tuple[dict[str, Any], dict[str, Any]]]) -> Step:
@@ -195,7 +204,7 @@ def _step(axis: str, index: int, reps: list[tuple[dict[str, Any], dict[str, Any]
             good = [v for v in vals if v is not None]
             s.figures[key] = (statistics.median(good), min(good), max(good))
     sat = [b.get("saturated") for _, b in reps]
-    s.saturated = True if True in sat else (False if all(x is False for x in sat) else None)
+    s.saturated = True if any(x is True for x in sat) else (False if all(x is False for x in sat) else None)
     if axis == str(search.Axis.CONCURRENCY):
         s.load = rec.get("search_concurrency", line.get("concurrency"))
     else:
@@ -271,11 +280,10 @@ def html_section(folders: Sequence[Path]) -> str:
             notes = f'<p class="note">{e(note)}</p>' if note else ""
             parts.append(f'<div class="plot" id="{pid}"><h3>{e(title or what)}</h3>{image}{notes}'
                          f"{html._left_out(left)}</div>")
-    shown = got[:MAX_CONFIGS]
     more = f" (the plots show the first {MAX_CONFIGS} of {len(got)})" if len(got) > MAX_CONFIGS else ""
     items = "".join(f"<li>{e(line.strip())}</li>" for line in table(folders).splitlines()[1:])
     return (f'<h2 id="load-search">Load search</h2><p>{len(got)} configuration{"s" if len(got) != 1 else ""} '
-            f"searched ({e(', '.join(sorted({s.mode or '?' for s in shown})))}){e(more)}:</p><ul>{items}</ul>"
+            f"searched ({e(', '.join(sorted({s.mode or '?' for s in got})))}){e(more)}:</p><ul>{items}</ul>"
             f'<div class="plots">{"".join(parts)}</div>')
 
 
@@ -371,9 +379,8 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     top.legend(fontsize=7, loc="best")
-    note = "Hollow marks: closed-loop steps (synchronous, throughput), placed at the rate they achieved. " \
-        "Red crosses: steps the bench client called saturated. Dotted lines: each configuration's saturation point." \
-        if any(st.closed for s in got for st in s.steps) else \
+    note = ("Hollow marks: closed-loop steps (synchronous, throughput), placed at the rate they achieved. "
+            if any(st.closed for s in got for st in s.steps) else "") + \
         "Red crosses: steps the bench client called saturated. Dotted lines: each configuration's saturation point."
     return [("", html._svg(fig), left, note)]
 
