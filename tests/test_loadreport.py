@@ -137,6 +137,8 @@ def test_a_saturation_search_places_its_closed_loop_steps_at_the_rate_achieved_a
                                                   step(None, 20, kind="throughput"), step(12, 20), step(18, 15)],
                                      {"last_unsaturated_rate": 12, "first_saturated_rate": 18,
                                       "saturation_rate": 12})], mode="saturation", slo=None)
+    (got,) = loadreport.searches([folder])
+    assert [(st.load, st.closed) for st in got.steps] == [(8, True), (20, True), (12, False), (18, False)]
     sec, plots = section(folder, capsys)
     assert "cap=4: saturation ≈ 12" in texts(plots["load-throughput"])
     assert "Hollow marks: closed-loop steps" in sec

@@ -324,21 +324,24 @@ def _axis_title(got: Sequence[Search]) -> str:
 
 
 def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left: Left) -> bool:
-    """One line per search (error bars: min to max over repeats), closed-loop steps hollow, saturated steps
-    crossed; whether any point was drawn."""
+    """One line per search through its steps at an offered load (error bars: min to max over repeats), its
+    closed-loop steps hollow marks off the line (they offered no rate), saturated steps crossed; whether any
+    point was drawn."""
     drawn = marked = False
     for i, s in enumerate(got[:MAX_CONFIGS]):
         pts = _series(html, s, key, title, left)
         if not pts:
             continue
-        drawn, c = True, f"C{i % 10}"
-        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
-        ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=err if any(any(x) for x in err) else None,
-                    marker="o", capsize=3, color=c, label=_label(html, s.label))
+        drawn, c, label = True, f"C{i % 10}", _label(html, s.label)
+        line = [p for p in pts if not p[4].closed]
+        if line:
+            err = [[p[1] - p[2] for p in line], [p[3] - p[1] for p in line]]
+            ax.errorbar([p[0] for p in line], [p[1] for p in line], yerr=err if any(any(x) for x in err) else None,
+                        marker="o", capsize=3, color=c, label=label)
         closed = [p for p in pts if p[4].closed]
         if closed:
             ax.scatter([p[0] for p in closed], [p[1] for p in closed], s=36, facecolors="white", edgecolors=c,
-                       zorder=3)
+                       zorder=3, label=None if line else label)
         sat = [p for p in pts if p[4].saturated is True]
         if sat:
             ax.scatter([p[0] for p in sat], [p[1] for p in sat], marker="x", s=70, color="red", zorder=4,
@@ -379,7 +382,8 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
     top.legend(fontsize=7, loc="best")
-    note = ("Hollow marks: closed-loop steps (synchronous, throughput), placed at the rate they achieved. "
+    note = ("Hollow marks: closed-loop steps (synchronous, throughput), which offer no rate, placed at the rate "
+            "they achieved. "
             if any(st.closed for s in got for st in s.steps) else "") + \
         "Red crosses: steps the bench client called saturated. Dotted lines: each configuration's saturation point."
     return [("", html._svg(fig), left, note)]
