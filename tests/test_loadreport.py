@@ -97,6 +97,9 @@ def test_the_text_report_gives_each_configuration_its_found_value_and_crossover(
     assert lines[2] == "  spec=eagle: max_rate_under_slo 12 req/s in 4 steps; crossover ≈9.3 req/s " \
                        "(interpolated between steps)"
     assert "speculation never pays" in lines[3]
+    md = loadreport.table([tmp_path / "r"], "markdown")
+    assert md.startswith("\n**Load search** (DIR/search.jsonl):\n\n- baseline spec=none: max_rate_under_slo 8")
+    assert "- spec=eagle: max_rate_under_slo 12 req/s in 4 steps; crossover ≈9.3" in md
     folder = write(tmp_path / "s", [({"cap": 4}, [step(None, 8, kind="synchronous"), step(None, 20, kind="throughput"),
                                                   step(12, 20), step(18, 15)],
                                      {"last_unsaturated_rate": 12, "first_saturated_rate": 18, "saturation_rate": 12,
@@ -184,7 +187,7 @@ def test_a_baseline_with_a_plan_point_s_values_is_a_search_of_its_own(tmp_path: 
 def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                                ) -> None:
     folder = write(tmp_path / "r", [
-        ({"spec": "$x$ <b>"}, [step(2, 10, bench={"output_tokens_per_second": "fast", "goodput": 1e400}),
+        ({"spec": "$x$ <b>\x1b[2J\n"}, [step(2, 10, bench={"output_tokens_per_second": "fast", "goodput": 1e400}),
                                step(4, 10, line={"search_rate": 10**400}),
                                step(8, 10, bench={"achieved_rate": True, "saturated": "yes"}),
                                step(16, 10, line={"out": ["no"]}),
@@ -198,7 +201,8 @@ def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path, cap
     with (folder / "search.jsonl").open("a") as f:
         f.write('not json\n{"point": null}\n[]\n')
     got = loadreport.table([folder])
-    assert "$x$ <b>" in got and "[1, 2]" in got
+    assert "spec=$x$ <b>\\x1b[2J\\x0a: saturation between - and - req/s" in got and "[1, 2]" in got
+    assert "\x1b" not in got and len(got.splitlines()) == 4  # shown, never run by a terminal
     sec, plots = section(folder, capsys)
     assert "Left out of this plot" in sec and "$x$ &lt;b&gt;" in sec
     note = html.unescape(sec)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from genready.config import FileError
+from genready.redact import escape
 from genready.sweep import search
 from genready.sweep.report import RESULTS_FILE, bench_line, label_of, numbered_lines
 from genready.sweep.searchrun import SEARCH_FILE
@@ -232,16 +233,12 @@ def crossover_text(s: Search) -> str:
     return f"crossover {approx}{num_text(v)} {s.unit}{why}"
 
 
-def table(folders: Sequence[Path]) -> str:
-    """`sweep report`'s search section: a line per configuration, what its last search found and its crossover
-    against the baseline ("" when no folder has a search)."""
-    got = searches(folders)
-    if not got:
-        return ""
-    out = ["search (DIR/search.jsonl):"]
+def sentences(got: Sequence[Search]) -> list[str]:
+    """Per configuration, in words: what its last search found, and its crossover against the baseline."""
+    out = []
     for s in got:
         if s.found is None:
-            out.append(f"  {s.label}: no found line, {len(s.steps)} steps run (the search did not end)")
+            out.append(f"{s.label}: no found line, {len(s.steps)} steps run (the search did not end)")
             continue
         if s.mode == str(search.Mode.SLO):
             what = f"max_rate_under_slo {num_text(s.value('max_rate_under_slo'))} {s.unit}"
@@ -251,9 +248,20 @@ def table(folders: Sequence[Path]) -> str:
                    f"{num_text(s.value('saturation_rate'))})"
         tail = "" if s.found.get("complete", True) else f" (stopped: {num_text(s.found.get('reason', '?'))})"
         cross = crossover_text(s)
-        out.append(f"  {s.label}: {what} in {num_text(s.found.get('steps', '?'))} steps{tail}"
+        out.append(f"{s.label}: {what} in {num_text(s.found.get('steps', '?'))} steps{tail}"
                    + (f"; {cross}" if cross else ""))
-    return "\n".join(out) + "\n"
+    return [escape(t).replace("\t", " ") for t in out]  # a value's control characters shown, never run
+
+
+def table(folders: Sequence[Path], fmt: str = "table") -> str:
+    """`sweep report`'s search section in the table format (or `fmt` "markdown": a list), a line per
+    configuration ("" when no folder has a search)."""
+    got = sentences(searches(folders))
+    if not got:
+        return ""
+    if fmt == "markdown":
+        return "\n**Load search** (DIR/search.jsonl):\n\n" + "".join(f"- {t}\n" for t in got)
+    return "search (DIR/search.jsonl):\n" + "".join(f"  {t}\n" for t in got)
 
 
 # --- the HTML page's section -------------------------------------------------------------------------
@@ -281,7 +289,7 @@ def html_section(folders: Sequence[Path]) -> str:
             parts.append(f'<div class="plot" id="{pid}"><h3>{e(title or what)}</h3>{image}{notes}'
                          f"{html._left_out(left)}</div>")
     more = f" (the plots show the first {MAX_CONFIGS} of {len(got)})" if len(got) > MAX_CONFIGS else ""
-    items = "".join(f"<li>{e(line.strip())}</li>" for line in table(folders).splitlines()[1:])
+    items = "".join(f"<li>{e(t)}</li>" for t in sentences(got))
     return (f'<h2 id="load-search">Load search</h2><p>{len(got)} configuration{"s" if len(got) != 1 else ""} '
             f"searched ({e(', '.join(sorted({s.mode or '?' for s in got})))}){e(more)}:</p><ul>{items}</ul>"
             f'<div class="plots">{"".join(parts)}</div>')

@@ -340,8 +340,8 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
         text = sweepreport.render(rows, fmt)
-        if fmt == "table":  # a [search]'s found values and crossover, a line per configuration
-            text += loadreport.table([Path(f) for f in folders])
+        if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
+            text += loadreport.table([Path(f) for f in folders], fmt)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK
