@@ -160,6 +160,17 @@ def test_a_concurrency_search_is_drawn_against_concurrency(tmp_path: Path, capsy
     assert "achieved = offered" not in texts(plots["load-throughput"])  # a closed loop offers no rate
 
 
+def test_searches_on_two_axes_get_a_bar_plot_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rate = write(tmp_path / "rate", [({"cap": 4}, [step(2, 4), step(4, 4)], {"max_rate_under_slo": 4})])
+    conc = write(tmp_path / "conc", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2)], {"max_rate_under_slo": 2})],
+                 axis="concurrency")
+    assert sweep.report_main([str(rate), str(conc)], "html") == 0
+    page = capsys.readouterr().out
+    assert 'id="load-found"><h3>max_rate_under_slo per configuration (req/s)' in page
+    assert 'id="load-found-2"><h3>max_rate_under_slo per configuration (concurrent requests)' in page
+    assert "cap=4 [rate, point 1]" in page and "cap=4 [conc, point 1]" in page
+
+
 def test_an_older_plan_s_steps_are_not_this_search_s(tmp_path: Path) -> None:
     folder = three(tmp_path)
     lines = (folder / "results.jsonl").read_text().splitlines()

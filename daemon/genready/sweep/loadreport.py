@@ -5,7 +5,7 @@ Read from a results folder as searchrun.py wrote it: each step's ok results line
 `saturated`, the `slo`), and DIR/search.jsonl's found line per configuration (`saturation_rate`,
 `max_rate_under_slo`; `crossover` and `crossover_status` where the search had a baseline). A configuration is
 a folder's point, on its last search's fingerprint (the steps of an earlier plan for the same point are not
-its own). `table()` is the text report's lines; `html_section()` the page's plots: throughput and achieved
+its own). `table()` is the table and markdown reports' lines; `html_section()` the page's plots: throughput and achieved
 rate against the offered load (the search's axis) with the saturation point marked, goodput against it with
 the SLO written on the plot, and a bar per configuration of what its search found beside its crossover.
 Nothing here raises on a field of the wrong type: such a value is left out, and the page says which.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,6 @@ from genready.web import htmlpage
 THROUGHPUT: Final = ("output_tokens_per_second", "OUT tok/s")
 ACHIEVED: Final = ("achieved_rate", "achieved req/s")
 GOODPUT: Final = ("goodput", "goodput req/s (met the SLO)")
-CROSSOVER_STATUSES: Final = ("interpolated", "pays_throughout", "never_pays", "no_baseline")
 MAX_CONFIGS: Final = 12  # lines per plot, as html.MAX_LINES: past that, the legend would hide the plot
 
 
@@ -150,9 +150,9 @@ def searches(folders: Sequence[Path]) -> list[Search]:
                 runs.setdefault(_point_key(rec), []).append(rec)
         for key in dict.fromkeys([*runs, *found]):
             out.append(_search(folder, found.get(key), runs.get(key, [])))
-    labels = [s.label for s in out]
+    labels = Counter(s.label for s in out)
     for s in out:
-        if labels.count(s.label) > 1:  # the same point in two folders, or a baseline searched each round
+        if labels[s.label] > 1:  # the same point in two folders, or a baseline searched each round
             where = f"{s.folder.name or s.folder}, " if len(folders) > 1 else ""
             s.label += f" [{where}point {num_text(s.index)}]"
     return out
@@ -267,6 +267,9 @@ def table(folders: Sequence[Path], fmt: str = "table") -> str:
 # --- the HTML page's section -------------------------------------------------------------------------
 
 Left = list[tuple[str, str]]  # (what, why): a value a plot leaves out, named under it (html._left_out)
+# The plots take the html module as `html: Any`: it is imported when a page is written (matplotlib's module,
+# and it may not import this one: no import cycle), and they share its plot conventions (plottable, _shown,
+# _text, _svg, _left_out) rather than copy them.
 
 
 def html_section(folders: Sequence[Path]) -> str:
@@ -283,10 +286,11 @@ def html_section(folders: Sequence[Path]) -> str:
     for pid, what, draw in (("load-throughput", "Throughput against the offered load", _throughput_plot),
                             ("load-goodput", "Goodput against the offered load", _goodput_plot),
                             ("load-found", "What each search found, and the crossover", _found_plot)):
-        for title, svg, left, note in draw(html, mpl, got):
+        for n, (title, svg, left, note) in enumerate(draw(html, mpl, got)):
             image = htmlpage.data_image(svg, title or what) if svg else ""
             notes = f'<p class="note">{e(note)}</p>' if note else ""
-            parts.append(f'<div class="plot" id="{pid}"><h3>{e(title or what)}</h3>{image}{notes}'
+            ident = f"{pid}-{n + 1}" if n else pid  # a plot per search axis: ids stay unique
+            parts.append(f'<div class="plot" id="{ident}"><h3>{e(title or what)}</h3>{image}{notes}'
                          f"{html._left_out(left)}</div>")
     more = f" (the plots show the first {MAX_CONFIGS} of {len(got)})" if len(got) > MAX_CONFIGS else ""
     items = "".join(f"<li>{e(t)}</li>" for t in sentences(got))
