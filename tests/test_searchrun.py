@@ -3,6 +3,7 @@ simulator unit whose batch model saturates (--batch-max-running), each step a ve
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -13,9 +14,9 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import crossover, runner, search, searchrun, steps
 from genready.sweep import plan as sweepplan
 from genready.sweep import results as sweepresults
-from genready.sweep import search, searchrun
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
@@ -72,6 +73,71 @@ def test_a_step_is_judged_by_its_worst_repeat() -> None:
                                  {"requests_per_second": 6.0, "saturated": False, "slo_met": False}])
     assert (o.achieved_rate, o.saturated, o.slo_met) == (5.0, True, False)
     assert searchrun.outcome(step, []).achieved_rate == 0.0
+
+
+def test_the_eta_counts_each_search_point_as_its_expected_steps(tmp_path: Path) -> None:
+    p = plan(BASE + 'dropin = "[Service]\\nEnvironment=A={a}"\n[matrix]\na = [1, 2]\n'
+             '[search]\nmode = "saturation"\nsteps = 3\n')
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path),
+                     err=io.StringIO())
+    s.plan_schedule(set())
+    s.timings.load_times, s.timings.run_times = [300.0], [60.0]
+    # 2 loads and 2 points of 2 + 3 steps: 2 x 300 + 10 x 60 (one run a point would say 12m00s)
+    assert s.eta(p.points[0], loading=True) == ", ETA 20m00s"
+    slo = plan(BASE + '[search]\nmode = "slo"\nslo = "ttft_p99_ms=500"\nmax_steps = 4\n')
+    s = runner.Sweep(steps.SweepOptions(slo, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path),
+                     err=io.StringIO())
+    s.plan_schedule(set())
+    s.timings.load_times, s.timings.run_times = [300.0], [60.0]
+    assert s.eta(slo.points[0], loading=True) == ", ETA 9m00s"  # a load and 4 steps
+
+
+def outcomes(spec: search.SearchSpec, tps: dict[int, float]) -> list[search.Outcome]:
+    return [search.Outcome(search.Step(i, "bracket", None, c), 1.0, None, True, y)
+            for i, (c, y) in enumerate(tps.items(), 1)]
+
+
+def test_a_crossover_waits_for_the_baseline_s_search_and_is_filled_in_when_it_ends(tmp_path: Path) -> None:
+    """The runner's own Sweep, its searches' found lines written as searchrun.run writes them (the steps' runs,
+    which need a unit, are the system tests'): a configuration searched before the baseline says no_baseline,
+    and gets a new line with its crossover when the baseline's search ends."""
+    p = plan(BASE + 'dropin = "[Service]\\nEnvironment=ALGO={algo}"\nbaseline = { algo = "none" }\n'
+             '[matrix]\nalgo = ["eagle"]\n[search]\nmode = "slo"\naxis = "concurrency"\nslo = "e2e_p50_ms=900"\n')
+    assert p.search is not None
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path),
+                     err=io.StringIO())
+    (base,), (conf,) = s.groups
+    assert base.baseline == 1 and not conf.baseline
+    searchrun.found_line(s, conf, 2, p.search, outcomes(p.search, {1: 100.0, 4: 300.0, 8: 300.0}), "")
+    first = found_lines_in(tmp_path)
+    assert first[-1]["crossover"] is None and first[-1]["crossover_status"] == "no_baseline"
+    assert first[-1]["curve"] == [[1.0, 100.0], [4.0, 300.0], [8.0, 300.0]]
+    searchrun.found_line(s, base, 1, p.search, outcomes(p.search, {1: 50.0, 2: 100.0, 8: 400.0}), "")
+    got = found_lines_in(tmp_path)
+    assert len(got) == 3 and got[1]["baseline"] == 1 and "crossover" not in got[1]
+    # 300 against 50 + 50 (x - 1) from 2 on: equal at x = 6 (the configuration's own steps are 4 and 8)
+    assert got[2]["point"] == conf.as_dict() and got[2]["crossover_status"] == "interpolated"
+    assert got[2]["crossover"] == pytest.approx(6.0) and got[2]["crossover_baseline"] == base.index
+    assert got[2]["crossover_range"] == [1.0, 8.0]
+    # a configuration searched after the baseline gets its crossover at once, and the baseline's line is not redone
+    searchrun.found_line(s, conf, 2, p.search, outcomes(p.search, {1: 10.0, 8: 100.0}), "")
+    assert [ln.get("crossover_status") for ln in found_lines_in(tmp_path)[3:]] == ["never_pays"]
+
+
+def test_a_plan_without_a_baseline_says_no_baseline(tmp_path: Path) -> None:
+    p = plan(BASE + '[search]\nmode = "saturation"\n')
+    assert p.search is not None
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path),
+                     err=io.StringIO())
+    done = [search.Outcome(search.Step(1, "synchronous", None, 1), 2.0, None, None, 40.0)]
+    searchrun.found_line(s, p.points[0], 1, p.search, done, "step 2 did not run ok (failed)")
+    (rec,) = found_lines_in(tmp_path)
+    assert (rec["crossover"], rec["crossover_status"], rec["complete"]) == (None, "no_baseline", False)
+    assert rec["crossover_status"] in {str(x) for x in crossover.Status}
+
+
+def found_lines_in(results: Path) -> list[dict[str, Any]]:
+    return [json.loads(ln) for ln in (results / searchrun.SEARCH_FILE).read_text().splitlines()]
 
 
 @pytest.mark.system
