@@ -155,12 +155,12 @@ def test_a_bad_search_exits_78_before_the_unit_is_touched(tmp_path: Path) -> Non
 SIM = "--token-latency 0.01 --batch-max-running {cap} --batch-token-seconds 0.0025"
 
 
-def search_plan(rig: Rig, table: dict[str, Any]) -> Path:
+def search_plan(rig: Rig, table: dict[str, Any], output: str = "{out}/bench.jsonl", **extra: Any) -> Path:
     doc = {"target": "t", "timeout": 20, "warmup": 0,
            "command": [PY, "-m", "genready.benchclient", "--url", rig.url, "--max-tokens", "10", "--seed", "3",
-                       "--output", "{out}/bench.jsonl", "{search}"],
+                       "--output", output, "{search}"],
            "dropin": f'[Service]\nEnvironment="SIM_FLAGS={SIM}"\n', "matrix": {"cap": [4]},
-           "search": {"max_requests_per_step": 16, "max_step_seconds": 10, "max_concurrency": 8, **table}}
+           "search": {"max_requests_per_step": 16, "max_step_seconds": 10, "max_concurrency": 8, **table}, **extra}
     path = rig.tmp / "plan.toml"
     path.write_text(tomli_w.dumps(doc))
     return path
@@ -249,4 +249,47 @@ def test_slo_search_reports_max_rate_under_slo_and_resume_continues_where_it_sto
     assert simrig.results_lines() == again and found_lines(simrig)[-1]["max_rate_under_slo"] == \
         resumed["max_rate_under_slo"]
     assert simrig.g.get("/ready/t")[1]["pid"] == pid
+    simrig.assert_restored()
+
+
+@pytest.mark.system
+def test_a_search_that_stops_before_its_end_makes_the_sweep_exit_1_and_the_sweep_goes_on(simrig: Rig) -> None:
+    """The command writes its bench line where the search does not read it: each configuration's search stops
+    after its first step, which ran ok. The sweep goes on to the next configuration (as a failed point does, with
+    or without --keep-going) and exits 1, as a point that failed makes it, so a script sees it."""
+    plan_path = search_plan(simrig, {"mode": "saturation", "steps": 2}, output="{out}/elsewhere.jsonl",
+                            matrix={"cap": [4, 8]})
+    rc, out = simrig.run(plan_path)
+    assert rc == 1, out
+    assert "2 searches stopped before the end" in out
+    found = found_lines(simrig)
+    assert [f["point"] for f in found] == [{"cap": 4}, {"cap": 8}]
+    assert all(not f["complete"] and "wrote no bench line" in f["reason"] and f["steps"] == 0 for f in found)
+    assert all(ln["status"] == "ok" for ln in simrig.results_lines())  # every run ok: only the search is short
+    simrig.assert_restored()
+
+
+@pytest.mark.system
+def test_the_baseline_is_searched_too_and_each_configuration_gets_its_crossover(simrig: Rig) -> None:
+    """The baseline decodes one request at a time (cap 1), the configuration 4 together: on the concurrency axis
+    from 2 to 8, the configuration serves 1.7 to 3 times the baseline's tok/s, so it pays throughout."""
+    plan_path = search_plan(simrig, {"mode": "slo", "axis": "concurrency", "slo": "e2e_p99_ms=60000", "start": 2},
+                            baseline={"cap": 1})
+    rc, out = simrig.run(plan_path)
+    assert rc == 0, out
+    lines = simrig.results_lines()
+    base_runs = [ln for ln in lines if ln.get("baseline")]
+    conf_runs = [ln for ln in lines if not ln.get("baseline")]
+    assert [ln["search_concurrency"] for ln in base_runs] == [2, 4, 8] == \
+        [ln["search_concurrency"] for ln in conf_runs]
+    assert len({ln["invocation_id"] for ln in base_runs}) == 1  # the baseline: one load, its steps verified on it
+    assert len({ln["invocation_id"] for ln in conf_runs}) == 1
+    assert base_runs[0]["invocation_id"] != conf_runs[0]["invocation_id"]
+    base, conf = found_lines(simrig)
+    assert base["baseline"] == 1 and base["point"] == {"cap": 1} and "crossover" not in base
+    assert conf["point"] == {"cap": 4} and conf["crossover_baseline"] == base["index"]
+    assert [x for x, _ in conf["curve"]] == [2.0, 4.0, 8.0]
+    want = crossover.find(tuple(map(tuple, conf["curve"])), tuple(map(tuple, base["curve"])))
+    assert {k: conf[k] for k in ("crossover", "crossover_status", "crossover_range")} == want.fields()
+    assert conf["crossover_status"] == "pays_throughout" and conf["crossover"] is None, conf
     simrig.assert_restored()

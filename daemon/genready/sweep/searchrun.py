@@ -4,8 +4,10 @@ Each step is a run like any other (runner.Sweep.tries: re-verified, flushed, war
 its bench flags (search.bench_args) in the command's word `{search}`, its results line carrying `search_step`,
 `search_kind`, `search_rate` (the offered requests/s; null: a closed loop) and `search_concurrency`. The next
 step is decided from the steps' bench lines ({out}/bench.jsonl, read as report.py reads it). What the search
-found is a line of DIR/search.jsonl per configuration (results.jsonl's readers see only runs). `--resume`
-reuses a step's ok lines of the same fingerprint: the decisions are pure, so the same steps come again.
+found is a line of DIR/search.jsonl per configuration (results.jsonl's readers see only runs), with its curve
+and, with a `baseline`, its crossover against the baseline's search (crossover.py). `--resume` reuses a step's
+ok lines of the same fingerprint: the decisions are pure, so the same steps come again. A search that stops
+before its end makes the sweep exit 1 (runner.py).
 """
 
 from __future__ import annotations
