@@ -121,10 +121,15 @@ def assert_one_verified_load(results: Path) -> list[tuple[dict[str, Any], dict[s
 def test_a_saturation_search_and_an_slo_search_on_llama_server(rig: SearchRig) -> None:
     sat = rig.run("saturation", {"mode": "saturation", "steps": 1})
     steps = assert_one_verified_load(sat)
-    assert [r["search_kind"] for r, _ in steps][:2] == ["synchronous", "throughput"] and len(steps) <= 3
+    assert [r["search_kind"] for r, _ in steps][:2] == ["synchronous", "throughput"]
+    # A rate step runs only when two in flight achieved more than one at a time: with one thread on a shared
+    # machine, the tiny model's two slots may not (search.rates_between: no room between the two rates).
+    sync, through = (b["requests_per_second"] for _, b in steps[:2])
+    assert len(steps) == (3 if through > sync else 2), (sync, through)
     (found,) = [json.loads(ln) for ln in (sat / searchrun.SEARCH_FILE).read_text().splitlines()]
-    assert found["complete"] and found["steps"] == len(steps) and found["first_saturated_rate"] is not None
-    assert found["crossover_status"] == "no_baseline" and len(found["curve"]) >= 2
+    assert found["complete"] and found["steps"] == len(steps)
+    assert (found["first_saturated_rate"] is not None) == (len(steps) == 3)
+    assert found["crossover_status"] == "no_baseline" and len(found["curve"]) == len(steps)
 
     slo = rig.run("slo", {"mode": "slo", "axis": "concurrency", "slo": "e2e_p99_ms=60000", "start": 1,
                           "max_steps": 2})
