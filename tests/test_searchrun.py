@@ -136,6 +136,25 @@ def test_a_plan_without_a_baseline_says_no_baseline(tmp_path: Path) -> None:
     assert rec["crossover_status"] in {str(x) for x in crossover.Status}
 
 
+def test_resume_reuses_a_configuration_s_steps_but_searches_the_baseline_again(tmp_path: Path) -> None:
+    """The baseline at cap 1 holds the same values as the plan's point cap = 1: its lines are not that point's,
+    and its own search runs again on --resume, as a baseline round does without a search."""
+    p = plan(BASE + 'dropin = "[Service]\\nEnvironment=CAP={cap}"\nbaseline = { cap = 1 }\n'
+             '[matrix]\ncap = [1]\n[search]\nmode = "saturation"\n')
+    s = runner.Sweep(steps.SweepOptions(p, "http://127.0.0.1:1", "t", "u.service", "user", 1, tmp_path),
+                     err=io.StringIO())
+    (base,), (conf,) = s.groups
+    fp = s.fingerprints[conf.index]
+    assert s.fingerprints[base.index] == fp and base.as_dict() == conf.as_dict()
+    line = {"point": {"cap": 1}, "status": "ok", "search_step": 1, "repeat": 1, "fingerprint": fp}
+    (tmp_path / "results.jsonl").write_text(json.dumps({**line, "baseline": 1}) + "\n")
+    assert searchrun.earlier_steps(p, tmp_path, conf, fp) == {}
+    with (tmp_path / "results.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+    assert searchrun.earlier_steps(p, tmp_path, conf, fp) == {(1, 1): line}
+    assert searchrun.earlier_steps(p, tmp_path, base, fp) == {}
+
+
 def found_lines_in(results: Path) -> list[dict[str, Any]]:
     return [json.loads(ln) for ln in (results / searchrun.SEARCH_FILE).read_text().splitlines()]
 
@@ -292,4 +311,15 @@ def test_the_baseline_is_searched_too_and_each_configuration_gets_its_crossover(
     want = crossover.find(tuple(map(tuple, conf["curve"])), tuple(map(tuple, base["curve"])))
     assert {k: conf[k] for k in ("crossover", "crossover_status", "crossover_range")} == want.fields()
     assert conf["crossover_status"] == "pays_throughout" and conf["crossover"] is None, conf
+    # --resume: the baseline is searched again (a new load), the configuration's steps are reused, and its
+    # crossover is computed again against the baseline's new search
+    rc, out = simrig.run(plan_path, "--resume")
+    assert rc == 0, out
+    again = simrig.results_lines()[len(lines):]
+    assert again and all(ln.get("baseline") == 1 for ln in again)
+    assert {ln["invocation_id"] for ln in again}.isdisjoint({ln["invocation_id"] for ln in base_runs})
+    base2, conf2 = found_lines(simrig)[2:]
+    assert base2["baseline"] == 1 and conf2["point"] == {"cap": 4} and conf2["curve"] == conf["curve"]
+    want = crossover.find(tuple(map(tuple, conf2["curve"])), tuple(map(tuple, base2["curve"])))
+    assert {k: conf2[k] for k in ("crossover", "crossover_status", "crossover_range")} == want.fields()
     simrig.assert_restored()

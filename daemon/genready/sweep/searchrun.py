@@ -107,11 +107,16 @@ def outcome(step: search.Step, lines: Sequence[Mapping[str, Any]]) -> search.Out
 
 def earlier_steps(plan: Plan, results: Path, point: Point, fp: Mapping[str, Any]
                   ) -> dict[tuple[int, int], dict[str, Any]]:
-    """(search_step, repeat) -> an ok line an earlier run left for `point` under fingerprint `fp`."""
+    """(search_step, repeat) -> an ok line an earlier run left for `point` under fingerprint `fp`. None for a
+    baseline run, which `--resume` runs again (docs/sweeps.md: a baseline measured before an interruption says
+    little about the server now); nor is a baseline's line a plan point's, though it may hold the same values."""
     out: dict[tuple[int, int], dict[str, Any]] = {}
+    if point.baseline:
+        return out
     for r in read_results(results / RESULTS_FILE, warn=False):
         step, rep = r.get("search_step"), r.get("repeat", 1)
-        if r.get("status") == Status.OK.value and same_point(r.get("point"), point.as_dict()) and \
+        if r.get("status") == Status.OK.value and not r.get("baseline") and \
+                same_point(r.get("point"), point.as_dict()) and \
                 isinstance(step, int) and isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                 not differing(r.get("fingerprint"), fp):
             out.setdefault((step, rep), r)
