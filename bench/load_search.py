@@ -17,7 +17,7 @@ requests (simbatch.crossover_batch). The search's decisions are sweep/search.py'
   (piecewise linear) and takes the first concurrency where speculation's falls below plain's, against
   crossover_batch, and the runs of both searches against a grid of every concurrency up to 16 for both.
 
-Run: .venv/bin/python bench/load_search.py   (about four minutes)
+Run: .venv/bin/python bench/load_search.py   (about six minutes)
 """
 
 from __future__ import annotations
