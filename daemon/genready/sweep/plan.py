@@ -533,7 +533,7 @@ def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, comma
             if k not in server:
                 raise ConfigError(file, f"baseline.{k}", "a placeholder of the plan's drop-in: "
                                   + (", ".join(sorted(server)) or "none"), repr(k))
-    given = {k for k, _ in values}
+    given = {k for k, _ in values} | ({"search"} if "search" in data else set())  # a step's flags fill {search}
     for p in points[:1]:
         client = {k for k, _ in p.values if k not in server}
         for tpl, key in [(own or dropin, "baseline.dropin" if own else "dropin"), *((w, "command") for w in command)]:
