@@ -24,7 +24,7 @@ from genready.exitcodes import Failed
 from genready.sweep import html as sweephtml
 from genready.sweep import main as sweep
 from genready.sweep import report as sweepreport
-from genready_dev.harness import PY, REPO
+from genready_dev.harness import PY, REPO, wait_for
 from tests import ci
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -139,6 +139,49 @@ def test_the_html_report_in_a_real_browser(tmp_path: Path) -> None:
     png: Any = __import__("matplotlib.image", fromlist=["imread"]).imread(str(shot))
     assert png.std() > 0.05  # not a blank page
     print(f"screenshot: {shot}")
+
+
+VISIBLE = """(() => {
+  const out = {};
+  for (const div of document.querySelectorAll("div.plot")) {
+    const img = div.querySelector("img"), r = img && img.getBoundingClientRect(), s = img && getComputedStyle(img);
+    out[div.id] = img ? [img.complete && img.naturalWidth > 0, r.width, r.height, s.visibility, s.display] : null;
+  }
+  return out;
+})()"""
+
+
+@pytest.mark.system
+def test_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_browser(tmp_path: Path) -> None:
+    """Chromium over its DevTools protocol (tests/browser.py): each heatmap and the per-user/per-GPU Pareto is
+    an image the browser decoded and lays out at a visible size, and the page asked for nothing but itself."""
+    from tests.browser import Browser
+
+    folder = spec_sweep(tmp_path)
+    page = tmp_path / "report.html"
+    done = subprocess.run([PY, "-m", "genready.cli", "sweep", "report", str(folder), "--format", "html", "--output",
+                           str(page)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    b = Browser(tmp_path / "chromium-profile").start()
+    try:
+        b.navigate(page.as_uri())
+        wait_for(lambda: b.js("document.readyState") == "complete", 30, "the report loaded")
+        shown = b.js(VISIBLE)
+        for plot in ("heatmap-1", "heatmap-2", "pareto-per-user"):
+            decoded, width, height, visibility, display = shown[plot]
+            assert decoded and width > 200 and height > 150 and visibility == "visible" and display != "none", shown
+        assert b.js("document.getElementById('heatmap').getBoundingClientRect().top") < b.js(
+            "document.querySelector('table').getBoundingClientRect().top")  # the heatmap before the table
+        caption = b.js("document.querySelector('.heatmap-caption').innerText")
+        assert caption.startswith("Each cell: a server configuration's speedup"), caption
+        b.screenshot(tmp_path / "report.png")
+        assert b.console_errors == [], b.console_errors
+        # nothing but the page itself and its data: images (the plots)
+        assert b.requests[0] == page.as_uri() and all(u.startswith("data:") for u in b.requests[1:]), b.requests
+        assert len(b.requests) > 1  # the images' requests are seen: the check can see a request
+    finally:
+        b.stop()
+    print(f"screenshot: {tmp_path / 'report.png'}")
 
 
 # --- what every other format reads (issue 41 #9) ---------------------------------------------------------
