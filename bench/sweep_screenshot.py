@@ -107,7 +107,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "images" / "sweep-report.png")
     ap.add_argument("--keep", type=Path, help="also keep the results folder and the page in DIR")
-    ap.add_argument("--height", type=int, default=1500, help="pixels of the page's top to keep")
+    ap.add_argument("--height", type=int, default=1400, help="pixels of the page's top to keep")
     args = ap.parse_args()
     chromium = shutil.which("chromium")
     if chromium is None:

@@ -132,7 +132,7 @@ def _draw(mpl: Any, panel: Panel, n: int, axes: tuple[str, str], xs: list[Any], 
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="0.85")  # grey: a cell without a speedup
     grid: list[list[float]] = []
     written = len(xs) * len(ys) <= MAX_WRITTEN
-    fig = mpl(figsize=(min(14.0, max(4.0, 1.15 * len(xs) + 1.6)), min(12.0, max(2.6, 0.62 * len(ys) + 1.3))))
+    fig = mpl(figsize=(min(14.0, max(4.0, 1.25 * len(xs) + 1.6)), min(12.0, max(2.6, 0.75 * len(ys) + 1.3))))
     ax = fig.add_subplot()
     texts = []
     for i, yv in enumerate(ys):

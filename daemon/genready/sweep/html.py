@@ -234,12 +234,16 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
 
 
 def _scatter_front(mpl: Any, pts: Sequence[tuple[float, float, str]], front: Sequence[tuple[float, float, str]],
-                   xlabel: str, ylabel: str) -> str:
-    """All points, and the front drawn as a step line through its points, each labelled (the first 20)."""
+                   xlabel: str, ylabel: str, *, steps: bool = True) -> str:
+    """All points, and the front (sorted by x) drawn through its points, each labelled (the first 20): as the
+    steps that bound what it reaches (`steps`), or a plain line, as vLLM's plot_pareto draws its frontier."""
     fig = mpl(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, alpha=0.5, label="points")
-    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
+    if steps:
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
+    else:
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="C3", label="Pareto front")
     ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
     for p in front[:20]:
         ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -299,7 +303,7 @@ def per_user_plot(mpl: Any, rows: Sequence[Row]) -> tuple[tuple[str, list[str]] 
         return None, left
     # pareto_front's first coordinate is better lower: per user negated, and the front drawn left to right
     front = sorted((-u, g, lb) for u, g, lb in pareto_front([(-u, g, lb) for u, g, lb in pts]))
-    return (_scatter_front(mpl, pts, front, PER_USER, PER_GPU), [p[2] for p in front]), left
+    return (_scatter_front(mpl, pts, front, PER_USER, PER_GPU, steps=False), [p[2] for p in front]), left
 
 
 def _per_user(mpl: Any, rows: Sequence[Row]) -> list[str]:
