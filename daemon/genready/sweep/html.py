@@ -16,8 +16,10 @@ and load time), one plot per figure against the plan's axes (x: one axis, `--x`,
 client-side axis with the most values; one line per value of the other axes, `--lines` first,
 by default one per server configuration; repeats as error bars from min to max), and output
 tokens/s against TTFT p50 and against ITL p50, one mark per point, with the Pareto front drawn
-and its points labelled; where some point has the GPUs' mean power, output tokens/s against it, each point
-labelled.
+and its points labelled; tokens/s per GPU against tokens/s per user, as vLLM draws it, its front labelled;
+where some point has the GPUs' mean power, output tokens/s against it, each point labelled. With a baseline
+and two server axes, the speedup heatmap (sweep/heatmap.py) comes before the table. Every plot follows
+sweep/plotrules.py's rules: integer ticks, the legend outside past 6 lines, small multiples past 12.
 """
 
 from __future__ import annotations
