@@ -248,6 +248,9 @@ KEYS: Final = (
             "seconds to wait, before a point's server loads and before its command runs, for processes of an "
             "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
             "(--ignore-strays: do not wait)", _number(0)),
+    PlanKey("gpus", "an integer >= 1", 1,
+            "GPUs one server configuration runs on: the html report's tokens/s per GPU divides by it",
+            _number(1, integer=True)),
     PlanKey("search", "a table: mode, axis, steps, spacing, max_concurrency, max_steps, slo, start, "
             "max_requests_per_step, max_step_seconds", None,
             "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
@@ -285,6 +288,7 @@ class Plan:
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
+    gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
 
     @property
     def server_axes(self) -> tuple[str, ...]:

@@ -175,7 +175,8 @@ class Sweep:
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
-                      baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None)
+                      baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None,
+                      gpus=self.opts.plan.gpus)
         try:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
                 return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
