@@ -51,7 +51,8 @@ figure a speculative-decoding sweep compares, comes from the server:
   timings.draft_n / draft_n_accepted: `draft_acceptance` = Σ accepted / Σ drafted over the run
   (null when no answer drafted), the share of drafted tokens the target model kept.
 Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py; by default
-six categories, whose figures are also given per category), `--dataset FILE`, or random token ids
+six categories, whose figures are also given per category), `--dataset FILE` (a multi-turn question's
+later turns each after the answer before it, with the earlier turns and answers), or random token ids
 (`--random-input-len`).
 """
 
@@ -402,10 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
                    "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
     p.add_argument("-n", "--requests", type=_positive_int, metavar="N",
-                   help=f"requests in total (default: {DEFAULT_REQUESTS}); with --duration, at most N "
+                   help=f"requests in total, a multi-turn question's later turns included (default: "
+                   f"{DEFAULT_REQUESTS}); with --duration, at most N "
                    f"(default: {DURATION_REQUEST_CAP})")
     p.add_argument("-c", "--concurrency", type=_positive_int, default=4, metavar="C",
-                   help="requests in flight at once (default: %(default)s)")
+                   help="requests in flight at once, each of its own conversation (default: %(default)s)")
     p.add_argument("--max-tokens", type=_positive_int, default=32, metavar="M",
                    help="tokens to generate per request (default: %(default)s)")
     p.add_argument("--request-rate", type=_positive_float, metavar="R",
@@ -435,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", metavar="FILE", help="prompts from FILE: JSON Lines with \"prompt\" (text) or "
                    "\"messages\" (chat) per line and an optional \"category\", Spec-Bench's or MT-bench's "
                    "question.jsonl (question_id, category, turns), or a ShareGPT-style JSON array "
-                   "(\"conversations\" of from/value); the first turn of each; exit 65 naming FILE:LINE if it is "
+                   "(\"conversations\" of from/value; the first user turn); a question's later turns are sent after "
+                   "its earlier answers; exit 65 naming FILE:LINE if it is "
                    "missing, empty or malformed")
     p.add_argument("--random-input-len", type=_positive_int, metavar="N", help="send random token ids, N per "
                    "prompt (no tokenizer needed): SGLang gets input_ids, /v1/completions a prompt of ids; "
