@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
+from genready.sweep import categories
 from genready.sweep.report import (
     FIGURES,
     RATIO_TITLES,
@@ -341,7 +342,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     client, server, _ = axes
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
     out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
-    out.append(_table(rows))
+    out.append(_table(rows) + categories.html_section(rows))
     plots = []
     if x is not None:
         keys = line_keys(rows, x, lines)
