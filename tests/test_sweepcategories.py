@@ -91,6 +91,14 @@ def test_without_a_baseline_only_accept_length_and_without_categories_nothing(tm
     rows = sweepreport.rows_of([tmp_path / "b"])
     assert rows[0].categories == {} and "prompt category" not in sweepreport.render(rows)
     assert categories.section(rows, "markdown") == "" and categories.html_section(rows) == ""
+    # categories without an accept length (no speculative decoding) and no baseline: no table says nothing
+    (tmp_path / "c").mkdir()
+    plain: Runs = {"coding": [(100.0, None)] * 3, "writing": [(80.0, None)] * 3}
+    (tmp_path / "c" / "results.jsonl").write_text(_line(tmp_path / "c", 1, {"algo": "none", "c": 1}, plain, 1)
+                                                  .replace('"baseline_round": 1', '"x": 0'))
+    rows = sweepreport.rows_of([tmp_path / "c"])
+    assert rows[0].categories["coding"]["output_tokens_per_second"] == [100.0]
+    assert "prompt category" not in sweepreport.render(rows) and categories.html_section(rows) == ""
 
 
 def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None:

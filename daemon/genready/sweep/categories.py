@@ -115,11 +115,14 @@ def ratio_text(got: speedup.Ratio | None, noise_limit: float) -> str:
 
 
 def _grids(rows: Sequence[Point]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, cells) of each table: accept length, then (with a baseline) speedup."""
+    """(title, header, cells) of each table: accept length (where some point has one: a server's answers may
+    carry no per-request counts, and the baseline none), then (with a baseline) speedup."""
     shown = [r for r in rows if r.categories]
     names = sorted({n for r in shown for n in r.categories})
-    grids = [("accept length per prompt category (median over the repeats)", ["POINT", *names],
-              [[r.label, *(accept_text(r, n) for n in names)] for r in shown])]
+    grids = []
+    if any(c.get("accept_length") for r in shown for c in r.categories.values()):
+        grids.append(("accept length per prompt category (median over the repeats)", ["POINT", *names],
+                      [[r.label, *(accept_text(r, n) for n in names)] for r in shown]))
     if any(r.baseline for r in rows):
         ratios = speedups(rows)
         index = {id(r): i for i, r in enumerate(rows)}
@@ -154,11 +157,12 @@ def section(rows: Sequence[Point], fmt: str) -> str:
 def html_section(rows: Sequence[Point]) -> str:
     """The category tables for the HTML report (a <h2> and a table each); "" when no row has categories. A
     speedup within the noise is orange (class noisy), as in the points' table."""
-    if not any(r.categories for r in rows):
+    grids = _grids(rows) if any(r.categories for r in rows) else []
+    if not grids:
         return ""
     e = htmlpage.text
     out = ['<h2 id="categories">Per prompt category</h2>']
-    for title, head, body in _grids(rows):
+    for title, head, body in grids:
         rows_html = "".join("<tr>" + "".join(f'<td class="{"noisy" if c.endswith(" ~") else ""}">{e(c)}</td>'
                                              for c in r) + "</tr>" for r in body)
         out.append(f"<h3>{e(title)}</h3><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
