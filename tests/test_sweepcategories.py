@@ -61,16 +61,19 @@ def test_each_points_categories_are_kept_over_its_repeats(tmp_path: Path) -> Non
 def test_the_table_and_markdown_reports_add_the_category_tables(tmp_path: Path) -> None:
     rows = sweepreport.rows_of([_folder(tmp_path)])
     table = sweepreport.render(rows)
+    points = table[:table.index("\naccept length per prompt category")]
+    assert [ln.split()[0] for ln in table.splitlines() if ln.startswith("algo=")] == ["algo=eagle", "algo=ngram"]
+    assert "coding" not in points  # the points' table is as it was; the category tables follow, indented
     accept = table[table.index("accept length per prompt category"):table.index("speedup per prompt category")]
     assert accept.splitlines()[1].split() == ["POINT", "coding", "writing"]
-    assert next(ln for ln in accept.splitlines() if ln.startswith("algo=eagle")).split()[-2:] == ["3.50", "1.60"]
-    assert next(ln for ln in accept.splitlines() if ln.startswith("baseline#1")).split()[-2:] == ["-", "-"]
+    assert next(ln for ln in accept.splitlines() if ln.startswith("  algo=eagle")).split()[-2:] == ["3.50", "1.60"]
+    assert next(ln for ln in accept.splitlines() if ln.startswith("  baseline#1")).split()[-2:] == ["-", "-"]
     speed = table[table.index("speedup per prompt category"):]
-    eagle = next(ln for ln in speed.splitlines() if ln.startswith("algo=eagle"))
+    eagle = next(ln for ln in speed.splitlines() if ln.startswith("  algo=eagle"))
     assert "2.52x [" in eagle and eagle.rstrip().endswith("~"), speed  # writing: as fast as the baseline
-    ngram = next(ln for ln in speed.splitlines() if ln.startswith("algo=ngram"))
+    ngram = next(ln for ln in speed.splitlines() if ln.startswith("  algo=ngram"))
     assert ngram.count("slower") == 2, speed  # a slowdown is said, never hidden
-    assert next(ln for ln in speed.splitlines() if ln.startswith("baseline#1")).split()[-2:] == ["baseline"] * 2
+    assert next(ln for ln in speed.splitlines() if ln.startswith("  baseline#1")).split()[-2:] == ["baseline"] * 2
     md = sweepreport.render(rows, "markdown")
     assert "\n**speedup per prompt category" in md and "| POINT | coding | writing |" in md
     assert "| algo=eagle c=1 | 3.50 | 1.60 |" in md

@@ -148,8 +148,9 @@ def section(rows: Sequence[Point], fmt: str) -> str:
             out.append(f"\n**{title}**\n\n" + "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
                                                      for r in [cells[0], ["---"] * len(head), *cells[1:]]))
         else:
+            # Indented: a script that finds a point's row of the points' table by its label finds only that one
             widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
-            out.append(f"\n{title}:\n" + "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+            out.append(f"\n{title}:\n" + "".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
                                                  .rstrip() + "\n" for r in cells))
     return "".join(out)
 
