@@ -505,8 +505,9 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         start = time.perf_counter()
         await _arrivals(load, converse, room, start, summary.unsent)
         summary.wall_seconds = time.perf_counter() - start
-        if load.duration is not None:
-            summary.requests = len(summary.outcomes)
+        # The requests sent: with --duration, or when a failed turn gave turns back after the arrivals had
+        # stopped, fewer than -n (single-turn prompts without --duration: every one of the N is sent)
+        summary.requests = len(summary.outcomes)
         after = await read_counters(session, url, load.timeout)
         if before is not None and after is not None:
             run = servermetrics.over_run(before, after)
