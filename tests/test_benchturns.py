@@ -201,6 +201,31 @@ async def test_n_counts_requests_and_a_failed_turn_ends_its_conversation() -> No
                               "1 conversations cut short"]
 
 
+async def test_no_turn_is_sent_after_the_duration() -> None:
+    """--duration 0.05 s and answers that take 0.5 s: the first turn goes at the start, its answer comes after the
+    end, so the second turn is never sent and the conversation is cut."""
+    bodies: list[dict[str, Any]] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        await asyncio.sleep(0.5)  # the server's own pace, which the test is about: not a wait for the client
+        return web.json_response({"text": "late", "meta_info": {"completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/generate", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        load = benchclient.LoadOptions(100, 1, 4, 10.0, QUESTIONS[:1], stream=False, duration=0.05)
+        s = await benchclient.run(benchclient.ServerOptions(f"http://127.0.0.1:{runner.addresses[0][1]}", "sglang"),
+                                  load, benchclient.Progress(100, io.StringIO(), 0.05))
+    finally:
+        await runner.cleanup()
+    assert len(bodies) == 1 and (s.requests, s.ok, s.conversations, s.conversations_cut) == (1, 1, 1, 1)
+    assert s.finished_after_duration() == 1
+
+
 async def test_single_turn_prompts_are_sent_as_before() -> None:
     """No later turns: one request per prompt, in schedule order, no turns line."""
     single = [Prompt(f"p{i}", category="x") for i in range(3)]
