@@ -201,6 +201,31 @@ async def test_n_counts_requests_and_a_failed_turn_ends_its_conversation() -> No
                               "1 conversations cut short"]
 
 
+async def test_the_history_sent_back_is_bounded_as_an_answer_is() -> None:
+    """Answers of 600,000 characters (each under the 1 MiB an answer may be): the second turn carries the first,
+    the third would carry 1.2 MB of answers and is not sent."""
+    bodies: list[dict[str, Any]] = []
+
+    async def big(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.json_response({"text": "x" * 600_000, "meta_info": {"completion_tokens": 1}})
+
+    app = web.Application(client_max_size=4 << 20)
+    app.router.add_post("/generate", big)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        q = [Prompt("One?", later_turns=("Two?", "Three?"))]
+        load = benchclient.LoadOptions(3, 1, 4, 10.0, q, stream=False)
+        s = await benchclient.run(benchclient.ServerOptions(f"http://127.0.0.1:{runner.addresses[0][1]}", "sglang"),
+                                  load, benchclient.Progress(3, io.StringIO()))
+    finally:
+        await runner.cleanup()
+    assert [len(b["text"]) for b in bodies] == [4, 4 + 2 + 600_000 + 2 + 4, 4]  # then a new conversation
+    assert (s.ok, s.conversations, s.conversations_cut) == (3, 2, 2)
+
+
 async def test_no_turn_is_sent_after_the_duration() -> None:
     """--duration 0.05 s and answers that take 0.5 s: the first turn goes at the start, its answer comes after the
     end, so the second turn is never sent and the conversation is cut."""

@@ -485,7 +485,8 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
             """Conversation j (`room()` was just checked): its first request, then each later turn once the answer
             before it arrived, with the earlier turns and answers (Prompt.turn). Its turns are reserved of -n at
             its start, so -n cuts at most the last conversation whatever the timing; a failed turn ends it (there
-            is no answer to send back) and gives its unsent turns back, as --duration's end does."""
+            is no answer to send back) and gives its unsent turns back, as --duration's end does, and so do
+            answers over MAX_BODY characters together."""
             nonlocal claimed
             p = conversation(j)
             summary.conversations += 1
@@ -498,7 +499,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                 o = await one(body(p.turn(answers)), p, k, arrival if k == 0 else None, late if k == 0 else 0.0,
                               k < turns - 1)
                 answers.append(o.answer)
-                if not o.ok:
+                if not o.ok or sum(map(len, answers)) > MAX_BODY:  # the history sent back is bounded as an answer is
                     break
             claimed -= turns - len(answers)
             if len(answers) < p.turns():
