@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.sweep import heatmap, plotrules
+from genready.sweep import categories, heatmap, plotrules
 from genready.sweep.plotrules import number as _number
 from genready.sweep.plotrules import plottable
 from genready.sweep.plotrules import shown as _shown
@@ -394,7 +394,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
     out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(heatmap.section(mpl, rows, hm, axes[0], axes[1]))
-    out.append(_table(rows))
+    out.append(_table(rows) + categories.html_section(rows))
     plots = []
     if x is not None:
         keys = line_keys(rows, x, lines)

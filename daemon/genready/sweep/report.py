@@ -32,7 +32,7 @@ from typing import Any, Final
 from genready import config, console
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep import speedup
+from genready.sweep import categories, speedup
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -228,6 +228,7 @@ class Row:
     drifted: float | None = None
     accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
     gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
+    categories: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # by prompt category (categories.py)
 
 
 @dataclass(frozen=True)
@@ -416,6 +417,7 @@ def rows_from(read: Read) -> list[Row]:
     rows = []
     for key, group in by_point.items():
         row = point_row(group)
+        categories.gather(row, group, bench_line)
         if len(made_by[point_of[key]]) > 1:
             row.label += f" [{_made_by(group[0][0])}]"  # one point, lines of several configurations
         rows.append(row)
@@ -648,9 +650,9 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
     if fmt == "markdown":
         head, body = _cells(rows, mark="**{}**")
         return "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
-                       for r in [head, ["---"] * len(head), *body])
+                       for r in [head, ["---"] * len(head), *body]) + categories.section(rows, fmt)
     head, body = _cells(rows, mark="{}*")
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return text + legend(rows)
+    return text + legend(rows) + categories.section(rows, fmt)
