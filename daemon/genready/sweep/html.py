@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.redact import escape
+from genready.sweep import decision
 from genready.sweep.report import (
     FIGURES,
     RATIO_TITLES,
@@ -314,8 +315,10 @@ def _names(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - SHOWN_NAMES:,} more" if len(names) > SHOWN_NAMES else "")
 
 
-def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None) -> str:
-    """The whole page. NoMatplotlib without matplotlib; ValueError for an --x or --lines no point has."""
+def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None,
+           facts: decision.Facts | None = None) -> str:
+    """The whole page, its Decision first (with `facts`: sweep/decision.py). NoMatplotlib without matplotlib;
+    ValueError for an --x or --lines no point has."""
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
         if v is not None and v not in names:
@@ -340,7 +343,8 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
         ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
     client, server, _ = axes
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
-    out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
+    out = ["<h1>genready sweep report</h1>", decision.render(rows, facts, "html"), "<dl>",
+           *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(_table(rows))
     plots = []
     if x is not None:

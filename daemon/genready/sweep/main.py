@@ -41,8 +41,8 @@ from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
+from genready.sweep import decision, searchrun
 from genready.sweep import report as sweepreport
-from genready.sweep import searchrun
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
@@ -302,6 +302,18 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     return Exit.OK if ok else Exit.TIMEOUT
 
 
+def decision_facts(read: sweepreport.Read) -> decision.Facts:
+    """What the report's Decision knows besides the rows: the plan's `slo` as the results lines recorded it, and
+    each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none)."""
+    found: list[dict[str, Any]] = []
+    for folder, _, _ in read:
+        try:
+            found += [rec for _, rec in sweepreport.numbered_lines(folder / searchrun.SEARCH_FILE)]
+        except FileError as e:
+            sweepreport.warn_line(str(e))
+    return decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
+
+
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
                 lines: str | None = None, compare: bool = False, strict: bool = False) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
@@ -332,13 +344,13 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
-            text = sweephtml.render(rows, x=x, lines=lines)
+            text = sweephtml.render(rows, x=x, lines=lines, facts=decision_facts(read))
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
-        text = sweepreport.render(rows, fmt)
+        text = sweepreport.render(rows, fmt, decision_facts(read))
         if fmt == "table":  # a [search]'s found values, a line per configuration (searchrun.py)
             text += searchrun.table([Path(f) for f in folders])
         if partial and fmt in ("table", "markdown"):
