@@ -20,7 +20,6 @@ Pure functions of the report's rows and what `Facts` holds: the files are read b
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +29,7 @@ from typing import Any, Final, Protocol
 from genready.redact import escape
 from genready.sweep import speedup
 from genready.tools.benchload import SloPart, parse_slo
+from genready.web import htmlpage
 
 TPS: Final = "output_tokens_per_second"
 MAX_NAMED: Final = 8  # configurations named in one list of a sentence, then "and N more"
@@ -386,8 +386,8 @@ def render(rows: Sequence[Judged], facts: Facts | None, fmt: str) -> str:
         return f"## {TITLE}\n\n" + "".join(f"- {s}\n" for s in got.sentences) + \
             "".join(f"\n({n})" for n in got.notes) + "\n\n"
     if fmt == "html":
-        items = "".join(f"<li>{html.escape(s, quote=False)}</li>" for s in got.sentences)
-        notes = "".join(f"<p class=\"note\">{html.escape(n, quote=False)}</p>" for n in got.notes)
+        items = "".join(f"<li>{htmlpage.text(s)}</li>" for s in got.sentences)
+        notes = "".join(f"<p class=\"note\">{htmlpage.text(n)}</p>" for n in got.notes)
         return f'<section id="decision"><h2>{TITLE}</h2><ul>{items}</ul>{notes}</section>'
     return f"{TITLE}\n" + "".join(f"  {s}\n" for s in got.sentences) + "".join(f"({n})\n" for n in got.notes) + "\n"
 
