@@ -111,6 +111,16 @@ def test_a_speedup_within_noise_of_1_says_so(tmp_path: Path) -> None:
     assert "within noise of the baseline, no speedup shown" in sentence, sentence
 
 
+def test_a_skipped_point_counts_at_its_client_setting(tmp_path: Path) -> None:
+    f = Folder(tmp_path)
+    three_configs(f, [(100, 200, 150, 60)])
+    # a pruned point's line names no client setting (nothing ran): its point's values say which
+    f.lines.append(json.dumps({"point": {"algo": "big", "c": 1}, "index": 5, "status": "skipped", "attempt": 0}) + "\n")
+    (sentence,) = section(f.report())
+    assert sentence.startswith("At c=1: algo=eagle is the best") and sentence.endswith(
+        "; 1 point without an ok run not counted."), sentence
+
+
 def test_without_a_baseline_it_says_so_and_gives_tok_s(tmp_path: Path) -> None:
     f = Folder(tmp_path, baseline=False)
     for index, (name, c, tps) in enumerate([("a", 1, 100.0), ("b", 1, 150.0), ("a", 4, 300.0), ("b", 4, 290.0)], 1):

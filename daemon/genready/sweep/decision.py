@@ -122,10 +122,11 @@ def client_axes(rows: Sequence[Judged]) -> set[str]:
 def settings(rows: Sequence[Judged]) -> list[tuple[dict[str, Any], list[Judged]]]:
     """The plan's points (not the baseline's runs) by client setting, in plan order."""
     points = [r for r in rows if not r.baseline]
-    inferred = None if any(r.client is not None for r in points) else client_axes(points)
+    named = {k for r in points for k in (r.client or {})}  # a baseline plan's lines name it (not a skipped one's)
+    axes = named if any(r.client is not None for r in points) else client_axes(points)
     out: dict[str, tuple[dict[str, Any], list[Judged]]] = {}
     for r in points:
-        client = dict(r.client or {}) if inferred is None else {k: v for k, v in r.point.items() if k in inferred}
+        client = {k: v for k, v in r.point.items() if k in axes}
         out.setdefault(_key(client), (client, []))[1].append(r)
     return list(out.values())
 
