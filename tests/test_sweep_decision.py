@@ -121,6 +121,19 @@ def test_a_skipped_point_counts_at_its_client_setting(tmp_path: Path) -> None:
         "; 1 point without an ok run not counted."), sentence
 
 
+def test_a_partial_set_says_its_best_is_of_the_points_present(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    f = Folder(tmp_path)
+    three_configs(f, [(100, 200, 150, 60)])
+    f.lines = [json.dumps({**json.loads(ln), "plan_points": 5}) + "\n" for ln in f.lines]  # point 5 never ran
+    (f.path / "results.jsonl").write_text("".join(f.lines))
+    assert sweep.report_main([str(f.path)], "table") == 0
+    out = capsys.readouterr().out
+    assert section(out)[0].startswith("At c=1: algo=eagle is the best")
+    assert "(partial: 1 of 5 points have no result" in out and "; the best of the points present)" in \
+        out[:out.index("POINT")], out
+
+
 def test_without_a_baseline_it_says_so_and_gives_tok_s(tmp_path: Path) -> None:
     f = Folder(tmp_path, baseline=False)
     for index, (name, c, tps) in enumerate([("a", 1, 100.0), ("b", 1, 150.0), ("a", 4, 300.0), ("b", 4, 290.0)], 1):

@@ -44,6 +44,7 @@ class Judged(Protocol):
     index: int
     label: str
     status: str
+    host: str
     point: dict[str, Any]
     group: int | None
     baseline: int
@@ -109,12 +110,12 @@ def _words(values: Mapping[str, Any]) -> str:
 def client_axes(rows: Sequence[Judged]) -> set[str]:
     """Without a baseline the lines name no client setting: the axes whose value changes inside a server
     configuration (a group; a line without one is a configuration of its own), as the HTML report's axes."""
-    seen: dict[tuple[int, str], str] = {}
+    seen: dict[tuple[str, int, str], str] = {}  # (host, group, axis): merged shards number their groups alike
     out: set[str] = set()
     for r in rows:
         g = r.group if r.group is not None else -r.index
         for k, v in r.point.items():
-            if seen.setdefault((g, k), _key({"v": v})) != _key({"v": v}):
+            if seen.setdefault((r.host, g, k), _key({"v": v})) != _key({"v": v}):
                 out.add(k)
     return out
 

@@ -32,6 +32,7 @@ import shlex
 import sys
 import unicodedata
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -302,16 +303,19 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     return Exit.OK if ok else Exit.TIMEOUT
 
 
-def decision_facts(read: sweepreport.Read) -> decision.Facts:
+def decision_facts(read: sweepreport.Read, partial: str = "") -> decision.Facts:
     """What the report's Decision knows besides the rows: the plan's `slo` as the results lines recorded it, and
-    each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none)."""
+    each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none);
+    `partial`: which of the plan's points have no result (its best is then only the best of those present)."""
     found: list[dict[str, Any]] = []
     for folder, _, _ in read:
         try:
             found += [rec for _, rec in sweepreport.numbered_lines(folder / searchrun.SEARCH_FILE)]
         except FileError as e:
             sweepreport.warn_line(str(e))
-    return decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
+    facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
+    return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
+        else facts
 
 
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
@@ -344,13 +348,13 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
-            text = sweephtml.render(rows, x=x, lines=lines, facts=decision_facts(read))
+            text = sweephtml.render(rows, x=x, lines=lines, facts=decision_facts(read, partial))
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
-        text = sweepreport.render(rows, fmt, decision_facts(read))
+        text = sweepreport.render(rows, fmt, decision_facts(read, partial))
         if fmt == "table":  # a [search]'s found values, a line per configuration (searchrun.py)
             text += searchrun.table([Path(f) for f in folders])
         if partial and fmt in ("table", "markdown"):
