@@ -280,6 +280,8 @@ def test_the_slo_key_takes_the_bench_clients_parts() -> None:
     ("slo = { ttft_p99_ms = -1 }", "slo.ttft_p99_ms", "a number of milliseconds > 0"),
     ("slo = { ttft_p99_ms = true }", "slo.ttft_p99_ms", "a number of milliseconds > 0"),
     ("slo = { ttft_p99_ms = inf }", "slo.ttft_p99_ms", "a number of milliseconds > 0"),
+    ("slo = { ttft_p99_ms = nan }", "slo.ttft_p99_ms", "a number of milliseconds > 0"),
+    ("slo = { ttft_p99_ms = 1" + "0" * 400 + " }", "slo.ttft_p99_ms", "a number of milliseconds > 0"),
     ("slo = { ttft_p50_ms = 100, ttft_p99_ms = 500 }", "slo", "one limit per request figure"),
     ('slo = "ttft_p99_ms=500"', "slo", "a table of METRIC_pNN_ms = milliseconds"),
     ("slo = {}", "slo", "a table of METRIC_pNN_ms"),

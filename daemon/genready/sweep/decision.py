@@ -277,7 +277,14 @@ CROSSOVER_STATUSES: Final = ("interpolated", "pays_throughout", "never_pays", "n
 
 
 def _number(v: object) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+    """A finite JSON number as a float, else None (a string, a bool, an integer beyond any float)."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _unit(rec: Mapping[str, Any]) -> str:

@@ -315,10 +315,11 @@ def _names(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - SHOWN_NAMES:,} more" if len(names) > SHOWN_NAMES else "")
 
 
-def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None,
+def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None, sections: Sequence[str] = (),
            facts: decision.Facts | None = None) -> str:
-    """The whole page, its Decision first (with `facts`: sweep/decision.py). NoMatplotlib without matplotlib;
-    ValueError for an --x or --lines no point has."""
+    """The whole page, its Decision first (with `facts`: sweep/decision.py), `sections` (HTML: loadreport's, which
+    imports this module) after its plots. NoMatplotlib without matplotlib; ValueError for an --x or --lines no
+    point has."""
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
         if v is not None and v not in names:
@@ -370,6 +371,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
         image = htmlpage.data_image(svg, what) if svg else ""
         plots.append(f'<div class="plot" id="power"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
     out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
+    out += sections
     return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html
 
 

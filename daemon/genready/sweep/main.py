@@ -42,7 +42,7 @@ from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
-from genready.sweep import decision, searchrun
+from genready.sweep import decision, loadreport, searchrun
 from genready.sweep import report as sweepreport
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
@@ -348,15 +348,17 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
-            text = sweephtml.render(rows, x=x, lines=lines, facts=decision_facts(read, partial))
+            text = sweephtml.render(rows, x=x, lines=lines,  # and a [search]'s load curves
+                                    sections=[loadreport.html_section([Path(f) for f in folders])],
+                                    facts=decision_facts(read, partial))
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
         text = sweepreport.render(rows, fmt, decision_facts(read, partial))
-        if fmt == "table":  # a [search]'s found values, a line per configuration (searchrun.py)
-            text += searchrun.table([Path(f) for f in folders])
+        if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
+            text += loadreport.table([Path(f) for f in folders], fmt)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK

@@ -495,7 +495,7 @@ def _slo(data: Mapping[str, Any], file: str) -> tuple[SloPart, ...]:
     if not isinstance(table, dict) or not table:
         raise ConfigError(file, "slo", PLAN_KEYS["slo"].expected, "an empty table" if table == {} else _found(table))
     for k, v in table.items():
-        if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and v > 0):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:  # no inf, nan, 10**400
             raise ConfigError(file, f"slo.{k}", "a number of milliseconds > 0", _found(v))
         try:
             parse_slo(f"{k}={v!r}")

@@ -10,7 +10,6 @@ reuses a step's ok lines of the same fingerprint: the decisions are pure, so the
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -24,7 +23,7 @@ from genready.store import durable
 from genready.sweep import report, search
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
-from genready.sweep.report import BENCH_FILE, RESULTS_FILE, numbered_lines, read_results
+from genready.sweep.report import BENCH_FILE, RESULTS_FILE, read_results
 from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
 from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
@@ -172,32 +171,3 @@ def _found_line(sweep: Sweep, point: Point, group: int, spec: search.SearchSpec,
                      .items())
     sweep.console.progress(point, f"search: {len(done)} steps, {what}" + (f"; stopped: {stopped}" if stopped else ""))
 
-
-def table(folders: Sequence[Path]) -> str:
-    """`sweep report`'s search section: a line per configuration, its last search's found value ("" if none)."""
-    last: dict[tuple[str, str], dict[str, Any]] = {}
-    for folder in folders:
-        try:
-            lines = numbered_lines(folder / SEARCH_FILE)
-        except FileError:
-            continue
-        for _, rec in lines:
-            last[(str(folder), json.dumps(rec.get("point"), sort_keys=True))] = rec
-    if not last:
-        return ""
-    out = ["search (DIR/search.jsonl):"]
-    for rec in last.values():
-        label = " ".join(f"{k}={v}" for k, v in rec["point"].items()) if isinstance(rec.get("point"), dict) else "?"
-        if rec.get("mode") == str(search.Mode.SLO):
-            unit = "concurrency" if rec.get("axis") == str(search.Axis.CONCURRENCY) else "req/s"
-            found = f"max_rate_under_slo {_num(rec.get('max_rate_under_slo'))} {unit}"
-        else:
-            found = f"saturation between {_num(rec.get('last_unsaturated_rate'))} and " \
-                    f"{_num(rec.get('first_saturated_rate'))} req/s"
-        tail = "" if rec.get("complete", True) else f" (stopped: {rec.get('reason', '?')})"
-        out.append(f"  {label or '(no values)'}: {found} in {rec.get('steps', '?')} steps{tail}")
-    return "\n".join(out) + "\n"
-
-
-def _num(v: object) -> str:
-    return f"{v:.3g}" if isinstance(v, int | float) and not isinstance(v, bool) else "-"
