@@ -319,7 +319,8 @@ def decision_facts(read: sweepreport.Read, partial: str = "") -> decision.Facts:
 
 
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
-                lines: str | None = None, compare: bool = False, strict: bool = False) -> int:
+                lines: str | None = None, compare: bool = False, strict: bool = False,
+                heatmap: str | None = None) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
     `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
     with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
@@ -348,7 +349,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
-            text = sweephtml.render(rows, x=x, lines=lines,  # and a [search]'s load curves
+            text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
                                     sections=[loadreport.html_section([Path(f) for f in folders])],
                                     facts=decision_facts(read, partial))
         except sweephtml.NoMatplotlib as e:

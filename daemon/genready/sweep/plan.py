@@ -249,6 +249,9 @@ KEYS: Final = (
             "seconds to wait, before a point's server loads and before its command runs, for processes of an "
             "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
             "(--ignore-strays: do not wait)", _number(0)),
+    PlanKey("gpus", "an integer >= 1", 1,
+            "GPUs one server configuration runs on: the html report's tokens/s per GPU divides by it",
+            _number(1, integer=True)),
     PlanKey("search", "a table: mode, axis, steps, spacing, max_concurrency, max_steps, slo, start, "
             "max_requests_per_step, max_step_seconds", None,
             "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
@@ -289,6 +292,7 @@ class Plan:
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
+    gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
     slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (sweep/decision.py)
 
     @property
@@ -560,7 +564,7 @@ def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, comma
             if k not in server:
                 raise ConfigError(file, f"baseline.{k}", "a placeholder of the plan's drop-in: "
                                   + (", ".join(sorted(server)) or "none"), repr(k))
-    given = {k for k, _ in values}
+    given = {k for k, _ in values} | ({"search"} if "search" in data else set())  # a step's flags fill {search}
     for p in points[:1]:
         client = {k for k, _ in p.values if k not in server}
         for tpl, key in [(own or dropin, "baseline.dropin" if own else "dropin"), *((w, "command") for w in command)]:

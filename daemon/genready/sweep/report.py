@@ -70,6 +70,8 @@ FIGURES: Final = (
     Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
     # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
     Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
+    # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/html.py).
+    Figure("concurrency", "CONC", False, 0, optional=True, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
@@ -228,6 +230,7 @@ class Row:
     ratios: dict[str, speedup.Ratio] = field(default_factory=dict)
     drifted: float | None = None
     accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
+    gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
 
 
 @dataclass(frozen=True)
@@ -302,7 +305,8 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                accept_per_position=None if unreadable else positions_of((line or {}).get("accept_per_position"))
                or positions_of(rec.get("metrics_accept_per_position")),
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
-               if rec.get("status") == "ok" else {})
+               if rec.get("status") == "ok" else {},
+               gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1)
 
 
 def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -342,7 +346,7 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
               engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
               throttled=any(r.throttled for r in oks),
-              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client)
+              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client, gpus=last.gpus)
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
