@@ -313,21 +313,26 @@ def crossover_words(rec: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _found_key(rec: Mapping[str, Any]) -> str:
+    """A found line's configuration, as a row's point and baseline round name it."""
+    b = rec.get("baseline")
+    return _key({"p": rec.get("point"), "b": b if isinstance(b, int) and not isinstance(b, bool) else 0})
+
+
 def latest_found(found: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The last found line per configuration (a resumed search writes its line again)."""
+    """The last found line per configuration (a resumed search writes its line again, and a configuration's
+    again when the baseline's search completes its crossover); a baseline's search is one of its own, though it
+    may hold a plan point's values."""
     last: dict[str, Mapping[str, Any]] = {}
     for rec in found:
-        last[_key({"p": rec.get("point")})] = rec
+        last[_found_key(rec)] = rec
     return list(last.values())
 
 
-def search_sentences(found: Sequence[Mapping[str, Any]], baseline_points: Iterable[Mapping[str, Any]],
-                     with_baseline: bool) -> list[str]:
+def search_sentences(found: Sequence[Mapping[str, Any]], with_baseline: bool) -> list[str]:
     """'Best under your SLO: X, serves up to R req/s; speculation pays up to R' req/s', or the saturation
-    mode's like, over the configurations' found lines (the baseline's own line left out of the choice)."""
-    bases = {_key({"p": p}) for p in baseline_points}
-    lines = [r for r in latest_found(found) if r.get("baseline") in (None, 0, False) and _key({"p": r.get("point")})
-             not in bases]
+    mode's like, over the configurations' found lines (the baseline's own, `baseline` in it, left out)."""
+    lines = [r for r in latest_found(found) if r.get("baseline") in (None, 0, False)]
     out = []
     for mode, field_name, what in (("slo", "max_rate_under_slo", "Best under your SLO"),
                                    ("saturation", "saturation_rate", "Most load before saturating")):
@@ -369,11 +374,13 @@ def section(rows: Sequence[Judged], facts: Facts) -> Section | None:
     """The decision over the report's rows, None when there is nothing to decide (no point with a tok/s, no
     search found line)."""
     with_baseline = any(r.baseline for r in rows)
-    decided = decide(rows, facts.slo)
-    search = search_sentences(facts.found, [r.point for r in rows if r.baseline], with_baseline)
+    # A searched configuration's row is one step of its search (its last): the search's sentences speak for it.
+    searched = {_found_key(f) for f in facts.found}
+    decided = decide([r for r in rows if _key({"p": r.point, "b": r.baseline}) not in searched], facts.slo)
+    search = search_sentences(facts.found, with_baseline)
     if not search and all(s.best is None for s in decided):
         return None
-    notes = [WITHIN_NOISE]
+    notes = [WITHIN_NOISE] if any(s.best is not None for s in decided) else []
     if not with_baseline:
         notes.append("no baseline in this sweep: tok/s only, no speedup (the plan's `baseline` key adds one)")
     if facts.slo:
