@@ -332,7 +332,8 @@ def test_per_position_acceptance_is_a_column_and_a_json_list_only_where_a_point_
         ({}, {"output_tokens_per_second": 70.0, "accept_per_position": [0.9, "x"]}, {"c": 4}),  # not numbers: "-"
     ])
     assert sweep.report_main([str(folder)], "table") == 0
-    table = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    table = out[out.index("POINT"):].splitlines()  # the table, after the Decision section
     assert "ACC/POS" in table[0]
     assert "0.81 0.62 0.40" in table[1] and "0.50 0.25" in table[3], table
     at = table[0].index("ACC/POS")  # before the figures, as the other columns that describe the run

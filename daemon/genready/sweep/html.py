@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.sweep import categories, heatmap, plotrules
+from genready.sweep import categories, decision, heatmap, plotrules
 from genready.sweep.plotrules import number as _number
 from genready.sweep.plotrules import plottable
 from genready.sweep.plotrules import shown as _shown
@@ -363,10 +363,10 @@ def _names(names: Sequence[str]) -> str:
 
 
 def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None, sections: Sequence[str] = (),
-           heatmap_axes: str | None = None) -> str:
-    """The whole page, `sections` (HTML: loadreport's, which imports this module) after its plots.
-    NoMatplotlib without matplotlib; ValueError for an --x or --lines no point has, or a --heatmap
-    (`heatmap_axes`) that is not two server-side axes."""
+           heatmap_axes: str | None = None, facts: decision.Facts | None = None) -> str:
+    """The whole page, its Decision first (with `facts`: sweep/decision.py), `sections` (HTML: loadreport's, which
+    imports this module) after its plots. NoMatplotlib without matplotlib; ValueError for an --x or --lines no
+    point has, or a --heatmap (`heatmap_axes`) that is not two server-side axes."""
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
         if v is not None and v not in names:
@@ -392,7 +392,8 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
         ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
     client, server, _ = axes
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
-    out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
+    out = ["<h1>genready sweep report</h1>", decision.render(rows, facts, "html"), "<dl>",
+           *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(heatmap.section(mpl, rows, hm, axes[0], axes[1]))
     out.append(_table(rows) + categories.html_section(rows))
     plots = []

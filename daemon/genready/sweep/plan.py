@@ -25,6 +25,7 @@ from typing import Any, Final
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 from genready.sweep import search as sweepsearch
+from genready.tools.benchload import SloPart, parse_slo
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -255,6 +256,9 @@ KEYS: Final = (
             "max_requests_per_step, max_step_seconds", None,
             "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
             "command's word {search}"),
+    PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
+            "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
+            "a latency target the report's Decision judges each point by (its bench figures; sweep/decision.py)"),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -289,6 +293,7 @@ class Plan:
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
     gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
+    slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (sweep/decision.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -429,7 +434,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                expect=expect, baseline=baseline, search=search, **simple)
+                expect=expect, baseline=baseline, search=search, slo=_slo(data, file), **simple)
 
 
 def _prune_axes(file: str, raw: object, server_axes: Sequence[str], points: Sequence[Point]) -> tuple[str, ...]:
@@ -483,6 +488,28 @@ def _search(data: Mapping[str, Any], file: str, command: tuple[Template, ...], w
             raise ConfigError(file, "matrix.search", "no point value named search (the name of the search "
                               "steps' flags in the command)", f"one in point {p.index} ({p.label})")
     return spec
+
+
+def _slo(data: Mapping[str, Any], file: str) -> tuple[SloPart, ...]:
+    """`slo = { ttft_p99_ms = 500, itl_p50_ms = 40 }`: the parts the bench client's --slo takes (benchload.parse_slo
+    defines the names), each a number of milliseconds; () without the key."""
+    if "slo" not in data:
+        return ()
+    table = data["slo"]
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(file, "slo", PLAN_KEYS["slo"].expected, "an empty table" if table == {} else _found(table))
+    for k, v in table.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:  # no inf, nan, 10**400
+            raise ConfigError(file, f"slo.{k}", "a number of milliseconds > 0", _found(v))
+        try:
+            parse_slo(f"{k}={v!r}")
+        except ValueError as e:
+            raise ConfigError(file, f"slo.{k}", "a part of the bench client's --slo: METRIC_pNN_ms with METRIC ttft, "
+                              f"itl or e2e and 0 < NN <= 100, e.g. ttft_p99_ms ({e})", repr(k)[:80]) from None
+    try:
+        return parse_slo(",".join(f"{k}={v!r}" for k, v in table.items()))
+    except ValueError as e:  # every part fine alone: a figure named twice (ttft_p50_ms and ttft_p99_ms)
+        raise ConfigError(file, "slo", "one limit per request figure (ttft, itl, e2e)", str(e)[:120]) from None
 
 
 def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], ...]:

@@ -32,7 +32,7 @@ from typing import Any, Final
 from genready import config, console
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep import categories, speedup
+from genready.sweep import categories, decision, speedup
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -65,6 +65,9 @@ FIGURES: Final = (
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
     Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
+    # the p99s a plan's `slo` may name (sweep/decision.py judges points by the bench line's percentiles)
+    Figure("itl_p99_ms", "ITL p99 ms", False, 2, ranked=False, column=False),
+    Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
     # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
     Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
     # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/html.py).
@@ -627,7 +630,9 @@ def engine_notes(rows: Sequence[Row]) -> list[str]:
     return out + [f"warning: {w}" for w in warnings[:6]]
 
 
-def render(rows: Sequence[Row], fmt: str = "table") -> str:
+def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None = None) -> str:
+    """The rows in `fmt`; with `facts` (`sweep report`: the plan's SLO, the search's found lines) the Decision
+    first (sweep/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary)."""
     if fmt == "json":
         return json.dumps({"rows": [{"index": r.index, "point": r.label, "status": r.status, "attempt": r.attempt,
                                      "pid": r.pid, "load_seconds": _finite(r.load), "run_seconds": _finite(r.run),
@@ -640,8 +645,8 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
                                      "warmup_requests": r.warmup_requests, "throttled": r.throttled,
                                      "accept_per_position": r.accept_per_position,
-                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows]},
-                          indent=2, allow_nan=False) + "\n"
+                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows],
+                           "decision": decision.as_json(rows, facts)}, indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)
         buf = io.StringIO()
@@ -649,10 +654,11 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
         return buf.getvalue()
     if fmt == "markdown":
         head, body = _cells(rows, mark="**{}**")
-        return "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
-                       for r in [head, ["---"] * len(head), *body]) + categories.section(rows, fmt)
+        return decision.render(rows, facts, fmt) + "".join(
+            "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n" for r in [head, ["---"] * len(head), *body]
+        ) + categories.section(rows, fmt)
     head, body = _cells(rows, mark="{}*")
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return text + legend(rows) + categories.section(rows, fmt)
+    return decision.render(rows, facts, fmt) + text + legend(rows) + categories.section(rows, fmt)

@@ -217,6 +217,8 @@ class Sweep:
 
     def _record(self, log: ResultsLog, att: Attempt, **extra: object) -> None:
         rec = att.to_json(self.opts.target, self.opts.unit) | extra
+        if self.opts.plan.slo:  # the plan's SLO, for `sweep report`'s Decision (it reads results, not the plan)
+            rec["slo"] = {p.key: p.limit_ms for p in self.opts.plan.slo}
         log.append(rec)
         self.results.add(att, rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
