@@ -152,9 +152,10 @@ VISIBLE = """(() => {
 
 
 @pytest.mark.system
-def test_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_browser(tmp_path: Path) -> None:
-    """Chromium over its DevTools protocol (tests/browser.py): each heatmap and the per-user/per-GPU Pareto is
-    an image the browser decoded and lays out at a visible size, and the page asked for nothing but itself."""
+def test_the_decision_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_browser(tmp_path: Path) -> None:
+    """Chromium over its DevTools protocol (tests/browser.py): the Decision comes first, one sentence per client
+    setting; each heatmap and the per-user/per-GPU Pareto is an image the browser decoded and lays out at a
+    visible size, and the page asked for nothing but itself."""
     from tests.browser import Browser
 
     folder = spec_sweep(tmp_path)
@@ -170,6 +171,12 @@ def test_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_browser(tmp_p
         for plot in ("heatmap-1", "heatmap-2", "pareto-per-user"):
             decoded, width, height, visibility, display = shown[plot]
             assert decoded and width > 200 and height > 150 and visibility == "visible" and display != "none", shown
+        # the decision first: its section is laid out above the heatmap, visible, one sentence per client setting
+        top = "document.getElementById('%s').getBoundingClientRect().top"
+        assert b.js(top % "decision") < b.js(top % "heatmap"), "the decision is not first"
+        sentences = b.js("[...document.querySelectorAll('#decision li')].map(li => li.innerText)")
+        assert len(sentences) == 2 and all(re.match(r"At c=\d+: .* is the best at ", t) for t in sentences), sentences
+        assert b.js("document.getElementById('decision').getBoundingClientRect().height") > 20
         assert b.js("document.getElementById('heatmap').getBoundingClientRect().top") < b.js(
             "document.querySelector('table').getBoundingClientRect().top")  # the heatmap before the table
         caption = b.js("document.querySelector('.heatmap-caption').innerText")
