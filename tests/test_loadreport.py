@@ -22,6 +22,7 @@ from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
 from tests.test_searchrun import search_plan
 from tests.test_sweep import Rig
+from tests.test_sweep_html import box, ticks
 
 SLO = "ttft_p99_ms=500"
 
@@ -227,6 +228,36 @@ def test_no_search_no_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert loadreport.html_section([folder]) == "" and loadreport.searches([folder]) == []
     assert sweep.report_main([str(folder)], "html") == 0
     assert "load-search" not in capsys.readouterr().out
+
+
+# --- issue 37 §3's plot rules (sweep/plotrules.py) hold in the load search's plots too ---------------------------
+
+def test_an_axis_of_whole_numbers_has_integer_ticks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # concurrency 1, 2, 4 and a found concurrency of 2: matplotlib's own ticks would be 1.5, 2.5 ... and 0.25 ...
+    folder = write(tmp_path / "r", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2, 4)], {"max_rate_under_slo": 2})],
+                   axis="concurrency")
+    _, plots = section(folder, capsys)
+    for plot, axis in (("load-goodput", 1), ("load-throughput", 3), ("load-found", 2)):  # x, the lower x, the bars' y
+        got = ticks(plots[plot], axis)
+        assert got and all(re.fullmatch(r"\d+", t) for t in got), (plot, got)
+    # and an axis of fractions keeps its fractions (rates offered 0.5 apart)
+    folder = write(tmp_path / "f", [({"cap": 4}, [step(r, 4) for r in (1.5, 2.0, 2.5)], {"max_rate_under_slo": 2.5})])
+    _, plots = section(folder, capsys)
+    assert any("." in t for t in ticks(plots["load-goodput"], 1)), ticks(plots["load-goodput"], 1)
+
+
+def test_over_six_legend_lines_the_legend_goes_outside_the_axes(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # the goodput plot's legend: a line and a "max under SLO" line per configuration
+    for n, outside in ((3, False), (4, True)):
+        folder = write(tmp_path / str(n), [({"cap": c}, [step(r, 4 + c) for r in (2.0, 4.0)],
+                                            {"max_rate_under_slo": 2 + c}) for c in range(n)])
+        _, plots = section(folder, capsys)
+        svg = plots["load-goodput"]
+        assert len([t for t in texts(svg) if t.startswith("cap=")]) == 2 * n
+        left, right = box(svg, "axes_1")  # the axes' background: the plot's area
+        legend = box(svg, "legend_1")
+        assert (legend[0] > right) is outside and (legend[1] < right) is not outside, (n, left, right, legend)
 
 
 @pytest.fixture

@@ -7,7 +7,9 @@ Read from a results folder as searchrun.py wrote it: each step's ok results line
 a folder's point, on its last search's fingerprint (the steps of an earlier plan for the same point are not
 its own). `table()` is the table and markdown reports' lines; `html_section()` the page's plots: throughput and achieved
 rate against the offered load (the search's axis) with the saturation point marked, goodput against it with
-the SLO written on the plot, and a bar per configuration of what its search found beside its crossover.
+the SLO written on the plot, and a bar per configuration of what its search found beside its crossover. They
+follow the page's plot rules (sweep/plotrules.py): integer ticks on an axis of whole numbers (concurrencies),
+the legend outside the axes past plotrules.LEGEND_INSIDE lines.
 Nothing here raises on a field of the wrong type: such a value is left out, and the page says which.
 """
 
@@ -23,7 +25,7 @@ from typing import Any, Final
 
 from genready.config import FileError
 from genready.redact import escape
-from genready.sweep import search
+from genready.sweep import plotrules, search
 from genready.sweep.report import RESULTS_FILE, bench_line, label_of, numbered_lines
 from genready.sweep.searchrun import SEARCH_FILE
 from genready.web import htmlpage
@@ -33,7 +35,7 @@ from genready.web import htmlpage
 THROUGHPUT: Final = ("output_tokens_per_second", "OUT tok/s")
 ACHIEVED: Final = ("achieved_rate", "achieved req/s")
 GOODPUT: Final = ("goodput", "goodput req/s (met the SLO)")
-MAX_CONFIGS: Final = 12  # lines per plot, as html.MAX_LINES: past that, the legend would hide the plot
+MAX_CONFIGS: Final = plotrules.MAX_CONFIGURATIONS  # configurations per plot: past that, no one tells them apart
 
 
 @dataclass
@@ -335,16 +337,27 @@ def _axis_title(got: Sequence[Search]) -> str:
     return "offered rate req/s" if len(axes) == 1 else "offered load (req/s, or concurrency on that axis)"
 
 
-def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left: Left) -> bool:
+def _legend(ax: Any) -> None:
+    """The axes' legend by plotrules: outside the axes past LEGEND_INSIDE lines."""
+    handles, labels = ax.get_legend_handles_labels()
+    plotrules.legend(ax, handles, labels)
+
+
+def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left: Left
+          ) -> tuple[list[float], list[float]]:
     """One line per search through its steps at an offered load (error bars: min to max over repeats), its
-    closed-loop steps hollow marks off the line (they offered no rate), saturated steps crossed; whether any
-    point was drawn."""
-    drawn = marked = False
+    closed-loop steps hollow marks off the line (they offered no rate), saturated steps crossed; the x and y
+    values drawn (none: nothing was), for plotrules.integer_ticks."""
+    xs: list[float] = []
+    ys: list[float] = []
+    marked = False
     for i, s in enumerate(got[:MAX_CONFIGS]):
         pts = _series(html, s, key, title, left)
         if not pts:
             continue
-        drawn, c, label = True, f"C{i % 10}", _label(html, s.label)
+        c, label = f"C{i % 10}", _label(html, s.label)
+        xs += [p[0] for p in pts]
+        ys += [v for p in pts for v in p[1:4]]
         line = [p for p in pts if not p[4].closed]
         if line:
             err = [[p[1] - p[2] for p in line], [p[3] - p[1] for p in line]]
@@ -359,7 +372,7 @@ def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left:
             ax.scatter([p[0] for p in sat], [p[1] for p in sat], marker="x", s=70, color="red", zorder=4,
                        label=None if marked else "saturated step")
             marked = True
-    return drawn
+    return xs, ys
 
 
 def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
@@ -367,9 +380,9 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
     left: Left = []
     fig = mpl(figsize=(6.4, 6.0))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    drawn = _draw(html, top, got, THROUGHPUT[0], THROUGHPUT[1], left)
-    drawn = _draw(html, bottom, got, ACHIEVED[0], ACHIEVED[1], left) or drawn
-    if not drawn:
+    tx, ty = _draw(html, top, got, THROUGHPUT[0], THROUGHPUT[1], left)
+    bx, by = _draw(html, bottom, got, ACHIEVED[0], ACHIEVED[1], left)
+    if not tx and not bx:
         return [("", None, left, "")] if left else []
     for i, s in enumerate(got[:MAX_CONFIGS]):
         sp = s.saturation_point()
@@ -379,6 +392,7 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
         if x is None:
             left.append((s.label, f"saturation point ({sp[1]}) = {html._shown(sp[0])}"))
             continue
+        tx.append(x)
         for ax in (top, bottom):
             ax.axvline(x, color=f"C{i % 10}", linestyle=":", linewidth=1.5,
                        label=_label(html, f"{s.label}: saturation ≈ {num_text(x)}") if ax is top else None)
@@ -387,13 +401,14 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
         bottom.plot([max(lo, 0), hi], [max(lo, 0), hi], color="grey", linestyle="--", linewidth=0.8,
                     label="achieved = offered")
         bottom.set_xlim(lo, hi)
-        bottom.legend(fontsize=7, loc="best")
+        _legend(bottom)
     top.set_ylabel(THROUGHPUT[1])
     bottom.set_ylabel(ACHIEVED[1])
     bottom.set_xlabel(_axis_title(got))
-    for ax in (top, bottom):
+    for ax, ys in ((top, ty), (bottom, by)):
         ax.grid(alpha=0.3)
-    top.legend(fontsize=7, loc="best")
+        plotrules.integer_ticks(ax, tx + bx, ys)  # the two share their x axis: its values are both plots'
+    _legend(top)
     note = ("Hollow marks: closed-loop steps (synchronous, throughput), which offer no rate, placed at the rate "
             "they achieved. "
             if any(st.closed for s in got for st in s.steps) else "") + \
@@ -406,7 +421,8 @@ def _goodput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str,
     left: Left = []
     fig = mpl(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    if not _draw(html, ax, got, GOODPUT[0], GOODPUT[1], left):
+    xs, ys = _draw(html, ax, got, GOODPUT[0], GOODPUT[1], left)
+    if not xs:
         if left:
             return [("", None, left, "")]
         return [("", None, [], "No step has a goodput: the searches ran without an SLO (the plan's "
@@ -419,6 +435,7 @@ def _goodput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str,
         if x is None:
             left.append((s.label, f"max_rate_under_slo = {html._shown(v)}"))
         else:
+            xs.append(x)
             ax.axvline(x, color=f"C{i % 10}", linestyle="--", linewidth=1.2,
                        label=_label(html, f"{s.label}: max under SLO {num_text(x)}"))
     slos = list(dict.fromkeys(s.slo for s in got if s.slo))
@@ -426,7 +443,8 @@ def _goodput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str,
     ax.set_xlabel(_axis_title(got))
     ax.set_ylabel(GOODPUT[1])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    plotrules.integer_ticks(ax, xs, ys)
+    _legend(ax)
     return [("", html._svg(fig), left, "")]
 
 
@@ -451,13 +469,14 @@ def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, s
         ax = fig.add_subplot()
         width = 0.4 if crossing else 0.6
         pos = list(range(len(group)))
-        vals, texts = [], []
+        vals, texts, heights = [], [], []  # heights: the bars drawn (a missing value is a bar of 0, not drawn)
         for s in group:
             raw = s.value(s.found_key)
             v = html.plottable(raw)
             if raw is not None and v is None:
                 left.append((s.label, f"{s.found_key} = {html._shown(raw)}"))
             vals.append(v or 0.0)
+            heights += [v] if v is not None else []
             texts.append(str(html._text(_bar_text(v, raw))))
         bars = ax.bar([p - width / 2 if crossing else p for p in pos], vals, width, color="C0",
                       label=" / ".join(keys))
@@ -467,6 +486,7 @@ def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, s
             for s in group:
                 v, text = _crossover_bar(html, s, left)
                 cvals.append(v or 0.0)
+                heights += [v] if v is not None else []
                 ctexts.append(str(html._text(text)))
             cb = ax.bar([p + width / 2 for p in pos], cvals, width, color="C1", hatch="//",
                         label="crossover (speedup over the baseline falls below 1)")
@@ -475,7 +495,8 @@ def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, s
         ax.set_ylabel(f"{'concurrency' if unit != 'req/s' else 'offered rate req/s'}")
         ax.margins(y=0.15)
         ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7, loc="best")
+        plotrules.integer_ticks(ax, ys=heights)  # x: the configurations, given their ticks outright
+        _legend(ax)
         title = f"{' / '.join(keys)} per configuration ({unit})" + (" and the crossover" if crossing else "")
         note = "≈: a crossover interpolated between two steps, not a step's own load." if any(
             s.value("crossover_status") == "interpolated" for s in group) else ""
