@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
+from genready.sweep import heatmap
 from genready.sweep import html as sweephtml
 from genready.sweep import main as sweep
 from genready.sweep import report as sweepreport
@@ -68,7 +69,8 @@ def test_only_the_html_report_imports_matplotlib() -> None:
     users = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
                    if re.search(r"^\s*from genready\.sweep import .*\b(heatmap|plotrules)\b", p.read_text(), re.M))
     # loadreport's plots follow plotrules too; none of these imports matplotlib outside a function that draws
-    assert users == ["sweep/heatmap.py", "sweep/html.py", "sweep/loadreport.py"], users
+    # (main.py: heatmap's text grid, imported by `sweep report` only)
+    assert users == ["sweep/heatmap.py", "sweep/html.py", "sweep/loadreport.py", "sweep/main.py"], users
     for name in ("heatmap", "plotrules"):
         assert not re.search(r"^(import|from) matplotlib", (daemon / "sweep" / f"{name}.py").read_text(), re.M)
     # and the sweep's entry points load that module only for --format html
@@ -496,6 +498,71 @@ def test_heatmap_chooses_its_axes_and_a_bad_one_names_the_axes_there_are(
     assert e.value.status == 64 and "server-side axes: draft, topk" in str(e.value), str(e.value)
 
 
+def text_grids(out: str, fmt: str) -> dict[str, list[list[str]]]:
+    """The text heatmaps of a table (or markdown) report, by panel title: the header line and each row's cells."""
+    grids: dict[str, list[list[str]]] = {}
+    if fmt == "markdown":
+        for title, body in re.findall(r"\*\*SPEEDUP over \S+ x \S+, (.*?)\*\*\n\n((?:\|.*\|\n)+)", out):
+            lines = [ln[2:-2].split(" | ") for ln in body.splitlines()]
+            grids[title] = [lines[0], *lines[2:]]  # less the --- line
+        return grids
+    section = out.split("Speedup against the baseline (", 1)[1].split("\n(each cell", 1)[0]
+    for part in re.split(r"\n  (?=\S)", section)[1:]:
+        title, *lines = part.splitlines()
+        grids[title] = [re.split(r"\s{2,}", ln.strip()) for ln in lines]
+    return grids
+
+
+def numbers(text: str) -> list[str]:
+    return re.findall(r"\d+(?:\.\d+)?", text)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_the_text_formats_hold_the_heatmap_with_the_html_cells_values(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
+    folder = spec_sweep(tmp_path)
+    assert sweep.report_main([str(folder)], fmt) == 0
+    out = capsys.readouterr().out
+    # after the Decision, before the table
+    assert out.index("Decision") < out.index("Speedup against the baseline") < out.index("POINT")
+    grids = text_grids(out, fmt)
+    assert list(grids) == [f"c={c}" for c in sweep_screenshot.CONCURRENCIES], list(grids)
+    drafts, topks = sweep_screenshot.DRAFTS, sweep_screenshot.TOPKS
+    marks = set()
+    for c, (head, *body) in zip(sweep_screenshot.CONCURRENCIES, grids.values(), strict=True):
+        assert head == ["topk \\ draft", *map(str, drafts)], head  # x across, as the page draws it
+        assert [line[0] for line in body] == [str(k) for k in reversed(topks)]  # y up, as the page draws it
+        for r in sweepreport.rows_of([folder]):
+            if r.baseline or r.point["c"] != c:
+                continue
+            got = body[list(reversed(topks)).index(r.point["topk"])][1 + drafts.index(r.point["draft"])]
+            value, drawn, noisy = heatmap._cell(r)  # what the html heatmap writes in that cell
+            if value is None:
+                assert got == drawn == r.status == "failed", (r.label, got)
+                marks.add("failed")
+                continue
+            assert numbers(got) == numbers(drawn), (r.label, got, drawn)  # speedup, interval, drift: the same
+            assert got.startswith(f"{value:.2f}x") and ("slower" in got) is (value < 1)
+            assert ("~" in got) is ("~" in drawn) and ("drifted" in got) is ("drifted" in drawn)
+            assert noisy is ("~" in got or "drifted" in got)
+            marks |= {m for m in ("slower", "~", "drifted") if m in got}
+    assert marks == {"failed", "slower", "~", "drifted"}  # the fixture has each kind of cell
+
+
+def test_the_text_heatmap_takes_the_page_s_axes_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = spec_sweep(tmp_path)
+    assert sweep.report_main([str(folder)], "table", heatmap="topk,draft") == 0
+    (head, *body) = text_grids(capsys.readouterr().out, "table")["c=1"]
+    assert head == ["draft \\ topk", *map(str, sweep_screenshot.TOPKS)], head
+    assert [line[0] for line in body] == [str(d) for d in reversed(sweep_screenshot.DRAFTS)]
+    with pytest.raises(Failed) as e:
+        sweep.report_main([str(folder)], "markdown", heatmap="c,draft")
+    assert e.value.status == 64 and "server-side axes: draft, topk" in str(e.value), str(e.value)
+    # the formats without a heatmap take the flag as they did
+    assert sweep.report_main([str(folder)], "json", heatmap="topk,draft") == 0
+    assert "Speedup against the baseline" not in capsys.readouterr().out
+
+
 def test_without_a_baseline_or_two_server_axes_the_page_says_why_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     two = hostile_results(tmp_path, [line(10 * a + b * 2 + c, f'{{"a": {a}, "b": {b}, "c": {c}}}', group=2 * a + b)
@@ -505,9 +572,16 @@ def test_without_a_baseline_or_two_server_axes_the_page_says_why_in_one_line(
     assert why == ["No speedup heatmap: the plan has no baseline (the plan key `baseline`) to measure speedups "
                    "against."], why
     assert 'id="heatmap-' not in page
-    page = report(servers(tmp_path, 3), capsys)  # s is its only server axis
+    one = servers(tmp_path, 3)
+    page = report(one, capsys)  # s is its only server axis
     assert re.findall(r'id="no-heatmap">(.*?)</p>', page) == [
         "A speedup heatmap needs two server-side axes; this plan has 1 (s)."]
+    # and the text formats hold no heatmap at all: the page's line is enough
+    for folder in (two, one):
+        for fmt in ("table", "markdown"):
+            assert sweep.report_main([str(folder)], fmt) == 0
+            out = capsys.readouterr().out
+            assert "Speedup against the baseline" not in out and "SPEEDUP over" not in out, out
 
 
 def test_the_per_user_per_gpu_pareto_as_vllm_draws_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -410,8 +410,8 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                    "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
     p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
                    "server configuration)")
-    p.add_argument("--heatmap", metavar="X,Y", help="html: the speedup heatmap's two server-side axes (default: "
-                   "the two with the most values)")
+    p.add_argument("--heatmap", metavar="X,Y", help="html, table, markdown: the speedup heatmap's two server-side "
+                   "axes (default: the two with the most values)")
     p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
                    "(a shard missing or unfinished)")
     return p

@@ -9,6 +9,10 @@ centred on 1 on a log scale (blue faster, red slower: 0.5x as red as 2x is blue)
 like a small speedup; a noisy cell (within the noise, or drifted) is hatched and its value marked `~`.
 Without a baseline there is no speedup, so no heatmap: the page says why in one line.
 
+The table and markdown reports hold the same heatmap as text (text()): the same axes, panels and cells, each
+cell the speedup in the table's words (report.ratio_text: `1.43x [1.38-1.49]`, `0.82x slower [...]`, `~`,
+`drifted -23%`), Y's values from the top down as the page draws them; without a heatmap, nothing.
+
 matplotlib is imported only when the html report is written (sweep/html.py calls section()).
 """
 
@@ -20,8 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from genready.redact import escape
 from genready.sweep import plotrules
-from genready.sweep.report import Row, label_of, with_baseline
+from genready.sweep.report import Row, label_of, ratio_text, with_baseline
 from genready.web import htmlpage
 
 MAX_HEATMAPS: Final = 24  # client settings x other server values drawn; past that the page says how many more
@@ -80,6 +85,14 @@ def _order(values: Sequence[Any]) -> list[Any]:
 
 def _text(v: Any) -> str:
     return label_of({"": v})[1:]
+
+
+def axis_values(rows: Sequence[Row], axes: tuple[str, str]) -> tuple[list[Any], list[Any]]:
+    """The values of the heatmap's x and y axes among the plan's points (not the baseline's), every panel's."""
+    plan_rows = [r for r in rows if not r.baseline]
+    x, y = axes
+    return (_order([r.point[x] for r in plan_rows if x in r.point]),
+            _order([r.point[y] for r in plan_rows if y in r.point]))
 
 
 @dataclass
@@ -171,8 +184,7 @@ def section(mpl: Any, rows: Sequence[Row], choice: Choice, client: Sequence[str]
     x, y = choice.axes
     drawn = panels(rows, choice.axes, client, server)
     plan_rows = [r for r in rows if not r.baseline]
-    xs, ys = _order([r.point[x] for r in plan_rows if x in r.point]), _order([r.point[y] for r in plan_rows
-                                                                            if y in r.point])
+    xs, ys = axis_values(rows, choice.axes)
     logs = [abs(math.log2(got.value)) for r in plan_rows if r.status == "ok"
             and (got := r.ratios.get("speedup")) is not None and got.value > 0]
     span = max([0.25, *logs])  # at least 0.84x-1.19x: a sweep of near-equal configurations is not painted deep
@@ -185,3 +197,49 @@ def section(mpl: Any, rows: Sequence[Row], choice: Choice, client: Sequence[str]
             if len(drawn) > MAX_HEATMAPS else "")
     return ('<h2 id="heatmap">Speedup against the baseline</h2><div class="plots">' + "".join(plots) + "</div>"
             + more + f'<p class="note heatmap-caption">{e(CAPTION)}</p>')
+
+
+# --- the table and markdown reports' heatmap: the same cells, as text ---------------------------------------------
+
+TEXT_TITLE: Final = "Speedup against the baseline"
+TEXT_NOTE: Final = ("each cell: SPEEDUP as in the table, a configuration's output tok/s / the baseline's at the same "
+                    "client setting [95 % interval]; slower: below 1; ~ within the noise; drifted: the baseline moved "
+                    "around it; a status: it did not run ok; `sweep report --heatmap X,Y` chooses the axes")
+
+
+def cell_text(r: Row | None) -> str:
+    """A text cell: the speedup in the table's words (report.ratio_text), the status of a point that did not run
+    ok, "" where the plan has no such configuration."""
+    if r is None:
+        return ""
+    return ratio_text(r, "speedup") if r.status == "ok" else plotrules.shown(r.status, 24)
+
+
+def text(rows: Sequence[Row], axes: tuple[Sequence[str], Sequence[str]], flag: str | None, fmt: str) -> str:
+    """`sweep report`'s heatmap in `fmt` (table, markdown), to go after the Decision: per panel, Y's values as
+    rows (top down, as the page draws them) by X's as columns; "" without a baseline or two server axes.
+    `axes`: the plan's (client, server) axes (html.axes_of, which imports this module). ValueError for a
+    --heatmap (`flag`) that is not two server-side axes, as the page."""
+    client, server = axes
+    choice = choose(rows, server, flag)
+    if choice.axes is None:
+        return ""
+    x, y = choice.axes
+    xs, ys = axis_values(rows, choice.axes)
+    head = [f"{plotrules.shown(y, 24)} \\ {plotrules.shown(x, 24)}", *(plotrules.shown(_text(v), 24) for v in xs)]
+    out = [f"## {TEXT_TITLE}\n\n" if fmt == "markdown" else
+           f"{TEXT_TITLE} ({escape(x)} across, {escape(y)} up, as the html heatmap draws it)\n"]
+    for panel in panels(rows, choice.axes, client, server):
+        grid = [head] + [[plotrules.shown(_text(yv), 24)] + [cell_text(panel.cells.get((repr(xv), repr(yv))))
+                                                             for xv in xs] for yv in reversed(ys)]
+        title = escape(panel.title)
+        what = f"SPEEDUP over {escape(x)} x {escape(y)}, {title}"
+        if fmt == "markdown":
+            cells = [[c.replace("|", "\\|") for c in line] for line in grid]
+            out.append(f"**{what}**\n\n" + "".join("| " + " | ".join(line) + " |\n"
+                                                   for line in [cells[0], ["---"] * len(head), *cells[1:]]) + "\n")
+            continue
+        widths = [max(len(line[i]) for line in grid) for i in range(len(head))]
+        out.append(f"  {title}\n" + "".join(
+            "    " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n" for line in grid))
+    return "".join(out) + f"({TEXT_NOTE})\n\n"

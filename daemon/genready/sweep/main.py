@@ -357,7 +357,14 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
-        text = sweepreport.render(rows, fmt, decision_facts(read, partial))
+        from genready.sweep import heatmap as sweepheatmap  # `sweep report` only
+        from genready.sweep.html import axes_of  # the page's axes (html.py imports no matplotlib until it draws)
+
+        try:  # the speedup heatmap as text, after the Decision (the html draws it)
+            grid = sweepheatmap.text(rows, axes_of(rows), heatmap, fmt) if fmt in ("table", "markdown") else ""
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+        text = sweepreport.render(rows, fmt, decision_facts(read, partial), heatmap=grid)
         if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
             text += loadreport.table([Path(f) for f in folders], fmt)
         if partial and fmt in ("table", "markdown"):

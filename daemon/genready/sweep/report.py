@@ -630,9 +630,10 @@ def engine_notes(rows: Sequence[Row]) -> list[str]:
     return out + [f"warning: {w}" for w in warnings[:6]]
 
 
-def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None = None) -> str:
+def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None = None, heatmap: str = "") -> str:
     """The rows in `fmt`; with `facts` (`sweep report`: the plan's SLO, the search's found lines) the Decision
-    first (sweep/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary)."""
+    first (sweep/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary);
+    `heatmap` (table, markdown: sweep/heatmap.text, which imports this module) between the two."""
     if fmt == "json":
         return json.dumps({"rows": [{"index": r.index, "point": r.label, "status": r.status, "attempt": r.attempt,
                                      "pid": r.pid, "load_seconds": _finite(r.load), "run_seconds": _finite(r.run),
@@ -654,11 +655,11 @@ def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None
         return buf.getvalue()
     if fmt == "markdown":
         head, body = _cells(rows, mark="**{}**")
-        return decision.render(rows, facts, fmt) + "".join(
+        return decision.render(rows, facts, fmt) + heatmap + "".join(
             "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n" for r in [head, ["---"] * len(head), *body]
         ) + categories.section(rows, fmt)
     head, body = _cells(rows, mark="{}*")
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return decision.render(rows, facts, fmt) + text + legend(rows) + categories.section(rows, fmt)
+    return decision.render(rows, facts, fmt) + heatmap + text + legend(rows) + categories.section(rows, fmt)
