@@ -22,6 +22,8 @@ labelled.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import math
 import socket
@@ -73,6 +75,15 @@ def _matplotlib() -> Any:
                            "without it") from None
     matplotlib.rcParams["svg.hashsalt"] = "genready"  # the same results give the same file
     return MplFigure
+
+
+def preload() -> None:
+    """Import matplotlib, where it is installed, before a report reads its results: its import leaves cycles
+    (pyparsing's caught exceptions) holding every frame then on the stack, so the rows too until a collection
+    walks them all: a second over 64 MiB, at exit. Collected here, they hold nothing of the report's."""
+    with contextlib.suppress(NoMatplotlib):
+        _matplotlib()
+    gc.collect()
 
 
 def _text(v: object) -> str:

@@ -329,6 +329,9 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         raise Failed("--compare: expected two folders A B and --format table or html, found "
                      f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
                      status=Exit.BAD_ARGUMENT)
+    if fmt == "html" and not compare:  # matplotlib before the results: see there
+        from genready.sweep import html as sweephtml
+        sweephtml.preload()
     try:
         sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
         read = [] if compare else sweepreport.read_folders([Path(f) for f in folders])
