@@ -280,6 +280,20 @@ def test_the_report_turns_the_garbage_collector_back_on(tmp_path: Path,
     assert gc.isenabled()
 
 
+def test_the_invocation_id_is_shown_short_with_the_whole_on_hover(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    folder = hostile_results(tmp_path, [
+        line(1, '{"c": 1}')[:-1] + ', "invocation_id": "0123456789abcdef0123456789abcdef"}',
+        line(2, '{"c": 2}')[:-1] + ', "invocation_id": "<b>\\u001b[2J0123456789"}',  # escaped, cut or whole
+        line(3, '{"c": 3}')])
+    page = report(folder, capsys)
+    assert re.findall(r'<td class="mono".*?</td>', page) == [
+        '<td class="mono" title="0123456789abcdef0123456789abcdef">0123456789ab</td>',
+        '<td class="mono" title="&lt;b&gt;\\x1b[2J0123456789">&lt;b&gt;\\x1b[2J01234</td>',
+        '<td class="mono">-</td>']
+    assert ".mono" in page.split("</style>")[0]  # the monospace rule is the page's own (base.css)
+
+
 def test_an_axis_of_many_text_values_labels_at_most_max_ticks(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     folder = hostile_results(tmp_path, [line(i, f'{{"m": "m{i:05d}{"x" * 300}"}}') for i in range(3000)])

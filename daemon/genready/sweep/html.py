@@ -58,6 +58,7 @@ EXTRA: Final = "genready[report]"
 PLOT_LIMIT: Final = 1e300
 SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
 SHOWN_LEFT_OUT: Final = 10  # points named in a plot's "left out" note
+SHOWN_ID: Final = 12  # hex digits of an InvocationID in the table (the whole on hover)
 
 
 class NoMatplotlib(Exception):
@@ -319,6 +320,13 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     return _svg(fig), left
 
 
+def _invocation(inv: str) -> str:
+    """An InvocationID cell: its first SHOWN_ID characters (the 32 hex digits tell apart by then), the whole on
+    hover, monospace."""
+    e = htmlpage.text
+    return f'<td class="mono" title="{e(inv)}">{e(inv[:SHOWN_ID])}</td>' if inv else '<td class="mono">-</td>'
+
+
 def _escaped() -> Callable[[str], str]:
     """htmlpage.text, each value escaped once per table: a column such as status or a figure's text holds a
     few values over a hundred thousand rows."""
@@ -408,7 +416,7 @@ def _table(rows: Sequence[Row]) -> str:
         cells = [f'<tr class="{once(r.status.split()[0] if r.status else "")}"><td>{e(r.label)}</td>'
                  f"<td>{once(r.status)}{unstable}</td>"
                  f'<td class="{"warm" if r.cache == "warm" else ""}">{once(r.cache or "-")}</td>'
-                 f"<td>{r.runs_ok}/{r.runs}</td><td>{e(r.pid)}</td><td>{e(r.invocation_id or '-')}</td>"
+                 f"<td>{r.runs_ok}/{r.runs}</td><td>{e(r.pid)}</td>{_invocation(r.invocation_id)}"
                  f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>"
                  f"<td>{'-' if r.run is None else f'{r.run:.1f}'}</td><td>{once(r.host or '-')}</td>"]
         marked = r.best or r.noisy
