@@ -284,7 +284,8 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
             figures = {key: _as_float(line.get(key)) for key in _NO_FIGURES}
     if not unreadable:
         for key, field_name in FROM_RESULTS.items():
-            if (figures is None or figures.get(key) is None) and (v := _as_float(rec.get(field_name))) is not None:
+            if (v := rec.get(field_name)) is not None and (figures is None or figures.get(key) is None) and \
+                    (v := _as_float(v)) is not None:
                 if figures is None:
                     figures = _NO_FIGURES.copy()
                 figures[key] = v
