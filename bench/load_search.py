@@ -11,10 +11,13 @@ requests (simbatch.crossover_batch). The search's decisions are sweep/search.py'
   resolution (the synchronous and throughput runs and every rate between);
 - slo mode on the concurrency axis, `itl_p50_ms=42` (a step is 20 + 4 c ms below the cap, so 5 meets it and 6
   does not): the concurrency found, and runs against a grid of every concurrency up to max_concurrency;
-- the crossover: a bisection on concurrency of the speedup of speculation over plain decoding (two runs a
-  step), interpolated linearly between the last two steps, against crossover_batch.
+- the crossover, as a sweep with a `baseline` finds it (sweep/crossover.py): an slo search on the concurrency
+  axis, `e2e_p50_ms=920`, of plain decoding (the baseline) and of speculation (the configuration), each
+  stepping at its own concurrencies; crossover.find interpolates each one's output tok/s against concurrency
+  (piecewise linear) and takes the first concurrency where speculation's falls below plain's, against
+  crossover_batch, and the runs of both searches against a grid of every concurrency up to 16 for both.
 
-Run: .venv/bin/python bench/load_search.py   (about four minutes)
+Run: .venv/bin/python bench/load_search.py   (about six minutes)
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from genready.sweep import search
+from genready.sweep import crossover, search
 from genready.sweep.search import Axis, Mode, Outcome, SearchSpec
 from genready_dev import simbatch
 from genready_dev.harness import PY, free_port, wait_for
@@ -76,26 +79,6 @@ def run_search(url: str, spec: SearchSpec) -> list[Outcome]:
     return done
 
 
-def crossover(plain: str, spec: str, hi: int) -> tuple[float, int]:
-    """(interpolated concurrency where speculation's output tok/s falls to plain's, runs used)."""
-    def speedup(c: int) -> float:
-        args = ["-n", str(6 * c), "-c", str(c)]
-        s, p = bench(spec, args), bench(plain, args)
-        ratio = float(s["output_tokens_per_second"]) / float(p["output_tokens_per_second"])
-        print(f"    c={c}: speculation {s['output_tokens_per_second']:.0f} tok/s, plain "
-              f"{p['output_tokens_per_second']:.0f} tok/s, speedup {ratio:.2f}", flush=True)
-        return ratio
-    lo, hi_c = 1, hi
-    at = {lo: speedup(lo), hi_c: speedup(hi_c)}
-    while hi_c - lo > 1:
-        mid = (lo + hi_c) // 2
-        at[mid] = speedup(mid)
-        lo, hi_c = (mid, hi_c) if at[mid] >= 1 else (lo, mid)
-    a, b = at[lo], at[hi_c]
-    x = lo + (a - 1) / (a - b) * (hi_c - lo) if a != b else float(lo)
-    return x, 2 * len(at)
-
-
 def main() -> int:
     flat = simbatch.BatchModel(CAP, T0, S_FLAT)
     spec_model = simbatch.BatchModel(CAP, T0, S, ACCEPT)
@@ -119,13 +102,25 @@ def main() -> int:
         done = run_search(url, slo)
         print(f"  found: max concurrency under the SLO {search.found(slo, done).max_under_slo} (true {true_c}); runs "
               f"{len(done)} against a grid of {slo.max_concurrency}")
-    b_true = simbatch.crossover_batch(spec_model)
+    b_true = simbatch.crossover_batch(spec_model) or 0.0
+    cross = SearchSpec(Mode.SLO, Axis.CONCURRENCY, slo="e2e_p50_ms=920", max_concurrency=16, max_steps=8,
+                       max_requests_per_step=48, max_step_seconds=8)
     with simulator(S) as plain, simulator(S, "--spec-accept", str(ACCEPT)) as spec:
-        print(f"crossover: speculation (X = {ACCEPT}, w = {spec_model.width}) against plain decoding "
-              f"(true batch {b_true}):")
-        x, runs = crossover(plain, spec, 16)
-        print(f"  found: crossover at concurrency {x:.2f} (interpolated between the last two steps; true {b_true}, "
-              f"off by {abs(x - (b_true or 0)) / (b_true or 1):.0%}); runs {runs} against a grid of {2 * 16}")
+        print(f"crossover: speculation (X = {ACCEPT}, w = {spec_model.width}) against plain decoding, an slo search "
+              f"each on the concurrency axis, e2e_p50_ms=920 (true crossover at concurrency {b_true:g}):")
+        print("  the baseline (plain decoding):")
+        base = run_search(plain, cross)
+        print("  the configuration (speculation):")
+        conf = run_search(spec, cross)
+        for name, done in (("plain", base), ("speculation", conf)):
+            print(f"    {name} output tok/s at concurrency: " + ", ".join(
+                f"{x:g}: {y:.0f}" for x, y in crossover.curve(cross, done)))
+        got = crossover.find(crossover.curve(cross, conf), crossover.curve(cross, base))
+        runs = len(base) + len(conf)
+        off = f"off by {abs(got.load - b_true) / b_true:.0%}" if got.load is not None else "none found"
+        print(f"  found: crossover {got.load if got.load is None else round(got.load, 2)} ({got.status}, piecewise "
+              f"linear between each search's steps, over concurrency {got.within}; true {b_true:g}, {off}); runs "
+              f"{runs} against a grid of {2 * cross.max_concurrency}")
     return 0
 
 

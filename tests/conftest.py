@@ -103,7 +103,7 @@ VERSIONS_SUBSET = ("test_gate.py", "test_watcher.py", "test_reload.py", "test_fr
 
 # The files whose tests run the real servers (genready_dev.realservers): `./dev test` runs the rest of
 # a run while the servers build, and these once they are built (`--real-servers without|only`).
-REAL_SERVER_FILES = ("test_llamacpp.py", "test_llama_spec.py", "test_sweep_cache.py")
+REAL_SERVER_FILES = ("test_llamacpp.py", "test_llama_spec.py", "test_sweep_cache.py", "test_llama_search.py")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

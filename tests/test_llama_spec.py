@@ -238,6 +238,7 @@ def test_a_speculative_sweep_on_llama_server_shows_each_drafts_acceptance(spec_r
     # The report shows it: a DRAFT ACC column, the identical draft's points marked best.
     report = subprocess.run([*GENREADY, "sweep", "report", str(spec_rig.tmp / "run1")], capture_output=True,
                             text=True, timeout=30, check=True).stdout
+    report = report[report.index("POINT"):]  # the table, after the Decision section
     assert "  ACCEPT  DRAFT ACC  OUT tok/s" in report.splitlines()[0], report
     rows = {ln.split()[0] + " " + ln.split()[1] + " " + ln.split()[2]: ln for ln in report.splitlines()[1:13]}
     assert all(" 1.000* " in rows[f"draft=copy n_max={n} c={c}"] for n in (2, 4) for c in (1, 2)), report

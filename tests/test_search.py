@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from genready.config import ConfigError
-from genready.sweep import search
+from genready.sweep import crossover, search
+from genready.sweep.crossover import Status
 from genready.sweep.search import Axis, Mode, Outcome, SearchSpec, Spacing, Step
+from genready_dev import simbatch
 
 
 def drive(spec: SearchSpec, serve: Callable[[Step], Outcome], limit: int = 100) -> list[Outcome]:
@@ -111,8 +113,84 @@ def test_a_steps_bench_flags_are_bounded_by_the_step_limits() -> None:
 
 
 def test_an_outcome_reads_a_results_line() -> None:
-    o = Outcome.of_line(Step(1, "rate", 5.0, 8), {"requests_per_second": 4.5, "saturated": True, "slo_met": None})
-    assert (o.achieved_rate, o.saturated, o.slo_met) == (4.5, True, None)
+    o = Outcome.of_line(Step(1, "rate", 5.0, 8), {"requests_per_second": 4.5, "saturated": True, "slo_met": None,
+                                                  "output_tokens_per_second": 90})
+    assert (o.achieved_rate, o.saturated, o.slo_met, o.output_tps) == (4.5, True, None, 90.0)
+    assert Outcome.of_line(Step(1, "rate", 5.0, 8), {"output_tokens_per_second": True}).output_tps is None
+
+
+def test_the_eta_expects_each_search_point_to_run_its_steps() -> None:
+    assert search.expected_steps(SearchSpec(Mode.SATURATION, steps=5)) == 7  # synchronous, throughput, 5 rates
+    assert search.expected_steps(SearchSpec(Mode.SLO, slo="x", max_steps=6)) == 6
+
+
+# --- the crossover (crossover.py) ----------------------------------------------------------------------
+
+def test_the_crossover_interpolates_two_curves_stepped_at_different_loads() -> None:
+    """The baseline 100 + 10 x at loads 0, 2, 4, 8, 10; the configuration a flat 150 at 1, 3, 6, 9: both are
+    linear between their steps, so they cross at exactly x = 5, in the range both searched, [1, 9]."""
+    base = tuple((x, 100 + 10 * x) for x in (0.0, 2.0, 4.0, 8.0, 10.0))
+    config = tuple((x, 150.0) for x in (1.0, 3.0, 6.0, 9.0))
+    got = crossover.find(config, base)
+    assert got.status is Status.INTERPOLATED and got.load == pytest.approx(5.0) and got.within == (1.0, 9.0)
+    assert got.fields() == {"crossover": got.load, "crossover_status": "interpolated", "crossover_range": [1.0, 9.0]}
+    # a speedup of exactly 1 is not below it: the crossing is where it goes under
+    assert crossover.find(((1.0, 110.0), (3.0, 110.0)), base).load == pytest.approx(1.0)
+
+
+def test_the_crossover_says_when_there_is_none_to_find() -> None:
+    base = ((1.0, 100.0), (4.0, 400.0))
+    assert crossover.find(((1.0, 101.0), (2.0, 250.0), (5.0, 800.0)), base) == \
+        crossover.Crossover(None, Status.PAYS_THROUGHOUT, (1.0, 4.0))  # above it over [1, 4]: 5 is past the base's
+    assert crossover.find(((1.0, 99.0), (4.0, 900.0)), base).status is Status.NEVER_PAYS  # below at the first load
+    assert crossover.find(((2.0, 99.0),), base) == crossover.Crossover(None, Status.NEVER_PAYS, (2.0, 2.0))
+    for other in (None, ()):
+        assert crossover.find(((1.0, 5.0),), other).status is Status.NO_BASELINE
+    assert crossover.find((), base).status is Status.NO_BASELINE
+    assert crossover.find(((5.0, 1.0), (6.0, 1.0)), base) == crossover.Crossover(None, Status.NO_BASELINE)  # disjoint
+
+
+def test_a_curve_is_output_tokens_against_the_offered_load_on_the_search_s_axis() -> None:
+    sat = SearchSpec(Mode.SATURATION)
+    done = [Outcome(Step(1, "synchronous", None, 1), 2.0, None, None, 40.0),
+            Outcome(Step(2, "throughput", None, 8), 9.0, None, None, 180.0),
+            Outcome(Step(3, "rate", 4.0, 8), 4.0, False, None, 80.0),
+            Outcome(Step(4, "rate", 6.0, 8), 6.0, False, None, None)]  # no tok/s: not on the curve
+    assert crossover.curve(sat, done) == ((2.0, 40.0), (4.0, 80.0), (9.0, 180.0))  # a closed loop at what it achieved
+    conc = SearchSpec(Mode.SLO, Axis.CONCURRENCY, slo="x")
+    done = [Outcome(Step(1, "bracket", None, 2), 5.0, None, True, 100.0),
+            Outcome(Step(2, "bracket", None, 2), 5.0, None, True, 120.0)]
+    assert crossover.curve(conc, done) == ((2.0, 110.0),)  # one load, its steps averaged
+
+
+def closed_loop(m: simbatch.BatchModel, tokens: int, e2e_slo: float) -> Callable[[Step], Outcome]:
+    """The batch model's closed loop at concurrency c <= its cap: each request takes steps x t(c, w) seconds."""
+    def serve(step: Step) -> Outcome:
+        e2e = simbatch.steps_for(m, tokens) * simbatch.step_time(m, min(step.concurrency, m.max_running))
+        rps = step.concurrency / e2e
+        return Outcome(step, rps, None, e2e <= e2e_slo, rps * tokens)
+    return serve
+
+
+def test_the_crossover_of_two_slo_searches_on_the_batch_model_lies_near_the_true_one() -> None:
+    """bench/load_search.py's servers without their noise: speculation (X = 2.5, w = 4) against plain decoding, a
+    step of 20 + 4 ms per token, 20 tokens, cap 16. Each search brackets and bisects its own concurrencies for
+    e2e <= 0.9 s (plain decoding meets it up to 6, speculation up to 5): their steps differ (7 against 5), and the
+    throughputs cross at simbatch.crossover_batch = 5."""
+    plain = simbatch.BatchModel(16, 0.020, 0.004)
+    spec_m = simbatch.BatchModel(16, 0.020, 0.004, 2.5)
+    spec = SearchSpec(Mode.SLO, Axis.CONCURRENCY, slo="e2e_p50_ms=900", max_concurrency=16, max_steps=8)
+    base = drive(spec, closed_loop(plain, 20, 0.9))
+    conf = drive(spec, closed_loop(spec_m, 20, 0.9))
+    assert [o.step.concurrency for o in base] == [1, 2, 4, 8, 6, 7]
+    assert [o.step.concurrency for o in conf] == [1, 2, 4, 8, 6, 5]
+    got = crossover.find(crossover.curve(spec, conf), crossover.curve(spec, base))
+    true = simbatch.crossover_batch(spec_m)
+    assert got.status is Status.INTERPOLATED and got.load is not None and true is not None
+    assert true == pytest.approx(5.0)
+    assert abs(got.load - true) / true < 0.15
+    # the other way round: plain decoding against speculation never pays at first, where speculation does
+    assert crossover.find(crossover.curve(spec, base), crossover.curve(spec, conf)).status is Status.NEVER_PAYS
 
 
 def test_the_search_table_parses_with_its_defaults() -> None:

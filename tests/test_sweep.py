@@ -1095,12 +1095,12 @@ def test_shards_then_report_merges_the_folders_with_the_bench_figures(rig: Rig) 
     assert [r["accept_length"] for r in data["rows"]] == [2.0, 2.0, 3.0, 3.0]
     assert all("accept_length" in r["best"] for r in data["rows"][2:]) and all(r["host"] for r in data["rows"])
     # per position (issue 38 §4): the simulator's histogram; the shares of steps sum to accept length - 1
-    assert "ACC/POS" in table.splitlines()[0], table
+    assert "ACC/POS" in table[table.index("POINT"):].splitlines()[0], table  # the table, after the Decision
     assert all(r["accept_per_position"] and sum(r["accept_per_position"]) == pytest.approx(r["accept_length"] - 1,
                                                                                           abs=0.01)
                for r in data["rows"]), data
     md = subprocess.run([*report, "--format", "markdown"], capture_output=True, text=True, timeout=30).stdout
-    assert md.startswith("| POINT | STATUS |") and "| **3.00** |" in md
+    assert md.startswith("## Decision\n") and "\n| POINT | STATUS |" in md and "| **3.00** |" in md
     csv_out = subprocess.run([*report, "--format", "csv"], capture_output=True, text=True, timeout=30).stdout
     assert csv_out.splitlines()[0].startswith("POINT,STATUS,ATTEMPT,PID,LOAD s,RUN s,ACCEPT,")
     bad = subprocess.run([*GENREADY, "sweep", "report", folders[0], str(rig.tmp)], capture_output=True, text=True,

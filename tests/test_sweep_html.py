@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import gc
 import html
+import io
 import json
 import random
 import re
@@ -24,7 +25,7 @@ from genready.exitcodes import Failed
 from genready.sweep import html as sweephtml
 from genready.sweep import main as sweep
 from genready.sweep import report as sweepreport
-from genready_dev.harness import PY, REPO
+from genready_dev.harness import PY, REPO, wait_for
 from tests import ci
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -63,7 +64,13 @@ def test_only_the_html_report_imports_matplotlib() -> None:
     daemon = REPO / "daemon" / "genready"
     importing = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
                        if re.search(r"^\s*(import|from) matplotlib", p.read_text(), re.M))
-    assert importing == ["sweep/html.py"], importing
+    # html.py and the two modules only it imports (each imports matplotlib inside the function that draws)
+    assert importing == ["sweep/heatmap.py", "sweep/html.py", "sweep/plotrules.py"], importing
+    users = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
+                   if re.search(r"^\s*from genready\.sweep import .*\b(heatmap|plotrules)\b", p.read_text(), re.M))
+    assert users == ["sweep/heatmap.py", "sweep/html.py"], users
+    for name in ("heatmap", "plotrules"):
+        assert not re.search(r"^(import|from) matplotlib", (daemon / "sweep" / f"{name}.py").read_text(), re.M)
     # and the sweep's entry points load that module only for --format html
     assert not re.search(r"^from genready.sweep import .*html", (daemon / "sweep" / "main.py").read_text(), re.M)
 
@@ -133,6 +140,49 @@ def test_the_html_report_in_a_real_browser(tmp_path: Path) -> None:
     png: Any = __import__("matplotlib.image", fromlist=["imread"]).imread(str(shot))
     assert png.std() > 0.05  # not a blank page
     print(f"screenshot: {shot}")
+
+
+VISIBLE = """(() => {
+  const out = {};
+  for (const div of document.querySelectorAll("div.plot")) {
+    const img = div.querySelector("img"), r = img && img.getBoundingClientRect(), s = img && getComputedStyle(img);
+    out[div.id] = img ? [img.complete && img.naturalWidth > 0, r.width, r.height, s.visibility, s.display] : null;
+  }
+  return out;
+})()"""
+
+
+@pytest.mark.system
+def test_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_browser(tmp_path: Path) -> None:
+    """Chromium over its DevTools protocol (tests/browser.py): each heatmap and the per-user/per-GPU Pareto is
+    an image the browser decoded and lays out at a visible size, and the page asked for nothing but itself."""
+    from tests.browser import Browser
+
+    folder = spec_sweep(tmp_path)
+    page = tmp_path / "report.html"
+    done = subprocess.run([PY, "-m", "genready.cli", "sweep", "report", str(folder), "--format", "html", "--output",
+                           str(page)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    b = Browser(tmp_path / "chromium-profile").start()
+    try:
+        b.navigate(page.as_uri())
+        wait_for(lambda: b.js("document.readyState") == "complete", 30, "the report loaded")
+        shown = b.js(VISIBLE)
+        for plot in ("heatmap-1", "heatmap-2", "pareto-per-user"):
+            decoded, width, height, visibility, display = shown[plot]
+            assert decoded and width > 200 and height > 150 and visibility == "visible" and display != "none", shown
+        assert b.js("document.getElementById('heatmap').getBoundingClientRect().top") < b.js(
+            "document.querySelector('table').getBoundingClientRect().top")  # the heatmap before the table
+        caption = b.js("document.querySelector('.heatmap-caption').innerText")
+        assert caption.startswith("Each cell: a server configuration's speedup"), caption
+        b.screenshot(tmp_path / "report.png")
+        assert b.console_errors == [], b.console_errors
+        # nothing but the page itself and its data: images (the plots)
+        assert b.requests[0] == page.as_uri() and all(u.startswith("data:") for u in b.requests[1:]), b.requests
+        assert len(b.requests) > 1  # the images' requests are seen: the check can see a request
+    finally:
+        b.stop()
+    print(f"screenshot: {tmp_path / 'report.png'}")
 
 
 # --- what every other format reads (issue 41 #9) ---------------------------------------------------------
@@ -329,7 +379,8 @@ def test_per_position_acceptance_is_a_column_and_a_json_list_only_where_a_point_
         ({}, {"output_tokens_per_second": 70.0, "accept_per_position": [0.9, "x"]}, {"c": 4}),  # not numbers: "-"
     ])
     assert sweep.report_main([str(folder)], "table") == 0
-    table = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    table = out[out.index("POINT"):].splitlines()  # the table, after the Decision section
     assert "ACC/POS" in table[0]
     assert "0.81 0.62 0.40" in table[1] and "0.50 0.25" in table[3], table
     at = table[0].index("ACC/POS")  # before the figures, as the other columns that describe the run
@@ -370,3 +421,243 @@ def test_tokens_per_second_against_power_is_drawn_only_where_a_point_has_power(
                                           ({}, {"output_tokens_per_second": 1900.0}, {"c": 2})])
     page = report(plain, capsys)
     assert 'id="power"' not in page and not [s for s in svgs(page) if "mean GPU power" in s]
+
+
+# --- issue 37 §3: the speedup heatmap, the per-user/per-GPU Pareto, plots a person can read ---------------------
+
+import sweep_screenshot  # noqa: E402  bench/: the folder of the docs' picture is the heatmap's fixture
+
+
+def spec_sweep(tmp: Path) -> Path:
+    """bench/sweep_screenshot.py's folder: a baseline, draft x topk (two server axes) x c [1, 8], 3 repeats,
+    gpus = 2; one configuration noisy, one drifted, one failed."""
+    folder = tmp / "spec"
+    folder.mkdir()
+    sweep_screenshot.write(folder)
+    return folder
+
+
+def plot_svgs(page: str, plot_id: str) -> list[str]:
+    body = re.search(rf'<div class="plot" id="{plot_id}">(.*?)</div>', page, re.S)
+    assert body, f"no plot {plot_id}"
+    return svgs(body.group(1))
+
+
+def comments(svg: str) -> list[str]:
+    """The text matplotlib drew (as paths), in drawing order: each line of each text is a comment."""
+    return [html.unescape(c) for c in re.findall(r"<!-- (.*?) -->", svg)]
+
+
+def heatmap_page(folder: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert sweep.report_main([str(folder)], "html", heatmap=flags[0] if flags else None) == 0
+    return capsys.readouterr().out
+
+
+def cell_colour(svg: str, nx: int, ny: int, j: int, i: int) -> tuple[float, float, float]:
+    """The colour at the centre of cell (x j, y i) of a heatmap's image (origin lower: y 0 at the bottom)."""
+    tag = re.search(r'<image xlink:href="data:image/png;base64,([^"]+)"([^>]*)>', svg)
+    assert tag, "no image in the heatmap"
+    png: Any = __import__("matplotlib.image", fromlist=["imread"]).imread(io.BytesIO(base64.b64decode(tag.group(1))),
+                                                                          format="png")
+    h, w = png.shape[:2]
+    flipped = "scale(1 -1)" in tag.group(2)  # the image's rows stored bottom first, drawn flipped
+    px = png[int(((i + 0.5) if flipped else (ny - i - 0.5)) / ny * h), int((j + 0.5) / nx * w)]
+    return float(px[0]), float(px[1]), float(px[2])
+
+
+def test_the_speedup_heatmap_writes_each_configurations_speedup_and_marks_the_noisy_ones(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = spec_sweep(tmp_path)
+    page = heatmap_page(folder, capsys)
+    rows = [r for r in sweepreport.rows_of([folder]) if not r.baseline]
+    assert '<h2 id="heatmap">' in page and "no-heatmap" not in page
+    # the heatmap comes before the table: the answer first
+    assert page.index('id="heatmap-1"') < page.index("<h2>Points</h2>")
+    drafts, topks = sweep_screenshot.DRAFTS, sweep_screenshot.TOPKS
+    hatched = 0
+    for n, c in enumerate(sweep_screenshot.CONCURRENCIES, 1):
+        assert f"SPEEDUP over draft x topk, c={c}</h3>" in page
+        (svg,) = plot_svgs(page, f"heatmap-{n}")
+        text = comments(svg)
+        assert text[:8] == ["2", "4", "6", "draft", "1", "2", "4", "topk"], text  # x: draft, y: topk
+        noisy = []
+        for r in (r for r in rows if r.point["c"] == c):
+            d, k = r.point["draft"], r.point["topk"]
+            j, i = drafts.index(d), topks.index(k)
+            got = r.ratios.get("speedup")
+            if r.status != "ok":
+                assert got is None and "failed" in text
+                continue
+            assert got is not None and got.low is not None and got.high is not None
+            within = got.within_noise(r.noise_limit)
+            assert f"{got.value:.2f}x" + (" ~" if within else "") in text, (r.label, text)  # the value, written
+            assert f"[{got.low:.2f}-{got.high:.2f}]" in text  # and its interval
+            if within or r.drifted is not None:
+                noisy.append(f"noisy-{n}-{i}-{j}")
+            if r.drifted is not None:
+                assert f"drifted {100 * r.drifted:+.0f}%" in text
+            # a diverging scale centred on 1: a speedup blue, a slowdown red (a clear one: past 10 %)
+            red, _, blue = cell_colour(svg, len(drafts), len(topks), j, i)
+            if got.value > 1.1:
+                assert blue > red + 0.1, (r.label, red, blue)
+            elif got.value < 0.9:
+                assert red > blue + 0.1, (r.label, red, blue)
+        # each noisy cell hatched (a pattern over the cell), and no other
+        in_order = sorted(noisy, key=lambda s: [int(x) for x in s.split("-")[1:]])
+        assert re.findall(r'<g id="(noisy-[^"]+)"', svg) == in_order
+        assert svg.count("<pattern") == (1 if noisy else 0) and svg.count("url(#h") == len(noisy)
+        hatched += len(noisy)
+    # the fixture has what the marks are for: a slowdown, a speedup, a cell within the noise and a drifted one
+    assert hatched >= 2
+    values = [r.ratios["speedup"] for r in rows if "speedup" in r.ratios]
+    assert min(v.value for v in values) < 0.9 < 1.1 < max(v.value for v in values)
+    assert any(r.drifted is not None for r in rows) and any(v.within_noise(0.1) for v in values)
+    caption = re.search(r'<p class="note heatmap-caption">(.*?)</p>', page)
+    assert caption and "Hatched: noisy" in caption.group(1) and "red: slower" in caption.group(1)
+
+
+def test_heatmap_chooses_its_axes_and_a_bad_one_names_the_axes_there_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = spec_sweep(tmp_path)
+    page = heatmap_page(folder, capsys, "topk,draft")
+    assert "SPEEDUP over topk x draft, c=1</h3>" in page
+    assert comments(plot_svgs(page, "heatmap-1")[0])[:8] == ["1", "2", "4", "topk", "2", "4", "6", "draft"]
+    for bad in ("c,draft", "draft", "draft,draft", "nope,topk", "draft,topk,c"):
+        with pytest.raises(Failed) as e:
+            sweep.report_main([str(folder)], "html", heatmap=bad)
+        assert e.value.status == 64 and "--heatmap" in str(e.value) and "draft, topk" in str(e.value), str(e.value)
+        assert repr(bad) in str(e.value)
+    # and from the command line's flag
+    from genready import cli
+
+    with pytest.raises(Failed) as e:
+        cli.cmd_sweep_tool("report", [str(folder), "--format", "html", "--heatmap", "draft,c"])
+    assert e.value.status == 64 and "server-side axes: draft, topk" in str(e.value), str(e.value)
+
+
+def test_without_a_baseline_or_two_server_axes_the_page_says_why_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    two = hostile_results(tmp_path, [line(10 * a + b * 2 + c, f'{{"a": {a}, "b": {b}, "c": {c}}}', group=2 * a + b)
+                                     for a in (1, 2) for b in (0, 1) for c in (0, 1)])
+    page = report(two, capsys)
+    why = re.findall(r'<p class="note" id="no-heatmap">(.*?)</p>', page)
+    assert why == ["No speedup heatmap: the plan has no baseline (the plan key `baseline`) to measure speedups "
+                   "against."], why
+    assert 'id="heatmap-' not in page
+    page = report(servers(tmp_path, 3), capsys)  # s is its only server axis
+    assert re.findall(r'id="no-heatmap">(.*?)</p>', page) == [
+        "A speedup heatmap needs two server-side axes; this plan has 1 (s)."]
+
+
+def test_the_per_user_per_gpu_pareto_as_vllm_draws_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = spec_sweep(tmp_path)
+    page = heatmap_page(folder, capsys)
+    (svg,) = plot_svgs(page, "pareto-per-user")
+    text = comments(svg)
+    assert "tokens/s per user (OUT tok/s / concurrency)" in text and "tokens/s per GPU (OUT tok/s / gpus)" in text
+    # the front, worked out here by brute force: no other point at least as good on both and better on one
+    tps = {r.label: t for r in sweepreport.rows_of([folder])
+           if r.status == "ok" and (t := (r.figures or {}).get("output_tokens_per_second")) is not None}
+    pts = [(t / int(label.split("c=")[1]), t / 2, label) for label, t in tps.items()]
+    front = {p[2] for p in pts if not any(q[0] >= p[0] and q[1] >= p[1] and q[:2] != p[:2] for q in pts)}
+    listed = re.search(r'id="pareto-per-user">.*?<p>Pareto front: (.*?)</p>', page, re.S)
+    assert listed and set(listed.group(1).split("; ")) == front and len(front) >= 2, (listed, front)
+    for label in front:
+        assert label in text  # each point of the front labelled on the plot
+    # the per-GPU figure divides by the plan's gpus (2 in every line): the y axis ends near the best tok/s / 2
+    best = max(p[1] for p in pts)
+    ticks = [float(t) for t in text if re.fullmatch(r"-?\d+(\.\d+)?", t)]
+    assert max(ticks) < 2 * best, (best, ticks)
+
+
+def test_a_report_of_bench_lines_without_concurrency_draws_no_per_user_plot(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    page = report(results(tmp_path, 4), capsys)  # lines another client wrote: no concurrency
+    assert 'id="pareto-per-user"' not in page and 'id="pareto-ttft_p50_ms"' in page
+
+
+def ticks(svg: str, axis: int) -> list[str]:
+    """The labels of the ticks of matplotlib's axis `axis` (1: the first axes' x, 2: its y)."""
+    part = svg.split(f'<g id="matplotlib.axis_{axis}">', 1)[1].split('<g id="matplotlib.axis_', 1)[0]
+    return [html.unescape(t) for t in re.findall(r'<g id="[xy]tick_\d+">.*?<!-- (.*?) -->', part, re.S)]
+
+
+def test_an_axis_of_integers_has_integer_ticks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # two concurrencies, accept lengths that are whole numbers: matplotlib's own ticks would be 1.0, 1.2, ...
+    folder = hostile_results(tmp_path, [line(c, f'{{"c": {c}}}', accept) for c, accept in ((1, "2"), (2, "3"))])
+    (svg,) = svgs(report(folder, capsys))
+    assert ticks(svg, 1) and all(re.fullmatch(r"\d+", t) for t in ticks(svg, 1)), ticks(svg, 1)
+    assert ticks(svg, 2) and all(re.fullmatch(r"\d+", t) for t in ticks(svg, 2)), ticks(svg, 2)
+    # and an axis of fractions keeps its fractions
+    (tmp_path / "f").mkdir()
+    folder = hostile_results(tmp_path / "f", [line(c, f'{{"c": {c}}}', accept)
+                                              for c, accept in ((1, "2.2"), (2, "2.3"))])
+    (svg,) = svgs(report(folder, capsys))
+    assert any("." in t for t in ticks(svg, 2)), ticks(svg, 2)
+
+
+def box(svg: str, gid: str) -> tuple[float, float]:
+    """(left, right) x of the first path drawn inside the group `gid`."""
+    part = svg.split(f'<g id="{gid}">', 1)[1]
+    d = re.search(r'<path d="([^"]+)"', part).group(1)  # type: ignore[union-attr]
+    xs = [float(v) for v in re.findall(r"-?\d+(?:\.\d+)?", d)][::2]
+    return min(xs), max(xs)
+
+
+def servers(tmp: Path, n: int, axes: int = 1) -> Path:
+    """n server configurations (group each) x c [1, 2]: one axis s, or with axes=2 a x b (4 values of a)."""
+    (tmp / str(n)).mkdir()
+    lines = []
+    for g in range(n):
+        point = f'"s": {g}' if axes == 1 else f'"a": {g // 4}, "b": {g % 4}'
+        lines += [line(g * 2 + c, f'{{{point}, "c": {c}}}', str(1 + g / 10 + c / 5), group=g + 1) for c in (1, 2)]
+    return hostile_results(tmp / str(n), lines)
+
+
+def test_over_six_lines_the_legend_goes_outside_the_axes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for n, outside in ((6, False), (7, True), (12, True)):
+        svg = svgs(report(servers(tmp_path, n), capsys))[0]
+        left, right = box(svg, "axes_1")  # the axes' background: the plot's area
+        legend = box(svg, "legend_1")
+        assert (legend[0] > right) is outside and (legend[1] < right) is not outside, (n, left, right, legend)
+        assert svg.count('<g id="axes_') == 1
+
+
+def test_over_twelve_configurations_small_multiples(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 16 configurations of a x b: a panel per value of a, its 4 lines named by b, sharing both axes
+    page = report(servers(tmp_path, 16, axes=2), capsys)
+    svg = plot_svgs(page, "plot-accept_length")[0]
+    assert svg.count('<g id="axes_') == 4 and svg.count('<g id="legend_') == 4
+    text = comments(svg)
+    assert [t for t in text if t.startswith("a=")] == ["a=0", "a=1", "a=2", "a=3"], text
+    assert text.count("b=3") == 4 and "c" in text and "ACCEPT" in text  # shared labels, once
+    # 13 configurations of one axis: a panel each
+    svg = plot_svgs(report(servers(tmp_path, 13), capsys), "plot-accept_length")[0]
+    assert svg.count('<g id="axes_') == 13 and '<g id="legend_' not in svg
+    assert [t for t in comments(svg) if t.startswith("s=")] == [f"s={g}" for g in range(13)]
+    # 40: the first MAX_PANELS, and the figure says so
+    svg = plot_svgs(report(servers(tmp_path, 40), capsys), "plot-accept_length")[0]
+    assert svg.count('<g id="axes_') == 24 and "first 24 of 40 panels (40 lines)" in comments(svg)
+
+
+def test_the_gpus_plan_key_and_its_results_field() -> None:
+    from genready.config import ConfigError
+    from genready.sweep import plan as sweepplan
+    from genready.sweep import results as sweepresults
+
+    base = {"command": "bench -c {c}", "matrix": {"c": [1, 2]}}
+    assert sweepplan.parse_plan(base, "p.toml").gpus == 1
+    p = sweepplan.parse_plan({**base, "gpus": 8}, "p.toml")
+    assert p.gpus == 8
+    for bad, found in ((0, "integer 0"), (2.5, "number 2.5"), ("8", "string '8'"), (True, "boolean True")):
+        with pytest.raises(ConfigError) as e:
+            sweepplan.parse_plan({**base, "gpus": bad}, "p.toml")
+        assert (e.value.file, e.value.key, e.value.expected) == ("p.toml", "gpus", "an integer >= 1"), str(e.value)
+        assert found in str(e.value), str(e.value)
+    att = sweepresults.Attempt(p.points[0], 1, "01-c=1/attempt-1", sweepresults.Status.OK, 0.0, 1.0, gpus=p.gpus)
+    assert att.to_json("t", "u.service")["gpus"] == 8
+    # the report reads it back; a line from before the key (or a bad value) counts 1
+    folder = Path("/nonexistent")
+    assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": 8}, folder).gpus == 8
+    assert sweepreport.row_of({"index": 1, "status": "ok"}, folder).gpus == 1
+    assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": True}, folder).gpus == 1

@@ -410,6 +410,8 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                    "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
     p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
                    "server configuration)")
+    p.add_argument("--heatmap", metavar="X,Y", help="html: the speedup heatmap's two server-side axes (default: "
+                   "the two with the most values)")
     p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
                    "(a shard missing or unfinished)")
     return p
@@ -422,7 +424,7 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
     check_numbers(args)
     if name == "report":
         return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                                 compare=args.compare, strict=args.strict)
+                                 compare=args.compare, strict=args.strict, heatmap=args.heatmap)
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 

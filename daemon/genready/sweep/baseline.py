@@ -21,6 +21,13 @@ def client_of(plan: Plan, point: Point) -> dict[str, Scalar]:
     return {k: v for k, v in point.values if k not in server}
 
 
+def setting_key(plan: Plan, point: Point) -> str:
+    """The client setting a baseline run and a plan point share when the baseline ran for it: the point's
+    client setting less the baseline's own names (schedule() puts the baseline's values over the client's)."""
+    own = set(dict(plan.baseline.values)) if plan.baseline else set()
+    return _key({k: v for k, v in client_of(plan, point).items() if k not in own})
+
+
 def _key(values: dict[str, Scalar]) -> str:
     return json.dumps(values, sort_keys=True)
 

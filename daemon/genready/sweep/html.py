@@ -7,7 +7,7 @@ offline GPU host. matplotlib is the optional extra `genready[report]` (Debian:
 python3-matplotlib), imported here only, and only when the report is written: the daemon never
 imports this module. Everything the results hold is escaped: a point value holding `<script>`
 shows as text. The page reads whatever `report --format table` reads: a value no plot can show (a
-number beyond PLOT_LIMIT or not finite) is left out of its plot, and the page says which; a value
+number beyond plotrules.PLOT_LIMIT or not finite) is left out of its plot, and the page says which; a value
 that is no number (a string, a list) is a category on its axis. The time is linear in the lines read.
 
 The page holds the run's context (host, genready version, target, unit, plan, time), the table
@@ -16,15 +16,16 @@ and load time), one plot per figure against the plan's axes (x: one axis, `--x`,
 client-side axis with the most values; one line per value of the other axes, `--lines` first,
 by default one per server configuration; repeats as error bars from min to max), and output
 tokens/s against TTFT p50 and against ITL p50, one mark per point, with the Pareto front drawn
-and its points labelled; where some point has the GPUs' mean power, output tokens/s against it, each point
-labelled.
+and its points labelled; tokens/s per GPU against tokens/s per user, as vLLM draws it, its front labelled;
+where some point has the GPUs' mean power, output tokens/s against it, each point labelled. With a baseline
+and two server axes, the speedup heatmap (sweep/heatmap.py) comes before the table. Every plot follows
+sweep/plotrules.py's rules: integer ticks, the legend outside past 6 lines, small multiples past 12.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import io
 import math
 import socket
 import time
@@ -33,7 +34,12 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.redact import escape
+from genready.sweep import categories, decision, heatmap, plotrules
+from genready.sweep.plotrules import number as _number
+from genready.sweep.plotrules import plottable
+from genready.sweep.plotrules import shown as _shown
+from genready.sweep.plotrules import svg as _svg
+from genready.sweep.plotrules import text as _text
 from genready.sweep.report import (
     FIGURES,
     RATIO_TITLES,
@@ -50,12 +56,8 @@ from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
 PARETO: Final = (("ttft_p50_ms", "TTFT p50 ms"), ("itl_p50_ms", "ITL p50 ms"))
-MAX_LINES: Final = 12  # lines per plot: past that, the legend would hide the plot
 MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would overlap
 EXTRA: Final = "genready[report]"
-# The largest magnitude a plot shows: matplotlib cannot lay out an axis spanning ±1.7e308 (its limits and
-# ticks overflow, "arange: cannot compute length"); ±1e307 still draws, so 1e300 leaves room.
-PLOT_LIMIT: Final = 1e300
 SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
 SHOWN_LEFT_OUT: Final = 10  # points named in a plot's "left out" note
 SHOWN_ID: Final = 12  # hex digits of an InvocationID in the table (the whole on hover)
@@ -85,18 +87,6 @@ def preload() -> None:
     with contextlib.suppress(NoMatplotlib):
         _matplotlib()
     gc.collect()
-
-
-def _text(v: object) -> str:
-    """For matplotlib: control characters shown escaped, and `$` escaped (mathtext would read `$...$` in a
-    value as a formula)."""
-    return escape(str(v)).replace("$", r"\$")
-
-
-def _svg(fig: Any) -> str:
-    buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-    return buf.getvalue()
 
 
 def axes_of(rows: Sequence[Row]) -> tuple[list[str], list[str]]:
@@ -145,28 +135,6 @@ def _axes(rows: Sequence[Row]) -> tuple[list[str], list[str], dict[str, int]]:
     return [n for n in values if n in client], [n for n in values if n not in client], distinct
 
 
-def plottable(v: Any) -> float | None:
-    """`v` as a plot's coordinate, or None: a number within ±PLOT_LIMIT (an integer beyond any float, an
-    infinity, a NaN and ±1.7e308 are not)."""
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) and abs(f) <= PLOT_LIMIT else None
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)  # True is a category ("true"), not 1
-
-
-def _shown(v: Any, width: int = 40) -> str:
-    """A value's text, cut for a note, a tick or a legend (an integer of 400 digits is a valid point value)."""
-    t = escape(str(v))
-    return t if len(t) <= width else t[:width - 3] + "..."
-
-
 def _left_out(left: Sequence[tuple[str, str]]) -> str:
     """The note under a plot naming the points it leaves out, and why (empty when none)."""
     if not left:
@@ -199,7 +167,7 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
                 ) -> tuple[str | None, list[tuple[str, str]]]:
     """One figure against axis `x`, a line per value of the other axes (`keys`: line_keys()): (the SVG, None
     without data; the points left out, each with why). x is numeric when every value is a number, else
-    each value is a category, in plan order."""
+    each value is a category, in plan order. Over MAX_CONFIGURATIONS lines, small multiples (plotrules)."""
     series: dict[tuple[str, ...], list[tuple[Any, float, float, float]]] = {}
     left: list[tuple[str, str]] = []
     for r, key in zip(rows, keys, strict=True):
@@ -216,39 +184,55 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
             series.setdefault(key, []).append((xv, y, low, high))
     if not series:
         return None, left
-    drawn = list(series.items())[:MAX_LINES]
-    numeric = all(_number(p[0]) for _, pts in drawn for p in pts)
+    numeric = all(_number(p[0]) for pts in series.values() for p in pts)
     # numbers in order; any other values as categories in the plan's order (their first point's)
     categories: dict[str, int] = {}
     if not numeric:
-        for _, pts in drawn:
+        for pts in series.values():
             for p in pts:
                 categories.setdefault(_value_text(p[0]), len(categories))
-    fig = mpl(figsize=(6.4, 3.6))
-    ax = fig.add_subplot()
-    handles, labels = [], []
-    for key, pts in drawn:
-        pos = [float(p[0]) if numeric else float(categories[_value_text(p[0])]) for p in pts]
-        order = sorted(range(len(pts)), key=pos.__getitem__)
-        ys = [pts[i][1] for i in order]
-        err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
-        handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
-                                   marker="o", capsize=3))
-        label = _text(_shown(" ".join(key) or "all", 80))
-        # matplotlib before 3.7 (Debian 12's 3.6) leaves out of a legend every label that starts with "_",
-        # even one given outright, and an axis may be named `_tp`: a space first keeps it.
-        labels.append(" " + label if label.startswith("_") else label)
+    many = len(series) > plotrules.MAX_CONFIGURATIONS
+    groups = plotrules.panels(list(series)) if many else [("", list(series))]
+    shown_groups = groups[:plotrules.MAX_PANELS]
+    if many:
+        fig, axes = plotrules.grid(mpl, len(shown_groups))
+    else:
+        fig = mpl(figsize=(6.4, 3.6))
+        axes = [fig.add_subplot()]
+    xs: list[float] = []
+    for ax, (title, group) in zip(axes, shown_groups, strict=True):
+        handles, labels = [], []
+        for key in group:
+            pts = series[key]
+            pos = [float(p[0]) if numeric else float(categories[_value_text(p[0])]) for p in pts]
+            order = sorted(range(len(pts)), key=pos.__getitem__)
+            ys = [pts[i][1] for i in order]
+            err = [[pts[i][1] - pts[i][2] for i in order], [pts[i][3] - pts[i][1] for i in order]]
+            handles.append(ax.errorbar([pos[i] for i in order], ys, yerr=err if any(any(e) for e in err) else None,
+                                       marker="o", capsize=3, markersize=4 if many else 6))
+            xs += pos
+            # in a panel of its first axis's value, a line is named by the values of the others
+            label = " ".join(key[1:] if many else key)
+            labels.append(_text(_shown(label or "all", 80)))
+        if many:
+            ax.set_title(_text(_shown(title, 60)), fontsize=7)
+        ax.grid(alpha=0.3)
+        if len(group) > 1:
+            plotrules.legend(ax, handles, labels, fontsize=6 if many else 7)
+    ys_all = [p[1] for pts in series.values() for p in pts]
+    plotrules.integer_ticks(axes[0], xs if numeric else (), ys_all)  # shared axes: one locator each
     if not numeric:
         # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
         step = -(-len(categories) // MAX_TICKS)
-        ax.set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
-    ax.set_xlabel(_text(_shown(x, 80)))
-    ax.set_ylabel(_text(f.title))
-    ax.grid(alpha=0.3)
-    if len(series) > 1:
-        ax.legend(handles, labels, fontsize=7, loc="best")  # given outright: an automatic one drops "_" labels
-    if len(series) > MAX_LINES:
-        ax.set_title(f"first {MAX_LINES} of {len(series)} lines", fontsize=8)
+        axes[0].set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
+    if many:
+        fig.supxlabel(_text(_shown(x, 80)), fontsize=8)
+        fig.supylabel(_text(f.title), fontsize=8)
+        if len(groups) > len(shown_groups):
+            fig.suptitle(f"first {len(shown_groups)} of {len(groups)} panels ({len(series)} lines)", fontsize=8)
+    else:
+        axes[0].set_xlabel(_text(_shown(x, 80)))
+        axes[0].set_ylabel(_text(f.title))
     return _svg(fig), left
 
 
@@ -263,6 +247,28 @@ def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float
     return front
 
 
+def _scatter_front(mpl: Any, pts: Sequence[tuple[float, float, str]], front: Sequence[tuple[float, float, str]],
+                   xlabel: str, ylabel: str, *, steps: bool = True) -> str:
+    """All points, and the front (sorted by x) drawn through its points, each labelled (the first 20): as the
+    steps that bound what it reaches (`steps`), or a plain line, as vLLM's plot_pareto draws its frontier."""
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, alpha=0.5, label="points")
+    if steps:
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
+    else:
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="C3", label="Pareto front")
+    ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
+    for p in front[:20]:
+        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel(_text(xlabel))
+    ax.set_ylabel(_text(ylabel))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    plotrules.integer_ticks(ax, [p[0] for p in pts], [p[1] for p in pts])
+    return _svg(fig)
+
+
 def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
                 ) -> tuple[tuple[str, list[str]] | None, list[tuple[str, str]]]:
     """Output tokens/s against `latency`: ((the SVG, the front's labels), None without data; the points
@@ -271,18 +277,59 @@ def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
     if not pts:
         return None, left
     front = pareto_front(pts)
-    fig = mpl(figsize=(6.4, 4.0))
-    ax = fig.add_subplot()
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=14, alpha=0.5, label="points")
-    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="C3", label="Pareto front")
-    ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
-    for p in front[:20]:
-        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(_text(title))
-    ax.set_ylabel("OUT tok/s")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return (_svg(fig), [p[2] for p in front]), left
+    return (_scatter_front(mpl, pts, front, title, "OUT tok/s"), [p[2] for p in front]), left
+
+
+PER_USER: Final = "tokens/s per user (OUT tok/s / concurrency)"
+PER_GPU: Final = "tokens/s per GPU (OUT tok/s / gpus)"
+
+
+def per_user_points(rows: Sequence[Row]) -> tuple[list[tuple[float, float, str]], list[tuple[str, str]]]:
+    """(tokens/s per user, tokens/s per GPU, label) of each ok point that has them, as vLLM's `bench sweep
+    plot_pareto` computes them (vllm/benchmarks/sweep/plot_pareto.py, _prepare_records: output throughput
+    over the user count, its max_concurrency, and over the GPU count): here over the bench line's
+    `concurrency` (the client's -c) and the results line's `gpus` (the plan key; 1 for lines without it).
+    And the points left out, each with why."""
+    pts, left = [], []
+    for r in rows:
+        fig_ = r.figures or {}
+        tps = fig_.get("output_tokens_per_second")
+        if r.status != "ok" or tps is None:
+            continue
+        users, gpus = fig_.get("concurrency"), r.gpus
+        if users is None or not users > 0:
+            left.append((r.label, f"concurrency = {_shown(users) if users is not None else 'none in its bench line'}"))
+            continue
+        u, g = plottable(tps / users), plottable(tps / gpus)
+        if u is None or g is None:
+            left.append((r.label, f"OUT tok/s = {_shown(tps)}"))
+        else:
+            pts.append((u, g, r.label))
+    return pts, left
+
+
+def per_user_plot(mpl: Any, rows: Sequence[Row]) -> tuple[tuple[str, list[str]] | None, list[tuple[str, str]]]:
+    """Tokens/s per GPU against tokens/s per user, the front labelled (higher is better on both: a faster
+    answer for each user, or more tokens for each GPU): ((the SVG, the front's labels), None without data; the
+    points left out, each with why)."""
+    pts, left = per_user_points(rows)
+    if not pts:
+        return None, left
+    # pareto_front's first coordinate is better lower: per user negated, and the front drawn left to right
+    front = sorted((-u, g, lb) for u, g, lb in pareto_front([(-u, g, lb) for u, g, lb in pts]))
+    return (_scatter_front(mpl, pts, front, PER_USER, PER_GPU, steps=False), [p[2] for p in front]), left
+
+
+def _per_user(mpl: Any, rows: Sequence[Row]) -> list[str]:
+    """The page's per-user/per-GPU Pareto plot, with its front named; or none, without a point to draw."""
+    e = htmlpage.text
+    got, left = per_user_plot(mpl, rows)
+    if not got and not any(r.status == "ok" and (r.figures or {}).get("concurrency") is not None for r in rows):
+        return []  # no bench line says its concurrency (another client wrote them): no plot of all left out
+    what = "tokens/s per GPU against tokens/s per user"
+    image = htmlpage.data_image(got[0], what) if got else ""
+    front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
+    return [f'<div class="plot" id="pareto-per-user"><h3>{e(what)}</h3>{image}{front}{_left_out(left)}</div>']
 
 
 def _against_tps(rows: Sequence[Row], key: str, title: str
@@ -317,6 +364,7 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     ax.set_xlabel("mean GPU power W")
     ax.set_ylabel("OUT tok/s")
     ax.grid(alpha=0.3)
+    plotrules.integer_ticks(ax, [p[0] for p in pts], [p[1] for p in pts])
     return _svg(fig), left
 
 
@@ -346,15 +394,19 @@ def _names(names: Sequence[str]) -> str:
     return shown + (f" and {len(names) - SHOWN_NAMES:,} more" if len(names) > SHOWN_NAMES else "")
 
 
-def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None) -> str:
-    """The whole page. NoMatplotlib without matplotlib; ValueError for an --x or --lines no point has."""
+def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None, sections: Sequence[str] = (),
+           heatmap_axes: str | None = None, facts: decision.Facts | None = None) -> str:
+    """The whole page, its Decision first (with `facts`: sweep/decision.py), `sections` (HTML: loadreport's, which
+    imports this module) after its plots. NoMatplotlib without matplotlib; ValueError for an --x or --lines no
+    point has, or a --heatmap (`heatmap_axes`) that is not two server-side axes."""
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
         if v is not None and v not in names:
             raise ValueError(f"{flag}: expected one of the plan's axes ({_names(names) if names else 'none'}), "
                              f"found {v!r}")
-    mpl = _matplotlib()
     axes = _axes(rows)
+    hm = heatmap.choose(rows, axes[1], heatmap_axes)
+    mpl = _matplotlib()
     x = x or _default_x(axes)
     e = htmlpage.text
     ctx = [("genready", __version__), ("report written on", socket.gethostname()),
@@ -372,8 +424,10 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
         ctx.append(("ran", f"{starts[0]} to {ends[-1] if ends else '?'}"))
     client, server, _ = axes
     ctx.append(("axes", f"client: {_names(client)}; server: {_names(server)}"))
-    out = ["<h1>genready sweep report</h1><dl>", *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
-    out.append(_table(rows))
+    out = ["<h1>genready sweep report</h1>", decision.render(rows, facts, "html"), "<dl>",
+           *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
+    out.append(heatmap.section(mpl, rows, hm, axes[0], axes[1]))
+    out.append(_table(rows) + categories.html_section(rows))
     plots = []
     if x is not None:
         keys = line_keys(rows, x, lines)
@@ -384,6 +438,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
                 what = f"{f.title} against {x}"
                 image = htmlpage.data_image(svg, what) if svg else ""
                 plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
+    plots += _per_user(mpl, rows)
     for latency, title in PARETO:
         got, left = pareto_plot(mpl, rows, latency, title)
         if got or left:
@@ -398,6 +453,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
         image = htmlpage.data_image(svg, what) if svg else ""
         plots.append(f'<div class="plot" id="power"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
     out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
+    out += sections
     return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html
 
 

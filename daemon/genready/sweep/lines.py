@@ -57,6 +57,7 @@ class Timings:
     run_times: list[float] = field(default_factory=list)  # seconds of ok commands
     last_load: float | None = None
     repeats: int = 1  # the plan's runs per point
+    steps: int = 1  # with a [search], the steps a point's search is expected to run (search.expected_steps)
     every_run_loads: bool = False  # --restart-each / between_points = "restart": each repeat is a fresh start
     schedule: Sequence[tuple[Point, bool]] = ()  # the points to run, in order; True: a planned load
 
@@ -66,8 +67,8 @@ class Timings:
 
     def eta(self, point: Point, *, loading: bool) -> str:
         """Loads left times the expected load, plus runs left times the mean run (`schedule`: the
-        points in order, True where a load is planned; each point is `repeats` runs, the current one
-        counted whole). The expected load is the mean of this sweep's loads, or before the first one
+        points in order, True where a load is planned; each point is `repeats` runs of each of its `steps`, the
+        current one counted whole). The expected load is the mean of this sweep's loads, or before the first one
         the daemon's expected_load_seconds (its recent loads of the unit); until a run is measured
         the ETA counts the loads alone, and says so."""
         load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
@@ -75,7 +76,7 @@ class Timings:
             return ""
         at = next((i for i, (p, _) in enumerate(self.schedule) if p.index == point.index), len(self.schedule))
         rest = self.schedule[at:]
-        runs = len(rest) * self.repeats
+        runs = len(rest) * self.repeats * self.steps
         if self.every_run_loads:
             loads = runs - (0 if loading else 1)
         else:

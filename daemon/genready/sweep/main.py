@@ -34,6 +34,7 @@ import shlex
 import sys
 import unicodedata
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,8 +44,8 @@ from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
+from genready.sweep import decision, loadreport, searchrun
 from genready.sweep import report as sweepreport
-from genready.sweep import searchrun
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
@@ -304,6 +305,21 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     return Exit.OK if ok else Exit.TIMEOUT
 
 
+def decision_facts(read: sweepreport.Read, partial: str = "") -> decision.Facts:
+    """What the report's Decision knows besides the rows: the plan's `slo` as the results lines recorded it, and
+    each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none);
+    `partial`: which of the plan's points have no result (its best is then only the best of those present)."""
+    found: list[dict[str, Any]] = []
+    for folder, _, _ in read:
+        try:
+            found += [rec for _, rec in sweepreport.numbered_lines(folder / searchrun.SEARCH_FILE)]
+        except FileError as e:
+            sweepreport.warn_line(str(e))
+    facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
+    return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
+        else facts
+
+
 @contextlib.contextmanager
 def _no_collection() -> Iterator[None]:
     """The cyclic garbage collector held off while a report reads, builds and renders its many small objects
@@ -320,7 +336,8 @@ def _no_collection() -> Iterator[None]:
 
 @_no_collection()
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
-                lines: str | None = None, compare: bool = False, strict: bool = False) -> int:
+                lines: str | None = None, compare: bool = False, strict: bool = False,
+                heatmap: str | None = None) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
     `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
     with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
@@ -352,15 +369,17 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
-            text = sweephtml.render(rows, x=x, lines=lines)
+            text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
+                                    sections=[loadreport.html_section([Path(f) for f in folders])],
+                                    facts=decision_facts(read, partial))
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
-        text = sweepreport.render(rows, fmt)
-        if fmt == "table":  # a [search]'s found values, a line per configuration (searchrun.py)
-            text += searchrun.table([Path(f) for f in folders])
+        text = sweepreport.render(rows, fmt, decision_facts(read, partial))
+        if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
+            text += loadreport.table([Path(f) for f in folders], fmt)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK

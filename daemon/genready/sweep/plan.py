@@ -25,6 +25,7 @@ from typing import Any, Final
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 from genready.sweep import search as sweepsearch
+from genready.tools.benchload import SloPart, parse_slo
 
 Scalar = str | int | float | bool
 # A plan is expanded into memory whole (and --dry-run prints it): 20 axes of 2 values would be a
@@ -248,10 +249,16 @@ KEYS: Final = (
             "seconds to wait, before a point's server loads and before its command runs, for processes of an "
             "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
             "(--ignore-strays: do not wait)", _number(0)),
+    PlanKey("gpus", "an integer >= 1", 1,
+            "GPUs one server configuration runs on: the html report's tokens/s per GPU divides by it",
+            _number(1, integer=True)),
     PlanKey("search", "a table: mode, axis, steps, spacing, max_concurrency, max_steps, slo, start, "
             "max_requests_per_step, max_step_seconds", None,
             "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
             "command's word {search}"),
+    PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
+            "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
+            "a latency target the report's Decision judges each point by (its bench figures; sweep/decision.py)"),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -285,6 +292,8 @@ class Plan:
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
     expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
+    gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
+    slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (sweep/decision.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -425,7 +434,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                expect=expect, baseline=baseline, search=search, **simple)
+                expect=expect, baseline=baseline, search=search, slo=_slo(data, file), **simple)
 
 
 def _prune_axes(file: str, raw: object, server_axes: Sequence[str], points: Sequence[Point]) -> tuple[str, ...]:
@@ -481,6 +490,28 @@ def _search(data: Mapping[str, Any], file: str, command: tuple[Template, ...], w
     return spec
 
 
+def _slo(data: Mapping[str, Any], file: str) -> tuple[SloPart, ...]:
+    """`slo = { ttft_p99_ms = 500, itl_p50_ms = 40 }`: the parts the bench client's --slo takes (benchload.parse_slo
+    defines the names), each a number of milliseconds; () without the key."""
+    if "slo" not in data:
+        return ()
+    table = data["slo"]
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(file, "slo", PLAN_KEYS["slo"].expected, "an empty table" if table == {} else _found(table))
+    for k, v in table.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:  # no inf, nan, 10**400
+            raise ConfigError(file, f"slo.{k}", "a number of milliseconds > 0", _found(v))
+        try:
+            parse_slo(f"{k}={v!r}")
+        except ValueError as e:
+            raise ConfigError(file, f"slo.{k}", "a part of the bench client's --slo: METRIC_pNN_ms with METRIC ttft, "
+                              f"itl or e2e and 0 < NN <= 100, e.g. ttft_p99_ms ({e})", repr(k)[:80]) from None
+    try:
+        return parse_slo(",".join(f"{k}={v!r}" for k, v in table.items()))
+    except ValueError as e:  # every part fine alone: a figure named twice (ttft_p50_ms and ttft_p99_ms)
+        raise ConfigError(file, "slo", "one limit per request figure (ttft, itl, e2e)", str(e)[:120]) from None
+
+
 def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], ...]:
     """`expect = { ENGINE_KEY = "value or {name}" }`: keys as the engine reports them (dotted for nested ones,
     `speculative_config.method`), values strings or scalars, `{out}` refused (no engine reports a folder)."""
@@ -533,7 +564,7 @@ def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, comma
             if k not in server:
                 raise ConfigError(file, f"baseline.{k}", "a placeholder of the plan's drop-in: "
                                   + (", ".join(sorted(server)) or "none"), repr(k))
-    given = {k for k, _ in values}
+    given = {k for k, _ in values} | ({"search"} if "search" in data else set())  # a step's flags fill {search}
     for p in points[:1]:
         client = {k for k, _ in p.values if k not in server}
         for tpl, key in [(own or dropin, "baseline.dropin" if own else "dropin"), *((w, "command") for w in command)]:

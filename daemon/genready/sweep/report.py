@@ -32,7 +32,7 @@ from typing import Any, Final
 from genready import config, console
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep import speedup
+from genready.sweep import categories, decision, speedup
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -65,14 +65,18 @@ FIGURES: Final = (
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
     Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
+    # the p99s a plan's `slo` may name (sweep/decision.py judges points by the bench line's percentiles)
+    Figure("itl_p99_ms", "ITL p99 ms", False, 2, ranked=False, column=False),
+    Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
     # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
     Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
+    # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/html.py).
+    Figure("concurrency", "CONC", False, 0, optional=True, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
                        "tokens_per_joule": "tokens_per_joule", "mean_power_w": "mean_power_w"}
-# A row's figures before any is read: copied per row, not built from FIGURES per row.
-_NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}
+_NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}  # copied per row, not built per row
 MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
 SHOWN_POSITIONS: Final = 6  # in a table cell, then how many more
 
@@ -184,7 +188,6 @@ def field_problem(rec: dict[str, Any]) -> str | None:
         if not ok:
             return f"{key}: expected {words}, found {type(v).__name__} {escape(repr(v))[:60]}"
     out = rec.get("out")
-    # ".." in the text first: building a Path for each line's out was most of this check's time
     if isinstance(out, str) and ("\0" in out or out.startswith("/") or (".." in out and ".." in Path(out).parts)):
         return f"out: expected a folder name inside the results folder, found {escape(repr(out))[:60]}"
     return None
@@ -228,6 +231,8 @@ class Row:
     ratios: dict[str, speedup.Ratio] = field(default_factory=dict)
     drifted: float | None = None
     accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
+    gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
+    categories: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # by prompt category (categories.py)
 
 
 @dataclass(frozen=True)
@@ -253,14 +258,12 @@ def label_of(point: Any) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
 
 
-# A report's bench lines by (results folder, `out`): each read once, however many lines name it.
-Benches = dict[tuple[Path, str], "dict[str, Any] | config.FileError | None"]
+Benches = dict[Path, "dict[str, Any] | config.FileError | None"]  # a report's bench lines by out folder
 
 
 def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches | None = None) -> Row:
     """The row of one results.jsonl line of `folder` (`where`: its FILE:LINE, for warnings). A line with
-    fields of the wrong type is shown as an unreadable point, with a warning. `benches`: the bench lines
-    already read, by folder (lines naming the same `out` read its bench.jsonl once)."""
+    fields of the wrong type is shown as an unreadable point, with a warning. `benches`: bench lines read."""
     index = rec.get("index")
     if not isinstance(index, int) or isinstance(index, bool):  # from before "index": the out folder starts with it
         m = re.match(r"(\d+)-", str(rec.get("out", "")))
@@ -275,13 +278,12 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
     figures: dict[str, float | None] | None = None
     unreadable, line = False, None
     if isinstance(out, str):
-        got = _bench_of(folder, out, benches)
-        if isinstance(got, config.FileError):
-            warn_line(f"{got}; the point's figures are shown as {UNREADABLE}")
+        try:
+            line = bench_line(folder / out) if benches is None else bench_once(folder / out, benches)
+            figures = None if line is None else {key: _as_float(line.get(key)) for key in _NO_FIGURES}
+        except config.FileError as e:
+            warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
-        elif got is not None:
-            line = got
-            figures = {key: _as_float(line.get(key)) for key in _NO_FIGURES}
     if not unreadable:
         for key, field_name in FROM_RESULTS.items():
             if (v := rec.get(field_name)) is not None and (figures is None or figures.get(key) is None) and \
@@ -312,20 +314,20 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
                accept_per_position=None if unreadable else positions_of((line or {}).get("accept_per_position"))
                or positions_of(rec.get("metrics_accept_per_position")),
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
-               if rec.get("status") == "ok" else {})
+               if rec.get("status") == "ok" else {},
+               gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1)
 
 
-def _bench_of(folder: Path, out: str, benches: Benches | None) -> dict[str, Any] | config.FileError | None:
-    """bench_line(folder / out), or the error it raised; through `benches` when given (each read once)."""
-    if benches is None or (folder, out) not in benches:
+def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
+    """bench_line(folder) read once per report (`benches`: what it read), however many lines name the folder."""
+    if folder not in benches:
         try:
-            got: dict[str, Any] | config.FileError | None = bench_line(folder / out)
+            benches[folder] = bench_line(folder)
         except config.FileError as e:
-            got = e
-        if benches is None:
-            return got
-        benches[folder, out] = got
-    return benches[folder, out]
+            benches[folder] = e
+    if isinstance(got := benches[folder], config.FileError):
+        raise got.with_traceback(None)  # a new traceback, not one more on the last
+    return got
 
 
 def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
@@ -346,8 +348,7 @@ def _repeat(rec: dict[str, Any]) -> int:
 
 def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benches | None = None) -> Row:
     """The row of one point from its results lines (each with its folder and FILE:LINE): per repeat, an ok
-    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread.
-    `benches`: as row_of()'s."""
+    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread."""
     if len(lines) == 1:  # most points: one run (the same row as below, without the bookkeeping)
         return row_of(*lines[0], benches)
     per: dict[int, tuple[dict[str, Any], Path, str]] = {}
@@ -368,7 +369,7 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benche
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
               engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
               throttled=any(r.throttled for r in oks),
-              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client)
+              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client, gpus=last.gpus)
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
@@ -422,10 +423,8 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def rows_from(read: Read) -> list[Row]:
     """The rows of read_folders()' lines: one per point and configuration, in plan order."""
     by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
-    # a group's key -> its point's key and its fingerprint's JSON (one json.dumps each per line, not three)
-    point_of: dict[str, tuple[str, str]] = {}
+    point_of: dict[str, tuple[str, str]] = {}  # a group's key -> its point's key and its fingerprint's JSON
     for folder, path, lines in read:
-        file = f"{path}:"
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
             point = json.dumps(rec.get("point"), sort_keys=True)
@@ -438,7 +437,7 @@ def rows_from(read: Read) -> list[Row]:
             key = point + "\0" + fp_json
             if key not in by_point:
                 by_point[key], point_of[key] = [], (point, fp_json)
-            by_point[key].append((rec, folder, file + str(lineno)))
+            by_point[key].append((rec, folder, f"{path}:{lineno}"))
     made: dict[str, str] = {}  # a fingerprint's JSON -> _made_by() of its lines: one digest per configuration
     made_by: dict[str, set[str]] = {}
     for key, group in by_point.items():
@@ -450,6 +449,7 @@ def rows_from(read: Read) -> list[Row]:
     benches: Benches = {}
     for key, group in by_point.items():
         row = point_row(group, benches)
+        categories.gather(row, group, lambda path: bench_once(path, benches))
         point, fp_json = point_of[key]
         if len(made_by[point]) > 1:
             row.label += f" [{made[fp_json]}]"  # one point, lines of several configurations
@@ -662,7 +662,9 @@ def engine_notes(rows: Sequence[Row]) -> list[str]:
     return out + [f"warning: {w}" for w in warnings[:6]]
 
 
-def render(rows: Sequence[Row], fmt: str = "table") -> str:
+def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None = None) -> str:
+    """The rows in `fmt`; with `facts` (`sweep report`: the plan's SLO, the search's found lines) the Decision
+    first (sweep/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary)."""
     if fmt == "json":
         return json.dumps({"rows": [{"index": r.index, "point": r.label, "status": r.status, "attempt": r.attempt,
                                      "pid": r.pid, "load_seconds": _finite(r.load), "run_seconds": _finite(r.run),
@@ -675,8 +677,8 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
                                      "warmup_requests": r.warmup_requests, "throttled": r.throttled,
                                      "accept_per_position": r.accept_per_position,
-                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows]},
-                          indent=2, allow_nan=False) + "\n"
+                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows],
+                           "decision": decision.as_json(rows, facts)}, indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)
         buf = io.StringIO()
@@ -684,10 +686,11 @@ def render(rows: Sequence[Row], fmt: str = "table") -> str:
         return buf.getvalue()
     if fmt == "markdown":
         head, body = _cells(rows, mark="**{}**")
-        return "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
-                       for r in [head, ["---"] * len(head), *body])
+        return decision.render(rows, facts, fmt) + "".join(
+            "| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n" for r in [head, ["---"] * len(head), *body]
+        ) + categories.section(rows, fmt)
     head, body = _cells(rows, mark="{}*")
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return text + legend(rows)
+    return decision.render(rows, facts, fmt) + text + legend(rows) + categories.section(rows, fmt)

@@ -244,6 +244,7 @@ class Attempt:
     engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
     config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
     gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
+    gpus: int = 1  # the plan's `gpus`: the report, which reads results folders and not the plan, divides by it
 
     @property
     def run_seconds(self) -> float | None:
@@ -275,6 +276,7 @@ class Attempt:
             rec["config_check"] = dict(self.config_check or {})
         if self.gpu:
             rec.update(self.gpu)
+        rec["gpus"] = self.gpus
         if self.reason:
             rec["reason"] = self.reason
         if self.status is Status.NOT_READY:

@@ -23,6 +23,7 @@ from genready.exitcodes import Exit
 from genready.sweep import baseline as sweepbaseline
 from genready.sweep import confirm, searchrun, speedup, steps, strays
 from genready.sweep import report as sweepreport
+from genready.sweep import search as searchmod
 from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
@@ -58,7 +59,8 @@ class Sweep:
         self.console = Console(err, max([len(opts.plan.points), *(p.index for g in self.groups for p in g)]))
         self.results = results or Results()
         self.signals = Signals()
-        self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts)
+        self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts,
+                               steps=searchmod.expected_steps(opts.plan.search) if opts.plan.search else 1)
         self.fingerprints = {p.index: fingerprint(opts.plan, p, opts.target, opts.unit,
                                                   restart_each=opts.every_run_restarts)
                              for p in [*opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]}
@@ -68,6 +70,8 @@ class Sweep:
         self.pruned: dict[int, Source] = {}  # the points this run did not load, and why
         self.engines: dict[str, confirm.Engine | None] = {}  # the loaded instance's own report (confirm.py)
         self.searched_earlier: set[int] = set()  # search points whose every step an earlier run did (--resume)
+        self.searched: dict[int, searchrun.Searched] = {}  # the searches so far: each crossover needs the baseline's
+        self.incomplete: set[int] = set()  # search points whose search stopped before it was over: exit 1
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -80,7 +84,8 @@ class Sweep:
         return self.timings.eta(point, loading=loading)
 
     def run(self, skip: set[int]) -> int:
-        """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not, 130 if interrupted."""
+        """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not (or a search stopped before
+        it was over), 130 if interrupted."""
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         interrupted = False
         self.plan_schedule(skip)
@@ -124,7 +129,7 @@ class Sweep:
         self.summary(skip | self.searched_earlier)
         if interrupted:
             return Exit.INTERRUPTED
-        return Exit.OK if self.results.all_ok() else Exit.TIMEOUT
+        return Exit.OK if self.results.all_ok() and not self.incomplete else Exit.TIMEOUT
 
     def _point(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, instance: Verified | None
                ) -> Verified | None:
@@ -170,7 +175,8 @@ class Sweep:
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
-                      baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None)
+                      baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None,
+                      gpus=self.opts.plan.gpus)
         try:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
                 return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
@@ -211,6 +217,8 @@ class Sweep:
 
     def _record(self, log: ResultsLog, att: Attempt, **extra: object) -> None:
         rec = att.to_json(self.opts.target, self.opts.unit) | extra
+        if self.opts.plan.slo:  # the plan's SLO, for `sweep report`'s Decision (it reads results, not the plan)
+            rec["slo"] = {p.key: p.limit_ms for p in self.opts.plan.slo}
         log.append(rec)
         self.results.add(att, rec)
         took = f" in {duration(att.run_seconds)}" if att.run_seconds is not None else ""
@@ -309,6 +317,10 @@ class Sweep:
             else ""
         text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
             f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
+        if self.incomplete:
+            n_inc = len(self.incomplete)
+            text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \
+                f"{self.opts.results / searchrun.SEARCH_FILE}): exit 1\n"
         console.write(text, self.out)
 
 

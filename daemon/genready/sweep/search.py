@@ -69,17 +69,22 @@ class Step:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a step's results line says: requests/s achieved, `saturated`, `slo_met` (None: not judged)."""
+    """What a step's results line says: requests/s achieved, `saturated`, `slo_met` (None: not judged), and
+    the output tok/s (None: not given), which the crossover (crossover.py) compares."""
 
     step: Step
     achieved_rate: float
     saturated: bool | None = None
     slo_met: bool | None = None
+    output_tps: float | None = None
 
     @classmethod
     def of_line(cls, step: Step, line: Mapping[str, Any]) -> Outcome:
-        """From a bench client results line (`requests_per_second`, `saturated`, `slo_met`)."""
-        return cls(step, float(line.get("requests_per_second") or 0.0), line.get("saturated"), line.get("slo_met"))
+        """From a bench client results line (`requests_per_second`, `saturated`, `slo_met`,
+        `output_tokens_per_second`)."""
+        tps = line.get("output_tokens_per_second")
+        return cls(step, float(line.get("requests_per_second") or 0.0), line.get("saturated"), line.get("slo_met"),
+                   float(tps) if isinstance(tps, int | float) and not isinstance(tps, bool) else None)
 
 
 # --- the [search] table ----------------------------------------------------------------------------
@@ -221,6 +226,12 @@ def next_step(spec: SearchSpec, done: Sequence[Outcome]) -> Step | None:
     if spec.mode is Mode.SATURATION:
         return _saturation_next(spec, done)
     return _slo_next(spec, done)
+
+
+def expected_steps(spec: SearchSpec) -> int:
+    """The steps a search is expected to run, for the ETA: saturation's 2 + `steps` (fewer if it saturates
+    early), slo's `max_steps` (fewer once its bracket is resolved)."""
+    return 2 + spec.steps if spec.mode is Mode.SATURATION else spec.max_steps
 
 
 def bench_args(spec: SearchSpec, step: Step) -> list[str]:

@@ -4,13 +4,14 @@ Each step is a run like any other (runner.Sweep.tries: re-verified, flushed, war
 its bench flags (search.bench_args) in the command's word `{search}`, its results line carrying `search_step`,
 `search_kind`, `search_rate` (the offered requests/s; null: a closed loop) and `search_concurrency`. The next
 step is decided from the steps' bench lines ({out}/bench.jsonl, read as report.py reads it). What the search
-found is a line of DIR/search.jsonl per configuration (results.jsonl's readers see only runs). `--resume`
-reuses a step's ok lines of the same fingerprint: the decisions are pure, so the same steps come again.
+found is a line of DIR/search.jsonl per configuration (results.jsonl's readers see only runs), with its curve
+and, with a `baseline`, its crossover against the baseline's search (crossover.py). `--resume` reuses a step's
+ok lines of the same fingerprint: the decisions are pure, so the same steps come again. A search that stops
+before its end makes the sweep exit 1 (runner.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -21,10 +22,11 @@ from typing import Any, Final, Protocol
 
 from genready.config import FileError
 from genready.store import durable
-from genready.sweep import report, search
+from genready.sweep import baseline as sweepbaseline
+from genready.sweep import crossover, report, search
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
-from genready.sweep.report import BENCH_FILE, RESULTS_FILE, numbered_lines, read_results
+from genready.sweep.report import BENCH_FILE, RESULTS_FILE, read_results
 from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
 from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
@@ -49,15 +51,29 @@ class SearchStep:
                 "search_concurrency": self.step.concurrency}
 
 
+@dataclass
+class Searched:
+    """A search this sweep ran (or read back on --resume): its point, its curve (crossover.curve) and, for a
+    configuration, its found line as last written (a later baseline search fills in its crossover)."""
+
+    point: Point
+    curve: crossover.Curve
+    rec: dict[str, Any]
+
+
 class Sweep(Protocol):
     """What a search asks of the runner that calls it (runner.Sweep), so that this module need not import it:
-    its options, console, store and fingerprints, and one run tried up to `attempts` times."""
+    its options, console, store and fingerprints, and one run tried up to `attempts` times; it keeps the
+    searches so far (for the crossovers) and the points whose search stopped incomplete (the exit status)."""
 
     opts: SweepOptions
     console: Console
     results: Results
     fingerprints: dict[int, dict[str, Any]]
     searched_earlier: set[int]
+    searched: dict[int, Searched]
+    incomplete: set[int]
+    round_before: dict[int, int]
 
     def tries(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, repeat: int, instance: Verified | None,
               step: SearchStep | None = None) -> tuple[Attempt, Verified | None]: ...
@@ -75,24 +91,31 @@ def bench_line(results: Path, rec: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def outcome(step: search.Step, lines: Sequence[Mapping[str, Any]]) -> search.Outcome:
-    """A step's outcome over its repeats' bench lines: the median achieved rate; saturated if any repeat was,
-    the SLO met only if every repeat met it (a step is judged by its worst run)."""
+    """A step's outcome over its repeats' bench lines: the median achieved rate and output tok/s; saturated if
+    any repeat was, the SLO met only if every repeat met it (a step is judged by its worst run)."""
     if not lines:
         return search.Outcome(step, 0.0)
     each = [search.Outcome.of_line(step, x) for x in lines]
     sat = True if any(o.saturated is True for o in each) else (None if any(o.saturated is None for o in each)
                                                                   else False)
     met = None if any(o.slo_met is None for o in each) else all(o.slo_met for o in each)
-    return search.Outcome(step, statistics.median(o.achieved_rate for o in each), sat, met)
+    tps = [o.output_tps for o in each if o.output_tps is not None]
+    return search.Outcome(step, statistics.median(o.achieved_rate for o in each), sat, met,
+                          statistics.median(tps) if tps else None)
 
 
 def earlier_steps(plan: Plan, results: Path, point: Point, fp: Mapping[str, Any]
                   ) -> dict[tuple[int, int], dict[str, Any]]:
-    """(search_step, repeat) -> an ok line an earlier run left for `point` under fingerprint `fp`."""
+    """(search_step, repeat) -> an ok line an earlier run left for `point` under fingerprint `fp`. None for a
+    baseline run, which `--resume` runs again (docs/sweeps.md: a baseline measured before an interruption says
+    little about the server now); nor is a baseline's line a plan point's, though it may hold the same values."""
     out: dict[tuple[int, int], dict[str, Any]] = {}
+    if point.baseline:
+        return out
     for r in read_results(results / RESULTS_FILE, warn=False):
         step, rep = r.get("search_step"), r.get("repeat", 1)
-        if r.get("status") == Status.OK.value and same_point(r.get("point"), point.as_dict()) and \
+        if r.get("status") == Status.OK.value and not r.get("baseline") and \
+                same_point(r.get("point"), point.as_dict()) and \
                 isinstance(step, int) and isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                 not differing(r.get("fingerprint"), fp):
             out.setdefault((step, rep), r)
@@ -138,7 +161,9 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
         if stopped:
             break
         done.append(outcome(step, lines))
-    _found_line(sweep, point, group, spec, done, stopped)
+    found_line(sweep, point, group, spec, done, stopped)
+    if stopped:
+        sweep.incomplete.add(point.index)  # the sweep's exit status is then 1, as for a point that failed
     if not ran and not stopped:
         sweep.searched_earlier.add(point.index)  # the summary's "ok (earlier run)": nothing loaded for it
     return instance
@@ -154,50 +179,75 @@ def found_fields(spec: search.SearchSpec, done: Sequence[search.Outcome]) -> dic
             "saturation_rate": f.last_unsaturated if f.last_unsaturated is not None else f.first_saturated}
 
 
-def _found_line(sweep: Sweep, point: Point, group: int, spec: search.SearchSpec, done: Sequence[search.Outcome],
+def found_line(sweep: Sweep, point: Point, group: int, spec: search.SearchSpec, done: Sequence[search.Outcome],
                 stopped: str) -> None:
+    """The point's line in DIR/search.jsonl: what its search found, its curve, and for a configuration its
+    crossover against the baseline; after a baseline's search, the crossovers it completes."""
+    crv = crossover.curve(spec, done)
     rec: dict[str, Any] = {"point": point.as_dict(), "index": point.index, "group": group, "mode": str(spec.mode),
                            "axis": str(spec.axis), "steps": len(done), "complete": not stopped,
-                           **found_fields(spec, done), "fingerprint": sweep.fingerprints[point.index],
-                           "at": iso(time.time())}
+                           **found_fields(spec, done), "curve": [list(xy) for xy in crv],
+                           "fingerprint": sweep.fingerprints[point.index], "at": iso(time.time())}
+    if point.baseline:
+        rec["baseline"] = point.baseline
+    else:
+        rec |= against_baseline(sweep, point, crv)
     if stopped:
         rec["reason"] = stopped
+    _append(sweep, rec)
+    sweep.searched[point.index] = Searched(point, crv, rec)
+    what = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in found_fields(spec, done)
+                     .items())
+    sweep.console.progress(point, f"search: {len(done)} steps, {what}" + _crossover_words(rec) +
+                           (f"; stopped: {stopped}" if stopped else ""))
+    if point.baseline:
+        _fill_in(sweep, point)
+
+
+def _append(sweep: Sweep, rec: Mapping[str, Any]) -> None:
     with writing(sweep.opts.results):
         fd = durable.open_append(sweep.opts.results / SEARCH_FILE)
         try:
             durable.append(fd, (json_text(rec, ensure_ascii=True, separators=(",", ":")) + "\n").encode("ascii"))
         finally:
             os.close(fd)
-    what = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in found_fields(spec, done)
-                     .items())
-    sweep.console.progress(point, f"search: {len(done)} steps, {what}" + (f"; stopped: {stopped}" if stopped else ""))
 
 
-def table(folders: Sequence[Path]) -> str:
-    """`sweep report`'s search section: a line per configuration, its last search's found value ("" if none)."""
-    last: dict[tuple[str, str], dict[str, Any]] = {}
-    for folder in folders:
-        try:
-            lines = numbered_lines(folder / SEARCH_FILE)
-        except FileError:
-            continue
-        for _, rec in lines:
-            last[(str(folder), json.dumps(rec.get("point"), sort_keys=True))] = rec
-    if not last:
+def _crossover_words(rec: Mapping[str, Any]) -> str:
+    status = rec.get("crossover_status")
+    if status is None or status == crossover.Status.NO_BASELINE:
         return ""
-    out = ["search (DIR/search.jsonl):"]
-    for rec in last.values():
-        label = " ".join(f"{k}={v}" for k, v in rec["point"].items()) if isinstance(rec.get("point"), dict) else "?"
-        if rec.get("mode") == str(search.Mode.SLO):
-            unit = "concurrency" if rec.get("axis") == str(search.Axis.CONCURRENCY) else "req/s"
-            found = f"max_rate_under_slo {_num(rec.get('max_rate_under_slo'))} {unit}"
-        else:
-            found = f"saturation between {_num(rec.get('last_unsaturated_rate'))} and " \
-                    f"{_num(rec.get('first_saturated_rate'))} req/s"
-        tail = "" if rec.get("complete", True) else f" (stopped: {rec.get('reason', '?')})"
-        out.append(f"  {label or '(no values)'}: {found} in {rec.get('steps', '?')} steps{tail}")
-    return "\n".join(out) + "\n"
+    if status == crossover.Status.INTERPOLATED:
+        return f"; crossover {rec['crossover']:.3g} (interpolated)"
+    return f"; crossover: {str(status).replace('_', ' ')}"
 
 
-def _num(v: object) -> str:
-    return f"{v:.3g}" if isinstance(v, int | float) and not isinstance(v, bool) else "-"
+def against_baseline(sweep: Sweep, point: Point, crv: crossover.Curve) -> dict[str, Any]:
+    """A configuration's crossover fields against the baseline search of its client setting: the round that ran
+    before it, else the latest one searched so far; `no_baseline` while there is none."""
+    plan = sweep.opts.plan
+    setting = sweepbaseline.setting_key(plan, point)
+    cands = [s for s in sweep.searched.values() if s.point.baseline and s.curve
+             and sweepbaseline.setting_key(plan, s.point) == setting]
+    if not cands:
+        return {**crossover.Crossover(None, crossover.Status.NO_BASELINE).fields(), "crossover_baseline": None}
+    before = sweep.round_before.get(point.index, 0)
+    base = min(cands, key=lambda s: (s.point.baseline != before, -s.point.baseline))
+    return {**crossover.find(crv, base.curve).fields(), "crossover_baseline": base.point.index}
+
+
+def _fill_in(sweep: Sweep, base: Point) -> None:
+    """After a baseline search: a new found line for each configuration searched before any baseline of its
+    client setting was (its crossover was `no_baseline`), now with its crossover."""
+    setting = sweepbaseline.setting_key(sweep.opts.plan, base)
+    for s in list(sweep.searched.values()):
+        if s.point.baseline or s.rec.get("crossover_status") != crossover.Status.NO_BASELINE or \
+                sweepbaseline.setting_key(sweep.opts.plan, s.point) != setting:
+            continue
+        got = against_baseline(sweep, s.point, s.curve)
+        if got["crossover_status"] == crossover.Status.NO_BASELINE:
+            continue
+        s.rec = {**s.rec, **got, "at": iso(time.time())}
+        _append(sweep, s.rec)
+        sweep.console.progress(s.point, "search: against the baseline just searched" + _crossover_words(s.rec))
+

@@ -51,7 +51,8 @@ figure a speculative-decoding sweep compares, comes from the server:
   timings.draft_n / draft_n_accepted: `draft_acceptance` = Σ accepted / Σ drafted over the run
   (null when no answer drafted), the share of drafted tokens the target model kept.
 Without speculative decoding it is null. What is sent: the built-in prompts (tools/prompts.py; by default
-six categories, whose figures are also given per category), `--dataset FILE`, or random token ids
+six categories, whose figures are also given per category), `--dataset FILE` (a multi-turn question's
+later turns each after the answer before it, with the earlier turns and answers), or random token ids
 (`--random-input-len`).
 """
 
@@ -186,6 +187,7 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
         lines.append(f"  accept     length - (no speculative decoding seen){server}")
     lines += s.acceptance_lines()
     lines += s.category_lines()
+    lines += s.turns_line()
     if s.new_connections:
         lines.append(f"  connection new per request: {s.new_connections}")
     if load is not None:
@@ -228,6 +230,13 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
+def first_turns(s: Summary) -> list[Outcome]:
+    """The outcomes the load figures are judged on: each conversation's first turn. Arrivals are of conversations
+    (a later turn goes when the answer before it came, not on a schedule), so achieved and scheduled rates
+    compare like with like; single-turn prompts: every request."""
+    return [o for o in s.outcomes if o.turn == 0]
+
+
 def load_json(args: argparse.Namespace, s: Summary, load: benchload.Load,
               slo: benchload.SloResult | None) -> dict[str, Any]:
     """The results line's load and SLO fields, the ones a load search reads (docs/benchclient.md)."""
@@ -257,7 +266,7 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
                 load: benchload.Load | None = None, slo: benchload.SloResult | None = None) -> dict[str, Any]:
     lat, ttft, itl = s.latencies_ms(), s.ttfts_ms(), s.itls_ms()
     wall = max(s.wall_seconds, 1e-9)
-    load = load or benchload.load_of(s.outcomes, args.request_rate, s.peak_concurrency, s.unsent)
+    load = load or benchload.load_of(first_turns(s), args.request_rate, s.peak_concurrency, s.unsent)
     return {
         "time": time.time(), "label": args.label, "target": args.target, "url": args.url, "api": args.api,
         "requests": s.requests, "concurrency": s.concurrency, "request_rate": args.request_rate,
@@ -278,6 +287,7 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         "draft_accepted": drafts.accepted if drafts else None,
         "spec_decode_counters": s.metrics_counts, "counters_accept_length": _r(s.metrics_accept),
         **s.acceptance_fields(), "categories": s.categories(),
+        "conversations": s.conversations, "later_turns": s.later_turns(), "conversations_cut": s.conversations_cut,
         "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
         "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
         "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
@@ -393,10 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
                    "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
     p.add_argument("-n", "--requests", type=_positive_int, metavar="N",
-                   help=f"requests in total (default: {DEFAULT_REQUESTS}); with --duration, at most N "
+                   help=f"requests in total, a multi-turn question's later turns included (default: "
+                   f"{DEFAULT_REQUESTS}); with --duration, at most N "
                    f"(default: {DURATION_REQUEST_CAP})")
     p.add_argument("-c", "--concurrency", type=_positive_int, default=4, metavar="C",
-                   help="requests in flight at once (default: %(default)s)")
+                   help="requests in flight at once, each of its own conversation (default: %(default)s)")
     p.add_argument("--max-tokens", type=_positive_int, default=32, metavar="M",
                    help="tokens to generate per request (default: %(default)s)")
     p.add_argument("--request-rate", type=_positive_float, metavar="R",
@@ -426,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", metavar="FILE", help="prompts from FILE: JSON Lines with \"prompt\" (text) or "
                    "\"messages\" (chat) per line and an optional \"category\", Spec-Bench's or MT-bench's "
                    "question.jsonl (question_id, category, turns), or a ShareGPT-style JSON array "
-                   "(\"conversations\" of from/value); the first turn of each; exit 65 naming FILE:LINE if it is "
+                   "(\"conversations\" of from/value; the first user turn); a question's later turns are sent after "
+                   "its earlier answers; exit 65 naming FILE:LINE if it is "
                    "missing, empty or malformed")
     p.add_argument("--random-input-len", type=_positive_int, metavar="N", help="send random token ids, N per "
                    "prompt (no tokenizer needed): SGLang gets input_ids, /v1/completions a prompt of ids; "
@@ -551,7 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        request_rate=args.request_rate, seed=args.seed, temperature=args.temperature,
                        ignore_eos=args.ignore_eos, burstiness=args.burstiness, duration=args.duration)
     summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr, args.duration)))
-    figures = benchload.load_of(summary.outcomes, args.request_rate, summary.peak_concurrency, summary.unsent)
+    figures = benchload.load_of(first_turns(summary), args.request_rate, summary.peak_concurrency,
+                                summary.unsent)
     slo = benchload.judge(summary.outcomes, args.slo, summary.wall_seconds, len(summary.unsent)) \
         if args.slo else None
     shown = figures if args.request_rate or args.duration is not None else None

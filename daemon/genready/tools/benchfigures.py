@@ -197,6 +197,8 @@ class Outcome:
     arrival: float | None = None  # seconds after the start it was due (--request-rate); None: back to back
     late: float = 0.0  # seconds the client itself was behind the schedule when it was due (not a slot's wait)
     category: str = ""  # its prompt's category (tools/prompts.py): the run's figures are also given per category
+    turn: int = 0  # which turn of its conversation it was (0: the first; a multi-turn dataset's later turns 1, 2, …)
+    answer: str = ""  # the answer's text, kept only while its conversation's next turn needs it (benchrun)
 
 
 @dataclass
@@ -218,6 +220,8 @@ class Summary:
     unsent: list[float] = field(default_factory=list)  # --duration: due times of arrivals never given a slot
     metrics_kind: str | None = None  # the kind whose /metrics counters gave metrics_accept
     sglang: bool = False  # SGLang, on its own API or its OpenAI routes: the kind its answers are read as
+    conversations: int = 0  # prompts started (a multi-turn one sends a request per turn)
+    conversations_cut: int = 0  # multi-turn ones that stopped before their last turn (a failure, -n, --duration)
 
     def accept(self) -> tuple[float | None, str | None]:
         """(accept length, where it came from); (None, None) without speculative decoding. The answers'
@@ -382,6 +386,17 @@ class Summary:
             lines.append(f"  category   {name}: {c['requests']} requests, accept length {accept}{drafts}, "
                          f"{speed} output tok/s per request")
         return lines
+
+    def later_turns(self) -> int:
+        """Requests that were a later turn of a multi-turn prompt."""
+        return sum(1 for o in self.outcomes if o.turn > 0)
+
+    def turns_line(self) -> list[str]:
+        """The text summary's `turns` line, when any later turn was sent or cut (none for single-turn prompts)."""
+        if not self.later_turns() and not self.conversations_cut:
+            return []
+        return [f"  turns      {self.conversations} conversations, {self.later_turns()} later turns sent with the "
+                f"earlier answers, {self.conversations_cut} conversations cut short"]
 
     @property
     def ok(self) -> int:

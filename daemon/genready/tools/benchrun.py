@@ -1,6 +1,8 @@
 """The bench client's run: N generations at concurrency C or as Poisson arrivals, each time-bounded,
 and the server's own figures over the run (its /metrics page read once before and once after;
-SGLang's server info after). Requests and the token count follow apis.py, the probe's rules.
+SGLang's server info after). Requests and the token count follow apis.py, the probe's rules. A prompt is
+a conversation: one request, or one per turn of a multi-turn question, each later turn sent once the answer
+before it arrived, with the earlier turns and answers (docs/benchclient.md, "Multi-turn questions").
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ _STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                      timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
+                      timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False) -> Outcome:
+    """One non-streamed generation; with `keep_text`, its answer's text on the Outcome (a later turn's history)."""
     t0 = time.perf_counter()
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
@@ -114,7 +117,40 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
     except _REQUEST_ERRORS as e:
         return failed(e, t0, timeout, trace)
     return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts,
-                   counts=counts)
+                   counts=counts, answer=answer_text(api, doc) if keep_text else "")
+
+
+def answer_text(api: ServerApi, doc: Any) -> str:
+    """The generated text of a (valid) non-streamed answer, as the server sent it: SGLang's `text`, a chat
+    choice's message.content (what FastChat's MT-bench keeps: fastchat/llm_judge/common.py, chat_completion_openai),
+    a completion choice's `text`; "" without (a reasoning model's thinking is not part of the conversation)."""
+    if not isinstance(doc, dict):
+        return ""
+    if not api.needs_model:
+        return doc["text"] if isinstance(doc.get("text"), str) else ""
+    choices = doc.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    msg = first.get("message")
+    text = msg.get("content") if isinstance(msg, dict) else first.get("text")
+    return text if isinstance(text, str) else ""
+
+
+def streamed_text(api: ServerApi, event: Any, before: str) -> str:
+    """The answer's text after one stream event: the OpenAI routes send each new piece (delta.content, or a
+    completion's text); SGLang's own stream repeats the whole text so far (its default; with
+    --incremental-streaming-output only the new piece, which is then appended)."""
+    if not isinstance(event, dict):
+        return before
+    if not api.needs_model:
+        text = event.get("text")
+        if not isinstance(text, str):
+            return before
+        return text if text.startswith(before) else before + text
+    choices = event.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    delta = first.get("delta")
+    piece = delta.get("content") if isinstance(delta, dict) else first.get("text")
+    return before + piece if isinstance(piece, str) else before
 
 
 def _has_output(api: ServerApi, doc: Any) -> bool:
@@ -157,10 +193,12 @@ def failed(e: BaseException, t0: float, timeout: float, trace: dict[str, Any] | 
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                     timeout: float, trace: dict[str, Any] | None = None) -> Outcome:
-    """One streamed generation: TTFT and the gaps between events that carried output."""
+                     timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False) -> Outcome:
+    """One streamed generation: TTFT and the gaps between events that carried output; with `keep_text`, the
+    answer's text (at most MAX_BODY characters: more is a bad answer, as a non-streamed body over it is)."""
     t0 = time.perf_counter()
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
+    text = ""
     last_event: bytes | None = None
     drafts: Drafts | None = None
     counts: AnswerCounts | None = None
@@ -181,6 +219,11 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                     break
                 tokens, new = apis.streamed(api, data, tokens)
                 last_event = data
+                if keep_text:
+                    text = streamed_text(api, json.loads(data), text)
+                    if len(text) > MAX_BODY:
+                        raise BadAnswer(f"an answer over {MAX_BODY:,} characters, too long to send back in a "
+                                        "later turn")
                 if carries_counts(data):  # timings, metrics, meta_info: in the final event, cumulative
                     event = json.loads(data)
                     drafts, counts = drafts_of(event) or drafts, answer_counts(event) or counts
@@ -202,7 +245,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
     # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
     # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
     return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
-                   spec_verify_ct=steps, drafts=drafts, counts=counts)
+                   spec_verify_ct=steps, drafts=drafts, counts=counts, answer=text)
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
@@ -381,27 +424,38 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
         summary.sglang = summary.sglang_openai or not api.needs_model
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
-        # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it.
-        bodies: list[dict[str, Any]] = []
-        categories: list[str] = []  # each body's prompt's category
+        # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it. Each
+        # prompt is a conversation: one request, or one per turn of a multi-turn question.
+        drawn: list[Prompt] = []
         order = random.Random(load.seed)
 
-        def body(i: int) -> dict[str, Any]:
-            while len(bodies) <= i:
-                for p in prompt_sets.schedule(load.prompts, len(load.prompts), order):
-                    b = request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
-                                     temperature=load.temperature, ignore_eos=load.ignore_eos)
-                    if summary.sglang_openai and not load.stream:
-                        b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
-                    elif summary.sglang_openai:
-                        b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
-                    bodies.append(b)
-                    categories.append(p.category)
-            return bodies[i]
+        def conversation(j: int) -> Prompt:
+            while len(drawn) <= j:
+                drawn.extend(prompt_sets.schedule(load.prompts, len(load.prompts), order))
+            return drawn[j]
+
+        def body(p: Prompt) -> dict[str, Any]:
+            b = request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
+                             temperature=load.temperature, ignore_eos=load.ignore_eos)
+            if summary.sglang_openai and not load.stream:
+                b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
+            elif summary.sglang_openai:
+                b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
+            return b
 
         in_flight = 0
+        claimed = 0  # requests sent or reserved by a conversation, of load.requests (-n counts requests)
 
-        async def one(i: int, arrival: float | None = None, late: float = 0.0) -> None:
+        def over() -> bool:
+            return load.duration is not None and time.perf_counter() - start >= load.duration
+
+        def room() -> bool:
+            return claimed < load.requests and not over()
+
+        async def one(b: dict[str, Any], p: Prompt, turn: int, arrival: float | None, late: float,
+                      keep_text: bool) -> Outcome:
+            """Send one request (claimed by the caller) and record its Outcome; the one returned keeps the
+            answer's text when `keep_text` (the recorded one never does: a run of 100,000 need not hold them)."""
             nonlocal in_flight
             t0 = time.perf_counter()
             in_flight += 1
@@ -409,26 +463,54 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
             trace: dict[str, Any] = {}
             try:
                 try:
-                    outcome = await send(fresh if summary.new_connections else session, url, api, body(i),
-                                         load.timeout, trace)
+                    outcome = await send(fresh if summary.new_connections else session, url, api, b, load.timeout,
+                                         trace, keep_text=keep_text)
                 except StaleConnection:
                     # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
-                    outcome = dataclasses.replace(await send(fresh, url, api, body(i), load.timeout), retried=True)
+                    outcome = dataclasses.replace(
+                        await send(fresh, url, api, b, load.timeout, keep_text=keep_text), retried=True)
             except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
             finally:
                 in_flight -= 1
-            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late, category=categories[i])
+            outcome = dataclasses.replace(outcome, sent=t0 - start, arrival=arrival, late=late, category=p.category,
+                                          turn=turn)
             if not summary.new_connections:
                 summary.new_connections = why_not_reuse(trace, outcome, connector)
-            summary.outcomes.append(outcome)
+            summary.outcomes.append(dataclasses.replace(outcome, answer="") if outcome.answer else outcome)
             progress.update(len(summary.outcomes), summary.failed)
+            return outcome
+
+        async def converse(j: int, arrival: float | None, late: float) -> None:
+            """Conversation j (`room()` was just checked): its first request, then each later turn once the answer
+            before it arrived, with the earlier turns and answers (Prompt.turn). Its turns are reserved of -n at
+            its start, so -n cuts at most the last conversation whatever the timing; a failed turn ends it (there
+            is no answer to send back) and gives its unsent turns back, as --duration's end does, and so do
+            answers over MAX_BODY characters together."""
+            nonlocal claimed
+            p = conversation(j)
+            summary.conversations += 1
+            turns = min(p.turns(), load.requests - claimed)
+            claimed += turns
+            answers: list[str] = []
+            for k in range(turns):
+                if k and over():
+                    break
+                o = await one(body(p.turn(answers)), p, k, arrival if k == 0 else None, late if k == 0 else 0.0,
+                              k < turns - 1)
+                answers.append(o.answer)
+                if not o.ok or sum(map(len, answers)) > MAX_BODY:  # the history sent back is bounded as an answer is
+                    break
+            claimed -= turns - len(answers)
+            if len(answers) < p.turns():
+                summary.conversations_cut += 1
 
         start = time.perf_counter()
-        await _arrivals(load, one, start, summary.unsent)
+        await _arrivals(load, converse, room, start, summary.unsent)
         summary.wall_seconds = time.perf_counter() - start
-        if load.duration is not None:
-            summary.requests = len(summary.outcomes)
+        # The requests sent: with --duration, or when a failed turn gave turns back after the arrivals had
+        # stopped, fewer than -n (single-turn prompts without --duration: every one of the N is sent)
+        summary.requests = len(summary.outcomes)
         after = await read_counters(session, url, load.timeout)
         if before is not None and after is not None:
             run = servermetrics.over_run(before, after)
@@ -443,43 +525,48 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
     return summary
 
 
-async def _arrivals(load: LoadOptions, one: Callable[[int, float | None, float], Awaitable[None]],
-                    start: float, unsent: list[float]) -> None:
-    """`one(i, due, late)` for every request: `concurrency` workers back to back, or arrivals at
-    `request_rate` (benchload.arrival_times) with at most `concurrency` in flight; with `duration`, none
-    sent after that many seconds from `start` (those in flight are awaited; the due times of arrivals
-    still waiting for a slot then go to `unsent`)."""
+async def _arrivals(load: LoadOptions, converse: Callable[[int, float | None, float], Awaitable[None]],
+                    room: Callable[[], bool], start: float, unsent: list[float]) -> None:
+    """`converse(j, due, late)` for conversation j = 0, 1, … while `room()` (requests left of -n, time left of
+    --duration): `concurrency` workers back to back, or arrivals at `request_rate` (benchload.arrival_times)
+    with at most `concurrency` conversations in flight; a conversation holds its slot through its turns, so
+    there are never more than `concurrency` requests in flight either. With `duration`, the due times of
+    arrivals still waiting for a slot at its end go to `unsent`. Single-turn prompts: one request per
+    conversation, as before turns were sent."""
     def over() -> bool:
         return load.duration is not None and time.perf_counter() - start >= load.duration
 
     if load.request_rate is None:
-        todo = iter(range(load.requests))
+        todo = iter(range(load.requests))  # at most one conversation per request
 
         async def worker() -> None:
-            for i in todo:  # workers pull from one shared iterator: at most `requests` in total
-                if over():
+            for j in todo:  # workers pull from one shared iterator
+                if not room():
                     return
-                await one(i, None, 0.0)
+                await converse(j, None, 0.0)
 
         await asyncio.gather(*(worker() for _ in range(min(load.concurrency, load.requests))))
         return
     slots = asyncio.Semaphore(load.concurrency)
 
-    async def limited(i: int, due: float) -> None:
+    async def limited(j: int, due: float) -> None:
         late = max(0.0, time.perf_counter() - start - due)  # the client's own lag, before any wait for a slot
         async with slots:
             if over():  # due within --duration, but no slot came free before its end: never sent
                 unsent.append(due)
                 return
-            await one(i, due, late)
+            if room():  # none left when later turns took the last of -n: not due any more
+                await converse(j, due, late)
 
     tasks = []
-    for i, due in enumerate(benchload.arrival_times(load.request_rate, load.burstiness, load.seed,
+    for j, due in enumerate(benchload.arrival_times(load.request_rate, load.burstiness, load.seed,
                                                     count=load.requests, until=load.duration)):
+        if not room() and not over():  # -n is used up by later turns (after --duration: unsent, as below)
+            break
         # Sleep to each arrival's time from the start, not by the gap: a late wake-up does not shift the rest.
         if (wait := start + due - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
-        tasks.append(asyncio.ensure_future(limited(i, due)))
+        tasks.append(asyncio.ensure_future(limited(j, due)))
     await asyncio.gather(*tasks)
 
 

@@ -7,8 +7,9 @@ for a long answer; `--prompts classic` is the earlier set of 32 uncategorised on
 category (a dataset entry's `category`). `--dataset FILE` reads
 JSON Lines with `prompt` (text) or `messages` (chat) per line, Spec-Bench's and MT-bench's question.jsonl
 (`question_id`, `category`, `turns`: FastChat's fastchat/llm_judge/data/mt_bench/question.jsonl, Spec-Bench's
-data/spec_bench/question.jsonl), or a ShareGPT-style JSON array (`conversations` with `from`/`value`); the
-first turn of each conversation is sent (later turns are kept on the Prompt, not yet sent).
+data/spec_bench/question.jsonl), or a ShareGPT-style JSON array (`conversations` with `from`/`value`, of which
+the first user turn is sent). A question's later `turns` are sent one after another, each with the earlier turns
+and the server's own answers to them (Prompt.turn; the run is benchrun's).
 `--random-input-len` sends random token ids (no tokenizer needed), as SGLang's and vLLM's
 benchmark scripts do for their "random" datasets.
 """
@@ -40,7 +41,7 @@ class Prompt:
     ids: tuple[int, ...] = ()
     max_tokens: int | None = None
     category: str = ""  # the kind of prompt ("coding", "writing", ...): figures are given per category
-    later_turns: tuple[str, ...] = ()  # a multi-turn question's later user turns (MT-bench, Spec-Bench); not sent yet
+    later_turns: tuple[str, ...] = ()  # a multi-turn question's later user turns (MT-bench, Spec-Bench)
 
     def as_text(self) -> str:
         """For a text API: the text, or the chat turn's contents one after another."""
@@ -48,6 +49,27 @@ class Prompt:
 
     def as_messages(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages] or [{"role": "user", "content": self.text}]
+
+    def turns(self) -> int:
+        """How many requests this prompt is: 1, or a multi-turn question's turns."""
+        return 1 + len(self.later_turns)
+
+    def turn(self, answers: Sequence[str]) -> Prompt:
+        """The request of turn len(answers) (0: the first): the earlier turns, each followed by the server's own
+        answer to it (`answers`, verbatim), then this turn's user text, as chat messages; a text API sends their
+        contents one after another (as_text). As FastChat's MT-bench answers are made (fastchat/llm_judge/
+        gen_api_answer.py: conv.append_message(user, turn), the answer of /v1/chat/completions'
+        choices[0].message.content put back with conv.update_last_message) and Spec-Bench's (evaluation/eval.py:
+        conv.messages[-1][-1] = output)."""
+        if not answers:
+            return self
+        if len(answers) > len(self.later_turns):
+            raise ValueError(f"turn {len(answers) + 1} of a {self.turns()}-turn prompt")
+        first = self.messages or (("user", self.text),)
+        history = [*first]
+        for answer, user in zip(answers, self.later_turns[:len(answers)], strict=True):
+            history += [("assistant", answer), ("user", user)]
+        return Prompt(messages=tuple(history), max_tokens=self.max_tokens, category=self.category)
 
 
 _SYSTEM_CODE = "You are a careful senior software engineer. Answer with code first, then one short paragraph."

@@ -1,0 +1,171 @@
+"""The report's category × configuration table (issue 37 §2): per prompt category, each point's accept length
+and its speedup against the plan's baseline.
+
+A point's bench line carries `categories` (the bench client's figures per prompt category: tools/benchfigures.py,
+Summary.categories). `gather` keeps them per point over its ok repeats; `section` writes, for the table,
+markdown and HTML reports, one table of accept length and, with a `baseline`, one of speedup, a row per point
+and a column per category. A category's speedup is the point's per-category output tok/s over the baseline's
+at the same client setting (the baseline round before the point, on the same host, as speedup.attach pairs
+them), by the same ratio and 95 % interval over repeats (speedup.ratio). The per-category tok/s is each
+request's own speed (Σ tokens / Σ request seconds), since a run's categories share its wall time.
+
+Nothing is written when no point has categories (random prompts, a dataset without them, bench lines from
+before categories).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+from genready import config
+from genready.redact import escape
+from genready.sweep import speedup
+from genready.web import htmlpage
+
+# The figures kept per category, as the bench line names them.
+KEPT: Final = ("accept_length", "output_tokens_per_second", "draft_acceptance", "requests")
+MAX_CATEGORIES: Final = 64  # columns: a dataset's categories are a handful; more is a mistaken field
+TPS: Final = "output_tokens_per_second"
+
+
+class Point(Protocol):
+    """What this module reads and writes of a report row (report.Row)."""
+
+    label: str
+    status: str
+    host: str
+    noise_limit: float
+    baseline: int
+    baseline_round: int | None
+    client: dict[str, Any] | None
+    categories: dict[str, dict[str, list[float]]]
+
+
+def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
+           bench_line: Callable[[Path], dict[str, Any] | None]) -> None:
+    """row.categories from its results lines' bench lines (`bench_line`, report's reader): per category and
+    figure, the values over the ok repeats. A bench line that cannot be read is report's to say, not again."""
+    for rec, folder, _ in lines:
+        out = rec.get("out")
+        if rec.get("status") != "ok" or not isinstance(out, str):
+            continue
+        try:
+            line = bench_line(folder / out)
+        except config.FileError:
+            continue
+        cats = (line or {}).get("categories")
+        if not isinstance(cats, dict):
+            continue
+        for name, figures in list(cats.items())[:MAX_CATEGORIES]:
+            if not isinstance(name, str) or not isinstance(figures, dict):
+                continue
+            kept = row.categories.setdefault(name, {})
+            for key in KEPT:
+                v = figures.get(key)
+                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
+                    kept.setdefault(key, []).append(float(v))
+
+
+def _key(host: str, round_: int | None, client: dict[str, Any] | None) -> str:
+    return json.dumps([host, round_, client], sort_keys=True)
+
+
+def speedups(rows: Sequence[Point]) -> dict[int, dict[str, speedup.Ratio]]:
+    """Per row (by position in `rows`), per category: its output tok/s over its baseline's (speedup.attach's
+    pairing: the baseline round before it, same host and client setting); only where both sides have runs."""
+    bases = {_key(r.host, r.baseline, r.client): r for r in rows if r.baseline and r.status == "ok"
+             and r.client is not None}
+    out: dict[int, dict[str, speedup.Ratio]] = {}
+    for i, r in enumerate(rows):
+        if r.baseline or r.status != "ok" or r.client is None or not r.baseline_round:
+            continue
+        base = bases.get(_key(r.host, r.baseline_round, r.client))
+        if base is None:
+            continue
+        for name, figures in r.categories.items():
+            got = speedup.ratio(figures.get(TPS, []), base.categories.get(name, {}).get(TPS, []))
+            if got is not None:
+                out.setdefault(i, {})[name] = got
+    return out
+
+
+def _median(values: Sequence[float] | None) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def accept_text(r: Point, name: str) -> str:
+    """An accept-length cell: the median over the repeats, `-` without one."""
+    v = _median(r.categories.get(name, {}).get("accept_length"))
+    return "-" if v is None else f"{v:.2f}"
+
+
+def ratio_text(got: speedup.Ratio | None, noise_limit: float) -> str:
+    """A speedup cell: `1.52x [1.31-1.77]`, `slower` below 1, `~` within the noise (as report.ratio_text)."""
+    if got is None:
+        return "-"
+    text = f"{got.value:.2f}x" + (" slower" if got.value < 1 else "")
+    if got.low is not None and got.high is not None:
+        text += f" [{got.low:.2f}-{got.high:.2f}]"
+    return text + (" ~" if got.within_noise(noise_limit) else "")
+
+
+def _grids(rows: Sequence[Point]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, cells) of each table: accept length (where some point has one: a server's answers may
+    carry no per-request counts, and the baseline none), then (with a baseline) speedup."""
+    shown = [r for r in rows if r.categories]
+    names = sorted({n for r in shown for n in r.categories})
+    grids = []
+    if any(c.get("accept_length") for r in shown for c in r.categories.values()):
+        grids.append(("accept length per prompt category (median over the repeats)", ["POINT", *names],
+                      [[r.label, *(accept_text(r, n) for n in names)] for r in shown]))
+    if any(r.baseline for r in rows):
+        ratios = speedups(rows)
+        index = {id(r): i for i, r in enumerate(rows)}
+        body = []
+        for r in shown:
+            got = ratios.get(index[id(r)], {})
+            body.append([r.label, *("baseline" if r.baseline else ratio_text(got.get(n), r.noise_limit)
+                                    for n in names)])
+        grids.append(("speedup per prompt category (the category's output tok/s per request / the baseline's at "
+                      "the same client settings; [95 % interval over the repeats]; ~ within the noise)",
+                      ["POINT", *names], body))
+    return grids
+
+
+def section(rows: Sequence[Point], fmt: str) -> str:
+    """The category tables in `fmt` ("table" or "markdown"); "" when no row has categories."""
+    if not any(r.categories for r in rows):
+        return ""
+    out = []
+    for title, head, body in _grids(rows):
+        cells = [head, *([escape(c) for c in r] for r in body)]
+        if fmt == "markdown":
+            out.append(f"\n**{title}**\n\n" + "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
+                                                     for r in [cells[0], ["---"] * len(head), *cells[1:]]))
+        else:
+            # Indented: a script that finds a point's row of the points' table by its label finds only that one
+            widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+            out.append(f"\n{title}:\n" + "".join("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+                                                 .rstrip() + "\n" for r in cells))
+    return "".join(out)
+
+
+def html_section(rows: Sequence[Point]) -> str:
+    """The category tables for the HTML report (a <h2> and a table each); "" when no row has categories. A
+    speedup within the noise is orange (class noisy), as in the points' table."""
+    grids = _grids(rows) if any(r.categories for r in rows) else []
+    if not grids:
+        return ""
+    e = htmlpage.text
+    out = ['<h2 id="categories">Per prompt category</h2>']
+    for title, head, body in grids:
+        rows_html = "".join("<tr>" + "".join(f'<td class="{"noisy" if c.endswith(" ~") else ""}">{e(c)}</td>'
+                                             for c in r) + "</tr>" for r in body)
+        out.append(f"<h3>{e(title)}</h3><table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head)
+                   + f"</tr></thead><tbody>{rows_html}</tbody></table>")
+    return "".join(out)
