@@ -7,6 +7,7 @@ process and are `system` tests; node is on every machine of this project (the ma
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import random
@@ -105,6 +106,11 @@ def test_every_page_has_one_style_and_its_policy_names_exactly_its_blocks() -> N
 
 def test_text_escapes_markup_and_control_characters() -> None:
     assert htmlpage.text('<b a="1">&\x1b[2J') == "&lt;b a=&quot;1&quot;&gt;&amp;\\x1b[2J"
+    # text() returns plain text as it is without escaping it (a report writes a million cells): every
+    # character, alone and inside plain text, must come out as the two escapes make it
+    for c in map(chr, [*range(0x300), 0x2028, 0x2029, 0x202E, 0xD800, 0xFEFF]):
+        for v in (c, f"a{c}b"):
+            assert htmlpage.text(v) == html.escape(escape(v)), repr(v)
 
 
 def test_a_json_block_is_one_json_parse_reads_whole() -> None:

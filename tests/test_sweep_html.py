@@ -8,6 +8,7 @@ hostile point value as text.
 from __future__ import annotations
 
 import base64
+import gc
 import html
 import io
 import json
@@ -305,6 +306,52 @@ def test_lines_each_naming_another_axis(tmp_path: Path, capsys: pytest.CaptureFi
     folder = hostile_results(tmp_path, [line(i, f'{{"axis{i}": {i}}}') for i in range(2000)])
     page = report(folder, capsys)
     assert "client: axis0, axis1," in page and "and 1,980 more; server: -" in page
+
+
+def test_lines_naming_one_out_folder_read_its_bench_jsonl_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    # 64 MiB of lines may each name the same out folder, whose bench.jsonl may be 64 MiB: read once, not per line
+    folder = measured(tmp_path, [({}, {"output_tokens_per_second": 100.0}, {"c": 1})])
+    text = folder.joinpath("results.jsonl").read_text()
+    folder.joinpath("results.jsonl").write_text(
+        "".join(text.replace('"index": 1', f'"index": {i}').replace('{"c": 1}', f'{{"c": {i}}}') for i in range(1, 51)))
+    reads: list[Path] = []
+    real = sweepreport.bench_line
+
+    def spy(f: Path) -> dict[str, Any] | None:  # not a fake: the real read runs; only how often is counted
+        reads.append(f)
+        return real(f)
+    monkeypatch.setattr(sweepreport, "bench_line", spy)
+    assert sweep.report_main([str(folder)], "json") == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 50 and {r["output_tokens_per_second"] for r in rows} == {100.0}
+    assert reads == [folder / "0001-p"]
+
+
+def test_the_report_turns_the_garbage_collector_back_on(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # held off while a report runs (its objects form no cycle), on again after it, whether it failed or not
+    folder = hostile_results(tmp_path, [line(i, f'{{"c": {i}}}') for i in range(3)])
+    assert gc.isenabled()
+    assert sweep.report_main([str(folder)], "table") == 0
+    assert gc.isenabled()
+    with pytest.raises(Failed):
+        sweep.report_main([str(tmp_path / "none")], "table")
+    assert gc.isenabled()
+
+
+def test_the_invocation_id_is_shown_short_with_the_whole_on_hover(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    folder = hostile_results(tmp_path, [
+        line(1, '{"c": 1}')[:-1] + ', "invocation_id": "0123456789abcdef0123456789abcdef"}',
+        line(2, '{"c": 2}')[:-1] + ', "invocation_id": "<b>\\u001b[2J0123456789"}',  # escaped, cut or whole
+        line(3, '{"c": 3}')])
+    page = report(folder, capsys)
+    assert re.findall(r'<td class="mono".*?</td>', page) == [
+        '<td class="mono" title="0123456789abcdef0123456789abcdef">0123456789ab</td>',
+        '<td class="mono" title="&lt;b&gt;\\x1b[2J0123456789">&lt;b&gt;\\x1b[2J01234</td>',
+        '<td class="mono">-</td>']
+    assert ".mono" in page.split("</style>")[0]  # the monospace rule is the page's own (base.css)
 
 
 def test_an_axis_of_many_text_values_labels_at_most_max_ticks(tmp_path: Path,

@@ -24,11 +24,13 @@ sweep/plotrules.py's rules: integer ticks, the legend outside past 6 lines, smal
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import socket
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from genready import __version__
@@ -58,6 +60,7 @@ MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would o
 EXTRA: Final = "genready[report]"
 SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
 SHOWN_LEFT_OUT: Final = 10  # points named in a plot's "left out" note
+SHOWN_ID: Final = 12  # hex digits of an InvocationID in the table (the whole on hover)
 
 
 class NoMatplotlib(Exception):
@@ -75,6 +78,15 @@ def _matplotlib() -> Any:
                            "without it") from None
     matplotlib.rcParams["svg.hashsalt"] = "genready"  # the same results give the same file
     return MplFigure
+
+
+def preload() -> None:
+    """Import matplotlib, where it is installed, before a report reads its results: its import leaves cycles
+    (pyparsing's caught exceptions) holding every frame then on the stack, so the rows too until a collection
+    walks them all: a second over 64 MiB, at exit. Collected here, they hold nothing of the report's."""
+    with contextlib.suppress(NoMatplotlib):
+        _matplotlib()
+    gc.collect()
 
 
 def axes_of(rows: Sequence[Row]) -> tuple[list[str], list[str]]:
@@ -356,6 +368,26 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     return _svg(fig), left
 
 
+def _invocation(inv: str) -> str:
+    """An InvocationID cell: its first SHOWN_ID characters (the 32 hex digits tell apart by then), the whole on
+    hover, monospace."""
+    e = htmlpage.text
+    return f'<td class="mono" title="{e(inv)}">{e(inv[:SHOWN_ID])}</td>' if inv else '<td class="mono">-</td>'
+
+
+def _escaped() -> Callable[[str], str]:
+    """htmlpage.text, each value escaped once per table: a column such as status or a figure's text holds a
+    few values over a hundred thousand rows."""
+    seen: dict[str, str] = {}
+
+    def once(v: str) -> str:
+        got = seen.get(v)
+        if got is None:
+            got = seen[v] = htmlpage.text(v)
+        return got
+    return once
+
+
 def _names(names: Sequence[str]) -> str:
     """Axis names for a line of text: the first SHOWN_NAMES, then how many more."""
     shown = ", ".join(names[:SHOWN_NAMES]) or "-"
@@ -427,6 +459,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
 
 def _table(rows: Sequence[Row]) -> str:
     e = htmlpage.text
+    once = _escaped()  # for the cells whose few values repeat in every row
     figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
                                                                          for r in rows))]
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []  # against the plan's baseline (speedup.py)
@@ -436,21 +469,25 @@ def _table(rows: Sequence[Row]) -> str:
     body = []
     for r in rows:
         unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
-        cells = [f"<td>{e(r.label)}</td>", f"<td>{e(r.status)}{unstable}</td>",
-                 f'<td class="{"warm" if r.cache == "warm" else ""}">{e(r.cache or "-")}</td>',
-                 f"<td>{r.runs_ok}/{r.runs}</td>", f"<td>{e(r.pid)}</td>", f"<td>{e(r.invocation_id or '-')}</td>",
-                 f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>",
-                 f"<td>{'-' if r.run is None else f'{r.run:.1f}'}</td>", f"<td>{e(r.host or '-')}</td>"]
+        cells = [f'<tr class="{once(r.status.split()[0] if r.status else "")}"><td>{e(r.label)}</td>'
+                 f"<td>{once(r.status)}{unstable}</td>"
+                 f'<td class="{"warm" if r.cache == "warm" else ""}">{once(r.cache or "-")}</td>'
+                 f"<td>{r.runs_ok}/{r.runs}</td><td>{e(r.pid)}</td>{_invocation(r.invocation_id)}"
+                 f"<td>{'-' if r.load is None else f'{r.load:.1f}'}</td>"
+                 f"<td>{'-' if r.run is None else f'{r.run:.1f}'}</td><td>{once(r.host or '-')}</td>"]
+        marked = r.best or r.noisy
         for f in figures:
-            cls = " ".join(c for c, on in (("best", f.key in r.best), ("noisy", f.key in r.noisy)) if on)
-            cells.append(f'<td class="{cls}">{e(figure_text(r, f))}</td>')
+            cls = " ".join(c for c, on in (("best", f.key in r.best), ("noisy", f.key in r.noisy)) if on) \
+                if marked else ""
+            cells.append(f'<td class="{cls}">{once(figure_text(r, f))}</td>')
         if pos:
-            cells.append(f"<td>{e(positions_text(r.accept_per_position))}</td>")
+            cells.append(f"<td>{once(positions_text(r.accept_per_position))}</td>")
         for n in ratios:
             got = r.ratios.get(n)
             noisy = got is not None and (got.within_noise(r.noise_limit) or (n == "speedup" and r.drifted is not None))
-            cells.append(f'<td class="{"noisy" if noisy else ""}">{e(ratio_text(r, n))}</td>')
-        body.append(f'<tr class="{e(r.status.split()[0] if r.status else "")}">{"".join(cells)}</tr>')
+            cells.append(f'<td class="{"noisy" if noisy else ""}">{once(ratio_text(r, n))}</td>')
+        cells.append("</tr>")
+        body.append("".join(cells))
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
               "plan's noise_limit). Red cache: warm, the point ran on a prefix cache an earlier run filled. Rows: red "
               "failed or not ready, orange invalidated." + (

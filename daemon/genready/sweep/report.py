@@ -76,6 +76,7 @@ FIGURES: Final = (
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
 FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
                        "tokens_per_joule": "tokens_per_joule", "mean_power_w": "mean_power_w"}
+_NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}  # copied per row, not built per row
 MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
 SHOWN_POSITIONS: Final = 6  # in a table cell, then how many more
 
@@ -187,7 +188,7 @@ def field_problem(rec: dict[str, Any]) -> str | None:
         if not ok:
             return f"{key}: expected {words}, found {type(v).__name__} {escape(repr(v))[:60]}"
     out = rec.get("out")
-    if isinstance(out, str) and ("\0" in out or out.startswith("/") or ".." in Path(out).parts):
+    if isinstance(out, str) and ("\0" in out or out.startswith("/") or (".." in out and ".." in Path(out).parts)):
         return f"out: expected a folder name inside the results folder, found {escape(repr(out))[:60]}"
     return None
 
@@ -257,9 +258,12 @@ def label_of(point: Any) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
 
 
-def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
+Benches = dict[Path, "dict[str, Any] | config.FileError | None"]  # a report's bench lines by out folder
+
+
+def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches | None = None) -> Row:
     """The row of one results.jsonl line of `folder` (`where`: its FILE:LINE, for warnings). A line with
-    fields of the wrong type is shown as an unreadable point, with a warning."""
+    fields of the wrong type is shown as an unreadable point, with a warning. `benches`: bench lines read."""
     index = rec.get("index")
     if not isinstance(index, int) or isinstance(index, bool):  # from before "index": the out folder starts with it
         m = re.match(r"(\d+)-", str(rec.get("out", "")))
@@ -271,18 +275,22 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
         warn_line(f"{where or folder}: {problem}; the point is shown as {UNREADABLE}")
         return Row(index, label, UNREADABLE)
     out = rec.get("out")
-    figures, unreadable, line = None, False, None
+    figures: dict[str, float | None] | None = None
+    unreadable, line = False, None
     if isinstance(out, str):
         try:
-            line = bench_line(folder / out)
-            figures = None if line is None else {f.key: _as_float(line.get(f.key)) for f in FIGURES}
+            line = bench_line(folder / out) if benches is None else bench_once(folder / out, benches)
+            figures = None if line is None else {key: _as_float(line.get(key)) for key in _NO_FIGURES}
         except config.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
-    for key, field_name in FROM_RESULTS.items():
-        v = _as_float(rec.get(field_name))
-        if v is not None and (figures is None or figures.get(key) is None) and not unreadable:
-            figures = {**(figures or {f.key: None for f in FIGURES}), key: v}
+    if not unreadable:
+        for key, field_name in FROM_RESULTS.items():
+            if (v := rec.get(field_name)) is not None and (figures is None or figures.get(key) is None) and \
+                    (v := _as_float(v)) is not None:
+                if figures is None:
+                    figures = _NO_FIGURES.copy()
+                figures[key] = v
     cache = rec.get("cache")
     noise = _as_float(rec.get("noise_limit"))
     point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
@@ -310,6 +318,18 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "") -> Row:
                gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1)
 
 
+def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
+    """bench_line(folder) read once per report (`benches`: what it read), however many lines name the folder."""
+    if folder not in benches:
+        try:
+            benches[folder] = bench_line(folder)
+        except config.FileError as e:
+            benches[folder] = e
+    if isinstance(got := benches[folder], config.FileError):
+        raise got.with_traceback(None)  # a new traceback, not one more on the last
+    return got
+
+
 def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
     got = rec.get("engine_config")
     values = got.get("values") if isinstance(got, dict) else None
@@ -326,15 +346,17 @@ def _repeat(rec: dict[str, Any]) -> int:
     return r if isinstance(r, int) and not isinstance(r, bool) else 1
 
 
-def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]]) -> Row:
+def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benches | None = None) -> Row:
     """The row of one point from its results lines (each with its folder and FILE:LINE): per repeat, an ok
     attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread."""
+    if len(lines) == 1:  # most points: one run (the same row as below, without the bookkeeping)
+        return row_of(*lines[0], benches)
     per: dict[int, tuple[dict[str, Any], Path, str]] = {}
     for line in lines:
         r = _repeat(line[0])
         if r not in per or line[0].get("status") == "ok" or per[r][0].get("status") != "ok":
             per[r] = line
-    rows = [row_of(rec, folder, where) for _, (rec, folder, where) in sorted(per.items())]
+    rows = [row_of(rec, folder, where, benches) for _, (rec, folder, where) in sorted(per.items())]
     if len(rows) == 1:
         return rows[0]
     oks = [r for r in rows if r.status == "ok"]
@@ -401,7 +423,7 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def rows_from(read: Read) -> list[Row]:
     """The rows of read_folders()' lines: one per point and configuration, in plan order."""
     by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
-    point_of: dict[str, str] = {}  # a group's key -> its point's key (one json.dumps per line, not three)
+    point_of: dict[str, tuple[str, str]] = {}  # a group's key -> its point's key and its fingerprint's JSON
     for folder, path, lines in read:
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
@@ -410,19 +432,27 @@ def rows_from(read: Read) -> list[Row]:
                 # A baseline run may hold a plan point's values: never that point's row. Each host's shard runs
                 # the baseline itself, so its runs stay its own (speedup.attach matches by host).
                 point += "\0" + json.dumps([base, rec.get("host")])
-            key = point + "\0" + json.dumps(rec.get("fingerprint"), sort_keys=True)
+            fp = rec.get("fingerprint")
+            fp_json = "null" if fp is None else json.dumps(fp, sort_keys=True)
+            key = point + "\0" + fp_json
             if key not in by_point:
-                by_point[key], point_of[key] = [], point
+                by_point[key], point_of[key] = [], (point, fp_json)
             by_point[key].append((rec, folder, f"{path}:{lineno}"))
+    made: dict[str, str] = {}  # a fingerprint's JSON -> _made_by() of its lines: one digest per configuration
     made_by: dict[str, set[str]] = {}
     for key, group in by_point.items():
-        made_by.setdefault(point_of[key], set()).add(_made_by(group[0][0]))
+        point, fp_json = point_of[key]
+        if fp_json not in made:
+            made[fp_json] = _made_by(group[0][0])
+        made_by.setdefault(point, set()).add(made[fp_json])
     rows = []
+    benches: Benches = {}
     for key, group in by_point.items():
-        row = point_row(group)
-        categories.gather(row, group, bench_line)
-        if len(made_by[point_of[key]]) > 1:
-            row.label += f" [{_made_by(group[0][0])}]"  # one point, lines of several configurations
+        row = point_row(group, benches)
+        categories.gather(row, group, lambda path: bench_once(path, benches))
+        point, fp_json = point_of[key]
+        if len(made_by[point]) > 1:
+            row.label += f" [{made[fp_json]}]"  # one point, lines of several configurations
         rows.append(row)
     rows.sort(key=lambda r: r.index)
     mark_best(rows)
@@ -440,17 +470,19 @@ def _made_by(rec: dict[str, Any]) -> str:
 
 def mark_best(rows: Sequence[Row]) -> None:
     """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
+    ok = [(r, r.figures) for r in rows if r.status == "ok" and r.figures]
+    finite = math.isfinite
     for f in FIGURES:
         if not f.ranked:
             continue
-        vals = [(r, v) for r in rows if r.status == "ok" and r.figures and (v := r.figures.get(f.key)) is not None
-                and math.isfinite(v)]  # NaN and ±Infinity are never the best
+        key = f.key
+        vals = [v for _, fig in ok if (v := fig.get(key)) is not None and finite(v)]  # NaN, ±Infinity: never best
         if len(vals) < 2:
             continue
-        top = (max if f.higher_is_better else min)(v for _, v in vals)
-        for r, v in vals:
-            if v == top:
-                r.best.add(f.key)
+        top = (max if f.higher_is_better else min)(vals)  # finite: a row holding NaN or ±Infinity is never equal
+        for r, fig in ok:
+            if fig.get(key) == top:
+                r.best.add(key)
 
 
 def _num(v: float | None, digits: int) -> str:
