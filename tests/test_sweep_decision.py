@@ -7,6 +7,7 @@ whose report starts with the decision naming the configuration the simulator mak
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from collections.abc import Iterator
@@ -67,7 +68,7 @@ def section(text: str) -> list[str]:
     """The Decision section's sentences (a table's: indented under the title, up to the notes)."""
     lines = text.splitlines()
     assert lines[0] == "Decision", text
-    return [ln.strip() for ln in lines[1:] if ln.startswith("  ")]
+    return [ln.strip() for ln in itertools.takewhile(lambda ln: ln.startswith("  "), lines[1:])]
 
 
 def three_configs(f: Folder, rounds: list[tuple[float, float, float, float]], **bench: dict[str, float]) -> None:
