@@ -115,7 +115,10 @@ def client_axes(rows: Sequence[Judged]) -> set[str]:
     for r in rows:
         g = r.group if r.group is not None else -r.index
         for k, v in r.point.items():
-            if seen.setdefault((r.host, g, k), _key({"v": v})) != _key({"v": v}):
+            if k in out:  # a 64 MiB file's rows: decided once, no more keys to make
+                continue
+            key = _key({"v": v})
+            if seen.setdefault((r.host, g, k), key) != key:
                 out.add(k)
     return out
 

@@ -26,7 +26,7 @@ from typing import Any, Final
 from genready.config import FileError
 from genready.redact import escape
 from genready.sweep import plotrules, search
-from genready.sweep.report import RESULTS_FILE, bench_line, label_of, numbered_lines
+from genready.sweep.report import RESULTS_FILE, Read, bench_line, label_of, numbered_lines
 from genready.sweep.searchrun import SEARCH_FILE
 from genready.web import htmlpage
 
@@ -139,15 +139,17 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def searches(folders: Sequence[Path]) -> list[Search]:
-    """Every configuration's search over `folders`, in the order their points ran; [] when none has one."""
+def searches(folders: Sequence[Path], read: Read | None = None) -> list[Search]:
+    """Every configuration's search over `folders`, in the order their points ran; [] when none has one.
+    `read`: the report's own read of those folders' results lines (report.read_folders), not decoded again."""
     out: list[Search] = []
+    results = {folder: [rec for _, rec in lines] for folder, _, lines in read or ()}
     for folder in folders:
         found: dict[str, dict[str, Any]] = {}
         for rec in _lines(folder / SEARCH_FILE):
             found[_point_key(rec)] = rec  # the last search of a point is its search
         runs: dict[str, list[dict[str, Any]]] = {}
-        for rec in _lines(folder / RESULTS_FILE):
+        for rec in results[folder] if folder in results else _lines(folder / RESULTS_FILE):
             if _int(rec.get("search_step")) is not None:
                 runs.setdefault(_point_key(rec), []).append(rec)
         for key in dict.fromkeys([*runs, *found]):
@@ -255,10 +257,10 @@ def sentences(got: Sequence[Search]) -> list[str]:
     return [escape(t).replace("\t", " ") for t in out]  # a value's control characters shown, never run
 
 
-def table(folders: Sequence[Path], fmt: str = "table") -> str:
+def table(folders: Sequence[Path], fmt: str = "table", read: Read | None = None) -> str:
     """`sweep report`'s search section in the table format (or `fmt` "markdown": a list), a line per
-    configuration ("" when no folder has a search)."""
-    got = sentences(searches(folders))
+    configuration ("" when no folder has a search). `read` as searches()."""
+    got = sentences(searches(folders, read))
     if not got:
         return ""
     if fmt == "markdown":
@@ -274,11 +276,11 @@ Left = list[tuple[str, str]]  # (what, why): a value a plot leaves out, named un
 # _text, _svg, _left_out) rather than copy them.
 
 
-def html_section(folders: Sequence[Path]) -> str:
+def html_section(folders: Sequence[Path], read: Read | None = None) -> str:
     """The page's "Load search" section ("" when no folder has a search): a plot each of throughput, goodput
     and the found values with the crossover, every value a plot cannot show named under it. html.NoMatplotlib
-    without matplotlib."""
-    got = searches(folders)
+    without matplotlib. `read` as searches()."""
+    got = searches(folders, read)
     if not got:
         return ""
     from genready.sweep import html  # matplotlib's module, imported only when a page is written

@@ -370,7 +370,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
 
         try:
             text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
-                                    sections=[loadreport.html_section([Path(f) for f in folders])],
+                                    sections=[loadreport.html_section([Path(f) for f in folders], read)],
                                     facts=decision_facts(read, partial))
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
@@ -386,7 +386,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
         text = sweepreport.render(rows, fmt, decision_facts(read, partial), heatmap=grid)
         if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
-            text += loadreport.table([Path(f) for f in folders], fmt)
+            text += loadreport.table([Path(f) for f in folders], fmt, read)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK
