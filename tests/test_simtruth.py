@@ -169,11 +169,12 @@ SLOW_T0 = 0.008  # a request's fixed cost (HTTP, the client: ~3 ms here) stays s
 
 
 def client_overhead(tmp: Path) -> float:
-    """Seconds per request of the bench client and HTTP alone: the same requests to a simulator with no latency."""
+    """Seconds per request of the bench client and HTTP alone: 1-token requests to a simulator with no latency
+    (what a request costs beyond its decode steps: the simulator streams one event a verify step)."""
     s = Sim(tmp, "--token-latency", "0")
     try:
         out = tmp / "overhead.jsonl"
-        r = bench("--url", s.url, "-n", str(N), "-c", str(C), "--max-tokens", str(TOKENS), "--seed", str(SEED),
+        r = bench("--url", s.url, "-n", str(N), "-c", str(C), "--max-tokens", "1", "--seed", str(SEED),
                   "--output", str(out))
     finally:
         s.stop()

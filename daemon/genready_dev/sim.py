@@ -876,6 +876,17 @@ class Simulator:
         assert self.a.spec_accept is not None
         return simspec.accept_for(self.a.spec_accept, self.a.spec_accept_category, req.prompt_key)
 
+    def _step_ends(self, tokens: int) -> set[int] | None:
+        """Under --spec-alpha, the token counts at which this request's verify steps end (after _prefill)."""
+        x = _ACCEPT.get()
+        if self.spec_model is None or x is None or self.batch is not None:
+            return None
+        ends, done = set(), 0
+        for accepted in simspec.accepted_per_step(tokens, x):
+            done += accepted + 1
+            ends.add(done)
+        return ends
+
     def spec_done(self, tokens: int, req: GenRequest) -> None:
         """Count a finished generation into the /metrics counters (at --spec-metrics-accept, if given)."""
         self.tasks_served += 1
@@ -1061,13 +1072,17 @@ class Simulator:
             self.spec_done(len(ids), req)
             return web.json_response(chunk(True))
 
+        # Under --spec-alpha one event a verify step, with all its tokens, as SGLang streams a speculative answer
+        ends = self._step_ends(req.max_tokens)
+
         async def events() -> AsyncIterator[dict[str, Any]]:
             nonlocal text, ids
             i = 0
             async for word, tid in self._tokens(req.max_tokens, prefill):
                 i += 1
                 text, ids = text + word, [*ids, tid]
-                yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
+                if ends is None or i in ends:
+                    yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
             if req.max_tokens == 0:
                 yield chunk(True)
             self.spec_done(len(ids), req)

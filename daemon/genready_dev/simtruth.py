@@ -7,8 +7,10 @@ last one ends: the run's wall time is that list schedule's makespan, and its out
 So the true speedup at a client setting (tokens, concurrency, the categories in sending order) is the
 baseline's makespan over the configuration's. What the model leaves out, and a measurement adds to both sides:
 each request's HTTP round trip and the client's own time, a few milliseconds that pull a measured speedup
-towards 1. `overhead` adds it to every request; `overhead_of` measures it with the same client settings against a
-simulator with no token latency (the client's and HTTP's work for a request, with no decode time to hide in).
+towards 1. `overhead` adds it to every request; `overhead_of` measures it from 1-token requests at the same
+concurrency against a simulator with no token latency: under the model the simulator streams one event a verify
+step, so what a request costs beyond its steps is one event's round trip (the earlier events' handling overlaps
+the next step's wait).
 """
 
 from __future__ import annotations
