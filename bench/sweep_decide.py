@@ -4,7 +4,7 @@
 A real `genready sweep` under a private systemd user manager, watched by a real genready, of `genready simulate`
 with the speculative model (`--spec-alpha 0.6`, docs/sweeps.md "The simulator knows the truth"): a baseline
 without speculation, then SGLang's --speculative-num-steps [1, 3, 8] x --speculative-eagle-topk [1, 2, 8], each
-at two client settings (-c 2 and -c 6), 3 repeats, 12 requests of 48 tokens from the built-in categorised
+at two client settings (-c 2 and -c 4), 3 repeats, 12 requests of 24 tokens from the built-in categorised
 prompts (--seed 1). The simulator's true speedup of each configuration is simtruth.true_speedup, with the bench
 client's own per-request time (1-token requests at each client setting against a simulator with no token latency).
 
@@ -38,8 +38,8 @@ from genready_dev import simspec, simtruth
 from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
 
 UNIT = "sweep-sim.service"
-T0, ALPHA, TOKENS, N, SEED = 0.008, 0.6, 48, 12, 1
-STEPS, TOPK, CLIENTS = [1, 3, 8], [1, 2, 8], [2, 6]
+T0, ALPHA, TOKENS, N, SEED = 0.016, 0.6, 24, 12, 1
+STEPS, TOPK, CLIENTS = [1, 3, 8], [1, 2, 8], [2, 4]
 PLAIN = f"--token-latency {T0}"
 
 
@@ -184,7 +184,7 @@ def main() -> int:
     truth_best = {c: max(((s, k) for s in STEPS for k in TOPK), key=lambda sk: simtruth.true_speedup(
         flags(*sk), PLAIN, tokens=TOKENS, cats=cats, concurrency=c, overhead=overhead[c])) for c in CLIENTS}
     print("the simulator's best: " + ", ".join(f"c={c}: steps={s} topk={k}" for c, (s, k) in truth_best.items()))
-    print("\n| point | speedup [95 % interval] | true | inside |\n|---|---|---|---|")
+    print("\n| point | speedup [95 % interval] | true | measured / true | inside |\n|---|---|---|---:|---|")
     inside = 0
     for r in rows:
         pt = dict(kv.split("=") for kv in r["point"].split())
@@ -194,7 +194,8 @@ def main() -> int:
         held = s.get("low") is not None and s["low"] <= truth <= s["high"]
         mark = "yes" if held else ("noisy" if s.get("within_noise") or s.get("drifted") else "NO")
         inside += held or mark == "noisy"
-        print(f"| {r['point']} | {interval(s)}{' ~' if s.get('within_noise') else ''} | {truth:.3f}x | {mark} |")
+        print(f"| {r['point']} | {interval(s)}{' ~' if s.get('within_noise') else ''} | {truth:.3f}x | "
+              f"{100 * (s['value'] / truth - 1):+.1f} % | {mark} |")
     print(f"\n{inside}/{len(rows)} true speedups inside their interval or marked noisy")
     took = report_time(tmp)
     print(f"\nreport over 1,000 points (3,000 runs, a baseline at each of 10 concurrencies): --format table "
