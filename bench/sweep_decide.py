@@ -16,7 +16,7 @@ Printed:
 - the report's time over 1,000 points (3,000 runs) with a baseline, written here: `--format table` (the one
   with the Decision; goal: under 5 s) and `--format html`.
 
-Run as root: .venv/bin/python bench/sweep_decide.py [--repeats 3]   (about four minutes)
+Run as root: .venv/bin/python bench/sweep_decide.py [--repeats 3]   (about 8 minutes on a shared 2-core VM)
 """
 
 from __future__ import annotations
