@@ -391,6 +391,30 @@ PROFILES: dict[str, Profile] = {
 
 # The request's --cold-requests slowness, set with its prefill (_cold) and read by its tokens (_tokens).
 _SLOW: contextvars.ContextVar[float] = contextvars.ContextVar("slow", default=1.0)
+# The request's accept length under the speculative model (--spec-alpha), set with its prefill: its tokens come
+# a verify step at a time (_tokens). None: one token per --token-latency.
+_ACCEPT: contextvars.ContextVar[float | None] = contextvars.ContextVar("accept", default=None)
+
+
+def spec_model(a: argparse.Namespace) -> simspec.SpecModel | None:
+    """The speculative model the flags ask for (--spec-alpha with the server's speculative settings), or None.
+    γ, k and N are SGLang's --speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens
+    (vLLM's speculative_config.num_speculative_tokens is γ with k = 1)."""
+    if a.spec_alpha is None:
+        return None
+    s = simengine.settings(a, kinds.SGLANG)
+    vllm = simengine.settings(a, kinds.VLLM).get("speculative_config")
+    steps = s.get("speculative_num_steps")
+    if steps is None and isinstance(vllm, dict):
+        steps = vllm.get("num_speculative_tokens")
+    topk, n = s.get("speculative_eagle_topk"), s.get("speculative_num_draft_tokens")
+    for name, v in (("--speculative-num-steps", steps), ("--speculative-eagle-topk", topk),
+                    ("--speculative-num-draft-tokens", n)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name}: expected a whole number >= 1, found {v!r}")
+    return simspec.SpecModel(alpha=a.spec_alpha, steps=steps or simspec.DEFAULT_STEPS, topk=topk or 1,
+                             draft_tokens=n, draft_cost=a.spec_draft_cost, verify_cost=a.spec_verify_cost,
+                             table=a.spec_accept_category)
 
 
 class Simulator:
@@ -421,11 +445,6 @@ class Simulator:
         self._exit_at: float | None = None
         self._runner: compat.AppRunner | None = None
         self._uds_bound: str | None = None
-        # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
-        self.spec_counters = simspec.Counters()
-        # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
-        if args.spec_accept is not None:
-            self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         # A prefix cache: the prompts seen since start (or the last flush). A prompt seen before is a whole-prompt
         # hit and skips --prefill-latency, as a radix/prefix cache skips the prefill of cached tokens.
         self.prefix_cache: set[str] = set()
@@ -435,6 +454,16 @@ class Simulator:
         self.generations = 0  # generations begun since start: --cold-requests slows the first ones
         self.flushes = 0
         self.tasks_served = 0  # llama.cpp: a slot lists its task's params once it served one
+        # --spec-alpha: accept length and step time from the speculative settings; --spec-accept stands for its
+        # mean over the built-in categories wherever one figure is reported (the server's own average)
+        self.spec_model = spec_model(args)
+        if self.spec_model is not None:
+            args.spec_accept = self.spec_model.mean_accept()
+        # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
+        self.spec_counters = simspec.Counters()
+        # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
+        if args.spec_accept is not None:
+            self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         model = simbatch.from_args(args)  # --batch-max-running: decode in one continuous batch (issue 39 §4)
         self.batch = None if model is None else simbatch.Batcher(model)
 
@@ -687,6 +716,7 @@ class Simulator:
         self.prompt_tokens_total += req.prompt_tokens
         self.cached_tokens_total += cached
         prefill: float = self.a.prefill_latency * self._cold()
+        _ACCEPT.set(None if self.spec_model is None else self.spec_x(req))
         return cached, prefill * (req.prompt_tokens - cached)
 
     def _cold(self) -> float:
@@ -700,8 +730,8 @@ class Simulator:
         return slow
 
     async def _tokens(self, n: int, prefill: float = 0.0) -> AsyncIterator[tuple[str, int]]:
-        """n filler tokens, each after --token-latency, the first after `prefill` seconds more; stalls for good
-        once hung."""
+        """n filler tokens, each after --token-latency (under --spec-alpha: a verify step's at a time), the first
+        after `prefill` seconds more; stalls for good once hung."""
         if prefill > 0:
             await asyncio.sleep(prefill)
         if self.batch is not None:
@@ -710,13 +740,27 @@ class Simulator:
                     await self._forever()
                 yield " " + FILLER[i % len(FILLER)], FIRST_TOKEN_ID + i % len(FILLER)
             return
-        for i in range(n):
-            if self.a.token_latency > 0:
-                await asyncio.sleep(self.a.token_latency * _SLOW.get())
+        # One token a step, or under --spec-alpha a verify step's accepted drafts and its own token at once. Steps
+        # are kept on the request's own clock (each ends a step after the last one was due, not after the loop woke
+        # up late), so a loaded machine's late wake-ups do not add up over a generation's steps: its time is the
+        # model's (simspec.request_seconds), which a sweep's measured speedup is tested against.
+        x, dt = _ACCEPT.get(), self.a.token_latency * _SLOW.get()
+        if x is not None and self.spec_model is not None:
+            per_step, dt = [a + 1 for a in simspec.accepted_per_step(n, x)], dt * self.spec_model.step_factor
+        else:
+            per_step = [1] * n
+        loop = asyncio.get_running_loop()
+        end, i = loop.time(), 0
+        for count in per_step:
+            if dt > 0:
+                end += dt
+                await asyncio.sleep(max(0.0, end - loop.time()))
             if self.hung:
                 await self._forever()
-            k = i % len(FILLER)
-            yield " " + FILLER[k], FIRST_TOKEN_ID + k
+            for _ in range(count):
+                k = i % len(FILLER)
+                yield " " + FILLER[k], FIRST_TOKEN_ID + k
+                i += 1
 
     def _fails(self) -> bool:
         fail_rate: float = self.a.fail_rate
@@ -825,9 +869,23 @@ class Simulator:
     # -- speculative decoding (--spec-accept X): the figures servers report, each from its source --
 
     def spec_x(self, req: GenRequest) -> float:
-        """The accept length of `req`: --spec-accept, or its prompt's category's (--spec-accept-category)."""
+        """The accept length of `req`: the speculative model's for its prompt's category (--spec-alpha), else
+        --spec-accept, or its prompt's category's (--spec-accept-category)."""
+        if self.spec_model is not None:
+            return self.spec_model.accept(simspec.category_of(req.prompt_key))
         assert self.a.spec_accept is not None
         return simspec.accept_for(self.a.spec_accept, self.a.spec_accept_category, req.prompt_key)
+
+    def _step_ends(self, tokens: int) -> set[int] | None:
+        """Under --spec-alpha, the token counts at which this request's verify steps end (after _prefill)."""
+        x = _ACCEPT.get()
+        if self.spec_model is None or x is None or self.batch is not None:
+            return None
+        ends, done = set(), 0
+        for accepted in simspec.accepted_per_step(tokens, x):
+            done += accepted + 1
+            ends.add(done)
+        return ends
 
     def spec_done(self, tokens: int, req: GenRequest) -> None:
         """Count a finished generation into the /metrics counters (at --spec-metrics-accept, if given)."""
@@ -1014,13 +1072,17 @@ class Simulator:
             self.spec_done(len(ids), req)
             return web.json_response(chunk(True))
 
+        # Under --spec-alpha one event a verify step, with all its tokens, as SGLang streams a speculative answer
+        ends = self._step_ends(req.max_tokens)
+
         async def events() -> AsyncIterator[dict[str, Any]]:
             nonlocal text, ids
             i = 0
             async for word, tid in self._tokens(req.max_tokens, prefill):
                 i += 1
                 text, ids = text + word, [*ids, tid]
-                yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
+                if ends is None or i in ends:
+                    yield chunk(i == req.max_tokens)  # SGLang streams the cumulative text
             if req.max_tokens == 0:
                 yield chunk(True)
             self.spec_done(len(ids), req)
@@ -1161,6 +1223,13 @@ def _accept_length(s: str) -> float:
     return v
 
 
+def _probability(s: str) -> float:
+    v = float(s)
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must be above 0 and below 1, not {s!r}")
+    return v
+
+
 def _category_table(s: str) -> dict[str, float]:
     try:
         return simspec.category_table(s)
@@ -1255,8 +1324,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
                    "vllm:spec_decode_* counters on GET /metrics")
     p.add_argument("--spec-accept-category", type=_category_table, metavar="NAME=X,...",
-                   help="with --spec-accept: the bench client's built-in prompts of category NAME are accepted at "
-                   "length X (e.g. coding=3.6,math_reasoning=3.2,writing=1.8); other prompts at --spec-accept")
+                   help="with --spec-accept or --spec-alpha: the bench client's built-in prompts of category NAME are "
+                   "accepted at length X (e.g. coding=3.6,math_reasoning=3.2,writing=1.8); other prompts at "
+                   "--spec-accept, or the model's")
+    p.add_argument("--spec-alpha", type=_probability, metavar="A",
+                   help="the speculative model (instead of --spec-accept): each draft token accepted with "
+                   "probability A, scaled per built-in category (code and maths above writing); accept length and "
+                   "the verify step's time follow --speculative-num-steps, --speculative-eagle-topk and "
+                   "--speculative-num-draft-tokens (docs/sweeps.md, \"The simulator knows the truth\")")
+    p.add_argument("--spec-draft-cost", type=_seconds, default=simspec.DEFAULT_DRAFT_COST, metavar="C",
+                   help="with --spec-alpha: one draft step's time over a plain decode step's (Leviathan et al.'s "
+                   "c) (default: %(default)s)")
+    p.add_argument("--spec-verify-cost", type=_seconds, default=simspec.DEFAULT_VERIFY_COST, metavar="V",
+                   help="with --spec-alpha: each verified draft token's share of a decode step; a verify step "
+                   "takes --token-latency x (1 + C steps + V (draft tokens - 1)) (default: %(default)s)")
     p.add_argument("--sglang-version", type=_version, default=simspec.SGLANG_DEFAULT_VERSION, metavar="V",
                    help="with --spec-accept: the SGLang release whose meta_info names the per-request counts "
                    "(<= 0.5.10 spec_accept_token_num/spec_draft_token_num, 0.5.11 spec_accepted_drafts/"
@@ -1303,13 +1384,27 @@ def main(args: argparse.Namespace) -> int:
     if args.models_autoload and not args.router:
         print("genready simulate: --models-autoload needs --router", file=sys.stderr)
         return 2
+    if args.spec_alpha is not None and args.spec_accept is not None:
+        print("genready simulate: --spec-alpha and --spec-accept each set the accept length; give one",
+              file=sys.stderr)
+        return 2
+    try:
+        spec_model(args)
+    except ValueError as e:
+        print(f"genready simulate: {e}", file=sys.stderr)
+        return 2
     return asyncio.run(Simulator(args).run())
 
 
-def cli(argv: list[str]) -> int:
-    """`genready simulate ARGS`."""
+def parser() -> argparse.ArgumentParser:
+    """`genready simulate`'s argument parser."""
     p = argparse.ArgumentParser(prog="genready simulate", description="An LLM-server simulator with SGLang's "
                                 "HTTP surface and its failure modes (for tests, the demo and dry runs); --profile "
                                 "sglang|vllm|llamacpp imitates one server as its source does (docs/servers.md).")
     add_arguments(p)
-    return main(p.parse_args(argv))
+    return p
+
+
+def cli(argv: list[str]) -> int:
+    """`genready simulate ARGS`."""
+    return main(parser().parse_args(argv))

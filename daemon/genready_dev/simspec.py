@@ -9,6 +9,29 @@ per-position samples) tells the same story, unless `--spec-metrics-accept Y` mak
 accept length Y instead: two sources that disagree, as vLLM and SpecForge did (vLLM issue #42508).
 `--spec-accept-category coding=3.6,writing=1.8` gives the bench client's built-in prompts of those categories
 their own accept length (code and arithmetic are drafted right more often than prose, as Spec-Bench found).
+
+The speculative model (`--spec-alpha A`, issue 37 §4): accept length and the time of a verify step from the
+server's own settings, so that the true speedup of a configuration is known (genready_dev/simtruth.py). It is
+a MODEL, written down so that a sweep's answer can be checked, not a claim about any real drafter:
+- each draft token is accepted with probability α (`--spec-alpha`), independently: Leviathan et al. 2023
+  ("Fast Inference from Transformers via Speculative Decoding", ICML), whose expected tokens per verify step
+  with γ drafts is (1 - α^(γ+1)) / (1 - α), and whose expected speedup is that over (1 + γ c), c the cost of
+  one draft step relative to a target step;
+- γ is SGLang's `--speculative-num-steps` (the draft depth; vLLM's speculative_config.num_speculative_tokens),
+  k its `--speculative-eagle-topk`: with k candidates at each depth (EAGLE's tree) a depth is accepted with
+  α_k = 1 - (1 - α)^k (the candidates taken as independent: optimistic, ours); N its
+  `--speculative-num-draft-tokens`, the tokens the target verifies a step (default γ k + 1, the whole tree;
+  SGLang asks N = γ + 1 with k = 1), which bounds the accepted depth to N - 1;
+- accept length X = (1 - α_k^(d+1)) / (1 - α_k), d = min(γ, N - 1); a verify step takes
+  t0 (1 + c γ + v (N - 1)): t0 `--token-latency`, c `--spec-draft-cost` (Leviathan's c), v
+  `--spec-verify-cost` (each verified draft token's share of a target step: the verify step is no longer
+  memory-bound for free once it carries many tokens). The v term is ours; with v = 0 the speedup is
+  Leviathan's formula;
+- the prompt's category scales α (CATEGORY_FACTORS, from Spec-Bench's per-task speedups for EAGLE), so code
+  and mathematics are accepted longer than writing; `--spec-accept-category` gives a category's X outright.
+A generation of T tokens takes ceil(T / X) steps (as above), each releasing its accepted drafts and one token
+of its own at once. With a fixed `--spec-accept X` instead, X is the same for every prompt (unless
+`--spec-accept-category`) and tokens are paced one per --token-latency, as before.
 """
 
 from __future__ import annotations
@@ -180,3 +203,76 @@ def accept_for(x: float, table: dict[str, float] | None, prompt_key: str) -> flo
         return x
     cat = category_of(prompt_key)
     return table.get(cat, x) if cat is not None else x
+
+
+# --- the speculative model (--spec-alpha): accept length and step time from the server's settings (module doc)
+
+# Each built-in category's factor on α: Spec-Bench's per-task speedup of EAGLE over its overall speedup
+# (hemingkx/Spec-Bench, Leaderboard.md, "Leaderboard on 3090", Vicuna-7B-v1.3, greedy: overall 2.08x;
+# mathematical reasoning 2.44x, summarization 2.04x, question answering 1.96x, translation 1.79x). At a fixed
+# configuration speedup goes with accept length; applying the ratio to α instead is ours (it keeps X within
+# the draft depth). Spec-Bench has no code or free writing task: EAGLE's paper (Li et al. 2024, Table 1) has
+# HumanEval above its other sets, so coding takes mathematics' factor and 10 % more (our choice); MT-bench's
+# per-category results put writing and roleplay among the lowest (Medusa, Cai et al. 2024, Fig. 4), so writing
+# takes Spec-Bench's lowest. Extraction is question answering over a given text.
+_SPEC_BENCH_EAGLE: Final = {"overall": 2.08, "math": 2.44, "summarization": 2.04, "qa": 1.96, "translation": 1.79}
+CATEGORY_FACTORS: Final[dict[str, float]] = {
+    "coding": 1.1 * _SPEC_BENCH_EAGLE["math"] / _SPEC_BENCH_EAGLE["overall"],
+    "math_reasoning": _SPEC_BENCH_EAGLE["math"] / _SPEC_BENCH_EAGLE["overall"],
+    "summarization": _SPEC_BENCH_EAGLE["summarization"] / _SPEC_BENCH_EAGLE["overall"],
+    "extraction": _SPEC_BENCH_EAGLE["qa"] / _SPEC_BENCH_EAGLE["overall"],
+    "translation": _SPEC_BENCH_EAGLE["translation"] / _SPEC_BENCH_EAGLE["overall"],
+    "writing": _SPEC_BENCH_EAGLE["translation"] / _SPEC_BENCH_EAGLE["overall"],
+}
+MAX_ALPHA: Final = 0.95  # a category's α is capped here: no drafter is always right
+DEFAULT_STEPS: Final = 3  # SGLang's usual EAGLE depth when --speculative-num-steps is not given
+DEFAULT_DRAFT_COST: Final = 0.15
+DEFAULT_VERIFY_COST: Final = 0.12
+
+
+@dataclass(frozen=True)
+class SpecModel:
+    """The settings of the speculative model (module doc): α, γ, k, N, c, v, and --spec-accept-category's X."""
+
+    alpha: float
+    steps: int = DEFAULT_STEPS
+    topk: int = 1
+    draft_tokens: int | None = None  # N; None: γ k + 1
+    draft_cost: float = DEFAULT_DRAFT_COST
+    verify_cost: float = DEFAULT_VERIFY_COST
+    table: dict[str, float] | None = None  # --spec-accept-category: X by category, outright
+
+    @property
+    def verified(self) -> int:
+        """N, the tokens the target verifies a step."""
+        return self.draft_tokens if self.draft_tokens is not None else self.steps * self.topk + 1
+
+    def alpha_of(self, category: str | None) -> float:
+        """α for a prompt of `category` (None: not one of the built-in set's): scaled by CATEGORY_FACTORS."""
+        return min(MAX_ALPHA, self.alpha * CATEGORY_FACTORS.get(category or "", 1.0))
+
+    def accept(self, category: str | None) -> float:
+        """X, the mean tokens a verify step yields for a prompt of `category`."""
+        if self.table and category in self.table:
+            return self.table[category]
+        ak = 1.0 - (1.0 - self.alpha_of(category)) ** self.topk
+        depth = max(0, min(self.steps, self.verified - 1))
+        return (1.0 - ak ** (depth + 1)) / (1.0 - ak)
+
+    @property
+    def step_factor(self) -> float:
+        """A verify step's time over a plain decode step's: 1 + c γ + v (N - 1)."""
+        return 1.0 + self.draft_cost * self.steps + self.verify_cost * (self.verified - 1)
+
+    def mean_accept(self) -> float:
+        """X averaged over the built-in categories (what the server's own average reports)."""
+        xs = [self.accept(c) for c in CATEGORY_FACTORS]
+        return sum(xs) / len(xs)
+
+
+def request_seconds(model: SpecModel | None, category: str | None, tokens: int, token_latency: float) -> float:
+    """The decode time of one generation of `tokens` tokens: T t0 plain, ceil(T / X) steps of t0 times the
+    step factor under `model` (the time the simulator paces, prefill and HTTP aside)."""
+    if model is None:
+        return tokens * token_latency
+    return len(accepted_per_step(tokens, model.accept(category))) * token_latency * model.step_factor
