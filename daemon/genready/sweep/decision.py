@@ -103,6 +103,17 @@ def _key(values: Mapping[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
+def _value_key(v: Any) -> object:
+    """What tells two point values apart, as _key does (1, 1.0 and true differ; NaN is NaN), made cheaply
+    for a scalar: a 64 MiB results file has a value per line and axis (issue 41 #9d)."""
+    t = type(v)
+    if t is str or t is int or t is bool or v is None:
+        return t.__name__, v
+    if t is float:
+        return "float", repr(v)
+    return "json", _key({"v": v})
+
+
 def _words(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in values.items())
 
@@ -110,14 +121,14 @@ def _words(values: Mapping[str, Any]) -> str:
 def client_axes(rows: Sequence[Judged]) -> set[str]:
     """Without a baseline the lines name no client setting: the axes whose value changes inside a server
     configuration (a group; a line without one is a configuration of its own), as the HTML report's axes."""
-    seen: dict[tuple[str, int, str], str] = {}  # (host, group, axis): merged shards number their groups alike
+    seen: dict[tuple[str, int, str], object] = {}  # (host, group, axis): merged shards number their groups alike
     out: set[str] = set()
     for r in rows:
         g = r.group if r.group is not None else -r.index
         for k, v in r.point.items():
             if k in out:  # a 64 MiB file's rows: decided once, no more keys to make
                 continue
-            key = _key({"v": v})
+            key = _value_key(v)
             if seen.setdefault((r.host, g, k), key) != key:
                 out.add(k)
     return out
@@ -128,10 +139,10 @@ def settings(rows: Sequence[Judged]) -> list[tuple[dict[str, Any], list[Judged]]
     points = [r for r in rows if not r.baseline]
     named = {k for r in points for k in (r.client or {})}  # a baseline plan's lines name it (not a skipped one's)
     axes = named if any(r.client is not None for r in points) else client_axes(points)
-    out: dict[str, tuple[dict[str, Any], list[Judged]]] = {}
+    out: dict[tuple[tuple[str, object], ...], tuple[dict[str, Any], list[Judged]]] = {}
     for r in points:
         client = {k: v for k, v in r.point.items() if k in axes}
-        out.setdefault(_key(client), (client, []))[1].append(r)
+        out.setdefault(tuple(sorted((k, _value_key(v)) for k, v in client.items())), (client, []))[1].append(r)
     return list(out.values())
 
 
@@ -379,7 +390,8 @@ def section(rows: Sequence[Judged], facts: Facts) -> Section | None:
     with_baseline = any(r.baseline for r in rows)
     # A searched configuration's row is one step of its search (its last): the search's sentences speak for it.
     searched = {_found_key(f) for f in facts.found}
-    decided = decide([r for r in rows if _key({"p": r.point, "b": r.baseline}) not in searched], facts.slo)
+    decided = decide([r for r in rows if not searched or _key({"p": r.point, "b": r.baseline}) not in searched],
+                     facts.slo)
     search = search_sentences(facts.found, with_baseline)
     if not search and all(s.best is None for s in decided):
         return None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import math
 import socket
 import time
@@ -46,7 +47,6 @@ from genready.sweep.report import (
     Figure,
     Row,
     figure_text,
-    label_of,
     positions_text,
     ratio_text,
     with_baseline,
@@ -146,8 +146,9 @@ def _left_out(left: Sequence[tuple[str, str]]) -> str:
 
 
 def _value_text(v: Any) -> str:
-    """A point value's text as the table's label writes it (label_of's rule for one value)."""
-    return label_of({"": v})[1:]
+    """A point value's text as the table's label writes it (label_of's rule for one value), without a dict and a
+    join per value: a 64 MiB results file has hundreds of thousands (issue 41 #9d)."""
+    return json.dumps(v) if isinstance(v, bool) else f"{v}"
 
 
 def line_keys(rows: Sequence[Row], x: str, lines: str | None) -> list[tuple[str, ...] | None]:
@@ -175,7 +176,8 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
         if r.status != "ok" or v is None or key is None:
             continue
         xv, sp = r.point[x], r.spread.get(f.key)
-        y, low, high = plottable(v), plottable(sp.low if sp else v), plottable(sp.high if sp else v)
+        y = plottable(v)
+        low, high = (plottable(sp.low), plottable(sp.high)) if sp else (y, y)  # one run: its value, once
         if _number(xv) and plottable(xv) is None:
             left.append((r.label, f"{x} = {_shown(xv)}"))
         elif y is None or low is None or high is None:
