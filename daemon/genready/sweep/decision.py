@@ -287,11 +287,9 @@ def sentence(s: Setting, *, with_baseline: bool, slo: Sequence[SloPart]) -> str:
 
 # --- the load search's found lines (issue 39 §3) ----------------------------------------------------------------
 
-CROSSOVER_STATUSES: Final = ("interpolated", "pays_throughout", "never_pays", "no_baseline")
-
-
-def _number(v: object) -> float | None:
-    """A finite JSON number as a float, else None (a string, a bool, an integer beyond any float)."""
+def finite_number(v: object) -> float | None:
+    """A JSON number as a finite float, else None (a bool, a string, NaN, an infinity, an integer beyond any
+    float): how the report reads a number from a line it did not write itself."""
     if not isinstance(v, int | float) or isinstance(v, bool):
         return None
     try:
@@ -313,7 +311,7 @@ def _found_label(rec: Mapping[str, Any]) -> str:
 def crossover_words(rec: Mapping[str, Any]) -> str | None:
     """Where speculation stops paying for one configuration, from its found line's `crossover` and
     `crossover_status`; None when the line has neither (a search.jsonl from before crossovers)."""
-    status, at, unit = rec.get("crossover_status"), _number(rec.get("crossover")), _unit(rec)
+    status, at, unit = rec.get("crossover_status"), finite_number(rec.get("crossover")), _unit(rec)
     if status == "interpolated" and at is not None:
         return f"speculation pays up to {at:.3g} {unit} (interpolated between steps)"
     if status == "pays_throughout":
@@ -353,7 +351,7 @@ def search_sentences(found: Sequence[Mapping[str, Any]], with_baseline: bool) ->
         mine = [r for r in lines if r.get("mode") == mode]
         if not mine:
             continue
-        rated = [(v, r) for r in mine if (v := _number(r.get(field_name))) is not None]
+        rated = [(v, r) for r in mine if (v := finite_number(r.get(field_name))) is not None]
         if not rated:
             out.append(f"{what}: no configuration " + ("met the search's SLO at any load tried." if mode == "slo"
                                                        else "kept up at any rate tried."))
@@ -361,7 +359,7 @@ def search_sentences(found: Sequence[Mapping[str, Any]], with_baseline: bool) ->
         top, rec = max(rated, key=lambda x: x[0])
         serves = "serves up to" if mode == "slo" else "keeps up to"
         text = f"{what}: {_found_label(rec)}, {serves} {top:.3g} {_unit(rec)}"
-        if mode == "saturation" and (first := _number(rec.get("first_saturated_rate"))) is not None:
+        if mode == "saturation" and (first := finite_number(rec.get("first_saturated_rate"))) is not None:
             text += f" (saturated by {first:.3g})"
         if with_baseline and (cross := crossover_words(rec)) is not None:
             text += f"; {cross}"

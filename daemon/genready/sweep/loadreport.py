@@ -26,6 +26,7 @@ from typing import Any, Final
 from genready.config import FileError
 from genready.redact import escape
 from genready.sweep import plotrules, search
+from genready.sweep.decision import finite_number as number  # one reading of a number from a line
 from genready.sweep.report import RESULTS_FILE, Read, bench_line, label_of, numbered_lines
 from genready.sweep.searchrun import SEARCH_FILE
 from genready.web import htmlpage
@@ -86,18 +87,6 @@ class Search:
             return v, "saturation_rate"
         first = next((s for s in self.steps if s.saturated is True), None)
         return None if first is None else (first.load, f"step {first.index}, the first saturated")
-
-
-def number(v: Any) -> float | None:
-    """A JSON number as a finite float, else None (a bool, a string, NaN, an infinity, an integer beyond
-    any float)."""
-    if not isinstance(v, int | float) or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if f == f and abs(f) != float("inf") else None
 
 
 def num_text(v: Any) -> str:
