@@ -719,7 +719,7 @@ def test_over_twelve_configurations_small_multiples(tmp_path: Path, capsys: pyte
     assert [t for t in comments(svg) if t.startswith("s=")] == [f"s={g}" for g in range(13)]
     # 40: the first MAX_PANELS, and the figure says so
     svg = plot_svgs(report(servers(tmp_path, 40), capsys), "plot-accept_length")[0]
-    assert svg.count('<g id="axes_') == 24 and "first 24 of 40 panels (40 lines)" in comments(svg)
+    assert svg.count('<g id="axes_') == 16 and "first 16 of 40 panels (40 lines)" in comments(svg)
 
 
 def test_the_gpus_plan_key_and_its_results_field() -> None:
@@ -743,3 +743,23 @@ def test_the_gpus_plan_key_and_its_results_field() -> None:
     assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": 8}, folder).gpus == 8
     assert sweepreport.row_of({"index": 1, "status": "ok"}, folder).gpus == 1
     assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": True}, folder).gpus == 1
+
+
+def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to heatmap.MAX_WITH_INTERVAL cells each writes its interval under its value; past that (8 x 8 here) the
+    value alone, so a big grid stays legible and draws in time (the table keeps the intervals)."""
+    from genready.sweep import heatmap as sweepheatmap
+
+    monkeypatch.setattr(sweep_screenshot, "DRAFTS", tuple(range(2, 10)))
+    monkeypatch.setattr(sweep_screenshot, "TOPKS", tuple(range(1, 9)))
+    assert len(sweep_screenshot.DRAFTS) * len(sweep_screenshot.TOPKS) > sweepheatmap.MAX_WITH_INTERVAL
+    page = heatmap_page(spec_sweep(tmp_path), capsys)
+    text = comments(plot_svgs(page, "heatmap-1")[0])
+    values = [t for t in text if re.fullmatch(r"\d\.\d\dx( ~)?", t)]
+    assert len(values) >= 60 and not any(t.startswith("[") for t in text), text[:20]
+    # the 3 x 3 fixture: every cell has its interval under its value
+    monkeypatch.undo()
+    (tmp_path / "small").mkdir()
+    small = comments(plot_svgs(heatmap_page(spec_sweep(tmp_path / "small"), capsys), "heatmap-1")[0])
+    assert sum(t.startswith("[") for t in small) >= 8, small

@@ -31,6 +31,10 @@ from genready.web import htmlpage
 
 MAX_HEATMAPS: Final = 24  # client settings x other server values drawn; past that the page says how many more
 MAX_WRITTEN: Final = 400  # cells whose values are written: past that the text would be smaller than legible
+# cells whose interval (and drift) is written under the value: past that, the value alone (the hatching still marks
+# the noisy ones; the table and the text heatmap have the intervals), as three lines a cell crowd a 10 x 10 grid,
+# and a cell's lines are most of a heatmap's drawing time
+MAX_WITH_INTERVAL: Final = 49
 CAPTION: Final = (
     "Each cell: a server configuration's speedup, its output tok/s / the baseline's at the same client "
     "setting, with its 95 % interval. Blue: faster than the baseline; red: slower (a slowdown); white: the "
@@ -144,8 +148,14 @@ def _draw(mpl: Any, panel: Panel, n: int, axes: tuple[str, str], xs: list[Any], 
 
     cmap = matplotlib.colormaps["RdBu"].with_extremes(bad="0.85")  # grey: a cell without a speedup
     grid: list[list[float]] = []
-    written = len(xs) * len(ys) <= MAX_WRITTEN
-    fig = mpl(figsize=(min(14.0, max(4.0, 1.25 * len(xs) + 1.6)), min(12.0, max(2.6, 0.75 * len(ys) + 1.3))))
+    written, full = len(xs) * len(ys) <= MAX_WRITTEN, len(xs) * len(ys) <= MAX_WITH_INTERVAL
+    w, h = min(14.0, max(4.0, 1.25 * len(xs) + 1.6)), min(12.0, max(2.6, 0.75 * len(ys) + 1.3))
+    fig = mpl(figsize=(w, h))
+    # Laid out here, in inches from the longest y tick label (10 pt: ~0.085 in a character), not by svg(tight=True),
+    # which draws every cell's text twice to measure it: a 1,000-point report draws a heatmap per client setting.
+    widest = max((len(plotrules.shown(_text(v), 16)) for v in ys), default=1)
+    fig.subplots_adjust(left=min(0.45, (0.55 + 0.085 * widest) / w), right=1 - 0.35 / w, bottom=0.6 / h,
+                        top=1 - 0.2 / h)
     ax = fig.add_subplot()
     texts = []
     for i, yv in enumerate(ys):
@@ -158,7 +168,7 @@ def _draw(mpl: Any, panel: Panel, n: int, axes: tuple[str, str], xs: list[Any], 
                                        linewidth=0, gid=f"noisy-{n}-{i}-{j}"))
             if text and written:
                 dark = value is not None and value > 0 and abs(math.log2(value)) > 0.6 * span
-                texts.append((j, i, text, "white" if dark else "black"))
+                texts.append((j, i, text if full else text.split("\n")[0], "white" if dark else "black"))
         grid.append(line)
     image = ax.imshow(grid, cmap=cmap, vmin=-span, vmax=span, origin="lower", aspect="auto")
     for j, i, text, colour in texts:
@@ -172,7 +182,7 @@ def _draw(mpl: Any, panel: Panel, n: int, axes: tuple[str, str], xs: list[Any], 
     bar = fig.colorbar(image, ax=ax, format=FuncFormatter(lambda v, _: f"{2 ** v:.2g}x"))
     bar.set_label("speedup (log scale)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
-    return plotrules.svg(fig)
+    return plotrules.svg(fig, tight=False)
 
 
 def section(mpl: Any, rows: Sequence[Row], choice: Choice, client: Sequence[str], server: Sequence[str]) -> str:

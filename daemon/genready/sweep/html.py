@@ -222,7 +222,7 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
         if len(group) > 1:
             plotrules.legend(ax, handles, labels, fontsize=6 if many else 7)
     ys_all = [p[1] for pts in series.values() for p in pts]
-    plotrules.integer_ticks(axes[0], xs if numeric else (), ys_all)  # shared axes: one locator each
+    plotrules.integer_ticks(axes[0], xs if numeric else (), ys_all, nbins=4 if many else None)  # shared axes
     if not numeric:
         # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
         step = -(-len(categories) // MAX_TICKS)
@@ -235,7 +235,7 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
     else:
         axes[0].set_xlabel(_text(_shown(x, 80)))
         axes[0].set_ylabel(_text(f.title))
-    return _svg(fig), left
+    return _svg(fig, tight=not many), left
 
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:

@@ -20,7 +20,8 @@ from genready.redact import escape
 
 LEGEND_INSIDE: Final = 6  # lines a legend inside the axes may list
 MAX_CONFIGURATIONS: Final = 12  # lines one plot may hold; past that, small multiples
-MAX_PANELS: Final = 24  # small plots in one grid: past that, the first ones and a title that says so
+MAX_PANELS: Final = 16  # small plots in one grid (4 x 4): past that, the first ones and a title that says so; each
+# costs ~20 ms to draw, and a 1,000-point report draws a grid per figure
 PANEL_COLUMNS: Final = 4
 # The largest magnitude a plot shows: matplotlib cannot lay out an axis spanning ±1.7e308 (its limits and
 # ticks overflow, "arange: cannot compute length"); ±1e307 still draws, so 1e300 leaves room.
@@ -61,10 +62,12 @@ def plottable(v: Any) -> float | None:
     return f if math.isfinite(f) and abs(f) <= PLOT_LIMIT else None
 
 
-def svg(fig: Any) -> str:
-    """The figure as an SVG document, the same for the same figure (no date; svg.hashsalt set by html.py)."""
+def svg(fig: Any, *, tight: bool = True) -> str:
+    """The figure as an SVG document, the same for the same figure (no date; svg.hashsalt set by html.py).
+    `tight`: cropped to what is drawn (a legend outside the axes kept), at the price of drawing it twice; a
+    grid() lays itself out instead."""
     buf = io.StringIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    fig.savefig(buf, format="svg", bbox_inches="tight" if tight else None, metadata={"Date": None})
     return buf.getvalue()
 
 
@@ -74,15 +77,16 @@ def integral(values: Iterable[float]) -> bool:
     return bool(got) and all(float(v).is_integer() for v in got)
 
 
-def integer_ticks(ax: Any, xs: Iterable[float] = (), ys: Iterable[float] = ()) -> None:
+def integer_ticks(ax: Any, xs: Iterable[float] = (), ys: Iterable[float] = (), *, nbins: int | None = None) -> None:
     """Integer ticks on each axis whose plotted values are all integers (an axis of categories, given its
-    ticks outright, is passed no values)."""
+    ticks outright, is passed no values). `nbins`: at most that many ticks on both axes, whole or not (a small
+    multiple's: its ticks are most of its drawing time, and a small panel cannot show more)."""
     from matplotlib.ticker import MaxNLocator
 
-    if integral(xs):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if integral(ys):
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    for axis, values in ((ax.xaxis, xs), (ax.yaxis, ys)):
+        whole = integral(values)
+        if whole or nbins is not None:
+            axis.set_major_locator(MaxNLocator(nbins=nbins or "auto", integer=whole))
 
 
 def legend(ax: Any, handles: Sequence[Any], labels: Sequence[str], *, fontsize: float = 7) -> Any:
@@ -113,8 +117,12 @@ def grid(mpl: Any, n: int, *, width: float = 2.6, height: float = 2.0) -> tuple[
     grid's unused cells are hidden."""
     cols = min(PANEL_COLUMNS, n)
     rows = -(-n // cols)
-    fig = mpl(figsize=(width * cols + 0.6, height * rows + 0.4))
+    w, h = width * cols + 0.6, height * rows + 0.4
+    fig = mpl(figsize=(w, h))
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False)
+    # laid out here, in inches, not by svg(tight=True): that draws the whole grid twice to measure it
+    fig.subplots_adjust(left=0.75 / w, right=1 - 0.15 / w, bottom=0.6 / h, top=1 - 0.6 / h, wspace=0.15,
+                        hspace=0.55)
     flat = [ax for row in axes for ax in row]
     for ax in flat[n:]:
         ax.set_visible(False)

@@ -63,17 +63,33 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t > 0 else tail
 
 
+def t_pdf(t: float, df: float) -> float:
+    """Student's t density with `df` > 0 degrees of freedom."""
+    return math.exp(math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
+                    - (df + 1.0) / 2.0 * math.log1p(t * t / df))
+
+
 def t_quantile(p: float, df: float) -> float:
-    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies (bisection)."""
-    lo, hi = 0.0, 1.0
+    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies: Newton's method
+    kept inside a shrinking bracket (a bisection step whenever Newton would leave it). A report of 1,000
+    points takes thousands of these; bisection alone spent ~45 distribution functions on each."""
+    z = statistics.NormalDist().inv_cdf(p)  # Cornish-Fisher's start: Newton then needs a few steps, not dozens
+    guess = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
+    lo, hi = 0.0, max(1.0, 2.0 * guess)
     while t_cdf(hi, df) < p:
-        hi *= 2.0
+        lo, hi = hi, hi * 2.0
+    t = guess if lo < guess < hi else (lo + hi) / 2.0
     for _ in range(200):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo < 1e-12 * max(1.0, hi):
-            break
-    return (lo + hi) / 2.0
+        f = t_cdf(t, df) - p
+        lo, hi = (t, hi) if f < 0 else (lo, t)
+        pdf = t_pdf(t, df)
+        nt = t - f / pdf if pdf > 0 else (lo + hi) / 2.0
+        if not lo < nt < hi:
+            nt = (lo + hi) / 2.0
+        if abs(nt - t) < 1e-12 * max(1.0, nt) or hi - lo < 1e-12 * max(1.0, hi):
+            return nt
+        t = nt
+    return t
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,15 @@ class Ratio:
         return self.low <= 1.0 <= self.high
 
 
+def _variance(xs: Sequence[float]) -> float:
+    """The sample variance in floats (statistics.variance computes in exact fractions: a 1,000-point report
+    asks for thousands); 0 when every value is the same, as there."""
+    if all(x == xs[0] for x in xs):
+        return 0.0
+    m = math.fsum(xs) / len(xs)
+    return math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
 def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Ratio | None:
     """mean-of-logs ratio of the runs `a` over the runs `b`, with its `level` interval (module doc); None when
     a side has no run, or a value that is not finite and positive (no ratio of a zero throughput)."""
@@ -102,12 +127,12 @@ def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Ratio
     if na < 2 and nb < 2:
         return Ratio(math.exp(diff))
     if na >= 2 and nb >= 2:
-        va, vb = statistics.variance(la) / na, statistics.variance(lb) / nb
+        va, vb = _variance(la) / na, _variance(lb) / nb
         se2 = va + vb
         # Welch-Satterthwaite; with no spread on either side the interval is the value itself
         df = se2 * se2 / (va * va / (na - 1) + vb * vb / (nb - 1)) if se2 > 0 else float(na + nb - 2)
     else:
-        s2 = statistics.variance(la if na >= 2 else lb)
+        s2 = _variance(la if na >= 2 else lb)
         se2, df = s2 * (1 / na + 1 / nb), float(max(na, nb) - 1)
     half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2)
     return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half))
