@@ -182,7 +182,7 @@ def field_problem(rec: dict[str, Any]) -> str | None:
     """What is wrong with a results line's fields, or None."""
     for key, kind, words in _FIELDS:
         v = rec.get(key)
-        if v is None:
+        if v is None or type(v) is kind or (kind is float and type(v) is int):  # the lines a sweep writes
             continue
         ok = _number(v) if kind is float else isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
         if not ok:
@@ -425,9 +425,10 @@ def rows_from(read: Read) -> list[Row]:
     by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
     point_of: dict[str, tuple[str, str]] = {}  # a group's key -> its point's key and its fingerprint's JSON
     for folder, path, lines in read:
+        where = f"{path}:"
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
-            point = json.dumps(rec.get("point"), sort_keys=True)
+            point = _point_key(rec.get("point"))
             if base := rec.get("baseline"):
                 # A baseline run may hold a plan point's values: never that point's row. Each host's shard runs
                 # the baseline itself, so its runs stay its own (speedup.attach matches by host).
@@ -437,7 +438,7 @@ def rows_from(read: Read) -> list[Row]:
             key = point + "\0" + fp_json
             if key not in by_point:
                 by_point[key], point_of[key] = [], (point, fp_json)
-            by_point[key].append((rec, folder, f"{path}:{lineno}"))
+            by_point[key].append((rec, folder, where + str(lineno)))
     made: dict[str, str] = {}  # a fingerprint's JSON -> _made_by() of its lines: one digest per configuration
     made_by: dict[str, set[str]] = {}
     for key, group in by_point.items():
@@ -458,6 +459,12 @@ def rows_from(read: Read) -> list[Row]:
     mark_best(rows)
     speedup.attach(rows)
     return rows
+
+
+def _point_key(point: Any) -> str:
+    """A point's values as a key, alike in any order (plain values: their sorted items' repr, cheaper than JSON)."""
+    plain = isinstance(point, dict) and all(type(v) in (str, int, float, bool) or v is None for v in point.values())
+    return repr(sorted(point.items())) if plain else json.dumps(point, sort_keys=True)
 
 
 def _made_by(rec: dict[str, Any]) -> str:
@@ -508,10 +515,6 @@ def csv_cell(text: str) -> str:
 def with_cache(rows: Sequence[Row]) -> bool:
     """A CACHE column: some point ran on a reused instance (flushed, or warm: its figures are biased)."""
     return any(r.cache in ("warm", "flushed") for r in rows)
-
-
-def with_repeats(rows: Sequence[Row]) -> bool:
-    return any(r.runs > 1 for r in rows)
 
 
 def figure_text(r: Row, f: Figure, mark: str = "{}") -> str:
@@ -578,7 +581,7 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     script reads by position (CSV)."""
     with_bench = any(r.figures for r in rows)
     with_host = len({r.host for r in rows if r.host}) > 1
-    cache, repeats = with_cache(rows), with_repeats(rows)
+    cache, repeats = with_cache(rows), any(r.runs > 1 for r in rows)
     figures = [f for f in FIGURES if f.column and (not f.optional or any((r.figures or {}).get(f.key) is not None
                                                                          for r in rows))]
     # What describes the run (its cache, its repeats, the unranked figures such as the prefix-cache hit rate)
