@@ -33,6 +33,15 @@ def test_the_cli_imports_only_what_parsing_needs() -> None:
     assert not heavy
 
 
+@pytest.mark.system
+def test_a_sweep_report_imports_nothing_a_sweeps_run_needs() -> None:
+    # `sweep report` over 64 MiB is timed (bench/sweep_report_axes.py), its start-up included: the HTTP client,
+    # D-Bus and the sweep's steps cost ~0.2 s there, and a report talks to no server. (asyncio and
+    # prometheus_client's text parser still come with the server kinds' counter names: ~0.08 s.)
+    heavy = imported_by("genready.sweep.reportmain") & {"aiohttp", "pystemd"}
+    assert not heavy, heavy
+
+
 @pytest.mark.parametrize("module", ["genready.serve.daemon", "genready.benchclient", "genready.client.client"])
 @pytest.mark.system
 def test_the_product_never_imports_the_dev_tooling(module: str) -> None:

@@ -418,13 +418,15 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
 
 
 def cmd_sweep_tool(name: str, argv: list[str]) -> int:
-    from genready.sweep import main as sweep
-
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
-    if name == "report":
-        return sweep.report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                                 compare=args.compare, strict=args.strict, heatmap=args.heatmap)
+    if name == "report":  # the report's module alone: it imports nothing a sweep's run needs
+        from genready.sweep.reportmain import report_main
+
+        return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
+                           compare=args.compare, strict=args.strict, heatmap=args.heatmap)
+    from genready.sweep import main as sweep
+
     cfg = load_config(args.config)
     return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
 

@@ -27,8 +27,7 @@ from genready.config import FileError
 from genready.redact import escape
 from genready.sweep import plotrules, search
 from genready.sweep.decision import finite_number as number  # one reading of a number from a line
-from genready.sweep.report import RESULTS_FILE, Read, bench_line, label_of, numbered_lines
-from genready.sweep.searchrun import SEARCH_FILE
+from genready.sweep.report import RESULTS_FILE, SEARCH_FILE, Read, bench_line, label_of, numbered_lines
 from genready.web import htmlpage
 
 # Per step, what the plots draw: (bench line key, its title). achieved_rate falls back to requests_per_second

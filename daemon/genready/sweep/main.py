@@ -27,14 +27,11 @@ removes it, and a second sweep of the same unit refuses to start while the first
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
-import gc
 import shlex
 import sys
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -42,15 +39,14 @@ from genready import console
 from genready.client import client
 from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
-from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
-from genready.sweep import decision, loadreport, searchrun
-from genready.sweep import report as sweepreport
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.prune import Pruner, earlier_failures
 from genready.sweep.report import RESULTS_FILE, read_results
+from genready.sweep.reportmain import decision_facts as decision_facts  # `sweep report`: its old home
+from genready.sweep.reportmain import report_main as report_main
 from genready.sweep.results import (
     LEGACY_WARMUP,
     Results,
@@ -59,7 +55,6 @@ from genready.sweep.results import (
     SweepError,
     as_measured,
     changed_points,
-    coverage,
     fingerprint,
     ok_runs,
 )
@@ -303,98 +298,3 @@ def restore_main(target: str | None, cfg: Config, base: str, timeout: float | No
     finally:
         sd.close()
     return Exit.OK if ok else Exit.TIMEOUT
-
-
-def decision_facts(read: sweepreport.Read, partial: str = "") -> decision.Facts:
-    """What the report's Decision knows besides the rows: the plan's `slo` as the results lines recorded it, and
-    each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none);
-    `partial`: which of the plan's points have no result (its best is then only the best of those present)."""
-    found: list[dict[str, Any]] = []
-    for folder, _, _ in read:
-        try:
-            found += [rec for _, rec in sweepreport.numbered_lines(folder / searchrun.SEARCH_FILE)]
-        except FileError as e:
-            sweepreport.warn_line(str(e))
-    facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
-    return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
-        else facts
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """The cyclic garbage collector held off while a report reads, builds and renders its many small objects
-    (decoded lines, rows, cells): none is in a cycle, yet each collection walked every line read so far, a
-    quarter of the time over 64 MiB of results. Reference counting still frees them."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
-@_no_collection()
-def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
-                lines: str | None = None, compare: bool = False, strict: bool = False,
-                heatmap: str | None = None) -> int:
-    """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
-    `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
-    with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
-    points (a shard that never ran) says so, and marks no best value; `strict`: exit 1 then."""
-    if compare and (len(folders) != 2 or fmt not in ("table", "html")):
-        raise Failed("--compare: expected two folders A B and --format table or html, found "
-                     f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
-                     status=Exit.BAD_ARGUMENT)
-    if fmt == "html" and not compare:  # matplotlib before the results: see there
-        from genready.sweep import html as sweephtml
-        sweephtml.preload()
-    try:
-        sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
-        read = [] if compare else sweepreport.read_folders([Path(f) for f in folders])
-    except sweepreport.ReportError as e:
-        raise Failed(str(e), status=Exit.BAD_DATA) from None
-    rows = sweepreport.rows_from(read)
-    partial = "" if compare else coverage((rec for _, _, lines in read for _, rec in lines), {r.index for r in rows})
-    if partial:
-        for r in rows:
-            r.best.clear()  # the best of half a plan is not the plan's best
-        console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
-    if compare:
-        from genready.sweep import compare as sweepcompare
-
-        render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
-        text = render(sides[0], sides[1], folders[0], folders[1])
-    elif fmt == "html":
-        from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
-
-        try:
-            text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
-                                    sections=[loadreport.html_section([Path(f) for f in folders], read)],
-                                    facts=decision_facts(read, partial))
-        except sweephtml.NoMatplotlib as e:
-            raise Failed(str(e), status=Exit.UNAVAILABLE) from None
-        except ValueError as e:
-            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
-    else:
-        from genready.sweep import heatmap as sweepheatmap  # `sweep report` only
-        from genready.sweep.html import axes_of  # the page's axes (html.py imports no matplotlib until it draws)
-
-        try:  # the speedup heatmap as text, after the Decision (the html draws it)
-            grid = sweepheatmap.text(rows, axes_of(rows), heatmap, fmt) if fmt in ("table", "markdown") else ""
-        except ValueError as e:
-            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
-        text = sweepreport.render(rows, fmt, decision_facts(read, partial), heatmap=grid)
-        if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
-            text += loadreport.table([Path(f) for f in folders], fmt, read)
-        if partial and fmt in ("table", "markdown"):
-            text += f"(partial: {partial}; no best values marked)\n"
-    status = Exit.TIMEOUT if partial and strict else Exit.OK
-    if output is None:
-        sys.stdout.write(text)
-        return status
-    try:
-        durable.replace(Path(output), text.encode())  # whole or not at all: a ticket gets no half page
-    except OSError as e:
-        raise Failed(f"cannot write {output}: {e.strerror or e}", status=Exit.CANNOT_CREATE) from None
-    return status

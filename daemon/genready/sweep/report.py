@@ -1,11 +1,10 @@
 """The sweep's results as one table: the summary at the end of a sweep, and `genready sweep report`.
 
-A row is one point of a plan: its last attempt in DIR/results.jsonl (an `ok` one if there is
-one), and, when the point's command wrote `{out}/bench.jsonl` (the bench client's `--output`),
-the figures a speculative-decoding sweep compares: accept length, draft acceptance (llama.cpp;
-a column only when some point has it), output tokens/s, TTFT p50 and ITL p50. `report` merges
-several results folders (the shards of one plan, run on several hosts) into one table in plan
-order and marks the best value of each figure column.
+A row is one point of a plan: its last attempt in DIR/results.jsonl (an `ok` one if there is one), and,
+when the point's command wrote `{out}/bench.jsonl` (the bench client's `--output`), the figures a
+speculative-decoding sweep compares: accept length, draft acceptance (llama.cpp; a column only when some
+point has it), output tokens/s, TTFT p50 and ITL p50. `report` merges several results folders (the shards
+of one plan, run on several hosts) into one table in plan order and marks the best value of each figure column.
 
 Every file is read through the one bounded reader (config.read_file): a FIFO, a device, a directory
 or a symlink loop where a file should be is named, never waited on or read without end. A line that
@@ -36,6 +35,7 @@ from genready.sweep import categories, decision, speedup
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
+SEARCH_FILE: Final = "search.jsonl"  # DIR/search.jsonl: what each configuration's search found, a line each
 FORMATS: Final = ("table", "csv", "markdown", "json")
 MAX_RESULTS_BYTES: Final = 64 << 20  # a results.jsonl or bench.jsonl: lines of a few KiB each
 UNREADABLE: Final = "unreadable"
@@ -193,7 +193,7 @@ def field_problem(rec: dict[str, Any]) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Row:
     index: int
     label: str

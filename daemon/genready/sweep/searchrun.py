@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from genready.config import FileError
 from genready.store import durable
@@ -27,11 +27,10 @@ from genready.sweep import crossover, report, search
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
 from genready.sweep.report import BENCH_FILE, RESULTS_FILE, read_results
+from genready.sweep.report import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
 from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
 from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
-
-SEARCH_FILE: Final = "search.jsonl"  # DIR/search.jsonl: what each configuration's search found, a line each
 
 
 @dataclass(frozen=True)
