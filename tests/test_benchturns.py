@@ -320,6 +320,7 @@ def test_the_cli_counts_turns_and_judges_load_on_first_turns(sim: Simulator, tmp
 
 
 @pytest.mark.system
+@pytest.mark.real_servers
 def test_llama_server_gets_its_own_first_answer_back_verbatim(tmp_path: Path) -> None:
     """llama.cpp's llama-server, streamed chat: the second request of a conversation carries the first answer's
     text as the server streamed it, byte for byte (through its chat template, which the server applies)."""

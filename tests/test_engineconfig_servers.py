@@ -161,6 +161,7 @@ def test_llamacpp_reports_props_and_slots_and_an_unreported_setting_is_unconfirm
 
 
 @pytest.mark.system
+@pytest.mark.real_servers
 def test_the_real_llama_server_reports_its_model_and_spec_types_but_not_its_draft_n_max(tmp_path: Path) -> None:
     """llama-server 11434: /props has model_path and total_slots, but its params' speculative.types say "none"
     whatever the flags; /slots has the real types once a task ran; --spec-draft-n-max is reported nowhere."""

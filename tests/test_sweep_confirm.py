@@ -197,6 +197,7 @@ def test_an_unconfirmed_flag_warns_and_runs_and_a_server_that_drafts_nothing_is_
 
 
 @pytest.mark.system
+@pytest.mark.real_servers
 def test_the_real_llama_servers_report_is_recorded_and_a_later_np_is_caught(manager: UserManager,
                                                                              tmp_path: Path) -> None:
     ci.require(realservers.missing("llama-server"), "a sweep of the real llama-server")
