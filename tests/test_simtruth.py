@@ -201,6 +201,13 @@ def test_every_true_speedup_lies_inside_its_interval_or_is_marked_noisy(rig: Rig
     p = rig.sweep(plan)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out + rig.err.read_text()
+    # each ok run's results line carries its bench line's figures per prompt category (issue 37 §2)
+    oks = [rec for ln in (rig.results / "results.jsonl").read_text().splitlines() if (rec := json.loads(ln))
+           ["status"] == "ok"]
+    assert len(oks) == 9, oks  # 3 repeats of the baseline and of 2 configurations
+    for rec in oks:
+        assert sum(c["requests"] for c in rec["categories"].values()) == N, rec
+        assert all(("accept_length" in c) == ("baseline" not in rec) for c in rec["categories"].values()), rec
     report = subprocess.run([*GENREADY, "sweep", "report", str(rig.results), "--format", "json"], capture_output=True,
                             text=True, timeout=60, check=True).stdout
     rows = [r for r in json.loads(report)["rows"] if r.get("speedup")]

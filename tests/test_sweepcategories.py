@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from genready.sweep import categories
+from genready.sweep import categories, steps
 from genready.sweep import report as sweepreport
 
 # Per configuration and category: (output tok/s per request, accept length) of repeats 1, 2, 3.
@@ -56,6 +56,28 @@ def test_each_points_categories_are_kept_over_its_repeats(tmp_path: Path) -> Non
     assert got[1]["coding"].value < 1 and 2 not in got  # the baseline has no speedup of its own
     low, high = got[0]["coding"].low, got[0]["coding"].high
     assert low is not None and high is not None and low < 2.52 < high
+
+
+def test_a_results_line_carries_its_runs_categories_and_the_report_reads_them_without_the_bench_files(
+        tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    kept = sweepreport.rows_of([folder])
+    # what the sweep records in each ok line (steps.bench_categories), then the {out} folders are not kept
+    lines = [json.loads(ln) for ln in (folder / "results.jsonl").read_text().splitlines()]
+    for rec in lines:
+        rec["categories"] = steps.bench_categories(folder / rec["out"])
+        (folder / rec["out"] / "bench.jsonl").unlink()
+    assert lines[0]["categories"]["coding"] == {"requests": 16, "output_tokens_per_second": 250, "accept_length": 3.4}
+    (folder / "results.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
+    assert [r.categories for r in sweepreport.rows_of([folder])] == [r.categories for r in kept]
+    assert steps.bench_categories(folder / "01/repeat-1") is None  # no bench line: none recorded
+
+
+def test_a_lines_categories_keep_only_finite_numbers_of_the_kept_figures() -> None:
+    got = categories.figures_of({"coding": {"accept_length": float("nan"), "requests": 3, "other": 1.0,
+                                            "output_tokens_per_second": True}, "x": [1], 7: {"requests": 1}})
+    assert got == {"coding": {"requests": 3.0}}
+    assert categories.figures_of(None) == {} and categories.figures_of([]) == {}
 
 
 def test_the_table_and_markdown_reports_add_the_category_tables(tmp_path: Path) -> None:

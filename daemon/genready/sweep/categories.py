@@ -46,10 +46,25 @@ class Point(Protocol):
     categories: dict[str, dict[str, list[float]]]
 
 
+def figures_of(cats: Any) -> dict[str, dict[str, float]]:
+    """A bench line's (or results line's) `categories` as KEPT figures per category: finite numbers only, the
+    first MAX_CATEGORIES categories; {} for anything else. What a run's results line records (steps.py) and
+    gather() collects over repeats."""
+    if not isinstance(cats, dict):
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for name, figures in list(cats.items())[:MAX_CATEGORIES]:
+        if isinstance(name, str) and isinstance(figures, dict):
+            out[name] = {key: float(v) for key in KEPT if isinstance(v := figures.get(key), int | float)
+                         and not isinstance(v, bool) and math.isfinite(v)}
+    return out
+
+
 def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
            bench_line: Callable[[Path], dict[str, Any] | None]) -> None:
-    """row.categories from its results lines' bench lines (`bench_line`, report's reader): per category and
-    figure, the values over the ok repeats. A bench line that cannot be read is report's to say, not again."""
+    """row.categories from its results lines' bench lines (`bench_line`, report's reader), else from the
+    results line's own copy (a folder whose {out} folders were not kept): per category and figure, the values
+    over the ok repeats. A bench line that cannot be read is report's to say, not again."""
     for rec, folder, _ in lines:
         out = rec.get("out")
         if rec.get("status") != "ok" or not isinstance(out, str):
@@ -59,16 +74,10 @@ def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
         except config.FileError:
             continue
         cats = (line or {}).get("categories")
-        if not isinstance(cats, dict):
-            continue
-        for name, figures in list(cats.items())[:MAX_CATEGORIES]:
-            if not isinstance(name, str) or not isinstance(figures, dict):
-                continue
+        for name, figures in figures_of(cats if isinstance(cats, dict) else rec.get("categories")).items():
             kept = row.categories.setdefault(name, {})
-            for key in KEPT:
-                v = figures.get(key)
-                if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v):
-                    kept.setdefault(key, []).append(float(v))
+            for key, v in figures.items():
+                kept.setdefault(key, []).append(v)
 
 
 def _key(host: str, round_: int | None, client: dict[str, Any] | None) -> str:

@@ -245,6 +245,7 @@ class Attempt:
     config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
     gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
     gpus: int = 1  # the plan's `gpus`: the report, which reads results folders and not the plan, divides by it
+    categories: Mapping[str, Mapping[str, float]] | None = None  # the bench line's figures per prompt category
 
     @property
     def run_seconds(self) -> float | None:
@@ -276,6 +277,8 @@ class Attempt:
             rec["config_check"] = dict(self.config_check or {})
         if self.gpu:
             rec.update(self.gpu)
+        if self.categories:
+            rec["categories"] = {name: dict(figures) for name, figures in self.categories.items()}
         rec["gpus"] = self.gpus
         if self.reason:
             rec["reason"] = self.reason

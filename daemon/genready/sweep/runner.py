@@ -341,4 +341,5 @@ def on_instance(att: Attempt, v: Verified, ran: Ran) -> Attempt:
                    restarted=v.restarted, pid=v.pid, invocation_id=v.invocation_id, load_seconds=v.load_seconds,
                    exit_code=ran.exit_code, ran_at=ran.ran_at, cache=ran.cache, counters=ran.counters,
                    warmup_requests=ran.warmed.requests if ran.warmed else None,
-                   warmup_converged=ran.warmed.converged if ran.warmed else None, gpu=ran.gpu)
+                   warmup_converged=ran.warmed.converged if ran.warmed else None, gpu=ran.gpu,
+                   categories=ran.categories)

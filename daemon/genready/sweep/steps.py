@@ -26,11 +26,12 @@ from typing import Any, Final
 
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
-from genready.config import TargetConfig
-from genready.sweep import gpucost
+from genready.config import FileError, TargetConfig
+from genready.sweep import categories, gpucost
 from genready.sweep.dropin import POLL, DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Between, Plan, Point, Shard
+from genready.sweep.report import bench_line
 from genready.sweep.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
@@ -167,6 +168,7 @@ class Ran:
     counters: servermetrics.RunCounters | None = None
     warmed: Warmed | None = None  # None: no warmup ran (the command was refused first)
     gpu: dict[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py): results-line fields
+    categories: dict[str, dict[str, float]] | None = None  # its bench line's figures per prompt category
 
 
 # --- getting a verified instance ---------------------------------------------------------------------
@@ -384,7 +386,17 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, search_args: 
         return Ran(Status.FAILED, f"the command exited {res.returncode}", ended, cache, res.returncode, ran_at,
                    counters, warmed, gpu)
     ctx.timings.run_times.append(ended - ran_at)
-    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed, gpu)
+    return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed, gpu, bench_categories(folder))
+
+
+def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
+    """The run's figures per prompt category from its {out}/bench.jsonl, for its results line (issue 37 §2: the
+    bench line, the results and the report carry them); None without them. An unreadable bench line is the
+    report's to name."""
+    try:
+        return categories.figures_of((bench_line(folder) or {}).get("categories")) or None
+    except FileError:
+        return None
 
 
 def read_counters(ctx: Ctx) -> dict[str, float] | None:
