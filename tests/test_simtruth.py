@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import statistics
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomli_w
@@ -72,6 +72,25 @@ def test_the_flags_make_the_model_and_the_true_speedup() -> None:
     m = simspec.SpecModel(alpha=0.6, steps=3, topk=2)
     assert one == pytest.approx(48 / (math.ceil(48 / m.accept("coding")) * m.step_factor))
     assert simtruth.makespan([3.0, 1.0, 1.0, 1.0], 2) == 3.0 and simtruth.makespan([1.0] * 5, 2) == 3.0
+
+
+def test_the_truth_is_known_as_well_as_the_overhead_and_the_overhead_excludes_the_decode() -> None:
+    cats = simtruth.categories(12, 1)
+    fast: dict[str, Any] = {"tokens": 24, "cats": cats, "concurrency": 2}
+    assert simtruth.true_range(spec(3, 2), PLAIN, **fast, overheads=[0.002] * 3) == (
+        (simtruth.true_speedup(spec(3, 2), PLAIN, **fast, overhead=0.002),) * 3)
+    low, mid, high = simtruth.true_range(spec(3, 2), PLAIN, **fast, overheads=[0.003, 0.001, 0.002])
+    assert mid == simtruth.true_speedup(spec(3, 2), PLAIN, **fast, overhead=0.002)
+    # the baseline's lowest against the configuration's highest, and the other way; a speedup above 1 is pulled
+    # towards 1 by the overhead
+    assert low < mid < high and mid < simtruth.true_speedup(spec(3, 2), PLAIN, **fast)
+    assert low == pytest.approx(simtruth.run_seconds(PLAIN, 24, cats, 2, 0.001)
+                                / simtruth.run_seconds(spec(3, 2), 24, cats, 2, 0.003))
+    assert high == pytest.approx(simtruth.run_seconds(PLAIN, 24, cats, 2, 0.003)
+                                 / simtruth.run_seconds(spec(3, 2), 24, cats, 2, 0.001))
+    # 12 requests from 2 slots: 6 a slot, each a step of t0 and its overhead
+    assert simtruth.overhead_of(6 * (T0 + 0.0025), 12, 2, T0) == pytest.approx(0.0025)
+    assert simtruth.overhead_of(0.015, 12, 2) == pytest.approx(0.0025)
 
 
 def test_a_3_by_3_grid_has_a_best_inside_and_slowdowns() -> None:
@@ -170,20 +189,14 @@ RESIDUE = 1.01
 SLOW_T0 = 0.016  # a request's fixed cost (HTTP, the client: ~3 ms here) stays small against its decode
 
 
-def client_overhead(tmp: Path) -> float:
-    """Seconds per request of the bench client and HTTP alone: 1-token requests to a simulator with no latency
-    (what a request costs beyond its decode steps: the simulator streams one event a verify step)."""
-    s = Sim(tmp, "--token-latency", "0")
+def client_overheads(tmp: Path) -> list[float]:
+    """Each of 3 runs' seconds per request beyond its decode: 1-token requests to a simulator of the sweep's token
+    latency (the bench client, HTTP and the last step's wake-up; simtruth's doc)."""
+    s = Sim(tmp, "--token-latency", str(SLOW_T0))
     try:
-        out = tmp / "overhead.jsonl"
-        for _ in range(3):  # the median of 3: one run on a shared machine can take several times another's
-            r = bench("--url", s.url, "-n", str(N), "-c", str(C), "--max-tokens", "1", "--seed", str(SEED),
-                      "--output", str(out))
-            assert r.returncode == 0, r.stdout + r.stderr
+        return simtruth.client_overheads(s.url, requests=N, concurrency=C, seed=SEED, token_latency=SLOW_T0, runs=3)
     finally:
         s.stop()
-    walls = [json.loads(ln)["wall_seconds"] for ln in out.read_text().splitlines()]
-    return simtruth.overhead_of(statistics.median(walls), N, C)
 
 
 @pytest.mark.system
@@ -212,16 +225,18 @@ def test_every_true_speedup_lies_inside_its_interval_or_is_marked_noisy(rig: Rig
                             text=True, timeout=60, check=True).stdout
     rows = [r for r in json.loads(report)["rows"] if r.get("speedup")]
     assert len(rows) == 2, report
-    cats, overhead = simtruth.categories(N, SEED), client_overhead(rig.tmp)
+    cats, overheads = simtruth.categories(N, SEED), client_overheads(rig.tmp)
     for name, flags in configs.items():
         row = next(r for r in rows if r["point"] == f"flags={flags} c={C}")
-        truth = simtruth.true_speedup(flags, plain, tokens=TOKENS, cats=cats, concurrency=C, overhead=overhead)
+        low, truth, high = simtruth.true_range(flags, plain, tokens=TOKENS, cats=cats, concurrency=C,
+                                               overheads=overheads)
         sp = row["speedup"]
-        print(name, truth, sp)
+        print(name, low, truth, high, sp)
         assert sp["low"] is not None and sp["high"] is not None, sp
-        # RESIDUE: what the model leaves out beyond the calibrated overhead (the client's handling of the last
-        # events when streams collide) measured at up to 0.7 % on this shared VM (bench/sweep_decide.py), while
-        # three repeats of a simulator with almost no run-to-run noise give intervals of +-0.1 %
-        held = sp["low"] / RESIDUE <= truth <= sp["high"] * RESIDUE
+        # RESIDUE: what the model leaves out beyond the measured overhead's spread (the client's handling of the
+        # last events when streams collide, a busy machine's later wake-ups) is up to 0.3 % on a quiet 2-core VM
+        # (bench/sweep_decide.py) and more under CI's parallel tests, while three repeats of a simulator with
+        # almost no run-to-run noise give intervals of +-0.1 %
+        held = sp["low"] / RESIDUE <= high and low <= sp["high"] * RESIDUE
         assert held or sp["within_noise"] or sp.get("drifted"), (name, truth, sp)
         assert (sp["value"] > 1) == (truth > 1), (name, truth, sp)  # the sign is right in any case
