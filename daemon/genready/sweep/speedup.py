@@ -14,6 +14,7 @@ Pure functions: no file, clock or random state (the tests' generator is theirs).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -69,11 +70,14 @@ def t_pdf(t: float, df: float) -> float:
                     - (df + 1.0) / 2.0 * math.log1p(t * t / df))
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
-    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies: Newton's method
-    kept inside a shrinking bracket (a bisection step whenever Newton would leave it). A report of 1,000
-    points takes thousands of these; bisection alone spent ~45 distribution functions on each."""
-    z = statistics.NormalDist().inv_cdf(p)  # Cornish-Fisher's start: Newton then needs a few steps, not dozens
+    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies: Halley's method
+    kept inside a shrinking bracket (a bisection step whenever Halley would leave it). A report of 1,000
+    points asks for ~11,000 of these, many with degrees of freedom asked before (no spread on either side
+    gives n_a + n_b - 2; a latency that moves with the throughput, the throughput's): hence the cache, and
+    Halley's cubic steps (the density's slope is in closed form) over Newton's."""
+    z = statistics.NormalDist().inv_cdf(p)  # Cornish-Fisher's start: a few steps, not dozens
     guess = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
     lo, hi = 0.0, max(1.0, 2.0 * guess)
     while t_cdf(hi, df) < p:
@@ -83,11 +87,17 @@ def t_quantile(p: float, df: float) -> float:
         f = t_cdf(t, df) - p
         lo, hi = (t, hi) if f < 0 else (lo, t)
         pdf = t_pdf(t, df)
-        nt = t - f / pdf if pdf > 0 else (lo + hi) / 2.0
+        if pdf > 0:
+            step = f / pdf  # Newton's; Halley's divides it by 1 - step * f''/(2 f'), f'' = -f' (df + 1) t / (df + t^2)
+            nt = t - step / (1.0 + step * (df + 1.0) * t / (2.0 * (df + t * t)))
+        else:
+            nt = (lo + hi) / 2.0
+        # converged first: a step within the distribution function's own rounding may cross the root, and
+        # bisecting after it would throw away a bracket side that never moved (40 steps back instead of none)
+        if abs(nt - t) < 1e-12 * max(1.0, t) or hi - lo < 1e-12 * max(1.0, hi):
+            return nt if lo <= nt <= hi else t
         if not lo < nt < hi:
             nt = (lo + hi) / 2.0
-        if abs(nt - t) < 1e-12 * max(1.0, nt) or hi - lo < 1e-12 * max(1.0, hi):
-            return nt
         t = nt
     return t
 
