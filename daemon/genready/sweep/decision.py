@@ -35,7 +35,7 @@ TPS: Final = "output_tokens_per_second"
 MAX_NAMED: Final = 8  # configurations named in one list of a sentence, then "and N more"
 TITLE: Final = "Decision"
 WITHIN_NOISE: Final = ("within noise: their output tok/s over the best's has a 95 % interval holding 1 (over their "
-                       "repeats); with one run each, within the plan's noise_limit of 1")
+                       "repeats); with one run each, no further from 1 than the plan's noise_limit")
 
 
 class Judged(Protocol):

@@ -39,8 +39,9 @@ CAPTION: Final = (
     "Each cell: a server configuration's speedup, its output tok/s / the baseline's at the same client "
     "setting, with its 95 % interval. Blue: faster than the baseline; red: slower (a slowdown); white: the "
     "same; grey: no speedup (the point did not run ok, or had no baseline run). Hatched: noisy, not a "
-    "difference to act on: ~ within the noise (the interval holds 1; without repeats, within the plan's "
-    "noise_limit of 1), or drifted (the baseline's own tok/s moved by that much around the point).")
+    "difference to act on: ~ within the noise (the interval holds 1; without repeats, the speedup is no "
+    "further from 1 than the plan's noise_limit), or drifted (the baseline's own tok/s moved by that much "
+    "around the point).")
 
 
 @dataclass(frozen=True)
