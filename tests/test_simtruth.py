@@ -233,10 +233,11 @@ def test_every_true_speedup_lies_inside_its_interval_or_is_marked_noisy(rig: Rig
         sp = row["speedup"]
         print(name, low, truth, high, sp)
         assert sp["low"] is not None and sp["high"] is not None, sp
-        # RESIDUE: what the model leaves out beyond the measured overhead's spread (the client's handling of the
-        # last events when streams collide, a busy machine's later wake-ups) is up to 0.3 % on a quiet 2-core VM
-        # (bench/sweep_decide.py) and more under CI's parallel tests, while three repeats of a simulator with
-        # almost no run-to-run noise give intervals of +-0.1 %
-        held = sp["low"] / RESIDUE <= high and low <= sp["high"] * RESIDUE
+        # RESIDUE: what the model leaves out beyond the measured overhead (the client's handling of the last
+        # events when streams collide, a busy machine's later wake-ups; the overhead's own spread moves the truth
+        # by +-0.2-0.4 %) is up to 0.4 % on a quiet 2-core VM (bench/sweep_decide.py) and more under CI's
+        # parallel tests, while three repeats of a simulator with almost no run-to-run noise give intervals of
+        # +-0.1 %; low and high are printed to show how far the truth itself is known
+        held = sp["low"] / RESIDUE <= truth <= sp["high"] * RESIDUE
         assert held or sp["within_noise"] or sp.get("drifted"), (name, truth, sp)
         assert (sp["value"] > 1) == (truth > 1), (name, truth, sp)  # the sign is right in any case
