@@ -91,6 +91,8 @@ def test_the_truth_is_known_as_well_as_the_overhead_and_the_overhead_excludes_th
     # 12 requests from 2 slots: 6 a slot, each a step of t0 and its overhead
     assert simtruth.overhead_of(6 * (T0 + 0.0025), 12, 2, T0) == pytest.approx(0.0025)
     assert simtruth.overhead_of(0.015, 12, 2) == pytest.approx(0.0025)
+    # requests of 24 one-token steps: the decode is 24 steps
+    assert simtruth.overhead_of(6 * (24 * T0 + 0.003), 12, 2, T0, tokens=24) == pytest.approx(0.003)
 
 
 def test_a_3_by_3_grid_has_a_best_inside_and_slowdowns() -> None:
@@ -194,7 +196,9 @@ def client_overheads(tmp: Path) -> list[float]:
     latency (the bench client, HTTP and the last step's wake-up; simtruth's doc)."""
     s = Sim(tmp, "--token-latency", str(SLOW_T0))
     try:
-        return simtruth.client_overheads(s.url, requests=N, concurrency=C, seed=SEED, token_latency=SLOW_T0, runs=3)
+        [runs] = simtruth.client_overheads([simtruth.Shape(s.url, SLOW_T0)], requests=N, concurrency=C, seed=SEED,
+                                           runs=3)
+        return runs
     finally:
         s.stop()
 

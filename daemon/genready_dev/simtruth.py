@@ -9,12 +9,14 @@ baseline's makespan over the configuration's. What the model leaves out, and a m
 each request's HTTP round trip, the client's own time and the event loop's late wake-up at the request's last
 step (asyncio waits in whole milliseconds: selectors.EpollSelector rounds a timeout up to 1 ms), 2 to 4 ms
 that pull a measured speedup towards 1. `overhead` adds it to every request; `client_overheads` measures it
-from 1-token requests at the same concurrency against a simulator with the same token latency (one step,
-so one wake-up: with no token latency there is no wait and the wake-up's cost, about a third of the whole,
-is missed). Under the model the simulator streams one event a verify step, so what a request costs beyond
-its steps is one step's wake-up and one event's round trip (the earlier events' handling overlaps the next
-step's wait). That cost is measured, so the truth is known only as well as it: `true_range` gives the
-speedup over the measured overheads' spread, from one side's lowest against the other's highest.
+against a simulator without speculation, with requests of a given `Shape` (steps x step time; with no token
+latency there is no wait, and the wake-up's cost, about a third of the whole, is missed). The cost depends on the
+shape: side by side on a 2-core VM (docs/benchmarks.md), 24 steps of 16 ms cost 0.7-1.3 ms a request more than
+one (the earlier events' handling does not all hide in the next step's wait), one step of 158 ms 0.3-1.1 ms more
+than one of 16 ms (a vCPU that idled longer wakes later); the same runs a few minutes later move by up to 1 ms.
+So the truth is
+known only as well as the cost over the shapes a sweep sends: `true_range` gives the speedup at the measured
+overheads' median and over their spread, from one side's lowest against the other's highest.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from genready.tools import prompts
@@ -60,27 +63,43 @@ def makespan(durations: Sequence[float], concurrency: int) -> float:
     return max(slots)
 
 
-def overhead_of(wall: float, requests: int, concurrency: int, token_latency: float = 0.0) -> float:
-    """Seconds per request beyond its decode of a run that took `wall` seconds for `requests` 1-token requests
-    to a simulator of `token_latency`."""
-    return wall / math.ceil(requests / max(1, concurrency)) - token_latency
+def overhead_of(wall: float, requests: int, concurrency: int, token_latency: float = 0.0, tokens: int = 1) -> float:
+    """Seconds per request beyond its decode of a run that took `wall` seconds for `requests` requests of `tokens`
+    tokens to a simulator of `token_latency` without speculation."""
+    return wall / math.ceil(requests / max(1, concurrency)) - tokens * token_latency
 
 
-def client_overheads(url: str, *, requests: int, concurrency: int, seed: int, token_latency: float,
-                     runs: int = 5) -> list[float]:
-    """Each of `runs` runs' seconds per request beyond its decode: the bench client's 1-token requests to the
-    simulator at `url` (started with --token-latency `token_latency` and no speculation), `requests` of them
-    from `concurrency` slots, as a sweep's run sends them (--seed)."""
+@dataclass(frozen=True)
+class Shape:
+    """Requests of `tokens` one-token steps to the simulator at `url`, started with --token-latency
+    `token_latency` and no speculation."""
+
+    url: str
+    token_latency: float
+    tokens: int = 1
+
+
+def client_overheads(shapes: Sequence[Shape], *, requests: int, concurrency: int, seed: int,
+                     runs: int = 5) -> list[list[float]]:
+    """Per shape, each of `runs` runs' seconds per request beyond its decode: the bench client's `requests`
+    requests from `concurrency` slots, as a sweep's run sends them (--seed). The shapes take turns after one
+    unmeasured round, so that a simulator's first requests (a sweep warms its server up) and the machine's drift
+    over the minute fall on all of them alike."""
+    walls: list[list[float]] = [[] for _ in shapes]
     with tempfile.TemporaryDirectory(prefix="genready-overhead-") as tmp:
-        out = Path(tmp) / "bench.jsonl"
-        for _ in range(runs):
-            p = subprocess.run([sys.executable, "-m", "genready.benchclient", "--url", url, "-n", str(requests),
-                                "-c", str(concurrency), "--max-tokens", "1", "--seed", str(seed), "--output",
-                                str(out)], capture_output=True, text=True, timeout=120)
-            if p.returncode != 0:
-                raise RuntimeError(f"the bench client exited {p.returncode}: {p.stdout}{p.stderr}")
-        walls = [json.loads(ln)["wall_seconds"] for ln in out.read_text().splitlines()]
-    return [overhead_of(w, requests, concurrency, token_latency) for w in walls]
+        for round_ in range(runs + 1):
+            for i, shape in enumerate(shapes):
+                out = Path(tmp) / f"{i}-{round_}.jsonl"
+                p = subprocess.run([sys.executable, "-m", "genready.benchclient", "--url", shape.url, "-n",
+                                    str(requests), "-c", str(concurrency), "--max-tokens", str(shape.tokens),
+                                    "--seed", str(seed), "--output", str(out)], capture_output=True, text=True,
+                                   timeout=120)
+                if p.returncode != 0:
+                    raise RuntimeError(f"the bench client exited {p.returncode}: {p.stdout}{p.stderr}")
+                if round_:
+                    walls[i].append(json.loads(out.read_text().splitlines()[-1])["wall_seconds"])
+    return [[overhead_of(w, requests, concurrency, shape.token_latency, shape.tokens) for w in ws]
+            for shape, ws in zip(shapes, walls, strict=True)]
 
 
 def run_seconds(flags: str | Sequence[str], tokens: int, cats: Sequence[str | None], concurrency: int,
