@@ -7,9 +7,10 @@ without speculation, then SGLang's --speculative-num-steps [1, 3, 8] x --specula
 at two client settings (-c 2 and -c 4), 3 repeats, 12 requests of 24 tokens from the built-in categorised
 prompts (--seed 1). The simulator's true speedup of each configuration is simtruth.true_range: the model's, with
 the bench client's own time per request at that time's median and over its lowest to highest. That time depends on
-the request's shape (simtruth's doc), so it is measured, at each client setting, 5 runs each of three shapes that
-bound the sweep's: 1-token and 24-token requests to a simulator of the sweep's token latency (the baseline's
-requests are the latter), and 1-token requests to one whose token takes the sweep's longest verify step.
+the request's shape (simtruth's doc) and moves from one load of the server to the next, so it is measured, at each
+client setting, in 5 runs against newly started simulators, of three shapes that bound the sweep's: 1-token and
+24-token requests to a simulator of the sweep's token latency (the baseline's requests are the latter), and
+1-token requests to one whose token takes the sweep's longest verify step.
 
 Printed:
 - the report's Decision section (`genready sweep report --format table`, from "Decision" to the first blank
@@ -24,7 +25,7 @@ Printed:
 `--agree RESULTS…` only compares earlier runs' results folders: whether each point's intervals, over repeats,
 are honest about what a second sweep of the same plan measures (agreement's doc).
 
-Run as root: .venv/bin/python bench/sweep_decide.py [--repeats 3]   (about 8 minutes on a shared 2-core VM)
+Run as root: .venv/bin/python bench/sweep_decide.py [--repeats 3]   (about 11 minutes on a shared 2-core VM)
              .venv/bin/python bench/sweep_decide.py --agree /tmp/genready-bench-*/results
 """
 
@@ -62,35 +63,39 @@ def longest_step() -> float:
     return max(T0 * simspec.SpecModel(alpha=ALPHA, steps=s, topk=k).step_factor for s in STEPS for k in TOPK)
 
 
-def client_overheads(tmp: Path) -> dict[int, dict[str, list[float]]]:
-    """At each client setting, each shape's 5 runs' seconds per request beyond the decode (the bench client,
-    HTTP, the last step's wake-up; the shapes take turns): requests without speculation of 1 and of TOKENS steps
-    of T0, and of 1 step as long as the sweep's longest verify step (the module doc)."""
-    sims: dict[float, tuple[subprocess.Popen[bytes], int]] = {}
-
-    def start(latency: float) -> None:
-        port = free_port()
-        log = tmp / f"sim-{port}.log"
-        with log.open("wb") as f:
-            p = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(port), "--token-latency",
-                                  str(latency)], stdout=f, stderr=f, stdin=subprocess.DEVNULL)
-        sims[latency] = (p, port)
-        wait_for(lambda: " ready" in log.read_text() or p.poll() is not None, 30, "the simulator")
-
+def client_overheads(tmp: Path, loads: int = 5) -> dict[int, dict[str, list[float]]]:
+    """At each client setting, each shape's seconds per request beyond the decode (the bench client, HTTP, the
+    last step's wake-up) in `loads` runs, each against simulators started for it (a sweep's every group is a
+    new load, and a load has its own level; the shapes take turns): requests without speculation of 1 and of
+    TOKENS steps of T0, and of 1 step as long as the sweep's longest verify step (the module doc)."""
     longest = round(longest_step(), 6)
-    try:
-        start(T0)
-        start(longest)
-        shapes = {f"{TOKENS} x {1000 * T0:.0f} ms": (T0, TOKENS), f"1 x {1000 * T0:.0f} ms": (T0, 1),
-                  f"1 x {1000 * longest:.0f} ms": (longest, 1)}
-        measured = {c: simtruth.client_overheads(
-            [simtruth.Shape(f"http://127.0.0.1:{sims[latency][1]}", latency, tokens) for latency, tokens in
-             shapes.values()], requests=N, concurrency=c, seed=SEED) for c in CLIENTS}
-        return {c: dict(zip(shapes, runs, strict=True)) for c, runs in measured.items()}
-    finally:
-        for p, _ in sims.values():
-            p.terminate()
-            p.wait(10)
+    shapes = {f"{TOKENS} x {1000 * T0:.0f} ms": (T0, TOKENS), f"1 x {1000 * T0:.0f} ms": (T0, 1),
+              f"1 x {1000 * longest:.0f} ms": (longest, 1)}
+    got: dict[int, dict[str, list[float]]] = {c: {name: [] for name in shapes} for c in CLIENTS}
+    for _ in range(loads):
+        sims: dict[float, tuple[subprocess.Popen[bytes], int]] = {}
+        try:
+            for latency in (T0, longest):
+                port = free_port()
+                log = tmp / f"sim-{port}.log"
+                with log.open("wb") as f:
+                    p = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(port),
+                                          "--token-latency", str(latency)],
+                                         stdout=f, stderr=f, stdin=subprocess.DEVNULL)
+                sims[latency] = (p, port)
+                wait_for(lambda: " ready" in log.read_text() or p.poll() is not None, 30,  # noqa: B023
+                         "the simulator")
+            for c in CLIENTS:
+                runs = simtruth.client_overheads([simtruth.Shape(f"http://127.0.0.1:{sims[latency][1]}", latency,
+                                                                 tokens) for latency, tokens in shapes.values()],
+                                                 requests=N, concurrency=c, seed=SEED, runs=1)
+                for name, [o] in zip(shapes, runs, strict=True):
+                    got[c][name].append(o)
+        finally:
+            for p, _ in sims.values():
+                p.terminate()
+                p.wait(10)
+    return got
 
 
 def decision(table: str) -> str | None:
@@ -233,7 +238,8 @@ def main() -> int:
     cats = simtruth.categories(N, SEED)
     print(f"\nsteps {STEPS} x topk {TOPK} x c {CLIENTS} on the simulator (--spec-alpha {ALPHA}, --token-latency "
           f"{T0}, {N} requests of {TOKENS} tokens, {args.repeats} repeats): sweep {sweep_s:.0f} s\nthe client's "
-          "own time per request (median, lowest-highest of 5 runs), by request shape (steps x step time):")
+          "own time per request (median, lowest-highest of 5 runs, each a new load), by request shape (steps x "
+          "step time):")
     for c, by_shape in shapes.items():
         print(f"  c={c}: " + ", ".join(f"{name} {1000 * statistics.median(o):.1f} ms ({1000 * min(o):.1f}-"
                                        f"{1000 * max(o):.1f})" for name, o in by_shape.items())
