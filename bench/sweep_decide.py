@@ -46,7 +46,7 @@ from typing import Any
 import tomli_w
 
 from genready_dev import simspec, simtruth
-from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
+from genready_dev.harness import GENREADY, PY, Genready, Simulator, booted_manager, free_port, wait_for
 
 UNIT = "sweep-sim.service"
 T0, ALPHA, TOKENS, N, SEED = 0.016, 0.6, 24, 12, 1
@@ -63,17 +63,6 @@ def longest_step() -> float:
     return max(T0 * simspec.SpecModel(alpha=ALPHA, steps=s, topk=k).step_factor for s in STEPS for k in TOPK)
 
 
-def plain_simulator(tmp: Path, latency: float) -> tuple[subprocess.Popen[bytes], int]:
-    """A simulator without speculation of --token-latency `latency`, started and ready, and its port."""
-    port = free_port()
-    log = tmp / f"sim-{port}.log"
-    with log.open("wb") as f:
-        p = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--port", str(port), "--token-latency",
-                              str(latency)], stdout=f, stderr=f, stdin=subprocess.DEVNULL)
-    wait_for(lambda: " ready" in log.read_text() or p.poll() is not None, 30, "the simulator")
-    return p, port
-
-
 def client_overheads(tmp: Path, loads: int = 5) -> dict[int, dict[str, list[float]]]:
     """At each client setting, each shape's seconds per request beyond the decode (the bench client, HTTP, the
     last step's wake-up) in `loads` runs, each against simulators started for it (a sweep's every group is a
@@ -84,20 +73,15 @@ def client_overheads(tmp: Path, loads: int = 5) -> dict[int, dict[str, list[floa
               f"1 x {1000 * longest:.0f} ms": (longest, 1)}
     got: dict[int, dict[str, list[float]]] = {c: {name: [] for name in shapes} for c in CLIENTS}
     for _ in range(loads):
-        sims: dict[float, tuple[subprocess.Popen[bytes], int]] = {}
-        try:
-            for latency in (T0, longest):
-                sims[latency] = plain_simulator(tmp, latency)
+        with Simulator(tmp, "--token-latency", str(T0)) as short, \
+                Simulator(tmp, "--token-latency", str(longest)) as long:
+            urls = {T0: short.url, longest: long.url}
             for c in CLIENTS:
-                runs = simtruth.client_overheads([simtruth.Shape(f"http://127.0.0.1:{sims[latency][1]}", latency,
-                                                                 tokens) for latency, tokens in shapes.values()],
+                runs = simtruth.client_overheads([simtruth.Shape(urls[latency], latency, tokens)
+                                                  for latency, tokens in shapes.values()],
                                                  requests=N, concurrency=c, seed=SEED, runs=1)
                 for name, [o] in zip(shapes, runs, strict=True):
                     got[c][name].append(o)
-        finally:
-            for p, _ in sims.values():
-                p.terminate()
-                p.wait(10)
     return got
 
 

@@ -14,9 +14,8 @@ latency there is no wait, and the wake-up's cost, about a third of the whole, is
 shape: side by side on a 2-core VM (docs/benchmarks.md), 24 steps of 16 ms cost 0.7-1.3 ms a request more than
 one (the earlier events' handling does not all hide in the next step's wait), one step of 158 ms 0.3-1.1 ms more
 than one of 16 ms (a vCPU that idled longer wakes later); the same runs a few minutes later move by up to 1 ms.
-So the truth is
-known only as well as the cost over the shapes a sweep sends: `true_range` gives the speedup at the measured
-overheads' median and over their spread, from one side's lowest against the other's highest.
+So the truth is known only as well as the cost over the shapes a sweep sends: `true_range` gives the speedup at
+the measured overheads' median and over their spread, from one side's lowest against the other's highest.
 """
 
 from __future__ import annotations
