@@ -7,6 +7,7 @@ these tests are about what genready records of each start and how it follows sys
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from genready.store import records
 from genready.systemd.bus import unit_path
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.watcher import Watcher
@@ -53,6 +55,17 @@ def new_start(manager: UserManager, unit: str, old: tuple[int, str]) -> tuple[in
 def _records_match(g: Genready, unit_starts: list[tuple[int, str]]) -> bool:
     recs = {r["invocation_id"]: r["main_pid"] for r in g.records("t")}
     return all(recs.get(inv) == pid for pid, inv in unit_starts[-20:])
+
+
+def _on_disk_match(g: Genready, unit_starts: list[tuple[int, str]]) -> bool:
+    """records.jsonl holds each of `unit_starts` with its pid (last line per invocation wins; a
+    line still being written does not count)."""
+    on_disk: dict[str, int] = {}
+    for line in (g.state_dir / records.RECORDS_FILE).read_bytes().splitlines(keepends=True):
+        if line.endswith(b"\n"):
+            rec = json.loads(line)
+            on_disk[rec["invocation_id"]] = rec["main_pid"]
+    return all(on_disk.get(inv) == pid for pid, inv in unit_starts)
 
 
 def test_every_start_is_recorded_with_systemds_pid_and_invocation(manager: UserManager, tmp_path: Path) -> None:
@@ -96,6 +109,9 @@ def test_sigkill_genready_loses_and_duplicates_nothing(manager: UserManager, tmp
         manager.systemctl("restart", unit)
         seen.append(show(manager, unit))
         wait_for(lambda: _records_match(g, seen), 10, "records of the restarts")
+    # What a kill -9 must not lose is what is on disk: remember() returns before its fsync (the
+    # store's doc names that window), so the kill waits for the file, not only for /status.
+    wait_for(lambda: _on_disk_match(g, seen), 10, "the records of the restarts on disk")
     manager.systemctl("restart", "--no-block", unit)
     g.stop(signal.SIGKILL)  # in the middle of a restart
     seen.append(new_start(manager, unit, seen[-1]))
