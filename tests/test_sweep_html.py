@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
-from genready.sweep import heatmap
+from genready.sweep import heatmap, speedup
 from genready.sweep import html as sweephtml
 from genready.sweep import main as sweep
 from genready.sweep import report as sweepreport
@@ -506,7 +506,7 @@ def test_the_speedup_heatmap_writes_each_configurations_speedup_and_marks_the_no
             if within or r.drifted is not None:
                 noisy.append(f"noisy-{n}-{i}-{j}")
             if r.drifted is not None:
-                assert f"drifted {100 * r.drifted:+.0f}%" in text
+                assert f"drifted {speedup.drift_text(r.drifted)}" in text
             # a diverging scale centred on 1: a speedup blue, a slowdown red (a clear one: past 10 %)
             red, _, blue = cell_colour(svg, len(drafts), len(topks), j, i)
             if got.value > 1.1:

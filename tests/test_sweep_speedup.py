@@ -105,6 +105,13 @@ def test_drift_is_the_baselines_move_beyond_its_noise() -> None:
     assert speedup.drift([100.0], [95.0], 0.10) is None and speedup.drift([100.0], [80.0], 0.10) == pytest.approx(-0.2)
 
 
+def test_a_drift_is_written_with_two_significant_digits_so_a_small_one_is_not_plus_0() -> None:
+    # A steady baseline (a simulator's runs agree to 0.1 %) makes a 0.3 % move a drift: it must not read `+0%`.
+    small = speedup.drift([100.0, 100.01, 99.99], [100.3, 100.31, 100.29], 0.10)
+    assert small is not None and speedup.drift_text(small) == "+0.3%"
+    assert [speedup.drift_text(d) for d in (-0.3, 0.0995, 0.0994, -0.004)] == ["-30%", "+10%", "+9.9%", "-0.4%"]
+
+
 # --- the plan --------------------------------------------------------------------------------------------
 
 PLAN = '''

@@ -251,7 +251,7 @@ def speedup_words(r: Judged) -> str:
     else:
         text = f"{got.value:.2f}x the baseline's{ci}"
     if r.drifted is not None:
-        text += f" (the baseline drifted {100 * r.drifted:+.0f}% around it)"
+        text += f" (the baseline drifted {speedup.drift_text(r.drifted)} around it)"
     return text
 
 

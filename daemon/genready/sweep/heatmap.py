@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep import plotrules
+from genready.sweep import plotrules, speedup
 from genready.sweep.report import Row, label_of, ratio_text, with_baseline
 from genready.web import htmlpage
 
@@ -137,7 +137,7 @@ def _cell(r: Row | None) -> tuple[float | None, str, bool]:
     if got.low is not None and got.high is not None:
         text += f"\n[{got.low:.2f}-{got.high:.2f}]"
     if r.drifted is not None:
-        text += f"\ndrifted {100 * r.drifted:+.0f}%"
+        text += f"\ndrifted {speedup.drift_text(r.drifted)}"
     return got.value, text, within or r.drifted is not None
 
 

@@ -560,7 +560,7 @@ def ratio_text(r: Row, name: str) -> str:
     if got.within_noise(r.noise_limit):
         text += " ~"
     if name == "speedup" and r.drifted is not None:
-        text += f" drifted {100 * r.drifted:+.0f}%"
+        text += f" drifted {speedup.drift_text(r.drifted)}"
     return text
 
 

@@ -157,6 +157,13 @@ def drift(before: Sequence[float], after: Sequence[float], noise_limit: float) -
     return r.value - 1.0
 
 
+def drift_text(drifted: float) -> str:
+    """A drift as a signed percentage with two significant digits: `-30%`, `+0.3%`. A move of under 1 %
+    still counts as a drift when the baseline's own runs are steadier than that, and `+0%` would say none."""
+    pct = 100 * drifted
+    return f"{pct:+.0f}%" if abs(pct) >= 9.95 else f"{pct:+.1f}%"
+
+
 class Measured(Protocol):
     """What attach() reads and writes of a report row (report.Row)."""
 
