@@ -8,7 +8,7 @@ takes 10 s or more over the whole size.
 
 Each line is a real sweep's results line (its plan values, status, PID, InvocationID, load and run time,
 host, target, unit, times, the sweep's own read of the accept length) whose point names one axis no other
-line names. The files are written here; a report reads at most 64 MiB (sweepreport.MAX_RESULTS_BYTES).
+line names. The files are written here; a report reads at most 64 MiB (files.MAX_RESULTS_BYTES).
 
     .venv/bin/python bench/sweep_report_axes.py [SIZE_MIB]     (default 64)
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
-LIMIT_MIB = 64  # sweepreport.MAX_RESULTS_BYTES: the most a report reads
+LIMIT_MIB = 64  # files.MAX_RESULTS_BYTES: the most a report reads
 GOAL_S = 10  # issue 41 #9d: 64 MiB of such lines in under 10 s
 
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from genready.client import client, progress, waiting
-from genready.sweep import report, strays
+from genready.sweep import collect, report, strays
 from genready.sweep.plan import parse_plan
+from genready.sweep.rows import mark_best
 from genready.sweep.steps import Signals, SweepOptions
 
 GPU0 = "GPU-8a4c5e1f-0b7e-2d3c-9f61-5b2e7d3a9c10"
@@ -125,8 +126,8 @@ def test_the_report_shows_tokens_per_joule_and_marks_a_throttled_run(tmp_path: P
     for ln in lines:
         (tmp_path / str(ln["out"])).mkdir(parents=True)
         (tmp_path / str(ln["out"]) / "bench.jsonl").write_text(json.dumps({"output_tokens_per_second": 10.0}) + "\n")
-    rows = report.rows_of([tmp_path])
-    report.mark_best(rows)
+    rows = collect.rows_of([tmp_path])
+    mark_best(rows)
     text = report.render(rows)
     assert "TOK/J" in text and "2.500*" in text and "1.250~" in text and "~ throttled" in text, text
     assert [r["throttled"] for r in json.loads(report.render(rows, "json"))["rows"]] == [False, True]

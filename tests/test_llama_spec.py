@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import tomli_w
 
+from genready.sweep import collect
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
 from genready.tools import benchclient
@@ -269,10 +270,10 @@ def test_the_report_shows_draft_acceptance_only_when_a_point_has_it(tmp_path: Pa
 
     write(tmp_path / "a", 0.875)
     write(tmp_path / "b", None)
-    with_it = sweepreport.render(sweepreport.rows_of([tmp_path / "a"]))
+    with_it = sweepreport.render(collect.rows_of([tmp_path / "a"]))
     assert with_it.splitlines()[0].split()[-11:-7] == ["ACCEPT", "DRAFT", "ACC", "OUT"], with_it
     assert re.search(r" 2\.00 +0\.875 ", with_it), with_it
-    without = sweepreport.render(sweepreport.rows_of([tmp_path / "b"]))
+    without = sweepreport.render(collect.rows_of([tmp_path / "b"]))
     assert "DRAFT ACC" not in without and "ACCEPT" in without
 
 

@@ -23,6 +23,7 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
+from genready.sweep import collect
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
@@ -78,7 +79,7 @@ def test_repeats_show_the_median_its_spread_and_a_noisy_mark(tmp_path: Path) -> 
         ({"a": 1}, 3, "ok", 10.4, "flushed"),
         ({"a": 2}, 1, "ok", 10.0, "cold_start"), ({"a": 2}, 2, "ok", 20.0, "warm"),
         ({"a": 2}, 3, "invalidated", None, "warm"), ({"a": 2}, 3, "ok", 30.0, "warm")])
-    rows = sweepreport.rows_of([tmp_path])
+    rows = collect.rows_of([tmp_path])
     one, two = rows
     assert one.figures is not None and one.figures["ttft_p50_ms"] == 10.4 and one.runs == 3 == one.runs_ok
     sp = one.spread["ttft_p50_ms"]

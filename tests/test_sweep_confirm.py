@@ -19,6 +19,7 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import collect
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
 from genready_dev import realservers
@@ -66,7 +67,7 @@ def test_the_report_names_the_keys_that_differ_and_configurations_whose_engines_
                       "fingerprint": {"dropin": dropin},
                       "engine_config": {"values": {"speculative_num_steps": steps, "port": 1}, "sources": []}})
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    text = sweepreport.render(sweepreport.rows_of([tmp_path]))
+    text = sweepreport.render(collect.rows_of([tmp_path]))
     assert "engine keys that differ across points: speculative_num_steps\n" in text, text
     assert "warning: steps=2 and steps=3 differ in their server values but their engines report the same" in text
     assert "steps=1 and" not in text

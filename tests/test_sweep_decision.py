@@ -18,8 +18,8 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import collect, decision
 from genready.sweep import compare as sweepcompare
-from genready.sweep import decision
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
@@ -60,8 +60,8 @@ class Folder:
 
     def report(self, fmt: str = "table") -> str:
         (self.path / "results.jsonl").write_text("".join(self.lines))
-        read = sweepreport.read_folders([self.path])
-        return sweepreport.render(sweepreport.rows_from(read), fmt, sweep.decision_facts(read))
+        read = collect.read_folders([self.path])
+        return sweepreport.render(collect.rows_from(read), fmt, sweep.decision_facts(read))
 
 
 def section(text: str) -> list[str]:
@@ -254,8 +254,8 @@ def test_the_html_report_starts_with_the_decision(tmp_path: Path) -> None:
     f = Folder(tmp_path, slo=SLO)
     three_configs(f, [(100, 200, 150, 60), (102, 204, 151, 61)], eagle={"ttft_p99_ms": 800.0})
     (f.path / "results.jsonl").write_text("".join(f.lines))
-    read = sweepreport.read_folders([f.path])
-    page = sweephtml.render(sweepreport.rows_from(read), facts=sweep.decision_facts(read))
+    read = collect.read_folders([f.path])
+    page = sweephtml.render(collect.rows_from(read), facts=sweep.decision_facts(read))
     body = page[page.index("<body"):]
     assert body.index('<section id="decision"><h2>Decision</h2><ul><li>At c=1: algo=eagle is the best') < \
         body.index("<table")
@@ -313,19 +313,19 @@ def test_compare_shows_the_speedup_change_and_marks_overlapping_intervals(tmp_pa
     three_configs(b, [(100, 250, 152, 60), (102, 254, 150, 70), (98, 248, 151, 50)])
     for f in (a, b):
         (f.path / "results.jsonl").write_text("".join(f.lines))
-    text = sweepcompare.render_text(sweepreport.rows_of([a.path]), sweepreport.rows_of([b.path]), "a", "b")
+    text = sweepcompare.render_text(collect.rows_of([a.path]), collect.rows_of([b.path]), "a", "b")
     rows = {ln.split()[0]: ln for ln in text.splitlines()}
     assert "SPEEDUP" in rows["POINT"]
     assert rows["algo=eagle"].endswith("2.01x [1.93-2.09] -> 2.51x [2.41-2.61] +24.9% better"), text
     assert rows["algo=ngram"].endswith("% ~"), text  # 1.50x and 1.51x: their intervals overlap
     assert rows["algo=slow"].endswith("0.60x slower [0.58-0.63] -> 0.59x slower [0.39-0.90] -0.9% ~"), text
     assert rows["baseline#1"].endswith("baseline") and "the two intervals overlap: not a real change" in text
-    page = sweepcompare.render_html(sweepreport.rows_of([a.path]), sweepreport.rows_of([b.path]), "a", "b")
+    page = sweepcompare.render_html(collect.rows_of([a.path]), collect.rows_of([b.path]), "a", "b")
     assert '<td class="better">2.01x [1.93-2.09] -&gt; 2.51x [2.41-2.61] +24.9% better</td>' in page
 
 
 def test_a_speedup_change_without_intervals_uses_the_noise_limit() -> None:
-    from genready.sweep.speedup import Ratio
+    from genready.sweep.rows import Ratio
 
     assert sweepcompare.SpeedupChange(Ratio(2.0), Ratio(2.1), 0.10).inside_noise
     assert not sweepcompare.SpeedupChange(Ratio(2.0), Ratio(2.5), 0.10).inside_noise

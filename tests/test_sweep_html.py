@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
-from genready.sweep import heatmap, speedup
+from genready.sweep import collect, files, heatmap, speedup
 from genready.sweep import html as sweephtml
 from genready.sweep import main as sweep
 from genready.sweep import report as sweepreport
+from genready.sweep import rows as sweeprows
 from genready_dev.harness import PY, REPO, wait_for
 from tests import ci
 
@@ -85,7 +86,7 @@ def test_the_pareto_front_is_the_points_nothing_beats_on_both() -> None:
 
 
 def test_axes_and_a_bad_axis_flag(tmp_path: Path) -> None:
-    rows = sweepreport.rows_of([results(tmp_path, 20)])
+    rows = collect.rows_of([results(tmp_path, 20)])
     client, _ = sweephtml.axes_of(rows)
     assert "c" in client and sweephtml.default_x(rows) in client
     with pytest.raises(Failed) as e:
@@ -276,12 +277,12 @@ def test_an_axis_named_with_an_underscore_draws_its_legend(tmp_path: Path,
     assert [tp for tp in (1, 2, 4) if f"_tp={tp} -->" not in plot] == []  # the legend's text, drawn
 
 
-def old_axes_of(rows: list[sweepreport.Row]) -> tuple[list[str], list[str]]:
+def old_axes_of(rows: list[sweeprows.Row]) -> tuple[list[str], list[str]]:
     """axes_of as it was (quadratic): the definition the linear one must keep."""
     names: list[str] = []
     for r in rows:
         names += [k for k in r.point if k not in names]
-    by_group: dict[int, list[sweepreport.Row]] = {}
+    by_group: dict[int, list[sweeprows.Row]] = {}
     for r in rows:
         by_group.setdefault(r.group if r.group is not None else r.index, []).append(r)
     client = [n for n in names if any(len({repr(r.point.get(n)) for r in g}) > 1 for g in by_group.values())]
@@ -291,7 +292,7 @@ def old_axes_of(rows: list[sweepreport.Row]) -> tuple[list[str], list[str]]:
 def test_axes_are_found_in_one_pass_as_they_were_defined() -> None:
     rng = random.Random(9)
     for _ in range(300):
-        rows = [sweepreport.Row(i, "", "ok", group=rng.choice([None, 1, 2]),
+        rows = [sweeprows.Row(i, "", "ok", group=rng.choice([None, 1, 2]),
                                 point={f"a{rng.randrange(5)}": rng.choice([None, 1, 2, "x", [1]])
                                        for _ in range(rng.randrange(4))}) for i in range(rng.randrange(1, 12))]
         assert sweephtml.axes_of(rows) == old_axes_of(rows), [(r.group, r.point) for r in rows]
@@ -317,12 +318,12 @@ def test_lines_naming_one_out_folder_read_its_bench_jsonl_once(tmp_path: Path, m
     folder.joinpath("results.jsonl").write_text(
         "".join(text.replace('"index": 1', f'"index": {i}').replace('{"c": 1}', f'{{"c": {i}}}') for i in range(1, 51)))
     reads: list[Path] = []
-    real = sweepreport.bench_line
+    real = files.bench_line
 
     def spy(f: Path) -> dict[str, Any] | None:  # not a fake: the real read runs; only how often is counted
         reads.append(f)
         return real(f)
-    monkeypatch.setattr(sweepreport, "bench_line", spy)
+    monkeypatch.setattr(sweeprows, "bench_line", spy)
     assert sweep.report_main([str(folder)], "json") == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert len(rows) == 50 and {r["output_tokens_per_second"] for r in rows} == {100.0}
@@ -413,7 +414,7 @@ def test_per_position_acceptance_over_repeats_is_the_median_per_position() -> No
     folder = Path("/nonexistent")  # no "out": nothing read from disk
     recs = [({"index": 1, "status": "ok", "repeat": k, "point": {"c": 1}, "metrics_accept_per_position": pos},
              folder, f"r:{k}") for k, pos in enumerate(([0.9, 0.5], [0.7, 0.3, 0.1], [0.8]), 1)]
-    assert sweepreport.point_row(recs).accept_per_position == [0.8, 0.4, 0.1]
+    assert sweeprows.point_row(recs).accept_per_position == [0.8, 0.4, 0.1]
 
 
 def test_tokens_per_second_against_power_is_drawn_only_where_a_point_has_power(
@@ -480,7 +481,7 @@ def test_the_speedup_heatmap_writes_each_configurations_speedup_and_marks_the_no
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = spec_sweep(tmp_path)
     page = heatmap_page(folder, capsys)
-    rows = [r for r in sweepreport.rows_of([folder]) if not r.baseline]
+    rows = [r for r in collect.rows_of([folder]) if not r.baseline]
     assert '<h2 id="heatmap">' in page and "no-heatmap" not in page
     # the heatmap comes before the table: the answer first
     assert page.index('id="heatmap-1"') < page.index("<h2>Points</h2>")
@@ -580,7 +581,7 @@ def test_the_text_formats_hold_the_heatmap_with_the_html_cells_values(
     for c, (head, *body) in zip(sweep_screenshot.CONCURRENCIES, grids.values(), strict=True):
         assert head == ["topk \\ draft", *map(str, drafts)], head  # x across, as the page draws it
         assert [line[0] for line in body] == [str(k) for k in reversed(topks)]  # y up, as the page draws it
-        for r in sweepreport.rows_of([folder]):
+        for r in collect.rows_of([folder]):
             if r.baseline or r.point["c"] != c:
                 continue
             got = body[list(reversed(topks)).index(r.point["topk"])][1 + drafts.index(r.point["draft"])]
@@ -639,7 +640,7 @@ def test_the_per_user_per_gpu_pareto_as_vllm_draws_it(tmp_path: Path, capsys: py
     text = comments(svg)
     assert "tokens/s per user (OUT tok/s / concurrency)" in text and "tokens/s per GPU (OUT tok/s / gpus)" in text
     # the front, worked out here by brute force: no other point at least as good on both and better on one
-    tps = {r.label: t for r in sweepreport.rows_of([folder])
+    tps = {r.label: t for r in collect.rows_of([folder])
            if r.status == "ok" and (t := (r.figures or {}).get("output_tokens_per_second")) is not None}
     pts = [(t / int(label.split("c=")[1]), t / 2, label) for label, t in tps.items()]
     front = {p[2] for p in pts if not any(q[0] >= p[0] and q[1] >= p[1] and q[:2] != p[:2] for q in pts)}
@@ -741,9 +742,9 @@ def test_the_gpus_plan_key_and_its_results_field() -> None:
     assert att.to_json("t", "u.service")["gpus"] == 8
     # the report reads it back; a line from before the key (or a bad value) counts 1
     folder = Path("/nonexistent")
-    assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": 8}, folder).gpus == 8
-    assert sweepreport.row_of({"index": 1, "status": "ok"}, folder).gpus == 1
-    assert sweepreport.row_of({"index": 1, "status": "ok", "gpus": True}, folder).gpus == 1
+    assert sweeprows.row_of({"index": 1, "status": "ok", "gpus": 8}, folder).gpus == 8
+    assert sweeprows.row_of({"index": 1, "status": "ok"}, folder).gpus == 1
+    assert sweeprows.row_of({"index": 1, "status": "ok", "gpus": True}, folder).gpus == 1
 
 
 def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str],

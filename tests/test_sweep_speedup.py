@@ -21,11 +21,12 @@ import tomli_w
 from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import baseline as sweepbaseline
+from genready.sweep import collect, speedup
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
 from genready.sweep import results as sweepresults
-from genready.sweep import speedup
+from genready.sweep import rows as sweeprows
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
@@ -96,7 +97,7 @@ def test_a_ratio_whose_interval_holds_1_is_within_noise() -> None:
     assert r is not None and r.within_noise(0.10)
     r = speedup.ratio([200.0, 208.0, 195.0], [101.0, 97.0, 104.0])
     assert r is not None and not r.within_noise(0.10)
-    assert speedup.Ratio(1.05).within_noise(0.10) and not speedup.Ratio(1.15).within_noise(0.10)
+    assert sweeprows.Ratio(1.05).within_noise(0.10) and not sweeprows.Ratio(1.15).within_noise(0.10)
 
 
 def test_drift_is_the_baselines_move_beyond_its_noise() -> None:
@@ -207,7 +208,7 @@ def test_the_report_shows_speedups_slowdowns_noise_and_drift(tmp_path: Path) -> 
                   _line(tmp_path, 2, {"algo": "ngram", "c": 1}, 0.5 * slow, r, before=2),
                   _line(tmp_path, 5, {"algo": "none", "c": 1}, b2, r, base=3)]
     (tmp_path / "results.jsonl").write_text("".join(lines))
-    rows = sweepreport.rows_of([tmp_path])
+    rows = collect.rows_of([tmp_path])
     eagle, ngram = rows[0], rows[1]
     assert eagle.ratios["speedup"].value == pytest.approx(2.0, abs=0.01)
     assert eagle.ratios["ttft_ratio"].value == pytest.approx(0.5)
@@ -231,14 +232,14 @@ def test_within_noise_is_marked_in_the_table(tmp_path: Path) -> None:
         lines += [_line(tmp_path, 1, {"algo": "eagle", "c": 1}, p, r), _line(tmp_path, 2, {"algo": "none", "c": 1}, b,
                                                                               r, base=1)]
     (tmp_path / "results.jsonl").write_text("".join(lines))
-    rows = sweepreport.rows_of([tmp_path])
+    rows = collect.rows_of([tmp_path])
     assert rows[0].ratios["speedup"].within_noise(0.1)
     assert sweepreport.ratio_text(rows[0], "speedup").endswith(" ~")
 
 
 def test_a_report_without_a_baseline_is_unchanged(tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_text(json.dumps({"point": {"c": 1}, "index": 1, "status": "ok"}) + "\n")
-    table = sweepreport.render(sweepreport.rows_of([tmp_path]))
+    table = sweepreport.render(collect.rows_of([tmp_path]))
     assert "SPEEDUP" not in table and "baseline" not in table
 
 
@@ -372,7 +373,7 @@ def test_merged_shards_each_compare_with_their_own_hosts_baseline(tmp_path: Path
         (folder / "results.jsonl").write_text("".join(json.dumps({**json.loads(ln), "host": host}) + "\n"
                                                       for ln in lines))
         folders.append(folder)
-    rows = sweepreport.rows_of(folders)
+    rows = collect.rows_of(folders)
     assert len([r for r in rows if r.baseline]) == 2
     got = {r.host: r.ratios["speedup"].value for r in rows if not r.baseline}
     assert got == pytest.approx({"gpu1": 2.0, "gpu2": 3.0}), got

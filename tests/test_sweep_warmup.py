@@ -13,6 +13,7 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
+from genready.sweep import collect
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
 from genready.sweep import results as sweepresults
@@ -144,7 +145,7 @@ def test_an_unstable_run_is_marked_in_the_report_and_its_json(tmp_path: Path) ->
              {"point": {"a": 2}, "index": 2, "status": "ok", "attempt": 1, "out": "o2", "warmup_requests": 96,
               "warmup_converged": False}]
     (tmp_path / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
-    rows = sweepreport.rows_of([tmp_path])
+    rows = collect.rows_of([tmp_path])
     assert [r.unstable for r in rows] == [False, True] and [r.warmup_requests for r in rows] == [16, 96]
     table = sweepreport.render(rows)
     assert "WARMUP" in table.splitlines()[0] and re.search(r"^a=2\s.*\s96 unstable$", table, re.M), table
@@ -157,7 +158,7 @@ def test_an_unstable_run_is_marked_in_the_report_and_its_json(tmp_path: Path) ->
     assert '<td>ok <span class="noisy">unstable (96)</span></td>' in page and "Unstable: its warmup stopped" in page
     # a table with no unstable run has no WARMUP column: older tables read as they did
     (tmp_path / "results.jsonl").write_text(json.dumps(lines[0]) + "\n")
-    assert "WARMUP" not in sweepreport.render(sweepreport.rows_of([tmp_path]))
+    assert "WARMUP" not in sweepreport.render(collect.rows_of([tmp_path]))
 
 
 # --- whole sweeps on the cold simulator ------------------------------------------------------------------------

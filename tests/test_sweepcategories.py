@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from genready.sweep import categories, steps
+from genready.sweep import categories, collect, files, steps
 from genready.sweep import report as sweepreport
 
 # Per configuration and category: (output tok/s per request, accept length) of repeats 1, 2, 3.
@@ -45,7 +45,7 @@ def _folder(tmp_path: Path) -> Path:
 
 
 def test_each_points_categories_are_kept_over_its_repeats(tmp_path: Path) -> None:
-    rows = sweepreport.rows_of([_folder(tmp_path)])
+    rows = collect.rows_of([_folder(tmp_path)])
     eagle, _, base = rows
     assert eagle.categories["coding"]["accept_length"] == [3.4, 3.6, 3.5]
     assert eagle.categories["writing"]["output_tokens_per_second"] == [81, 79, 83]
@@ -61,7 +61,7 @@ def test_each_points_categories_are_kept_over_its_repeats(tmp_path: Path) -> Non
 def test_a_results_line_carries_its_runs_categories_and_the_report_reads_them_without_the_bench_files(
         tmp_path: Path) -> None:
     folder = _folder(tmp_path)
-    kept = sweepreport.rows_of([folder])
+    kept = collect.rows_of([folder])
     # what the sweep records in each ok line (steps.bench_categories), then the {out} folders are not kept
     lines = [json.loads(ln) for ln in (folder / "results.jsonl").read_text().splitlines()]
     for rec in lines:
@@ -69,19 +69,19 @@ def test_a_results_line_carries_its_runs_categories_and_the_report_reads_them_wi
         (folder / rec["out"] / "bench.jsonl").unlink()
     assert lines[0]["categories"]["coding"] == {"requests": 16, "output_tokens_per_second": 250, "accept_length": 3.4}
     (folder / "results.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
-    assert [r.categories for r in sweepreport.rows_of([folder])] == [r.categories for r in kept]
+    assert [r.categories for r in collect.rows_of([folder])] == [r.categories for r in kept]
     assert steps.bench_categories(folder / "01/repeat-1") is None  # no bench line: none recorded
 
 
 def test_a_lines_categories_keep_only_finite_numbers_of_the_kept_figures() -> None:
-    got = categories.figures_of({"coding": {"accept_length": float("nan"), "requests": 3, "other": 1.0,
+    got = files.category_figures({"coding": {"accept_length": float("nan"), "requests": 3, "other": 1.0,
                                             "output_tokens_per_second": True}, "x": [1], 7: {"requests": 1}})
     assert got == {"coding": {"requests": 3.0}}
-    assert categories.figures_of(None) == {} and categories.figures_of([]) == {}
+    assert files.category_figures(None) == {} and files.category_figures([]) == {}
 
 
 def test_the_table_and_markdown_reports_add_the_category_tables(tmp_path: Path) -> None:
-    rows = sweepreport.rows_of([_folder(tmp_path)])
+    rows = collect.rows_of([_folder(tmp_path)])
     table = sweepreport.render(rows)
     points = table[:table.index("\naccept length per prompt category")]
     assert [ln.split()[0] for ln in table.splitlines() if ln.startswith("algo=")] == ["algo=eagle", "algo=ngram"]
@@ -106,14 +106,14 @@ def test_without_a_baseline_only_accept_length_and_without_categories_nothing(tm
     (tmp_path / "a").mkdir()
     lines = [_line(tmp_path / "a", 1, {"algo": "eagle", "c": 1}, EAGLE, r) for r in (1, 2, 3)]
     (tmp_path / "a" / "results.jsonl").write_text("".join(ln.replace('"baseline_round": 1', '"x": 0') for ln in lines))
-    table = sweepreport.render(sweepreport.rows_of([tmp_path / "a"]))
+    table = sweepreport.render(collect.rows_of([tmp_path / "a"]))
     assert "accept length per prompt category" in table and "speedup per prompt category" not in table
     (tmp_path / "b" / "01").mkdir(parents=True)
     (tmp_path / "b" / "01" / "bench.jsonl").write_text(json.dumps({"output_tokens_per_second": 5.0,
                                                                    "categories": None}) + "\n")
     (tmp_path / "b" / "results.jsonl").write_text(json.dumps({"point": {"c": 1}, "index": 1, "status": "ok",
                                                               "out": "01"}) + "\n")
-    rows = sweepreport.rows_of([tmp_path / "b"])
+    rows = collect.rows_of([tmp_path / "b"])
     assert rows[0].categories == {} and "prompt category" not in sweepreport.render(rows)
     assert categories.section(rows, "markdown") == "" and categories.html_section(rows) == ""
     # categories without an accept length (no speculative decoding) and no baseline: no table says nothing
@@ -121,7 +121,7 @@ def test_without_a_baseline_only_accept_length_and_without_categories_nothing(tm
     plain: Runs = {"coding": [(100.0, None)] * 3, "writing": [(80.0, None)] * 3}
     (tmp_path / "c" / "results.jsonl").write_text(_line(tmp_path / "c", 1, {"algo": "none", "c": 1}, plain, 1)
                                                   .replace('"baseline_round": 1', '"x": 0'))
-    rows = sweepreport.rows_of([tmp_path / "c"])
+    rows = collect.rows_of([tmp_path / "c"])
     assert rows[0].categories["coding"]["output_tokens_per_second"] == [100.0]
     assert "prompt category" not in sweepreport.render(rows) and categories.html_section(rows) == ""
 
@@ -132,7 +132,7 @@ def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None
     line = json.loads(bench.read_text())
     line["categories"]["<b>qa</b>"] = {"requests": 1, "accept_length": 2.0, "output_tokens_per_second": 9.0}
     bench.write_text(json.dumps(line) + "\n")
-    rows = sweepreport.rows_of([folder])
+    rows = collect.rows_of([folder])
     got = categories.html_section(rows)
     assert got.startswith('<h2 id="categories">Per prompt category</h2>')
     assert "<th>&lt;b&gt;qa&lt;/b&gt;</th>" in got and "<b>qa" not in got

@@ -16,51 +16,22 @@ before categories).
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from genready import config
 from genready.redact import escape
 from genready.sweep import speedup
+from genready.sweep.files import category_figures
+from genready.sweep.rows import Ratio, Row
 from genready.web import htmlpage
 
-# The figures kept per category, as the bench line names them.
-KEPT: Final = ("accept_length", "output_tokens_per_second", "draft_acceptance", "requests")
-MAX_CATEGORIES: Final = 64  # columns: a dataset's categories are a handful; more is a mistaken field
 TPS: Final = "output_tokens_per_second"
 
 
-class Point(Protocol):
-    """What this module reads and writes of a report row (report.Row)."""
-
-    label: str
-    status: str
-    host: str
-    noise_limit: float
-    baseline: int
-    baseline_round: int | None
-    client: dict[str, Any] | None
-    categories: dict[str, dict[str, list[float]]]
-
-
-def figures_of(cats: Any) -> dict[str, dict[str, float]]:
-    """A bench line's (or results line's) `categories` as KEPT figures per category: finite numbers only, the
-    first MAX_CATEGORIES categories; {} for anything else. What a run's results line records (steps.py) and
-    gather() collects over repeats."""
-    if not isinstance(cats, dict):
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    for name, figures in list(cats.items())[:MAX_CATEGORIES]:
-        if isinstance(name, str) and isinstance(figures, dict):
-            out[name] = {key: float(v) for key in KEPT if isinstance(v := figures.get(key), int | float)
-                         and not isinstance(v, bool) and math.isfinite(v)}
-    return out
-
-
-def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
+def gather(row: Row, lines: Iterable[tuple[dict[str, Any], Path, str]],
            bench_line: Callable[[Path], dict[str, Any] | None]) -> None:
     """row.categories from its results lines' bench lines (`bench_line`, report's reader), else from the
     results line's own copy (a folder whose {out} folders were not kept): per category and figure, the values
@@ -74,7 +45,7 @@ def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
         except config.FileError:
             continue
         cats = (line or {}).get("categories")
-        for name, figures in figures_of(cats if isinstance(cats, dict) else rec.get("categories")).items():
+        for name, figures in category_figures(cats if isinstance(cats, dict) else rec.get("categories")).items():
             kept = row.categories.setdefault(name, {})
             for key, v in figures.items():
                 kept.setdefault(key, []).append(v)
@@ -84,12 +55,12 @@ def _key(host: str, round_: int | None, client: dict[str, Any] | None) -> str:
     return json.dumps([host, round_, client], sort_keys=True)
 
 
-def speedups(rows: Sequence[Point]) -> dict[int, dict[str, speedup.Ratio]]:
+def speedups(rows: Sequence[Row]) -> dict[int, dict[str, Ratio]]:
     """Per row (by position in `rows`), per category: its output tok/s over its baseline's (speedup.attach's
     pairing: the baseline round before it, same host and client setting); only where both sides have runs."""
     bases = {_key(r.host, r.baseline, r.client): r for r in rows if r.baseline and r.status == "ok"
              and r.client is not None}
-    out: dict[int, dict[str, speedup.Ratio]] = {}
+    out: dict[int, dict[str, Ratio]] = {}
     for i, r in enumerate(rows):
         if r.baseline or r.status != "ok" or r.client is None or not r.baseline_round:
             continue
@@ -107,13 +78,13 @@ def _median(values: Sequence[float] | None) -> float | None:
     return statistics.median(values) if values else None
 
 
-def accept_text(r: Point, name: str) -> str:
+def accept_text(r: Row, name: str) -> str:
     """An accept-length cell: the median over the repeats, `-` without one."""
     v = _median(r.categories.get(name, {}).get("accept_length"))
     return "-" if v is None else f"{v:.2f}"
 
 
-def ratio_text(got: speedup.Ratio | None, noise_limit: float) -> str:
+def ratio_text(got: Ratio | None, noise_limit: float) -> str:
     """A speedup cell: `1.52x [1.31-1.77]`, `slower` below 1, `~` within the noise (as report.ratio_text)."""
     if got is None:
         return "-"
@@ -123,7 +94,7 @@ def ratio_text(got: speedup.Ratio | None, noise_limit: float) -> str:
     return text + (" ~" if got.within_noise(noise_limit) else "")
 
 
-def _grids(rows: Sequence[Point]) -> list[tuple[str, list[str], list[list[str]]]]:
+def _grids(rows: Sequence[Row]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, cells) of each table: accept length (where some point has one: a server's answers may
     carry no per-request counts, and the baseline none), then (with a baseline) speedup."""
     shown = [r for r in rows if r.categories]
@@ -146,7 +117,7 @@ def _grids(rows: Sequence[Point]) -> list[tuple[str, list[str], list[list[str]]]
     return grids
 
 
-def section(rows: Sequence[Point], fmt: str) -> str:
+def section(rows: Sequence[Row], fmt: str) -> str:
     """The category tables in `fmt` ("table" or "markdown"); "" when no row has categories."""
     if not any(r.categories for r in rows):
         return ""
@@ -164,7 +135,7 @@ def section(rows: Sequence[Point], fmt: str) -> str:
     return "".join(out)
 
 
-def html_section(rows: Sequence[Point]) -> str:
+def html_section(rows: Sequence[Row]) -> str:
     """The category tables for the HTML report (a <h2> and a table each); "" when no row has categories. A
     speedup within the noise is orange (class noisy), as in the points' table."""
     grids = _grids(rows) if any(r.categories for r in rows) else []

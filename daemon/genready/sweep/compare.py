@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
-from genready.sweep import speedup
-from genready.sweep.report import FIGURES, Figure, Row, with_baseline
+from genready.sweep.report import with_baseline
+from genready.sweep.rows import FIGURES, Figure, Ratio, Row
 from genready.web import htmlpage
 
 COMPARED: Final = tuple(f for f in FIGURES if f.ranked)
@@ -58,8 +58,8 @@ def change(f: Figure, ra: Row | None, rb: Row | None) -> Change:
 class SpeedupChange:
     """A point's speedup over its sweep's baseline in A and in B (None: none there)."""
 
-    a: speedup.Ratio | None
-    b: speedup.Ratio | None
+    a: Ratio | None
+    b: Ratio | None
     noise_limit: float
 
     @property
@@ -90,7 +90,7 @@ def speedup_change(ra: Row | None, rb: Row | None) -> SpeedupChange:
     return SpeedupChange(a, b, max((r.noise_limit for r in (ra, rb) if r is not None), default=0.10))
 
 
-def _ratio(r: speedup.Ratio | None) -> str:
+def _ratio(r: Ratio | None) -> str:
     if r is None:
         return "-"
     ci = f" [{r.low:.2f}-{r.high:.2f}]" if r.low is not None and r.high is not None else ""

@@ -24,10 +24,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from genready.redact import escape
 from genready.sweep import speedup
+from genready.sweep.rows import Ratio, Row
 from genready.tools.benchload import SloPart, parse_slo
 from genready.web import htmlpage
 
@@ -36,24 +37,6 @@ MAX_NAMED: Final = 8  # configurations named in one list of a sentence, then "an
 TITLE: Final = "Decision"
 WITHIN_NOISE: Final = ("within noise: their output tok/s over the best's has a 95 % interval holding 1 (over their "
                        "repeats); with one run each, no further from 1 than the plan's noise_limit")
-
-
-class Judged(Protocol):
-    """What the decision reads of a report row (report.Row): this module must not import report (a cycle)."""
-
-    index: int
-    label: str
-    status: str
-    host: str
-    point: dict[str, Any]
-    group: int | None
-    baseline: int
-    client: dict[str, Any] | None
-    figures: dict[str, float | None] | None
-    samples: dict[str, list[float]]
-    ratios: dict[str, speedup.Ratio]
-    noise_limit: float
-    drifted: float | None
 
 
 # --- what the report knows besides its rows ---------------------------------------------------------------------
@@ -118,7 +101,7 @@ def _words(values: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in values.items())
 
 
-def client_axes(rows: Sequence[Judged]) -> set[str]:
+def client_axes(rows: Sequence[Row]) -> set[str]:
     """Without a baseline the lines name no client setting: the axes whose value changes inside a server
     configuration (a group; a line without one is a configuration of its own), as the HTML report's axes."""
     seen: dict[tuple[str, int, str], object] = {}  # (host, group, axis): merged shards number their groups alike
@@ -134,36 +117,36 @@ def client_axes(rows: Sequence[Judged]) -> set[str]:
     return out
 
 
-def settings(rows: Sequence[Judged]) -> list[tuple[dict[str, Any], list[Judged]]]:
+def settings(rows: Sequence[Row]) -> list[tuple[dict[str, Any], list[Row]]]:
     """The plan's points (not the baseline's runs) by client setting, in plan order."""
     points = [r for r in rows if not r.baseline]
     named = {k for r in points for k in (r.client or {})}  # a baseline plan's lines name it (not a skipped one's)
     axes = named if any(r.client is not None for r in points) else client_axes(points)
-    out: dict[tuple[tuple[str, object], ...], tuple[dict[str, Any], list[Judged]]] = {}
+    out: dict[tuple[tuple[str, object], ...], tuple[dict[str, Any], list[Row]]] = {}
     for r in points:
         client = {k: v for k, v in r.point.items() if k in axes}
         out.setdefault(tuple(sorted((k, _value_key(v)) for k, v in client.items())), (client, []))[1].append(r)
     return list(out.values())
 
 
-def config_label(r: Judged, client: Mapping[str, Any]) -> str:
+def config_label(r: Row, client: Mapping[str, Any]) -> str:
     """A configuration's name in a sentence: its server-side values (the row's label when it has none)."""
     words = _words({k: v for k, v in r.point.items() if k not in client})
     return escape(words or r.label)
 
 
-def tps(r: Judged) -> float | None:
+def tps(r: Row) -> float | None:
     v = (r.figures or {}).get(TPS)
     return v if r.status == "ok" and v is not None and math.isfinite(v) and v > 0 else None
 
 
-def _runs(r: Judged, key: str) -> list[float]:
+def _runs(r: Row, key: str) -> list[float]:
     got = [v for v in r.samples.get(key, []) if math.isfinite(v)]
     v = (r.figures or {}).get(key)
     return got or ([v] if v is not None and math.isfinite(v) else [])
 
 
-def within_noise(r: Judged, best: Judged) -> bool:
+def within_noise(r: Row, best: Row) -> bool:
     """`r`'s output tok/s is within noise of `best`'s (module doc)."""
     got = speedup.ratio(_runs(r, TPS), _runs(best, TPS))
     return got is not None and got.within_noise(max(r.noise_limit, best.noise_limit))
@@ -187,7 +170,7 @@ class Verdict:
         return ", ".join(out)
 
 
-def judge(r: Judged, parts: Sequence[SloPart]) -> Verdict:
+def judge(r: Row, parts: Sequence[SloPart]) -> Verdict:
     failed, unmeasured = [], []
     for p in parts:
         runs = _runs(r, p.key)
@@ -203,15 +186,15 @@ class Setting:
     """The decision at one client setting."""
 
     client: dict[str, Any]
-    best: Judged | None = None
-    near: list[Judged] = field(default_factory=list)  # within noise of the best
+    best: Row | None = None
+    near: list[Row] = field(default_factory=list)  # within noise of the best
     not_ok: int = 0  # points of the setting without an ok run and a tok/s
-    slo_best: Judged | None = None
-    slo_failed: list[tuple[Judged, Verdict]] = field(default_factory=list)
-    slo_unjudged: list[tuple[Judged, Verdict]] = field(default_factory=list)
+    slo_best: Row | None = None
+    slo_failed: list[tuple[Row, Verdict]] = field(default_factory=list)
+    slo_unjudged: list[tuple[Row, Verdict]] = field(default_factory=list)
 
 
-def decide(rows: Sequence[Judged], slo: Sequence[SloPart] = ()) -> list[Setting]:
+def decide(rows: Sequence[Row], slo: Sequence[SloPart] = ()) -> list[Setting]:
     out = []
     for client, group in settings(rows):
         s = Setting(client)
@@ -237,7 +220,7 @@ def _names(items: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
-def speedup_words(r: Judged) -> str:
+def speedup_words(r: Row) -> str:
     """`2.09x the baseline's output tok/s [1.92-2.27]`; a slowdown said as one; within noise said as such."""
     got = r.ratios.get("speedup")
     if got is None:
@@ -382,7 +365,7 @@ class Section:
     search: tuple[str, ...]
 
 
-def section(rows: Sequence[Judged], facts: Facts) -> Section | None:
+def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     """The decision over the report's rows, None when there is nothing to decide (no point with a tok/s, no
     search found line)."""
     with_baseline = any(r.baseline for r in rows)
@@ -405,7 +388,7 @@ def section(rows: Sequence[Judged], facts: Facts) -> Section | None:
     return Section(tuple(sentences + search), tuple(notes), tuple(decided), tuple(search))
 
 
-def render(rows: Sequence[Judged], facts: Facts | None, fmt: str) -> str:
+def render(rows: Sequence[Row], facts: Facts | None, fmt: str) -> str:
     """The section in `fmt` (table, markdown, html), to go first; "" without one (or without `facts`: the
     sweep's own summary is the table alone)."""
     got = section(rows, facts) if facts is not None else None
@@ -425,19 +408,19 @@ def _fin(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _ratio_json(r: speedup.Ratio | None) -> dict[str, Any] | None:
+def _ratio_json(r: Ratio | None) -> dict[str, Any] | None:
     return None if r is None else {"value": _fin(r.value), "low": _fin(r.low), "high": _fin(r.high),
                                    "slowdown": r.value < 1}
 
 
-def as_json(rows: Sequence[Judged], facts: Facts | None) -> dict[str, Any] | None:
+def as_json(rows: Sequence[Row], facts: Facts | None) -> dict[str, Any] | None:
     """The section for --format json: its sentences, and per client setting the best, the ones within noise of
     it and the SLO's verdicts (labels and figures); None without one."""
     got = section(rows, facts) if facts is not None else None
     if got is None:
         return None
 
-    def point(r: Judged | None, client: Mapping[str, Any]) -> dict[str, Any] | None:
+    def point(r: Row | None, client: Mapping[str, Any]) -> dict[str, Any] | None:
         if r is None:
             return None
         return {"point": r.label, "configuration": config_label(r, client), TPS: tps(r),

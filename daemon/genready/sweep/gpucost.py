@@ -16,7 +16,7 @@ from typing import Any, Final
 from genready.gpu.provider import GpuUnavailable, Provider
 from genready.gpu.sampling import Sampler
 from genready.gpu.watch import choose
-from genready.sweep.report import bench_line
+from genready.sweep.files import bench_line
 from genready.sweep.results import writing
 
 GPU_FILE: Final = "gpu.json"

@@ -26,7 +26,8 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.sweep import plotrules, speedup
-from genready.sweep.report import Row, label_of, ratio_text, with_baseline
+from genready.sweep.report import ratio_text, with_baseline
+from genready.sweep.rows import Row, label_of
 from genready.web import htmlpage
 
 MAX_HEATMAPS: Final = 24  # client settings x other server values drawn; past that the page says how many more

@@ -41,17 +41,8 @@ from genready.sweep.plotrules import plottable
 from genready.sweep.plotrules import shown as _shown
 from genready.sweep.plotrules import svg as _svg
 from genready.sweep.plotrules import text as _text
-from genready.sweep.report import (
-    FIGURES,
-    RATIO_TITLES,
-    Figure,
-    Row,
-    figure_text,
-    positions_text,
-    ratio_text,
-    with_baseline,
-    with_positions,
-)
+from genready.sweep.report import RATIO_TITLES, figure_text, positions_text, ratio_text, with_baseline, with_positions
+from genready.sweep.rows import FIGURES, Figure, Row
 from genready.web import htmlpage
 
 PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")

@@ -26,8 +26,10 @@ from typing import Any, Final
 from genready.config import FileError
 from genready.redact import escape
 from genready.sweep import plotrules, search
+from genready.sweep.collect import Read
 from genready.sweep.decision import finite_number as number  # one reading of a number from a line
-from genready.sweep.report import RESULTS_FILE, SEARCH_FILE, Read, bench_line, label_of, numbered_lines
+from genready.sweep.files import RESULTS_FILE, SEARCH_FILE, bench_line, numbered_lines
+from genready.sweep.rows import label_of
 from genready.web import htmlpage
 
 # Per step, what the plots draw: (bench line key, its title). achieved_rate falls back to requests_per_second
@@ -129,7 +131,7 @@ def _int(v: Any) -> int | None:
 
 def searches(folders: Sequence[Path], read: Read | None = None) -> list[Search]:
     """Every configuration's search over `folders`, in the order their points ran; [] when none has one.
-    `read`: the report's own read of those folders' results lines (report.read_folders), not decoded again."""
+    `read`: the report's own read of those folders' results lines (collect.read_folders), not decoded again."""
     out: list[Search] = []
     results = {folder: [rec for _, rec in lines] for folder, _, lines in read or ()}
     for folder in folders:
@@ -151,7 +153,7 @@ def searches(folders: Sequence[Path], read: Read | None = None) -> list[Search]:
 
 
 def _point_key(rec: Mapping[str, Any]) -> str:
-    # A point's number with its values: a baseline run may hold a plan point's values (report.rows_from), and
+    # A point's number with its values: a baseline run may hold a plan point's values (collect.rows_from), and
     # its number is past the plan's in its results lines and its found line alike (searchrun writes both).
     return _key([rec.get("index"), rec.get("point")])
 

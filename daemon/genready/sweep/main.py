@@ -40,11 +40,12 @@ from genready.client import client
 from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.sweep import baseline as sweepbaseline
+from genready.sweep import report as sweepreport
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
+from genready.sweep.files import RESULTS_FILE, read_results
 from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.prune import Pruner, earlier_failures
-from genready.sweep.report import RESULTS_FILE, read_results
 from genready.sweep.reportmain import decision_facts as decision_facts  # `sweep report`: its old home
 from genready.sweep.reportmain import report_main as report_main
 from genready.sweep.results import (
@@ -232,7 +233,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         say(f"--resume: {len(sweep.pruner.earlier)} points whose start failed in {results / RESULTS_FILE} are not "
             f"loaded again, nor the configurations they prune (--no-prune loads them)")
     try:
-        return sweep.run(skip)
+        code = sweep.run(skip)
     except ConfigError as e:  # a drop-in systemd would not take as written, found before anything changed
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
@@ -248,6 +249,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         if e.errno in (errno.EACCES, errno.EPERM):
             raise Failed(f"{e}", hint="a system unit's runtime drop-in needs root", status=Exit.TIMEOUT) from None
         raise
+    console.write(sweepreport.summary(sweep.summary_rows()) + sweep.tally(), sweep.out)  # the run's own report
+    return code
 
 
 def pruner(plan: Plan, args: argparse.Namespace, results: Path, fingerprints: dict[int, Any]) -> Pruner:

@@ -18,21 +18,20 @@ from genready import console
 from genready.config import FileError
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
-from genready.sweep import decision, loadreport
+from genready.sweep import collect, decision, files, loadreport
 from genready.sweep import report as sweepreport
-from genready.sweep.results import coverage
 
 
-def decision_facts(read: sweepreport.Read, partial: str = "") -> decision.Facts:
+def decision_facts(read: collect.Read, partial: str = "") -> decision.Facts:
     """What the report's Decision knows besides the rows: the plan's `slo` as the results lines recorded it, and
     each folder's DIR/search.jsonl found lines (a file that cannot be read is a warning, and holds none);
     `partial`: which of the plan's points have no result (its best is then only the best of those present)."""
     found: list[dict[str, Any]] = []
     for folder, _, _ in read:
         try:
-            found += [rec for _, rec in sweepreport.numbered_lines(folder / sweepreport.SEARCH_FILE)]
+            found += [rec for _, rec in files.numbered_lines(folder / files.SEARCH_FILE)]
         except FileError as e:
-            sweepreport.warn_line(str(e))
+            files.warn_line(str(e))
     facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
     return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
         else facts
@@ -68,12 +67,13 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         from genready.sweep import html as sweephtml
         sweephtml.preload()
     try:
-        sides = [sweepreport.rows_of([Path(f)]) for f in folders] if compare else []
-        read = [] if compare else sweepreport.read_folders([Path(f) for f in folders])
-    except sweepreport.ReportError as e:
+        sides = [collect.rows_of([Path(f)]) for f in folders] if compare else []
+        read = [] if compare else collect.read_folders([Path(f) for f in folders])
+    except collect.ReportError as e:
         raise Failed(str(e), status=Exit.BAD_DATA) from None
-    rows = sweepreport.rows_from(read)
-    partial = "" if compare else coverage((rec for _, _, lines in read for _, rec in lines), {r.index for r in rows})
+    rows = collect.rows_from(read)
+    partial = "" if compare else collect.coverage((rec for _, _, lines in read for _, rec in lines),
+                                                  {r.index for r in rows})
     if partial:
         for r in rows:
             r.best.clear()  # the best of half a plan is not the plan's best

@@ -15,15 +15,15 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 from genready.compat import StrEnum
 from genready.store import durable
+from genready.sweep.files import RESULTS_FILE, read_results
 from genready.sweep.plan import RUN_KEYS, Plan, Point, Scalar
-from genready.sweep.report import RESULTS_FILE, read_results
 from genready.timewords import iso
 from genready.tools import servermetrics
 
@@ -331,28 +331,6 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
         if keys := differing(r.get("fingerprint"), fingerprints[p.index]):
             out[p.index] = keys
     return out
-
-
-def coverage(records: Iterable[dict[str, Any]], present: set[int]) -> str:
-    """"N of M points have no result (shard K/N missing or unfinished)" for results lines that name their
-    plan's size (`plan_points`) and shard, when some of the plan's points have no line; else ""."""
-    sizes: set[int] = set()
-    shards: dict[int, set[int]] = {}  # N -> the K seen
-    for r in records:
-        if isinstance(n := r.get("plan_points"), int) and not isinstance(n, bool) and n > 0:
-            sizes.add(n)
-        k, _, n_s = str(r.get("shard") or "").partition("/")
-        if k.isdigit() and n_s.isdigit():
-            shards.setdefault(int(n_s), set()).add(int(k))
-    if not sizes:
-        return ""  # lines from before plan_points: the plan's size is not known
-    m = max(sizes)
-    missing = m - len({i for i in present if 1 <= i <= m})
-    if missing <= 0:
-        return ""
-    gone = [f"{k}/{n}" for n, seen in sorted(shards.items()) for k in range(1, n + 1) if k not in seen]
-    return f"{missing} of {m} points have no result" + (
-        f" (shard {', '.join(gone)} missing or unfinished)" if gone else " (unfinished)")
 
 
 class Results:

@@ -18,18 +18,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Final, NoReturn, TextIO
 
-from genready import console
 from genready.exitcodes import Exit
 from genready.sweep import baseline as sweepbaseline
-from genready.sweep import confirm, searchrun, speedup, steps, strays
-from genready.sweep import report as sweepreport
+from genready.sweep import confirm, searchrun, steps, strays
 from genready.sweep import search as searchmod
 from genready.sweep.dropin import DropinLife
+from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
 from genready.sweep.prune import Pruner, Source, failed_start
-from genready.sweep.report import RESULTS_FILE
 from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
+from genready.sweep.rows import Row, point_row
 from genready.sweep.searchrun import SearchStep
 from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
 from genready.timewords import duration
@@ -72,6 +71,7 @@ class Sweep:
         self.searched_earlier: set[int] = set()  # search points whose every step an earlier run did (--resume)
         self.searched: dict[int, searchrun.Searched] = {}  # the searches so far: each crossover needs the baseline's
         self.incomplete: set[int] = set()  # search points whose search stopped before it was over: exit 1
+        self.skip: set[int] = set()  # the points run() was told to skip (ok in an earlier run)
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -88,6 +88,7 @@ class Sweep:
         it was over), 130 if interrupted."""
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         interrupted = False
+        self.skip = skip
         self.plan_schedule(skip)
         log: ResultsLog | None = None
         try:
@@ -126,7 +127,6 @@ class Sweep:
                     log.close()
                 for s, h in old.items():
                     signal.signal(s, h)
-        self.summary(skip | self.searched_earlier)
         if interrupted:
             return Exit.INTERRUPTED
         return Exit.OK if self.results.all_ok() and not self.incomplete else Exit.TIMEOUT
@@ -294,34 +294,37 @@ class Sweep:
             return
         self.life.restore(o.base, o.target, o.timeout, self.console.say)
 
-    # -- the summary -------------------------------------------------------------------------------
+    # -- the summary (main.py renders it: report.summary of these rows, then the tally) ---------------------
 
-    def summary(self, skipped: set[int]) -> None:
+    def summary_rows(self) -> list[Row]:
+        """A row per point of the plan (and per baseline run this shard ran): from this run's lines, else what an
+        earlier run left (`ok (earlier run)`, `not_ready (earlier run)`) or `not run`."""
         rows = []
+        skipped = self.skip | self.searched_earlier
         where = str(self.opts.results / RESULTS_FILE)
         for p in [*self.opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
-                    rows.append(sweepreport.Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
-                                                "not_ready (earlier run)" if p.index in self.pruner.earlier
-                                                else "not run"))
+                    rows.append(Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
+                                    "not_ready (earlier run)" if p.index in self.pruner.earlier else "not run"))
                 continue
-            rows.append(sweepreport.point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
-        sweepreport.mark_best(rows)
-        speedup.attach(rows)
-        text = sweepreport.render(rows)
-        ok = self.results.ok_count() + len(skipped)
+            rows.append(point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
+        return rows
+
+    def tally(self) -> str:
+        """The summary's last lines: the points ok, the loads, what prune saved, where the results are."""
+        ok = self.results.ok_count() + len(self.skip | self.searched_earlier)
         n = sum(len(g) for g in self.groups)
         loads = len(self.timings.load_times)
         pruned = f", {len(self.pruned)} skipped ({plural(self.loads_saved(), 'load')} saved by prune)" if self.pruned \
             else ""
-        text += f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
+        text = f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
             f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
         if self.incomplete:
             n_inc = len(self.incomplete)
             text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \
-                f"{self.opts.results / searchrun.SEARCH_FILE}): exit 1\n"
-        console.write(text, self.out)
+                f"{self.opts.results / SEARCH_FILE}): exit 1\n"
+        return text
 
 
 def plural(n: int, word: str) -> str:

@@ -3,7 +3,7 @@
 Each step is a run like any other (runner.Sweep.tries: re-verified, flushed, warmed, its repeats, its attempts),
 its bench flags (search.bench_args) in the command's word `{search}`, its results line carrying `search_step`,
 `search_kind`, `search_rate` (the offered requests/s; null: a closed loop) and `search_concurrency`. The next
-step is decided from the steps' bench lines ({out}/bench.jsonl, read as report.py reads it). What the search
+step is decided from the steps' bench lines ({out}/bench.jsonl, files.bench_line). What the search
 found is a line of DIR/search.jsonl per configuration (results.jsonl's readers see only runs), with its curve
 and, with a `baseline`, its crossover against the baseline's search (crossover.py). `--resume` reuses a step's
 ok lines of the same fingerprint: the decisions are pure, so the same steps come again. A search that stops
@@ -23,11 +23,11 @@ from typing import Any, Protocol
 from genready.config import FileError
 from genready.store import durable
 from genready.sweep import baseline as sweepbaseline
-from genready.sweep import crossover, report, search
+from genready.sweep import crossover, files, search
+from genready.sweep.files import BENCH_FILE, RESULTS_FILE, read_results
+from genready.sweep.files import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
-from genready.sweep.report import BENCH_FILE, RESULTS_FILE, read_results
-from genready.sweep.report import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
 from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
 from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
@@ -84,7 +84,7 @@ def bench_line(results: Path, rec: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(out, str):
         return None
     try:
-        return report.bench_line(results / out)
+        return files.bench_line(results / out)
     except FileError:
         return None
 

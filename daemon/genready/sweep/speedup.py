@@ -19,8 +19,9 @@ import json
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Final
+
+from genready.sweep.rows import Ratio, Row
 
 LEVEL: Final = 0.95
 # (results/report name, the figure it is the ratio of): speedup is a point's output tok/s over the baseline's;
@@ -102,21 +103,6 @@ def t_quantile(p: float, df: float) -> float:
     return t
 
 
-@dataclass(frozen=True)
-class Ratio:
-    """A over B: the ratio of geometric means, and its interval (None with one run on each side)."""
-
-    value: float
-    low: float | None = None
-    high: float | None = None
-
-    def within_noise(self, noise_limit: float) -> bool:
-        """The interval holds 1; without one, the ratio is within `noise_limit` of 1."""
-        if self.low is None or self.high is None:
-            return abs(self.value - 1.0) <= noise_limit
-        return self.low <= 1.0 <= self.high
-
-
 def _variance(xs: Sequence[float]) -> float:
     """The sample variance in floats (statistics.variance computes in exact fractions: a 1,000-point report
     asks for thousands); 0 when every value is the same, as there."""
@@ -164,24 +150,10 @@ def drift_text(drifted: float) -> str:
     return f"{pct:+.0f}%" if abs(pct) >= 9.95 else f"{pct:+.1f}%"
 
 
-class Measured(Protocol):
-    """What attach() reads and writes of a report row (report.Row)."""
-
-    status: str
-    host: str
-    noise_limit: float
-    baseline: int
-    baseline_round: int | None
-    client: dict[str, Any] | None
-    samples: dict[str, list[float]]
-    ratios: dict[str, Ratio]
-    drifted: float | None
-
-
-def attach(rows: Sequence[Measured]) -> None:
+def attach(rows: Sequence[Row]) -> None:
     """Each ok point's ratios against the baseline round that ran before it at its client setting (same host),
     and `drifted` when that round and the next one differ by more than the baseline's noise."""
-    bases: dict[str, Measured] = {}
+    bases: dict[str, Row] = {}
     for r in rows:
         if r.baseline and r.status == "ok" and r.client is not None:
             bases[json.dumps([r.host, r.baseline, r.client], sort_keys=True)] = r

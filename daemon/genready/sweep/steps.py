@@ -27,11 +27,11 @@ from typing import Any, Final
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import FileError, TargetConfig
-from genready.sweep import categories, gpucost
+from genready.sweep import gpucost
 from genready.sweep.dropin import POLL, DropinLife
+from genready.sweep.files import bench_line, category_figures
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Between, Plan, Point, Shard
-from genready.sweep.report import bench_line
 from genready.sweep.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
@@ -394,7 +394,7 @@ def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
     bench line, the results and the report carry them); None without them. An unreadable bench line is the
     report's to name."""
     try:
-        return categories.figures_of((bench_line(folder) or {}).get("categories")) or None
+        return category_figures((bench_line(folder) or {}).get("categories")) or None
     except FileError:
         return None
 

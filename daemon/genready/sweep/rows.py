@@ -1,0 +1,358 @@
+"""A report's row: one point of a plan, read back from its results lines and its bench line.
+
+`row_of` makes the row of one results.jsonl line: the line's own fields, and when the point's command wrote
+`{out}/bench.jsonl` (files.bench_line), the FIGURES a speculative-decoding sweep compares (accept length, draft
+acceptance, output tokens/s, TTFT p50, ITL p50, ...); a figure the bench line lacks is taken from the results
+line where FROM_RESULTS names one. `point_row` merges a point's repeats: per repeat an ok attempt wins, each
+figure the median over the ok repeats with its Spread. `mark_best` marks each ranked figure's best value.
+The ratios against the plan's baseline (`Ratio`) are the report's to attach (report/speedup.py); the row
+only holds them.
+
+A line whose fields have the wrong types, or whose bench.jsonl cannot be read, shows its point as
+unreadable, with a warning. This module is the one shape of a row: the run's summary (runner.py) and every
+report module (decision, speedup, categories, html, heatmap, compare) read `Row`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from genready import config
+from genready.redact import escape
+from genready.sweep.files import bench_line, warn_line
+
+UNREADABLE: Final = "unreadable"
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str  # in the bench client's JSON line
+    title: str
+    higher_is_better: bool
+    digits: int
+    optional: bool = False  # a column only when some row has the figure
+    ranked: bool = True  # a best value is marked (not for a figure that describes the run, not its result)
+    column: bool = True  # False: read, and plotted in the HTML report, but no table column
+
+
+FIGURES: Final = (
+    Figure("accept_length", "ACCEPT", True, 2),
+    # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
+    Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
+    Figure("output_tokens_per_second", "OUT tok/s", True, 1),
+    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/gpucost.py; results line).
+    Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
+    Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
+    Figure("itl_p50_ms", "ITL p50 ms", False, 2),
+    # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
+    Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
+    Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
+    Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
+    # the p99s a plan's `slo` may name (sweep/decision.py judges points by the bench line's percentiles)
+    Figure("itl_p99_ms", "ITL p99 ms", False, 2, ranked=False, column=False),
+    Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
+    # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
+    Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
+    # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/html.py).
+    Figure("concurrency", "CONC", False, 0, optional=True, ranked=False, column=False),
+)
+# A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
+FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
+                       "tokens_per_joule": "tokens_per_joule", "mean_power_w": "mean_power_w"}
+_NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}  # copied per row, not built per row
+MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A over B: the ratio of geometric means, and its interval (None with one run on each side)."""
+
+    value: float
+    low: float | None = None
+    high: float | None = None
+
+    def within_noise(self, noise_limit: float) -> bool:
+        """The interval holds 1; without one, the ratio is within `noise_limit` of 1."""
+        if self.low is None or self.high is None:
+            return abs(self.value - 1.0) <= noise_limit
+        return self.low <= 1.0 <= self.high
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _as_float(v: Any) -> float | None:
+    """A JSON number as a float (an integer beyond any float is infinite), anything else None."""
+    if not _number(v):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def bench_figures(folder: Path) -> dict[str, float | None] | None:
+    """The figures of the last bench line in `folder`/bench.jsonl, or None without one. config.FileError
+    for a bench.jsonl that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
+    last = bench_line(folder)
+    return None if last is None else {f.key: _as_float(last.get(f.key)) for f in FIGURES}
+
+
+
+def positions_of(v: Any) -> list[float] | None:
+    """An `accept_per_position` value (bench line, results line) as finite numbers, or None when it is not a
+    non-empty list of them (the first MAX_POSITIONS kept)."""
+    if not isinstance(v, list) or not v:
+        return None
+    got = [_as_float(x) for x in v[:MAX_POSITIONS]]
+    return None if any(x is None or not math.isfinite(x) for x in got) else [x for x in got if x is not None]
+
+
+
+# The fields of a results.jsonl line a row shows, and what each must be (None is always fine).
+_FIELDS: Final = (("index", int, "an integer"), ("status", str, "a string"), ("attempt", int, "an integer"),
+                  ("pid", int, "an integer"), ("load_seconds", float, "a number"), ("run_seconds", float, "a number"),
+                  ("restarted", bool, "true or false"), ("host", str, "a string"), ("out", str, "a string"))
+
+
+def field_problem(rec: dict[str, Any]) -> str | None:
+    """What is wrong with a results line's fields, or None."""
+    for key, kind, words in _FIELDS:
+        v = rec.get(key)
+        if v is None or type(v) is kind or (kind is float and type(v) is int):  # the lines a sweep writes
+            continue
+        ok = _number(v) if kind is float else isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+        if not ok:
+            return f"{key}: expected {words}, found {type(v).__name__} {escape(repr(v))[:60]}"
+    out = rec.get("out")
+    if isinstance(out, str) and ("\0" in out or out.startswith("/") or (".." in out and ".." in Path(out).parts)):
+        return f"out: expected a folder name inside the results folder, found {escape(repr(out))[:60]}"
+    return None
+
+
+@dataclass(slots=True)
+class Row:
+    index: int
+    label: str
+    status: str
+    attempt: str = "-"
+    pid: str = "-"
+    load: float | None = None
+    run: float | None = None
+    restarted: bool | None = None
+    host: str = ""
+    figures: dict[str, float | None] | None = None
+    best: set[str] = field(default_factory=set)
+    bench_unreadable: bool = False  # its bench.jsonl is there but cannot be read: figures shown "unreadable"
+    cache: str = ""  # cold_start, flushed or warm (results lines from before caches were recorded: "")
+    runs: int = 1  # repeats recorded for the point
+    runs_ok: int = 1
+    spread: dict[str, Spread] = field(default_factory=dict)  # per figure, over the ok repeats (2 or more)
+    noisy: set[str] = field(default_factory=set)  # figures whose relative MAD exceeds the plan's noise_limit
+    throttled: bool = False  # a GPU's clocks were held back (not by idling) during a run: its figures marked `~`
+    noise_limit: float = 0.10
+    point: dict[str, Any] = field(default_factory=dict)  # the plan's values (the HTML report's axes)
+    group: int | None = None
+    invocation_id: str = ""
+    context: dict[str, str] = field(default_factory=dict)  # target, unit, plan, started_at, ended_at
+    warmup_requests: int | None = None  # the warmup before the run (the most over repeats)
+    unstable: bool = False  # warmup = "stable" stopped at its bound before TTFT and ITL settled (a run of it did)
+    engine: dict[str, Any] | None = None  # what its engine said it runs (engine_config's values), where read
+    server: str = ""  # its server configuration: the digest of its rendered drop-in (the fingerprint's)
+    # Against the plan's baseline (speedup.py): a baseline run's round, or the round a point ran after;
+    # the point's client setting; each figure over its ok repeats; the ratios and the drift, at report time.
+    baseline: int = 0
+    baseline_round: int | None = None
+    client: dict[str, Any] | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    ratios: dict[str, Ratio] = field(default_factory=dict)
+    drifted: float | None = None
+    accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
+    gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
+    categories: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # by prompt category (categories.py)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A figure over a point's repeats: the median is the row's value."""
+
+    low: float
+    high: float
+    rmad: float  # the median absolute deviation over the median's magnitude (inf for a median of 0 with spread)
+
+
+def spread_of(values: Sequence[float]) -> tuple[float, Spread]:
+    """(median, its spread) of two or more finite values."""
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    rmad = mad / abs(med) if med else (0.0 if mad == 0 else math.inf)
+    return med, Spread(min(values), max(values), rmad)
+
+
+def label_of(point: Any) -> str:
+    if not isinstance(point, dict):
+        return str(point)
+    return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
+
+
+Benches = dict[Path, "dict[str, Any] | config.FileError | None"]  # a report's bench lines by out folder
+
+
+def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches | None = None) -> Row:
+    """The row of one results.jsonl line of `folder` (`where`: its FILE:LINE, for warnings). A line with
+    fields of the wrong type is shown as an unreadable point, with a warning. `benches`: bench lines read."""
+    index = rec.get("index")
+    if not isinstance(index, int) or isinstance(index, bool):  # from before "index": the out folder starts with it
+        m = re.match(r"(\d+)-", str(rec.get("out", "")))
+        index = int(m.group(1)) if m else 0
+    label = label_of(rec.get("point"))
+    if isinstance(b := rec.get("baseline"), int) and not isinstance(b, bool) and b > 0:
+        label = f"baseline#{b} {label}"
+    if problem := field_problem(rec):
+        warn_line(f"{where or folder}: {problem}; the point is shown as {UNREADABLE}")
+        return Row(index, label, UNREADABLE)
+    out = rec.get("out")
+    figures: dict[str, float | None] | None = None
+    unreadable, line = False, None
+    if isinstance(out, str):
+        try:
+            line = bench_line(folder / out) if benches is None else bench_once(folder / out, benches)
+            figures = None if line is None else {key: _as_float(line.get(key)) for key in _NO_FIGURES}
+        except config.FileError as e:
+            warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
+            unreadable = True
+    if not unreadable:
+        for key, field_name in FROM_RESULTS.items():
+            if (v := rec.get(field_name)) is not None and (figures is None or figures.get(key) is None) and \
+                    (v := _as_float(v)) is not None:
+                if figures is None:
+                    figures = _NO_FIGURES.copy()
+                figures[key] = v
+    cache = rec.get("cache")
+    noise = _as_float(rec.get("noise_limit"))
+    point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
+    base, before, client = rec.get("baseline"), rec.get("baseline_round"), rec.get("client")
+    return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
+               str(rec.get("pid") or "-"), _as_float(rec.get("load_seconds")), _as_float(rec.get("run_seconds")),
+               rec.get("restarted"), str(rec.get("host") or ""), figures, bench_unreadable=unreadable,
+               cache=cache if isinstance(cache, str) else "",
+               noise_limit=noise if noise is not None and math.isfinite(noise) and noise >= 0 else 0.10,
+               point=point if isinstance(point, dict) else {},
+               group=group if isinstance(group, int) and not isinstance(group, bool) else None,
+               invocation_id=inv if isinstance(inv, str) else "",
+               context={k: v for k in ("target", "unit", "plan", "started_at", "ended_at")
+                        if isinstance(v := rec.get(k), str)},
+               warmup_requests=w if isinstance(w := rec.get("warmup_requests"), int) and not isinstance(w, bool)
+               else None, unstable=rec.get("warmup_converged") is False,
+               engine=_engine_values(rec), server=_server_of(rec), throttled=rec.get("throttled") is True,
+               baseline=base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0,
+               baseline_round=before if isinstance(before, int) and not isinstance(before, bool) else None,
+               client=client if isinstance(client, dict) else None,
+               accept_per_position=None if unreadable else positions_of((line or {}).get("accept_per_position"))
+               or positions_of(rec.get("metrics_accept_per_position")),
+               samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
+               if rec.get("status") == "ok" else {},
+               gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1)
+
+
+def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
+    """bench_line(folder) read once per report (`benches`: what it read), however many lines name the folder."""
+    if folder not in benches:
+        try:
+            benches[folder] = bench_line(folder)
+        except config.FileError as e:
+            benches[folder] = e
+    if isinstance(got := benches[folder], config.FileError):
+        raise got.with_traceback(None)  # a new traceback, not one more on the last
+    return got
+
+
+def _engine_values(rec: dict[str, Any]) -> dict[str, Any] | None:
+    got = rec.get("engine_config")
+    values = got.get("values") if isinstance(got, dict) else None
+    return values if isinstance(values, dict) else None
+
+
+def _server_of(rec: dict[str, Any]) -> str:
+    fp = rec.get("fingerprint")
+    return str(fp.get("dropin", "")) if isinstance(fp, dict) else ""
+
+
+def _repeat(rec: dict[str, Any]) -> int:
+    r = rec.get("repeat", 1)
+    return r if isinstance(r, int) and not isinstance(r, bool) else 1
+
+
+def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benches | None = None) -> Row:
+    """The row of one point from its results lines (each with its folder and FILE:LINE): per repeat, an ok
+    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread."""
+    if len(lines) == 1:  # most points: one run (the same row as below, without the bookkeeping)
+        return row_of(*lines[0], benches)
+    per: dict[int, tuple[dict[str, Any], Path, str]] = {}
+    for line in lines:
+        r = _repeat(line[0])
+        if r not in per or line[0].get("status") == "ok" or per[r][0].get("status") != "ok":
+            per[r] = line
+    rows = [row_of(rec, folder, where, benches) for _, (rec, folder, where) in sorted(per.items())]
+    if len(rows) == 1:
+        return rows[0]
+    oks = [r for r in rows if r.status == "ok"]
+    last = rows[-1]
+    bad = next((r for r in rows if r.status != "ok"), None)
+    row = Row(last.index, last.label, bad.status if bad else "ok", last.attempt, last.pid, last.load,
+              None, last.restarted, last.host, None, bench_unreadable=any(r.bench_unreadable for r in rows),
+              runs=len(rows), runs_ok=len(oks), noise_limit=last.noise_limit, point=last.point, group=last.group,
+              invocation_id=last.invocation_id,
+              context={**last.context, "started_at": rows[0].context.get("started_at", "")},
+              engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
+              throttled=any(r.throttled for r in oks),
+              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client, gpus=last.gpus)
+    row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
+    row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
+    caches = {r.cache for r in rows}
+    row.cache = next((c for c in ("warm", "flushed", "cold_start") if c in caches), "")
+    runs = [r.run for r in oks if r.run is not None]
+    row.run = statistics.median(runs) if runs else last.run
+    got = [r.accept_per_position for r in oks if r.accept_per_position]
+    if got:  # per position, the median over the ok repeats that reach it
+        row.accept_per_position = [statistics.median(p[j] for p in got if j < len(p))
+                                   for j in range(max(len(p) for p in got))]
+    with_figures = [r.figures for r in oks if r.figures]
+    if with_figures:
+        row.figures = {}
+        for f in FIGURES:
+            vals = [v for fig in with_figures if (v := fig.get(f.key)) is not None and math.isfinite(v)]
+            if vals:
+                row.samples[f.key] = vals
+            if len(vals) >= 2:
+                row.figures[f.key], row.spread[f.key] = spread_of(vals)
+                if f.ranked and row.spread[f.key].rmad > row.noise_limit:
+                    row.noisy.add(f.key)
+            else:
+                row.figures[f.key] = vals[0] if vals else next((fig.get(f.key) for fig in with_figures), None)
+    return row
+
+
+def mark_best(rows: Sequence[Row]) -> None:
+    """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
+    ok = [(r, r.figures) for r in rows if r.status == "ok" and r.figures]
+    finite = math.isfinite
+    for f in FIGURES:
+        if not f.ranked:
+            continue
+        key = f.key
+        vals = [v for _, fig in ok if (v := fig.get(key)) is not None and finite(v)]  # NaN, ±Infinity: never best
+        if len(vals) < 2:
+            continue
+        top = (max if f.higher_is_better else min)(vals)  # finite: a row holding NaN or ±Infinity is never equal
+        for r, fig in ok:
+            if fig.get(key) == top:
+                r.best.add(key)
