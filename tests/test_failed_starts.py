@@ -17,9 +17,9 @@ from genready.compat import tomllib
 from genready.rule.history import History
 from genready.store.records import RecordStore
 from genready.sweep import plan as sweepplan
-from genready.sweep import steps
-from genready.sweep.dropin import DropinLife
-from genready.sweep.lines import Console, Timings
+from genready.sweep.run import steps
+from genready.sweep.run.dropin import DropinLife
+from genready.sweep.run.lines import Console, Timings
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import iso
 from genready_dev.harness import GENREADY, Genready, free_port, wait_for

@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from genready.client import client, progress, waiting
-from genready.sweep import collect, report, strays
 from genready.sweep.plan import parse_plan
+from genready.sweep.report import collect
+from genready.sweep.report import table as report
 from genready.sweep.rows import mark_best
-from genready.sweep.steps import Signals, SweepOptions
+from genready.sweep.run import strays
+from genready.sweep.run.steps import Signals, SweepOptions
 
 GPU0 = "GPU-8a4c5e1f-0b7e-2d3c-9f61-5b2e7d3a9c10"
 STRAY: dict[str, Any] = {"gpu": GPU0, "pid": 4242, "bytes": 70000 << 20, "role": "stray", "invocation_id": "a" * 32,

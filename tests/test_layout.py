@@ -38,7 +38,7 @@ def test_a_sweep_report_imports_nothing_a_sweeps_run_needs() -> None:
     # `sweep report` over 64 MiB is timed (bench/sweep_report_axes.py), its start-up included: the HTTP client,
     # D-Bus and the sweep's steps cost ~0.2 s there, and a report talks to no server. (asyncio and
     # prometheus_client's text parser still come with the server kinds' counter names: ~0.08 s.)
-    heavy = imported_by("genready.sweep.reportmain") & {"aiohttp", "pystemd"}
+    heavy = imported_by("genready.sweep.report.main") & {"aiohttp", "pystemd"}
     assert not heavy, heavy
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready.sweep import searchrun
+from genready.sweep.run import searchrun
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager

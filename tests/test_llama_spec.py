@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready.sweep import collect
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
+from genready.sweep.report import collect
+from genready.sweep.report import table as sweepreport
 from genready.tools import benchclient
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers

@@ -1,4 +1,4 @@
-"""`sweep report`'s load search section (issue 39 §3, sweep/loadreport.py): in process on results folders written
+"""`sweep report`'s load search section (issue 39 §3, sweep/report/loadreport.py): in process on results folders written
 as a search writes them (results.jsonl lines with `search_step`, a bench.jsonl per run, DIR/search.jsonl), and a
 real `[search]` sweep on the simulator whose page has the section."""
 
@@ -16,8 +16,8 @@ import pytest
 import tomli_w
 
 from genready.compat import tomllib
-from genready.sweep import loadreport
 from genready.sweep import main as sweep
+from genready.sweep.report import loadreport
 from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
 from tests.test_searchrun import search_plan
@@ -230,7 +230,7 @@ def test_no_search_no_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "load-search" not in capsys.readouterr().out
 
 
-# --- issue 37 §3's plot rules (sweep/plotrules.py) hold in the load search's plots too ---------------------------
+# --- issue 37 §3's plot rules (sweep/report/plotrules.py) hold in the load search's plots too -------------------
 
 def test_an_axis_of_whole_numbers_has_integer_ticks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # concurrency 1, 2, 4 and a found concurrency of 2: matplotlib's own ticks would be 1.5, 2.5 ... and 0.25 ...

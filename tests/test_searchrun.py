@@ -14,9 +14,10 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import crossover, runner, search, searchrun, steps
+from genready.sweep import crossover, search
 from genready.sweep import plan as sweepplan
-from genready.sweep import results as sweepresults
+from genready.sweep.run import results as sweepresults
+from genready.sweep.run import runner, searchrun, steps
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig

@@ -25,12 +25,12 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import lines as sweeplines
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
-from genready.sweep import results as sweepresults
-from genready.sweep import runner, steps
-from genready.sweep.dropin import DropinLife
+from genready.sweep.run import lines as sweeplines
+from genready.sweep.run import results as sweepresults
+from genready.sweep.run import runner, steps
+from genready.sweep.run.dropin import DropinLife
 from genready.systemd import sweepdropin
 from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager

@@ -23,11 +23,11 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
-from genready.sweep import collect
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
-from genready.sweep import results as sweepresults
+from genready.sweep.report import collect
+from genready.sweep.report import table as sweepreport
+from genready.sweep.run import results as sweepresults
 from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import PY, LlamaServer, Simulator, http, wait_for

@@ -19,9 +19,9 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import collect
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
+from genready.sweep.report import collect
+from genready.sweep.report import table as sweepreport
 from genready_dev import realservers
 from genready_dev.harness import GENREADY, PY, Genready, free_port, wait_for
 from genready_dev.usermanager import UserManager

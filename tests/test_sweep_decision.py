@@ -18,11 +18,11 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import collect, decision
-from genready.sweep import compare as sweepcompare
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
+from genready.sweep.report import collect, decision
+from genready.sweep.report import compare as sweepcompare
+from genready.sweep.report import table as sweepreport
 from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
@@ -249,7 +249,7 @@ def test_search_lines_without_crossover_fields_and_other_statuses(tmp_path: Path
 
 def test_the_html_report_starts_with_the_decision(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from genready.sweep import html as sweephtml
+    from genready.sweep.report import html as sweephtml
 
     f = Folder(tmp_path, slo=SLO)
     three_configs(f, [(100, 200, 150, 60), (102, 204, 151, 61)], eagle={"ttft_p99_ms": 800.0})

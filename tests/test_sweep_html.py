@@ -22,11 +22,12 @@ from typing import Any
 import pytest
 
 from genready.exitcodes import Failed
-from genready.sweep import collect, files, heatmap, speedup
-from genready.sweep import html as sweephtml
+from genready.sweep import files
 from genready.sweep import main as sweep
-from genready.sweep import report as sweepreport
 from genready.sweep import rows as sweeprows
+from genready.sweep.report import collect, heatmap, speedup
+from genready.sweep.report import html as sweephtml
+from genready.sweep.report import table as sweepreport
 from genready_dev.harness import PY, REPO, wait_for
 from tests import ci
 
@@ -67,17 +68,20 @@ def test_only_the_html_report_imports_matplotlib() -> None:
     importing = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
                        if re.search(r"^\s*(import|from) matplotlib", p.read_text(), re.M))
     # html.py and the two modules only it imports (each imports matplotlib inside the function that draws)
-    assert importing == ["sweep/heatmap.py", "sweep/html.py", "sweep/plotrules.py"], importing
-    users = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py")
-                   if re.search(r"^\s*from genready\.sweep import .*\b(heatmap|plotrules)\b", p.read_text(), re.M))
+    assert importing == ["sweep/report/heatmap.py", "sweep/report/html.py", "sweep/report/plotrules.py"], importing
+    users = sorted(str(p.relative_to(daemon)) for p in daemon.rglob("*.py") if re.search(
+        r"^\s*from genready\.sweep\.report import .*\b(heatmap|plotrules)\b", p.read_text(), re.M))
     # loadreport's plots follow plotrules too; none of these imports matplotlib outside a function that draws
-    # (reportmain.py: heatmap's text grid, imported by `sweep report` only)
-    assert users == ["sweep/heatmap.py", "sweep/html.py", "sweep/loadreport.py", "sweep/reportmain.py"], users
+    # (report/main.py: heatmap's text grid, imported by `sweep report` only)
+    assert users == ["sweep/report/heatmap.py", "sweep/report/html.py", "sweep/report/loadreport.py",
+                     "sweep/report/main.py"], users
     for name in ("heatmap", "plotrules"):
-        assert not re.search(r"^(import|from) matplotlib", (daemon / "sweep" / f"{name}.py").read_text(), re.M)
+        assert not re.search(r"^(import|from) matplotlib", (daemon / "sweep" / "report" / f"{name}.py").read_text(),
+                             re.M)
     # and the sweep's entry points load that module only for --format html
-    for entry in ("main.py", "reportmain.py"):
-        assert not re.search(r"^from genready.sweep import .*html", (daemon / "sweep" / entry).read_text(), re.M)
+    for entry in ("main.py", "report/main.py"):
+        assert not re.search(r"^from genready.sweep(.report)? import .*html", (daemon / "sweep" / entry).read_text(),
+                             re.M)
 
 
 def test_the_pareto_front_is_the_points_nothing_beats_on_both() -> None:
@@ -727,7 +731,7 @@ def test_over_twelve_configurations_small_multiples(tmp_path: Path, capsys: pyte
 def test_the_gpus_plan_key_and_its_results_field() -> None:
     from genready.config import ConfigError
     from genready.sweep import plan as sweepplan
-    from genready.sweep import results as sweepresults
+    from genready.sweep.run import results as sweepresults
 
     base = {"command": "bench -c {c}", "matrix": {"c": [1, 2]}}
     assert sweepplan.parse_plan(base, "p.toml").gpus == 1
@@ -751,7 +755,7 @@ def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, capsys: 
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Up to heatmap.MAX_WITH_INTERVAL cells each writes its interval under its value; past that (8 x 8 here) the
     value alone, so a big grid stays legible and draws in time (the table keeps the intervals)."""
-    from genready.sweep import heatmap as sweepheatmap
+    from genready.sweep.report import heatmap as sweepheatmap
 
     monkeypatch.setattr(sweep_screenshot, "DRAFTS", tuple(range(2, 10)))
     monkeypatch.setattr(sweep_screenshot, "TOPKS", tuple(range(1, 9)))

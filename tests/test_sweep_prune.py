@@ -19,7 +19,7 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
-from genready.sweep import prune, runner, steps
+from genready.sweep.run import prune, runner, steps
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig

@@ -20,13 +20,13 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import baseline as sweepbaseline
-from genready.sweep import collect, speedup
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
-from genready.sweep import results as sweepresults
 from genready.sweep import rows as sweeprows
+from genready.sweep.report import collect, speedup
+from genready.sweep.report import table as sweepreport
+from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run import results as sweepresults
 from genready_dev.harness import GENREADY, PY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig

@@ -13,10 +13,10 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import collect
 from genready.sweep import plan as sweepplan
-from genready.sweep import report as sweepreport
-from genready.sweep import results as sweepresults
+from genready.sweep.report import collect
+from genready.sweep.report import table as sweepreport
+from genready.sweep.run import results as sweepresults
 from genready.tools.convergence import NOISE_FLOOR, Medians, Rule, Sample, agree, medians, verdict, words
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
@@ -153,7 +153,7 @@ def test_an_unstable_run_is_marked_in_the_report_and_its_json(tmp_path: Path) ->
     data = json.loads(sweepreport.render(rows, "json"))["rows"]
     assert [(d["unstable"], d["warmup_requests"]) for d in data] == [(False, 16), (True, 96)]
     pytest.importorskip("matplotlib")
-    from genready.sweep import html as sweephtml
+    from genready.sweep.report import html as sweephtml
     page = sweephtml.render(rows)
     assert '<td>ok <span class="noisy">unstable (96)</span></td>' in page and "Unstable: its warmup stopped" in page
     # a table with no unstable run has no WARMUP column: older tables read as they did

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from genready.sweep import categories, collect, files, steps
-from genready.sweep import report as sweepreport
+from genready.sweep import files
+from genready.sweep.report import categories, collect
+from genready.sweep.report import table as sweepreport
+from genready.sweep.run import steps
 
 # Per configuration and category: (output tok/s per request, accept length) of repeats 1, 2, 3.
 Runs = dict[str, list[tuple[float, float | None]]]
@@ -137,7 +139,7 @@ def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None
     assert got.startswith('<h2 id="categories">Per prompt category</h2>')
     assert "<th>&lt;b&gt;qa&lt;/b&gt;</th>" in got and "<b>qa" not in got
     assert '<td class="noisy">1.01x [0.96-1.07] ~</td>' in got  # eagle's writing: within the noise
-    sweephtml = pytest.importorskip("genready.sweep.html")
+    sweephtml = pytest.importorskip("genready.sweep.report.html")
     pytest.importorskip("matplotlib")
     page = sweephtml.render(rows)
     assert got in page

@@ -392,7 +392,7 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
         config_flag(p)
         url_flag(p)
         return p
-    from genready.sweep.report import FORMATS
+    from genready.sweep.report.table import FORMATS
 
     p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
                                 formatter_class=Formatter,
@@ -421,7 +421,7 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
     args = sweep_tool_parser(name).parse_args(argv)
     check_numbers(args)
     if name == "report":  # the report's module alone: it imports nothing a sweep's run needs
-        from genready.sweep.reportmain import report_main
+        from genready.sweep.report.main import report_main
 
         return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
                            compare=args.compare, strict=args.strict, heatmap=args.heatmap)

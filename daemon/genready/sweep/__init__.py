@@ -1,12 +1,41 @@
 """`genready sweep`: benchmark runs pinned to verified starts, laid out as the loop runs.
 
-    plan      PLAN.toml: its keys (defined once), points, groups of one server configuration
-    main      the CLI's entry points: `sweep`, `sweep restore`, `sweep report`; --resume, --dry-run
-    runner    the loop: configurations, points, repeats, attempts; signals; the summary
-    steps     one attempt's steps, values in and out: a Verified instance or NotReady, then the command
-    dropin    the drop-in's lifecycle on the unit, from check to restore
-    prune     what a failed start prunes (the plan's prune axes), and the stop after failed starts in a row
-    results   results.jsonl, each line's fingerprint, and the one store of what is known per point
-    lines     what the sweep says while it runs, and the ETA
-    report, html, compare    `sweep report` in its formats
+A sweep runs a plan's points (run/) and leaves files: DIR/results.jsonl (a line per attempt), each run's
+{out}/bench.jsonl (its bench client's line) and DIR/search.jsonl (what each load search found). A report
+(report/) reads those files back. The two sides meet only at the files (files.py) and the row (rows.py),
+beside the plan they both read: run/ imports nothing of report/, report/ nothing of run/. One point's
+attempt, in order (run/runner.py, Sweep._attempt): strays waited out, the instance reused or started and
+verified, strays again, the engine's configuration confirmed, the warmup and the flush, the command run
+(with its GPU cost and the server's counters), the drafting verdict, the results line.
+
+    main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
+    plan                PLAN.toml: its keys (defined once), points, groups of one server configuration
+    search              the plan's [search] table and a load search's decisions, as pure functions
+    crossover           where a configuration's speedup over the baseline falls below 1 along a load search
+    files               the files both sides share: their names, JSON Lines, a run's bench line
+    rows                a report's row, one shape for all: Figure, FIGURES, Row, Ratio, row_of, point_row, mark_best
+
+    run.runner          the loop: configurations, points, repeats, attempts, each attempt's steps in order; signals
+    run.baseline        where the plan's baseline runs: its rounds among the groups, at every client setting
+    run.prune           what a failed start prunes, and the stop after failed starts in a row
+    run.strays          GPU strays: asked of the daemon, waited out before a load and before a run
+    run.dropin          the drop-in's lifecycle on the unit, from check to restore
+    run.steps           an attempt's steps as values: a Verified instance or NotReady; warm and flush; the command
+    run.confirm         the engine's own report against its flags and the plan's `expect`: a verdict, before the run
+    run.gpucost         each run's GPU cost, sampled while its command runs
+    run.searchrun       a plan's [search] per server configuration: its steps, each a run; DIR/search.jsonl
+    run.results         results.jsonl: each attempt's line and fingerprint; the one store of what is known per point
+    run.lines           what the sweep says on stderr while it runs, and the ETA
+
+    report.main         `genready sweep report`: the folders read once, one report in the asked format
+    report.collect      results folders into rows: one per point and configuration, best marked, ratios attached
+    report.table        the rows as text (a table, CSV, markdown, JSON) with its legend; the sweep's summary
+    report.speedup      ratios against the baseline with their 95 % interval, and the drift check
+    report.decision     the Decision: per client setting the best configuration, its speedup, the SLO judged
+    report.categories   the category x configuration tables: accept length and speedup per prompt category
+    report.heatmap      the speedup heatmap over two server axes
+    report.html         `--format html`: one self-contained page, its plots drawn by matplotlib
+    report.plotrules    what keeps every plot of the page readable
+    report.loadreport   the load search's section: steps, found values, crossovers, their plots
+    report.compare      `--compare`: two sweeps' points side by side, each figure's change
 """

@@ -39,16 +39,16 @@ from genready import console
 from genready.client import client
 from genready.config import Config, ConfigError, FileError, stuck_after
 from genready.exitcodes import Exit, Failed
-from genready.sweep import baseline as sweepbaseline
-from genready.sweep import report as sweepreport
-from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.files import RESULTS_FILE, read_results
-from genready.sweep.lines import between_words, loads_line, shown
 from genready.sweep.plan import Between, Plan, Shard, load_plan
-from genready.sweep.prune import Pruner, earlier_failures
-from genready.sweep.reportmain import decision_facts as decision_facts  # `sweep report`: its old home
-from genready.sweep.reportmain import report_main as report_main
-from genready.sweep.results import (
+from genready.sweep.report import table as sweepreport
+from genready.sweep.report.main import decision_facts as decision_facts  # `sweep report`: its old home
+from genready.sweep.report.main import report_main as report_main
+from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
+from genready.sweep.run.lines import between_words, loads_line, shown
+from genready.sweep.run.prune import Pruner, earlier_failures
+from genready.sweep.run.results import (
     LEGACY_WARMUP,
     Results,
     ResultsUnwritable,
@@ -59,8 +59,8 @@ from genready.sweep.results import (
     fingerprint,
     ok_runs,
 )
-from genready.sweep.runner import Sweep
-from genready.sweep.steps import SweepOptions
+from genready.sweep.run.runner import Sweep
+from genready.sweep.run.steps import SweepOptions
 from genready.systemd import analyze, bus, control
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_of, read_dropin
 from genready.tools import servercache

@@ -219,7 +219,7 @@ KEYS: Final = (
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
     PlanKey("baseline", "a table of NAME = value (server-side values), and optionally its own dropin", None,
-            'the server configuration speedups are measured against, e.g. { algo = "none" } (see sweep/baseline.py)'),
+            'the server configuration speedups are measured against, e.g. { algo = "none" } (sweep/run/baseline.py)'),
     PlanKey("baseline_every", "an integer >= 1", None,
             "run the baseline again after every N server configurations, and mark speedups it drifted under",
             _number(1, integer=True)),
@@ -258,7 +258,7 @@ KEYS: Final = (
             "command's word {search}"),
     PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
             "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
-            "a latency target the report's Decision judges each point by (its bench figures; sweep/decision.py)"),
+            "a latency target the report's Decision judges each point by (its bench figures; report/decision.py)"),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -285,15 +285,15 @@ class Plan:
     warmup_max: int
     warmup_max_seconds: float
     max_failed_starts: int  # failed starts in a row that stop the sweep
-    stray_wait: float  # seconds to wait for GPU strays to exit before a load or a run (sweep/strays.py)
+    stray_wait: float  # seconds to wait for GPU strays to exit before a load or a run (sweep/run/strays.py)
     baseline: Baseline | None = None  # the configuration speedups are measured against
     baseline_every: int | None = None  # the baseline runs again after every N groups
     prune: tuple[str, ...] = ()  # server-side axes whose larger values need more memory (prune.py)
     given: frozenset[str] = frozenset()  # the keys the plan file sets (the others have their defaults)
-    expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/confirm.py)
-    search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/searchrun.py)
+    expect: tuple[tuple[str, Template], ...] = ()  # engine key -> what it must report (sweep/run/confirm.py)
+    search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/run/searchrun.py)
     gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
-    slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (sweep/decision.py)
+    slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (report/decision.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:

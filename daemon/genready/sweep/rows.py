@@ -47,7 +47,7 @@ FIGURES: Final = (
     # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
     Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
     Figure("output_tokens_per_second", "OUT tok/s", True, 1),
-    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/gpucost.py; results line).
+    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/run/gpucost.py; results line).
     Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
     Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
     Figure("itl_p50_ms", "ITL p50 ms", False, 2),
@@ -55,12 +55,12 @@ FIGURES: Final = (
     Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
     Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
     Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
-    # the p99s a plan's `slo` may name (sweep/decision.py judges points by the bench line's percentiles)
+    # the p99s a plan's `slo` may name (sweep/report/decision.py judges points by the bench line's percentiles)
     Figure("itl_p99_ms", "ITL p99 ms", False, 2, ranked=False, column=False),
     Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
-    # The GPUs' mean power over the run (sweep/gpucost.py; results line): the HTML report's tok/s-power plot.
+    # The GPUs' mean power over the run (sweep/run/gpucost.py; results line): the HTML report's tok/s-power plot.
     Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
-    # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/html.py).
+    # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/report/html.py).
     Figure("concurrency", "CONC", False, 0, optional=True, ranked=False, column=False),
 )
 # A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).

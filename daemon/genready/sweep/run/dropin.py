@@ -15,9 +15,9 @@ from pathlib import Path
 
 from genready.client import waiting
 from genready.config import ConfigError, FileError
-from genready.sweep.lines import shown
 from genready.sweep.plan import Plan, Point
-from genready.sweep.results import SweepBusy, SweepError
+from genready.sweep.run.lines import shown
+from genready.sweep.run.results import SweepBusy, SweepError
 from genready.systemd import analyze, control
 from genready.systemd.snapshot import Snapshot
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_header, owner_of, read_dropin

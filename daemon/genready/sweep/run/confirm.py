@@ -21,10 +21,10 @@ from typing import Any
 
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
-from genready.sweep import steps
 from genready.sweep.plan import Point
-from genready.sweep.results import Cache, Status
-from genready.sweep.steps import Ctx, Ran, Verified
+from genready.sweep.run import steps
+from genready.sweep.run.results import Cache, Status
+from genready.sweep.run.steps import Ctx, Ran, Verified
 from genready.systemd import unitexec
 from genready.tools import servercache, servermetrics
 

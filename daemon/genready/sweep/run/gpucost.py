@@ -17,7 +17,7 @@ from genready.gpu.provider import GpuUnavailable, Provider
 from genready.gpu.sampling import Sampler
 from genready.gpu.watch import choose
 from genready.sweep.files import bench_line
-from genready.sweep.results import writing
+from genready.sweep.run.results import writing
 
 GPU_FILE: Final = "gpu.json"
 _provider: list[Provider | None] = []  # chosen once per sweep: [] not yet, [None] none here

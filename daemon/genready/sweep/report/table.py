@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep import categories, decision, speedup
+from genready.sweep.report import categories, decision, speedup
 from genready.sweep.rows import FIGURES, UNREADABLE, Figure, Row, mark_best
 
 FORMATS: Final = ("table", "csv", "markdown", "json")
@@ -213,7 +213,7 @@ def engine_notes(rows: Sequence[Row]) -> list[str]:
 
 def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None = None, heatmap: str = "") -> str:
     """The rows in `fmt`; with `facts` (`sweep report`: the plan's SLO, the search's found lines) the Decision
-    first (sweep/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary);
+    first (sweep/report/decision.py; JSON: a `decision` field), without them the table alone (the sweep's summary);
     `heatmap` (table, markdown: sweep/heatmap.text, which imports this module) between the two."""
     if fmt == "json":
         return json.dumps({"rows": [{"index": r.index, "point": r.label, "status": r.status, "attempt": r.attempt,

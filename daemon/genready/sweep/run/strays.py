@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from genready.client import client
-from genready.sweep.steps import Signals, SweepOptions
+from genready.sweep.run.steps import Signals, SweepOptions
 
 POLL = 1.0  # seconds between asks of the daemon while strays hold memory
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
-from genready.sweep.report import with_baseline
+from genready.sweep.report.table import with_baseline
 from genready.sweep.rows import FIGURES, Figure, Ratio, Row
 from genready.web import htmlpage
 

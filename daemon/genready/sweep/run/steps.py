@@ -27,12 +27,12 @@ from typing import Any, Final
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import FileError, TargetConfig
-from genready.sweep import gpucost
-from genready.sweep.dropin import POLL, DropinLife
 from genready.sweep.files import bench_line, category_figures
-from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Between, Plan, Point, Shard
-from genready.sweep.results import Cache, Status, SweepError, json_text, writing
+from genready.sweep.run import gpucost
+from genready.sweep.run.dropin import POLL, DropinLife
+from genready.sweep.run.lines import Console, Timings
+from genready.sweep.run.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
@@ -61,7 +61,7 @@ class SweepOptions:
     shard: Shard | None = None
     secrets: tuple[str, ...] = ()  # the target's own API key: masked in the unit's lines we keep
     server: TargetConfig | None = None  # the target: how the warmup, the flush and /metrics reach its server
-    ignore_strays: bool = False  # --ignore-strays: load and run next to GPU strays (sweep/strays.py)
+    ignore_strays: bool = False  # --ignore-strays: load and run next to GPU strays (sweep/run/strays.py)
 
     @property
     def every_run_restarts(self) -> bool:
@@ -167,7 +167,7 @@ class Ran:
     ran_at: float | None = None
     counters: servermetrics.RunCounters | None = None
     warmed: Warmed | None = None  # None: no warmup ran (the command was refused first)
-    gpu: dict[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py): results-line fields
+    gpu: dict[str, Any] | None = None  # the run's GPU cost (sweep/run/gpucost.py): results-line fields
     categories: dict[str, dict[str, float]] | None = None  # its bench line's figures per prompt category
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from genready import config
-from genready.sweep import categories, speedup
 from genready.sweep.files import RESULTS_FILE, numbered_lines
+from genready.sweep.report import categories, speedup
 from genready.sweep.rows import Benches, Row, bench_once, mark_best, point_row
 
 

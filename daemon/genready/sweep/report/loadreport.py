@@ -8,7 +8,7 @@ a folder's point, on its last search's fingerprint (the steps of an earlier plan
 its own). `table()` is the table and markdown reports' lines; `html_section()` the page's plots: throughput and achieved
 rate against the offered load (the search's axis) with the saturation point marked, goodput against it with
 the SLO written on the plot, and a bar per configuration of what its search found beside its crossover. They
-follow the page's plot rules (sweep/plotrules.py): integer ticks on an axis of whole numbers (concurrencies),
+follow the page's plot rules (sweep/report/plotrules.py): integer ticks on an axis of whole numbers (concurrencies),
 the legend outside the axes past plotrules.LEGEND_INSIDE lines.
 Nothing here raises on a field of the wrong type: such a value is left out, and the page says which.
 """
@@ -25,10 +25,11 @@ from typing import Any, Final
 
 from genready.config import FileError
 from genready.redact import escape
-from genready.sweep import plotrules, search
-from genready.sweep.collect import Read
-from genready.sweep.decision import finite_number as number  # one reading of a number from a line
+from genready.sweep import search
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE, bench_line, numbered_lines
+from genready.sweep.report import plotrules
+from genready.sweep.report.collect import Read
+from genready.sweep.report.decision import finite_number as number  # one reading of a number from a line
 from genready.sweep.rows import label_of
 from genready.web import htmlpage
 
@@ -273,7 +274,7 @@ def html_section(folders: Sequence[Path], read: Read | None = None) -> str:
     got = searches(folders, read)
     if not got:
         return ""
-    from genready.sweep import html  # matplotlib's module, imported only when a page is written
+    from genready.sweep.report import html  # matplotlib's module, imported only when a page is written
 
     mpl, e = html._matplotlib(), htmlpage.text
     parts = []

@@ -13,7 +13,7 @@ The table and markdown reports hold the same heatmap as text (text()): the same 
 cell the speedup in the table's words (report.ratio_text: `1.43x [1.38-1.49]`, `0.82x slower [...]`, `~`,
 `drifted -23%`), Y's values from the top down as the page draws them; without a heatmap, nothing.
 
-matplotlib is imported only when the html report is written (sweep/html.py calls section()).
+matplotlib is imported only when the html report is written (sweep/report/html.py calls section()).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep import plotrules, speedup
-from genready.sweep.report import ratio_text, with_baseline
+from genready.sweep.report import plotrules, speedup
+from genready.sweep.report.table import ratio_text, with_baseline
 from genready.sweep.rows import Row, label_of
 from genready.web import htmlpage
 

@@ -19,18 +19,18 @@ from types import FrameType
 from typing import Final, NoReturn, TextIO
 
 from genready.exitcodes import Exit
-from genready.sweep import baseline as sweepbaseline
-from genready.sweep import confirm, searchrun, steps, strays
 from genready.sweep import search as searchmod
-from genready.sweep.dropin import DropinLife
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
-from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
-from genready.sweep.prune import Pruner, Source, failed_start
-from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
 from genready.sweep.rows import Row, point_row
-from genready.sweep.searchrun import SearchStep
-from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
+from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run import confirm, searchrun, steps, strays
+from genready.sweep.run.dropin import DropinLife
+from genready.sweep.run.lines import Console, Timings
+from genready.sweep.run.prune import Pruner, Source, failed_start
+from genready.sweep.run.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
+from genready.sweep.run.searchrun import SearchStep
+from genready.sweep.run.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
 from genready.timewords import duration
 from genready.tools import servercache
 

@@ -6,7 +6,7 @@ needs to be drawn at all: a value as a coordinate or as text, and the SVG it bec
 - Over MAX_CONFIGURATIONS lines, small multiples (a grid of small plots sharing both axes, one per
   configuration or per group of lines) instead of one plot whose lines no one can tell apart.
 
-matplotlib is imported by the functions that need it, only when the html report is written (sweep/html.py).
+matplotlib is imported by the functions that need it, only when the html report is written (sweep/report/html.py).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from genready import config
 from genready.redact import escape
-from genready.sweep import speedup
 from genready.sweep.files import category_figures
+from genready.sweep.report import speedup
 from genready.sweep.rows import Ratio, Row
 from genready.web import htmlpage
 

@@ -22,14 +22,14 @@ from typing import Any, Protocol
 
 from genready.config import FileError
 from genready.store import durable
-from genready.sweep import baseline as sweepbaseline
 from genready.sweep import crossover, files, search
 from genready.sweep.files import BENCH_FILE, RESULTS_FILE, read_results
 from genready.sweep.files import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
-from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
-from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
-from genready.sweep.steps import Ctx, SweepOptions, Verified
+from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run.lines import Console
+from genready.sweep.run.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
+from genready.sweep.run.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso
 
 

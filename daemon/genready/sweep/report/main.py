@@ -18,8 +18,9 @@ from genready import console
 from genready.config import FileError
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
-from genready.sweep import collect, decision, files, loadreport
-from genready.sweep import report as sweepreport
+from genready.sweep import files
+from genready.sweep.report import collect, decision, loadreport
+from genready.sweep.report import table as sweepreport
 
 
 def decision_facts(read: collect.Read, partial: str = "") -> decision.Facts:
@@ -64,7 +65,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
                      f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
                      status=Exit.BAD_ARGUMENT)
     if fmt == "html" and not compare:  # matplotlib before the results: see there
-        from genready.sweep import html as sweephtml
+        from genready.sweep.report import html as sweephtml
         sweephtml.preload()
     try:
         sides = [collect.rows_of([Path(f)]) for f in folders] if compare else []
@@ -79,12 +80,12 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             r.best.clear()  # the best of half a plan is not the plan's best
         console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
     if compare:
-        from genready.sweep import compare as sweepcompare
+        from genready.sweep.report import compare as sweepcompare
 
         render = sweepcompare.render_html if fmt == "html" else sweepcompare.render_text
         text = render(sides[0], sides[1], folders[0], folders[1])
     elif fmt == "html":
-        from genready.sweep import html as sweephtml  # matplotlib: only here, only when asked for
+        from genready.sweep.report import html as sweephtml  # matplotlib: only here, only when asked for
 
         try:
             text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
@@ -95,8 +96,8 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     else:
-        from genready.sweep import heatmap as sweepheatmap  # `sweep report` only
-        from genready.sweep.html import axes_of  # the page's axes (html.py imports no matplotlib until it draws)
+        from genready.sweep.report import heatmap as sweepheatmap  # `sweep report` only
+        from genready.sweep.report.html import axes_of  # the page's axes (html.py imports no matplotlib until it draws)
 
         try:  # the speedup heatmap as text, after the Decision (the html draws it)
             grid = sweepheatmap.text(rows, axes_of(rows), heatmap, fmt) if fmt in ("table", "markdown") else ""

@@ -237,13 +237,13 @@ class Attempt:
     fingerprint: Mapping[str, Any] = field(default_factory=dict)
     plan_points: int = 0  # how many points the plan has: a merged report can tell which have no result
     shard: str | None = None  # --shard K/N
-    client: Mapping[str, Any] | None = None  # with a baseline: the point's client setting (sweep/baseline.py)
+    client: Mapping[str, Any] | None = None  # with a baseline: the point's client setting (sweep/run/baseline.py)
     baseline_round: int | None = None  # with a baseline: the round of it that ran last before this point
     warmup_requests: int | None = None  # warmup requests sent before the run (None: none ran, not_ready)
     warmup_converged: bool | None = None  # warmup = "stable": whether it settled (False: unstable); else None
-    engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/confirm.py), redacted
+    engine_config: Mapping[str, Any] | None = None  # what the engine said it runs (sweep/run/confirm.py), redacted
     config_check: Mapping[str, Any] | None = None  # how that compares with its flags and the plan's `expect`
-    gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/gpucost.py), its fields as they go in the line
+    gpu: Mapping[str, Any] | None = None  # the run's GPU cost (sweep/run/gpucost.py), its fields as they go in the line
     gpus: int = 1  # the plan's `gpus`: the report, which reads results folders and not the plan, divides by it
     categories: Mapping[str, Mapping[str, float]] | None = None  # the bench line's figures per prompt category
 

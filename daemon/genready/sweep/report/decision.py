@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep import speedup
+from genready.sweep.report import speedup
 from genready.sweep.rows import Ratio, Row
 from genready.tools.benchload import SloPart, parse_slo
 from genready.web import htmlpage

@@ -18,8 +18,8 @@ by default one per server configuration; repeats as error bars from min to max),
 tokens/s against TTFT p50 and against ITL p50, one mark per point, with the Pareto front drawn
 and its points labelled; tokens/s per GPU against tokens/s per user, as vLLM draws it, its front labelled;
 where some point has the GPUs' mean power, output tokens/s against it, each point labelled. With a baseline
-and two server axes, the speedup heatmap (sweep/heatmap.py) comes before the table. Every plot follows
-sweep/plotrules.py's rules: integer ticks, the legend outside past 6 lines, small multiples past 12.
+and two server axes, the speedup heatmap (sweep/report/heatmap.py) comes before the table. Every plot follows
+sweep/report/plotrules.py's rules: integer ticks, the legend outside past 6 lines, small multiples past 12.
 """
 
 from __future__ import annotations
@@ -35,13 +35,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.sweep import categories, decision, heatmap, plotrules
-from genready.sweep.plotrules import number as _number
-from genready.sweep.plotrules import plottable
-from genready.sweep.plotrules import shown as _shown
-from genready.sweep.plotrules import svg as _svg
-from genready.sweep.plotrules import text as _text
-from genready.sweep.report import RATIO_TITLES, figure_text, positions_text, ratio_text, with_baseline, with_positions
+from genready.sweep.report import categories, decision, heatmap, plotrules
+from genready.sweep.report.plotrules import number as _number
+from genready.sweep.report.plotrules import plottable
+from genready.sweep.report.plotrules import shown as _shown
+from genready.sweep.report.plotrules import svg as _svg
+from genready.sweep.report.plotrules import text as _text
+from genready.sweep.report.table import (
+    RATIO_TITLES,
+    figure_text,
+    positions_text,
+    ratio_text,
+    with_baseline,
+    with_positions,
+)
 from genready.sweep.rows import FIGURES, Figure, Row
 from genready.web import htmlpage
 
@@ -389,8 +396,8 @@ def _names(names: Sequence[str]) -> str:
 
 def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = None, sections: Sequence[str] = (),
            heatmap_axes: str | None = None, facts: decision.Facts | None = None) -> str:
-    """The whole page, its Decision first (with `facts`: sweep/decision.py), `sections` (HTML: loadreport's, which
-    imports this module) after its plots. NoMatplotlib without matplotlib; ValueError for an --x or --lines no
+    """The whole page, its Decision first (with `facts`: decision.py), `sections` (HTML: loadreport's, which imports
+    this module) after its plots. NoMatplotlib without matplotlib; ValueError for an --x or --lines no
     point has, or a --heatmap (`heatmap_axes`) that is not two server-side axes."""
     names = list(dict.fromkeys(n for r in rows for n in r.point))
     for flag, v in (("--x", x), ("--lines", lines)):
