@@ -5,8 +5,9 @@ A sweep runs a plan's points (run/) and leaves files: DIR/results.jsonl (a line 
 (report/) reads those files back. The two sides meet only at the files (files.py) and the row (rows.py),
 beside the plan they both read: run/ imports nothing of report/, report/ nothing of run/. One point's
 attempt, in order (run/runner.py, Sweep._attempt): strays waited out, the instance reused or started and
-verified, strays again, the engine's configuration confirmed, the warmup and the flush, the command run
-(with its GPU cost and the server's counters), the drafting verdict, the results line.
+verified, strays again, the engine's configuration confirmed (a verdict), the warmup and the flush, the
+command run (with its GPU cost and the server's counters), the drafting verdict; then Sweep.tries writes
+its results line, once, whole.
 
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
     plan                PLAN.toml: its keys (defined once), points, groups of one server configuration

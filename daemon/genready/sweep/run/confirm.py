@@ -4,7 +4,9 @@ not measured (issue 38 §2).
 After a start is verified and before its run, the unit's ExecStart= (as systemd runs it, drop-ins
 applied) names the server kind and its flags; that kind's own report of its configuration is read once
 per loaded instance (servers/engineconfig.py: routes, the vLLM start's args line, /metrics *_info) and
-compared, for each point run on it, with those flags and with the plan's `expect` rendered for the point:
+compared, for each point run on it, with those flags and with the plan's `expect` rendered for the point.
+The runner asks it between the start and the warmup (`confirm`, its verdict `refused`) and after the run
+(`after_run`):
 
 - a value the engine reports otherwise: the point is `config_mismatch`, not run, not retried;
 - a flag the engine does not report: a warning line, and the point runs;
@@ -14,15 +16,13 @@ compared, for each point run on it, with those flags and with the plan's `expect
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
 from genready.sweep.plan import Point
-from genready.sweep.run import steps
 from genready.sweep.run.results import Cache, Status
 from genready.sweep.run.steps import Ctx, Ran, Verified
 from genready.systemd import unitexec
@@ -114,22 +114,30 @@ def drafting(checked: Checked, counters: servermetrics.RunCounters | None) -> ec
     return ec.drafting_verdict(ec.speculative(checked.engine.got.values), drafted(checked.engine.kind, counters))
 
 
-def run(ctx: Ctx, point: Point, v: Verified, folder: Path, engines: dict[str, Engine | None],
-        search_args: Sequence[str] | None = None) -> tuple[Ran, Checked | None]:
-    """The point's command on `v` (steps.run_command) unless its engine reports another configuration than its
-    flags or the plan's `expect` (then config_mismatch, not run); `engines` keeps the one instance's report,
-    read at its first point (by invocation id), so a reused instance is not asked again."""
+def confirm(ctx: Ctx, point: Point, v: Verified, engines: dict[str, Engine | None]) -> Checked | None:
+    """The confirm step: `v`'s engine's report against its flags and the plan's `expect` for `point` (check);
+    None when the engine cannot be asked. `engines` keeps the one instance's report, read at its first point
+    (by invocation id), so a reused instance is not asked again."""
     if v.invocation_id not in engines:
         engines.clear()  # a new instance: the last one's report is of no use any more
         engines[v.invocation_id] = read_engine(ctx, point, v)
     engine = engines[v.invocation_id]
-    checked = check(ctx, point, engine) if engine is not None else None
-    if checked is not None and checked.verdict.status:
-        ctx.console.progress(point, f"not running the command: the engine runs another configuration "
-                             f"({checked.verdict.reason})")
-        return Ran(Status(checked.verdict.status), checked.verdict.reason, time.time(),
-                   Cache.COLD_START if v.restarted else Cache.WARM), checked
-    ran = steps.run_command(ctx, point, v, folder, search_args)
+    return check(ctx, point, engine) if engine is not None else None
+
+
+def refused(ctx: Ctx, point: Point, v: Verified, checked: Checked | None) -> Ran | None:
+    """The Ran of a point not run because its engine reports another configuration than its flags or the plan's
+    `expect` (config_mismatch); None when the command may run."""
+    if checked is None or not checked.verdict.status:
+        return None
+    ctx.console.progress(point, f"not running the command: the engine runs another configuration "
+                         f"({checked.verdict.reason})")
+    return Ran(Status(checked.verdict.status), checked.verdict.reason, time.time(),
+               Cache.COLD_START if v.restarted else Cache.WARM)
+
+
+def after_run(checked: Checked | None, ran: Ran) -> Ran:
+    """The drafting verdict: an ok run of a speculative server that drafted no token is no_drafting."""
     if checked is not None and ran.status is Status.OK and (d := drafting(checked, ran.counters)).status:
-        ran = replace(ran, status=Status(d.status), reason=d.reason)
-    return ran, checked
+        return replace(ran, status=Status(d.status), reason=d.reason)
+    return ran

@@ -346,6 +346,10 @@ class Results:
         """The repeats of a point already ok in an earlier run."""
         return {r.get("repeat", 1) for r in self.earlier.get(index, [])}
 
+    def reuse(self, index: int, line: dict[str, Any]) -> None:
+        """An earlier run's line this run counts as its own (a search step --resume does not run again)."""
+        self.earlier.setdefault(index, []).append(line)
+
     def add(self, att: Attempt, line: dict[str, Any]) -> None:
         self._attempts.setdefault(att.point.index, {})[att.repeat] = att
         self._lines.setdefault(att.point.index, []).append(line)

@@ -110,7 +110,7 @@ class Sweep:
                         self._skip(log, point, n, by)
                         continue
                     if self.opts.plan.search is not None:  # its steps, each a run like any other
-                        instance = searchrun.run(self, ctx, log, point, n, instance)
+                        instance = self._searched(point, searchrun.run(self, ctx, log, point, n, instance))
                     else:
                         instance = self._point(ctx, log, point, n, instance)
                     self._prune_after(point, skip)
@@ -144,10 +144,19 @@ class Sweep:
             _, instance = self.tries(ctx, log, point, group, r, instance)
         return instance
 
+    def _searched(self, point: Point, found: searchrun.Found) -> Verified | None:
+        """What a point's search came to, kept: the instance a next point of the group may reuse."""
+        if found.stopped:
+            self.incomplete.add(point.index)  # the sweep's exit status is then 1, as for a point that failed
+        elif not found.ran:
+            self.searched_earlier.add(point.index)  # the summary's "ok (earlier run)": nothing loaded for it
+        return found.instance
+
     def tries(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, repeat: int, instance: Verified | None,
               step: SearchStep | None = None) -> tuple[Attempt, Verified | None]:
-        """One repeat (of a search step: its flags, its folder, its line's fields), tried up to `attempts` times:
-        its last attempt, and the instance a next run may reuse."""
+        """One repeat (of a search step: its flags, its folder, its line's fields), tried up to `attempts` times,
+        each attempt's results line written as it ends (an interrupted one too): its last attempt, and the
+        instance a next run may reuse."""
         attempts = self.opts.plan.attempts
         for n in range(1, attempts + 1):
             try:
@@ -167,8 +176,10 @@ class Sweep:
 
     def _attempt(self, ctx: Ctx, point: Point, group: int, repeat: int, instance: Verified | None,
                  step: SearchStep | None = None) -> tuple[Attempt, Verified | None, str]:
-        """One try: a verified instance (reused or started), then the command on it. The attempt, the instance
-        a next point of the group may reuse, and why the sweep cannot go on ("" if it can)."""
+        """One try, its steps in order: strays waited out; a verified instance (reused, else reconfigured and
+        started); strays again; the engine's configuration confirmed; the warmup and the flush; the command;
+        the drafting verdict. The attempt, whole, for `tries` to record (Stopped carries an interrupted one);
+        the instance a next point of the group may reuse; why the sweep cannot go on ("" if it can)."""
         folder, k = self._folder(point, repeat, step.index if step else None)
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
                       time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
@@ -190,7 +201,12 @@ class Sweep:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # left by this restart
                 return replace(att, status=Status.INVALIDATED, reason=stop, ended_at=time.time(), retry=False,
                                pid=got.pid, invocation_id=got.invocation_id), None, stop
-            ran, checked = confirm.run(ctx, point, got, folder, self.engines, step.args if step else None)
+            checked = confirm.confirm(ctx, point, got, self.engines)  # None: the engine cannot be asked
+            ran = confirm.refused(ctx, point, got, checked) or steps.stale(ctx, point, got)
+            if ran is None:
+                cache, warmed = steps.prepare(ctx, point, got)  # the warmup, then the flush
+                ran = steps.run_command(ctx, point, got, folder, cache, warmed, step.args if step else None)
+                ran = confirm.after_run(checked, ran)  # no_drafting
         except Interrupted:
             raise Stopped(replace(att, status=Status.INVALIDATED, reason="the sweep was interrupted",
                                   ended_at=time.time())) from None

@@ -60,18 +60,27 @@ class Searched:
     rec: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Found:
+    """What a point's search came to, for the runner to keep: the instance a next point of the group may reuse,
+    why it stopped before its end ("" when it did not: the sweep exits 1 otherwise), and whether it ran
+    anything (a search whose every step an earlier run did is the summary's `ok (earlier run)`)."""
+
+    instance: Verified | None
+    stopped: str
+    ran: bool
+
+
 class Sweep(Protocol):
     """What a search asks of the runner that calls it (runner.Sweep), so that this module need not import it:
     its options, console, store and fingerprints, and one run tried up to `attempts` times; it keeps the
-    searches so far (for the crossovers) and the points whose search stopped incomplete (the exit status)."""
+    searches so far on it (each crossover needs the baseline's, which may be searched later)."""
 
     opts: SweepOptions
     console: Console
     results: Results
     fingerprints: dict[int, dict[str, Any]]
-    searched_earlier: set[int]
     searched: dict[int, Searched]
-    incomplete: set[int]
     round_before: dict[int, int]
 
     def tries(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, repeat: int, instance: Verified | None,
@@ -125,10 +134,9 @@ def _same(rec: Mapping[str, Any], s: SearchStep) -> bool:
     return all(rec.get(k) == v for k, v in s.fields.items())
 
 
-def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, instance: Verified | None
-        ) -> Verified | None:
+def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, instance: Verified | None) -> Found:
     """The point's search on the group's one instance: steps until next_step says it is over, or a step has no
-    ok run; then its line in DIR/search.jsonl. The instance a next point of the group may reuse."""
+    ok run; then its line in DIR/search.jsonl. What it came to (Found)."""
     plan, results = sweep.opts.plan, sweep.opts.results
     spec = plan.search
     assert spec is not None
@@ -145,7 +153,7 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
         for r in range(1, plan.repeats + 1):
             rec = earlier.get((step.index, r))
             if rec is not None and _same(rec, s):
-                sweep.results.earlier.setdefault(point.index, []).append(rec)
+                sweep.results.reuse(point.index, rec)
             else:
                 att, instance = sweep.tries(ctx, log, point, group, r, instance, s)
                 ran = True
@@ -161,11 +169,7 @@ def run(sweep: Sweep, ctx: Ctx, log: ResultsLog, point: Point, group: int, insta
             break
         done.append(outcome(step, lines))
     found_line(sweep, point, group, spec, done, stopped)
-    if stopped:
-        sweep.incomplete.add(point.index)  # the sweep's exit status is then 1, as for a point that failed
-    if not ran and not stopped:
-        sweep.searched_earlier.add(point.index)  # the summary's "ok (earlier run)": nothing loaded for it
-    return instance
+    return Found(instance, stopped, ran)
 
 
 def found_fields(spec: search.SearchSpec, done: Sequence[search.Outcome]) -> dict[str, Any]:

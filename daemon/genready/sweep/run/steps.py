@@ -1,9 +1,11 @@
-"""One point's steps, each a function that takes values and returns one.
+"""An attempt's steps, each a function that takes values and returns one (runner.Sweep._attempt calls them in
+order, with strays.wait_out before a load and after it, and confirm's verdict after `Verified`):
 
     reconfigure -> start        -> Verified | NotReady     (a fresh start of the point's configuration)
     reuse                       -> Verified | None         (the group's instance, if still that one and ready)
-    prepare(Verified)           -> Cache                   (the warmup, then the flush)
-    run_command(Verified)       -> Ran                     (the command, pinned to that instance)
+    stale(Verified)             -> Ran | None              (refused: the unit was reloaded since it started)
+    prepare(Verified)           -> (Cache, Warmed)         (the warmup, then the flush)
+    run_command(Verified, ...)  -> Ran                     (the command, pinned to that instance; GPU cost, counters)
 
 The command, the warmup and the flush take a `Verified`, and only a 200 of the daemon's /ready for
 a start newer than the restart makes one (`Verified.of`): a start that timed out, failed, was
@@ -331,16 +333,21 @@ def prepare(ctx: Ctx, point: Point, v: Verified) -> tuple[Cache, Warmed]:
     return cache, warmed
 
 
-def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, search_args: Sequence[str] | None = None
-                ) -> Ran:
-    """The warmup and flush, then the point's command pinned to `v` (guard.run_pinned), a search step's
-    `search_args` in its word {search}; Interrupted if the sweep was signalled meanwhile."""
-    o, say = ctx.opts, ctx.console
-    if why := guard.stale_config(o.target, v.pinned):
-        # Its unit was edited and reloaded since it started: results would be filed under settings it does not run.
-        say.progress(point, f"not running the command: {why}")
+def stale(ctx: Ctx, point: Point, v: Verified) -> Ran | None:
+    """The Ran of a command not run because `v`'s unit was edited and reloaded since it started (its results
+    would be filed under settings it does not run); None when it may run."""
+    if why := guard.stale_config(ctx.opts.target, v.pinned):
+        ctx.console.progress(point, f"not running the command: {why}")
         return Ran(Status.NOT_READY, why, time.time(), Cache.COLD_START if v.restarted else Cache.WARM)
-    cache, warmed = prepare(ctx, point, v)
+    return None
+
+
+def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, cache: Cache, warmed: Warmed,
+                search_args: Sequence[str] | None = None) -> Ran:
+    """The point's command pinned to `v` (guard.run_pinned) on the cache `prepare` left (`cache`, `warmed`), a
+    search step's `search_args` in its word {search}; its GPU cost and the server's counters over the run.
+    Interrupted if the sweep was signalled meanwhile."""
+    o, say = ctx.opts, ctx.console
     cmd = o.plan.command_for(point, str(folder), search_args)
     env = dict(os.environ, **guard.guard_env(o.target, v.pinned),
                GENREADY_SWEEP_POINT=json.dumps(point.as_dict()), GENREADY_SWEEP_OUT=str(folder))
