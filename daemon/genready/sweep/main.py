@@ -1,17 +1,32 @@
-"""`genready sweep PLAN.toml --results DIR`: reconfigure, restart, verify, benchmark, record; per point.
+"""`genready sweep PLAN.toml --results DIR`: reconfigure, restart, verify, confirm, warm, benchmark, record; per point.
 
 A hand-written benchmark loop is where measuring the wrong server happens: a restart that
 was not waited for, a result kept although the server changed under it. The sweep runs each
-point of a plan with the guarantees of `genready restart` and `genready guard`:
+point of a plan with the guarantees of `genready restart` and `genready guard` (run/runner.py,
+Sweep._attempt, in this order):
 
-1. the point's drop-in is written as a *runtime* drop-in of the target's unit (gone after a
-   reboot, like `systemctl edit --runtime`) and the manager reloads over D-Bus;
-2. the unit restarts over D-Bus, and the sweep waits, with the daemon, for a verified start
-   newer than the restart (a start that fails, or crash-loops, is `not_ready` at once);
-3. the command runs pinned to that verified instance (guard.run_pinned);
-4. one fsync'd JSON line per attempt goes to DIR/results.jsonl.
+1. GPU strays of an earlier start are waited out (run/strays.py; `stray_wait`), before the load;
+2. the point's drop-in is written as a *runtime* drop-in of the target's unit (gone after a
+   reboot, like `systemctl edit --runtime`) and the manager reloads over D-Bus (run/dropin.py);
+3. the unit restarts over D-Bus, and the sweep waits, with the daemon, for a verified start
+   newer than the restart (a start that fails, or crash-loops, is `not_ready` at once); strays
+   this restart left are waited out again;
+4. the engine's own report of what it runs is compared with its flags and the plan's `expect`
+   (run/confirm.py): a point whose engine runs something else is `config_mismatch`, not run;
+5. the warmup (not counted) and, with `between_points = "flush"`, the flush of the server's
+   prefix cache (run/steps.py `prepare`);
+6. the command runs pinned to that verified instance (guard.run_pinned), the GPUs sampled
+   (run/gpucost.py) and the server's counters read around it; a speculative server that drafted
+   nothing is `no_drafting`;
+7. one fsync'd JSON line per attempt goes to DIR/results.jsonl (run/results.py).
 
-Loading a large model takes minutes, so steps 1-2 happen once per *server configuration*:
+Each repeat is another attempt on the same instance (its drop-in and restart skipped); with a
+`[search]`, each load step is such a run (run/searchrun.py) and what the search found goes to DIR/search.jsonl. With a
+`baseline`, its rounds run among the groups (run/baseline.py); with `prune`, a failed start skips
+the larger configurations (run/prune.py). At the end, main.py writes the summary (the rows the
+runner ran, through report/table.py).
+
+Loading a large model takes minutes, so steps 2-3 happen once per *server configuration*:
 points whose rendered drop-ins are byte-identical form a group (Plan.groups), and the later
 points of a group reuse the group's verified instance if, checked right before their command
 (guard.check), it is still that very instance and ready; otherwise that point restarts.

@@ -215,7 +215,8 @@ KEYS: Final = (
             'before each run, not counted: "stable" (requests in windows until TTFT and ITL settle) or a number of '
             "requests (the target's probe)", _warmup),
     PlanKey("repeats", "an integer from 1 to 1000", 1,
-            "runs per point on the same instance, each flushed before", _number(1, integer=True, high=1000)),
+            "runs per point on the same instance, each after the warmup (and a flush, with between_points = "
+            '"flush")', _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
     PlanKey("baseline", "a table of NAME = value (server-side values), and optionally its own dropin", None,
