@@ -1,7 +1,7 @@
 """The files a sweep writes and its report reads: their names, their JSON Lines, and a run's bench line.
 
-DIR/results.jsonl holds a line per attempt (results.py writes it), DIR/search.jsonl a line per
-configuration's search (searchrun.py), and each attempt's {out}/bench.jsonl the line its command's
+DIR/results.jsonl holds a line per attempt (run/results.py writes it), DIR/search.jsonl a line per
+configuration's search (run/searchrun.py), and each attempt's {out}/bench.jsonl the line its command's
 bench client wrote (`--output {out}/bench.jsonl`). The run side and the report side meet here and in
 rows.py: neither imports the other's modules.
 
@@ -75,8 +75,8 @@ def bench_line(folder: Path) -> dict[str, Any] | None:
 
 def category_figures(cats: Any) -> dict[str, dict[str, float]]:
     """A bench line's (or results line's) `categories` as CATEGORY_FIGURES per category: finite numbers only,
-    the first MAX_CATEGORIES categories; {} for anything else. What a run's results line records (steps.py)
-    and the report's categories.gather() collects over repeats."""
+    the first MAX_CATEGORIES categories; {} for anything else. What a run's results line records (run/steps.py)
+    and report/categories.gather() collects over repeats."""
     if not isinstance(cats, dict):
         return {}
     out: dict[str, dict[str, float]] = {}

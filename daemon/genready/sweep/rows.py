@@ -9,7 +9,7 @@ The ratios against the plan's baseline (`Ratio`) are the report's to attach (rep
 only holds them.
 
 A line whose fields have the wrong types, or whose bench.jsonl cannot be read, shows its point as
-unreadable, with a warning. This module is the one shape of a row: the run's summary (runner.py) and every
+unreadable, with a warning. This module is the one shape of a row: the run's summary (run/runner.py) and every
 report module (decision, speedup, categories, html, heatmap, compare) read `Row`.
 """
 

@@ -33,9 +33,9 @@ TPS: Final = "output_tokens_per_second"
 
 def gather(row: Row, lines: Iterable[tuple[dict[str, Any], Path, str]],
            bench_line: Callable[[Path], dict[str, Any] | None]) -> None:
-    """row.categories from its results lines' bench lines (`bench_line`, report's reader), else from the
-    results line's own copy (a folder whose {out} folders were not kept): per category and figure, the values
-    over the ok repeats. A bench line that cannot be read is report's to say, not again."""
+    """row.categories from its results lines' bench lines (`bench_line`: collect's, which reads each once), else
+    from the results line's own copy (a folder whose {out} folders were not kept): per category and figure, the
+    values over the ok repeats. A bench line that cannot be read is the row's to say (rows.row_of), not again."""
     for rec, folder, _ in lines:
         out = rec.get("out")
         if rec.get("status") != "ok" or not isinstance(out, str):

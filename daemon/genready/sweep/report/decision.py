@@ -15,7 +15,7 @@ An SLO part (the bench client's `--slo` names: METRIC_pNN_ms) is judged on the b
 name (ttft, itl, e2e at p50 and p99), the worst over the point's ok repeats, as a search step is judged by its
 worst run; a part no bench line carries (p90) is said to be not measured, never taken as met.
 
-Pure functions of the report's rows and what `Facts` holds: the files are read by the caller (sweep/main.py).
+Pure functions of the report's rows and what `Facts` holds: the files are read by the caller (report/main.py).
 """
 
 from __future__ import annotations

@@ -310,7 +310,7 @@ class Sweep:
             return
         self.life.restore(o.base, o.target, o.timeout, self.console.say)
 
-    # -- the summary (main.py renders it: report.summary of these rows, then the tally) ---------------------
+    # -- the summary (sweep/main.py renders it: table.summary of these rows, then the tally) ---------------
 
     def summary_rows(self) -> list[Row]:
         """A row per point of the plan (and per baseline run this shard ran): from this run's lines, else what an
