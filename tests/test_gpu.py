@@ -198,7 +198,8 @@ def proc(pid: int, ppid: int = 1, at: float = T0, unit: str | None = "llm.servic
 
 def llm(current: Start | None = None) -> TargetStarts:
     earlier = (Start(FIRST, 100, T0, T0 + 60), Start(SECOND, 200, T0 + 61, T0 + 120))
-    return TargetStarts("llm", "llm.service", current or Start(THIRD, 300, T0 + 121), earlier)
+    return TargetStarts("llm", "llm.service", current or Start(THIRD, 300, T0 + 121), earlier,
+                        control_group="/system.slice/llm.service")
 
 
 def one(p: Proc, *chain: Proc, t: TargetStarts | None = None, trees: Any = None) -> attribution.Holding:
@@ -241,14 +242,16 @@ def test_a_process_of_the_unit_older_than_every_record_is_a_stray_of_an_unknown_
 def test_a_target_whose_only_start_is_the_current_one_does_not_stop_the_others_strays_being_found() -> None:
     """Found by the daemon's status page test: a target with one (current) start and no earlier one
     made every read fail (zip of no earlier starts against the current one's beginning)."""
-    fresh = TargetStarts("sim", "sim.service", Start(FIRST, 500, T0), ())
-    stopped = TargetStarts("llm", "llm.service", None, (Start(SECOND, 100, T0, T0 + 60),))
+    fresh = TargetStarts("sim", "sim.service", Start(FIRST, 500, T0), (), control_group="/system.slice/sim.service")
+    stopped = TargetStarts("llm", "llm.service", None, (Start(SECOND, 100, T0, T0 + 60),),
+                           control_group="/system.slice/llm.service")
     (h,) = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [fresh, stopped])
     assert (h.role, h.target, h.invocation_id) == ("stray", "llm", SECOND)
 
 
 def test_a_process_of_a_stopped_unit_is_a_stray() -> None:
-    t = TargetStarts("llm", "llm.service", None, (Start(FIRST, 100, T0, T0 + 60),))
+    t = TargetStarts("llm", "llm.service", None, (Start(FIRST, 100, T0, T0 + 60),),
+                     control_group="/system.slice/llm.service")
     h = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [t])[0]
     assert (h.role, h.invocation_id) == ("stray", FIRST)
 
@@ -295,6 +298,20 @@ def test_control_group_is_matched_exactly_when_given() -> None:
     mine = proc(150, at=T0 + 62, cgroup="/um-1/app.slice/llm.service/sub")
     theirs = proc(151, at=T0 + 62, cgroup="/um-2/app.slice/llm.service")
     assert one(mine, t=t).role == "stray" and one(theirs, t=t).role == "other"
+
+
+def test_a_unit_of_the_targets_name_elsewhere_is_never_the_targets() -> None:
+    """Issue 53 §5: with the unit's ControlGroup not known, a process whose innermost unit has the
+    target unit's name is not taken for the target's by that name (before: counted as the current
+    start's memory, or a stray whose `kill` the sweep suggested); the MainPID and the recorded
+    trees still tie processes to it."""
+    t = dataclasses.replace(llm(), control_group=None)
+    during, before = proc(150, at=T0 + 130), proc(151, at=T0 + 62)
+    assert (one(during, t=t).role, one(before, t=t).role) == ("other", "other")
+    assert one(proc(300, at=T0 + 121), t=t).role == "current"
+    assert one(before, t=t, trees={(151, before.start_ticks): ("llm", SECOND)}).role == "stray"
+    # Known, it is matched exactly: a prefix of another path is not a parent of it.
+    assert one(proc(152, at=T0 + 62, cgroup="/system.slice/llm.service-2"), t=llm()).role == "other"
 
 
 def test_the_command_shown_is_redacted_and_escaped() -> None:
