@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import os
 import threading
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -57,6 +58,15 @@ def test_gpu_lines_parse_every_field_and_missing_values_are_none() -> None:
     assert g1.power_w is None and g1.throttle_reasons is None and not g1.throttled
 
 
+def test_nan_or_not_supported_in_an_integer_field_is_null_not_an_error() -> None:
+    """Issue 53 §8: `nan` (and `inf`) where a number is due is no value, like `[N/A]`."""
+    (g,) = parse_gpus(f"nan, {UUID0}, nan, [Not Supported], NaN, nan, [N/A], inf, 0x0000000000000001\n")
+    assert (g.index, g.memory_used_bytes, g.memory_total_bytes, g.utilization_pct) == (0, None, None, None)
+    assert (g.power_w, g.sm_clock_mhz, g.temperature_c) == (None, None, None)
+    assert parse_apps(f"{UUID0}, 4242, nan\n{UUID0}, nan, 100\n{UUID1}, 7, [Not Supported]\n") == [
+        ComputeProcess(UUID0, 4242, None), ComputeProcess(UUID1, 7, None)]
+
+
 @pytest.mark.parametrize("mask,throttled", [("0x0000000000000001", False), ("0x0000000000000002", False),
                                              ("0x0000000000000000", False), ("0x0000000000000020", True)])
 def test_idle_and_application_clocks_are_not_throttling(mask: str, throttled: bool) -> None:
@@ -83,6 +93,7 @@ class FakeGpu:
     power_mw: int | None = 70_500
     reasons: int = 1
     energy_mj: int | None = None
+    hang: threading.Event | None = None  # set: a power read blocks until it is cleared (a GPU off the bus)
 
 
 class FakeNvml:
@@ -129,6 +140,8 @@ class FakeNvml:
         return SimpleNamespace(gpu=42, memory=7)
 
     def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
+        while h.hang is not None and h.hang.is_set():
+            h.hang.wait(0.01)  # NVML's own calls block in the driver; this one only until the test lets it go
         if h.power_mw is None:
             raise FakeNVMLError("Not Supported")
         return h.power_mw
@@ -169,6 +182,89 @@ def test_nvml_samples_in_the_same_units_as_nvidia_smi_and_unsupported_is_none() 
 def test_nvml_that_cannot_start_is_unavailable_saying_why() -> None:
     with pytest.raises(GpuUnavailable, match="Driver Not Loaded"):
         NvmlProvider(FakeNvml([], init_fails=True))
+
+
+def test_an_nvml_read_that_hangs_costs_that_read_only_and_the_next_fail_at_once_until_it_returns() -> None:
+    """Issue 53 §6: NVML has no time limit, and a call into a GPU that fell off the bus can block
+    for good. The provider waits for a read at most its timeout, on a thread of its own."""
+    hang = threading.Event()
+    gpu = FakeGpu(UUID0, [], hang=hang)
+    p = NvmlProvider(FakeNvml([gpu]), timeout=0.2)
+    hang.set()
+    t0 = time.monotonic()
+    with pytest.raises(GpuUnavailable, match=r"did not answer .* within 0\.2 s"):
+        p.samples()
+    with pytest.raises(GpuUnavailable, match="has not returned"):  # no pile of stuck threads: refused at once
+        p.samples()
+    assert time.monotonic() - t0 < 2
+    hang.clear()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "genready-nvml"], 5, "the stuck read back")
+    assert p.samples()[0].power_w == 70.5  # it came back: read again
+
+
+def test_a_sampler_whose_reads_hang_ends_with_the_run_and_says_why() -> None:
+    hang = threading.Event()
+    gpu = FakeGpu(UUID0, [], hang=hang)
+    nv = FakeNvml([gpu])
+    try:
+        with Sampler(NvmlProvider(nv, timeout=0.3), interval=0.05, bound=0.5) as s:
+            wait_for(lambda: len(s.timeline) >= 2, 5, "two samples")
+            hang.set()
+            wait_for(lambda: s.errors, 5, "a read that did not answer")
+        t0 = time.monotonic()
+        r = s.summary(output_tokens=100)
+        assert time.monotonic() - t0 < 1 and r.errors >= 1 and "did not answer" in (r.error or ""), r
+        assert r.to_json()["gpu_read_errors"] == r.errors and r.samples >= 2
+    finally:
+        hang.clear()
+
+
+def test_a_sampler_ends_with_the_run_even_when_its_provider_never_returns() -> None:
+    """Any provider (a future one, or one whose own bound failed): the run's end waits for a read
+    in flight at most the sampler's bound, and never reads on the caller's thread."""
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def processes(self) -> list[ComputeProcess]:
+            return []
+
+        def samples(self) -> list[GpuSample]:
+            release.wait(30)
+            return []
+
+    try:
+        t0 = time.monotonic()
+        with Sampler(Stuck(), interval=0.05, bound=0.3) as s:
+            pass
+        r = s.summary(output_tokens=1)
+        assert time.monotonic() - t0 < 2 and r.samples == 0 and r.errors == 1 and "within 0.3 s" in (r.error or "")
+    finally:
+        release.set()
+
+
+def test_a_sample_that_fails_in_any_way_costs_that_sample_only() -> None:
+    """Issue 53 §8: a value the provider cannot take (ValueError from int('nan'), say) raised out of
+    the sampler at the run's end: the sweep died with no results line, its command still running."""
+    calls = []
+
+    class Odd:
+        name = "odd"
+
+        def processes(self) -> list[ComputeProcess]:
+            return []
+
+        def samples(self) -> list[GpuSample]:
+            calls.append(1)
+            if len(calls) > 1:
+                raise ValueError("cannot convert float NaN to integer")
+            return [sample(100.0, 1)]
+
+    with Sampler(Odd(), interval=0.05) as s:
+        wait_for(lambda: len(calls) >= 2, 5, "a failing read")
+    r = s.summary(output_tokens=1)
+    assert r.samples == 1 and r.errors >= 2 and r.error == "ValueError: cannot convert float NaN to integer", r
 
 
 def test_the_watch_reads_the_provider_off_the_event_loop() -> None:
@@ -432,11 +528,39 @@ def test_without_power_readings_there_is_no_energy() -> None:
     assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.peak_memory_bytes) == (None, None, None, 2 * MIB)
 
 
+def counters(*mj: tuple[float, int | None], power: float | None = 100.0) -> list[tuple[float, list[GpuSample]]]:
+    return [(t, [dataclasses.replace(sample(power, 1), energy_mj=e)]) for t, e in mj]
+
+
+def test_an_energy_counter_that_restarts_gives_energy_from_power_and_says_why() -> None:
+    """Issue 53 §12: a counter that went down between two samples (a driver reload, a GPU reset)
+    gave a negative energy, mean power and tokens per joule."""
+    for timeline in (counters((0.0, 5_000_000), (1.0, 5_300_000), (2.0, 200_000)),
+                     counters((0.0, 5_000_000), (1.0, 100_000), (2.0, 5_500_000))):  # back past its start
+        r = summarise(timeline, output_tokens=400)
+        assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.energy_from) == (200.0, 100.0, 2.0, "power"), r
+        assert "went down" in (r.energy_note or "") and UUID0 in (r.energy_note or ""), r
+        assert r.to_json()["energy_note"] == r.energy_note
+    r = summarise(counters((0.0, 5_000_000), (1.0, 100_000), power=None), output_tokens=400)
+    assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.energy_from) == (None, None, None, None), r
+    assert "went down" in (r.energy_note or "") and "no power" in (r.energy_note or ""), r
+
+
+def test_no_energy_has_no_source_and_a_nan_power_is_no_reading() -> None:
+    """Issue 53 §13: energy from NaN powers was NaN (null in the results line) with energy_from "power"."""
+    nan = float("nan")
+    r = summarise([(0.0, [sample(nan, 1)]), (1.0, [sample(nan, 1)])], output_tokens=10)
+    assert (r.energy_j, r.mean_power_w, r.energy_from) == (None, None, None)
+    assert r.to_json()["energy_from"] is None and r.to_json()["energy_j"] is None
+    r = summarise([(0.0, [sample(nan, 1)]), (1.0, [sample(100.0, 1)]), (2.0, [sample(100.0, 1)])], output_tokens=10)
+    assert (r.energy_j, r.energy_from) == (100.0, "power")
+
+
 def test_the_sampler_samples_on_its_own_thread_from_start_to_end() -> None:
     nv = FakeNvml([FakeGpu(UUID0, [])])
     with Sampler(NvmlProvider(nv), interval=0.01) as s:
         wait_for(lambda: len(s.timeline) >= 3, 5, "three samples")
-    assert "genready-gpu-sampler" in nv.threads
+    assert nv.threads == {"genready-nvml"}  # each read bounded, on a thread of its own (never the caller's)
     r = s.summary(output_tokens=100)
     assert r.samples >= 4 and r.mean_power_w == 70.5 and r.energy_j is not None and r.energy_j > 0
 
