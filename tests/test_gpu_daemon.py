@@ -144,7 +144,6 @@ def test_a_unit_of_the_same_name_under_another_manager_is_neither_current_nor_a_
     target's ControlGroup: not the target's memory, and no stray of it (no `kill` of someone else's job).
     A process that is in the target's own cgroup, and tied to it by nothing else, still is a stray."""
     target = "gd-same.service"
-    # KillMode=process: a restart of the other one leaves its first child behind, begun before the target's start.
     manager.install_unit(target, "[Service]\nExecStart=/bin/sleep 602\n")
     g = Genready(manager, tmp_path, {"llm": {"unit": target, "url": f"http://127.0.0.1:{free_port()}", **FAST}},
                  gpu_interval=0.3)
@@ -153,6 +152,7 @@ def test_a_unit_of_the_same_name_under_another_manager_is_neither_current_nor_a_
     theirs: list[int] = []
     lodger = subprocess.Popen(["sleep", "600"])  # moved into the target's cgroup below: no descendant of its start
     try:
+        # KillMode=process: its restart leaves its first child behind, begun before the target's start.
         other.install_unit(target, "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 600 & exec sleep 601'\n")
         other.systemctl("start", target)
         old_main, old_inv = wait_for(lambda: running(other, unit=target), 10, "the other manager's unit")
