@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import os
 import threading
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -57,6 +58,15 @@ def test_gpu_lines_parse_every_field_and_missing_values_are_none() -> None:
     assert g1.power_w is None and g1.throttle_reasons is None and not g1.throttled
 
 
+def test_nan_or_not_supported_in_an_integer_field_is_null_not_an_error() -> None:
+    """Issue 53 §8: `nan` (and `inf`) where a number is due is no value, like `[N/A]`."""
+    (g,) = parse_gpus(f"nan, {UUID0}, nan, [Not Supported], NaN, nan, [N/A], inf, 0x0000000000000001\n")
+    assert (g.index, g.memory_used_bytes, g.memory_total_bytes, g.utilization_pct) == (0, None, None, None)
+    assert (g.power_w, g.sm_clock_mhz, g.temperature_c) == (None, None, None)
+    assert parse_apps(f"{UUID0}, 4242, nan\n{UUID0}, nan, 100\n{UUID1}, 7, [Not Supported]\n") == [
+        ComputeProcess(UUID0, 4242, None), ComputeProcess(UUID1, 7, None)]
+
+
 @pytest.mark.parametrize("mask,throttled", [("0x0000000000000001", False), ("0x0000000000000002", False),
                                              ("0x0000000000000000", False), ("0x0000000000000020", True)])
 def test_idle_and_application_clocks_are_not_throttling(mask: str, throttled: bool) -> None:
@@ -83,6 +93,7 @@ class FakeGpu:
     power_mw: int | None = 70_500
     reasons: int = 1
     energy_mj: int | None = None
+    hang: threading.Event | None = None  # set: a power read blocks until it is cleared (a GPU off the bus)
 
 
 class FakeNvml:
@@ -129,6 +140,8 @@ class FakeNvml:
         return SimpleNamespace(gpu=42, memory=7)
 
     def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
+        while h.hang is not None and h.hang.is_set():
+            h.hang.wait(0.01)  # NVML's own calls block in the driver; this one only until the test lets it go
         if h.power_mw is None:
             raise FakeNVMLError("Not Supported")
         return h.power_mw
@@ -171,6 +184,89 @@ def test_nvml_that_cannot_start_is_unavailable_saying_why() -> None:
         NvmlProvider(FakeNvml([], init_fails=True))
 
 
+def test_an_nvml_read_that_hangs_costs_that_read_only_and_the_next_fail_at_once_until_it_returns() -> None:
+    """Issue 53 §6: NVML has no time limit, and a call into a GPU that fell off the bus can block
+    for good. The provider waits for a read at most its timeout, on a thread of its own."""
+    hang = threading.Event()
+    gpu = FakeGpu(UUID0, [], hang=hang)
+    p = NvmlProvider(FakeNvml([gpu]), timeout=0.2)
+    hang.set()
+    t0 = time.monotonic()
+    with pytest.raises(GpuUnavailable, match=r"did not answer .* within 0\.2 s"):
+        p.samples()
+    with pytest.raises(GpuUnavailable, match="has not returned"):  # no pile of stuck threads: refused at once
+        p.samples()
+    assert time.monotonic() - t0 < 2
+    hang.clear()
+    wait_for(lambda: not [t for t in threading.enumerate() if t.name == "genready-nvml"], 5, "the stuck read back")
+    assert p.samples()[0].power_w == 70.5  # it came back: read again
+
+
+def test_a_sampler_whose_reads_hang_ends_with_the_run_and_says_why() -> None:
+    hang = threading.Event()
+    gpu = FakeGpu(UUID0, [], hang=hang)
+    nv = FakeNvml([gpu])
+    try:
+        with Sampler(NvmlProvider(nv, timeout=0.3), interval=0.05, bound=0.5) as s:
+            wait_for(lambda: len(s.timeline) >= 2, 5, "two samples")
+            hang.set()
+            wait_for(lambda: s.errors, 5, "a read that did not answer")
+        t0 = time.monotonic()
+        r = s.summary(output_tokens=100)
+        assert time.monotonic() - t0 < 1 and r.errors >= 1 and "did not answer" in (r.error or ""), r
+        assert r.to_json()["gpu_read_errors"] == r.errors and r.samples >= 2
+    finally:
+        hang.clear()
+
+
+def test_a_sampler_ends_with_the_run_even_when_its_provider_never_returns() -> None:
+    """Any provider (a future one, or one whose own bound failed): the run's end waits for a read
+    in flight at most the sampler's bound, and never reads on the caller's thread."""
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+
+        def processes(self) -> list[ComputeProcess]:
+            return []
+
+        def samples(self) -> list[GpuSample]:
+            release.wait(30)
+            return []
+
+    try:
+        t0 = time.monotonic()
+        with Sampler(Stuck(), interval=0.05, bound=0.3) as s:
+            pass
+        r = s.summary(output_tokens=1)
+        assert time.monotonic() - t0 < 2 and r.samples == 0 and r.errors == 1 and "within 0.3 s" in (r.error or "")
+    finally:
+        release.set()
+
+
+def test_a_sample_that_fails_in_any_way_costs_that_sample_only() -> None:
+    """Issue 53 §8: a value the provider cannot take (ValueError from int('nan'), say) raised out of
+    the sampler at the run's end: the sweep died with no results line, its command still running."""
+    calls = []
+
+    class Odd:
+        name = "odd"
+
+        def processes(self) -> list[ComputeProcess]:
+            return []
+
+        def samples(self) -> list[GpuSample]:
+            calls.append(1)
+            if len(calls) > 1:
+                raise ValueError("cannot convert float NaN to integer")
+            return [sample(100.0, 1)]
+
+    with Sampler(Odd(), interval=0.05) as s:
+        wait_for(lambda: len(calls) >= 2, 5, "a failing read")
+    r = s.summary(output_tokens=1)
+    assert r.samples == 1 and r.errors >= 2 and r.error == "ValueError: cannot convert float NaN to integer", r
+
+
 def test_the_watch_reads_the_provider_off_the_event_loop() -> None:
     nv = FakeNvml([FakeGpu(UUID0, [(os.getpid(), 2 * MIB)])])
     watch = GpuWatch(NvmlProvider(nv))
@@ -198,7 +294,8 @@ def proc(pid: int, ppid: int = 1, at: float = T0, unit: str | None = "llm.servic
 
 def llm(current: Start | None = None) -> TargetStarts:
     earlier = (Start(FIRST, 100, T0, T0 + 60), Start(SECOND, 200, T0 + 61, T0 + 120))
-    return TargetStarts("llm", "llm.service", current or Start(THIRD, 300, T0 + 121), earlier)
+    return TargetStarts("llm", "llm.service", current or Start(THIRD, 300, T0 + 121), earlier,
+                        control_group="/system.slice/llm.service")
 
 
 def one(p: Proc, *chain: Proc, t: TargetStarts | None = None, trees: Any = None) -> attribution.Holding:
@@ -241,14 +338,16 @@ def test_a_process_of_the_unit_older_than_every_record_is_a_stray_of_an_unknown_
 def test_a_target_whose_only_start_is_the_current_one_does_not_stop_the_others_strays_being_found() -> None:
     """Found by the daemon's status page test: a target with one (current) start and no earlier one
     made every read fail (zip of no earlier starts against the current one's beginning)."""
-    fresh = TargetStarts("sim", "sim.service", Start(FIRST, 500, T0), ())
-    stopped = TargetStarts("llm", "llm.service", None, (Start(SECOND, 100, T0, T0 + 60),))
+    fresh = TargetStarts("sim", "sim.service", Start(FIRST, 500, T0), (), control_group="/system.slice/sim.service")
+    stopped = TargetStarts("llm", "llm.service", None, (Start(SECOND, 100, T0, T0 + 60),),
+                           control_group="/system.slice/llm.service")
     (h,) = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [fresh, stopped])
     assert (h.role, h.target, h.invocation_id) == ("stray", "llm", SECOND)
 
 
 def test_a_process_of_a_stopped_unit_is_a_stray() -> None:
-    t = TargetStarts("llm", "llm.service", None, (Start(FIRST, 100, T0, T0 + 60),))
+    t = TargetStarts("llm", "llm.service", None, (Start(FIRST, 100, T0, T0 + 60),),
+                     control_group="/system.slice/llm.service")
     h = attribute([ComputeProcess(UUID0, 150, MIB)], {150: [proc(150, at=T0 + 1)]}, [t])[0]
     assert (h.role, h.invocation_id) == ("stray", FIRST)
 
@@ -295,6 +394,20 @@ def test_control_group_is_matched_exactly_when_given() -> None:
     mine = proc(150, at=T0 + 62, cgroup="/um-1/app.slice/llm.service/sub")
     theirs = proc(151, at=T0 + 62, cgroup="/um-2/app.slice/llm.service")
     assert one(mine, t=t).role == "stray" and one(theirs, t=t).role == "other"
+
+
+def test_a_unit_of_the_targets_name_elsewhere_is_never_the_targets() -> None:
+    """Issue 53 §5: with the unit's ControlGroup not known, a process whose innermost unit has the
+    target unit's name is not taken for the target's by that name (before: counted as the current
+    start's memory, or a stray whose `kill` the sweep suggested); the MainPID and the recorded
+    trees still tie processes to it."""
+    t = dataclasses.replace(llm(), control_group=None)
+    during, before = proc(150, at=T0 + 130), proc(151, at=T0 + 62)
+    assert (one(during, t=t).role, one(before, t=t).role) == ("other", "other")
+    assert one(proc(300, at=T0 + 121), t=t).role == "current"
+    assert one(before, t=t, trees={(151, before.start_ticks): ("llm", SECOND)}).role == "stray"
+    # Known, it is matched exactly: a prefix of another path is not a parent of it.
+    assert one(proc(152, at=T0 + 62, cgroup="/system.slice/llm.service-2"), t=llm()).role == "other"
 
 
 def test_the_command_shown_is_redacted_and_escaped() -> None:
@@ -415,11 +528,39 @@ def test_without_power_readings_there_is_no_energy() -> None:
     assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.peak_memory_bytes) == (None, None, None, 2 * MIB)
 
 
+def counters(*mj: tuple[float, int | None], power: float | None = 100.0) -> list[tuple[float, list[GpuSample]]]:
+    return [(t, [dataclasses.replace(sample(power, 1), energy_mj=e)]) for t, e in mj]
+
+
+def test_an_energy_counter_that_restarts_gives_energy_from_power_and_says_why() -> None:
+    """Issue 53 §12: a counter that went down between two samples (a driver reload, a GPU reset)
+    gave a negative energy, mean power and tokens per joule."""
+    for timeline in (counters((0.0, 5_000_000), (1.0, 5_300_000), (2.0, 200_000)),
+                     counters((0.0, 5_000_000), (1.0, 100_000), (2.0, 5_500_000))):  # back past its start
+        r = summarise(timeline, output_tokens=400)
+        assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.energy_from) == (200.0, 100.0, 2.0, "power"), r
+        assert "went down" in (r.energy_note or "") and UUID0 in (r.energy_note or ""), r
+        assert r.to_json()["energy_note"] == r.energy_note
+    r = summarise(counters((0.0, 5_000_000), (1.0, 100_000), power=None), output_tokens=400)
+    assert (r.energy_j, r.mean_power_w, r.tokens_per_joule, r.energy_from) == (None, None, None, None), r
+    assert "went down" in (r.energy_note or "") and "no power" in (r.energy_note or ""), r
+
+
+def test_no_energy_has_no_source_and_a_nan_power_is_no_reading() -> None:
+    """Issue 53 §13: energy from NaN powers was NaN (null in the results line) with energy_from "power"."""
+    nan = float("nan")
+    r = summarise([(0.0, [sample(nan, 1)]), (1.0, [sample(nan, 1)])], output_tokens=10)
+    assert (r.energy_j, r.mean_power_w, r.energy_from) == (None, None, None)
+    assert r.to_json()["energy_from"] is None and r.to_json()["energy_j"] is None
+    r = summarise([(0.0, [sample(nan, 1)]), (1.0, [sample(100.0, 1)]), (2.0, [sample(100.0, 1)])], output_tokens=10)
+    assert (r.energy_j, r.energy_from) == (100.0, "power")
+
+
 def test_the_sampler_samples_on_its_own_thread_from_start_to_end() -> None:
     nv = FakeNvml([FakeGpu(UUID0, [])])
     with Sampler(NvmlProvider(nv), interval=0.01) as s:
         wait_for(lambda: len(s.timeline) >= 3, 5, "three samples")
-    assert "genready-gpu-sampler" in nv.threads
+    assert nv.threads == {"genready-nvml"}  # each read bounded, on a thread of its own (never the caller's)
     r = s.summary(output_tokens=100)
     assert r.samples >= 4 and r.mean_power_w == 70.5 and r.energy_j is not None and r.energy_j > 0
 

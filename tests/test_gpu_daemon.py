@@ -24,7 +24,7 @@ from genready.gpu.provider import MIB
 from genready.probe.owner import descendants
 from genready_dev import nvidia_smi
 from genready_dev.harness import GENREADY, PY, Genready, free_port, http, show, wait_for
-from genready_dev.usermanager import UserManager
+from genready_dev.usermanager import UserManager, _hierarchies
 from tests.test_api import conforms, response_schema
 
 pytestmark = pytest.mark.system
@@ -135,6 +135,71 @@ def test_a_stray_of_an_earlier_start_is_named_everywhere(manager: UserManager, s
         if stray:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stray, signal.SIGKILL)
+
+
+def test_a_unit_of_the_same_name_under_another_manager_is_neither_current_nor_a_stray(
+        manager: UserManager, smi: Path, tmp_path: Path) -> None:
+    """Issue 53 §5: another manager (here a second private one; on a host, a user's) runs a unit of the
+    target's name. Its processes are in a cgroup whose innermost unit has that name, but not in the
+    target's ControlGroup: not the target's memory, and no stray of it (no `kill` of someone else's job).
+    A process that is in the target's own cgroup, and tied to it by nothing else, still is a stray."""
+    target = "gd-same.service"
+    manager.install_unit(target, "[Service]\nExecStart=/bin/sleep 602\n")
+    g = Genready(manager, tmp_path, {"llm": {"unit": target, "url": f"http://127.0.0.1:{free_port()}", **FAST}},
+                 gpu_interval=0.3)
+    other = UserManager(tmp_path / "other-manager")
+    other.start()
+    theirs: list[int] = []
+    lodger = subprocess.Popen(["sleep", "600"])  # moved into the target's cgroup below: no descendant of its start
+    try:
+        # KillMode=process: its restart leaves its first child behind, begun before the target's start.
+        other.install_unit(target, "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 600 & exec sleep 601'\n")
+        other.systemctl("start", target)
+        old_main, old_inv = wait_for(lambda: running(other, unit=target), 10, "the other manager's unit")
+        (old_child,) = wait_for(lambda: descendants(old_main) or None, 10, "its child")
+        theirs.append(old_child)
+        seen = time.time()
+        wait_for(lambda: time.time() > seen + 0.3, 5, "0.3 s on")
+        g.start()  # before the target's start: systemd names its ControlGroup only once it runs
+        manager.systemctl("start", target)
+        main, inv = wait_for(lambda: running(manager, unit=target), 10, "the target's start")
+        cgroup = manager.show(target, "ControlGroup")["ControlGroup"]
+        for h in _hierarchies():
+            (h / cgroup.lstrip("/") / "cgroup.procs").write_text(str(lodger.pid))
+        seen = time.time()
+        wait_for(lambda: time.time() > seen + 0.3, 5, "0.3 s into the target's start")
+        other.systemctl("restart", target)  # a process of theirs begun during the target's current start
+        new_main, _ = wait_for(lambda: running(other, old_inv, unit=target), 10, "the other unit's restart")
+        theirs.append(new_main)
+        text = Path(f"/proc/{new_main}/cgroup").read_text()
+        assert target in text and cgroup not in text, text  # the same unit name, another cgroup
+        nvidia_smi.write_state(smi, {"gpus": [gpu(76000)], "apps": [
+            {"gpu_uuid": GPU0, "pid": old_child, "used_mib": 70000},
+            {"gpu_uuid": GPU0, "pid": new_main, "used_mib": 5000},
+            {"gpu_uuid": GPU0, "pid": main, "used_mib": 1000},
+            {"gpu_uuid": GPU0, "pid": lodger.pid, "used_mib": 300}]})
+
+        def read() -> dict[str, Any] | None:
+            gp = g.status()["targets"]["llm"].get("gpu") or {}
+            return gp if gp.get("current_bytes") and gp.get("strays") else None
+        gp = wait_for(read, 20, lambda: f"a reading of the apps: {g.status()['targets']['llm'].get('gpu')}")
+        assert [(h["pid"], h["bytes"], h["invocation_id"]) for h in gp["strays"]] == [(lodger.pid, 300 * MIB, None)], gp
+        assert f"in {target}'s cgroup" in gp["strays"][0]["why"], gp
+        assert gp["current_bytes"] == {GPU0: 1000 * MIB}, gp
+        code, metrics = g.get("/metrics")
+        assert code == 200 and stray_bytes(metrics) == {("llm", GPU0): 300 * MIB}, metrics
+        assert show(manager, target) == (main, inv)
+    finally:
+        g.stop()
+        lodger.kill()
+        lodger.wait()
+        other.systemctl("kill", "--kill-whom=all", "--signal=SIGKILL", target, check=False)
+        other.stop()
+        for pid in theirs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        manager.systemctl("stop", target, check=False)
+        manager.remove_unit(target)
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this host has an nvidia-smi")

@@ -68,8 +68,9 @@ class Start:
 @dataclass(frozen=True, slots=True)
 class TargetStarts:
     """A target's unit and its starts: the current one (None: the unit is not running) and earlier
-    ones. control_group: the unit's ControlGroup= as systemd says it (exact, even with two managers
-    on one host); without it the unit's name is matched."""
+    ones. control_group: the unit's ControlGroup as systemd says it over D-Bus (exact, even with
+    two managers on one host); None or "": not known, and then no process counts as the unit's by
+    its cgroup, never by the unit's name alone."""
 
     target: str
     unit: str
@@ -217,9 +218,13 @@ class Trees:
 # --- deciding (pure) ----------------------------------------------------------------------------
 
 def _in_unit(p: Proc, t: TargetStarts) -> bool:
-    if t.control_group is not None:
-        return p.cgroup is not None and (p.cgroup == t.control_group or p.cgroup.startswith(t.control_group + "/"))
-    return p.unit == t.unit
+    """Is p in the unit's own cgroup? Only its exact ControlGroup says so: a unit of the same name
+    under another manager (a user's, a second private one, a container's systemd) is another unit,
+    and without the ControlGroup no process is taken for the unit's by its cgroup (the MainPID, its
+    descendants and the recorded trees still are)."""
+    if not t.control_group or p.cgroup is None:
+        return False
+    return p.cgroup == t.control_group or p.cgroup.startswith(t.control_group.rstrip("/") + "/")
 
 
 def _during(at: float | None, s: Start, until: float | None) -> bool:

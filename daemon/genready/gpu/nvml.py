@@ -3,16 +3,27 @@
 The import is lazy: genready runs without the package, and a host without an NVIDIA driver never
 loads libnvidia-ml. The calls are the ones `nvidia-ml-py` wraps from NVML's C API: a value a GPU
 does not support (NVML_ERROR_NOT_SUPPORTED, say power on some boards) is None, not an error.
+
+NVML's calls have no time limit, and one into a GPU that fell off the bus can block for good. Each
+read (nvmlInit, a list of processes, a round of samples, nvmlShutdown) therefore runs on a thread of
+its own and is waited for at most `timeout` seconds, as nvidia-smi is (provider.READ_TIMEOUT_S): past it the
+read is GpuUnavailable, its thread is left to NVML, and every read until that call returns fails at
+once (no pile of stuck threads). A C call cannot be interrupted: the thread is a daemon one, so it
+does not keep the process from exiting.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
-from genready.gpu.provider import ComputeProcess, GpuSample, GpuUnavailable
+from genready.gpu.provider import READ_TIMEOUT_S, ComputeProcess, GpuSample, GpuUnavailable
+
+T = TypeVar("T")
 
 
 def _load() -> ModuleType:
@@ -34,21 +45,56 @@ class NvmlProvider:
 
     name = "nvml"
 
-    def __init__(self, lib: ModuleType | Any | None = None) -> None:
+    def __init__(self, lib: ModuleType | Any | None = None, timeout: float = READ_TIMEOUT_S) -> None:
         self.nv = lib if lib is not None else _load()
-        try:
-            self.nv.nvmlInit()
-        except self.nv.NVMLError as e:
-            raise GpuUnavailable(f"nvmlInit failed: {e}") from e
+        self.timeout = timeout
         self._lock = threading.Lock()
         self._closed = False
+        # A call past its timeout: (its thread, what it was, since when).
+        self._stuck: tuple[threading.Thread, str, float] | None = None
+        try:
+            self._bounded("nvmlInit", self.nv.nvmlInit)
+        except self.nv.NVMLError as e:
+            raise GpuUnavailable(f"nvmlInit failed: {e}") from e
 
     def close(self) -> None:
         with self._lock:
-            if not self._closed:
-                self._closed = True
-                with contextlib.suppress(self.nv.NVMLError):
-                    self.nv.nvmlShutdown()
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(self.nv.NVMLError, GpuUnavailable):
+            self._bounded("nvmlShutdown", self.nv.nvmlShutdown)
+
+    def _bounded(self, what: str, call: Callable[[], T]) -> T:
+        """call() on a thread of its own, waited for at most self.timeout s (see the module's docstring)."""
+        with self._lock:
+            if self._stuck is not None:
+                thread, stuck_on, since = self._stuck
+                if thread.is_alive():
+                    raise GpuUnavailable(f"NVML has not returned from {stuck_on} for {time.monotonic() - since:.0f} s "
+                                         "(a GPU that fell off the bus?); no GPU is read until it does")
+                self._stuck = None
+        done: list[tuple[bool, Any]] = []
+
+        def run() -> None:
+            try:
+                done.append((True, call()))
+            except BaseException as e:  # handed to the caller, whatever it is
+                done.append((False, e))
+
+        thread = threading.Thread(target=run, name="genready-nvml", daemon=True)
+        began = time.monotonic()
+        thread.start()
+        thread.join(self.timeout)
+        if not done:
+            with self._lock:
+                self._stuck = (thread, what, began)
+            raise GpuUnavailable(f"NVML did not answer {what} within {self.timeout:g} s "
+                                 "(a GPU that fell off the bus?)")
+        ok, value = done[0]
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
 
     def _get(self, call: str, *args: Any) -> Any:
         """nv.<call>(*args), or None where NVML says it cannot give that value (not supported)."""
@@ -64,6 +110,12 @@ class NvmlProvider:
             raise GpuUnavailable(f"NVML cannot list the GPUs: {e}") from e
 
     def processes(self) -> list[ComputeProcess]:
+        return self._bounded("a list of the GPUs' processes", self._processes)
+
+    def samples(self) -> list[GpuSample]:
+        return self._bounded("a round of GPU samples", self._samples)
+
+    def _processes(self) -> list[ComputeProcess]:
         out = []
         for h in self._handles():
             try:
@@ -85,7 +137,7 @@ class NvmlProvider:
                 return None if v is None else int(v)
         return None
 
-    def samples(self) -> list[GpuSample]:
+    def _samples(self) -> list[GpuSample]:
         nv = self.nv
         out = []
         for i, h in enumerate(self._handles()):

@@ -12,12 +12,15 @@ import concurrent.futures
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MIB = 1024 * 1024
+# The longest any one read of the GPUs is waited for (an nvidia-smi query, a round of NVML calls):
+# a driver that does not answer costs that read, never the daemon's or the sweep's own work.
+READ_TIMEOUT_S: Final = 5.0
 
 
 class GpuUnavailable(RuntimeError):

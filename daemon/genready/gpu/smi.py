@@ -13,6 +13,7 @@ the old name, so the old name is asked first and the new one if it is refused.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import selectors
 import shutil
@@ -21,20 +22,19 @@ import time
 from collections.abc import Sequence
 from typing import Final
 
-from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable
+from genready.gpu.provider import MIB, READ_TIMEOUT_S, ComputeProcess, GpuSample, GpuUnavailable
 
 APPS_FIELDS: Final = ("gpu_uuid", "pid", "used_memory")
 GPU_FIELDS: Final = ("index", "uuid", "memory.used", "memory.total", "utilization.gpu", "power.draw",
                      "clocks.sm", "temperature.gpu")
 THROTTLE_FIELDS: Final = ("clocks_throttle_reasons.active", "clocks_event_reasons.active")
 FORMAT: Final = "--format=csv,noheader,nounits"
-TIMEOUT_S: Final = 5.0
 # A line per process or GPU is well under 200 bytes: 1 MiB is thousands of them, and a broken or
 # hostile nvidia-smi cannot make genready hold more.
 OUTPUT_CAP: Final = 1 << 20
 
 
-def run_bounded(argv: Sequence[str], timeout: float = TIMEOUT_S, cap: int = OUTPUT_CAP) -> tuple[int, str, str]:
+def run_bounded(argv: Sequence[str], timeout: float = READ_TIMEOUT_S, cap: int = OUTPUT_CAP) -> tuple[int, str, str]:
     """(exit status, stdout, stderr) of argv, killed past `timeout` seconds or `cap` bytes of output
     in all (GpuUnavailable then, saying which). stderr is kept apart: a driver warning printed
     there must not become a line of the CSV."""
@@ -82,12 +82,15 @@ def _missing(value: str) -> bool:
 
 
 def _num(value: str, what: str) -> float | None:
+    """The number, or None where the driver has none: `[N/A]` and its kin, and `nan` or `inf`, which
+    some drivers print for a sensor they cannot read (an integer field included: int() of it raised)."""
     if _missing(value):
         return None
     try:
-        return float(value)
+        n = float(value)
     except ValueError:
         raise GpuUnavailable(f"nvidia-smi: {what} is {value.strip()!r}, expected a number or [N/A]") from None
+    return n if math.isfinite(n) else None
 
 
 def _mib(value: str, what: str) -> int | None:
@@ -148,7 +151,7 @@ class SmiProvider:
 
     name = "nvidia-smi"
 
-    def __init__(self, path: str | None = None, timeout: float = TIMEOUT_S) -> None:
+    def __init__(self, path: str | None = None, timeout: float = READ_TIMEOUT_S) -> None:
         found = path or shutil.which("nvidia-smi")
         if not found:
             raise GpuUnavailable("no nvidia-smi on PATH")

@@ -48,15 +48,20 @@ class DaemonGpu:
         self.watch: GpuWatch | None = None
         self.unavailable: str | None = None  # why no provider would do (said once in the log)
         self._due = asyncio.Event()
-        self._seen: dict[str, tuple[str, int]] = {}  # unit -> (InvocationID, MainPID) last seen
+        self._seen: dict[str, tuple[str, int, str]] = {}  # unit -> (InvocationID, MainPID, ControlGroup) last seen
+        # unit -> its ControlGroup as systemd last said it: kept while the unit is stopped (systemd
+        # then says none), when its strays may still be in it. The path changes only with Slice=.
+        self.cgroups: dict[str, str] = {}
 
     @property
     def latest(self) -> GpuReading | None:
         return self.watch.latest if self.watch is not None else None
 
     def poke(self, unit: str, snap: Snapshot | None) -> None:
-        """A unit's snapshot: read again now if a start began or ended."""
-        now = (snap.invocation_id, snap.main_pid) if snap is not None else ("", 0)
+        """A unit's snapshot: read again now if a start began or ended, or its cgroup became known."""
+        now = (snap.invocation_id, snap.main_pid, snap.control_group) if snap is not None else ("", 0, "")
+        if snap is not None and snap.control_group:
+            self.cgroups[unit] = snap.control_group
         if self._seen.get(unit) != now:
             self._seen[unit] = now
             self._due.set()
@@ -98,13 +103,17 @@ class DaemonGpu:
         # (target, unit, current InvocationID, MainPID) as the loop sees them now; the rest on the worker.
         now = [(t.name, t.unit, t.gate.snap.invocation_id if t.gate.snap is not None else "",
                 t.gate.snap.main_pid if t.gate.snap is not None else 0) for t in targets]
+        for t in targets:
+            if t.gate.snap is not None and t.gate.snap.control_group:
+                self.cgroups[t.unit] = t.gate.snap.control_group
+        cgroups = dict(self.cgroups)  # the units' own cgroups, exact: never matched by the unit's name
 
         def read() -> GpuReading:
             for name, _, inv, pid in now:
                 if pid:
                     with contextlib.suppress(OSError):
                         watch.record_tree(name, inv, pid)
-            return watch.read([starts_of(name, unit, self.store.all(name), inv if pid else None)
+            return watch.read([starts_of(name, unit, self.store.all(name), inv if pid else None, cgroups.get(unit))
                                for name, unit, inv, pid in now])
 
         reading = await asyncio.get_running_loop().run_in_executor(self.executor, read)

@@ -72,6 +72,9 @@ class Snapshot:
     exec_stale: bool = False
     fragment_path: str = ""  # the unit file and its drop-ins: where its output files are named
     dropin_paths: tuple[str, ...] = ()
+    # The unit's own cgroup, exact ("" while systemd has none for it). No PropertiesChanged carries it:
+    # only a full read brings it (the watcher reads a unit again when a new start appears).
+    control_group: str = ""
     error: str = ""  # systemd refused to report on this unit (its D-Bus error); the bus itself is fine
 
     @property
@@ -118,6 +121,7 @@ _SERVICE_PROPS: Final[dict[bytes, tuple[str, Callable[[Any], Any]]]] = {
     b"Result": ("result", _s),
     b"ExecStart": ("exec_start", exec_argvs),
     b"Environment": ("environment", lambda v: tuple(_s(e) for e in v or ())),
+    b"ControlGroup": ("control_group", _s),
 }
 _PROPS_BY_IFACE: Final = {UNIT_IFACE: _UNIT_PROPS, SERVICE_IFACE: _SERVICE_PROPS}
 

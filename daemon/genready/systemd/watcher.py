@@ -257,8 +257,13 @@ class Watcher:
             return
         if cookie <= self._read_cookie.get((unit, iface), 0):
             return  # older than a full read we already applied
-        self._update(unit, snapshot_of(unit, [(iface, cookie, changed)], self._snaps.get(unit, Snapshot(unit)),
-                                      settle=False))
+        old = self._snaps.get(unit, Snapshot(unit))
+        snap = snapshot_of(unit, [(iface, cookie, changed)], old, settle=False)
+        self._update(unit, snap)
+        if snap.invocation_id and snap.invocation_id != old.invocation_id and not snap.control_group:
+            # A new start, and the unit's cgroup not known yet: no signal ever carries ControlGroup
+            # (what GPU attribution matches processes by), so read the unit once more.
+            self._refresh([unit])
 
     # -- full reads -------------------------------------------------------------------------
 

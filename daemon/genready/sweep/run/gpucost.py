@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -17,7 +16,7 @@ from genready.gpu.provider import GpuUnavailable, Provider
 from genready.gpu.sampling import Sampler
 from genready.gpu.watch import choose
 from genready.sweep.files import bench_line
-from genready.sweep.run.results import writing
+from genready.sweep.run.results import json_text, writing
 
 GPU_FILE: Final = "gpu.json"
 _provider: list[Provider | None] = []  # chosen once per sweep: [] not yet, [None] none here
@@ -68,4 +67,4 @@ def sampled(say: Callable[[str], None], folder: Path, results: Path, interval: f
                         "gpus": [dataclasses.asdict(s) for s in ss]}
                        for t, ss in sampler.timeline]}
     with writing(results):
-        (folder / GPU_FILE).write_text(json.dumps(doc) + "\n")
+        (folder / GPU_FILE).write_text(json_text(doc) + "\n")  # strict: a NaN a driver gave is null
