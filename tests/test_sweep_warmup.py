@@ -16,7 +16,7 @@ from genready.config import ConfigError
 from genready.sweep import plan as sweepplan
 from genready.sweep import report as sweepreport
 from genready.sweep import results as sweepresults
-from genready.tools.convergence import NOISE_FLOOR, Medians, Rule, Sample, agree, medians, verdict, words
+from genready.tools.convergence import FAILING_AFTER, NOISE_FLOOR, Medians, Rule, Sample, agree, medians, verdict, words
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
 
@@ -80,6 +80,19 @@ def test_the_bounds_stop_a_warmup_that_never_settles_and_say_which() -> None:
     assert "warmup_max_seconds (30 s)" in words(v, rule)
     done = verdict(flat(8), 0.0, rule)
     assert done is not None and words(done, rule).startswith("stable after 8 requests (TTFT 100.0 ms, ITL 10.00 ms")
+
+
+def test_a_warmup_whose_requests_fail_stops_as_failing_not_unstable_after_96() -> None:
+    """Issue 53 #15: a server refusing every request was sent all of warmup_max and called "not stable"."""
+    rule = Rule(window=8, max_requests=96)
+    refused = [Sample(None)] * FAILING_AFTER
+    assert [verdict(refused[:n], 0.0, rule) for n in range(1, FAILING_AFTER)] == [None] * (FAILING_AFTER - 1)
+    v = verdict(refused, 0.0, rule)
+    assert v is not None and not v.converged and v.stopped_by == "failing" and v.requests == FAILING_AFTER
+    assert words(v, rule).startswith(f"failing: the last {FAILING_AFTER} of {FAILING_AFTER} requests failed")
+    # failures that are not in a row are a noisy warmup, judged by the windows as before
+    mixed = [s for _ in range(12) for s in (Sample(None), *flat(1))]
+    assert all(verdict(mixed[:n], 0.0, rule) is None for n in range(1, len(mixed) + 1))
 
 
 # --- the plan's keys, the fingerprint, an old folder ----------------------------------------------------------

@@ -19,6 +19,9 @@ from typing import Final
 # A difference below this many seconds is within tolerance whatever the ratio: a fast server's medians of
 # a few milliseconds move by more than 10 % on timer and loopback noise alone, and never would converge.
 NOISE_FLOOR: Final = 0.001
+# Requests in a row that failed and end a warmup as failing: a server refusing every request (a prompt beyond
+# its context, a wrong route) is not "not stable yet", and sending the rest of warmup_max only hides its words.
+FAILING_AFTER: Final = 4
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Verdict:
 
     converged: bool
     requests: int
-    stopped_by: str  # "converged", "warmup_max" or "warmup_max_seconds"
+    stopped_by: str  # "converged", "failing" (FAILING_AFTER failures in a row), "warmup_max" or "warmup_max_seconds"
     last: Medians | None = None  # the last window's medians
     before: Medians | None = None  # the window before's
 
@@ -91,6 +94,8 @@ def verdict(samples: Sequence[Sample], elapsed: float, rule: Rule) -> Verdict | 
         last, before = medians(samples[n - n % w - w:n - n % w]), medians(samples[n - n % w - 2 * w:n - n % w - w])
         if n % w == 0 and last is not None and before is not None and agree(last, before, rule.tolerance):
             return Verdict(True, n, "converged", last, before)
+    if n >= FAILING_AFTER and all(s.ttft is None for s in samples[-FAILING_AFTER:]):
+        return Verdict(False, n, "failing", last, before)
     if n >= rule.max_requests:
         return Verdict(False, n, "warmup_max", last, before)
     if elapsed >= rule.max_seconds:
@@ -108,6 +113,8 @@ def words(v: Verdict, rule: Rule) -> str:
     if v.converged:
         return f"stable after {v.requests} requests ({ms(v.last)}; within {100 * rule.tolerance:g} % of the " \
             "window before)"
+    if v.stopped_by == "failing":
+        return f"failing: the last {FAILING_AFTER} of {v.requests} requests failed; the run is marked unstable"
     bound = f"warmup_max ({rule.max_requests} requests)" if v.stopped_by == "warmup_max" else \
         f"warmup_max_seconds ({rule.max_seconds:g} s)"
     seen = f": last window {ms(v.last)}, the one before {ms(v.before)}" if v.before is not None or v.last else ""
