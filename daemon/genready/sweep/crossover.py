@@ -3,8 +3,9 @@
 Pure: `curve(spec, done)` is a search's output tok/s against offered load, `find(config, base)` the crossover of
 two such curves. The two searches step at loads of their own, so each curve is taken as piecewise linear between
 its steps (a model: nothing is measured between two steps) and the crossover is the first load, in the range both
-searched, where the configuration's interpolated tok/s falls below the baseline's. Their difference is linear
-between the union of both curves' loads, so the crossing within a segment is exact for the two interpolants.
+searched, where the configuration's interpolated tok/s falls below the baseline's by more than the plan's
+noise_limit. That margin is linear between the union of both curves' loads, so the crossing within a segment is
+exact for the two interpolants.
 
 The offered load is on the search's axis: requests/s (a rate step's offered rate; a closed loop, the synchronous
 and throughput runs, offers what it achieves), or with `mode = "slo"` and `axis = "concurrency"` the requests in
