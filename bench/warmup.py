@@ -8,7 +8,8 @@ probe (one generation), the warmup (servercache.warm_up for a number, warm_until
 "stable": the sweep's own functions), then the run: RUN streamed requests, one at a time, whose
 median TTFT and ITL are the measured figures. Then the same process is sent requests until it is
 past its N cold ones, and the same run again is the converged truth. Printed per warmup: its
-requests, whether it converged, and the run's bias (measured / truth − 1).
+requests, whether it converged, and the run's bias (measured / truth − 1); then, on a process warm from the
+start, what the rule costs where there is no trend to see.
 
 No root, no systemd: the simulator runs as a child process.
 Run: .venv/bin/python bench/warmup.py [--cold-requests 75] [--token-latency 0.02] [--trials 3]
@@ -93,7 +94,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-warmup-"))
     warmups: list[tuple[str, int | convergence.Rule]] = [
         ("warmup = 0", 0), ("warmup = 2 (the old default)", 2),
-        ('"stable" (window 8, 10 %, max 96: the defaults)', convergence.Rule()),
+        ('"stable", neighbouring windows alone (the rule before issue 51)', convergence.Rule(trend_windows=1)),
+        ('"stable" (window 8, 10 %, max 96, a trend over 3 windows: the defaults)', convergence.Rule()),
         ('"stable", warmup_window = 16', convergence.Rule(window=16)),
         ('"stable", warmup_tolerance = 0.05', convergence.Rule(tolerance=0.05)),
     ]
@@ -109,6 +111,15 @@ def main() -> int:
         print(f"| {name} | {statistics.median(s for s, _, _, _ in got):g} | {conv_text} | "
               f"{100 * statistics.median(b for _, _, b, _ in got):+.1f} % | "
               f"{100 * statistics.median(b for _, _, _, b in got):+.1f} % |", flush=True)
+    # What the trend costs where there is none to see: a process warm from the start (its one cold generation is
+    # the daemon's probe), the requests each rule sends before it agrees.
+    print("\nan engine warm from the start (--cold-requests 1): warmup requests, median of the trials\n")
+    print("| warmup | warmup requests | converged |")
+    print("|---|---|---|")
+    for name, w in warmups[2:4]:
+        got = [trial(tmp, w, 1, args.token_latency) for _ in range(args.trials)]
+        print(f"| {name} | {statistics.median(s for s, _, _, _ in got):g} | "
+              f"{sum(1 for _, c, _, _ in got if c)}/{len(got)} |", flush=True)
     return 0
 
 

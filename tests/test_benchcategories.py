@@ -92,6 +92,9 @@ def test_figures_per_category_are_token_weighted_as_the_runs() -> None:
     assert s.category_lines()[1] == ("  category   coding: 2 requests, accept length 3.33, draft acceptance 0.583, "
                                      "10.0 output tok/s per request")
     assert Summary(1, 1, outcomes=[_counted(4, 2, "")]).categories() is None  # no category: no figures
+    # issue 53 #11: a category name from a prompt file reaches the terminal escaped
+    assert Summary(1, 1, outcomes=[_counted(4, 2, "a\x1b[31mb")]).category_lines()[0].startswith(
+        "  category   a\\x1b[31mb: 1 requests")
 
 
 def test_the_simulator_knows_a_builtin_prompts_category() -> None:

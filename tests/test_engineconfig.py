@@ -180,6 +180,15 @@ def test_values_compare_as_the_same_setting() -> None:
     assert not ec.same_value("3", 4) and not ec.same_value("EAGLE", "eagle") and not ec.same_value("x", None)
 
 
+def test_a_value_beyond_a_float_is_a_mismatch_not_a_crash() -> None:
+    # issue 53 #10: an engine reporting `1` and 400 zeros raised OverflowError out of the sweep
+    huge = int("1" + "0" * 400)
+    assert not ec.same_value("3", huge) and ec.same_value(str(huge), huge)
+    conf = ec.with_expect(ec.Confirmation(), {"speculative_num_steps": "3"}, {"speculative_num_steps": huge})
+    assert ec.verdict(conf).status == ec.CONFIG_MISMATCH
+    assert ec.differing_keys([{"k": huge}, {"k": 1}]) == ["k"]
+
+
 def test_no_drafting_differing_keys_and_identical_configs() -> None:
     assert ec.speculative({"speculative_algorithm": "EAGLE"}) and ec.speculative({"speculative": True})
     assert ec.speculative({"speculative_config.method": "ngram"}) and not ec.speculative({"tp_size": 1})

@@ -12,6 +12,7 @@ import pytest
 from genready.config import ConfigError
 from genready.sweep import crossover, search
 from genready.sweep.crossover import Status
+from genready.sweep.report import decision
 from genready.sweep.search import Axis, Mode, Outcome, SearchSpec, Spacing, Step
 from genready_dev import simbatch
 
@@ -148,6 +149,32 @@ def test_the_crossover_says_when_there_is_none_to_find() -> None:
         assert crossover.find(((1.0, 5.0),), other).status is Status.NO_BASELINE
     assert crossover.find((), base).status is Status.NO_BASELINE
     assert crossover.find(((5.0, 1.0), (6.0, 1.0)), base) == crossover.Crossover(None, Status.NO_BASELINE)  # disjoint
+
+
+def test_a_crossover_in_the_noise_is_neither_paying_nor_losing() -> None:
+    """Issue 53 #4: the same server as the baseline "paid up to 35.3 req/s" or "never paid" on differences of
+    0.2-1 %. Within the plan's noise_limit of the baseline is neither, as a speedup within it is (~)."""
+    base = ((1.0, 100.0), (2.0, 200.0), (4.0, 390.0), (8.0, 400.0))
+    same = ((1.0, 100.4), (2.0, 199.0), (4.0, 392.0), (8.0, 398.0))  # +0.4 %, -0.5 %, +0.5 %, -0.5 %
+    assert crossover.find(same, base).status is Status.INTERPOLATED  # by sign alone (noise_limit 0): a crossover
+    got = crossover.find(same, base, 0.10)
+    assert got == crossover.Crossover(None, Status.WITHIN_NOISE, (1.0, 8.0))
+    below = ((1.0, 99.0), (2.0, 198.0), (4.0, 386.0), (8.0, 396.0))  # 1 % slower at each: by sign, never_pays
+    assert crossover.find(below, base).status is Status.NEVER_PAYS
+    assert crossover.find(below, base, 0.10).status is Status.WITHIN_NOISE
+    # beyond the noise it is what it was: pays, then falls 10 % below the baseline between 4 and 8
+    faster = ((1.0, 150.0), (4.0, 450.0), (8.0, 300.0))
+    got = crossover.find(faster, base, 0.10)
+    assert got.status is Status.INTERPOLATED and got.load is not None and 4.0 < got.load < 8.0
+    margin = crossover.value_at(faster, got.load) - 0.9 * crossover.value_at(base, got.load)
+    assert margin == pytest.approx(0.0, abs=1e-9)
+    assert crossover.find(((1.0, 150.0), (2.0, 300.0), (4.0, 400.0), (8.0, 420.0)), base, 0.10).status is \
+        Status.PAYS_THROUGHOUT
+    assert crossover.find(((1.0, 80.0), (2.0, 300.0), (4.0, 400.0), (8.0, 420.0)), base, 0.10).status is \
+        Status.NEVER_PAYS  # 20 % slower at the first load
+    assert decision.crossover_words({"crossover_status": "within_noise"}) == (
+        "speculation neither pays nor loses at the loads searched: within the plan's noise_limit of the baseline "
+        "at each")
 
 
 def test_a_curve_is_output_tokens_against_the_offered_load_on_the_search_s_axis() -> None:

@@ -116,9 +116,10 @@ def test_a_crossover_waits_for_the_baseline_s_search_and_is_filled_in_when_it_en
     searchrun.found_line(s, base, 1, p.search, outcomes(p.search, {1: 50.0, 2: 100.0, 8: 400.0}), "")
     got = found_lines_in(tmp_path)
     assert len(got) == 3 and got[1]["baseline"] == 1 and "crossover" not in got[1]
-    # 300 against 50 + 50 (x - 1) from 2 on: equal at x = 6 (the configuration's own steps are 4 and 8)
+    # 300 against 50 + 50 (x - 1) from 2 on: equal at x = 6, and below it by more than the plan's noise_limit
+    # (0.10: issue 53 #4) from 300 = 0.9 x 50 x, x = 20/3 (the configuration's own steps are 4 and 8)
     assert got[2]["point"] == conf.as_dict() and got[2]["crossover_status"] == "interpolated"
-    assert got[2]["crossover"] == pytest.approx(6.0) and got[2]["crossover_baseline"] == base.index
+    assert got[2]["crossover"] == pytest.approx(20 / 3) and got[2]["crossover_baseline"] == base.index
     assert got[2]["crossover_range"] == [1.0, 8.0]
     # a configuration searched after the baseline gets its crossover at once, and the baseline's line is not redone
     searchrun.found_line(s, conf, 2, p.search, outcomes(p.search, {1: 10.0, 8: 100.0}), "")

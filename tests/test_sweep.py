@@ -330,6 +330,22 @@ def test_a_line_is_reused_only_by_the_configuration_that_made_it(tmp_path: Path)
     assert sweepresults.changed_points(a, tmp_path, fa) == {}
 
 
+def test_expect_is_in_the_fingerprint_so_resume_does_not_pass_it_unchecked(tmp_path: Path) -> None:
+    """Issue 53 #7: lines made before the plan had `expect` were "already ok" on --resume, never checked."""
+    text = 'command = "bench --n {n} --out {out}"\n[[points]]\nn = 1\n[[points]]\nn = 2\n'
+    a, b = plan(text), plan(text + '[expect]\nspeculative_num_steps = "{n}"\n')
+    fa = {p.index: sweepresults.fingerprint(a, p, "t", "u.service", restart_each=False) for p in a.points}
+    fb = {p.index: sweepresults.fingerprint(b, p, "t", "u.service", restart_each=False) for p in b.points}
+    assert "expect" not in fa[1]  # a plan without expect keeps the fingerprint it had (its old lines resume)
+    assert fb[2]["expect"] == {"speculative_num_steps": "2"}  # per point, as confirm checks it
+    log = sweepresults.ResultsLog(tmp_path)
+    for p in a.points:
+        log.append({"point": p.as_dict(), "status": "ok", "repeat": 1, "fingerprint": fa[p.index]})
+    log.close()
+    assert sweepresults.ok_runs(b, tmp_path, fb) == {}
+    assert sweepresults.changed_points(b, tmp_path, fb) == {1: ["expect"], 2: ["expect"]}
+
+
 def test_results_lines_are_strict_json(tmp_path: Path) -> None:
     """Issue 41 #7 for the sweep's writer: a non-finite figure is null, never a bare NaN or Infinity token."""
     log = sweepresults.ResultsLog(tmp_path)

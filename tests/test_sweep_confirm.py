@@ -74,6 +74,15 @@ def test_the_report_names_the_keys_that_differ_and_configurations_whose_engines_
     assert "(config_mismatch: its engine reports another configuration" in text
 
 
+def test_engine_key_names_reach_the_terminal_escaped(tmp_path: Path) -> None:
+    """Issue 53 #11: an engine's key names are its words, not ours."""
+    lines = [{"point": {"steps": i}, "index": i, "status": "ok", "attempt": 1, "out": f"{i:02d}",
+              "engine_config": {"values": {"\x1b]0;pwned\x07k": i}, "sources": []}} for i in (1, 2)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    text = sweepreport.render(collect.rows_of([tmp_path]))
+    assert "engine keys that differ across points: \\x1b]0;pwned\\x07k\n" in text and "\x1b" not in text, text
+
+
 # --- sweeps on the simulator ------------------------------------------------------------------------------
 
 

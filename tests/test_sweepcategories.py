@@ -143,3 +143,19 @@ def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None
     pytest.importorskip("matplotlib")
     page = sweephtml.render(rows)
     assert got in page
+
+
+def test_category_names_reach_the_terminal_and_markdown_escaped(tmp_path: Path) -> None:
+    """Issue 53 #11: a category named with an ESC sequence or a line break went raw into the table headers."""
+    folder = _folder(tmp_path)
+    bench = folder / "01" / "repeat-1" / "bench.jsonl"
+    line = json.loads(bench.read_text())
+    line["categories"]["\x1b[2Jqa\nx"] = {"requests": 1, "accept_length": 2.0, "output_tokens_per_second": 9.0}
+    bench.write_text(json.dumps(line) + "\n")
+    rows = collect.rows_of([folder])
+    for fmt in ("table", "markdown"):
+        got = categories.section(rows, fmt)
+        assert "\\x1b[2Jqa\\x0ax" in got and "\x1b" not in got, got
+    md = categories.section(rows, "markdown")
+    header = next(ln for ln in md.splitlines() if ln.startswith("| POINT"))
+    assert header.count("|") == 5  # POINT, the escaped name, coding, writing: one line, four cells

@@ -302,10 +302,11 @@ def same_value(want: str, got: Scalar) -> bool:
         return want.strip().lower() in (("true", "1", "yes") if got else ("false", "0", "no"))
     if isinstance(got, int | float):
         try:
-            w = float(want)
+            return math.isclose(float(want), float(got), rel_tol=1e-6, abs_tol=1e-9)
         except ValueError:
             return False
-        return math.isclose(w, float(got), rel_tol=1e-6, abs_tol=1e-9)
+        except OverflowError:  # an integer beyond any float (`1` and 400 zeros): equal only as written
+            return want.strip() == str(got)
     return want == got
 
 

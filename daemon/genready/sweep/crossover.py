@@ -3,8 +3,9 @@
 Pure: `curve(spec, done)` is a search's output tok/s against offered load, `find(config, base)` the crossover of
 two such curves. The two searches step at loads of their own, so each curve is taken as piecewise linear between
 its steps (a model: nothing is measured between two steps) and the crossover is the first load, in the range both
-searched, where the configuration's interpolated tok/s falls below the baseline's. Their difference is linear
-between the union of both curves' loads, so the crossing within a segment is exact for the two interpolants.
+searched, where the configuration's interpolated tok/s falls below the baseline's by more than the plan's
+noise_limit. That margin is linear between the union of both curves' loads, so the crossing within a segment is
+exact for the two interpolants.
 
 The offered load is on the search's axis: requests/s (a rate step's offered rate; a closed loop, the synchronous
 and throughput runs, offers what it achieves), or with `mode = "slo"` and `axis = "concurrency"` the requests in
@@ -30,6 +31,7 @@ class Status(StrEnum):
     PAYS_THROUGHOUT = "pays_throughout"  # it never fell below 1 in the range both searched
     NEVER_PAYS = "never_pays"  # it was below 1 from the first load both searched
     NO_BASELINE = "no_baseline"  # no baseline search to compare with (none in the plan, none measured, no shared load)
+    WITHIN_NOISE = "within_noise"  # within the plan's noise_limit of the baseline at every load: neither pays nor loses
 
 
 @dataclass(frozen=True)
@@ -70,18 +72,25 @@ def value_at(c: Curve, x: float) -> float:
     return c[0][1] if x <= c[0][0] else c[-1][1]
 
 
-def find(config: Curve, base: Curve | None) -> Crossover:
-    """The first load, in the range both curves cover, at which config's tok/s falls below base's."""
+def find(config: Curve, base: Curve | None, noise_limit: float = 0.0) -> Crossover:
+    """The first load, in the range both curves cover, at which config's tok/s falls below base's by more than
+    `noise_limit` (the speedup's rule without an interval, speedup.Ratio.within_noise: a ratio within noise_limit
+    of 1 neither pays nor loses). A configuration within it at every load is WITHIN_NOISE: the same server as the
+    baseline once "paid up to 35.3 req/s" on differences of 0.2-1 %."""
     if not config or not base:
         return Crossover(None, Status.NO_BASELINE)
     lo, hi = max(config[0][0], base[0][0]), min(config[-1][0], base[-1][0])
     if lo > hi:
         return Crossover(None, Status.NO_BASELINE)
     xs = sorted({lo, hi, *(x for x, _ in (*config, *base) if lo <= x <= hi)})
-    diff = [value_at(config, x) - value_at(base, x) for x in xs]
-    if diff[0] < 0:
+    # The margin over losing: negative where config is slower than the baseline beyond the noise. Both curves are
+    # linear between the loads of xs, so the margin is too, and its crossing within a segment is exact.
+    margin = [value_at(config, x) - (1 - noise_limit) * value_at(base, x) for x in xs]
+    if margin[0] < 0:
         return Crossover(None, Status.NEVER_PAYS, (lo, hi))
-    for (x0, d0), (x1, d1) in pairwise(zip(xs, diff, strict=True)):
-        if d1 < 0:  # d0 >= 0: the difference is linear on [x0, x1], so it crosses 0 once there
+    for (x0, d0), (x1, d1) in pairwise(zip(xs, margin, strict=True)):
+        if d1 < 0:  # d0 >= 0: linear on [x0, x1], so it crosses 0 once there
             return Crossover(x0 + d0 / (d0 - d1) * (x1 - x0), Status.INTERPOLATED, (lo, hi))
+    if all(value_at(config, x) <= (1 + noise_limit) * value_at(base, x) for x in xs):
+        return Crossover(None, Status.WITHIN_NOISE, (lo, hi))
     return Crossover(None, Status.PAYS_THROUGHOUT, (lo, hi))

@@ -236,7 +236,8 @@ KEYS: Final = (
             _number(1, integer=True, high=1000)),
     PlanKey("warmup_tolerance", "a fraction > 0 (0.10 is 10 %)", 0.10,
             'warmup = "stable": done when the last window\'s median TTFT and ITL are within this of the window '
-            "before's", _number(0, low_open=True)),
+            "before's and within half of it of the earliest of the last three (tools/convergence.py)",
+            _number(0, low_open=True)),
     PlanKey("warmup_max", "an integer from 2 to 10000, at least twice warmup_window", 96,
             'warmup = "stable": at most this many requests; a run whose warmup stops here is marked unstable',
             _number(2, integer=True, high=10_000)),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 from genready.apis import BadAnswer, ServerApi, too_large
+from genready.redact import escape
 from genready.servers import kinds
 from genready.tools import servermetrics
 
@@ -383,7 +384,7 @@ class Summary:
             accept = "-" if c["accept_length"] is None else f"{c['accept_length']:.2f}"
             drafts = "" if c["draft_acceptance"] is None else f", draft acceptance {c['draft_acceptance']:.3f}"
             speed = "-" if c["output_tokens_per_second"] is None else f"{c['output_tokens_per_second']:.1f}"
-            lines.append(f"  category   {name}: {c['requests']} requests, accept length {accept}{drafts}, "
+            lines.append(f"  category   {escape(name)}: {c['requests']} requests, accept length {accept}{drafts}, "
                          f"{speed} output tok/s per request")
         return lines
 

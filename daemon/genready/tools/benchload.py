@@ -21,6 +21,8 @@ from genready.tools.benchfigures import Outcome, percentile
 
 # A run is saturated when it completes fewer than this share of the requests/s it was offered.
 ACHIEVED_SHARE: Final = 0.9
+# The share of the earliest and of the latest events a rate leaves out (rate_of): a run's start and its drain.
+RATE_TRIM: Final = 0.1
 # ... or when the time from a request's arrival to its first token grows through the run: the median of
 # the last third of the requests (in arrival order) over TREND_FACTOR times that of the first third, and
 # longer by at least TREND_FLOOR_MS (a 1 ms -> 3 ms change on an idle server is noise, not a queue).
@@ -149,13 +151,23 @@ def judge(outcomes: Sequence[Outcome], parts: Sequence[SloPart], wall_seconds: f
 # --- offered against achieved -----------------------------------------------------------------------
 
 def rate_of(times: Sequence[float]) -> float | None:
-    """Events per second over the span of `times`: (n - 1) / (last - first); None for fewer than two or a
-    zero span. Arrivals and completions are measured alike, so a short run's start and drain do not count
-    against it (a run that keeps up completes at the rate it is offered, shifted by one latency)."""
-    if len(times) < 2:
+    """Events per second: the least-squares slope of the events' count against their time, over the middle
+    RATE_TRIM..1-RATE_TRIM of them; None for fewer than two or a zero span. Arrivals and completions are
+    measured alike. Not (n - 1) / (last - first): completions are arrivals shifted by each request's own
+    latency, and with output lengths that vary (any real dataset) the first and last completions' latencies
+    alone stretched the span, so a server far from its limit read as saturated (issue 53 #2: 3 seeds of 3 at
+    2 req/s). The slope spreads that jitter over every event, and the trim drops the run's start and drain."""
+    ordered = sorted(times)
+    cut = round(RATE_TRIM * (len(ordered) - 1))
+    ordered = ordered[cut:len(ordered) - cut]
+    n = len(ordered)
+    if n < 2:
         return None
-    span = max(times) - min(times)
-    return (len(times) - 1) / span if span > 0 else None
+    mean_t, mean_k = statistics.fmean(ordered), (n - 1) / 2
+    spread = sum((t - mean_t) ** 2 for t in ordered)
+    if spread <= 0:
+        return None
+    return sum((t - mean_t) * (k - mean_k) for k, t in enumerate(ordered)) / spread
 
 
 def ttft_trend(outcomes: Sequence[Outcome]) -> tuple[float, float, float] | None:

@@ -4,9 +4,18 @@ A fresh engine is slower for its first requests (SGLang issue #28706: TTFT 6,350
 restart, 3,661 ms once converged, after 50 to 100 requests: JIT compilation, CUDA-graph capture,
 kernel autotuning, the first collectives), so a fixed count of warmup requests leaves a bias that
 depends on the engine. `warmup = "stable"` sends requests in windows of `window` and stops when
-the last window's median TTFT and ITL are both within `tolerance` of the window before's, or at
-`max_requests` / `max_seconds` (not converged: the run is marked unstable). Pure functions: the
-requests are sent by servercache.warm_until_stable.
+the last window's median TTFT and ITL are both within `tolerance` of the window before's and within half
+of it of the earliest of the last TREND_WINDOWS windows (a trend), or at `max_requests` / `max_seconds`
+(not converged: the run is marked unstable). Pure functions: the requests are sent by
+servercache.warm_until_stable.
+
+Why the second comparison: two neighbouring windows are no plateau when the figure drifts a little per
+window. On a simulator whose first 75 generations decay from 1.73x (bench/warmup.py), windows of 8 within
+10 % of each other stopped the warmup at 16 requests and left the run +20 % above the converged TTFT. A
+drift of d per window adds up to 2d over the last three windows, so the span test stops only once d is
+under a quarter of the tolerance (2.5 %): that decay is then 3 % from its plateau at 72 requests (5 % at 80
+for one over 100 generations). An engine warm from the start costs two windows as before when its windows
+agree within half the tolerance, three at most.
 """
 
 from __future__ import annotations
@@ -19,6 +28,11 @@ from typing import Final
 # A difference below this many seconds is within tolerance whatever the ratio: a fast server's medians of
 # a few milliseconds move by more than 10 % on timer and loopback noise alone, and never would converge.
 NOISE_FLOOR: Final = 0.001
+# Requests in a row that failed and end a warmup as failing: a server refusing every request (a prompt beyond
+# its context, a wrong route) is not "not stable yet", and sending the rest of warmup_max only hides its words.
+FAILING_AFTER: Final = 4
+# The windows the trend is judged over: the last one against the earliest of these (fewer early on).
+TREND_WINDOWS: Final = 3
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,7 @@ class Rule:
     tolerance: float = 0.10
     max_requests: int = 96
     max_seconds: float = 600.0
+    trend_windows: int = TREND_WINDOWS  # 1: neighbouring windows alone (the rule before issue 51; bench/warmup.py)
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,7 @@ class Verdict:
 
     converged: bool
     requests: int
-    stopped_by: str  # "converged", "warmup_max" or "warmup_max_seconds"
+    stopped_by: str  # "converged", "failing" (FAILING_AFTER failures in a row), "warmup_max" or "warmup_max_seconds"
     last: Medians | None = None  # the last window's medians
     before: Medians | None = None  # the window before's
 
@@ -84,13 +99,20 @@ def agree(last: Medians, before: Medians, tolerance: float) -> bool:
 
 def verdict(samples: Sequence[Sample], elapsed: float, rule: Rule) -> Verdict | None:
     """After each request: None to send another, else how the warmup ended. Windows are consecutive blocks
-    of `rule.window` requests, judged each time one completes (from the second on)."""
+    of `rule.window` requests, judged each time one completes (from the second on): the last within
+    tolerance of the one before, and within half of it of the earliest of the last TREND_WINDOWS."""
     n, w = len(samples), rule.window
     last = before = None
     if n >= 2 * w:
-        last, before = medians(samples[n - n % w - w:n - n % w]), medians(samples[n - n % w - 2 * w:n - n % w - w])
-        if n % w == 0 and last is not None and before is not None and agree(last, before, rule.tolerance):
+        end = n - n % w
+        last, before = medians(samples[end - w:end]), medians(samples[end - 2 * w:end - w])
+        back = min(rule.trend_windows, end // w)
+        earliest = medians(samples[end - back * w:end - (back - 1) * w]) if back > 1 else last
+        if n % w == 0 and last is not None and before is not None and earliest is not None \
+                and agree(last, before, rule.tolerance) and (back < 2 or agree(last, earliest, rule.tolerance / 2)):
             return Verdict(True, n, "converged", last, before)
+    if n >= FAILING_AFTER and all(s.ttft is None for s in samples[-FAILING_AFTER:]):
+        return Verdict(False, n, "failing", last, before)
     if n >= rule.max_requests:
         return Verdict(False, n, "warmup_max", last, before)
     if elapsed >= rule.max_seconds:
@@ -108,6 +130,8 @@ def words(v: Verdict, rule: Rule) -> str:
     if v.converged:
         return f"stable after {v.requests} requests ({ms(v.last)}; within {100 * rule.tolerance:g} % of the " \
             "window before)"
+    if v.stopped_by == "failing":
+        return f"failing: the last {FAILING_AFTER} of {v.requests} requests failed; the run is marked unstable"
     bound = f"warmup_max ({rule.max_requests} requests)" if v.stopped_by == "warmup_max" else \
         f"warmup_max_seconds ({rule.max_seconds:g} s)"
     seen = f": last window {ms(v.last)}, the one before {ms(v.before)}" if v.before is not None or v.last else ""

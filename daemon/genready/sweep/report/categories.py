@@ -123,7 +123,7 @@ def section(rows: Sequence[Row], fmt: str) -> str:
         return ""
     out = []
     for title, head, body in _grids(rows):
-        cells = [head, *([escape(c) for c in r] for r in body)]
+        cells = [[escape(c) for c in r] for r in [head, *body]]  # names come from the prompt files
         if fmt == "markdown":
             out.append(f"\n**{title}**\n\n" + "".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |\n"
                                                      for r in [cells[0], ["---"] * len(head), *cells[1:]]))

@@ -301,6 +301,9 @@ def crossover_words(rec: Mapping[str, Any]) -> str | None:
         return "speculation pays at every load searched"
     if status == "never_pays":
         return "speculation never pays at the loads searched: the baseline is faster at each"
+    if status == "within_noise":
+        return "speculation neither pays nor loses at the loads searched: within the plan's noise_limit of the " \
+            "baseline at each"
     if status == "no_baseline":
         return "no crossover: the baseline was not searched"
     if at is not None:

@@ -222,6 +222,8 @@ def crossover_text(s: Search) -> str:
         return "speculation pays at every load searched (no crossover)"
     if status == "never_pays":
         return "speculation never pays (slower than the baseline at every load searched)"
+    if status == "within_noise":
+        return "speculation neither pays nor loses (within the plan's noise_limit at every load searched)"
     approx = "≈" if status == "interpolated" else ""
     why = " (interpolated between steps)" if status == "interpolated" else \
         "" if status is None else f" ({num_text(status)})"
@@ -506,6 +508,8 @@ def _crossover_bar(html: Any, s: Search, left: Left) -> tuple[float | None, str]
         return None, "pays throughout"
     if status == "never_pays":
         return None, "never pays"
+    if status == "within_noise":
+        return None, "within noise"
     if raw is None:
         return None, "-" if status in (None, "no_baseline") else html._shown(status)
     v = html.plottable(raw)

@@ -202,7 +202,7 @@ def engine_notes(rows: Sequence[Row]) -> list[str]:
         return []
     out = []
     if keys := engineconfig.differing_keys(r.engine or {} for r in with_engine):
-        out.append(f"engine keys that differ across points: {', '.join(keys[:12])}"
+        out.append(f"engine keys that differ across points: {escape(', '.join(keys[:12]))}"
                    + (f" (+{len(keys) - 12} more)" if len(keys) > 12 else ""))
     first: dict[str, Row] = {}  # one row per server configuration: its points share one engine
     for r in with_engine:

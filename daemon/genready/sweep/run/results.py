@@ -127,6 +127,8 @@ def fingerprint(plan: Plan, point: Point, target: str, unit: str, *, restart_eac
         fp[key] = str(getattr(plan, key)) if key == "between_points" else getattr(plan, key)
     if plan.search is not None:  # another search is another run; a plan without one keeps its fingerprint
         fp["search"] = json.loads(json.dumps(asdict(plan.search)))  # plain strings, as a line read back has
+    if plan.expect:  # what confirm checks decides whether a point may run: a line made without it is not ok for it
+        fp["expect"] = plan.expect_for(point)
     if plan.stable:  # the rule that ended the warmup; not warmup_max_seconds, a bound in time (as `timeout`)
         fp["warmup_rule"] = {"window": plan.warmup_window, "tolerance": plan.warmup_tolerance,
                              "max": plan.warmup_max}

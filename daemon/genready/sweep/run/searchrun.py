@@ -236,7 +236,7 @@ def against_baseline(sweep: Sweep, point: Point, crv: crossover.Curve) -> dict[s
         return {**crossover.Crossover(None, crossover.Status.NO_BASELINE).fields(), "crossover_baseline": None}
     before = sweep.round_before.get(point.index, 0)
     base = min(cands, key=lambda s: (s.point.baseline != before, -s.point.baseline))
-    return {**crossover.find(crv, base.curve).fields(), "crossover_baseline": base.point.index}
+    return {**crossover.find(crv, base.curve, plan.noise_limit).fields(), "crossover_baseline": base.point.index}
 
 
 def _fill_in(sweep: Sweep, base: Point) -> None:
