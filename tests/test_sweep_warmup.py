@@ -106,7 +106,7 @@ def test_a_small_drift_per_window_is_a_trend_not_a_plateau() -> None:
     assert old == 24 and (decay[old + 8].ttft or 0) / 0.1 - 1 > 0.2  # two windows alone: over 20 % still to go
     v = next(v for n in range(1, 401) if (v := verdict(decay[:n], 0.0, rule)) is not None)
     assert v.converged and v.last is not None and v.requests == 72
-    assert decay[v.requests + 8].ttft is not None and decay[v.requests + 8].ttft / 0.1 - 1 < 0.05  # the run's middle
+    assert (decay[v.requests + 8].ttft or 1.0) / 0.1 - 1 < 0.05  # the run's middle: within 5 % of the plateau
     # an engine warm from the start, windows within half the tolerance: two windows, as before
     rule = Rule(window=4, tolerance=0.10, max_requests=400)
     assert (got := verdict(flat(8), 0.0, rule)) is not None and got.converged and got.requests == 8
