@@ -310,6 +310,16 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return head.partition(b"(")[2].decode(errors="replace"), int(fields[1])
 
 
+def cmdline(pid: int) -> list[str] | None:
+    """A process's command line as the kernel holds it (/proc/PID/cmdline: after systemd's expansion of
+    $VARS, and the program a wrapper exec'd); None when it cannot be read (gone, or hidden from us)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+
+
 def _holds(pid: int, target: str) -> bool:
     """Does pid have an fd linking to target? PermissionError propagates; a vanished process
     (or fd) is simply "no"."""
