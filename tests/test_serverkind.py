@@ -1,7 +1,9 @@
 """A target knows its kind (issue 49 §1), and a flag's value is what the server got (issue 53 item 1).
 
 In-process: systemd's expansion of ExecStart= words, `serverkind.resolve` on real processes (one whose
-command line names a kind, a wrapper whose child does, one gone) and the `kind` key.
+command line names a kind, a wrapper whose child does, one gone), the `kind` key, and the sweep's decision
+(`confirm.judge`) when the engine cannot be asked. tests/test_sweep_confirm.py runs the sweep on a wrapper
+unit and on `${MODEL}` against the simulator under a real systemd manager.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import pytest
 from genready import config
 from genready.probe import serverkind
 from genready.probe.owner import cmdline, descendants
+from genready.servers import engineconfig as ec
 from genready.servers import kinds
+from genready.sweep import confirm
 from genready.systemd.unitexec import expand
 from genready.vocab import KindSource
 from genready_dev.harness import wait_for
@@ -120,3 +124,47 @@ def test_the_kind_key() -> None:
         config.parse({"targets": {"t": {**base, "kind": "tgi"}}}, "g.toml")
     assert e.value.key == "targets.t.kind" and e.value.file == "g.toml"
     assert "'auto', 'sglang', 'vllm'" in e.value.expected and e.value.found == "string 'tgi'"
+
+
+# --- the sweep's decision when the engine cannot be asked --------------------------------------------------
+
+
+def engine(unasked: str = "", values: dict[str, ec.Scalar] | None = None,
+           want: dict[str, tuple[str, str]] | None = None,
+           sources: tuple[str, ...] = ("GET /server_info",)) -> confirm.Engine:
+    if unasked:
+        return confirm.Engine(None, None, {}, ec.EngineConfig(problems=[unasked]), unasked)
+    got = ec.EngineConfig(dict(values or {}), list(sources), [] if sources else ["GET /server_info 503"])
+    return confirm.Engine(kinds.SGLANG, kinds.SGLANG.engine, want or {}, got)
+
+
+def test_an_expect_that_cannot_be_checked_never_passes() -> None:
+    # issue 49 §1: a wrapper unit whose kind nobody knows used to pass every point's expect silently
+    why = "sim.service runs no server kind genready knows (/opt/run-sglang.sh)"
+    checked = confirm.judge(engine(unasked=why), {"speculative_num_steps": "3"})
+    assert checked is not None and checked.verdict.status == ec.CONFIG_MISMATCH
+    assert checked.verdict.reason == f"expect cannot be checked: {why}"
+    assert checked.records()["config_check"]["unconfirmed"] == [
+        {"flag": "expect.speculative_num_steps", "key": "speculative_num_steps", "expected": "3"}]
+    assert confirm.judge(engine(unasked=why), {}) is None  # no expect: nothing to check, the point runs
+    # asked, but none of its sources answered: the same
+    silent = confirm.judge(engine(sources=()), {"speculative_num_steps": "3"})
+    assert silent is not None and silent.verdict.status == ec.CONFIG_MISMATCH
+    assert "SGLang answered none of its sources (GET /server_info 503)" in silent.verdict.reason
+
+
+def test_the_flags_the_server_got_are_compared() -> None:
+    # issue 53 item 1: --model-path ${MODEL} as systemd expands it (from the unit's words here, where no process
+    # can be read; test_the_process_that_serves_names_the_kind reads the process's), not as the words spell it
+    words = [["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "${MODEL}", "$STEPS"]]
+    found = serverkind.resolve(exec_start=words, environment={"MODEL": "/models/a",
+                                                              "STEPS": "--speculative-num-steps 3"})
+    assert found.args == ("--model-path", "/models/a", "--speculative-num-steps", "3")
+    read = kinds.SGLANG.engine
+    assert read is not None
+    e = engine(values={"model_path": "/models/a", "speculative_num_steps": 3}, want=ec.expected(read, found.args))
+    checked = confirm.judge(e, {"speculative_num_steps": "3"})
+    assert checked is not None and checked.verdict.status is None, checked
+    assert set(checked.conf.confirmed) == {"model_path", "speculative_num_steps"}
+    wrong = confirm.judge(e, {"speculative_num_steps": "4"})
+    assert wrong is not None and wrong.verdict.status == ec.CONFIG_MISMATCH

@@ -153,6 +153,88 @@ def test_a_later_dropins_execstart_is_caught_by_expect(rig: Rig) -> None:
         rig.manager.systemctl("daemon-reload")
 
 
+# --- the engine asked by the target's kind, and the flags the server got (issues 49 §1, 53 item 1) ---------
+
+# A launcher whose command line names no server (`python launch.py ...`): the simulator under SGLang's profile
+LAUNCH = """import sys
+from genready import cli
+sys.exit(cli.main(["simulate", "--profile", "sglang", *sys.argv[1:]]))
+"""
+
+
+def wrappers(rig: Rig) -> tuple[Path, Path]:
+    """A shell script that execs the simulator (`ExecStart=/opt/run-sglang.sh`), and a Python launcher."""
+    script, launch = rig.tmp / "run-sglang.sh", rig.tmp / "launch.py"
+    script.write_text(f'#!/bin/sh\nexec {PY} -m genready.cli simulate --profile sglang "$@"\n')
+    script.chmod(0o755)
+    launch.write_text(LAUNCH)
+    return script, launch
+
+
+def server_dropin(rig: Rig) -> str:
+    """The point's `{server}` with the simulator's flags; the variables for a server whose flags use them."""
+    return (f"[Service]\nEnvironment=MODEL=/models/m-{{steps}} STEPS={{steps}}\nExecStart=\n"
+            f"ExecStart={{server}} --port {rig.port} --load-seconds 0.2 --speculative-algorithm EAGLE\n")
+
+
+@pytest.mark.system
+def test_an_expect_is_checked_behind_a_wrapper_and_never_passes_unchecked(rig: Rig) -> None:
+    # The target says nothing of its kind (kind = "auto", api = "sglang"): the process that serves it does
+    script, launch = wrappers(rig)
+    sim = f"{PY} -m genready.cli simulate --profile sglang"
+    plan_path = rig.write_plan(
+        points=[{"steps": 3, "server": f"{script} --speculative-num-steps 5"},  # the engine runs 5: contradicted
+                {"steps": 5, "server": f"{sim} --model-path ${{MODEL}} --speculative-num-steps $STEPS"},  # ok
+                {"steps": 5, "server": f"{PY} {launch} --speculative-num-steps 5"}],  # no kind: cannot be checked
+        dropin=server_dropin(rig), expect={"speculative_num_steps": "{steps}"})
+    _, status = rig.g.get("/status")
+    t = status["targets"]["t"]
+    assert t["kind"] == {"name": None, "from": "unknown", "pid": t["pid"]}, t  # the unit's own simulate: no profile
+    rc, out = rig.run(plan_path)
+    assert rc == 1, out
+    wrapped, variables, unknown = rig.results_lines()
+    assert wrapped["status"] == "config_mismatch", wrapped
+    assert wrapped["reason"] == "expect.speculative_num_steps 3 but the engine reports speculative_num_steps=5"
+    assert variables["status"] == "ok", variables
+    assert {"model_path", "speculative_num_steps"} <= set(variables["config_check"]["confirmed"]), variables
+    assert variables["engine_config"]["values"]["model_path"] == "/models/m-5"
+    assert unknown["status"] == "config_mismatch" and unknown["exit_code"] is None, unknown
+    assert unknown["reason"].startswith(f"expect cannot be checked: {UNIT} runs no server kind genready knows"), unknown
+    assert [p["steps"] for p in ran_points(rig)] == [5]  # only the checked point ran
+    err = rig.err.read_text()
+    assert "SGLang says what it runs: " in err and "(its kind from process)" in err, err
+    rig.assert_restored()
+
+
+@pytest.fixture
+def sglang_rig(manager: UserManager, tmp_path: Path) -> Any:
+    r = Rig(manager, tmp_path, {"kind": "sglang"})
+    yield r
+    r.close()
+
+
+@pytest.mark.system
+def test_the_targets_kind_asks_an_engine_whose_command_line_names_none(sglang_rig: Rig) -> None:
+    rig = sglang_rig
+    _, launch = wrappers(rig)
+    server = f"{PY} {launch} --speculative-num-steps 5"
+    plan_path = rig.write_plan(points=[{"steps": 3, "server": server}, {"steps": 5, "server": server}],
+                               dropin=server_dropin(rig), expect={"speculative_num_steps": "{steps}"})
+    _, status = rig.g.get("/status")
+    t = status["targets"]["t"]
+    assert t["kind"] == {"name": "sglang", "from": "config", "pid": t["pid"]}, t
+    rc, out = rig.run(plan_path)
+    assert rc == 1, out
+    three, five = rig.results_lines()
+    assert three["status"] == "config_mismatch", three
+    assert three["reason"] == "expect.speculative_num_steps 3 but the engine reports speculative_num_steps=5"
+    # the launcher's own flags are compared too (its command line is what the server got): EAGLE is not expected
+    assert five["status"] == "ok" and five["config_check"]["mismatches"] == [], five
+    assert {"speculative_num_steps", "speculative_algorithm"} <= set(five["config_check"]["confirmed"]), five
+    assert [p["steps"] for p in ran_points(rig)] == [5]
+    assert "(its kind from config)" in rig.err.read_text()
+
+
 GEN = r'''
 import json, sys, urllib.request
 url, n = sys.argv[1], int(sys.argv[2])
