@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,9 @@ from genready.servers import kinds
 from genready.sweep import confirm
 from genready.systemd.unitexec import expand
 from genready.vocab import KindSource
-from genready_dev.harness import wait_for
+from genready_dev.harness import PY, Genready, free_port, wait_for
+from genready_dev.usermanager import UserManager
+from tests.test_sweep import FAST
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 SGLANG_ARGS = ["-m", "sglang.launch_server", "--model-path", "/models/a", "--speculative-num-steps", "3"]
@@ -168,3 +171,33 @@ def test_the_flags_the_server_got_are_compared() -> None:
     assert set(checked.conf.confirmed) == {"model_path", "speculative_num_steps"}
     wrong = confirm.judge(e, {"speculative_num_steps": "4"})
     assert wrong is not None and wrong.verdict.status == ec.CONFIG_MISMATCH
+
+
+# --- the daemon's /status --------------------------------------------------------------------------------------
+
+
+@pytest.mark.system
+def test_status_names_the_kind_the_process_behind_a_wrapper_runs(manager: UserManager, tmp_path: Path) -> None:
+    port = free_port()
+    script = tmp_path / "run-sglang.sh"
+    script.write_text(f'#!/bin/sh\nexec {PY} -m genready.cli simulate --profile sglang "$@"\n')
+    script.chmod(0o755)
+    unit = "kind-wrap.service"
+    manager.install_unit(unit, f"[Service]\nExecStart={script} --port {port} --load-seconds 0.2\n")
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"w": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST},
+                                     "c": {"unit": unit, "url": f"http://127.0.0.1:{port}", "kind": "vllm", **FAST}})
+    try:
+        g.start()
+        wait_for(lambda: g.get("/ready/w")[0] == 200, 20, "the wrapper's start verified")
+        _, status = g.get("/status")
+        w = status["targets"]["w"]
+        # ExecStart= names a script; the process it exec'd (the one that answered the probe) names SGLang
+        assert w["kind"] == {"name": "sglang", "from": "process", "pid": w["pid"]}, w
+        assert w["api"] == "sglang"  # unchanged beside it
+        c = status["targets"]["c"]
+        assert c["kind"]["name"] == "vllm" and c["kind"]["from"] == "config", c  # the key wins over the guess
+    finally:
+        g.stop()
+        manager.systemctl("stop", unit, check=False)
+        manager.remove_unit(unit)
