@@ -18,6 +18,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Final
 
 Addr = tuple[str, int]
@@ -543,9 +544,10 @@ def unit_holds(inode: int, main_pid: int) -> bool | None:
     return None if unreadable else False
 
 
-def descendants(main_pid: int) -> list[int]:
-    """main_pid's descendants (not main_pid itself), breadth first; [] if it is gone."""
-    return list(_descendants(main_pid))
+def descendants(main_pid: int, limit: int | None = None) -> list[int]:
+    """main_pid's descendants (not main_pid itself), breadth first, the first `limit` of them (None: all);
+    [] if it is gone. The walk stops at the limit."""
+    return list(islice(_descendants(main_pid), limit))
 
 
 # --- unix sockets -------------------------------------------------------------------------------

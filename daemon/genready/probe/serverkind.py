@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from typing import Final
 
 from genready.config import AUTO
@@ -62,7 +61,7 @@ def _serving_process(pids: Sequence[int]) -> tuple[int | None, list[str], tuple[
             return pid, argv, found, notes
         first = first or (pid, argv)
     if pids:
-        for pid in islice(descendants(pids[-1]), MAX_DESCENDANTS):
+        for pid in descendants(pids[-1], MAX_DESCENDANTS):
             argv = cmdline(pid)
             if argv and (found := kinds.serving(argv)) is not None:
                 return pid, argv, found, notes
