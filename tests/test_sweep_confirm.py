@@ -4,7 +4,7 @@ The plan's `expect` key; a point whose engine reports another value than its fla
 --engine-report) or than `expect` (a later drop-in's ExecStart= overriding the plan's) is config_mismatch
 and its command never runs; an unconfirmed flag is a warning and the point runs; a speculative server
 that drafts nothing is no_drafting. Then the real llama-server, where it is built: the engine's report
-is recorded, and a later drop-in's -np is caught by `expect`.
+is recorded (its `-m ${MODEL}` compared as the server got it), and a later drop-in's -np is caught by `expect`.
 """
 
 from __future__ import annotations
@@ -287,8 +287,10 @@ def test_the_real_llama_servers_report_is_recorded_and_a_later_np_is_caught(mana
     ci.require(None if tiny else "no tiny model (`./dev real-servers` makes it)", "a sweep of the real llama-server")
     llama, port = realservers.llama_server(), free_port()
     url, unit = f"http://127.0.0.1:{port}", "llama-confirm.service"
-    server = f"{llama} -m {tiny[0]} -c 1024 -lm none -t 1 -tb 1 --host 127.0.0.1 --port {port}"
-    frag = manager.install_unit(unit, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={server} -np 1\n"
+    # the model from the unit's Environment= (issue 53 item 1): compared as the server got it, not as `${MODEL}`
+    server = f"{llama} -m ${{MODEL}} -c 1024 -lm none -t 1 -tb 1 --host 127.0.0.1 --port {port}"
+    frag = manager.install_unit(unit, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=MODEL={tiny[0]}\n"
+                                      f"ExecStart={server} -np 1\n"
                                       f"TimeoutStopSec=10\nStandardError=append:{tmp_path / 'llama.log'}\n")
     manager.systemctl("start", unit)
     g = Genready(manager, tmp_path, {"llama": {"unit": unit, "url": url, "api": "openai-completions", **FAST,
@@ -312,6 +314,7 @@ def test_the_real_llama_servers_report_is_recorded_and_a_later_np_is_caught(mana
         assert one["status"] == "ok", one
         values = one["engine_config"]["values"]
         assert values["model_path"] == str(tiny[0]) and values["total_slots"] == 1, values
+        assert "model_path" in one["config_check"]["confirmed"], one  # -m ${MODEL}, as the server got it
         assert one["engine_config"]["sources"] == ["GET /props", "GET /slots"]
         assert two["status"] == "config_mismatch" and two["exit_code"] is None, two
         assert two["reason"] == "expect.total_slots 2 but the engine reports total_slots=1", two
