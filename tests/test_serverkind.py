@@ -8,6 +8,7 @@ unit and on `${MODEL}` against the simulator under a real systemd manager.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -197,6 +198,16 @@ def test_status_names_the_kind_the_process_behind_a_wrapper_runs(manager: UserMa
         assert w["api"] == "sglang"  # unchanged beside it
         c = status["targets"]["c"]
         assert c["kind"]["name"] == "vllm" and c["kind"]["from"] == "config", c  # the key wins over the guess
+        # a reload that changes only the kind keeps the verified start (the probe does not depend on it)
+        verified = g.get("/ready/w")[1]
+        text = g.config_path.read_text()
+        g.config_path.write_text(text.replace('[targets.w]\n', '[targets.w]\nkind = "llama.cpp"\n'))
+        assert g.proc is not None
+        g.proc.send_signal(signal.SIGHUP)
+        kind = wait_for(lambda: (k := g.get("/status")[1]["targets"]["w"]["kind"])["from"] == "config" and k, 10,
+                        "the reloaded kind")
+        assert kind["name"] == "llama.cpp"
+        assert g.get("/ready/w") == (200, verified)  # the same verification, not revoked and made again
     finally:
         g.stop()
         manager.systemctl("stop", unit, check=False)

@@ -30,7 +30,8 @@ class Target:
         self.gpu: dict[str, object] | None = None
         self.stamped: dict[str, object] | None = NO_STAMP  # the stamp's content as last applied (None: absent)
         self._stamps = stamps
-        self._kind: tuple[tuple[str, int, bool], TargetKind] | None = None  # (the start it was resolved for, it)
+        # (the start and the kind key it was resolved for, it)
+        self._kind: tuple[tuple[str, int, bool, str], TargetKind] | None = None
         if stamps is not None:
             self.stamp(None)  # a stamp left by an earlier run proves nothing now
 
@@ -48,7 +49,7 @@ class Target:
         more when that start is verified (the process that served the probe is then known)."""
         g = self.gate
         s, v = g.snap, g.verified
-        key = (s.invocation_id if s else "", s.main_pid if s else 0, v is not None)
+        key = (s.invocation_id if s else "", s.main_pid if s else 0, v is not None, g.cfg.kind)
         if self._kind is None or self._kind[0] != key:
             rec = g.history.get(key[0]) if key[0] else None
             served = rec.served_by_pid if rec is not None and v is not None else None
