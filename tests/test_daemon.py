@@ -37,11 +37,14 @@ def targets(**units: Any) -> dict[str, config.TargetConfig]:
     ({"a": "a.service", "b": "b.service"},
      {"b": ("b.service", {"probe_timeout": 5.0}), "c": "c.service"},
      ReloadPlan(("a",), ("b",), ("c",), True)),
-], ids=["unchanged", "settings", "added", "removed", "other-unit", "renamed", "all-at-once"])
+    # Only the kind: the verified start stands (the probe does not depend on it), /status's kind follows
+    ({"a": "a.service"}, {"a": ("a.service", {"kind": "vllm"})}, ReloadPlan((), (), (), False, ("a",))),
+    ({"a": "a.service"}, {"a": ("a.service", {"kind": "vllm", "warmup": 2})}, ReloadPlan((), ("a",), (), False)),
+], ids=["unchanged", "settings", "added", "removed", "other-unit", "renamed", "all-at-once", "kind", "kind-and-more"])
 def test_reload_plan(old: dict[str, Any], new: dict[str, Any], plan: ReloadPlan) -> None:
     got = reload_plan(targets(**old), targets(**new))
     assert got == plan
-    assert got.empty is (plan == ReloadPlan((), (), (), plan.units_changed))
+    assert got.empty is (plan == ReloadPlan((), (), (), plan.units_changed, ()))
 
 
 async def test_a_failed_bind_closes_everything_start_up_opened(tmp_path: Path) -> None:

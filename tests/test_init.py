@@ -16,6 +16,7 @@ import pytest
 from genready import config
 from genready.compat import tomllib
 from genready.exitcodes import Exit
+from genready.servers import kinds
 from genready.systemd import snapshot
 from genready.tools import unitinit
 from genready_dev.harness import GENREADY
@@ -32,6 +33,8 @@ def table(argv: list[str], env: dict[str, str] | None = None, unit: str = "srv.s
     # every table init prints is a valid target (the key files named need not exist here)
     keyless = {k: v for k, v in parsed.items() if k not in ("api_key_file", "api_key_credential")}
     config.parse({"targets": {"t": keyless}})
+    # every table names its server's kind (test_init_writes_the_kind checks which); the rest is compared whole
+    assert kinds.BY_NAME[parsed.pop("kind")].api == parsed["api"], parsed
     return parsed
 
 
@@ -45,6 +48,29 @@ def table(argv: list[str], env: dict[str, str] | None = None, unit: str = "srv.s
 def test_sglang_defaults(argv: list[str]) -> None:
     # python/sglang/srt/server_args.py: host "127.0.0.1", port 30000
     assert table(argv) == {"unit": "srv.service", "url": "http://127.0.0.1:30000", "api": "sglang"}
+
+
+@pytest.mark.parametrize(("argv", "kind"), [
+    (["/opt/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "m"], "sglang"),
+    (["vllm", "serve", "m"], "vllm"),
+    (["/usr/bin/llama-server", "-m", "m.gguf"], "llama.cpp"),
+    (["python3", "-m", "llama_cpp.server", "--model", "m.gguf"], "llama-cpp-python"),
+])
+def test_init_writes_the_kind(argv: list[str], kind: str) -> None:
+    # issue 49 §1: the target knows its kind from init on; a name config.py takes
+    parsed = tomllib.loads(unitinit.render("t", unitinit.target_from_exec("srv.service", argv, {})))["targets"]["t"]
+    assert parsed["kind"] == kind
+    assert config.parse({"targets": {"t": parsed}}).targets["t"].kind == kind
+
+
+def test_init_reads_a_port_from_the_units_environment() -> None:
+    # issue 53 item 1: systemd expands ${PORT} and $OPTIONS when it starts the server; init reads them the same way
+    argv = ["/usr/bin/python3", "-m", "sglang.launch_server", "--port", "${PORT}", "$OPTIONS"]
+    assert table(argv, {"PORT": "30222", "OPTIONS": ""})["url"] == "http://127.0.0.1:30222"
+    assert table([*argv[:3], "$OPTIONS"], {"OPTIONS": "--port 30333 --host 0.0.0.0"})["url"] == \
+        "http://127.0.0.1:30333"
+    prop = unitinit.target_from_exec("srv.service", argv, {"OPTIONS": ""})  # PORT: systemd's, or an unread file's
+    assert any("uses $PORT, which genready cannot read here" in c for c in prop.comments), prop.comments
 
 
 def test_sglang_flags() -> None:
@@ -217,7 +243,7 @@ ExecStart=/opt/sglang/bin/python3 -m sglang.launch_server --model-path meta/L --
         done = run_init(manager, "init-sg.service", "--name", "sg")
         assert done.returncode == 0, done.stderr
         assert tomllib.loads(done.stdout)["targets"]["sg"] == {
-            "unit": "init-sg.service", "url": "http://127.0.0.1:31999", "api": "sglang"}
+            "unit": "init-sg.service", "url": "http://127.0.0.1:31999", "api": "sglang", "kind": "sglang"}
         assert "--api-key" in done.stderr and "Fix:" in done.stderr and SECRET not in done.stdout + done.stderr
         # --write appends to a commented config, atomically, keeping every comment, then check-config
         cfg = tmp_path / "genready.toml"
@@ -236,6 +262,25 @@ ExecStart=/opt/sglang/bin/python3 -m sglang.launch_server --model-path meta/L --
         assert cfg.read_text() == text
     finally:
         manager.remove_unit("init-sg.service")
+
+
+def test_init_reads_the_port_a_units_environment_gives(manager: UserManager, tmp_path: Path) -> None:
+    # issue 53 item 1: the bus gives ExecStart= with ${PORT} unexpanded; systemd expands it from Environment=
+    # (and $OPTIONS from an EnvironmentFile=) when it starts the server: init reads what the server gets
+    opts = tmp_path / "sglang.env"
+    opts.write_text("OPTIONS=--host 127.0.0.1 --served-model-name m\n")
+    manager.install_unit("init-port.service", f"""[Service]
+Environment=PORT=30222
+EnvironmentFile={opts}
+ExecStart=/opt/sglang/bin/python3 -m sglang.launch_server --model-path meta/L --port ${{PORT}} $OPTIONS
+""")
+    try:
+        done = run_init(manager, "init-port.service", "--name", "p")
+        assert done.returncode == 0, done.stderr
+        assert tomllib.loads(done.stdout)["targets"]["p"]["url"] == "http://127.0.0.1:30222", done.stdout
+        assert "not a number" not in done.stdout and "cannot read here" not in done.stdout
+    finally:
+        manager.remove_unit("init-port.service")
 
 
 def test_init_on_an_unrecognised_unit_exits_65(manager: UserManager) -> None:

@@ -4,7 +4,7 @@ The plan's `expect` key; a point whose engine reports another value than its fla
 --engine-report) or than `expect` (a later drop-in's ExecStart= overriding the plan's) is config_mismatch
 and its command never runs; an unconfirmed flag is a warning and the point runs; a speculative server
 that drafts nothing is no_drafting. Then the real llama-server, where it is built: the engine's report
-is recorded, and a later drop-in's -np is caught by `expect`.
+is recorded (its `-m ${MODEL}` compared as the server got it), and a later drop-in's -np is caught by `expect`.
 """
 
 from __future__ import annotations
@@ -163,6 +163,88 @@ def test_a_later_dropins_execstart_is_caught_by_expect(rig: Rig) -> None:
         rig.manager.systemctl("daemon-reload")
 
 
+# --- the engine asked by the target's kind, and the flags the server got (issues 49 §1, 53 item 1) ---------
+
+# A launcher whose command line names no server (`python launch.py ...`): the simulator under SGLang's profile
+LAUNCH = """import sys
+from genready import cli
+sys.exit(cli.main(["simulate", "--profile", "sglang", *sys.argv[1:]]))
+"""
+
+
+def wrappers(rig: Rig) -> tuple[Path, Path]:
+    """A shell script that execs the simulator (`ExecStart=/opt/run-sglang.sh`), and a Python launcher."""
+    script, launch = rig.tmp / "run-sglang.sh", rig.tmp / "launch.py"
+    script.write_text(f'#!/bin/sh\nexec {PY} -m genready.cli simulate --profile sglang "$@"\n')
+    script.chmod(0o755)
+    launch.write_text(LAUNCH)
+    return script, launch
+
+
+def server_dropin(rig: Rig) -> str:
+    """The point's `{server}` with the simulator's flags; the variables for a server whose flags use them."""
+    return (f"[Service]\nEnvironment=MODEL=/models/m-{{steps}} STEPS={{steps}}\nExecStart=\n"
+            f"ExecStart={{server}} --port {rig.port} --load-seconds 0.2 --speculative-algorithm EAGLE\n")
+
+
+@pytest.mark.system
+def test_an_expect_is_checked_behind_a_wrapper_and_never_passes_unchecked(rig: Rig) -> None:
+    # The target says nothing of its kind (kind = "auto", api = "sglang"): the process that serves it does
+    script, launch = wrappers(rig)
+    sim = f"{PY} -m genready.cli simulate --profile sglang"
+    plan_path = rig.write_plan(
+        points=[{"steps": 3, "server": f"{script} --speculative-num-steps 5"},  # the engine runs 5: contradicted
+                {"steps": 5, "server": f"{sim} --model-path ${{MODEL}} --speculative-num-steps $STEPS"},  # ok
+                {"steps": 5, "server": f"{PY} {launch} --speculative-num-steps 5"}],  # no kind: cannot be checked
+        dropin=server_dropin(rig), expect={"speculative_num_steps": "{steps}"})
+    _, status = rig.g.get("/status")
+    t = status["targets"]["t"]
+    assert t["kind"] == {"name": None, "from": "unknown", "pid": t["pid"]}, t  # the unit's own simulate: no profile
+    rc, out = rig.run(plan_path)
+    assert rc == 1, out
+    wrapped, variables, unknown = rig.results_lines()
+    assert wrapped["status"] == "config_mismatch", wrapped
+    assert wrapped["reason"] == "expect.speculative_num_steps 3 but the engine reports speculative_num_steps=5"
+    assert variables["status"] == "ok", variables
+    assert {"model_path", "speculative_num_steps"} <= set(variables["config_check"]["confirmed"]), variables
+    assert variables["engine_config"]["values"]["model_path"] == "/models/m-5"
+    assert unknown["status"] == "config_mismatch" and unknown["exit_code"] is None, unknown
+    assert unknown["reason"].startswith(f"expect cannot be checked: {UNIT} runs no server kind genready knows"), unknown
+    assert [p["steps"] for p in ran_points(rig)] == [5]  # only the checked point ran
+    err = rig.err.read_text()
+    assert "SGLang says what it runs: " in err and "(its kind from process)" in err, err
+    rig.assert_restored()
+
+
+@pytest.fixture
+def sglang_rig(manager: UserManager, tmp_path: Path) -> Any:
+    r = Rig(manager, tmp_path, {"kind": "sglang"})
+    yield r
+    r.close()
+
+
+@pytest.mark.system
+def test_the_targets_kind_asks_an_engine_whose_command_line_names_none(sglang_rig: Rig) -> None:
+    rig = sglang_rig
+    _, launch = wrappers(rig)
+    server = f"{PY} {launch} --speculative-num-steps 5"
+    plan_path = rig.write_plan(points=[{"steps": 3, "server": server}, {"steps": 5, "server": server}],
+                               dropin=server_dropin(rig), expect={"speculative_num_steps": "{steps}"})
+    _, status = rig.g.get("/status")
+    t = status["targets"]["t"]
+    assert t["kind"] == {"name": "sglang", "from": "config", "pid": t["pid"]}, t
+    rc, out = rig.run(plan_path)
+    assert rc == 1, out
+    three, five = rig.results_lines()
+    assert three["status"] == "config_mismatch", three
+    assert three["reason"] == "expect.speculative_num_steps 3 but the engine reports speculative_num_steps=5"
+    # the launcher's own flags are compared too (its command line is what the server got): EAGLE is not expected
+    assert five["status"] == "ok" and five["config_check"]["mismatches"] == [], five
+    assert {"speculative_num_steps", "speculative_algorithm"} <= set(five["config_check"]["confirmed"]), five
+    assert [p["steps"] for p in ran_points(rig)] == [5]
+    assert "(its kind from config)" in rig.err.read_text()
+
+
 GEN = r'''
 import json, sys, urllib.request
 url, n = sys.argv[1], int(sys.argv[2])
@@ -215,8 +297,10 @@ def test_the_real_llama_servers_report_is_recorded_and_a_later_np_is_caught(mana
     ci.require(None if tiny else "no tiny model (`./dev real-servers` makes it)", "a sweep of the real llama-server")
     llama, port = realservers.llama_server(), free_port()
     url, unit = f"http://127.0.0.1:{port}", "llama-confirm.service"
-    server = f"{llama} -m {tiny[0]} -c 1024 -lm none -t 1 -tb 1 --host 127.0.0.1 --port {port}"
-    frag = manager.install_unit(unit, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={server} -np 1\n"
+    # the model from the unit's Environment= (issue 53 item 1): compared as the server got it, not as `${MODEL}`
+    server = f"{llama} -m ${{MODEL}} -c 1024 -lm none -t 1 -tb 1 --host 127.0.0.1 --port {port}"
+    frag = manager.install_unit(unit, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=MODEL={tiny[0]}\n"
+                                      f"ExecStart={server} -np 1\n"
                                       f"TimeoutStopSec=10\nStandardError=append:{tmp_path / 'llama.log'}\n")
     manager.systemctl("start", unit)
     g = Genready(manager, tmp_path, {"llama": {"unit": unit, "url": url, "api": "openai-completions", **FAST,
@@ -240,6 +324,7 @@ def test_the_real_llama_servers_report_is_recorded_and_a_later_np_is_caught(mana
         assert one["status"] == "ok", one
         values = one["engine_config"]["values"]
         assert values["model_path"] == str(tiny[0]) and values["total_slots"] == 1, values
+        assert "model_path" in one["config_check"]["confirmed"], one  # -m ${MODEL}, as the server got it
         assert one["engine_config"]["sources"] == ["GET /props", "GET /slots"]
         assert two["status"] == "config_mismatch" and two["exit_code"] is None, two
         assert two["reason"] == "expect.total_slots 2 but the engine reports total_slots=1", two

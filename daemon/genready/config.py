@@ -196,6 +196,15 @@ def _credential_name(v: str) -> str | None:
         "a credential name as in LoadCredential=NAME:… (no '/')"
 
 
+def _kind(v: str) -> str | None:
+    # The names are the server kinds' own (servers/kinds.py), read only when a config is checked: `genready wait`
+    # parses no config, and the kinds bring asyncio with their flushes.
+    from genready.servers.kinds import KINDS
+
+    names = (AUTO, *(k.name for k in KINDS))
+    return None if v in names else "one of " + ", ".join(repr(n) for n in names)
+
+
 def check_unit(v: str) -> str | None:
     """What is wrong with `v` as a target's unit name, by systemd's own rules for a running service
     (plain or instance), or None. `genready init` checks its UNIT with it too."""
@@ -298,6 +307,9 @@ TARGET_SETTINGS: Final = (
     Setting("prompt_ids", list, [],
             "token ids sent instead of prompt, for a server without a tokenizer (--skip-tokenizer-init): "
             "input_ids (sglang) or prompt (openai-completions); [] = send prompt", _token_ids),
+    Setting("kind", str, AUTO, 'which server the unit runs, e.g. "sglang" (a name of `genready init`\'s server '
+            'kinds); "auto": from the command line of the process that serves the target, else the unit\'s '
+            "ExecStart=", _kind),
 )
 
 
@@ -351,6 +363,7 @@ class TargetConfig:
     client_key_file: str = ""
     health_path: str = "/health"
     prompt_ids: tuple[int, ...] = ()
+    kind: str = AUTO  # a server kind's name, or AUTO (probe/serverkind.py resolves it)
     # The key itself, read at load: compared (a rotated key is a changed config on SIGHUP) but
     # never printed (repr=False; to_toml_dict writes only the table's keys).
     api_key: str = field(default="", repr=False)

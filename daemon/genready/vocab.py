@@ -78,6 +78,15 @@ class HealthRoute(StrEnum):
     ABSENT = "absent"
 
 
+class KindSource(StrEnum):
+    """Where a target's server kind came from (probe/serverkind.py): /status's `kind.from`."""
+
+    CONFIG = "config"  # the target's `kind` key
+    PROCESS = "process"  # the command line of the process that serves it (/proc/PID/cmdline)
+    EXEC_START = "ExecStart"  # the unit's ExecStart= words
+    UNKNOWN = "unknown"  # none of them names a kind genready knows
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """The outcome of one probe."""

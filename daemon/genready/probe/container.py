@@ -51,6 +51,7 @@ from genready.probe.owner import (
     _holds,
     _is_descendant,
     _stat,
+    cmdline,
     decode_hex_addr,
     encode_hex_addr,
     find_owner,
@@ -120,14 +121,6 @@ def _cgroup(pid: int) -> str | None:
             return f.read()
     except OSError:
         return None
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
 
 
 def name_from_cmdline(argv: list[str]) -> str | None:
@@ -383,7 +376,7 @@ def follow(local: Addr, peer: Addr) -> Route:
         holder = _holder(_all_pids(), row.inode)
         if holder is None:
             return Route(None, problem=f"no process holds socket inode {row.inode} (closed meanwhile, or unreadable)")
-        argv = _cmdline(holder)
+        argv = cmdline(holder) or []
         st = _stat(holder)
         if (st and st[0] == "docker-proxy") or (argv and os.path.basename(argv[0]) == "docker-proxy"):
             return _through_proxy(holder, argv, _namespaces())
@@ -462,7 +455,7 @@ def find_container_owner(local: Addr, peer: Addr, start: UnitStart, name: str = 
         where = (text or "").splitlines()[-1].split(":", 2)[-1] if text else "unreadable"
         return Owner(route.pid, False, f"answered by {by}, which is in no container (cgroup {where})")
     engine, cid = found
-    main_argv = _cmdline(start.main_pid) if start.main_pid > 0 else []
+    main_argv = (cmdline(start.main_pid) or []) if start.main_pid > 0 else []
     monitored = conmon_container(main_argv)
     expected = name or (None if monitored else name_from_cmdline(main_argv))
     if monitored and not name:

@@ -18,6 +18,7 @@ import sys
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Final
 
 Addr = tuple[str, int]
@@ -310,6 +311,16 @@ def _stat(pid: int) -> tuple[str, int] | None:
     return head.partition(b"(")[2].decode(errors="replace"), int(fields[1])
 
 
+def cmdline(pid: int) -> list[str] | None:
+    """A process's command line as the kernel holds it (/proc/PID/cmdline: after systemd's expansion of
+    $VARS, and the program a wrapper exec'd); None when it cannot be read (gone, or hidden from us)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+
+
 def _holds(pid: int, target: str) -> bool:
     """Does pid have an fd linking to target? PermissionError propagates; a vanished process
     (or fd) is simply "no"."""
@@ -533,9 +544,10 @@ def unit_holds(inode: int, main_pid: int) -> bool | None:
     return None if unreadable else False
 
 
-def descendants(main_pid: int) -> list[int]:
-    """main_pid's descendants (not main_pid itself), breadth first; [] if it is gone."""
-    return list(_descendants(main_pid))
+def descendants(main_pid: int, limit: int | None = None) -> list[int]:
+    """main_pid's descendants (not main_pid itself), breadth first, the first `limit` of them (None: all);
+    [] if it is gone. The walk stops at the limit."""
+    return list(islice(_descendants(main_pid), limit))
 
 
 # --- unix sockets -------------------------------------------------------------------------------

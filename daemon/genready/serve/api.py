@@ -255,6 +255,7 @@ async def status_document(app: web.Application) -> dict[str, object]:
             j["warnings"] = [*j["warnings"], t.sweep_warning]  # type: ignore[misc]
         j["last_failure"] = t.lastwords.failure if t.lastwords is not None else None
         j["gpu"] = t.gpu
+        j["kind"] = t.kind.to_json()
         j["records"] = [r.public_json() for r in t.gate.store.newest(name, 20)]
         out[name] = j
     return {

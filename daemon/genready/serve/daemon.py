@@ -71,19 +71,23 @@ class ReloadPlan:
     reconfigure: tuple[str, ...]  # same unit, other settings: re-probed under the new ones
     add: tuple[str, ...]
     units_changed: bool  # the set of watched units differs: the watcher starts over
+    # only `kind` changed: nothing the probe proves depends on it, so the verified start stands
+    relabel: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.remove or self.reconfigure or self.add)
+        return not (self.remove or self.reconfigure or self.add or self.relabel)
 
 
 def reload_plan(old: Mapping[str, config.TargetConfig], new: Mapping[str, config.TargetConfig]) -> ReloadPlan:
     """The diff between two configs' targets, decided before anything is touched."""
     remove = tuple(n for n, t in old.items() if n not in new or new[n].unit != t.unit)
-    reconfigure = tuple(n for n, t in old.items() if n not in remove and new[n] != t)
+    changed = tuple(n for n, t in old.items() if n not in remove and new[n] != t)
+    relabel = tuple(n for n in changed if replace(new[n], kind=old[n].kind) == old[n])
+    reconfigure = tuple(n for n in changed if n not in relabel)
     add = tuple(n for n in new if n not in old or n in remove)
     units_changed = {t.unit for t in old.values()} != {t.unit for t in new.values()}
-    return ReloadPlan(remove, reconfigure, add, units_changed)
+    return ReloadPlan(remove, reconfigure, add, units_changed, relabel)
 
 
 class Daemon:
@@ -315,6 +319,8 @@ class Daemon:
                 self.summarizer.flush(name)  # its repeated probe failures are summed up now, not never
             for name in plan.reconfigure:
                 await self.targets[name].gate.reconfigure(new.targets[name])
+            for name in plan.relabel:
+                self.targets[name].gate.cfg = new.targets[name]  # /status's kind follows (serve/target.py)
             for name in plan.add:
                 self._add_target(new.targets[name])
                 if not plan.units_changed:

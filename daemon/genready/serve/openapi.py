@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from genready import __version__
-from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, HealthRoute, Revocation, State
+from genready.vocab import SYSTEMD_UNRESPONSIVE, Failure, HealthRoute, KindSource, Revocation, State
 
 _STR_OR_NULL: dict[str, Any] = {"type": ["string", "null"]}
 _INT_OR_NULL: dict[str, Any] = {"type": ["integer", "null"]}
@@ -154,6 +154,17 @@ RECORD = {
                         "description": "Environment= this start was started with, KEY=VALUE (secrets masked)"},
     },
 }
+KIND = {
+    "type": "object", "required": ["name", "from", "pid"],
+    "description": "the server kind the unit runs, resolved once per start (and again once it is verified)",
+    "properties": {
+        "name": {**_STR_OR_NULL, "description": "a server kind's name (sglang, vllm, …); null: not known"},
+        "from": {"type": "string", "enum": [str(s) for s in KindSource],
+                 "description": "config: the target's kind key; process: the command line of the process that "
+                 "serves it (/proc/PID/cmdline); ExecStart: the unit's ExecStart=; unknown: none of them names one"},
+        "pid": {**_INT_OR_NULL, "description": "the process whose command line was read"},
+    },
+}
 TARGET_STATUS = {
     "type": "object",
     "required": ["target", "unit", "state", "reason", "ready", "pid", "invocation_id", "ready_since",
@@ -175,7 +186,7 @@ TARGET_STATUS = {
                      "genready sweep that is gone (genready sweep restore TARGET)"},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
-        **LOAD_CLOCK, "last_failure": FAILURE, "gpu": GPU,
+        **LOAD_CLOCK, "last_failure": FAILURE, "gpu": GPU, "kind": KIND,
     },
 }
 STATUS = {

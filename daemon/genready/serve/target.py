@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from genready.probe.serverkind import TargetKind, resolve
 from genready.rule.gate import TargetGate
 from genready.serve.lastwords import LastWords
 from genready.serve.metrics import TargetCounters, TargetGauges
@@ -29,6 +30,8 @@ class Target:
         self.gpu: dict[str, object] | None = None
         self.stamped: dict[str, object] | None = NO_STAMP  # the stamp's content as last applied (None: absent)
         self._stamps = stamps
+        # (the start and the kind key it was resolved for, it)
+        self._kind: tuple[tuple[str, int, bool, str], TargetKind] | None = None
         if stamps is not None:
             self.stamp(None)  # a stamp left by an earlier run proves nothing now
 
@@ -39,6 +42,19 @@ class Target:
     @property
     def unit(self) -> str:
         return self.gate.unit
+
+    @property
+    def kind(self) -> TargetKind:
+        """The server kind its unit runs (probe/serverkind.py): resolved once per start of the unit, and once
+        more when that start is verified (the process that served the probe is then known)."""
+        g = self.gate
+        s, v = g.snap, g.verified
+        key = (s.invocation_id if s else "", s.main_pid if s else 0, v is not None, g.cfg.kind)
+        if self._kind is None or self._kind[0] != key:
+            rec = g.history.get(key[0]) if key[0] else None
+            served = rec.served_by_pid if rec is not None and v is not None else None
+            self._kind = key, resolve(g.cfg.kind, pids=[served or 0, key[1]], exec_start=s.exec_start if s else ())
+        return self._kind[1]
 
     def stamp(self, payload: dict[str, object] | None) -> None:
         """Make the ready stamp hold `payload` (None: no stamp), if that is not what it holds already."""

@@ -8,7 +8,8 @@ contents are not on the bus; they are read here from the files the unit names, w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,36 @@ def parse_environment(entries: Iterable[str]) -> dict[str, str]:
         if eq and k:
             env[k] = v
     return env
+
+
+# systemd.service(5), "Command lines": `$$` is a `$`; `${VAR}` anywhere in a word is replaced by its value
+# as it is; `$VAR` as a word of its own by its value split at whitespace (zero or more words).
+_VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_WORD_VAR = re.compile(r"\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand(argv: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], tuple[str, ...]]:
+    """`argv` (ExecStart= words as the bus gives them) with `env`'s variables expanded as systemd expands
+    them when it starts the command, and the variables it names that `env` does not set (systemd's own,
+    such as $MAINPID or $CREDENTIALS_DIRECTORY, or ones from an EnvironmentFile= that could not be read).
+    Those are left as written: what the words alone cannot say stays visible as such."""
+    out: list[str] = []
+    unknown: list[str] = []
+
+    def value(name: str, written: str) -> str:
+        if name in env:
+            return env[name]
+        if name not in unknown:
+            unknown.append(name)
+        return written
+
+    for i, word in enumerate(argv):
+        if i > 0 and (m := _WORD_VAR.fullmatch(word)):
+            out.extend(value(m.group(1), word).split())
+            continue
+        out.append(_VAR.sub(lambda m: "$" if m.group(0) == "$$" else value(m.group(1), m.group(0)), word)
+                   if i > 0 else word)
+    return out, tuple(unknown)
 
 
 MAX_ENV_FILE_BYTES = 1 << 20

@@ -20,6 +20,7 @@ from genready.apis import APIS
 from genready.redact import escape, redact
 from genready.servers import kinds
 from genready.servers.kinds import ServerKind
+from genready.systemd.unitexec import expand
 
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -85,7 +86,9 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
     Raises Unrecognised when the command is none of the servers genready knows.
     """
     unit_env = dict(env)
-    argv, env = _unwrap(list(argv), dict(env))
+    # systemd expands $VARS when it starts the command: the server gets their values (--port ${PORT})
+    argv, unknown = expand(argv, env)
+    argv, env = _unwrap(argv, dict(env))
     container: _Container | None = None
     if argv and os.path.basename(argv[0]) in _ENGINES:
         container, argv = _engine_run(argv)
@@ -101,8 +104,13 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
         if var in env and what not in values:
             values[what] = (env[var], f"${var}")
     prop = Proposal(server.label, {"unit": unit})
+    if unknown := tuple(v for v in unknown if v != "CREDENTIALS_DIRECTORY"):  # that one: _key's api_key_credential
+        prop.comments.append(f"ExecStart= uses ${', $'.join(unknown)}, which genready cannot read here (set by "
+                             "systemd itself, or by an EnvironmentFile= it could not read): check the values "
+                             "that come from it")
     _url(server, values, container, prop)
     prop.table["api"] = server.api
+    prop.table["kind"] = server.name
     # vLLM's /v1/models names the weights when no --served-model-name is given (its `serve MODEL`
     # positional or --model); the others report a name genready can discover itself.
     model = values.get("model", ("", ""))[0]

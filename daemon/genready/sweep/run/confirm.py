@@ -1,25 +1,33 @@
 """The sweep's confirm step: the engine says what it runs, and a point whose engine runs something else is
 not measured (issue 38 §2).
 
-After a start is verified and before its run, the unit's ExecStart= (as systemd runs it, drop-ins
-applied) names the server kind and its flags; that kind's own report of its configuration is read once
-per loaded instance (servers/engineconfig.py: routes, the vLLM start's args line, /metrics *_info) and
-compared, for each point run on it, with those flags and with the plan's `expect` rendered for the point.
-The runner asks it between the start and the warmup (`confirm`, its verdict `refused`) and after the run
+After a start is verified and before its run, the target's kind (probe/serverkind.py: its `kind` key, else
+the command line of the process that serves it, else ExecStart=) says whose report to read; that kind's own
+report of its configuration is read once per loaded instance (servers/engineconfig.py: routes, the vLLM
+start's args line, /metrics *_info) and compared, for each point run on it, with the flags the server got
+(its process's command line: systemd's `$VARS` expanded, behind any wrapper that execs; else the unit's
+ExecStart= words expanded with its environment) and with the plan's `expect` rendered for the point. The
+runner asks it between the start and the warmup (`confirm`, its verdict `refused`) and after the run
 (`after_run`):
 
 - a value the engine reports otherwise: the point is `config_mismatch`, not run, not retried;
 - a flag the engine does not report: a warning line, and the point runs;
+- an `expect` that cannot be checked (no kind genready can ask, or none of its sources answered):
+  `config_mismatch` with that reason, never ok;
 - after the run, a speculative engine whose counters show no draft token: `no_drafting`.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from genready.config import AUTO
+from genready.probe import serverkind
+from genready.redact import escape, redact
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
 from genready.sweep.plan import Point
@@ -31,12 +39,24 @@ from genready.tools import servercache, servermetrics
 
 @dataclass(frozen=True)
 class Engine:
-    """What one loaded instance's engine said it runs, and what its ExecStart= flags set."""
+    """What one loaded instance's engine said it runs, and what its command line's flags set; or, `unasked`
+    set, why it could not be asked at all."""
 
-    kind: kinds.ServerKind
-    read: ec.EngineRead
-    want: Mapping[str, tuple[str, str]]  # key -> (flag, value), from the argv systemd runs
+    kind: kinds.ServerKind | None
+    read: ec.EngineRead | None
+    want: Mapping[str, tuple[str, str]]  # key -> (flag, value), from the command line the server got
     got: ec.EngineConfig
+    unasked: str = ""  # why the engine could not be asked ("" when it was)
+
+    @property
+    def unchecked(self) -> str:
+        """Why nothing the engine says can be checked ("" when something can): not asked, or no source answered."""
+        if self.unasked:
+            return self.unasked
+        if not self.got.sources:
+            label = self.kind.label if self.kind else "the engine"
+            return f"{label} answered none of its sources ({'; '.join(self.got.problems) or 'none'})"
+        return ""
 
 
 @dataclass(frozen=True)
@@ -52,55 +72,92 @@ class Checked:
         return {"engine_config": self.engine.got.to_json(), "config_check": self.conf.to_json()}
 
 
-def read_engine(ctx: Ctx, point: Point, v: Verified) -> Engine | None:
-    """What `v`'s engine says it runs: once per loaded instance (the caller keeps it for the group). None, said
-    once, when the unit runs no server kind genready can ask, or the server cannot be reached over HTTP."""
+def _unasked(ctx: Ctx, why: str) -> Engine:
+    ctx.console.once("engine", f"not confirming the engine's configuration: {why}")
+    return Engine(None, None, {}, ec.EngineConfig(problems=[why]), why)
+
+
+def _started_with(point: Point, ctx: Ctx, found: serverkind.TargetKind, read: ec.EngineRead
+                  ) -> dict[str, tuple[str, str]]:
+    """What the server's command line sets, read from what it got (its process's command line, after systemd's
+    expansion and behind a wrapper); said on the point's line where that cannot be read."""
+    if found.args is not None:
+        return ec.expected(read, found.args)
+    if found.argv_from == "process":  # a launcher that names no kind (the kind is the config's): its flags only
+        return ec.expected(replace(read, positional=""), found.argv[1:])
+    why = "; ".join(found.notes) or "no command line to read"
+    ctx.console.progress(point, f"the server's flags are not compared with its report: cannot read what it was "
+                         f"started with ({why})")
+    return {}
+
+
+def read_engine(ctx: Ctx, point: Point, v: Verified) -> Engine:
+    """What `v`'s engine says it runs: once per loaded instance (the caller keeps it for the group). The kind is
+    the target's (probe/serverkind.py: its `kind` key, else what the serving process runs, else ExecStart=);
+    `unasked` says why, once, when no kind genready can ask is known or the server cannot be reached."""
     o = ctx.opts
     if ctx.http is None:
-        return None
+        return _unasked(ctx, "the target's server cannot be reached over HTTP from here")
     try:
         ue = unitexec.read(o.bus_kind, o.unit)
-    except Exception as e:  # pystemd's errors (the bus, the unit): the run goes on unconfirmed
-        ctx.console.once("engine", f"not confirming the engine's configuration: cannot read {o.unit}'s "
-                         f"ExecStart= ({type(e).__name__}: {str(e)[:200]})")
-        return None
-    found = kinds.serving(ue.commands[-1]) if ue.commands else None
-    if found is None or found[0].engine is None:
-        ctx.console.once("engine", f"not confirming the engine's configuration: {o.unit}'s ExecStart= runs no "
-                         "server whose report genready reads (SGLang, vLLM, llama.cpp's llama-server)")
-        return None
-    kind, args = found
-    read = kind.engine
-    assert read is not None
+        commands, env = ue.commands, ue.environment
+    except Exception as e:  # pystemd's errors (the bus, the unit): the process's own command line may do
+        commands, env = (), {}
+        ctx.console.once("engine-exec", f"cannot read {o.unit}'s ExecStart= ({type(e).__name__}: {str(e)[:200]})")
+    found = serverkind.resolve(o.server.kind if o.server else AUTO, pids=[v.pid], exec_start=commands,
+                               environment=env)
+    if found.kind is None or found.kind.engine is None:
+        asked = ", ".join(k.label for k in kinds.KINDS if k.engine)
+        if found.kind is not None:
+            return _unasked(ctx, f"{found.kind.label} does not say what it runs (genready reads the report of "
+                            f"{asked})")
+        argv = escape(redact(shlex.join(found.argv[:8]), o.secrets)) or "nothing could be read"
+        return _unasked(ctx, f"{o.unit} runs no server kind genready knows ({argv}); if it runs one of {asked} "
+                        "(behind a wrapper), set the target's kind")
+    kind, read = found.kind, found.kind.engine
     # vLLM says its settings once, in its start's output: only a start this sweep made has a mark to read from
     line = v.mark.first_line(o.bus_kind, o.unit, read.args_mark, o.secrets) if read.args_mark and v.mark else None
     got = servercache.engine_config(ctx.http, read, line)
     ctx.console.progress(point, f"{kind.label} says what it runs: {len(got.values)} settings from "
-                         f"{', '.join(got.sources) or 'no source'}")
+                         f"{', '.join(got.sources) or 'no source'} (its kind from {found.source})")
     for problem in got.problems:
         ctx.console.progress(point, f"{kind.label}'s configuration: {problem}")
-    return Engine(kind, read, ec.expected(read, args), got)
+    return Engine(kind, read, _started_with(point, ctx, found, read), got)
 
 
-def check(ctx: Ctx, point: Point, engine: Engine) -> Checked:
-    """`engine`'s report against its flags and the plan's `expect` for `point`; its warnings said on the point's
-    line. Its verdict's status, when set, is the point's: it is not run."""
+def judge(engine: Engine, expect: Mapping[str, str]) -> Checked | None:
+    """`engine`'s report against the flags its server got and the point's `expect` (engine key -> value): the
+    sweep's decision, whose status, when set, is the point's (it is not run). An `expect` that cannot be checked
+    (the engine not asked, or none of its sources answered) is config_mismatch, never passed; without `expect`,
+    an engine that was not asked gives None: nothing to compare, nothing to record."""
+    if expect and (why := engine.unchecked):
+        conf = ec.Confirmation(unconfirmed=tuple((f"expect.{k}", k, v) for k, v in sorted(expect.items())))
+        return Checked(engine, conf, ec.Verdict(ec.CONFIG_MISMATCH, f"expect cannot be checked: {why}"))
+    if engine.read is None:
+        return None
     conf = ec.compare(engine.read, engine.want, engine.got.values)
-    if expect := ctx.opts.plan.expect_for(point):
+    if expect:
         conf = ec.with_expect(conf, expect, engine.got.values)
-    verdict = ec.verdict(conf)
-    for warning in verdict.warnings:
+    return Checked(engine, conf, ec.verdict(conf))
+
+
+def check(ctx: Ctx, point: Point, engine: Engine) -> Checked | None:
+    """`judge` for `point` with the plan's `expect` rendered for it; its warnings said on the point's line."""
+    checked = judge(engine, ctx.opts.plan.expect_for(point))
+    if checked is None:
+        return None
+    for warning in checked.verdict.warnings:
         ctx.console.progress(point, warning)
-    if verdict.status is None and conf.confirmed:
-        ctx.console.progress(point, f"the engine confirms {len(conf.confirmed)} setting(s): "
-                             f"{', '.join(sorted(conf.confirmed)[:6])}")
-    return Checked(engine, conf, verdict)
+    if checked.verdict.status is None and checked.conf.confirmed:
+        ctx.console.progress(point, f"the engine confirms {len(checked.conf.confirmed)} setting(s): "
+                             f"{', '.join(sorted(checked.conf.confirmed)[:6])}")
+    return checked
 
 
-def drafted(kind: kinds.ServerKind, counters: servermetrics.RunCounters | None) -> int | None:
+def drafted(kind: kinds.ServerKind | None, counters: servermetrics.RunCounters | None) -> int | None:
     """Draft tokens (else drafts) the server's own counters count over a run; None when it has no such
     counter, or the run's counters are unusable (a reset): nothing is then said about drafting."""
-    if counters is None or counters.reset or kind.spec is None:
+    if counters is None or counters.reset or kind is None or kind.spec is None:
         return None
     for name in (kind.spec.draft_tokens, kind.spec.steps):
         if name and (v := counters.deltas.get(kinds.total(name))) is not None:
