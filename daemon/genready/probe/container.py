@@ -41,7 +41,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from genready import config
 from genready.compat import UTC
 from genready.probe.owner import (
     Addr,
@@ -56,6 +55,7 @@ from genready.probe.owner import (
     find_owner,
     find_tcp_row,
 )
+from genready.store import bounded
 
 ENGINES: Final = ("docker", "podman")
 # Where each engine's API listens when the target's container_socket is empty (rootful defaults).
@@ -175,7 +175,7 @@ def _docker_files(cid: str, api_error: EngineError) -> Container:
     root-equivalent, while reading this root-only file takes just the CAP_DAC_READ_SEARCH it has."""
     path = f"{DOCKER_ROOT}/containers/{cid}/config.v2.json"
     try:
-        doc: dict[str, Any] = json.loads(config.read_file(path, 16 << 20))  # the one bounded reader
+        doc: dict[str, Any] = json.loads(bounded.read_file(path, 16 << 20))  # the one bounded reader
         name = str(doc.get("Name") or "").lstrip("/")
         created = parse_time_us(str(doc["Created"]))
         env = tuple(str(e) for e in (doc.get("Config") or {}).get("Env") or ())

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from genready import config
 from genready.redact import escape
+from genready.store import bounded
 from genready.sweep import speedup
 from genready.web import htmlpage
 
@@ -71,7 +71,7 @@ def gather(row: Point, lines: Iterable[tuple[dict[str, Any], Path, str]],
             continue
         try:
             line = bench_line(folder / out)
-        except config.FileError:
+        except bounded.FileError:
             continue
         cats = (line or {}).get("categories")
         for name, figures in figures_of(cats if isinstance(cats, dict) else rec.get("categories")).items():

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from genready.config import FileError
 from genready.redact import escape
+from genready.store.bounded import FileError
 from genready.sweep import plotrules, search
 from genready.sweep.decision import finite_number as number  # one reading of a number from a line
 from genready.sweep.report import RESULTS_FILE, SEARCH_FILE, Read, bench_line, label_of, numbered_lines

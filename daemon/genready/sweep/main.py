@@ -37,8 +37,9 @@ from typing import Any, TextIO
 
 from genready import console
 from genready.client import client
-from genready.config import Config, ConfigError, FileError, stuck_after
+from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
+from genready.store.bounded import FileError
 from genready.sweep import baseline as sweepbaseline
 from genready.sweep.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.lines import between_words, loads_line, shown

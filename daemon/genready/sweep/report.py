@@ -6,7 +6,7 @@ speculative-decoding sweep compares: accept length, draft acceptance (llama.cpp;
 point has it), output tokens/s, TTFT p50 and ITL p50. `report` merges several results folders (the shards
 of one plan, run on several hosts) into one table in plan order and marks the best value of each figure column.
 
-Every file is read through the one bounded reader (config.read_file): a FIFO, a device, a directory
+Every file is read through the one bounded reader (bounded.read_file): a FIFO, a device, a directory
 or a symlink loop where a file should be is named, never waited on or read without end. A line that
 is not JSON is a warning; a line whose fields have the wrong types, or whose bench.jsonl cannot be
 read, shows its point as unreadable. What the files hold is escaped for a terminal, a CSV cell a
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from genready import config, console
+from genready import console
 from genready.redact import escape
 from genready.servers import engineconfig
+from genready.store import bounded
 from genready.sweep import categories, decision, speedup
 
 RESULTS_FILE: Final = "results.jsonl"
@@ -92,10 +93,10 @@ def warn_line(text: str) -> None:
 def numbered_lines(path: Path, *, warn: bool = True) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every complete, readable line of a JSON Lines file ([] if there is
     none); a line that is not a JSON object (a torn last line, from a crash) is skipped, with a warning
-    naming FILE:LINE unless `warn` is False. config.FileError for a file that is no regular file or
+    naming FILE:LINE unless `warn` is False. bounded.FileError for a file that is no regular file or
     is over MAX_RESULTS_BYTES."""
     try:
-        data = config.read_file(path, MAX_RESULTS_BYTES)
+        data = bounded.read_file(path, MAX_RESULTS_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
@@ -118,7 +119,7 @@ def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
     (unless `warn` is False) and holds nothing."""
     try:
         return [rec for _, rec in numbered_lines(path, warn=warn)]
-    except config.FileError as e:
+    except bounded.FileError as e:
         if warn:
             warn_line(str(e))
         return []
@@ -138,15 +139,9 @@ def _as_float(v: Any) -> float | None:
         return math.inf if v > 0 else -math.inf
 
 
-def bench_figures(folder: Path) -> dict[str, float | None] | None:
-    """The figures of the last bench line in `folder`/bench.jsonl, or None without one. config.FileError
-    for a bench.jsonl that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
-    last = bench_line(folder)
-    return None if last is None else {f.key: _as_float(last.get(f.key)) for f in FIGURES}
-
-
 def bench_line(folder: Path) -> dict[str, Any] | None:
-    """The last line of `folder`/bench.jsonl, or None without one; config.FileError as bench_figures()."""
+    """The last line of `folder`/bench.jsonl, or None without one. bounded.FileError for a bench.jsonl that
+    cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
     lines = numbered_lines(folder / BENCH_FILE, warn=False)
     return lines[-1][1] if lines else None
 
@@ -258,7 +253,7 @@ def label_of(point: Any) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
 
 
-Benches = dict[Path, "dict[str, Any] | config.FileError | None"]  # a report's bench lines by out folder
+Benches = dict[Path, "dict[str, Any] | bounded.FileError | None"]  # a report's bench lines by out folder
 
 
 def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches | None = None) -> Row:
@@ -281,7 +276,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
         try:
             line = bench_line(folder / out) if benches is None else bench_once(folder / out, benches)
             figures = None if line is None else {key: _as_float(line.get(key)) for key in _NO_FIGURES}
-        except config.FileError as e:
+        except bounded.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
     if not unreadable:
@@ -323,9 +318,9 @@ def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
     if folder not in benches:
         try:
             benches[folder] = bench_line(folder)
-        except config.FileError as e:
+        except bounded.FileError as e:
             benches[folder] = e
-    if isinstance(got := benches[folder], config.FileError):
+    if isinstance(got := benches[folder], bounded.FileError):
         raise got.with_traceback(None)  # a new traceback, not one more on the last
     return got
 
@@ -407,7 +402,7 @@ def read_folders(folders: Sequence[Path]) -> Read:
         path = folder / RESULTS_FILE
         try:
             lines = numbered_lines(path)
-        except config.FileError as e:
+        except bounded.FileError as e:
             raise ReportError(str(e)) from None
         if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from genready.config import FileError
 from genready.store import durable
+from genready.store.bounded import FileError
 from genready.sweep import baseline as sweepbaseline
 from genready.sweep import crossover, report, search
 from genready.sweep.lines import Console

@@ -26,7 +26,8 @@ from typing import Any, Final
 
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
-from genready.config import FileError, TargetConfig
+from genready.config import TargetConfig
+from genready.store.bounded import FileError
 from genready.sweep import categories, gpucost
 from genready.sweep.dropin import POLL, DropinLife
 from genready.sweep.lines import Console, Timings

@@ -403,7 +403,7 @@ def append_table(path: str, name: str, block: str) -> None:
 
     from genready import config
     from genready.compat import tomllib
-    from genready.store import durable
+    from genready.store import bounded, durable
 
     real = os.path.realpath(path)
     try:
@@ -414,12 +414,12 @@ def append_table(path: str, name: str, block: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             # Bounded and regular only: a FIFO named as the config must not hang init, /dev/zero not fill memory.
-            old = config.read_file(real, config.MAX_CONFIG_BYTES).decode("utf-8")
+            old = bounded.read_file(real, config.MAX_CONFIG_BYTES).decode("utf-8")
             st = os.stat(real)
             mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
         except FileNotFoundError:
             old, mode, owner = "", 0o644, None
-        except config.FileError as e:
+        except bounded.FileError as e:
             raise WriteRefused(f"{path}: {e.problem}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise WriteRefused(f"{path}: cannot read it: {e}") from None
