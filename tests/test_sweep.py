@@ -31,6 +31,7 @@ from genready.sweep import plan as sweepplan
 from genready.sweep import results as sweepresults
 from genready.sweep import runner, steps
 from genready.sweep.dropin import DropinLife
+from genready.sweep.reportmain import report_main
 from genready.systemd import sweepdropin
 from genready_dev.harness import GENREADY, PY, REPO, Genready, alive, free_port, show, wait_for
 from genready_dev.usermanager import UserManager
@@ -362,14 +363,14 @@ def test_a_merged_report_with_a_shard_missing_says_so_and_marks_no_best(tmp_path
         return folder
 
     one = shard(tmp_path / "shard-1", 1, [1, 3], [50.0, 40.0])
-    assert sweep.report_main([str(one)], "table") == 0
+    assert report_main([str(one)], "table") == 0
     out, err = capsys.readouterr()
     assert "2 of 4 points have no result (shard 2/2 missing or unfinished)" in err, err
     assert "(partial: 2 of 4 points have no result" in out and "*" not in out, out
-    assert sweep.report_main([str(one)], "table", strict=True) == 1
+    assert report_main([str(one)], "table", strict=True) == 1
     two = shard(tmp_path / "shard-2", 2, [2, 4], [60.0, 70.0])
     capsys.readouterr()
-    assert sweep.report_main([str(one), str(two)], "table", strict=True) == 0
+    assert report_main([str(one), str(two)], "table", strict=True) == 0
     out, err = capsys.readouterr()
     assert "partial" not in out + err and "*" in out, out
 

@@ -209,13 +209,6 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
     return best
 
 
-def server_socket_inode(local: tuple[str, int], peer: tuple[str, int]) -> int | None:
-    """The inode of the server side of our connection (local, peer): None if there is no such
-    socket on this host, 0 if the server has not accept()ed it yet."""
-    row = find_tcp_row(peer, local)
-    return None if row is None else row.inode
-
-
 _NLM_F_DUMP: Final = 0x300
 _NLMSG_DONE: Final = 3
 _TCP_LISTEN: Final = 10

@@ -68,10 +68,6 @@ class Stamps:
         self._pending[target] = data
         self._apply(target, first=True)
 
-    def forget(self, target: str) -> None:
-        """Remove the stamp of a target that is no longer configured (best effort, retried)."""
-        self.set(target, None)
-
     @property
     def pending(self) -> list[str]:
         """Targets whose stamp is not yet what it should be."""

@@ -28,7 +28,7 @@ from genready.sweep.dropin import DropinLife
 from genready.sweep.lines import Console, Timings
 from genready.sweep.plan import Point
 from genready.sweep.prune import Pruner, Source, failed_start
-from genready.sweep.report import RESULTS_FILE
+from genready.sweep.report import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.results import RETRIED, Attempt, Results, ResultsLog, Status, SweepError, fingerprint, writing
 from genready.sweep.searchrun import SearchStep
 from genready.sweep.steps import Ctx, Interrupted, NotReady, Ran, Signals, SweepOptions, Verified
@@ -320,7 +320,7 @@ class Sweep:
         if self.incomplete:
             n_inc = len(self.incomplete)
             text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \
-                f"{self.opts.results / searchrun.SEARCH_FILE}): exit 1\n"
+                f"{self.opts.results / SEARCH_FILE}): exit 1\n"
         console.write(text, self.out)
 
 

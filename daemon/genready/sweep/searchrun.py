@@ -26,8 +26,7 @@ from genready.sweep import baseline as sweepbaseline
 from genready.sweep import crossover, report, search
 from genready.sweep.lines import Console
 from genready.sweep.plan import Plan, Point
-from genready.sweep.report import BENCH_FILE, RESULTS_FILE, read_results
-from genready.sweep.report import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
+from genready.sweep.report import BENCH_FILE, RESULTS_FILE, SEARCH_FILE, read_results
 from genready.sweep.results import Attempt, Results, ResultsLog, Status, differing, json_text, same_point, writing
 from genready.sweep.steps import Ctx, SweepOptions, Verified
 from genready.timewords import iso

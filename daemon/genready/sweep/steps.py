@@ -27,6 +27,7 @@ from typing import Any, Final
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import TargetConfig
+from genready.servers import kinds
 from genready.store.bounded import FileError
 from genready.sweep import categories, gpucost
 from genready.sweep.dropin import POLL, DropinLife
@@ -328,7 +329,7 @@ def prepare(ctx: Ctx, point: Point, v: Verified) -> tuple[Cache, Warmed]:
         say.progress(point, f"prefix cache flushed ({done.route})")
         return (cache if v.restarted else Cache.FLUSHED), warmed
     say.once("flush", f"cannot flush the server's prefix cache: {done.why}; its reused points run warm "
-             f"(marked cache=warm): {servercache.FIX}")
+             f"(marked cache=warm): {kinds.FIX}")
     return cache, warmed
 
 
