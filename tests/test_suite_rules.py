@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests import ci, conftest
+from tests.test_imports import parsed  # one parse of each file for this rule and the import rules
 
 TESTS = Path(__file__).resolve().parent
 
@@ -71,7 +72,7 @@ def sleeps_in_tests(folder: Path = TESTS) -> list[str]:
     named by a module constant (`time.sleep(DELAY)`) is read from it."""
     found = []
     for path in sorted(folder.glob("*.py")):
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         sleeps = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
                   and node.module in ("time", "asyncio") for a in node.names if a.name == "sleep"}
         constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign)
