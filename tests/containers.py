@@ -18,11 +18,10 @@ import signal
 import subprocess
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from genready_dev.harness import PY, code_paths
+from genready_dev.harness import PY, code_paths, wait_for
 
 # Every container a test starts is named (or labelled) so, and removed. The pid keeps test sessions
 # running at once on one host (one dockerd) from sharing names and removing each other's containers.
@@ -166,12 +165,13 @@ class Podman(Engine):
         self.service = subprocess.Popen([self.cli, *self.global_args, "system", "service", "--time=0",
                                          f"unix://{self.socket}"], stdout=subprocess.DEVNULL,
                                         stderr=(self.dir / "service.log").open("ab"), start_new_session=True)
-        deadline = time.monotonic() + 20
-        while not Path(self.socket).exists():
-            if self.service.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"podman system service did not start: {(self.dir / 'service.log').read_text()}")
-            time.sleep(0.05)
+        # The socket, or the service's exit: a service that died is said at once, not at the deadline.
+        with contextlib.suppress(AssertionError):  # out of time: said below, with the service's log
+            wait_for(lambda: Path(self.socket).exists() or self.service.poll() is not None, 20,
+                     "podman system service's API socket")
+        if not Path(self.socket).exists():
+            self.close()
+            raise RuntimeError(f"podman system service did not start: {(self.dir / 'service.log').read_text()}")
 
     def run_args(self) -> list[str]:
         # These machines deny CAP_SYS_RESOURCE: runc cannot give the container podman's default

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready import config
+from genready import config, reach
 from genready.compat import tomllib
 from genready.exitcodes import Exit
 
@@ -581,14 +581,14 @@ def test_load_timeout_auto_and_numbers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("url", "prefix", "want"), [
-    ("http://127.0.0.1:30000", "", config.Endpoint("http", "127.0.0.1", 30000, "", "127.0.0.1:30000")),
-    ("https://gpu-1.internal/base/", "", config.Endpoint("https", "gpu-1.internal", 443, "/base", "gpu-1.internal")),
-    ("http://[::1]:8000/a b", "", config.Endpoint("http", "::1", 8000, "/a%20b", "[::1]:8000")),
-    ("http://localhost", "", config.Endpoint("http", "localhost", 80, "", "localhost")),
-    ("unix:/run/vllm/api.sock", "/p/", config.Endpoint("unix", "localhost", 0, "/p", "localhost",
+    ("http://127.0.0.1:30000", "", reach.Endpoint("http", "127.0.0.1", 30000, "", "127.0.0.1:30000")),
+    ("https://gpu-1.internal/base/", "", reach.Endpoint("https", "gpu-1.internal", 443, "/base", "gpu-1.internal")),
+    ("http://[::1]:8000/a b", "", reach.Endpoint("http", "::1", 8000, "/a%20b", "[::1]:8000")),
+    ("http://localhost", "", reach.Endpoint("http", "localhost", 80, "", "localhost")),
+    ("unix:/run/vllm/api.sock", "/p/", reach.Endpoint("unix", "localhost", 0, "/p", "localhost",
                                                         "/run/vllm/api.sock")),
 ], ids=["ip-port", "https-default-port", "ipv6-path", "default-port", "unix"])
-def test_a_target_url_is_parsed_once_into_an_endpoint(url: str, prefix: str, want: config.Endpoint) -> None:
+def test_a_target_url_is_parsed_once_into_an_endpoint(url: str, prefix: str, want: reach.Endpoint) -> None:
     table = {"unit": "t.service", "url": url, **({"path_prefix": prefix} if prefix else {})}
     t = config.parse({"targets": {"t": table}}).targets["t"]
     assert t.endpoint == want
@@ -597,18 +597,17 @@ def test_a_target_url_is_parsed_once_into_an_endpoint(url: str, prefix: str, wan
 
 def test_one_tls_context_per_target_shared_by_every_probe_and_the_bench_client(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from genready import tls
     from genready.probe.probe import Prober
     from genready.tools import benchclient
 
     built: list[str] = []
-    real = tls.client_context
+    real = reach.client_context
 
     def counting(*args: Any) -> Any:
         built.append(args[0])
         return real(*args)
 
-    monkeypatch.setattr(tls, "client_context", counting)
+    monkeypatch.setattr(reach, "client_context", counting)
     path = materialize(tmp_path, TARGET.replace("http://", "https://") + "tls_verify = false\n")
     t = config.load(path).targets["sglang"]
     assert built == [""]  # at load: a bad PEM file is a config error

@@ -20,7 +20,7 @@ from genready.gpu.nvml import NvmlProvider
 from genready.gpu.provider import MIB, ComputeProcess, GpuSample, GpuUnavailable
 from genready.gpu.sampling import Sampler, summarise
 from genready.gpu.smi import SmiProvider, parse_apps, parse_gpus
-from genready.gpu.watch import GpuReading, GpuWatch, choose, starts_of, stray_line, strays_on
+from genready.gpu.watch import GpuReading, GpuWatch, choose, starts_of, stray_line
 from genready.store.records import StartRecord
 from genready.timewords import iso
 from genready_dev.harness import wait_for
@@ -565,15 +565,15 @@ def test_the_sampler_samples_on_its_own_thread_from_start_to_end() -> None:
     assert r.samples >= 4 and r.mean_power_w == 70.5 and r.energy_j is not None and r.energy_j > 0
 
 
-def test_strays_on_picks_the_targets_strays_that_hold_memory_and_says_each_in_one_line() -> None:
+def test_a_stray_is_said_in_one_line_with_how_to_end_it() -> None:
     procs = [ComputeProcess(UUID0, 150, 70 * 2**30), ComputeProcess(UUID1, 151, 0), ComputeProcess(UUID1, 300, MIB)]
     chains = {150: [proc(150, at=T0 + 62, cmd="sglang::scheduler")], 151: [proc(151, at=T0 + 62)],
               300: [proc(300, at=T0 + 121)]}
     holdings = attribute(procs, chains, [llm()])
     reading = GpuReading(T0, holdings, per_target(holdings, ["llm"]))
-    assert [h.pid for h in strays_on(reading, "llm")] == [150]  # 151 holds nothing, 300 is the current start's
-    assert strays_on(reading, "llm", gpus=[UUID1]) == [] and strays_on(None, "llm") == []
-    assert stray_line(strays_on(reading, "llm")[0]) == (
+    assert 300 not in [h.pid for h in reading.targets["llm"].strays]  # the current start's
+    (h,) = [h for h in reading.targets["llm"].strays if h.pid == 150]
+    assert stray_line(h) == (
         f"{UUID0} holds 70.0 GiB in PID 150 (sglang::scheduler), in llm.service's cgroup, left by the start "
         f"{SECOND[:12]}; end it with `kill 150`")
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import subprocess
 import sys
@@ -11,11 +10,7 @@ from pathlib import Path
 
 import pytest
 
-
-@functools.cache
-def parsed(path: Path) -> ast.Module:
-    """PATH's syntax tree, parsed once for every fitness test here (each walks every module)."""
-    return ast.parse(path.read_text())
+from tests.test_imports import parsed  # one parse of each module for both files' rules
 
 
 def imported_by(module: str) -> set[str]:
@@ -59,14 +54,6 @@ def test_the_architecture_layout_names_every_module() -> None:
                 assert f"`{path.stem}`" in layout, f"docs/architecture.md's Layout does not name {package}.{path.stem}"
     for folder in sorted(p for p in (root / "daemon" / "genready").iterdir() if (p / "__init__.py").exists()):
         assert f"`{folder.name}/`" in layout, f"docs/architecture.md's Layout does not name the folder {folder.name}/"
-
-
-def test_at_most_thirteen_modules_at_the_top() -> None:
-    """The folders are the map: a module that lands at the top instead of in its folder is drift.
-    The top holds what every folder shares (config, vocab, timewords, log, ...): 13 since the time
-    words got one module of their own (STATUS=, the API, the records and the CLI all write times)."""
-    top = [p.stem for p in (Path(__file__).resolve().parents[1] / "daemon" / "genready").glob("*.py")]
-    assert len(set(top) - {"__init__"}) <= 13, sorted(top)
 
 
 def test_one_definition_of_each_time_word() -> None:
@@ -115,86 +102,6 @@ def test_only_the_systemd_package_talks_to_systemd() -> None:
         text = path.read_text()
         for word in ("import pystemd", "from pystemd", "libsystemd", "ctypes"):
             assert word not in text, f"{path.relative_to(root)} uses {word!r}: only systemd/ may"
-
-
-def _runtime_imports(path: Path, package: str, *, type_only: bool = False) -> set[str]:
-    """The genready modules a file imports when it runs, lazy imports in functions included (an
-    `if TYPE_CHECKING:` block is not run, so not counted unless `type_only`)."""
-    import ast
-
-    tree = parsed(path)
-    skip = set() if type_only else {
-        id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in node.body for n in ast.walk(child)}
-    daemon = Path(__file__).resolve().parents[1] / "daemon"
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # `from genready.systemd import sdbus` imports the module genready.systemd.sdbus
-            names = [f"{node.module}.{a.name}" if (daemon / Path(*node.module.split(".")) / f"{a.name}.py").exists()
-                     else node.module for a in node.names]
-        out |= {n for n in names if n == package or n.startswith(package + ".")}
-    return out
-
-
-def test_no_import_cycle_anywhere() -> None:
-    """Library modules raise and `cli` maps errors to exit codes: nothing imports back up the
-    chain, so no module can be half-initialised when another needs it. Imports for types only count
-    too: two modules that need each other's types are one concern split in two."""
-    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
-    graph: dict[str, set[str]] = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root.parent).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        graph[name] = {m for m in _runtime_imports(path, "genready", type_only=True) if m != name}
-    assert len(graph) > 40 and graph["genready.cli"], "the import graph was not read"
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(node: str, trail: list[str]) -> None:
-        state[node] = 1
-        for dep in sorted(graph.get(node, ())):
-            if state.get(dep) == 1:
-                cycle = [*trail[trail.index(dep):], dep]
-                raise AssertionError("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep, [*trail, dep])
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
-
-
-# What the rule may not know: sweeps and journals are the surfaces' business (serve/lastwords, serve/sweepcheck).
-RULE_MUST_NOT_IMPORT = ("genready.systemd.unitlog", "genready.systemd.sweepdropin", "genready.tools",
-                        "genready.serve", "genready.client")
-
-
-def rule_imports_of_forbidden(root: Path) -> list[str]:
-    """Each `rule/` module's imports of what the rule must not know, lazy ones included."""
-    found = []
-    for path in sorted((root / "rule").rglob("*.py")):
-        for module in sorted(_runtime_imports(path, "genready")):
-            if any(module == bad or module.startswith(bad + ".") for bad in RULE_MUST_NOT_IMPORT):
-                found.append(f"rule/{path.name} imports {module}")
-    return found
-
-
-def test_the_rule_knows_only_the_rule(tmp_path: Path) -> None:
-    """rule/ decides readiness: it imports no sweep, journal or output-file code, and no surface."""
-    root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
-    assert rule_imports_of_forbidden(root) == []
-    # The check can fail: a rule module that reads a unit's output is caught, lazily imported or not.
-    (tmp_path / "rule").mkdir()
-    (tmp_path / "rule" / "gate.py").write_text("def f():\n    from genready.systemd import unitlog\n")
-    (tmp_path / "rule" / "history.py").write_text("from genready.systemd.sweepdropin import leftover\n")
-    assert rule_imports_of_forbidden(tmp_path) == ["rule/gate.py imports genready.systemd.unitlog",
-                                                   "rule/history.py imports genready.systemd.sweepdropin"]
 
 
 SERVER_WORDS = frozenset({"sglang", "vllm", "llama.cpp", "llamacpp", "llama-server", "llama-cpp-python",

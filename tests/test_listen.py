@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 from genready import compat
-from genready.config import endpoint
 from genready.probe import listen, owner
 from genready.probe.listen import ListenWatch, in_our_netns, port_of
+from genready.reach import endpoint
 from genready_dev.harness import await_for, free_port, wait_for
 
 # A process that listens on a port it prints, until its stdin closes.

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import tomli_w
 
+from genready.sweep.files import SEARCH_FILE
 from genready.sweep.run import searchrun
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, Genready, free_port, wait_for
@@ -126,7 +127,7 @@ def test_a_saturation_search_and_an_slo_search_on_llama_server(rig: SearchRig) -
     # machine, the tiny model's two slots may not (search.rates_between: no room between the two rates).
     sync, through = (b["requests_per_second"] for _, b in steps[:2])
     assert len(steps) == (3 if through > sync else 2), (sync, through)
-    (found,) = [json.loads(ln) for ln in (sat / searchrun.SEARCH_FILE).read_text().splitlines()]
+    (found,) = [json.loads(ln) for ln in (sat / SEARCH_FILE).read_text().splitlines()]
     assert found["complete"] and found["steps"] == len(steps)
     assert (found["first_saturated_rate"] is not None) == (len(steps) == 3)
     assert found["crossover_status"] == "no_baseline" and len(found["curve"]) == len(steps)
@@ -136,5 +137,5 @@ def test_a_saturation_search_and_an_slo_search_on_llama_server(rig: SearchRig) -
     steps = assert_one_verified_load(slo)
     assert [(r["search_kind"], r["search_concurrency"]) for r, _ in steps] == [("bracket", 1), ("bracket", 2)]
     assert all(b["slo_met"] is True for _, b in steps), [b.get("slo_met") for _, b in steps]
-    (found,) = [json.loads(ln) for ln in (slo / searchrun.SEARCH_FILE).read_text().splitlines()]
+    (found,) = [json.loads(ln) for ln in (slo / SEARCH_FILE).read_text().splitlines()]
     assert found["complete"] and found["max_rate_under_slo"] == 2  # on the concurrency axis: the most in flight

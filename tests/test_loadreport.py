@@ -16,8 +16,8 @@ import pytest
 import tomli_w
 
 from genready.compat import tomllib
-from genready.sweep import main as sweep
 from genready.sweep.report import loadreport
+from genready.sweep.report.main import report_main
 from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
 from tests.test_searchrun import search_plan
@@ -75,7 +75,7 @@ def three(tmp: Path) -> Path:
 
 def section(folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, dict[str, str]]:
     """The html report's load section, and its plots' SVG by the plot's id."""
-    assert sweep.report_main([str(folder)], "html") == 0
+    assert report_main([str(folder)], "html") == 0
     page = capsys.readouterr().out
     assert page.count('id="load-search"') == 1, page[-2000:]
     sec = page[page.index('id="load-search"'):]
@@ -165,7 +165,7 @@ def test_searches_on_two_axes_get_a_bar_plot_each(tmp_path: Path, capsys: pytest
     rate = write(tmp_path / "rate", [({"cap": 4}, [step(2, 4), step(4, 4)], {"max_rate_under_slo": 4})])
     conc = write(tmp_path / "conc", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2)], {"max_rate_under_slo": 2})],
                  axis="concurrency")
-    assert sweep.report_main([str(rate), str(conc)], "html") == 0
+    assert report_main([str(rate), str(conc)], "html") == 0
     page = capsys.readouterr().out
     assert 'id="load-found"><h3>max_rate_under_slo per configuration (req/s)' in page
     assert 'id="load-found-2"><h3>max_rate_under_slo per configuration (concurrent requests)' in page
@@ -226,7 +226,7 @@ def test_no_search_no_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     folder = write(tmp_path / "r", [])
     (folder / "results.jsonl").write_text(json.dumps({"point": {"a": 1}, "index": 1, "status": "ok"}) + "\n")
     assert loadreport.html_section([folder]) == "" and loadreport.searches([folder]) == []
-    assert sweep.report_main([str(folder)], "html") == 0
+    assert report_main([str(folder)], "html") == 0
     assert "load-search" not in capsys.readouterr().out
 
 

@@ -151,14 +151,12 @@ def test_inode_zero_before_accept_then_the_accepted_socket(
     p = pairs(family, host)
     row = owner.find_tcp_row(p.peer, p.local, use_diag=use_diag)
     assert row is not None and row.inode == 0  # in the backlog, not accepted
-    assert owner.server_socket_inode(p.local, p.peer) == 0
     assert find_owner(p.local, p.peer, os.getpid()) == Owner(
         None, False, "not accepted yet (the server has not accept()ed the connection)")
     srv = p.accept()
     row = owner.find_tcp_row(p.peer, p.local, use_diag=use_diag)
     assert row is not None and row.inode == os.fstat(srv.fileno()).st_ino
     assert row.local == p.peer and row.state == 1
-    assert owner.server_socket_inode(p.local, p.peer) == os.fstat(srv.fileno()).st_ino
 
 
 @pytest.mark.skipif(not HAS_V6, reason="::1 is not available here")
@@ -176,7 +174,7 @@ def test_no_row_for_a_connection_that_does_not_exist(pairs: Callable[..., Pair])
     p = pairs()
     p.accept()
     bogus = (p.local[0], p.local[1] ^ 1)  # same host, a port we did not connect from
-    assert owner.server_socket_inode(bogus, p.peer) is None
+    assert owner.find_tcp_row(p.peer, bogus) is None
     o = find_owner(bogus, p.peer, os.getpid())
     assert o.pid is None and not o.trusted and "no server-side socket" in o.detail
 

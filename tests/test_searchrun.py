@@ -16,6 +16,7 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import crossover, search
 from genready.sweep import plan as sweepplan
+from genready.sweep.files import SEARCH_FILE
 from genready.sweep.run import results as sweepresults
 from genready.sweep.run import runner, searchrun, steps
 from genready_dev.harness import GENREADY, PY
@@ -158,7 +159,7 @@ def test_resume_reuses_a_configuration_s_steps_but_searches_the_baseline_again(t
 
 
 def found_lines_in(results: Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in (results / searchrun.SEARCH_FILE).read_text().splitlines()]
+    return [json.loads(ln) for ln in (results / SEARCH_FILE).read_text().splitlines()]
 
 
 @pytest.mark.system
@@ -188,7 +189,7 @@ def search_plan(rig: Rig, table: dict[str, Any], output: str = "{out}/bench.json
 
 
 def found_lines(rig: Rig) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in (rig.results / searchrun.SEARCH_FILE).read_text().splitlines()]
+    return [json.loads(ln) for ln in (rig.results / SEARCH_FILE).read_text().splitlines()]
 
 
 def bench_of(rig: Rig, line: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +255,7 @@ def test_slo_search_reports_max_rate_under_slo_and_resume_continues_where_it_sto
     # A sweep that stopped after its first step: --resume reuses it and runs only the steps after it.
     first = (simrig.results / "results.jsonl").read_text().splitlines()[0]
     (simrig.results / "results.jsonl").write_text(first + "\n")
-    (simrig.results / searchrun.SEARCH_FILE).unlink()
+    (simrig.results / SEARCH_FILE).unlink()
     rc, out = simrig.run(plan_path, "--resume")
     assert rc == 0, out
     again = simrig.results_lines()

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from genready.probe.owner import cmdline, descendants
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
 from genready.sweep.run import confirm
+from genready.systemd import unitexec
 from genready.systemd.unitexec import expand
 from genready.vocab import KindSource
 from genready_dev.harness import PY, Genready, free_port, wait_for
@@ -71,11 +73,17 @@ def test_expand_leaves_what_it_does_not_know_as_written() -> None:
 # --- resolve ---------------------------------------------------------------------------------------------
 
 
+def expanded(words: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """resolve's exec_start and unknown for a unit's ExecStart= line and environment, as its callers pass them."""
+    argv, unknown = unitexec.expand(words, env)
+    return {"exec_start": argv, "unknown": unknown}
+
+
 @pytest.mark.system
 def test_the_process_that_serves_names_the_kind(procs: list[subprocess.Popen[bytes]]) -> None:
     pid = spawn(procs, [*SLEEP, *SGLANG_ARGS])
     # ExecStart= is a wrapper script: its words name nothing, the process it exec'd does
-    found = serverkind.resolve("auto", pids=[pid], exec_start=[["/opt/run-sglang.sh"]], environment={})
+    found = serverkind.resolve("auto", pids=[pid], exec_start=["/opt/run-sglang.sh"], unknown=())
     assert found.kind is kinds.SGLANG and found.source is KindSource.PROCESS and found.pid == pid
     assert found.argv_from == "process" and found.args == tuple(SGLANG_ARGS[2:])
     assert found.to_json() == {"name": "sglang", "from": "process", "pid": pid}
@@ -101,16 +109,16 @@ def test_without_a_process_the_units_words_expanded(procs: list[subprocess.Popen
     gone = spawn(procs, SLEEP)
     procs[-1].kill()
     procs[-1].wait()
-    words = [["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "${MODEL}"]]
-    found = serverkind.resolve(pids=[gone], exec_start=words, environment={"MODEL": "/models/a"})
+    words = ["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "${MODEL}"]
+    found = serverkind.resolve(pids=[gone], **expanded(words, {"MODEL": "/models/a"}))
     assert found.kind is kinds.SGLANG and found.source is KindSource.EXEC_START
     assert found.args == ("--model-path", "/models/a") and found.argv_from == "ExecStart"
     assert f"/proc/{gone}/cmdline cannot be read" in found.notes[0]
     # a variable genready does not know: the kind still, but not what the server got
-    found = serverkind.resolve(pids=[gone], exec_start=words, environment={})
+    found = serverkind.resolve(pids=[gone], **expanded(words, {}))
     assert found.kind is kinds.SGLANG and found.args is None and found.argv == ()
     assert "the unit's ExecStart= uses $MODEL, which genready does not know" in found.notes
-    unknown = serverkind.resolve(exec_start=[["/opt/run.sh"]])
+    unknown = serverkind.resolve(exec_start=["/opt/run.sh"])
     assert unknown.kind is None and unknown.source is KindSource.UNKNOWN
     assert unknown.to_json() == {"name": None, "from": "unknown", "pid": None}
 
@@ -160,9 +168,8 @@ def test_an_expect_that_cannot_be_checked_never_passes() -> None:
 def test_the_flags_the_server_got_are_compared() -> None:
     # issue 53 item 1: --model-path ${MODEL} as systemd expands it (from the unit's words here, where no process
     # can be read; test_the_process_that_serves_names_the_kind reads the process's), not as the words spell it
-    words = [["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "${MODEL}", "$STEPS"]]
-    found = serverkind.resolve(exec_start=words, environment={"MODEL": "/models/a",
-                                                              "STEPS": "--speculative-num-steps 3"})
+    words = ["/usr/bin/python3", "-m", "sglang.launch_server", "--model-path", "${MODEL}", "$STEPS"]
+    found = serverkind.resolve(**expanded(words, {"MODEL": "/models/a", "STEPS": "--speculative-num-steps 3"}))
     assert found.args == ("--model-path", "/models/a", "--speculative-num-steps", "3")
     read = kinds.SGLANG.engine
     assert read is not None

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests import ci, conftest
+from tests.test_imports import parsed  # one parse of each file for this rule and the import rules
 
 TESTS = Path(__file__).resolve().parent
 
@@ -61,28 +62,50 @@ def test_a_missing_tool_skips_here_and_fails_under_ci(monkeypatch: pytest.Monkey
     ci.require(None, "anything")  # nothing missing: nothing happens, in CI or not
 
 
-def sleeps_in_tests() -> list[str]:
-    """Every `time.sleep(c)` / `await asyncio.sleep(c)` statement with a constant 0 < c < 10 in a
-    test function, and every loop there that sleeps: a wait for something to happen is a
-    `wait_for`, and a sleep before asserting that something did *not* happen proves nothing
-    (the event may come later). A long sleep (a block to be timed out) and sleep(0) are fine, and
-    so are functions a test defines (a stand-in that is slow on purpose)."""
+def sleeps_in_tests(folder: Path = TESTS) -> list[str]:
+    """Every sleep of 0 < t < 10 s, or of a length that cannot be read, as a statement of a test function,
+    a fixture or a helper (tests/*.py that are not test modules, conftest.py included), and every loop
+    there that sleeps: a wait for something to happen is a `wait_for`, and a sleep before asserting that
+    something did *not* happen proves nothing (the event may come later). A long sleep (a block to be
+    timed out) and sleep(0) are fine, and so are functions defined inside those (a stand-in that is slow
+    on purpose). `time.sleep`, `asyncio.sleep` and a `sleep` imported from either are sleeps; a length
+    named by a module constant (`time.sleep(DELAY)`) is read from it."""
     found = []
-    for path in sorted(TESTS.glob("*.py")):
-        for fn in ast.walk(ast.parse(path.read_text())):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.name.startswith("test_"):
-                continue
+    for path in sorted(folder.glob("*.py")):
+        tree = parsed(path)
+        sleeps = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom)
+                  and node.module in ("time", "asyncio") for a in node.names if a.name == "sleep"}
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign | ast.AnnAssign)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, int | float)
+                     for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        for fn in _checked_functions(tree, helper=not path.name.startswith("test_")):
             for node in _own_nodes(fn):
                 if isinstance(node, (ast.While, ast.For, ast.AsyncFor)) and any(
-                        isinstance(n, ast.Call) and _is_sleep(n) for n in _own_nodes(node)):
+                        isinstance(n, ast.Call) and _is_sleep(n, sleeps) for n in _own_nodes(node)):
                     found.append(f"{path.name}:{node.lineno} {fn.name}: a loop that sleeps (use wait_for)")
                 if isinstance(node, ast.Expr):
                     call = node.value.value if isinstance(node.value, ast.Await) else node.value
-                    if isinstance(call, ast.Call) and _is_sleep(call) and call.args \
-                            and isinstance(c := call.args[0], ast.Constant) \
-                            and isinstance(c.value, (int, float)) and 0 < c.value < 10:
-                        found.append(f"{path.name}:{node.lineno} {fn.name}: {ast.unparse(call)}")
+                    if isinstance(call, ast.Call) and _is_sleep(call, sleeps) and call.args:
+                        t = _seconds(call.args[0], constants)
+                        if t is None or 0 < t < 10:
+                            found.append(f"{path.name}:{node.lineno} {fn.name}: {ast.unparse(call)}")
     return found
+
+
+def _checked_functions(tree: ast.Module, *, helper: bool) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """A test module's tests and fixtures (its own classes' too); every function and method of a helper."""
+    tops = [*tree.body, *(n for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body)]
+    return [fn for fn in tops if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (helper or fn.name.startswith("test_") or any("fixture" in ast.unparse(d) for d in fn.decorator_list))]
+
+
+def _seconds(arg: ast.expr, constants: dict[str, float]) -> float | None:
+    """A sleep's length where it can be read: a number, or a module constant's."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, int | float):
+        return float(arg.value)
+    if isinstance(arg, ast.Name) and arg.id in constants:
+        return float(constants[arg.id])
+    return None
 
 
 def _own_nodes(node: ast.AST) -> list[ast.AST]:
@@ -95,12 +118,27 @@ def _own_nodes(node: ast.AST) -> list[ast.AST]:
     return out
 
 
-def _is_sleep(call: ast.Call) -> bool:
-    return isinstance(call.func, ast.Attribute) and call.func.attr == "sleep"
+def _is_sleep(call: ast.Call, names: set[str]) -> bool:
+    return (isinstance(call.func, ast.Attribute) and call.func.attr == "sleep") or \
+        (isinstance(call.func, ast.Name) and call.func.id in names)
 
 
-def test_no_test_sleeps_to_wait_or_to_prove_an_absence() -> None:
+def test_no_test_sleeps_to_wait_or_to_prove_an_absence(tmp_path: Path) -> None:
     assert sleeps_in_tests() == []
+    # each form is caught: in a helper module, a fixture, a test; `from time import sleep`, a named length
+    (tmp_path / "helpers.py").write_text(
+        "import time\nfrom time import sleep as nap\nDELAY = 0.5\n"
+        "def start():\n    while not up():\n        time.sleep(0.05)\n"
+        "class Server:\n    def ready(self):\n        nap(DELAY)\n")
+    (tmp_path / "test_x.py").write_text(
+        "import asyncio, time, pytest\n@pytest.fixture\ndef world():\n    time.sleep(wait)\n    yield 1\n"
+        "async def test_a():\n    await asyncio.sleep(1)\n    time.sleep(60)\n    time.sleep(0)\n"
+        "    def slow():\n        time.sleep(1)\n")
+    assert sleeps_in_tests(tmp_path) == ["helpers.py:5 start: a loop that sleeps (use wait_for)",
+                                         "helpers.py:6 start: time.sleep(0.05)",
+                                         "helpers.py:9 ready: nap(DELAY)",
+                                         "test_x.py:4 world: time.sleep(wait)",
+                                         "test_x.py:7 test_a: asyncio.sleep(1)"]
 
 
 def test_only_ci_py_reads_the_ci_variable() -> None:

@@ -27,6 +27,7 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
+from genready.sweep.report.main import report_main
 from genready.sweep.run import lines as sweeplines
 from genready.sweep.run import results as sweepresults
 from genready.sweep.run import runner, steps
@@ -378,14 +379,14 @@ def test_a_merged_report_with_a_shard_missing_says_so_and_marks_no_best(tmp_path
         return folder
 
     one = shard(tmp_path / "shard-1", 1, [1, 3], [50.0, 40.0])
-    assert sweep.report_main([str(one)], "table") == 0
+    assert report_main([str(one)], "table") == 0
     out, err = capsys.readouterr()
     assert "2 of 4 points have no result (shard 2/2 missing or unfinished)" in err, err
     assert "(partial: 2 of 4 points have no result" in out and "*" not in out, out
-    assert sweep.report_main([str(one)], "table", strict=True) == 1
+    assert report_main([str(one)], "table", strict=True) == 1
     two = shard(tmp_path / "shard-2", 2, [2, 4], [60.0, 70.0])
     capsys.readouterr()
-    assert sweep.report_main([str(one), str(two)], "table", strict=True) == 0
+    assert report_main([str(one), str(two)], "table", strict=True) == 0
     out, err = capsys.readouterr()
     assert "partial" not in out + err and "*" in out, out
 

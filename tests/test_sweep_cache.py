@@ -23,10 +23,10 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
-from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect
 from genready.sweep.report import table as sweepreport
+from genready.sweep.report.main import report_main
 from genready.sweep.run import results as sweepresults
 from genready.tools import servercache, servermetrics
 from genready_dev import gguf_models, realservers
@@ -109,9 +109,9 @@ def test_resume_counts_repeats(tmp_path: Path) -> None:
     p = plan('command = "x"\nrepeats = 2\n[matrix]\na = [1, 2, 3]\n')
     runs = sweepresults.ok_runs(p, tmp_path)
     assert {i: sorted(r["repeat"] for r in recs) for i, recs in runs.items()} == {1: [1, 2], 2: [1]}
-    assert sweepresults.ok_points(p, tmp_path) == {1}
-    # a plan of 3 repeats has none of its points whole; lines from before repeats count as repeat 1
-    assert sweepresults.ok_points(plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n'), tmp_path) == set()
+    # a plan of 3 repeats has none of its points whole (`--resume` skips a point with every repeat ok)
+    three = plan('command = "x"\nrepeats = 3\n[matrix]\na = [1, 2, 3]\n')
+    assert [i for i, recs in sweepresults.ok_runs(three, tmp_path).items() if len(recs) == three.repeats] == []
 
 
 # --- the server's counters ----------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def test_a_counter_that_is_not_finite_is_a_reset_and_no_figure_is_written_as_nan
                                  servermetrics.counters(page.format(h=after, q=300)))
     assert run.reset == ["vllm:prefix_cache_hits_total"], run
     assert run.prefix_cache_hit_rate is None and run.deltas == {"vllm:prefix_cache_queries_total": 200}
-    assert strict_json(run.to_text())["reset"] == ["vllm:prefix_cache_hits_total"]
+    assert strict_json(sweepresults.json_text(run.to_json()))["reset"] == ["vllm:prefix_cache_hits_total"]
 
 
 # --- answers read whole (issue 41 #2) ---------------------------------------------------------------------
@@ -521,7 +521,7 @@ def test_compare_shows_each_figures_change_and_marks_the_noise(tmp_path: Path,
     write_side(b, {1: [{"output_tokens_per_second": 130.0, "ttft_p50_ms": 20.4, "itl_p50_ms": 6.0}],
                    2: [{"output_tokens_per_second": v, "ttft_p50_ms": 24.0} for v in (110.0, 112.0, 108.0)],
                    4: [{"output_tokens_per_second": 10.0}]})
-    assert sweep.report_main([str(a), str(b)], "table", compare=True) == 0
+    assert report_main([str(a), str(b)], "table", compare=True) == 0
     out = capsys.readouterr().out
     rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.startswith("c=")}
     # one run each: the plan's noise_limit (5 %) is the noise: +30 % is better, a 2 % slower TTFT is inside it,
@@ -531,10 +531,10 @@ def test_compare_shows_each_figures_change_and_marks_the_noise(tmp_path: Path,
     # repeats: A's tok/s spreads by 20 % (MAD 20 around 100), so +10 % is inside the noise; TTFT -20 % is better
     assert "100.0 -> 110.0 +10.0% ~" in rows["c=2"] and "30.0 -> 24.0 -20.0% better" in rows["c=2"], out
     assert "ok / absent" in rows["c=3"] and "absent / ok" in rows["c=4"], out
-    assert sweep.report_main([str(a), str(b)], "html", compare=True) == 0
+    assert report_main([str(a), str(b)], "html", compare=True) == 0
     page = capsys.readouterr().out
     assert '<td class="better">100.0 -&gt; 130.0 +30.0% better</td>' in page and 'class="noise"' in page
     for bad in (([str(a)], "table"), ([str(a), str(b)], "csv")):
         with pytest.raises(Failed) as e:
-            sweep.report_main(bad[0], bad[1], compare=True)
+            report_main(bad[0], bad[1], compare=True)
         assert e.value.status == 64 and "--compare" in str(e.value)

@@ -18,11 +18,11 @@ import pytest
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import main as sweep
 from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect, decision
 from genready.sweep.report import compare as sweepcompare
 from genready.sweep.report import table as sweepreport
+from genready.sweep.report.main import decision_facts, report_main
 from genready_dev.harness import GENREADY
 from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
@@ -61,7 +61,7 @@ class Folder:
     def report(self, fmt: str = "table") -> str:
         (self.path / "results.jsonl").write_text("".join(self.lines))
         read = collect.read_folders([self.path])
-        return sweepreport.render(collect.rows_from(read), fmt, sweep.decision_facts(read))
+        return sweepreport.render(collect.rows_from(read), fmt, decision_facts(read))
 
 
 def section(text: str) -> list[str]:
@@ -128,7 +128,7 @@ def test_a_partial_set_says_its_best_is_of_the_points_present(tmp_path: Path,
     three_configs(f, [(100, 200, 150, 60)])
     f.lines = [json.dumps({**json.loads(ln), "plan_points": 5}) + "\n" for ln in f.lines]  # point 5 never ran
     (f.path / "results.jsonl").write_text("".join(f.lines))
-    assert sweep.report_main([str(f.path)], "table") == 0
+    assert report_main([str(f.path)], "table") == 0
     out = capsys.readouterr().out
     assert section(out)[0].startswith("At c=1: algo=eagle is the best")
     assert "(partial: 1 of 5 points have no result" in out and "; the best of the points present)" in \
@@ -255,7 +255,7 @@ def test_the_html_report_starts_with_the_decision(tmp_path: Path) -> None:
     three_configs(f, [(100, 200, 150, 60), (102, 204, 151, 61)], eagle={"ttft_p99_ms": 800.0})
     (f.path / "results.jsonl").write_text("".join(f.lines))
     read = collect.read_folders([f.path])
-    page = sweephtml.render(collect.rows_from(read), facts=sweep.decision_facts(read))
+    page = sweephtml.render(collect.rows_from(read), facts=decision_facts(read))
     body = page[page.index("<body"):]
     assert body.index('<section id="decision"><h2>Decision</h2><ul><li>At c=1: algo=eagle is the best') < \
         body.index("<table")

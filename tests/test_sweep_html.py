@@ -23,11 +23,11 @@ import pytest
 
 from genready.exitcodes import Failed
 from genready.sweep import files
-from genready.sweep import main as sweep
 from genready.sweep import rows as sweeprows
 from genready.sweep.report import collect, heatmap, speedup
 from genready.sweep.report import html as sweephtml
 from genready.sweep.report import table as sweepreport
+from genready.sweep.report.main import report_main
 from genready_dev.harness import PY, REPO, wait_for
 from tests import ci
 
@@ -56,10 +56,10 @@ def test_without_matplotlib_html_exits_69_naming_the_extra_and_other_formats_wor
     # A machine without matplotlib cannot be had in this process: None in sys.modules makes its import fail.
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(Failed) as e:
-        sweep.report_main([str(folder)], "html")
+        report_main([str(folder)], "html")
     assert e.value.status == 69 and "genready[report]" in str(e.value) and "python3-matplotlib" in str(e.value)
     for fmt in sweepreport.FORMATS:
-        assert sweep.report_main([str(folder)], fmt) == 0
+        assert report_main([str(folder)], fmt) == 0
     assert "draft=d1" in capsys.readouterr().out
 
 
@@ -94,7 +94,7 @@ def test_axes_and_a_bad_axis_flag(tmp_path: Path) -> None:
     client, _ = sweephtml.axes_of(rows)
     assert "c" in client and sweephtml.default_x(rows) in client
     with pytest.raises(Failed) as e:
-        sweep.report_main([str(tmp_path / "results")], "html", x="nope")
+        report_main([str(tmp_path / "results")], "html", x="nope")
     assert e.value.status == 64 and "--x" in str(e.value) and "draft" in str(e.value)
 
 
@@ -217,9 +217,9 @@ def line(i: int, point: str, accept: str = "2.0", group: int = 1) -> str:
 
 
 def report(folder: Path, capsys: pytest.CaptureFixture[str]) -> str:
-    assert sweep.report_main([str(folder)], "table") == 0  # what the table reads ...
+    assert report_main([str(folder)], "table") == 0  # what the table reads ...
     capsys.readouterr()
-    assert sweep.report_main([str(folder)], "html") == 0  # ... the page reads
+    assert report_main([str(folder)], "html") == 0  # ... the page reads
     return capsys.readouterr().out
 
 
@@ -328,7 +328,7 @@ def test_lines_naming_one_out_folder_read_its_bench_jsonl_once(tmp_path: Path, m
         reads.append(f)
         return real(f)
     monkeypatch.setattr(sweeprows, "bench_line", spy)
-    assert sweep.report_main([str(folder)], "json") == 0
+    assert report_main([str(folder)], "json") == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert len(rows) == 50 and {r["output_tokens_per_second"] for r in rows} == {100.0}
     assert reads == [folder / "0001-p"]
@@ -339,10 +339,10 @@ def test_the_report_turns_the_garbage_collector_back_on(tmp_path: Path,
     # held off while a report runs (its objects form no cycle), on again after it, whether it failed or not
     folder = hostile_results(tmp_path, [line(i, f'{{"c": {i}}}') for i in range(3)])
     assert gc.isenabled()
-    assert sweep.report_main([str(folder)], "table") == 0
+    assert report_main([str(folder)], "table") == 0
     assert gc.isenabled()
     with pytest.raises(Failed):
-        sweep.report_main([str(tmp_path / "none")], "table")
+        report_main([str(tmp_path / "none")], "table")
     assert gc.isenabled()
 
 
@@ -394,7 +394,7 @@ def test_per_position_acceptance_is_a_column_and_a_json_list_only_where_a_point_
         ({"metrics_accept_per_position": [0.5, 0.25]}, {"output_tokens_per_second": 80.0}, {"c": 3}),  # the sweep's
         ({}, {"output_tokens_per_second": 70.0, "accept_per_position": [0.9, "x"]}, {"c": 4}),  # not numbers: "-"
     ])
-    assert sweep.report_main([str(folder)], "table") == 0
+    assert report_main([str(folder)], "table") == 0
     out = capsys.readouterr().out
     table = out[out.index("POINT"):].splitlines()  # the table, after the Decision section
     assert "ACC/POS" in table[0]
@@ -402,14 +402,14 @@ def test_per_position_acceptance_is_a_column_and_a_json_list_only_where_a_point_
     at = table[0].index("ACC/POS")  # before the figures, as the other columns that describe the run
     assert table[2][at:].startswith("- ") and table[4][at:].startswith("- "), table
     assert any(t.startswith("(ACC/POS:") for t in table), table
-    assert sweep.report_main([str(folder)], "json") == 0
+    assert report_main([str(folder)], "json") == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["accept_per_position"] for r in rows] == [[0.81, 0.62, 0.4], None, [0.5, 0.25], None]
     page = report(folder, capsys)
     assert "<th>ACC/POS</th>" in page and "<td>0.81 0.62 0.40</td>" in page
     (tmp_path / "plain").mkdir()
     plain = measured(tmp_path / "plain", [({}, {"output_tokens_per_second": 1.0}, {"c": 1})])
-    assert sweep.report_main([str(plain)], "table") == 0
+    assert report_main([str(plain)], "table") == 0
     assert "ACC/POS" not in capsys.readouterr().out
     assert "ACC/POS" not in report(plain, capsys)
 
@@ -430,7 +430,7 @@ def test_tokens_per_second_against_power_is_drawn_only_where_a_point_has_power(
     assert page.count('id="power"') == 1 and "OUT tok/s against mean GPU power W" in page
     drawn = [s for s in svgs(page) if "<!-- mean GPU power W -->" in s]
     assert len(drawn) == 1 and "<!-- c=1 -->" in drawn[0] and "<!-- c=2 -->" in drawn[0], drawn  # labelled
-    assert sweep.report_main([str(power)], "json") == 0
+    assert report_main([str(power)], "json") == 0
     assert [r["mean_power_w"] for r in json.loads(capsys.readouterr().out)["rows"]] == [310.5, 455.0]
     (tmp_path / "plain").mkdir()
     plain = measured(tmp_path / "plain", [({}, {"output_tokens_per_second": 1200.0}, {"c": 1}),
@@ -465,7 +465,7 @@ def comments(svg: str) -> list[str]:
 
 
 def heatmap_page(folder: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
-    assert sweep.report_main([str(folder)], "html", heatmap=flags[0] if flags else None) == 0
+    assert report_main([str(folder)], "html", heatmap=flags[0] if flags else None) == 0
     return capsys.readouterr().out
 
 
@@ -540,7 +540,7 @@ def test_heatmap_chooses_its_axes_and_a_bad_one_names_the_axes_there_are(
     assert comments(plot_svgs(page, "heatmap-1")[0])[:8] == ["1", "2", "4", "topk", "2", "4", "6", "draft"]
     for bad in ("c,draft", "draft", "draft,draft", "nope,topk", "draft,topk,c"):
         with pytest.raises(Failed) as e:
-            sweep.report_main([str(folder)], "html", heatmap=bad)
+            report_main([str(folder)], "html", heatmap=bad)
         assert e.value.status == 64 and "--heatmap" in str(e.value) and "draft, topk" in str(e.value), str(e.value)
         assert repr(bad) in str(e.value)
     # and from the command line's flag
@@ -574,7 +574,7 @@ def numbers(text: str) -> list[str]:
 def test_the_text_formats_hold_the_heatmap_with_the_html_cells_values(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str) -> None:
     folder = spec_sweep(tmp_path)
-    assert sweep.report_main([str(folder)], fmt) == 0
+    assert report_main([str(folder)], fmt) == 0
     out = capsys.readouterr().out
     # after the Decision, before the table
     assert out.index("Decision") < out.index("Speedup against the baseline") < out.index("POINT")
@@ -604,15 +604,15 @@ def test_the_text_formats_hold_the_heatmap_with_the_html_cells_values(
 
 def test_the_text_heatmap_takes_the_page_s_axes_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = spec_sweep(tmp_path)
-    assert sweep.report_main([str(folder)], "table", heatmap="topk,draft") == 0
+    assert report_main([str(folder)], "table", heatmap="topk,draft") == 0
     (head, *body) = text_grids(capsys.readouterr().out, "table")["c=1"]
     assert head == ["draft \\ topk", *map(str, sweep_screenshot.TOPKS)], head
     assert [line[0] for line in body] == [str(d) for d in reversed(sweep_screenshot.DRAFTS)]
     with pytest.raises(Failed) as e:
-        sweep.report_main([str(folder)], "markdown", heatmap="c,draft")
+        report_main([str(folder)], "markdown", heatmap="c,draft")
     assert e.value.status == 64 and "server-side axes: draft, topk" in str(e.value), str(e.value)
     # the formats without a heatmap take the flag as they did
-    assert sweep.report_main([str(folder)], "json", heatmap="topk,draft") == 0
+    assert report_main([str(folder)], "json", heatmap="topk,draft") == 0
     assert "Speedup against the baseline" not in capsys.readouterr().out
 
 
@@ -632,7 +632,7 @@ def test_without_a_baseline_or_two_server_axes_the_page_says_why_in_one_line(
     # and the text formats hold no heatmap at all: the page's line is enough
     for folder in (two, one):
         for fmt in ("table", "markdown"):
-            assert sweep.report_main([str(folder)], fmt) == 0
+            assert report_main([str(folder)], fmt) == 0
             out = capsys.readouterr().out
             assert "Speedup against the baseline" not in out and "SPEEDUP over" not in out, out
 

@@ -4,8 +4,6 @@ import sys
 
 from genready.tools.benchclient import main
 
-__all__ = ["main"]
-
 if __name__ == "__main__":
     try:
         sys.exit(main())

@@ -17,18 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from genready import apis
+from genready import apis, reach
 from genready.compat import tomllib
-
-# A target's url (probe/endpoint.py) and the bounded reader (store/bounded.py) live apart; these names are kept
-# here (`as` re-exports) for the callers that read them as config.*.
-from genready.probe.endpoint import Endpoint as Endpoint
-from genready.probe.endpoint import endpoint as endpoint
-from genready.probe.endpoint import has_userinfo
-from genready.store.bounded import FileError as FileError
-from genready.store.bounded import read_file as read_file
-from genready.store.bounded import read_regular as read_regular
-from genready.store.bounded import size_words as size_words
+from genready.reach import Endpoint
+from genready.store.bounded import read_regular
 
 if TYPE_CHECKING:
     import ssl
@@ -125,7 +117,7 @@ def listen_warning(cfg: DaemonConfig) -> str | None:
 
 def _url(v: str) -> str | None:
     try:
-        endpoint(v)
+        reach.endpoint(v)
     except ValueError as e:
         return str(e)
     return None
@@ -372,7 +364,7 @@ class TargetConfig:
     endpoint: Endpoint = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "endpoint", endpoint(self.url, self.path_prefix))
+        object.__setattr__(self, "endpoint", reach.endpoint(self.url, self.path_prefix))
 
     @property
     def unix_path(self) -> str | None:
@@ -386,9 +378,7 @@ class TargetConfig:
         names the key whose file is unusable."""
         if not self.endpoint.tls:
             return None
-        from genready import tls
-
-        return tls.client_context(self.ca_file, self.tls_verify, self.client_cert_file, self.client_key_file)
+        return reach.client_context(self.ca_file, self.tls_verify, self.client_cert_file, self.client_key_file)
 
     @property
     def credential_unchecked(self) -> str:
@@ -474,7 +464,7 @@ def _found(v: Any) -> str:
 
 def _redacted(v: str) -> str:
     """A URL for an error message, password not shown (the message lands in logs and terminals)."""
-    if not has_userinfo(v):
+    if not reach.has_userinfo(v):
         return _found(v)
     try:
         parts = urlsplit(v)
@@ -555,11 +545,9 @@ def parse(data: Mapping[str, Any], file: str = "<config>", *, service: bool = Tr
         t = targets[name] = TargetConfig(name=name, api_key=_api_key(file, f"targets.{name}", values, service),
                                              **values)
         if t.endpoint.tls:
-            from genready import tls  # ssl is loaded only for a config with an https target
-
-            try:
+            try:  # ssl is loaded only for a config with an https target (reach imports it when used)
                 t.tls_context  # noqa: B018  built now: a bad PEM file is a config error, not a probe failure
-            except tls.TlsSetupError as e:
+            except reach.TlsSetupError as e:
                 raise ConfigError(file, f"targets.{name}.{e.key}", e.problem, repr(values[e.key])) from None
     return Config(path=file, daemon=daemon, targets=targets)
 

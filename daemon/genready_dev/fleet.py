@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from genready_dev.harness import free_port, wait_for
-from genready_dev.realservers import _venv, cache_dir  # the cache's one way to make a venv
+from genready_dev.realservers import cache_dir, make_venv  # the cache's one way to make a venv
 
 # 2.19 is the newest ansible-core whose controller runs on Debian 12's python3 (3.11; 2.20 needs 3.12).
 ANSIBLE_CORE = "2.19.14"
@@ -47,7 +47,7 @@ def ansible_missing() -> str | None:
 
 
 def ensure_ansible() -> Path:
-    _venv(ansible_venv(), f"ansible-core=={ANSIBLE_CORE}")
+    make_venv(ansible_venv(), f"ansible-core=={ANSIBLE_CORE}")
     return ansible_playbook()
 
 

@@ -117,7 +117,7 @@ def base_python() -> str:
     return "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
 
 
-def _venv(venv: Path, *pip_args: str, env: dict[str, str] | None = None) -> Path:
+def make_venv(venv: Path, *pip_args: str, env: dict[str, str] | None = None) -> Path:
     """Make VENV with `pip install PIP_ARGS` once (a .installed marker says it finished)."""
     python = venv / "bin" / "python"
     if (venv / ".installed").exists():
@@ -136,11 +136,11 @@ def _venv(venv: Path, *pip_args: str, env: dict[str, str] | None = None) -> Path
 
 
 def ensure_gguf_tools() -> Path:
-    return _venv(gguf_tools_venv(), f"gguf=={GGUF}", f"numpy=={NUMPY}")
+    return make_venv(gguf_tools_venv(), f"gguf=={GGUF}", f"numpy=={NUMPY}")
 
 
 def ensure_llama_cpp_python() -> Path:
-    return _venv(llama_cpp_python_venv(), f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON}",
+    return make_venv(llama_cpp_python_venv(), f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON}",
                  env={"CMAKE_ARGS": LLAMA_CPP_PYTHON_CMAKE, "CMAKE_BUILD_PARALLEL_LEVEL": JOBS})
 
 

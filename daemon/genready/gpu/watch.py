@@ -112,16 +112,6 @@ class GpuWatch:
         return await read_off_loop(self.executor, lambda: self.read(targets))
 
 
-def strays_on(reading: GpuReading | None, target: str, gpus: Iterable[str] | None = None) -> list[Holding]:
-    """The target's strays that hold memory (on `gpus`, UUIDs, if given): what the sweep waits on
-    before it starts a point's load."""
-    if reading is None or target not in reading.targets:
-        return []
-    wanted = set(gpus) if gpus is not None else None
-    return [h for h in reading.targets[target].strays
-            if (h.used_bytes is None or h.used_bytes > 0) and (wanted is None or h.gpu_uuid in wanted)]
-
-
 def stray_line(h: Holding) -> str:
     """One stray for people (a live line, the sweep's refusal, a failed start's note): which GPU,
     how much, which process, which start left it, and how to end it (genready never does)."""

@@ -41,22 +41,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-from genready import config
 from genready.compat import UTC
 from genready.probe.owner import (
     Addr,
     Owner,
     TcpRow,
-    _all_pids,
-    _holds,
-    _is_descendant,
-    _stat,
+    all_pids,
     cmdline,
+    comm_ppid,
     decode_hex_addr,
     encode_hex_addr,
     find_owner,
     find_tcp_row,
+    holds_fd,
+    is_descendant,
 )
+from genready.store import bounded
 
 ENGINES: Final = ("docker", "podman")
 # Where each engine's API listens when the target's container_socket is empty (rootful defaults).
@@ -168,7 +168,7 @@ def _docker_files(cid: str, api_error: EngineError) -> Container:
     root-equivalent, while reading this root-only file takes just the CAP_DAC_READ_SEARCH it has."""
     path = f"{DOCKER_ROOT}/containers/{cid}/config.v2.json"
     try:
-        doc: dict[str, Any] = json.loads(config.read_file(path, 16 << 20))  # the one bounded reader
+        doc: dict[str, Any] = json.loads(bounded.read_file(path, 16 << 20))  # the one bounded reader
         name = str(doc.get("Name") or "").lstrip("/")
         created = parse_time_us(str(doc["Created"]))
         env = tuple(str(e) for e in (doc.get("Config") or {}).get("Env") or ())
@@ -248,7 +248,7 @@ def _namespaces() -> dict[str, list[int]]:
     """Every network namespace a process is in, with its processes; ours first."""
     ours = _netns(os.getpid())
     out: dict[str, list[int]] = {ours: []} if ours else {}
-    for pid in _all_pids():
+    for pid in all_pids():
         ns = _netns(pid)
         if ns is not None:
             out.setdefault(ns, []).append(pid)
@@ -259,7 +259,7 @@ def _holder(pids: list[int], inode: int) -> int | None:
     target = f"socket:[{inode}]"
     for pid in pids:
         with contextlib.suppress(PermissionError):
-            if _holds(pid, target):
+            if holds_fd(pid, target):
                 return pid
     return None
 
@@ -373,11 +373,11 @@ def follow(local: Addr, peer: Addr) -> Route:
     if row is not None:
         if row.inode == 0:
             return Route(None, problem="not accepted yet (the server has not accept()ed the connection)")
-        holder = _holder(_all_pids(), row.inode)
+        holder = _holder(all_pids(), row.inode)
         if holder is None:
             return Route(None, problem=f"no process holds socket inode {row.inode} (closed meanwhile, or unreadable)")
         argv = cmdline(holder) or []
-        st = _stat(holder)
+        st = comm_ppid(holder)
         if (st and st[0] == "docker-proxy") or (argv and os.path.basename(argv[0]) == "docker-proxy"):
             return _through_proxy(holder, argv, _namespaces())
         return Route(holder)
@@ -447,7 +447,7 @@ def find_container_owner(local: Addr, peer: Addr, start: UnitStart, name: str = 
     if route.pid is None:
         lead = f"answered by {route.lead}: " if route.lead else ""
         return Owner(None, False, lead + route.problem)
-    st = _stat(route.pid)
+    st = comm_ppid(route.pid)
     by = f"{route.lead}pid {route.pid}" + (f" ({st[0]})" if st else "") + route.note
     text = _cgroup(route.pid)
     found = container_of_cgroup(text) if text is not None else None
@@ -486,17 +486,17 @@ def find_process_owner(local: Addr, peer: Addr, main_pid: int) -> Owner:
     reached through NAT. A docker-proxy holder is refused with a hint at owner = "container"."""
     if main_pid <= 0 or find_tcp_row(peer, local) is not None:
         owner = find_owner(local, peer, main_pid)
-        st = _stat(owner.pid) if owner.pid is not None and not owner.trusted else None
+        st = comm_ppid(owner.pid) if owner.pid is not None and not owner.trusted else None
         if st is not None and st[0] == "docker-proxy":
             return Owner(owner.pid, False, owner.detail + '; a published docker port: set owner = "container"')
         return owner
     route = follow(local, peer)
     if route.pid is None:
         return find_owner(local, peer, main_pid)  # its detail explains the miss in our namespace
-    st = _stat(route.pid)
+    st = comm_ppid(route.pid)
     by = f"pid {route.pid}" + (f" ({st[0]})" if st else "") + route.note
     if route.pid == main_pid:
         return Owner(route.pid, True, f"{by} (main)")
-    if _is_descendant(route.pid, main_pid):
+    if is_descendant(route.pid, main_pid):
         return Owner(route.pid, True, f"{by} (descendant of main pid {main_pid})")
     return Owner(route.pid, False, f"{by} is not main pid {main_pid} or its descendant")

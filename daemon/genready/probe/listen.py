@@ -26,8 +26,8 @@ import socket
 import time
 from typing import Final
 
-from genready.config import Endpoint
 from genready.probe import owner
+from genready.reach import Endpoint
 
 log = logging.getLogger("genready.probe.listen")
 

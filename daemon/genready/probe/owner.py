@@ -210,13 +210,6 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
     return best
 
 
-def server_socket_inode(local: tuple[str, int], peer: tuple[str, int]) -> int | None:
-    """The inode of the server side of our connection (local, peer): None if there is no such
-    socket on this host, 0 if the server has not accept()ed it yet."""
-    row = find_tcp_row(peer, local)
-    return None if row is None else row.inode
-
-
 _NLM_F_DUMP: Final = 0x300
 _NLMSG_DONE: Final = 3
 _TCP_LISTEN: Final = 10
@@ -296,7 +289,7 @@ def listeners(port: int, rows: list[TcpRow] | None = None) -> list[TcpRow]:
 
 # --- finding the process ------------------------------------------------------------------------
 
-def _stat(pid: int) -> tuple[str, int] | None:
+def comm_ppid(pid: int) -> tuple[str, int] | None:
     """(comm, ppid) of a live process, None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -321,7 +314,7 @@ def cmdline(pid: int) -> list[str] | None:
         return None
 
 
-def _holds(pid: int, target: str) -> bool:
+def holds_fd(pid: int, target: str) -> bool:
     """Does pid have an fd linking to target? PermissionError propagates; a vanished process
     (or fd) is simply "no"."""
     try:
@@ -361,7 +354,8 @@ def _children(pid: int) -> list[int] | None:
     return out
 
 
-def _all_pids() -> list[int]:
+def all_pids() -> list[int]:
+    """Every process id in /proc now (a process may be gone by the time it is read)."""
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
@@ -371,8 +365,8 @@ def _descendants(main_pid: int) -> Iterator[int]:
     if kids is None:
         # No children files: derive the tree from every process's ppid instead.
         by_parent: dict[int, list[int]] = {}
-        for pid in _all_pids():
-            st = _stat(pid)
+        for pid in all_pids():
+            st = comm_ppid(pid)
             if st is not None:
                 by_parent.setdefault(st[1], []).append(pid)
         queue = deque(by_parent.get(main_pid, []))
@@ -395,13 +389,13 @@ def _descendants(main_pid: int) -> Iterator[int]:
         queue.extend(_children(pid) or [])
 
 
-def _is_descendant(pid: int, main_pid: int) -> bool:
+def is_descendant(pid: int, main_pid: int) -> bool:
     """Walk pid's ppid chain up to main_pid. The children files are racy, so this is the final
     word on trust for a holder found outside the tree we walked."""
     seen: set[int] = set()
     while pid > 1 and pid not in seen:
         seen.add(pid)
-        st = _stat(pid)
+        st = comm_ppid(pid)
         if st is None:
             return False
         pid = st[1]
@@ -428,7 +422,7 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
 
     def holds(pid: int) -> bool:
         try:
-            return _holds(pid, target)
+            return holds_fd(pid, target)
         except PermissionError:
             denied.append(pid)
             return False
@@ -446,12 +440,12 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
     else:
         scanned = set()
     # Not the unit's: name the foreign holder so the operator can find it.
-    for pid in _all_pids():
+    for pid in all_pids():
         if pid in scanned or not holds(pid):
             continue
-        if main_pid > 0 and _is_descendant(pid, main_pid):
+        if main_pid > 0 and is_descendant(pid, main_pid):
             return Owner(pid, True, f"pid {pid} (descendant of main pid {main_pid})")
-        st = _stat(pid)
+        st = comm_ppid(pid)
         who = f" (comm {st[0]!r}, parent {st[1]})" if st else ""
         if main_pid <= 0:
             detail = f"pid {pid} holds the connection but the unit has no main pid{who}"
@@ -537,7 +531,7 @@ def unit_holds(inode: int, main_pid: int) -> bool | None:
     unreadable = False
     for pid in (main_pid, *_descendants(main_pid)):
         try:
-            if _holds(pid, target):
+            if holds_fd(pid, target):
                 return True
         except PermissionError:
             unreadable = True
@@ -557,12 +551,12 @@ def unix_owner(peer_pid: int, main_pid: int) -> Owner:
     that called listen() on the server's socket), under the same MainPID-or-descendant rule."""
     if peer_pid <= 0:
         return Owner(None, False, "the kernel gave no peer credentials (SO_PEERCRED) for the unix socket")
-    st = _stat(peer_pid)
+    st = comm_ppid(peer_pid)
     if st is None:
         return Owner(None, False, f"the socket's listener, pid {peer_pid} (SO_PEERCRED), no longer exists")
     if main_pid > 0 and peer_pid == main_pid:
         return Owner(peer_pid, True, f"pid {peer_pid} (main, SO_PEERCRED)")
-    if main_pid > 0 and _is_descendant(peer_pid, main_pid):
+    if main_pid > 0 and is_descendant(peer_pid, main_pid):
         return Owner(peer_pid, True, f"pid {peer_pid} (descendant of main pid {main_pid}, SO_PEERCRED)")
     who = f" (comm {st[0]!r}, parent {st[1]})"
     if main_pid <= 0:

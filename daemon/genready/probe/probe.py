@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from genready import __version__, tls
+from genready import __version__, reach
 from genready.apis import APIS, EXCERPT_CHARS, MAX_BODY, MODELS_PATH, BadAnswer, Listed, excerpt, listed_models
 from genready.compat import timeout
 from genready.config import TargetConfig
@@ -271,7 +271,7 @@ class Prober:
             raise ValueError("max_body must be >= 1")
         self._t = target
         self._max_body = max_body
-        # The url was parsed, and the TLS context built, once, with the config (config.Endpoint).
+        # The url was parsed, and the TLS context built, once, with the config (reach.Endpoint).
         ep = target.endpoint
         self._unix = ep.unix_path
         self._host, self._port, self._host_header, self._base = ep.host, ep.port, ep.host_header, ep.path_prefix
@@ -329,7 +329,7 @@ class Prober:
             outcome = f
         except ssl.SSLError as e:  # before OSError: it is one
             att.refused = True
-            outcome = _Fail(Failure.TLS, f"TLS failed {att.phase}: {tls.describe(e)}")
+            outcome = _Fail(Failure.TLS, f"TLS failed {att.phase}: {reach.describe(e)}")
         except OSError as e:  # reset, broken pipe
             att.refused = True
             outcome = _os_fail(e, f"the connection failed {att.phase}")
@@ -509,7 +509,7 @@ class Prober:
         except _Fail as f:
             raise _Fail(f.failure, f"{what}: {f.detail}", f.status) from None
         except ssl.SSLError as e:
-            raise _Fail(Failure.TLS, f"{what}: TLS failed: {tls.describe(e)}") from None
+            raise _Fail(Failure.TLS, f"{what}: TLS failed: {reach.describe(e)}") from None
         except OSError as e:
             if isinstance(e, TimeoutError):
                 raise
@@ -651,7 +651,7 @@ class Prober:
                 if self._ssl is not None and isinstance(e, OSError) and not isinstance(e, TimeoutError):
                     # The server took the connection: what failed is the TLS handshake, never "refused".
                     att.refused = True
-                    why = tls.describe(e) if isinstance(e, ssl.SSLError) else (
+                    why = reach.describe(e) if isinstance(e, ssl.SSLError) else (
                         f"the server closed the connection during the handshake ({_oserror(e)})")
                     raise _Fail(Failure.TLS, f"TLS handshake with {sockaddr[0]!s} port {sockaddr[1]!s} failed: "
                                              f"{why}{self._tls_hint(e)}") from None

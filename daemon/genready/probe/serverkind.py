@@ -10,14 +10,13 @@ guessed in one place and the guess says where it came from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from genready.config import AUTO
 from genready.probe.owner import cmdline, descendants
 from genready.servers import kinds
-from genready.systemd.unitexec import expand
 from genready.vocab import KindSource
 
 MAX_DESCENDANTS: Final = 64  # a wrapper's children looked at for the server: a launcher, not a process farm
@@ -68,25 +67,23 @@ def _serving_process(pids: Sequence[int]) -> tuple[int | None, list[str], tuple[
     return (first[0], first[1], None, notes) if first else (None, [], None, notes)
 
 
-def resolve(name: str = AUTO, *, pids: Sequence[int] = (), exec_start: Sequence[Sequence[str]] = (),
-            environment: Mapping[str, str] | None = None) -> TargetKind:
+def resolve(name: str = AUTO, *, pids: Sequence[int] = (), exec_start: Sequence[str] = (),
+            unknown: Sequence[str] | None = None) -> TargetKind:
     """The kind of a target whose `kind` key is `name`, served by `pids` (the process that answered, then the
-    MainPID; 0 and repeats skipped) and started by `exec_start` (the unit's ExecStart= lines, `$VARS` expanded
-    with `environment` when it is given: the unit's Environment= and EnvironmentFile=)."""
+    MainPID; 0 and repeats skipped) and started by `exec_start` (the unit's last ExecStart= line: the one whose
+    process systemd keeps as MainPID). `unknown`: None when those words are as written; else they are expanded
+    as systemd expands them (systemd/unitexec.py's expand, by the caller: this module reads processes, not the
+    bus) and these are the variables nothing set."""
     pids = list(dict.fromkeys(p for p in pids if p > 0))
     pid, argv, found, notes = _serving_process(pids)
     argv_from = "process" if argv else ""
     words_found: tuple[kinds.ServerKind, list[str]] | None = None
-    words: list[str] = []
-    unknown: tuple[str, ...] = ()
-    if exec_start:
-        words = list(exec_start[-1])  # the last line: the one whose process systemd keeps as MainPID
-        if environment is not None:
-            words, unknown = expand(words, environment)
-            if unknown:
-                notes.append(f"the unit's ExecStart= uses ${', $'.join(unknown)}, which genready does not know")
+    words = list(exec_start)
+    if words:
+        if unknown:
+            notes.append(f"the unit's ExecStart= uses ${', $'.join(unknown)}, which genready does not know")
         words_found = kinds.serving(words)
-    if not argv and words and environment is not None and not unknown:  # the words say what the server got
+    if not argv and words and unknown is not None and not unknown:  # the words say what the server got
         argv, argv_from, found = words, "ExecStart", words_found
     wanted = configured(name)
     if wanted is not None:

@@ -10,8 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from genready import config
-from genready.store import durable
+from genready.store import bounded, durable
 
 # What the running daemon was started with (pid, config file, the settings only a restart
 # changes), so `check-config` can say "restart needed". Target names cannot end in ".json".
@@ -30,7 +29,7 @@ def write(runtime_dir: str | Path, target: str, data: dict[str, object]) -> Path
 def read_running(runtime_dir: str | Path) -> dict[str, object] | None:
     """The running daemon's RUNNING_FILE, if there is one and its pid lives; else None."""
     try:
-        data = json.loads(config.read_file(Path(runtime_dir, RUNNING_FILE), 1 << 16))  # bounded, regular only
+        data = json.loads(bounded.read_file(Path(runtime_dir, RUNNING_FILE), 1 << 16))  # bounded, regular only
         alive = isinstance(data, dict) and Path(f"/proc/{int(data['pid'])}").exists()
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -68,10 +67,6 @@ class Stamps:
         """Make the stamp of `target` hold `data` (None: no stamp)."""
         self._pending[target] = data
         self._apply(target, first=True)
-
-    def forget(self, target: str) -> None:
-        """Remove the stamp of a target that is no longer configured (best effort, retried)."""
-        self.set(target, None)
 
     @property
     def pending(self) -> list[str]:

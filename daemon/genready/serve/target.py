@@ -53,7 +53,8 @@ class Target:
         if self._kind is None or self._kind[0] != key:
             rec = g.history.get(key[0]) if key[0] else None
             served = rec.served_by_pid if rec is not None and v is not None else None
-            self._kind = key, resolve(g.cfg.kind, pids=[served or 0, key[1]], exec_start=s.exec_start if s else ())
+            words = s.exec_start[-1] if s and s.exec_start else ()
+            self._kind = key, resolve(g.cfg.kind, pids=[served or 0, key[1]], exec_start=words)
         return self._kind[1]
 
     def stamp(self, payload: dict[str, object] | None) -> None:

@@ -5,7 +5,7 @@ configuration's search (run/searchrun.py), and each attempt's {out}/bench.jsonl 
 bench client wrote (`--output {out}/bench.jsonl`). The run side and the report side meet here and in
 rows.py: neither imports the other's modules.
 
-Every file is read through the one bounded reader (config.read_file): a FIFO, a device, a directory or a
+Every file is read through the one bounded reader (bounded.read_file): a FIFO, a device, a directory or a
 symlink loop where a file should be is named, never waited on or read without end.
 """
 
@@ -16,7 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Final
 
-from genready import config, console
+from genready import console
+from genready.store import bounded
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
@@ -34,10 +35,10 @@ def warn_line(text: str) -> None:
 def numbered_lines(path: Path, *, warn: bool = True) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every complete, readable line of a JSON Lines file ([] if there is
     none); a line that is not a JSON object (a torn last line, from a crash) is skipped, with a warning
-    naming FILE:LINE unless `warn` is False. config.FileError for a file that is no regular file or
+    naming FILE:LINE unless `warn` is False. bounded.FileError for a file that is no regular file or
     is over MAX_RESULTS_BYTES."""
     try:
-        data = config.read_file(path, MAX_RESULTS_BYTES)
+        data = bounded.read_file(path, MAX_RESULTS_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         return []
     out = []
@@ -60,14 +61,14 @@ def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
     (unless `warn` is False) and holds nothing."""
     try:
         return [rec for _, rec in numbered_lines(path, warn=warn)]
-    except config.FileError as e:
+    except bounded.FileError as e:
         if warn:
             warn_line(str(e))
         return []
 
 
 def bench_line(folder: Path) -> dict[str, Any] | None:
-    """The last line of `folder`/bench.jsonl, or None without one; config.FileError for a bench.jsonl
+    """The last line of `folder`/bench.jsonl, or None without one; bounded.FileError for a bench.jsonl
     that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
     lines = numbered_lines(folder / BENCH_FILE, warn=False)
     return lines[-1][1] if lines else None

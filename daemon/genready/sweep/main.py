@@ -52,13 +52,13 @@ from typing import Any, TextIO
 
 from genready import console
 from genready.client import client
-from genready.config import Config, ConfigError, FileError, stuck_after
+from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
+from genready.servers import kinds
+from genready.store.bounded import FileError
 from genready.sweep.files import RESULTS_FILE, read_results
 from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.report import table as sweepreport
-from genready.sweep.report.main import decision_facts as decision_facts  # `sweep report`: its old home
-from genready.sweep.report.main import report_main as report_main
 from genready.sweep.run import baseline as sweepbaseline
 from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.run.lines import between_words, loads_line, shown
@@ -78,7 +78,6 @@ from genready.sweep.run.runner import Sweep
 from genready.sweep.run.steps import SweepOptions
 from genready.systemd import analyze, bus, control
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_of, read_dropin
-from genready.tools import servercache
 
 RERUN_CHANGED = "rerun-changed"  # --resume=rerun-changed: redo the points whose lines another configuration made
 
@@ -129,7 +128,7 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
         w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
           "VLLM_SERVER_DEV_MODE=1 in the server's environment); llama-server GET /slots and its slot actions "
           f"(--slot-save-path DIR, not --no-slots). A server without one runs its reused points warm (cache=warm): "
-          f"{servercache.FIX}\n")
+          f"{kinds.FIX}\n")
     for n, group in enumerate(groups, 1):
         w(f"\n## server configuration {n}" + (f", the baseline (round {group[0].baseline})" if group[0].baseline
                                                else "") + f": points {', '.join(str(p.index) for p in group)}\n")

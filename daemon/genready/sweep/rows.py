@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from genready import config
 from genready.redact import escape
+from genready.store import bounded
 from genready.sweep.files import bench_line, warn_line
 
 UNREADABLE: Final = "unreadable"
@@ -100,7 +100,7 @@ def _as_float(v: Any) -> float | None:
 
 
 def bench_figures(folder: Path) -> dict[str, float | None] | None:
-    """The figures of the last bench line in `folder`/bench.jsonl, or None without one. config.FileError
+    """The figures of the last bench line in `folder`/bench.jsonl, or None without one. bounded.FileError
     for a bench.jsonl that cannot be read (a directory, a FIFO, a symlink loop, a device, too big)."""
     last = bench_line(folder)
     return None if last is None else {f.key: _as_float(last.get(f.key)) for f in FIGURES}
@@ -203,7 +203,7 @@ def label_of(point: Any) -> str:
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in point.items()) or "(no values)"
 
 
-Benches = dict[Path, "dict[str, Any] | config.FileError | None"]  # a report's bench lines by out folder
+Benches = dict[Path, "dict[str, Any] | bounded.FileError | None"]  # a report's bench lines by out folder
 
 
 def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches | None = None) -> Row:
@@ -226,7 +226,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
         try:
             line = bench_line(folder / out) if benches is None else bench_once(folder / out, benches)
             figures = None if line is None else {key: _as_float(line.get(key)) for key in _NO_FIGURES}
-        except config.FileError as e:
+        except bounded.FileError as e:
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
     if not unreadable:
@@ -268,9 +268,9 @@ def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
     if folder not in benches:
         try:
             benches[folder] = bench_line(folder)
-        except config.FileError as e:
+        except bounded.FileError as e:
             benches[folder] = e
-    if isinstance(got := benches[folder], config.FileError):
+    if isinstance(got := benches[folder], bounded.FileError):
         raise got.with_traceback(None)  # a new traceback, not one more on the last
     return got
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from genready import config
+from genready.store import bounded
 
 VERIFY_TIMEOUT: Final = 30.0  # seconds; it takes ~40 ms here
 
@@ -42,8 +42,8 @@ class DropinCheck:
         if self.tool is None:
             raise CannotVerify("systemd-analyze is not installed")
         try:
-            self.fragment_text = config.read_file(fragment, 1 << 20)  # the one bounded reader
-        except config.FileError as e:
+            self.fragment_text = bounded.read_file(fragment, 1 << 20)  # the one bounded reader
+        except bounded.FileError as e:
             raise CannotVerify(str(e)) from None
         except OSError as e:
             raise CannotVerify(f"cannot read {fragment}: {e.strerror}") from None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from genready import config
+from genready.store import bounded
 
 # Drop-ins from every directory are applied in file-name order, whatever directory they sit in:
 # "zz-" sorts after the usual "NN-name.conf" and "name.conf", so the point's settings win.
@@ -58,8 +58,8 @@ MAX_DROPIN_BYTES: Final = 1 << 20
 
 def read_dropin(path: str | Path) -> str:
     """A drop-in's text, through the one bounded reader. FileNotFoundError if it is not there;
-    config.FileError for anything that is not a regular file of at most MAX_DROPIN_BYTES."""
-    return config.read_file(path, MAX_DROPIN_BYTES).decode(errors="replace")
+    bounded.FileError for anything that is not a regular file of at most MAX_DROPIN_BYTES."""
+    return bounded.read_file(path, MAX_DROPIN_BYTES).decode(errors="replace")
 
 
 def owner_of(text: str) -> dict[str, Any] | None:
@@ -113,7 +113,7 @@ def leftover(dropin_paths: Sequence[str]) -> Leftover | None:
             owner = owner_of(read_dropin(p))
         except OSError:
             return None  # removed meanwhile: nothing left over
-        except config.FileError:
+        except bounded.FileError:
             return Leftover(p, None)  # not the sweep's file as written: named, for restore to remove
         return None if owner is not None and owner_alive(owner) else Leftover(p, owner)
     return None

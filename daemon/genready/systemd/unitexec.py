@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from genready import config
+from genready.store import bounded
 from genready.systemd import bus, control
 from genready.systemd.snapshot import exec_argvs
 
@@ -84,10 +84,10 @@ def _env_file(path: str) -> tuple[dict[str, str], str]:
     was not read ("" if it was, or is not there). Through the one bounded reader: a FIFO is not waited on."""
     env: dict[str, str] = {}
     try:
-        text = config.read_file(path, MAX_ENV_FILE_BYTES).decode(errors="replace")
+        text = bounded.read_file(path, MAX_ENV_FILE_BYTES).decode(errors="replace")
     except FileNotFoundError:
         return env, ""
-    except config.FileError as e:
+    except bounded.FileError as e:
         return env, f"EnvironmentFile={e}; its variables are not known here"
     for line in text.splitlines():
         line = line.strip()

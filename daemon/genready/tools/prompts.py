@@ -241,12 +241,12 @@ MAX_CATEGORY: Final = 64
 
 def load_dataset(path: Path) -> list[Prompt]:
     """Prompts from a JSON Lines or ShareGPT-style JSON file; DatasetError naming FILE:LINE otherwise.
-    Read through the one bounded reader (config.read_file): a FIFO or a device is refused, not read."""
-    from genready import config
+    Read through the one bounded reader (bounded.read_file): a FIFO or a device is refused, not read."""
+    from genready.store import bounded
 
     try:
-        raw = config.read_file(path, MAX_DATASET_BYTES)
-    except config.FileError as e:
+        raw = bounded.read_file(path, MAX_DATASET_BYTES)
+    except bounded.FileError as e:
         raise DatasetError(f"{e.path}: cannot use it as the dataset: {e.problem}") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot read the dataset: {e.strerror or e}") from None

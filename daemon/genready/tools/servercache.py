@@ -5,7 +5,7 @@ before it left in the server's prefix (radix, KV) cache. The tools that reuse a 
 it between runs; so does the sweep, with `between_points = "flush"`, through each server's
 own route: each ServerKind's flush (servers/kinds.py, where each route is read from its server's
 source). A server with none of them cannot be flushed: the sweep says so once, naming the fix
-(FIX), and records its reused points `warm`. The warmup sends the target's own probe request
+(kinds.FIX), and records its reused points `warm`. The warmup sends the target's own probe request
 (its `prompt`, `max_tokens`, `api`) N times before each run, and the flush comes after it, so
 the warmup never warms what the run measures. `warmup = "stable"` streams it instead (the bench
 client's own streamed request, benchrun.one_stream, for TTFT and ITL) in windows until the
@@ -32,16 +32,13 @@ from genready.servers.flush import Call, Flushed
 from genready.tools import benchrun, convergence
 from genready.tools.benchfigures import Outcome
 
-__all__ = ["FIX", "Flushed", "ServerHttp", "engine_config", "flush", "warm_until_stable", "warm_up"]
+__all__ = ["ServerHttp", "engine_config", "flush", "warm_until_stable", "warm_up"]
 
 TIMEOUT: Final = 30.0  # seconds for one flush or /metrics request: a server that takes longer is not idle
 BUSY_WAIT: Final = 30.0  # seconds SGLang's 400 ("requests are running") is waited out
 # Tokens a stable warmup's request asks for (at least): a probe's 1 token has a TTFT but no ITL to settle.
 WARMUP_TOKENS: Final = 16
 MAX_ANSWER: Final = 4 << 20  # bytes read of an answer: a slot list or a /metrics page, not a download
-NO_ROUTE: Final = kinds.NO_ROUTE
-FLUSH_NEEDS: Final = kinds.FLUSH_NEEDS  # "SGLang /flush_cache; vLLM …; llama-server …": what a flush needs
-FIX: Final = kinds.FIX
 
 
 async def read_capped(content: aiohttp.StreamReader, cap: int) -> bytes | None:

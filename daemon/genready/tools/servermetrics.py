@@ -18,12 +18,11 @@ counter is matched with and without `_total` (llama.cpp's names have been writte
 
 A counter that is not finite (`+Inf`, or label sets summing past 1.8e308) is treated as a reset:
 no delta of it is a number, so the run's figures are invalid, and `reset` names it. What is
-written of a run (to_text) is strict JSON (allow_nan=False): jq, JavaScript and Go refuse NaN.
+written of a run (`to_json`, through the sweep's json_text) is strict JSON: jq, JavaScript and Go refuse NaN.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -96,9 +95,6 @@ class RunCounters:
                 "accept_length_source": self.accept_source, "accept_per_position": self.accept_per_position,
                 "draft_acceptance_source": self.draft_acceptance_source}
 
-    def to_text(self) -> str:
-        """The run as strict JSON (never NaN or Infinity: over_run keeps no non-finite number)."""
-        return json.dumps(self.to_json(), indent=1, allow_nan=False) + "\n"
 
 
 def _rounded(v: float) -> float:

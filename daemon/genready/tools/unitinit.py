@@ -25,12 +25,6 @@ from genready.systemd.unitexec import expand
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-Server = ServerKind  # what one server's command line means to genready: its kind
-SGLANG: Final = kinds.SGLANG
-VLLM: Final = kinds.VLLM
-LLAMA_CPP: Final = kinds.LLAMA_CPP
-LLAMA_CPP_PYTHON: Final = kinds.LLAMA_CPP_PYTHON
-
 # Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
 _MULTI: Final = frozenset({"--served-model-name", "--api-key"})
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "zsh"})
@@ -219,14 +213,14 @@ def _engine_run(argv: list[str]) -> tuple[_Container, list[str]]:
     return c, cmd
 
 
-def _recognise(argv: list[str]) -> tuple[Server, list[str]] | None:
+def _recognise(argv: list[str]) -> tuple[ServerKind, list[str]] | None:
     """(the server, its arguments after the program) or None."""
     if not argv:
         return None
     return kinds.by_command(argv, os.path.basename(argv[0]))
 
 
-def _flags(server: Server, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
+def _flags(server: ServerKind, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
     """What the arguments set: {what: (value, the flag that set it)}, and the first positional
     (vLLM's `serve MODEL`). A flag given twice: the last wins, as with argparse."""
     values: dict[str, tuple[str, str]] = {}
@@ -261,7 +255,7 @@ def _loopback(host: str | None) -> str:
     return host.strip("[]")
 
 
-def _url(server: Server, values: dict[str, tuple[str, str]], container: _Container | None, prop: Proposal) -> None:
+def _url(server: ServerKind, values: dict[str, tuple[str, str]], container: _Container | None, prop: Proposal) -> None:
     host = values["host"][0] if "host" in values else server.host
     prefix = values.get("prefix", ("", ""))[0].rstrip("/")
     if prefix and not prefix.startswith("/"):
@@ -327,7 +321,7 @@ def _exposure(values: dict[str, tuple[str, str]], unit_env: Mapping[str, str], e
     return ""
 
 
-def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool,
+def _key(server: ServerKind, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool,
          where: str = "") -> None:
     if "key_file" in values:
         path = values["key_file"][0]
@@ -411,7 +405,7 @@ def append_table(path: str, name: str, block: str) -> None:
 
     from genready import config
     from genready.compat import tomllib
-    from genready.store import durable
+    from genready.store import bounded, durable
 
     real = os.path.realpath(path)
     try:
@@ -422,12 +416,12 @@ def append_table(path: str, name: str, block: str) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             # Bounded and regular only: a FIFO named as the config must not hang init, /dev/zero not fill memory.
-            old = config.read_file(real, config.MAX_CONFIG_BYTES).decode("utf-8")
+            old = bounded.read_file(real, config.MAX_CONFIG_BYTES).decode("utf-8")
             st = os.stat(real)
             mode, owner = st.st_mode & 0o7777, (st.st_uid, st.st_gid)
         except FileNotFoundError:
             old, mode, owner = "", 0o644, None
-        except config.FileError as e:
+        except bounded.FileError as e:
             raise WriteRefused(f"{path}: {e.problem}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise WriteRefused(f"{path}: cannot read it: {e}") from None

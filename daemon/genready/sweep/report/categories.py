@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from genready import config
 from genready.redact import escape
+from genready.store import bounded
 from genready.sweep.files import category_figures
 from genready.sweep.report import speedup
 from genready.sweep.rows import Ratio, Row
@@ -42,7 +42,7 @@ def gather(row: Row, lines: Iterable[tuple[dict[str, Any], Path, str]],
             continue
         try:
             line = bench_line(folder / out)
-        except config.FileError:
+        except bounded.FileError:
             continue
         cats = (line or {}).get("categories")
         for name, figures in category_figures(cats if isinstance(cats, dict) else rec.get("categories")).items():

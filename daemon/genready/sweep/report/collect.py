@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from genready import config
+from genready.store import bounded
 from genready.sweep.files import RESULTS_FILE, numbered_lines
 from genready.sweep.report import categories, speedup
 from genready.sweep.rows import Benches, Row, bench_once, mark_best, point_row
@@ -36,7 +36,7 @@ def read_folders(folders: Sequence[Path]) -> Read:
         path = folder / RESULTS_FILE
         try:
             lines = numbered_lines(path)
-        except config.FileError as e:
+        except bounded.FileError as e:
             raise ReportError(str(e)) from None
         if not lines and not path.is_file():
             raise ReportError(f"{folder}: no {RESULTS_FILE} (expected the --results folder of a sweep)")

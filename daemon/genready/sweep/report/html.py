@@ -36,11 +36,7 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.sweep.report import categories, decision, heatmap, plotrules
-from genready.sweep.report.plotrules import number as _number
 from genready.sweep.report.plotrules import plottable
-from genready.sweep.report.plotrules import shown as _shown
-from genready.sweep.report.plotrules import svg as _svg
-from genready.sweep.report.plotrules import text as _text
 from genready.sweep.report.table import (
     RATIO_TITLES,
     figure_text,
@@ -65,7 +61,9 @@ class NoMatplotlib(Exception):
     """matplotlib is not installed: the message names the extra (exit 69)."""
 
 
-def _matplotlib() -> Any:
+def figure_class() -> Any:
+    """matplotlib's Figure class, drawing SVG with a fixed hash salt; NoMatplotlib without matplotlib. The
+    load search's plots (loadreport) draw with it too."""
     try:
         import matplotlib
         matplotlib.use("svg")
@@ -83,7 +81,7 @@ def preload() -> None:
     (pyparsing's caught exceptions) holding every frame then on the stack, so the rows too until a collection
     walks them all: a second over 64 MiB, at exit. Collected here, they hold nothing of the report's."""
     with contextlib.suppress(NoMatplotlib):
-        _matplotlib()
+        figure_class()
     gc.collect()
 
 
@@ -133,11 +131,11 @@ def _axes(rows: Sequence[Row]) -> tuple[list[str], list[str], dict[str, int]]:
     return [n for n in values if n in client], [n for n in values if n not in client], distinct
 
 
-def _left_out(left: Sequence[tuple[str, str]]) -> str:
+def left_out_note(left: Sequence[tuple[str, str]]) -> str:
     """The note under a plot naming the points it leaves out, and why (empty when none)."""
     if not left:
         return ""
-    named = "; ".join(f"{_shown(label)}: {why}" for label, why in left[:SHOWN_LEFT_OUT])
+    named = "; ".join(f"{plotrules.shown(label)}: {why}" for label, why in left[:SHOWN_LEFT_OUT])
     more = f"; and {len(left) - SHOWN_LEFT_OUT} more" if len(left) > SHOWN_LEFT_OUT else ""
     return (f'<p class="note left-out">Left out of this plot: {len(left)} point{"s" if len(left) != 1 else ""} '
             f"whose value it cannot show ({htmlpage.text(named + more)}).</p>")
@@ -176,15 +174,15 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
         xv, sp = r.point[x], r.spread.get(f.key)
         y = plottable(v)
         low, high = (plottable(sp.low), plottable(sp.high)) if sp else (y, y)  # one run: its value, once
-        if _number(xv) and plottable(xv) is None:
-            left.append((r.label, f"{x} = {_shown(xv)}"))
+        if plotrules.number(xv) and plottable(xv) is None:
+            left.append((r.label, f"{x} = {plotrules.shown(xv)}"))
         elif y is None or low is None or high is None:
-            left.append((r.label, f"{f.title} = {_shown(v)}"))
+            left.append((r.label, f"{f.title} = {plotrules.shown(v)}"))
         else:
             series.setdefault(key, []).append((xv, y, low, high))
     if not series:
         return None, left
-    numeric = all(_number(p[0]) for pts in series.values() for p in pts)
+    numeric = all(plotrules.number(p[0]) for pts in series.values() for p in pts)
     # numbers in order; any other values as categories in the plan's order (their first point's)
     categories: dict[str, int] = {}
     if not numeric:
@@ -213,9 +211,9 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
             xs += pos
             # in a panel of its first axis's value, a line is named by the values of the others
             label = " ".join(key[1:] if many else key)
-            labels.append(_text(_shown(label or "all", 80)))
+            labels.append(plotrules.text(plotrules.shown(label or "all", 80)))
         if many:
-            ax.set_title(_text(_shown(title, 60)), fontsize=7)
+            ax.set_title(plotrules.text(plotrules.shown(title, 60)), fontsize=7)
         ax.grid(alpha=0.3)
         if len(group) > 1:
             plotrules.legend(ax, handles, labels, fontsize=6 if many else 7)
@@ -224,16 +222,17 @@ def figure_plot(mpl: Any, rows: Sequence[Row], f: Figure, x: str, keys: Sequence
     if not numeric:
         # at most MAX_TICKS labelled: a results file may hold a hundred thousand values of one axis
         step = -(-len(categories) // MAX_TICKS)
-        axes[0].set_xticks(range(0, len(categories), step), [_text(_shown(v)) for v in list(categories)[::step]])
+        axes[0].set_xticks(range(0, len(categories), step),
+                           [plotrules.text(plotrules.shown(v)) for v in list(categories)[::step]])
     if many:
-        fig.supxlabel(_text(_shown(x, 80)), fontsize=8)
-        fig.supylabel(_text(f.title), fontsize=8)
+        fig.supxlabel(plotrules.text(plotrules.shown(x, 80)), fontsize=8)
+        fig.supylabel(plotrules.text(f.title), fontsize=8)
         if len(groups) > len(shown_groups):
             fig.suptitle(f"first {len(shown_groups)} of {len(groups)} panels ({len(series)} lines)", fontsize=8)
     else:
-        axes[0].set_xlabel(_text(_shown(x, 80)))
-        axes[0].set_ylabel(_text(f.title))
-    return _svg(fig, tight=not many), left
+        axes[0].set_xlabel(plotrules.text(plotrules.shown(x, 80)))
+        axes[0].set_ylabel(plotrules.text(f.title))
+    return plotrules.svg(fig, tight=not many), left
 
 
 def pareto_front(points: Sequence[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
@@ -260,13 +259,14 @@ def _scatter_front(mpl: Any, pts: Sequence[tuple[float, float, str]], front: Seq
         ax.plot([p[0] for p in front], [p[1] for p in front], color="C3", label="Pareto front")
     ax.scatter([p[0] for p in front], [p[1] for p in front], s=30, color="C3")
     for p in front[:20]:
-        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel(_text(xlabel))
-    ax.set_ylabel(_text(ylabel))
+        ax.annotate(plotrules.text(plotrules.shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xlabel(plotrules.text(xlabel))
+    ax.set_ylabel(plotrules.text(ylabel))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     plotrules.integer_ticks(ax, [p[0] for p in pts], [p[1] for p in pts])
-    return _svg(fig)
+    return plotrules.svg(fig)
 
 
 def pareto_plot(mpl: Any, rows: Sequence[Row], latency: str, title: str
@@ -298,11 +298,12 @@ def per_user_points(rows: Sequence[Row]) -> tuple[list[tuple[float, float, str]]
             continue
         users, gpus = fig_.get("concurrency"), r.gpus
         if users is None or not users > 0:
-            left.append((r.label, f"concurrency = {_shown(users) if users is not None else 'none in its bench line'}"))
+            left.append((r.label, "concurrency = " + (plotrules.shown(users) if users is not None
+                                                      else "none in its bench line")))
             continue
         u, g = plottable(tps / users), plottable(tps / gpus)
         if u is None or g is None:
-            left.append((r.label, f"OUT tok/s = {_shown(tps)}"))
+            left.append((r.label, f"OUT tok/s = {plotrules.shown(tps)}"))
         else:
             pts.append((u, g, r.label))
     return pts, left
@@ -329,7 +330,7 @@ def _per_user(mpl: Any, rows: Sequence[Row]) -> list[str]:
     what = "tokens/s per GPU against tokens/s per user"
     image = htmlpage.data_image(got[0], what) if got else ""
     front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
-    return [f'<div class="plot" id="pareto-per-user"><h3>{e(what)}</h3>{image}{front}{_left_out(left)}</div>']
+    return [f'<div class="plot" id="pareto-per-user"><h3>{e(what)}</h3>{image}{front}{left_out_note(left)}</div>']
 
 
 def _against_tps(rows: Sequence[Row], key: str, title: str
@@ -344,7 +345,7 @@ def _against_tps(rows: Sequence[Row], key: str, title: str
             continue
         x, y = plottable(v), plottable(tps)
         if x is None or y is None:
-            left.append((r.label, f"{title} = {_shown(v)}, OUT tok/s = {_shown(tps)}"))
+            left.append((r.label, f"{title} = {plotrules.shown(v)}, OUT tok/s = {plotrules.shown(tps)}"))
         else:
             pts.append((x, y, r.label))
     return pts, left
@@ -360,12 +361,13 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     ax = fig.add_subplot()
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=20)
     for p in pts[:40]:  # past that the labels would cover the marks
-        ax.annotate(_text(_shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+        ax.annotate(plotrules.text(plotrules.shown(p[2], 60)), (p[0], p[1]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
     ax.set_xlabel("mean GPU power W")
     ax.set_ylabel("OUT tok/s")
     ax.grid(alpha=0.3)
     plotrules.integer_ticks(ax, [p[0] for p in pts], [p[1] for p in pts])
-    return _svg(fig), left
+    return plotrules.svg(fig), left
 
 
 def _invocation(inv: str) -> str:
@@ -406,7 +408,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
                              f"found {v!r}")
     axes = _axes(rows)
     hm = heatmap.choose(rows, axes[1], heatmap_axes)
-    mpl = _matplotlib()
+    mpl = figure_class()
     x = x or _default_x(axes)
     e = htmlpage.text
     ctx = [("genready", __version__), ("report written on", socket.gethostname()),
@@ -437,7 +439,8 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             if svg or left:
                 what = f"{f.title} against {x}"
                 image = htmlpage.data_image(svg, what) if svg else ""
-                plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
+                plots.append(f'<div class="plot" id="plot-{e(key)}"><h3>{e(what)}</h3>{image}'
+                             f"{left_out_note(left)}</div>")
     plots += _per_user(mpl, rows)
     for latency, title in PARETO:
         got, left = pareto_plot(mpl, rows, latency, title)
@@ -446,12 +449,12 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             image = htmlpage.data_image(got[0], what) if got else ""
             front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
             plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
-                         f"{_left_out(left)}</div>")
+                         f"{left_out_note(left)}</div>")
     svg, left = power_plot(mpl, rows)
     if svg or left:
         what = "OUT tok/s against mean GPU power W"
         image = htmlpage.data_image(svg, what) if svg else ""
-        plots.append(f'<div class="plot" id="power"><h3>{e(what)}</h3>{image}{_left_out(left)}</div>')
+        plots.append(f'<div class="plot" id="power"><h3>{e(what)}</h3>{image}{left_out_note(left)}</div>')
     out += ["<h2>Plots</h2>", '<div class="plots">', *plots, "</div>" if plots else "<p>no figures to plot</p></div>"]
     out += sections
     return htmlpage.REPORT.page("genready sweep report", "\n".join(out)).html

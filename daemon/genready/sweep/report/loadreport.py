@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from genready.config import FileError
 from genready.redact import escape
+from genready.store.bounded import FileError
 from genready.sweep import search
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE, bench_line, numbered_lines
 from genready.sweep.report import plotrules
@@ -263,10 +263,10 @@ def table(folders: Sequence[Path], fmt: str = "table", read: Read | None = None)
 
 # --- the HTML page's section -------------------------------------------------------------------------
 
-Left = list[tuple[str, str]]  # (what, why): a value a plot leaves out, named under it (html._left_out)
-# The plots take the html module as `html: Any`: it is imported when a page is written (matplotlib's module,
-# and it may not import this one: no import cycle), and they share its plot conventions (plottable, _shown,
-# _text, _svg, _left_out) rather than copy them.
+Left = list[tuple[str, str]]  # (what, why): a value a plot leaves out, named under it (html.left_out_note)
+# The plots share the html page's plot conventions (plotrules: plottable, shown, text, svg) rather than copy
+# them; the html module itself is imported only when a page is written (matplotlib's module, and it may not
+# be imported by this one at its top: it imports this one).
 
 
 def html_section(folders: Sequence[Path], read: Read | None = None) -> str:
@@ -278,17 +278,17 @@ def html_section(folders: Sequence[Path], read: Read | None = None) -> str:
         return ""
     from genready.sweep.report import html  # matplotlib's module, imported only when a page is written
 
-    mpl, e = html._matplotlib(), htmlpage.text
+    mpl, e = html.figure_class(), htmlpage.text
     parts = []
     for pid, what, draw in (("load-throughput", "Throughput against the offered load", _throughput_plot),
                             ("load-goodput", "Goodput against the offered load", _goodput_plot),
                             ("load-found", "What each search found, and the crossover", _found_plot)):
-        for n, (title, svg, left, note) in enumerate(draw(html, mpl, got)):
+        for n, (title, svg, left, note) in enumerate(draw(mpl, got)):
             image = htmlpage.data_image(svg, title or what) if svg else ""
             notes = f'<p class="note">{e(note)}</p>' if note else ""
             ident = f"{pid}-{n + 1}" if n else pid  # a plot per search axis: ids stay unique
             parts.append(f'<div class="plot" id="{ident}"><h3>{e(title or what)}</h3>{image}{notes}'
-                         f"{html._left_out(left)}</div>")
+                         f"{html.left_out_note(left)}</div>")
     more = f" (the plots show the first {MAX_CONFIGS} of {len(got)})" if len(got) > MAX_CONFIGS else ""
     items = "".join(f"<li>{e(t)}</li>" for t in sentences(got))
     return (f'<h2 id="load-search">Load search</h2><p>{len(got)} configuration{"s" if len(got) != 1 else ""} '
@@ -296,32 +296,32 @@ def html_section(folders: Sequence[Path], read: Read | None = None) -> str:
             f'<div class="plots">{"".join(parts)}</div>')
 
 
-def _series(html: Any, s: Search, key: str, title: str, left: Left
+def _series(s: Search, key: str, title: str, left: Left
             ) -> list[tuple[float, float, float, float, Step]]:
     """(load, median, min, max, step) of figure `key` per step that has it, by load; the rest named in `left`."""
     pts = []
     for st in s.steps:
         what = f"{s.label} step {st.index}"
         if key in st.odd:
-            left.append((what, f"{title} = {html._shown(st.odd[key])}"))
+            left.append((what, f"{title} = {plotrules.shown(st.odd[key])}"))
             continue
         if key not in st.figures:
             continue
-        x = html.plottable(st.load)
-        ys = [html.plottable(v) for v in st.figures[key]]
+        x = plotrules.plottable(st.load)
+        ys = [y for y in map(plotrules.plottable, st.figures[key]) if y is not None]
         if x is None:
-            left.append((what, f"load = {html._shown(st.load)}" if st.load is not None
+            left.append((what, f"load = {plotrules.shown(st.load)}" if st.load is not None
                          else "a closed-loop step without an achieved rate"))
-        elif None in ys:
-            left.append((what, f"{title} = {html._shown(st.figures[key][0])}"))
+        elif len(ys) < len(st.figures[key]):
+            left.append((what, f"{title} = {plotrules.shown(st.figures[key][0])}"))
         else:
             pts.append((x, ys[0], ys[1], ys[2], st))
     return sorted(pts, key=lambda p: p[0])
 
 
-def _label(html: Any, text: str) -> str:
+def _label(text: str) -> str:
     # matplotlib before 3.7 (Debian 12's 3.6) leaves out of a legend a label that starts with "_" (html.py)
-    t = str(html._text(html._shown(text, 60)))
+    t = str(plotrules.text(plotrules.shown(text, 60)))
     return " " + t if t.startswith("_") else t
 
 
@@ -338,7 +338,7 @@ def _legend(ax: Any) -> None:
     plotrules.legend(ax, handles, labels)
 
 
-def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left: Left
+def _draw(ax: Any, got: Sequence[Search], key: str, title: str, left: Left
           ) -> tuple[list[float], list[float]]:
     """One line per search through its steps at an offered load (error bars: min to max over repeats), its
     closed-loop steps hollow marks off the line (they offered no rate), saturated steps crossed; the x and y
@@ -347,10 +347,10 @@ def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left:
     ys: list[float] = []
     marked = False
     for i, s in enumerate(got[:MAX_CONFIGS]):
-        pts = _series(html, s, key, title, left)
+        pts = _series(s, key, title, left)
         if not pts:
             continue
-        c, label = f"C{i % 10}", _label(html, s.label)
+        c, label = f"C{i % 10}", _label(s.label)
         xs += [p[0] for p in pts]
         ys += [v for p in pts for v in p[1:4]]
         line = [p for p in pts if not p[4].closed]
@@ -370,27 +370,27 @@ def _draw(html: Any, ax: Any, got: Sequence[Search], key: str, title: str, left:
     return xs, ys
 
 
-def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
+def _throughput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
     """OUT tok/s (above) and the achieved rate (below) against the load, the saturation point a dotted line."""
     left: Left = []
     fig = mpl(figsize=(6.4, 6.0))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    tx, ty = _draw(html, top, got, THROUGHPUT[0], THROUGHPUT[1], left)
-    bx, by = _draw(html, bottom, got, ACHIEVED[0], ACHIEVED[1], left)
+    tx, ty = _draw(top, got, THROUGHPUT[0], THROUGHPUT[1], left)
+    bx, by = _draw(bottom, got, ACHIEVED[0], ACHIEVED[1], left)
     if not tx and not bx:
         return [("", None, left, "")] if left else []
     for i, s in enumerate(got[:MAX_CONFIGS]):
         sp = s.saturation_point()
         if sp is None:
             continue
-        x = html.plottable(sp[0])
+        x = plotrules.plottable(sp[0])
         if x is None:
-            left.append((s.label, f"saturation point ({sp[1]}) = {html._shown(sp[0])}"))
+            left.append((s.label, f"saturation point ({sp[1]}) = {plotrules.shown(sp[0])}"))
             continue
         tx.append(x)
         for ax in (top, bottom):
             ax.axvline(x, color=f"C{i % 10}", linestyle=":", linewidth=1.5,
-                       label=_label(html, f"{s.label}: saturation ≈ {num_text(x)}") if ax is top else None)
+                       label=_label(f"{s.label}: saturation ≈ {num_text(x)}") if ax is top else None)
     if all(s.axis == str(search.Axis.RATE) for s in got):
         lo, hi = bottom.get_xlim()
         bottom.plot([max(lo, 0), hi], [max(lo, 0), hi], color="grey", linestyle="--", linewidth=0.8,
@@ -408,15 +408,15 @@ def _throughput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[s
             "they achieved. "
             if any(st.closed for s in got for st in s.steps) else "") + \
         "Red crosses: steps the bench client called saturated. Dotted lines: each configuration's saturation point."
-    return [("", html._svg(fig), left, note)]
+    return [("", plotrules.svg(fig), left, note)]
 
 
-def _goodput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
+def _goodput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
     """Goodput against the load under the SLO (written on the plot), max_rate_under_slo a dashed line."""
     left: Left = []
     fig = mpl(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    xs, ys = _draw(html, ax, got, GOODPUT[0], GOODPUT[1], left)
+    xs, ys = _draw(ax, got, GOODPUT[0], GOODPUT[1], left)
     if not xs:
         if left:
             return [("", None, left, "")]
@@ -426,28 +426,28 @@ def _goodput_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str,
         v = s.value("max_rate_under_slo")
         if v is None:
             continue
-        x = html.plottable(v)
+        x = plotrules.plottable(v)
         if x is None:
-            left.append((s.label, f"max_rate_under_slo = {html._shown(v)}"))
+            left.append((s.label, f"max_rate_under_slo = {plotrules.shown(v)}"))
         else:
             xs.append(x)
             ax.axvline(x, color=f"C{i % 10}", linestyle="--", linewidth=1.2,
-                       label=_label(html, f"{s.label}: max under SLO {num_text(x)}"))
+                       label=_label(f"{s.label}: max under SLO {num_text(x)}"))
     slos = list(dict.fromkeys(s.slo for s in got if s.slo))
-    ax.set_title(html._text("SLO: " + ("; ".join(slos) if slos else "not recorded")), fontsize=9)
+    ax.set_title(plotrules.text("SLO: " + ("; ".join(slos) if slos else "not recorded")), fontsize=9)
     ax.set_xlabel(_axis_title(got))
     ax.set_ylabel(GOODPUT[1])
     ax.grid(alpha=0.3)
     plotrules.integer_ticks(ax, xs, ys)
     _legend(ax)
-    return [("", html._svg(fig), left, "")]
+    return [("", plotrules.svg(fig), left, "")]
 
 
 def _bar_text(v: float | None, found: Any) -> str:
     return num_text(v) if v is not None else ("none found" if found is None else "?")
 
 
-def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
+def _found_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None, Left, str]]:
     """Per search axis, a bar per configuration of what its search found (max_rate_under_slo, or the
     saturation rate), and beside it, hatched, its crossover against the baseline (`≈`: interpolated)."""
     out: list[tuple[str, str | None, Left, str]] = []
@@ -467,26 +467,26 @@ def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, s
         vals, texts, heights = [], [], []  # heights: the bars drawn (a missing value is a bar of 0, not drawn)
         for s in group:
             raw = s.value(s.found_key)
-            v = html.plottable(raw)
+            v = plotrules.plottable(raw)
             if raw is not None and v is None:
-                left.append((s.label, f"{s.found_key} = {html._shown(raw)}"))
+                left.append((s.label, f"{s.found_key} = {plotrules.shown(raw)}"))
             vals.append(v or 0.0)
             heights += [v] if v is not None else []
-            texts.append(str(html._text(_bar_text(v, raw))))
+            texts.append(str(plotrules.text(_bar_text(v, raw))))
         bars = ax.bar([p - width / 2 if crossing else p for p in pos], vals, width, color="C0",
                       label=" / ".join(keys))
         ax.bar_label(bars, labels=texts, fontsize=7)
         if crossing:
             cvals, ctexts = [], []
             for s in group:
-                v, text = _crossover_bar(html, s, left)
+                v, text = _crossover_bar(s, left)
                 cvals.append(v or 0.0)
                 heights += [v] if v is not None else []
-                ctexts.append(str(html._text(text)))
+                ctexts.append(str(plotrules.text(text)))
             cb = ax.bar([p + width / 2 for p in pos], cvals, width, color="C1", hatch="//",
                         label="crossover (speedup over the baseline falls below 1)")
             ax.bar_label(cb, labels=ctexts, fontsize=7)
-        ax.set_xticks(pos, [_label(html, s.label) for s in group], rotation=20, ha="right", fontsize=7)
+        ax.set_xticks(pos, [_label(s.label) for s in group], rotation=20, ha="right", fontsize=7)
         ax.set_ylabel(f"{'concurrency' if unit != 'req/s' else 'offered rate req/s'}")
         ax.margins(y=0.15)
         ax.grid(alpha=0.3, axis="y")
@@ -495,11 +495,11 @@ def _found_plot(html: Any, mpl: Any, got: Sequence[Search]) -> list[tuple[str, s
         title = f"{' / '.join(keys)} per configuration ({unit})" + (" and the crossover" if crossing else "")
         note = "≈: a crossover interpolated between two steps, not a step's own load." if any(
             s.value("crossover_status") == "interpolated" for s in group) else ""
-        out.append((title, html._svg(fig), left, note))
+        out.append((title, plotrules.svg(fig), left, note))
     return out
 
 
-def _crossover_bar(html: Any, s: Search, left: Left) -> tuple[float | None, str]:
+def _crossover_bar(s: Search, left: Left) -> tuple[float | None, str]:
     """A configuration's crossover bar: (its height, None for none; its label)."""
     if s.baseline:
         return None, "baseline"
@@ -511,9 +511,9 @@ def _crossover_bar(html: Any, s: Search, left: Left) -> tuple[float | None, str]
     if status == "within_noise":
         return None, "within noise"
     if raw is None:
-        return None, "-" if status in (None, "no_baseline") else html._shown(status)
-    v = html.plottable(raw)
+        return None, "-" if status in (None, "no_baseline") else plotrules.shown(status)
+    v = plotrules.plottable(raw)
     if v is None:
-        left.append((s.label, f"crossover = {html._shown(raw)}"))
+        left.append((s.label, f"crossover = {plotrules.shown(raw)}"))
         return None, "?"
     return v, ("≈" if status == "interpolated" else "") + num_text(v)

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from genready import console
-from genready.config import FileError
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
+from genready.store.bounded import FileError
 from genready.sweep import files
 from genready.sweep.report import collect, decision, loadreport
 from genready.sweep.report import table as sweepreport

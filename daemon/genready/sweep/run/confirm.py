@@ -104,8 +104,8 @@ def read_engine(ctx: Ctx, point: Point, v: Verified) -> Engine:
     except Exception as e:  # pystemd's errors (the bus, the unit): the process's own command line may do
         commands, env = (), {}
         ctx.console.once("engine-exec", f"cannot read {o.unit}'s ExecStart= ({type(e).__name__}: {str(e)[:200]})")
-    found = serverkind.resolve(o.server.kind if o.server else AUTO, pids=[v.pid], exec_start=commands,
-                               environment=env)
+    words, unknown = unitexec.expand(commands[-1], env) if commands else ([], ())
+    found = serverkind.resolve(o.server.kind if o.server else AUTO, pids=[v.pid], exec_start=words, unknown=unknown)
     if found.kind is None or found.kind.engine is None:
         asked = ", ".join(k.label for k in kinds.KINDS if k.engine)
         if found.kind is not None:

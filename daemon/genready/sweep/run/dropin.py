@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from genready.client import waiting
-from genready.config import ConfigError, FileError
+from genready.config import ConfigError
+from genready.store.bounded import FileError
 from genready.sweep.plan import Plan, Point
 from genready.sweep.run.lines import shown
 from genready.sweep.run.results import SweepBusy, SweepError

@@ -66,11 +66,6 @@ class ResultsUnwritable(SweepError):
     """The results folder cannot be created or written (exit 73, EX_CANTCREAT); the unit is restored first."""
 
 
-class OtherFingerprint(SweepError):
-    """The results folder holds lines another plan, drop-in or command made (exit 78); the message names
-    the keys that differ."""
-
-
 def unwritable(folder: Path, e: OSError) -> ResultsUnwritable:
     """`e` in words that name the results folder, and what is wrong with it when that is the cause."""
     if folder.is_symlink() and not folder.exists():
@@ -311,11 +306,6 @@ def ok_runs(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, A
         if seen:
             out[p.index] = list(seen.values())
     return out
-
-
-def ok_points(plan: Plan, results: Path) -> set[int]:
-    """Indices of the plan's points whose every repeat already has an `ok` line in DIR/results.jsonl."""
-    return {i for i, recs in ok_runs(plan, results).items() if len(recs) == plan.repeats}
 
 
 def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, Any]]

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from genready.config import FileError
 from genready.store import durable
+from genready.store.bounded import FileError
 from genready.sweep import crossover, files, search
-from genready.sweep.files import BENCH_FILE, RESULTS_FILE, read_results
-from genready.sweep.files import SEARCH_FILE as SEARCH_FILE  # its old home: tests and scripts name it here
+from genready.sweep.files import BENCH_FILE, RESULTS_FILE, SEARCH_FILE, read_results
 from genready.sweep.plan import Plan, Point
 from genready.sweep.run import baseline as sweepbaseline
 from genready.sweep.run.lines import Console

@@ -28,7 +28,9 @@ from typing import Any, Final
 
 from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
-from genready.config import FileError, TargetConfig
+from genready.config import TargetConfig
+from genready.servers import kinds
+from genready.store.bounded import FileError
 from genready.sweep.files import bench_line, category_figures
 from genready.sweep.plan import Between, Plan, Point, Shard
 from genready.sweep.run import gpucost
@@ -329,7 +331,7 @@ def prepare(ctx: Ctx, point: Point, v: Verified) -> tuple[Cache, Warmed]:
         say.progress(point, f"prefix cache flushed ({done.route})")
         return (cache if v.restarted else Cache.FLUSHED), warmed
     say.once("flush", f"cannot flush the server's prefix cache: {done.why}; its reused points run warm "
-             f"(marked cache=warm): {servercache.FIX}")
+             f"(marked cache=warm): {kinds.FIX}")
     return cache, warmed
 
 
