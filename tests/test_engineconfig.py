@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from genready import config
 from genready.redact import MASK, redact
 from genready.servers import engineconfig as ec
 from genready.servers import kinds
 from genready.systemd.unitlog import FIRST_LINE_BYTES, OutputMark, head_line
+from genready.tools import servercache
+from tests.jsonserver import JsonServer, in_turn
 
 # SGLang 2026-02 (docs.sglang.io/basic_usage/native_api.html, GET /server_info of qwen2.5-0.5b), trimmed.
 SGLANG_INFO = {
@@ -257,3 +260,27 @@ def test_a_huge_args_line_is_cut_and_a_missing_one_is_none(tmp_path: Path) -> No
         assert head_line(fd, 0, b"no such marker") is None
     finally:
         os.close(fd)
+
+
+def test_a_transient_refusal_is_asked_again_not_taken_for_the_engines_report() -> None:
+    """Issue 53 #9: one 503 from /server_info made every point of the loaded configuration config_mismatch
+    ("reports KEY=None"). A route that answers 503 (or 429, 502, 504, nothing) is asked again after a pause; a
+    refusal that lasts past RETRY_PAUSES is still a problem, said as before. (A loopback server in a thread.)"""
+    info = {"speculative_num_steps": 3, "model_path": "/m"}
+    server = JsonServer(lambda path: in_turn(server, [(503, {"error": "busy"}), (200, info)]))
+    try:
+        target = config.parse({"targets": {"t": {"unit": "u.service", "url": server.base}}}, service=False)
+        http = servercache.ServerHttp(target.targets["t"])
+        read = kinds.SGLANG.engine
+        assert read is not None
+        got = servercache.engine_config(http, read)
+        assert got.values["speculative_num_steps"] == 3 and got.sources == ["GET /server_info"], got
+        assert server.asked == ["/server_info", "/server_info"]
+        server.answer = lambda path: (503, {"error": "busy"})
+        got = servercache.engine_config(http, read)
+        assert not got.sources and "/server_info 503" in got.problems[0], got
+        # each route asked once and again after every pause
+        assert server.asked[2:] == ["/server_info"] * (1 + len(ec.RETRY_PAUSES)) + \
+            ["/get_server_info"] * (1 + len(ec.RETRY_PAUSES))
+    finally:
+        server.close()

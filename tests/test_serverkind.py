@@ -13,7 +13,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -219,3 +220,25 @@ def test_status_names_the_kind_the_process_behind_a_wrapper_runs(manager: UserMa
         g.stop()
         manager.systemctl("stop", unit, check=False)
         manager.remove_unit(unit)
+
+
+def test_a_read_no_source_answered_is_read_again_at_the_next_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 53 #9: a failed read of the engine's report was kept for the loaded instance, and every later point
+    of it was config_mismatch; a read that got nothing is asked again at the next point, a good one is kept."""
+    reads = [engine(sources=()), engine(values={"speculative_num_steps": 3}), engine(values={"x": 1})]
+    asked: list[int] = []
+
+    def read(ctx: object, point: object, v: object) -> confirm.Engine:
+        asked.append(1)
+        return reads[len(asked) - 1]
+
+    monkeypatch.setattr(confirm, "read_engine", read)
+    ctx = cast(Any, SimpleNamespace(opts=SimpleNamespace(plan=SimpleNamespace(expect_for=lambda p: {})),
+                                    console=SimpleNamespace(progress=lambda *a: None)))
+    v = cast(Any, SimpleNamespace(invocation_id="i1"))
+    engines: dict[str, confirm.Engine | None] = {}
+    confirm.confirm(ctx, cast(Any, None), v, engines)
+    checked = confirm.confirm(ctx, cast(Any, None), v, engines)  # the first read got nothing: read again
+    assert len(asked) == 2 and checked is not None and checked.engine.got.values == {"speculative_num_steps": 3}
+    confirm.confirm(ctx, cast(Any, None), v, engines)  # a good read is kept for the instance
+    assert len(asked) == 2

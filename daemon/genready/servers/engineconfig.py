@@ -18,6 +18,7 @@ time), the vLLM log line by `parse_args_line`'s literal parse (size, nodes, dept
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -32,6 +33,11 @@ Scalar = str | int | float | bool | None
 UNCONFIRMED: Final = "unconfirmed"
 CONFIG_MISMATCH: Final = "config_mismatch"  # a results line's status: the engine runs something else
 NO_DRAFTING: Final = "no_drafting"  # speculative per its config, yet nothing was drafted
+# A route that answers one of these (or nothing) is asked again after each pause: an engine busy or settling for a
+# moment (a 503 under a warmup's last requests) is not one that reports no configuration, and a failed read made
+# every point of its loaded configuration config_mismatch ("reports KEY=None"; issue 53 #9).
+RETRY_STATUSES: Final = frozenset({0, 429, 502, 503, 504})
+RETRY_PAUSES: Final = (0.25, 0.5, 1.0)
 MAX_KEYS: Final = 2000  # keys kept of one engine's report (SGLang's server args are ~400)
 MAX_VALUE: Final = 512  # characters kept of one reported string (a chat template is not a setting)
 # The literal parse of a log line (vLLM's non-default args): its size, its nodes and its nesting.
@@ -393,6 +399,11 @@ async def read_engine(read: EngineRead, call: Call, args_line: str | None = None
         answers = []
         for route in routes:
             status, body = await call("GET", route)
+            for pause in RETRY_PAUSES:
+                if status not in RETRY_STATUSES:
+                    break
+                await asyncio.sleep(pause)
+                status, body = await call("GET", route)
             if status != 200:
                 answers.append(f"{route} {status or body.decode('utf-8', 'replace')[:200]}")
                 continue

@@ -175,7 +175,9 @@ def confirm(ctx: Ctx, point: Point, v: Verified, engines: dict[str, Engine | Non
     """The confirm step: `v`'s engine's report against its flags and the plan's `expect` for `point` (check);
     None when the engine cannot be asked. `engines` keeps the one instance's report, read at its first point
     (by invocation id), so a reused instance is not asked again."""
-    if v.invocation_id not in engines:
+    cached = engines.get(v.invocation_id)
+    # a read none of whose sources answered is asked again at the next point (issue 53 #9), not kept for the group
+    if v.invocation_id not in engines or (cached is not None and not cached.unasked and not cached.got.sources):
         engines.clear()  # a new instance: the last one's report is of no use any more
         engines[v.invocation_id] = read_engine(ctx, point, v)
     engine = engines[v.invocation_id]
