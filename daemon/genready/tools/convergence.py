@@ -4,8 +4,9 @@ A fresh engine is slower for its first requests (SGLang issue #28706: TTFT 6,350
 restart, 3,661 ms once converged, after 50 to 100 requests: JIT compilation, CUDA-graph capture,
 kernel autotuning, the first collectives), so a fixed count of warmup requests leaves a bias that
 depends on the engine. `warmup = "stable"` sends requests in windows of `window` and stops when
-the last window's median TTFT and ITL are both within `tolerance` of the window before's and within half
-of it of the earliest of the last TREND_WINDOWS windows (a trend), or at `max_requests` / `max_seconds`
+the last window's median TTFT and ITL are both within `tolerance` of the window before's and show no trend
+since the earliest of the last TREND_WINDOWS windows (within half the tolerance of it, or within the windows'
+own noise), or at `max_requests` / `max_seconds`
 (not converged: the run is marked unstable). Pure functions: the requests are sent by
 servercache.warm_until_stable.
 
@@ -15,11 +16,14 @@ window. On a simulator whose first 75 generations decay from 1.73x (bench/warmup
 drift of d per window adds up to 2d over the last three windows, so the span test stops only once d is
 under a quarter of the tolerance (2.5 %): that decay is then 3 % from its plateau at 72 requests (5 % at 80
 for one over 100 generations). An engine warm from the start costs two windows as before when its windows
-agree within half the tolerance, three at most.
+agree within half the tolerance, three at most; on a host whose jitter moves a window's median more than
+that, a difference within the windows' own noise (TREND_Z standard errors) is no trend either: a drift
+smaller than the noise cannot be seen in so few requests, and a busy host would never settle otherwise.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +37,8 @@ NOISE_FLOOR: Final = 0.001
 FAILING_AFTER: Final = 4
 # The windows the trend is judged over: the last one against the earliest of these (fewer early on).
 TREND_WINDOWS: Final = 3
+# Standard errors of the difference of two windows' medians beyond which a difference is a trend, not noise.
+TREND_Z: Final = 2.0
 
 
 @dataclass(frozen=True)
@@ -97,19 +103,49 @@ def agree(last: Medians, before: Medians, tolerance: float) -> bool:
     return last.itl is not None and before.itl is not None and close(last.itl, before.itl, tolerance)
 
 
+def _noise(values: Sequence[float]) -> float:
+    """The standard error of a window's median from its own spread: 1.253 sigma / sqrt(n), sigma estimated
+    robustly as 1.4826 MAD (0 for fewer than two values)."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    sigma = 1.4826 * statistics.median(abs(v - mid) for v in values)
+    return 1.253 * sigma / math.sqrt(len(values))
+
+
+def no_trend(last: Sequence[Sample], earliest: Sequence[Sample], tolerance: float) -> bool:
+    """The last window's medians (TTFT, ITL) within half the tolerance of the earliest's, or their difference
+    within the windows' own noise (TREND_Z standard errors of the difference): a drift smaller than the
+    noise cannot be told from none with this many requests, and a busy host would never pass the half
+    tolerance on its jitter alone."""
+    pairs = [([s.ttft for s in last if s.ttft is not None], [s.ttft for s in earliest if s.ttft is not None])]
+    gaps = ([g for s in last for g in s.itl], [g for s in earliest for g in s.itl])
+    if gaps[0] and gaps[1]:
+        pairs.append(gaps)
+    for a, b in pairs:
+        if not a or not b:
+            return False
+        ma, mb = statistics.median(a), statistics.median(b)
+        if close(ma, mb, tolerance / 2):
+            continue
+        if abs(ma - mb) > TREND_Z * math.hypot(_noise(a), _noise(b)):
+            return False
+    return True
+
+
 def verdict(samples: Sequence[Sample], elapsed: float, rule: Rule) -> Verdict | None:
     """After each request: None to send another, else how the warmup ended. Windows are consecutive blocks
     of `rule.window` requests, judged each time one completes (from the second on): the last within
-    tolerance of the one before, and within half of it of the earliest of the last TREND_WINDOWS."""
+    tolerance of the one before, and no trend since the earliest of the last TREND_WINDOWS (no_trend)."""
     n, w = len(samples), rule.window
     last = before = None
     if n >= 2 * w:
         end = n - n % w
         last, before = medians(samples[end - w:end]), medians(samples[end - 2 * w:end - w])
         back = min(rule.trend_windows, end // w)
-        earliest = medians(samples[end - back * w:end - (back - 1) * w]) if back > 1 else last
-        if n % w == 0 and last is not None and before is not None and earliest is not None \
-                and agree(last, before, rule.tolerance) and (back < 2 or agree(last, earliest, rule.tolerance / 2)):
+        if n % w == 0 and last is not None and before is not None and agree(last, before, rule.tolerance) \
+                and (back < 2 or no_trend(samples[end - w:end], samples[end - back * w:end - (back - 1) * w],
+                                          rule.tolerance)):
             return Verdict(True, n, "converged", last, before)
     if n >= FAILING_AFTER and all(s.ttft is None for s in samples[-FAILING_AFTER:]):
         return Verdict(False, n, "failing", last, before)
