@@ -18,13 +18,15 @@ from typing import Any, Final
 
 from genready import console
 from genready.store import bounded
+from genready.tools import benchline
 
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
 SEARCH_FILE: Final = "search.jsonl"  # DIR/search.jsonl: what each configuration's search found, a line each
 MAX_RESULTS_BYTES: Final = 64 << 20  # a results.jsonl or bench.jsonl: lines of a few KiB each
 # The figures kept per prompt category of a bench line's `categories`, as the bench client names them.
-CATEGORY_FIGURES: Final = ("accept_length", "output_tokens_per_second", "draft_acceptance", "requests")
+CATEGORY_FIGURES: Final = tuple(f.key for f in (benchline.ACCEPT_LENGTH, benchline.OUTPUT_TOKENS_PER_SECOND,
+                                                benchline.DRAFT_ACCEPTANCE, benchline.REQUESTS))
 MAX_CATEGORIES: Final = 64  # columns: a dataset's categories are a handful; more is a mistaken field
 
 

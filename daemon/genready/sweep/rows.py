@@ -3,10 +3,10 @@
 `row_of` makes the row of one results.jsonl line: the line's own fields, and when the point's command wrote
 `{out}/bench.jsonl` (files.bench_line), the FIGURES a speculative-decoding sweep compares (accept length, draft
 acceptance, output tokens/s, TTFT p50, ITL p50, ...); a figure the bench line lacks is taken from the results
-line where FROM_RESULTS names one. `point_row` merges a point's repeats: per repeat an ok attempt wins, each
-figure the median over the ok repeats with its Spread. `mark_best` marks each ranked figure's best value.
-The ratios against the plan's baseline (`Ratio`) are the report's to attach (report/speedup.py); the row
-only holds them.
+line where its Figure's `from_results` names one. `point_row` merges a point's repeats: per repeat an ok
+attempt wins, each figure the median over the ok repeats with its Spread. `mark_best` marks each ranked
+figure's best value. The ratios against the plan's baseline (`Ratio`) are the report's to attach
+(report/speedup.py); the row only holds them.
 
 A line whose fields have the wrong types, or whose bench.jsonl cannot be read, shows its point as
 unreadable, with a warning. This module is the one shape of a row: the run's summary (run/runner.py) and every
@@ -27,45 +27,66 @@ from typing import Any, Final
 from genready.redact import escape
 from genready.store import bounded
 from genready.sweep.files import bench_line, warn_line
+from genready.tools import benchline
+from genready.tools.benchline import Field
 
 UNREADABLE: Final = "unreadable"
 
 
 @dataclass(frozen=True)
 class Figure:
-    key: str  # in the bench client's JSON line
-    title: str
-    higher_is_better: bool
-    digits: int
+    """A figure a report compares: its field (key, title, which way is better, digits: tools/benchline.py) and
+    where its value comes from: the point's bench line, else, where `from_results` names one, that field of
+    its results line (the sweep's own read of the server's /metrics, or of the GPUs: run/results.py,
+    run/gpucost.py)."""
+
+    field: Field
     optional: bool = False  # a column only when some row has the figure
     ranked: bool = True  # a best value is marked (not for a figure that describes the run, not its result)
     column: bool = True  # False: read, and plotted in the HTML report, but no table column
+    from_results: str | None = None  # the results line's field that stands in when the bench line lacks the figure
 
+    @property
+    def key(self) -> str:
+        return self.field.key
+
+    @property
+    def title(self) -> str:
+        return self.field.title
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.field.higher_is_better is True
+
+    @property
+    def digits(self) -> int:
+        return self.field.digits or 0
+
+
+# The figures the results line alone carries (the bench client measures no GPU): run/gpucost.py records them.
+# The output tokens over the energy the GPUs drew during the run.
+TOKENS_PER_JOULE: Final = Field("tokens_per_joule", "TOK/J", "tok/J", True, 3)
+# The GPUs' mean power over the run: the HTML report's tok/s-power plot.
+MEAN_POWER_W: Final = Field("mean_power_w", "POWER W", "W", None, 1)
 
 FIGURES: Final = (
-    Figure("accept_length", "ACCEPT", True, 2),
-    # llama.cpp's llama-server: Σ timings.draft_n_accepted / Σ timings.draft_n over the point's answers.
-    Figure("draft_acceptance", "DRAFT ACC", True, 3, optional=True),
-    Figure("output_tokens_per_second", "OUT tok/s", True, 1),
-    # The run's output tokens over the energy its GPUs drew meanwhile (sweep/run/gpucost.py; results line).
-    Figure("tokens_per_joule", "TOK/J", True, 3, optional=True),
-    Figure("ttft_p50_ms", "TTFT p50 ms", False, 1),
-    Figure("itl_p50_ms", "ITL p50 ms", False, 2),
-    # The server's own prefix-cache hit rate over the run (servermetrics.py): near 0 after a flush.
-    Figure("prefix_cache_hit_rate", "PREFIX HIT", False, 3, optional=True, ranked=False),
-    Figure("ttft_p99_ms", "TTFT p99 ms", False, 1, ranked=False, column=False),
-    Figure("e2e_p50_ms", "E2E p50 ms", False, 1, ranked=False, column=False),  # for the baseline's e2e ratio
+    Figure(benchline.ACCEPT_LENGTH, from_results="metrics_accept_length"),
+    Figure(benchline.DRAFT_ACCEPTANCE, optional=True),
+    Figure(benchline.OUTPUT_TOKENS_PER_SECOND),
+    Figure(TOKENS_PER_JOULE, optional=True, from_results="tokens_per_joule"),
+    Figure(benchline.TTFT_P50_MS),
+    Figure(benchline.ITL_P50_MS),
+    Figure(benchline.PREFIX_CACHE_HIT_RATE, optional=True, ranked=False, from_results="prefix_cache_hit_rate"),
+    Figure(benchline.TTFT_P99_MS, ranked=False, column=False),
+    Figure(benchline.E2E_P50_MS, ranked=False, column=False),  # for the baseline's e2e ratio
     # the p99s a plan's `slo` may name (sweep/report/decision.py judges points by the bench line's percentiles)
-    Figure("itl_p99_ms", "ITL p99 ms", False, 2, ranked=False, column=False),
-    Figure("e2e_p99_ms", "E2E p99 ms", False, 1, ranked=False, column=False),
-    # The GPUs' mean power over the run (sweep/run/gpucost.py; results line): the HTML report's tok/s-power plot.
-    Figure("mean_power_w", "POWER W", False, 1, optional=True, ranked=False, column=False),
+    Figure(benchline.ITL_P99_MS, ranked=False, column=False),
+    Figure(benchline.E2E_P99_MS, ranked=False, column=False),
+    Figure(MEAN_POWER_W, optional=True, ranked=False, column=False, from_results="mean_power_w"),
     # The bench line's -c: the HTML report's tokens/s per user (vLLM's Pareto; sweep/report/html.py).
-    Figure("concurrency", "CONC", False, 0, optional=True, ranked=False, column=False),
+    Figure(benchline.CONCURRENCY, optional=True, ranked=False, column=False),
 )
-# A figure the bench line lacks, taken from the results line (the sweep's own read of the server's /metrics).
-FROM_RESULTS: Final = {"prefix_cache_hit_rate": "prefix_cache_hit_rate", "accept_length": "metrics_accept_length",
-                       "tokens_per_joule": "tokens_per_joule", "mean_power_w": "mean_power_w"}
+_FROM_RESULTS: Final = tuple((f.key, f.from_results) for f in FIGURES if f.from_results is not None)
 _NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}  # copied per row, not built per row
 MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
 
@@ -230,7 +251,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
             warn_line(f"{e}; the point's figures are shown as {UNREADABLE}")
             unreadable = True
     if not unreadable:
-        for key, field_name in FROM_RESULTS.items():
+        for key, field_name in _FROM_RESULTS:
             if (v := rec.get(field_name)) is not None and (figures is None or figures.get(key) is None) and \
                     (v := _as_float(v)) is not None:
                 if figures is None:
@@ -256,7 +277,8 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
                baseline=base if isinstance(base, int) and not isinstance(base, bool) and base > 0 else 0,
                baseline_round=before if isinstance(before, int) and not isinstance(before, bool) else None,
                client=client if isinstance(client, dict) else None,
-               accept_per_position=None if unreadable else positions_of((line or {}).get("accept_per_position"))
+               accept_per_position=None if unreadable
+               else positions_of((line or {}).get(benchline.ACCEPT_PER_POSITION.key))
                or positions_of(rec.get("metrics_accept_per_position")),
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
                if rec.get("status") == "ok" else {},

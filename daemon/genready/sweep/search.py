@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from genready.compat import StrEnum
 from genready.config import ConfigError
+from genready.tools import benchline
 from genready.tools.benchload import parse_slo
 
 
@@ -82,8 +83,9 @@ class Outcome:
     def of_line(cls, step: Step, line: Mapping[str, Any]) -> Outcome:
         """From a bench client results line (`requests_per_second`, `saturated`, `slo_met`,
         `output_tokens_per_second`)."""
-        tps = line.get("output_tokens_per_second")
-        return cls(step, float(line.get("requests_per_second") or 0.0), line.get("saturated"), line.get("slo_met"),
+        tps = line.get(benchline.OUTPUT_TOKENS_PER_SECOND.key)
+        return cls(step, float(line.get(benchline.REQUESTS_PER_SECOND.key) or 0.0), line.get(benchline.SATURATED.key),
+                   line.get(benchline.SLO_MET.key),
                    float(tps) if isinstance(tps, int | float) and not isinstance(tps, bool) else None)
 
 

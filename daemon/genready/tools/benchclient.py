@@ -76,7 +76,7 @@ from genready import config, console
 from genready.apis import MAX_BODY
 from genready.exitcodes import Exit
 from genready.store import durable
-from genready.tools import benchload
+from genready.tools import benchline, benchload
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, why_not_reuse
 from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, finite, percentile
@@ -238,23 +238,24 @@ def first_turns(s: Summary) -> list[Outcome]:
 
 
 def load_json(args: argparse.Namespace, s: Summary, load: benchload.Load,
-              slo: benchload.SloResult | None) -> dict[str, Any]:
+              slo: benchload.SloResult | None) -> dict[benchline.Field, Any]:
     """The results line's load and SLO fields, the ones a load search reads (docs/benchclient.md)."""
     late = sorted(o.late * 1000 for o in s.outcomes if o.arrival is not None)
     waited = sorted((o.sent - o.arrival) * 1000 for o in s.outcomes if o.arrival is not None)
     return {
-        "burstiness": args.burstiness if args.request_rate else None, "duration": args.duration,
-        "finished_after_duration": s.finished_after_duration(),
-        "unsent_at_duration": len(s.unsent) if s.duration is not None else None,
-        "offered_rate": load.offered_rate, "scheduled_rate": _r(load.scheduled_rate),
-        "achieved_rate": _r(load.achieved_rate), "peak_concurrency": load.peak_concurrency,
-        "saturated": load.saturated, "saturation": list(load.reasons),
-        "ttft_trend": _r(load.trend[0]) if load.trend else None,
-        "client_lag_p99_ms": _r(percentile(late, 99)), "arrival_wait_p99_ms": _r(percentile(waited, 99)),
-        "slo": {p.key: p.limit_ms for p in args.slo} if args.slo else None,
-        "slo_met": slo.met if slo else None, "slo_attainment": _r6(slo.attainment) if slo else None,
-        "goodput": _r(slo.goodput) if slo else None, "good_requests": slo.good if slo else None,
-        "slo_parts": slo.parts if slo else None,
+        benchline.BURSTINESS: args.burstiness if args.request_rate else None, benchline.DURATION: args.duration,
+        benchline.FINISHED_AFTER_DURATION: s.finished_after_duration(),
+        benchline.UNSENT_AT_DURATION: len(s.unsent) if s.duration is not None else None,
+        benchline.OFFERED_RATE: load.offered_rate, benchline.SCHEDULED_RATE: _r(load.scheduled_rate),
+        benchline.ACHIEVED_RATE: _r(load.achieved_rate), benchline.PEAK_CONCURRENCY: load.peak_concurrency,
+        benchline.SATURATED: load.saturated, benchline.SATURATION: list(load.reasons),
+        benchline.TTFT_TREND: _r(load.trend[0]) if load.trend else None,
+        benchline.CLIENT_LAG_P99_MS: _r(percentile(late, 99)),
+        benchline.ARRIVAL_WAIT_P99_MS: _r(percentile(waited, 99)),
+        benchline.SLO: {p.key: p.limit_ms for p in args.slo} if args.slo else None,
+        benchline.SLO_MET: slo.met if slo else None, benchline.SLO_ATTAINMENT: _r6(slo.attainment) if slo else None,
+        benchline.GOODPUT: _r(slo.goodput) if slo else None, benchline.GOOD_REQUESTS: slo.good if slo else None,
+        benchline.SLO_PARTS: slo.parts if slo else None,
     }
 
 
@@ -264,37 +265,42 @@ def _r6(v: float | None) -> float | None:
 
 def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
                 load: benchload.Load | None = None, slo: benchload.SloResult | None = None) -> dict[str, Any]:
+    """The `--output` line: each value keyed by its field (tools/benchline.py, which also writes the old names)."""
     lat, ttft, itl = s.latencies_ms(), s.ttfts_ms(), s.itls_ms()
     wall = max(s.wall_seconds, 1e-9)
     load = load or benchload.load_of(first_turns(s), args.request_rate, s.peak_concurrency, s.unsent)
-    return {
-        "time": time.time(), "label": args.label, "target": args.target, "url": args.url, "api": args.api,
-        "requests": s.requests, "concurrency": s.concurrency, "request_rate": args.request_rate,
-        "stream": args.stream, "max_tokens": args.max_tokens,
-        "ok": s.ok, "failed": s.failed, "errors": dict(s.errors()), "empty": s.empty, "retried": s.retried,
-        "stale_connections": s.stale_connections, "new_connections": s.new_connections or None,
-        "wall_seconds": round(s.wall_seconds, 6), "requests_per_second": round(s.ok / wall, 3),
-        "tokens_per_second": round(s.tokens / wall, 3), "output_tokens": s.tokens,
-        "output_tokens_per_second": round(s.tokens / wall, 3),
-        "latency_p50_ms": _r(percentile(lat, 50)), "latency_p99_ms": _r(percentile(lat, 99)),
-        "e2e_p50_ms": _r(percentile(lat, 50)), "e2e_p99_ms": _r(percentile(lat, 99)),
-        "ttft_p50_ms": _r(percentile(ttft, 50)), "ttft_p99_ms": _r(percentile(ttft, 99)),
-        "itl_p50_ms": _r(percentile(itl, 50)), "itl_p99_ms": _r(percentile(itl, 99)),
-        "accept_length": _r(s.accept()[0]), "accept_length_source": s.accept()[1],
-        "server_accept_length": _r(s.server_accept_length),
-        "draft_acceptance": _r(s.draft_acceptance()),
-        "draft_tokens": drafts.drafted if (drafts := s.drafts()) else None,
-        "draft_accepted": drafts.accepted if drafts else None,
-        "spec_decode_counters": s.metrics_counts, "counters_accept_length": _r(s.metrics_accept),
-        **s.acceptance_fields(), "categories": s.categories(),
-        "conversations": s.conversations, "later_turns": s.later_turns(), "conversations_cut": s.conversations_cut,
-        "prefix_cache_hit_rate": s.server_counters.prefix_cache_hit_rate if s.server_counters else None,
-        "prefix_cache_source": s.server_counters.prefix_cache_source if s.server_counters else None,
-        "prompts": args.prompt_source, "temperature": args.temperature, "ignore_eos": args.ignore_eos,
-        "seed": args.seed,
-        "served_by": served_by(env), "sweep_point": sweep_point(env),
+    drafts = s.drafts()
+    counters = s.server_counters
+    return benchline.line({
+        benchline.TIME: time.time(), benchline.LABEL: args.label, benchline.TARGET: args.target,
+        benchline.URL: args.url, benchline.API: args.api,
+        benchline.REQUESTS: s.requests, benchline.CONCURRENCY: s.concurrency, benchline.REQUEST_RATE: args.request_rate,
+        benchline.STREAM: args.stream, benchline.MAX_TOKENS: args.max_tokens,
+        benchline.OK: s.ok, benchline.FAILED: s.failed, benchline.ERRORS: dict(s.errors()), benchline.EMPTY: s.empty,
+        benchline.RETRIED: s.retried,
+        benchline.STALE_CONNECTIONS: s.stale_connections, benchline.NEW_CONNECTIONS: s.new_connections or None,
+        benchline.WALL_SECONDS: round(s.wall_seconds, 6), benchline.REQUESTS_PER_SECOND: round(s.ok / wall, 3),
+        benchline.OUTPUT_TOKENS: s.tokens, benchline.OUTPUT_TOKENS_PER_SECOND: round(s.tokens / wall, 3),
+        benchline.E2E_P50_MS: _r(percentile(lat, 50)), benchline.E2E_P99_MS: _r(percentile(lat, 99)),
+        benchline.TTFT_P50_MS: _r(percentile(ttft, 50)), benchline.TTFT_P99_MS: _r(percentile(ttft, 99)),
+        benchline.ITL_P50_MS: _r(percentile(itl, 50)), benchline.ITL_P99_MS: _r(percentile(itl, 99)),
+        benchline.ACCEPT_LENGTH: _r(s.accept()[0]), benchline.ACCEPT_LENGTH_SOURCE: s.accept()[1],
+        benchline.SERVER_ACCEPT_LENGTH: _r(s.server_accept_length),
+        benchline.DRAFT_ACCEPTANCE: _r(s.draft_acceptance()),
+        benchline.DRAFT_TOKENS: drafts.drafted if drafts else None,
+        benchline.DRAFT_ACCEPTED: drafts.accepted if drafts else None,
+        benchline.SPEC_DECODE_COUNTERS: s.metrics_counts, benchline.COUNTERS_ACCEPT_LENGTH: _r(s.metrics_accept),
+        benchline.CATEGORIES: s.categories(),
+        benchline.CONVERSATIONS: s.conversations, benchline.LATER_TURNS: s.later_turns(),
+        benchline.CONVERSATIONS_CUT: s.conversations_cut,
+        benchline.PREFIX_CACHE_HIT_RATE: counters.prefix_cache_hit_rate if counters else None,
+        benchline.PREFIX_CACHE_SOURCE: counters.prefix_cache_source if counters else None,
+        benchline.PROMPTS: args.prompt_source, benchline.TEMPERATURE: args.temperature,
+        benchline.IGNORE_EOS: args.ignore_eos,
+        benchline.SEED: args.seed,
+        benchline.SERVED_BY: served_by(env), benchline.SWEEP_POINT: sweep_point(env),
         **load_json(args, s, load, slo),
-    }
+    }, s.acceptance_fields())
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -26,9 +26,11 @@ from genready.store import bounded
 from genready.sweep.files import category_figures
 from genready.sweep.report import speedup
 from genready.sweep.rows import Ratio, Row
+from genready.tools import benchline
 from genready.web import htmlpage
 
-TPS: Final = "output_tokens_per_second"
+TPS: Final = benchline.OUTPUT_TOKENS_PER_SECOND.key
+ACCEPT: Final = benchline.ACCEPT_LENGTH.key
 
 
 def gather(row: Row, lines: Iterable[tuple[dict[str, Any], Path, str]],
@@ -44,7 +46,7 @@ def gather(row: Row, lines: Iterable[tuple[dict[str, Any], Path, str]],
             line = bench_line(folder / out)
         except bounded.FileError:
             continue
-        cats = (line or {}).get("categories")
+        cats = (line or {}).get(benchline.CATEGORIES.key)
         for name, figures in category_figures(cats if isinstance(cats, dict) else rec.get("categories")).items():
             kept = row.categories.setdefault(name, {})
             for key, v in figures.items():
@@ -80,7 +82,7 @@ def _median(values: Sequence[float] | None) -> float | None:
 
 def accept_text(r: Row, name: str) -> str:
     """An accept-length cell: the median over the repeats, `-` without one."""
-    v = _median(r.categories.get(name, {}).get("accept_length"))
+    v = _median(r.categories.get(name, {}).get(ACCEPT))
     return "-" if v is None else f"{v:.2f}"
 
 
@@ -100,7 +102,7 @@ def _grids(rows: Sequence[Row]) -> list[tuple[str, list[str], list[list[str]]]]:
     shown = [r for r in rows if r.categories]
     names = sorted({n for r in shown for n in r.categories})
     grids = []
-    if any(c.get("accept_length") for r in shown for c in r.categories.values()):
+    if any(c.get(ACCEPT) for r in shown for c in r.categories.values()):
         grids.append(("accept length per prompt category (median over the repeats)", ["POINT", *names],
                       [[r.label, *(accept_text(r, n) for n in names)] for r in shown]))
     if any(r.baseline for r in rows):

@@ -29,10 +29,11 @@ from typing import Any, Final
 from genready.redact import escape
 from genready.sweep.report import speedup
 from genready.sweep.rows import Ratio, Row
+from genready.tools import benchline
 from genready.tools.benchload import SloPart, parse_slo
 from genready.web import htmlpage
 
-TPS: Final = "output_tokens_per_second"
+TPS: Final = benchline.OUTPUT_TOKENS_PER_SECOND.key
 MAX_NAMED: Final = 8  # configurations named in one list of a sentence, then "and N more"
 TITLE: Final = "Decision"
 WITHIN_NOISE: Final = ("within noise: their output tok/s over the best's has a 95 % interval holding 1 (over their "

@@ -45,11 +45,14 @@ from genready.sweep.report.table import (
     with_baseline,
     with_positions,
 )
-from genready.sweep.rows import FIGURES, Figure, Row
+from genready.sweep.rows import FIGURES, MEAN_POWER_W, Figure, Row
+from genready.tools import benchline
 from genready.web import htmlpage
 
-PLOTTED: Final = ("accept_length", "output_tokens_per_second", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms")
-PARETO: Final = (("ttft_p50_ms", "TTFT p50 ms"), ("itl_p50_ms", "ITL p50 ms"))
+PLOTTED: Final = tuple(f.key for f in (benchline.ACCEPT_LENGTH, benchline.OUTPUT_TOKENS_PER_SECOND,
+                                        benchline.TTFT_P50_MS, benchline.TTFT_P99_MS, benchline.ITL_P50_MS))
+PARETO: Final = tuple((f.key, f.title) for f in (benchline.TTFT_P50_MS, benchline.ITL_P50_MS))
+TPS: Final = benchline.OUTPUT_TOKENS_PER_SECOND.key
 MAX_TICKS: Final = 40  # labelled categories on an axis: past that, they would overlap
 EXTRA: Final = "genready[report]"
 SHOWN_NAMES: Final = 20  # axis names listed in the page's context line
@@ -293,10 +296,10 @@ def per_user_points(rows: Sequence[Row]) -> tuple[list[tuple[float, float, str]]
     pts, left = [], []
     for r in rows:
         fig_ = r.figures or {}
-        tps = fig_.get("output_tokens_per_second")
+        tps = fig_.get(TPS)
         if r.status != "ok" or tps is None:
             continue
-        users, gpus = fig_.get("concurrency"), r.gpus
+        users, gpus = fig_.get(benchline.CONCURRENCY.key), r.gpus
         if users is None or not users > 0:
             left.append((r.label, "concurrency = " + (plotrules.shown(users) if users is not None
                                                       else "none in its bench line")))
@@ -325,7 +328,8 @@ def _per_user(mpl: Any, rows: Sequence[Row]) -> list[str]:
     """The page's per-user/per-GPU Pareto plot, with its front named; or none, without a point to draw."""
     e = htmlpage.text
     got, left = per_user_plot(mpl, rows)
-    if not got and not any(r.status == "ok" and (r.figures or {}).get("concurrency") is not None for r in rows):
+    users = benchline.CONCURRENCY.key
+    if not got and not any(r.status == "ok" and (r.figures or {}).get(users) is not None for r in rows):
         return []  # no bench line says its concurrency (another client wrote them): no plot of all left out
     what = "tokens/s per GPU against tokens/s per user"
     image = htmlpage.data_image(got[0], what) if got else ""
@@ -340,7 +344,7 @@ def _against_tps(rows: Sequence[Row], key: str, title: str
     pts, left = [], []
     for r in rows:
         fig_ = r.figures or {}
-        v, tps = fig_.get(key), fig_.get("output_tokens_per_second")
+        v, tps = fig_.get(key), fig_.get(TPS)
         if r.status != "ok" or v is None or tps is None:
             continue
         x, y = plottable(v), plottable(tps)
@@ -354,7 +358,7 @@ def _against_tps(rows: Sequence[Row], key: str, title: str
 def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[str, str]]]:
     """Output tokens/s against the GPUs' mean power, one labelled mark per ok point that has both: (the SVG,
     None without data; the points left out, each with why)."""
-    pts, left = _against_tps(rows, "mean_power_w", "mean power W")
+    pts, left = _against_tps(rows, MEAN_POWER_W.key, "mean power W")
     if not pts:
         return None, left
     fig = mpl(figsize=(6.4, 4.0))

@@ -31,13 +31,14 @@ from genready.sweep.report import plotrules
 from genready.sweep.report.collect import Read
 from genready.sweep.report.decision import finite_number as number  # one reading of a number from a line
 from genready.sweep.rows import label_of
+from genready.tools import benchline
 from genready.web import htmlpage
 
-# Per step, what the plots draw: (bench line key, its title). achieved_rate falls back to requests_per_second
-# (a bench client before issue 39's load fields wrote only that).
-THROUGHPUT: Final = ("output_tokens_per_second", "OUT tok/s")
-ACHIEVED: Final = ("achieved_rate", "achieved req/s")
-GOODPUT: Final = ("goodput", "goodput req/s (met the SLO)")
+# Per step, what the plots draw (each bench line field's key and title). achieved_rate falls back to
+# requests_per_second (a bench client before issue 39's load fields wrote only that).
+THROUGHPUT: Final = benchline.OUTPUT_TOKENS_PER_SECOND
+ACHIEVED: Final = benchline.ACHIEVED_RATE
+GOODPUT: Final = benchline.GOODPUT
 MAX_CONFIGS: Final = plotrules.MAX_CONFIGURATIONS  # configurations per plot: past that, no one tells them apart
 
 
@@ -180,8 +181,8 @@ def _search(folder: Path, found: dict[str, Any] | None, runs: list[dict[str, Any
             assert step is not None
             by_step.setdefault(step, {})[rep] = (r, line)  # a repeat run again (--resume): its last line
     steps = [_step(axis, i, list(reps.values())) for i, reps in sorted(by_step.items())]
-    slo = next((t for _, reps in sorted(by_step.items()) for _, b in reps.values() if (t := slo_text(b.get("slo")))),
-               None) or slo_text(spec.get("slo"))
+    slo = next((t for _, reps in sorted(by_step.items()) for _, b in reps.values()
+                if (t := slo_text(b.get(benchline.SLO.key)))), None) or slo_text(spec.get("slo"))
     base = bool(first.get("baseline")) or any(r.get("baseline") for r in runs)
     return Search(("baseline " if base else "") + label_of(first.get("point")), folder, first.get("index"), base, mode,
                   axis, steps, found, slo)
@@ -190,8 +191,8 @@ def _search(folder: Path, found: dict[str, Any] | None, runs: list[dict[str, Any
 def _step(axis: str, index: int, reps: list[tuple[dict[str, Any], dict[str, Any]]]) -> Step:
     rec, line = reps[0]
     s = Step(index, str(rec.get("search_kind", "")), None)
-    for key in (THROUGHPUT[0], ACHIEVED[0], GOODPUT[0]):
-        raw = [b.get(key) if key != ACHIEVED[0] or b.get(key) is not None else b.get("requests_per_second")
+    for key in (THROUGHPUT.key, ACHIEVED.key, GOODPUT.key):
+        raw = [b.get(key) if key != ACHIEVED.key or b.get(key) is not None else b.get(benchline.REQUESTS_PER_SECOND.key)
                for _, b in reps]
         vals = [number(v) for v in raw if v is not None]
         if any(v is None for v in vals):
@@ -199,15 +200,15 @@ def _step(axis: str, index: int, reps: list[tuple[dict[str, Any], dict[str, Any]
         elif vals:
             good = [v for v in vals if v is not None]
             s.figures[key] = (statistics.median(good), min(good), max(good))
-    sat = [b.get("saturated") for _, b in reps]
+    sat = [b.get(benchline.SATURATED.key) for _, b in reps]
     s.saturated = True if any(x is True for x in sat) else (False if all(x is False for x in sat) else None)
     if axis == str(search.Axis.CONCURRENCY):
-        s.load = rec.get("search_concurrency", line.get("concurrency"))
+        s.load = rec.get("search_concurrency", line.get(benchline.CONCURRENCY.key))
     else:
-        s.load = rec.get("search_rate", line.get("offered_rate"))
+        s.load = rec.get("search_rate", line.get(benchline.OFFERED_RATE.key))
         if s.load is None:  # a closed-loop step (synchronous, throughput): at the rate it achieved
             s.closed = True
-            s.load = s.figures[ACHIEVED[0]][0] if ACHIEVED[0] in s.figures else None
+            s.load = s.figures[ACHIEVED.key][0] if ACHIEVED.key in s.figures else None
     return s
 
 
@@ -375,8 +376,8 @@ def _throughput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | N
     left: Left = []
     fig = mpl(figsize=(6.4, 6.0))
     top, bottom = fig.subplots(2, 1, sharex=True)
-    tx, ty = _draw(top, got, THROUGHPUT[0], THROUGHPUT[1], left)
-    bx, by = _draw(bottom, got, ACHIEVED[0], ACHIEVED[1], left)
+    tx, ty = _draw(top, got, THROUGHPUT.key, THROUGHPUT.title, left)
+    bx, by = _draw(bottom, got, ACHIEVED.key, ACHIEVED.title, left)
     if not tx and not bx:
         return [("", None, left, "")] if left else []
     for i, s in enumerate(got[:MAX_CONFIGS]):
@@ -397,8 +398,8 @@ def _throughput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | N
                     label="achieved = offered")
         bottom.set_xlim(lo, hi)
         _legend(bottom)
-    top.set_ylabel(THROUGHPUT[1])
-    bottom.set_ylabel(ACHIEVED[1])
+    top.set_ylabel(THROUGHPUT.title)
+    bottom.set_ylabel(ACHIEVED.title)
     bottom.set_xlabel(_axis_title(got))
     for ax, ys in ((top, ty), (bottom, by)):
         ax.grid(alpha=0.3)
@@ -416,7 +417,7 @@ def _goodput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None
     left: Left = []
     fig = mpl(figsize=(6.4, 4.0))
     ax = fig.add_subplot()
-    xs, ys = _draw(ax, got, GOODPUT[0], GOODPUT[1], left)
+    xs, ys = _draw(ax, got, GOODPUT.key, GOODPUT.title, left)
     if not xs:
         if left:
             return [("", None, left, "")]
@@ -436,7 +437,7 @@ def _goodput_plot(mpl: Any, got: Sequence[Search]) -> list[tuple[str, str | None
     slos = list(dict.fromkeys(s.slo for s in got if s.slo))
     ax.set_title(plotrules.text("SLO: " + ("; ".join(slos) if slos else "not recorded")), fontsize=9)
     ax.set_xlabel(_axis_title(got))
-    ax.set_ylabel(GOODPUT[1])
+    ax.set_ylabel(GOODPUT.title)
     ax.grid(alpha=0.3)
     plotrules.integer_ticks(ax, xs, ys)
     _legend(ax)

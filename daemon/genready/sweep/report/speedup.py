@@ -22,12 +22,13 @@ from collections.abc import Sequence
 from typing import Final
 
 from genready.sweep.rows import Ratio, Row
+from genready.tools import benchline
 
 LEVEL: Final = 0.95
 # (results/report name, the figure it is the ratio of): speedup is a point's output tok/s over the baseline's;
 # the latency ratios are the point's p50 over the baseline's (below 1: faster).
-RATIOS: Final = (("speedup", "output_tokens_per_second"), ("ttft_ratio", "ttft_p50_ms"),
-                 ("itl_ratio", "itl_p50_ms"), ("e2e_ratio", "e2e_p50_ms"))
+RATIOS: Final = (("speedup", benchline.OUTPUT_TOKENS_PER_SECOND.key), ("ttft_ratio", benchline.TTFT_P50_MS.key),
+                 ("itl_ratio", benchline.ITL_P50_MS.key), ("e2e_ratio", benchline.E2E_P50_MS.key))
 
 
 def _betacf(a: float, b: float, x: float) -> float:

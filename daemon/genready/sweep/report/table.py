@@ -21,6 +21,7 @@ from genready.redact import escape
 from genready.servers import engineconfig
 from genready.sweep.report import categories, decision, speedup
 from genready.sweep.rows import FIGURES, UNREADABLE, Figure, Row, mark_best
+from genready.tools import benchline
 
 FORMATS: Final = ("table", "csv", "markdown", "json")
 SHOWN_POSITIONS: Final = 6  # in a table cell, then how many more
@@ -226,7 +227,7 @@ def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None
                                                     "rmad": _finite(sp.rmad)} for k, sp in r.spread.items()},
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
                                      "warmup_requests": r.warmup_requests, "throttled": r.throttled,
-                                     "accept_per_position": r.accept_per_position,
+                                     benchline.ACCEPT_PER_POSITION.key: r.accept_per_position,
                                      **(ratio_json(r) if with_baseline(rows) else {})} for r in rows],
                            "decision": decision.as_json(rows, facts)}, indent=2, allow_nan=False) + "\n"
     if fmt == "csv":

@@ -17,6 +17,7 @@ from genready.gpu.sampling import Sampler
 from genready.gpu.watch import choose
 from genready.sweep.files import bench_line
 from genready.sweep.run.results import json_text, writing
+from genready.tools import benchline
 
 GPU_FILE: Final = "gpu.json"
 _provider: list[Provider | None] = []  # chosen once per sweep: [] not yet, [None] none here
@@ -36,7 +37,7 @@ def provider(say: Callable[[str], None]) -> Provider | None:
 def output_tokens(folder: Path) -> int | None:
     """The run's output tokens, from the last line of its bench.jsonl (the bench client's), if any."""
     with contextlib.suppress(Exception):
-        n = (bench_line(folder) or {}).get("output_tokens")
+        n = (bench_line(folder) or {}).get(benchline.OUTPUT_TOKENS.key)
         if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
             return n
     return None

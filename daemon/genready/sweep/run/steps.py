@@ -40,7 +40,7 @@ from genready.sweep.run.results import Cache, Status, SweepError, json_text, wri
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
-from genready.tools import convergence, servercache, servermetrics
+from genready.tools import benchline, convergence, servercache, servermetrics
 
 # The grace an interrupted command gets between SIGINT, SIGTERM and SIGKILL: guard's, one definition.
 STOP_GRACE: Final = GUARD_STOP_GRACE
@@ -403,7 +403,7 @@ def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
     bench line, the results and the report carry them); None without them. An unreadable bench line is the
     report's to name."""
     try:
-        return category_figures((bench_line(folder) or {}).get("categories")) or None
+        return category_figures((bench_line(folder) or {}).get(benchline.CATEGORIES.key)) or None
     except FileError:
         return None
 
