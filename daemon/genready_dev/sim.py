@@ -45,8 +45,8 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready.servers.kinds import ServerKind
 from genready_dev import simbatch, simengine, simspec
+from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
@@ -100,14 +100,6 @@ class GenRequest:
     prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
     return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
     return_spec_tokens_details: bool = False  # SGLang's OpenAI routes (>= 0.5.12): sglext.spec_tokens_details
-
-
-# SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
-# (python/sglang/srt/managers/tokenizer_manager.py, _tokenize_one_request); answered 400.
-NO_TOKENIZER = ("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
-                "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-# vLLM's, from the engine that has no tokenizer (vllm/v1/engine/async_llm.py, get_tokenizer).
-VLLM_NO_TOKENIZER = "Unable to get tokenizer because skip_tokenizer_init is True"
 
 
 def _obj(v: object, what: str) -> dict[str, Any]:
@@ -236,21 +228,10 @@ def parse_chat(body: dict[str, Any]) -> GenRequest:
     return _openai_common(body, max(1, words), ("max_completion_tokens", "max_tokens"), prompt=messages)
 
 
-def native_error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-_OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-                       503: "ServiceUnavailableError"}
 # vLLM's answer to a chat request for a model whose tokenizer has no chat template.
 NO_CHAT_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide "
                     "a chat template if the tokenizer does not define one.")
 
-
-def openai_error(status: int, message: str) -> web.Response:
-    return web.json_response({"object": "error", "message": message,
-                              "type": _OPENAI_ERROR_TYPES.get(status, "BadRequestError"),
-                              "param": None, "code": status}, status=status)
 
 
 def rejection(status: int) -> web.Response:
@@ -261,131 +242,12 @@ def rejection(status: int) -> web.Response:
     return web.json_response({"detail": f"simulated refusal (--reject {status})"}, status=status)
 
 
-ErrorFn = Callable[[int, str], web.Response]
-
-
-# --- the servers, from their source ------------------------------------------------------------
-
-def _unauthorized() -> web.Response:
-    # SGLang (python/sglang/srt/utils/common.py, add_api_key_middleware) and vLLM
-    # (vllm/entrypoints/openai/server_utils.py, AuthenticationMiddleware) answer the same body.
-    return web.json_response({"error": "Unauthorized"}, status=401)
-
-
-_VLLM_TYPES = {400: "Bad Request", 404: "NotFoundError", 500: "InternalServerError", 503: "Service Unavailable"}
-
-
-def vllm_error(status: int, message: str, param: str | None = None) -> web.Response:
-    # vLLM's ErrorResponse: {"error": {message, type, param, code}}
-    # (vllm/entrypoints/openai/engine/protocol.py; server_utils.py validation_exception_handler: 400)
-    return web.json_response({"error": {"message": message, "type": _VLLM_TYPES.get(status, "BadRequestError"),
-                                        "param": param, "code": status}}, status=status)
-
-
-_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
-
-
-def llamacpp_error(status: int, message: str) -> web.Response:
-    # llama.cpp's format_error_response: {"error": {code, message, type}} (tools/server/server-common.cpp;
-    # the 401 and the "Loading model" 503 are written out in tools/server/server-http.cpp)
-    return web.json_response({"error": {"code": status, "message": message,
-                                        "type": _LLAMA_TYPES.get(status, "server_error")}}, status=status)
-
-
 # Each counter's HELP text, as its server writes it.
 _COUNTER_HELP: Final = {
     "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
     "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
     "sglang:prompt_tokens": "Number of prefill tokens processed.",
     "sglang:cached_tokens": "Number of cached prompt tokens.",
-}
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What one real server does where servers differ. Each field names the file it comes from."""
-
-    name: str
-    key_exempt: Callable[[str], bool]  # paths answered without the API key
-    unauthorized: Callable[[], web.Response]
-    native_error: ErrorFn  # errors of POST /generate
-    openai_error: ErrorFn  # errors of the /v1 routes
-    has_native: bool = True  # serves SGLang's /generate
-    loading_gate: bool = False  # binds at once; every route answers 503 until loaded
-    # cpp-httplib (llama.cpp): every answer >= 400 closes its connection, and so does the end of a
-    # streamed answer, although its headers offered keep-alive
-    closes_after_errors_and_streams: bool = False
-    # llama.cpp --host X.sock: binds without removing a file at the path (a stale socket fails the
-    # start: "couldn't bind HTTP server socket"), and leaves its socket file behind on exit
-    uds_stale_blocks: bool = False
-    listen_after_load: bool = False  # binds the socket at once, listen()s only once loaded
-    health_poll: float = 0.0  # a healthy /health answers after this long
-    warmup_seconds: float = 0.0  # after binding: generations work while /health says 503
-    linger_seconds: float = 0.0  # after SIGTERM: keeps serving, /health 503
-    checks_model: bool = False  # an unknown `model` is 404
-    health_ok: Callable[[], web.Response] = lambda: web.Response(status=200)
-    # The product's ServerKind of this server: its /metrics counter names come from there (None: the generic
-    # server, which has SGLang's surface)
-    kind: ServerKind | None = None
-    engine_label: bool = False  # its counters carry engine="0" (vLLM's per-engine loggers)
-
-
-PROFILES: dict[str, Profile] = {
-    # The generic server of the flags: SGLang's surface, nothing profile-specific.
-    "": Profile("generic", lambda path: path.startswith("/health"), _unauthorized, native_error, openai_error),
-    "sglang": Profile(
-        "sglang",
-        # add_api_key_middleware (python/sglang/srt/utils/common.py): /health* and /metrics* pass
-        lambda path: path.startswith(("/health", "/metrics")), _unauthorized,
-        # http_server.py: a ValueError from /generate is 400 {"error": {"message"}}; the OpenAI
-        # routes' ErrorResponse is {"object": "error", message, type, param, code}
-        # (python/sglang/srt/entrypoints/openai/protocol.py)
-        native_error, openai_error,
-        # http_server.py health_generate: after a 1-token generation it sleeps 1 s at a time until
-        # the scheduler answered, then 200; 503 while ServerStatus.Starting or gracefully_exit
-        health_poll=1.0,
-        # http_server.py _wait_and_warmup: the port is bound (every scheduler loaded), then a warmup
-        # POST /generate runs, and only then server_status = Up: /health is 503 until then
-        # (managers/tokenizer_manager.py, ServerStatus)
-        warmup_seconds=1.0,
-        # tokenizer_manager.py: on SIGTERM gracefully_exit is set, /health answers 503, requests in
-        # flight and new ones are still served while it drains
-        linger_seconds=1.0, kind=kinds.SGLANG),
-    "vllm": Profile(
-        "vllm",
-        # AuthenticationMiddleware (vllm/entrypoints/openai/server_utils.py): only paths starting
-        # with /v1 want the key; /health, /metrics, /ping pass
-        lambda path: not path.startswith("/v1"), _unauthorized,
-        lambda status, message: vllm_error(status, message), lambda status, message: vllm_error(status, message),
-        has_native=False,
-        # vllm/entrypoints/openai/api_server.py: the socket is created and bound (SO_REUSEADDR,
-        # SO_REUSEPORT) before the engine is built, uvicorn listen()s on it after
-        listen_after_load=True,
-        # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
-        # Shutdown: SIGTERM cancels the server task, no draining (vllm/entrypoints/launcher.py,
-        # serve_http): linger 0.
-        checks_model=True, kind=kinds.VLLM, engine_label=True),
-    "llamacpp": Profile(
-        "llamacpp",
-        # tools/server/server-http.cpp get_public_endpoints: only /health and /v1/health (and the web
-        # UI's assets, when built with it) pass without the key; /v1/models is 401 (checked on the
-        # real llama-server 11434; older versions also let /models, /v1/models and / through)
-        lambda path: path in ("/health", "/v1/health"),
-        lambda: llamacpp_error(401, "Invalid API Key"), llamacpp_error, llamacpp_error,
-        has_native=False,
-        # server-http.cpp middleware_server_state, checked before the key: 503 "Loading model" on
-        # every route while the model loads, the model list included (older versions,
-        # tools/server/server.cpp, let the model list through)
-        loading_gate=True,
-        # vendor/cpp-httplib/httplib.cpp Server::write_response_core ("Don't leave connections open
-        # after errors"); a stream's provider ends the keep-alive loop (server-http.cpp)
-        closes_after_errors_and_streams=True,
-        # server-http.cpp: AF_UNIX when --host ends in .sock, bound as is (the real server: exit 1)
-        uds_stale_blocks=True,
-        # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
-        # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
-        health_ok=lambda: web.json_response({"status": "ok"}), kind=kinds.LLAMA_CPP),
 }
 
 
@@ -440,7 +302,7 @@ class Simulator:
         self._router_loaded: dict[str, asyncio.Event] = {}
         self.exit_code = 0
         self._rng = random.Random()
-        self._created = int(time.time())
+        self.created = int(time.time())
         self._stop = asyncio.Event()
         self._exit_at: float | None = None
         self._runner: compat.AppRunner | None = None
@@ -494,8 +356,8 @@ class Simulator:
         a = self.a
         self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
                  profile=self.p.name)
-        if self.p.kind is kinds.VLLM:  # its start logs the arguments it runs with (simengine.py)
-            simengine.log_vllm_args(a)
+        if self.p.start_log is not None:  # what its start writes (vLLM: the arguments it runs with)
+            self.p.start_log(a)
         # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
         early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
         if self.bind_early or self.router:  # a router comes up at once; its models load on demand
@@ -655,9 +517,7 @@ class Simulator:
             try:
                 return await handler(request)
             except web.HTTPNotFound:
-                if self.p.name == "llamacpp":  # server-http.cpp's error handler
-                    return llamacpp_error(404, "File Not Found")
-                return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's (SGLang, vLLM)
+                return self.p.not_found()
 
         @web.middleware
         async def close_after_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -680,24 +540,8 @@ class Simulator:
         app = web.Application(middlewares=[close_after_errors, hang, loading, api_key, not_found, busy])
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
-        if self.p.has_native:
-            app.router.add_get("/get_model_info", self.model_info)
-            app.router.add_get("/health_generate", self.health)
-            app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
-            app.router.add_post("/generate", self.generate)
-            app.router.add_route("GET", "/flush_cache", self.flush_cache)
-            app.router.add_route("POST", "/flush_cache", self.flush_cache)
-        elif self.p.name == "llamacpp":
-            app.router.add_get("/slots", self.slots)
-            app.router.add_get("/props", self.props)
-            app.router.add_post("/slots/{id_slot}", self.slot_action)
-        elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
-            for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
-                app.router.add_post(path, self.reset_cache)
-        if not self.p.has_native:
-            app.router.add_get("/v1/health" if self.p.name == "llamacpp" else "/ping", self.health)
+        for add_routes in self.p.routes:
+            add_routes(self, app)
         if self.router:
             app.router.add_get("/models", self.models)
             app.router.add_post("/models/load", self.router_load)
@@ -784,7 +628,7 @@ class Simulator:
         except BadRequest as e:
             return error(400, str(e))
         if self.a.skip_tokenizer_init and req.text_prompt:
-            return error(400, VLLM_NO_TOKENIZER if self.p.name == "vllm" else NO_TOKENIZER)
+            return error(400, self.p.no_tokenizer)
         if (refused := await self._model_served(request, req)) is not None:
             return refused
         if self._fails():
@@ -846,16 +690,13 @@ class Simulator:
 
     async def models(self, request: web.Request) -> web.Response:
         def card(m: str) -> dict[str, Any]:
-            if self.p.name == "llamacpp":
-                entry: dict[str, Any] = {"id": m, "object": "model", "owned_by": "llamacpp", "created": self._created}
-                if self.router:  # tools/server/server-models.cpp get_router_models
-                    entry["status"] = {"value": self.router[m], "args": []}
-                return entry
+            if self.p.card is not None:
+                return self.p.card(self, m)
             # vLLM lists every --served-model-name with the same root (the weights), then LoRA
             # adapters with their own root and parent (vllm/entrypoints/openai/models/serving.py)
             served = m in self.names
-            return {"id": m, "object": "model", "created": self._created,
-                    "owned_by": "vllm" if self.p.name == "vllm" else "sglang",
+            return {"id": m, "object": "model", "created": self.created,
+                    "owned_by": self.p.owned_by,
                     "root": self.a.model if served else m, "parent": None if served else self.names[0],
                     "max_model_len": CONTEXT_LENGTH}
 
@@ -912,7 +753,7 @@ class Simulator:
         if self.p.has_native and req.return_spec_tokens_details and \
                 simspec.version(self.a.sglang_version) >= simspec.SGLANG_SPELLINGS[0]:
             return {"sglext": {"spec_tokens_details": simspec.sglang_details(tokens, x)}}
-        if self.p.kind is kinds.VLLM:
+        if self.p.per_request_metrics:
             return simspec.vllm_metrics(tokens, x, self.a.per_request_spec_decode_metrics)
         return {}
 
@@ -950,18 +791,17 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG:  # SGLang has no vllm: counters
+        if self.a.spec_accept is not None and self.p.spec_on_metrics:
             lines += self.spec_counters.page(self.a.model)
         lines += self._prefix_metrics()
-        if self.p.kind is kinds.VLLM:
-            lines.append(simengine.VLLM_CACHE_INFO)
+        if self.p.engine_info:
+            lines.append(self.p.engine_info)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
         """The prefix cache's counters under the profile's server's names, with the `_created` sample
         prometheus_client adds to every counter (a timestamp: summing it into a total is wrong)."""
-        kind = self.p.kind or kinds.SGLANG  # the generic server: SGLang's surface
-        hits = kind.hit_rate
+        hits = self.p.surface.hit_rate
         if hits is None or hits.total_excludes_hits:
             return []  # llama.cpp's prompt_tokens counters are not simulated
         # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens;
@@ -975,7 +815,7 @@ class Simulator:
             # prometheus_client's generate_latest() of a Counter: NAME_total, then NAME_created as a gauge
             out += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter", f"{name}_total{labels} {float(v)}",
                     f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
-                    f"{name}_created{labels} {float(self._created)}"]
+                    f"{name}_created{labels} {float(self.created)}"]
         return out
 
     # -- the prefix cache's flush routes, each as its server has it --------------------------------

@@ -24,11 +24,6 @@ from genready.servers.kinds import ServerKind
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
-Server = ServerKind  # what one server's command line means to genready: its kind
-SGLANG: Final = kinds.SGLANG
-VLLM: Final = kinds.VLLM
-LLAMA_CPP: Final = kinds.LLAMA_CPP
-LLAMA_CPP_PYTHON: Final = kinds.LLAMA_CPP_PYTHON
 
 # Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
 _MULTI: Final = frozenset({"--served-model-name", "--api-key"})
@@ -42,7 +37,7 @@ _ENGINE_BOOL: Final = frozenset({
 })
 
 class Unrecognised(Exception):
-    """No SGLang, vLLM or llama.cpp server in the command line; the text says what was found."""
+    """No server of a known kind (servers/kinds.py) in the command line; the text says what was found."""
 
 
 @dataclass
@@ -92,9 +87,8 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
         env = {**env, **container.env}
     found = _recognise(argv)
     if found is None:
-        raise Unrecognised(f"{unit} runs {shown(argv) or 'nothing'}: no SGLang (sglang.launch_server, sglang serve), "
-                           "vLLM (vllm serve, vllm.entrypoints.openai.api_server) or llama.cpp (llama-server, "
-                           "llama_cpp.server) in it" + (f", inside {container.engine} run" if container else ""))
+        raise Unrecognised(f"{unit} runs {shown(argv) or 'nothing'}: none of {kinds.known_words()} in it"
+                           + (f", inside {container.engine} run" if container else ""))
     server, args = found
     values, positional = _flags(server, args)
     for var, what in server.env.items():
@@ -211,14 +205,14 @@ def _engine_run(argv: list[str]) -> tuple[_Container, list[str]]:
     return c, cmd
 
 
-def _recognise(argv: list[str]) -> tuple[Server, list[str]] | None:
+def _recognise(argv: list[str]) -> tuple[ServerKind, list[str]] | None:
     """(the server, its arguments after the program) or None."""
     if not argv:
         return None
     return kinds.by_command(argv, os.path.basename(argv[0]))
 
 
-def _flags(server: Server, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
+def _flags(server: ServerKind, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
     """What the arguments set: {what: (value, the flag that set it)}, and the first positional
     (vLLM's `serve MODEL`). A flag given twice: the last wins, as with argparse."""
     values: dict[str, tuple[str, str]] = {}
@@ -253,7 +247,7 @@ def _loopback(host: str | None) -> str:
     return host.strip("[]")
 
 
-def _url(server: Server, values: dict[str, tuple[str, str]], container: _Container | None, prop: Proposal) -> None:
+def _url(server: ServerKind, values: dict[str, tuple[str, str]], container: _Container | None, prop: Proposal) -> None:
     host = values["host"][0] if "host" in values else server.host
     prefix = values.get("prefix", ("", ""))[0].rstrip("/")
     if prefix and not prefix.startswith("/"):
@@ -319,7 +313,7 @@ def _exposure(values: dict[str, tuple[str, str]], unit_env: Mapping[str, str], e
     return ""
 
 
-def _key(server: Server, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool,
+def _key(server: ServerKind, values: dict[str, tuple[str, str]], prop: Proposal, unit: str, container: bool,
          where: str = "") -> None:
     if "key_file" in values:
         path = values["key_file"][0]
