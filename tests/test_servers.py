@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from genready import config
+from genready.apis import APIS
 from genready.config import TargetConfig
 from genready.probe.probe import Prober
+from genready.servers import kinds
 from genready.servers.kinds import WRONG_SHAPE
 from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import Genready, free_port, show, wait_for
@@ -28,8 +30,8 @@ from genready_dev.usermanager import UserManager
 from tests.test_gate import ReadyPoller, assert_never_stale, left_active_at, start_sim_target
 from tests.test_sim import Sim
 
-# The API genready speaks to each server (SGLang's own; the OpenAI routes for the others).
-API = {"sglang": "sglang", "vllm": "openai-completions", "llamacpp": "openai-chat"}
+# The API genready speaks to each simulated kind: its own (SGLang's /generate), else the one `init` proposes.
+API = {p: kinds.BY_NAME[name].native_api or kinds.BY_NAME[name].api for p, name in kinds.SIMULATED.items()}
 PROFILES = list(API)
 FAST: dict[str, Any] = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 5.0}
 
@@ -93,8 +95,7 @@ async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -
     assert right.ok, right
     # Where each server answers 401 (docs/servers.md): vLLM and llama.cpp guard the model list
     # too (llama.cpp leaves only /health and /v1/health open), SGLang has no model list to ask.
-    where = {"sglang": "POST /generate", "vllm": "model discovery: GET /v1/models",
-             "llamacpp": "model discovery: GET /v1/models"}[profile]
+    where = "model discovery: GET /v1/models" if APIS[API[profile]].needs_model else "POST /generate"
     assert missing.detail.startswith(where), missing.detail
 
 
