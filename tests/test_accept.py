@@ -234,3 +234,30 @@ def test_answers_and_counters_that_disagree_are_both_recorded(tmp_path: Path) ->
     assert d["draft_acceptance"]["per_answer"] == 0.5 and d["draft_acceptance"]["counters"] == 0.8, res
     assert res["accept_length"] == 2.5  # the run's own answers come first
     assert "  accept     DISAGREE accept_length: 2.5 per answer" in text
+
+
+def test_tensorrt_llms_iteration_stats_give_an_accept_length_from_the_read_after_the_run_alone() -> None:
+    """trtllm-serve's GET /metrics drains its queue (tensorrt_llm/serve/openai_server.py): the read before a run
+    empties it, the read after it holds the run's iterations, each with specDecodingStats."""
+    page = kinds.TENSORRT_LLM.metrics
+    assert not page.cumulative
+
+    def rows(*spec: tuple[int, int, int]) -> bytes:
+        return json.dumps([{"iter": j, "specDecodingStats": {"numDraftTokens": d, "numAcceptedTokens": a,
+                                                             "numRequestsWithDraftTokens": r}}
+                           for j, (d, a, r) in enumerate(spec)] + [{"iter": 99}]).encode()
+
+    before = page.reading(rows((300, 250, 100)))  # iterations before the run: not the run's
+    after = page.reading(rows((30, 12, 10), (60, 30, 20)))
+    run = servermetrics.over_run(before.values, after.values, cumulative=after.cumulative)
+    assert run.accept_length == 2.4 and run.draft_acceptance == round(42 / 90, 4), run
+    assert run.accept_source == ("tensorrt-llm /metrics trtllm_spec_decode_num_accepted_tokens_total / "
+                                 "trtllm_spec_decode_num_requests_with_draft_tokens_total")
+    assert after.values[metricspage.ITERATIONS] == 3
+    # what is not its format is refused, never read as counters; odd fields are left out of the sums
+    for body in (b"# TYPE x counter\nx_total 1\n", b'{"iter": 1}', b"[1, 2"):
+        with pytest.raises(metricspage.NotMetrics):
+            page.read(body)
+    odd = page.read(b'[{"specDecodingStats": {"numDraftTokens": true, "numAcceptedTokens": 1e400, '
+                    b'"numRequestsWithDraftTokens": -3}}]')
+    assert odd["trtllm_spec_decode_num_draft_tokens_total"] == 0.0 and all(v == v for v in odd.values())

@@ -84,6 +84,9 @@ def post(url: str, body: dict[str, Any]) -> int:
 @pytest.mark.system  # starts simulator processes
 @pytest.mark.parametrize("profile", PROFILES)
 async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -> None:
+    kind = kinds.BY_NAME[kinds.SIMULATED[profile]]
+    if "key" not in {*kind.flags.values(), *kind.env.values()}:
+        pytest.skip(f"{kind.label} takes no API key")
     sim = start(sims, "--profile", profile, "--api-key", "sk-right", "--load-seconds", "0")
     missing = await probe(sim, target(sim.url, API[profile]))
     assert missing.failure is Failure.REJECTED and missing.status == 401, missing

@@ -6,7 +6,7 @@ hangs, failing generations, slow tokens, two processes on one port. Each is one 
 what real deployments add: an API key, TLS (mutual too), a unix socket, a model without a chat
 template, several models, a server that refuses every generation with one 4xx status.
 
-`--profile sglang|vllm|llamacpp` imitates one real server's start-up, health route, API-key
+`--profile NAME` (a kind's sim_profile: simprofiles.py) imitates one real server's start-up, health route, API-key
 rules, error shapes, model list and shutdown, each taken from that server's source (the file is
 named at each place below; docs/servers.md has the whole table). Without --profile it is the
 generic SGLang-like server the flags above describe.
@@ -323,6 +323,8 @@ class Simulator:
             args.spec_accept = self.spec_model.mean_accept()
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
         self.spec_counters = simspec.Counters()
+        # the counters at the last read of a drained counter page (TensorRT-LLM's iteration stats: simprofiles.py)
+        self.stats_read = (0, 0, 0)
         # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
         if args.spec_accept is not None:
             self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)

@@ -108,6 +108,42 @@ def dev_mode_routes(sim: Simulator, app: web.Application) -> None:
             app.router.add_post(path, sim.reset_cache)
 
 
+def iteration_stats_routes(sim: Simulator, app: web.Application) -> None:
+    """TensorRT-LLM's (tensorrt_llm/serve/openai_server.py, register_routes): /health_generate, /version, and
+    /metrics as JSON iteration stats. (/prometheus/metrics is mounted only with return_perf_metrics and holds no
+    speculative-decoding figure: not simulated.)"""
+    async def metrics(request: web.Request) -> web.Response:
+        return web.json_response(iteration_stats(sim))
+
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.0.0+genready.sim"})  # never a real release's number
+
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health_generate", sim.health)
+    app.router.add_get("/version", version)
+
+
+def iteration_stats(sim: Simulator) -> list[dict[str, Any]]:
+    """The iteration stats since the previous read, as get_iteration_stats drains them (openai_server.py,
+    `llm.get_stats_async`): the simulator has no iterations of its own, so everything since the last read is one
+    row; its specDecodingStats (cpp/include/tensorrt_llm/executor/types.h) only under --spec-accept."""
+    c, last = sim.spec_counters, sim.stats_read
+    sim.stats_read = (c.drafts, c.draft_tokens, c.accepted)
+    steps, drafted, accepted = c.drafts - last[0], c.draft_tokens - last[1], c.accepted - last[2]
+    if not steps:
+        return []
+    row: dict[str, Any] = {"iter": c.drafts, "iterLatencyMS": 0.0, "gpuMemUsage": 0, "numActiveRequests": 0}
+    row["specDecodingStats"] = {"numDraftTokens": drafted, "numAcceptedTokens": accepted,
+                                "numRequestsWithDraftTokens": steps, "acceptanceLength": (accepted + steps) / steps,
+                                "iterLatencyMS": 0.0, "draftOverhead": 0.0}
+    return [row]
+
+
+def model_card(sim: Simulator, m: str) -> dict[str, Any]:
+    """TensorRT-LLM's ModelCard (tensorrt_llm/serve/openai_protocol.py): id, object, created, owned_by."""
+    return {"id": m, "object": "model", "created": sim.created, "owned_by": "tensorrt_llm"}
+
+
 def router_card(sim: Simulator, m: str) -> dict[str, Any]:
     """llama.cpp's model entry; its router's carries each model's status (tools/server/server-models.cpp)."""
     entry: dict[str, Any] = {"id": m, "object": "model", "owned_by": "llamacpp", "created": sim.created}
@@ -228,6 +264,20 @@ _PROFILES: Final[tuple[Profile, ...]] = (
         # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
         health_ok=lambda: web.json_response({"status": "ok"}), kind=kinds.LLAMA_CPP,
         routes=(slot_routes,), not_found=llamacpp_not_found, card=router_card),
+    Profile(
+        # tensorrt_llm/commands/serve.py and serve/openai_server.py: no API key at all
+        lambda path: True, _unauthorized,
+        # OpenAIServer.create_error_response: ErrorResponse {object: "error", message, type, param, code}, 400 for
+        # a request it cannot serve and for FastAPI's validation errors (serve/openai_protocol.py)
+        openai_error, openai_error,
+        has_native=False,
+        # serve.py launch_server: the socket is bound before the LLM is built, uvicorn serves on it after
+        listen_after_load=True,
+        # openai_server.py: GET /metrics is JSON iteration stats; its speculative-decoding figures are there, not
+        # on a Prometheus page. /health answers 200 with no body once it serves; no route checks `model`.
+        # Shutdown: uvicorn's, no draining (linger 0).
+        kind=kinds.TENSORRT_LLM, routes=(iteration_stats_routes,), card=model_card, owned_by="tensorrt_llm",
+        spec_on_metrics=False),
 )
 
 

@@ -4,7 +4,7 @@ Every other module asks a kind (or walks KINDS) instead of comparing a server's 
 command-line reading (tools/unitinit.py), the flush between a sweep's runs (tools/servercache.py),
 the /metrics counters (tools/servermetrics.py), the bench client's per-answer fields and its
 connection handling (tools/bench*.py), the probe's words for a server's refusals (probe/probe.py)
-and the simulator's profiles (genready_dev/sim.py). Adding a server is one more ServerKind here,
+and the simulator's profiles (genready_dev/simprofiles.py). Adding a server is one more ServerKind here,
 plus its simulator profile (docs/architecture.md, "Adding a server kind").
 
 Each fact names the server's source file it was read from.
@@ -29,7 +29,7 @@ from genready.servers.engineconfig import (
     vllm_args_line,
 )
 from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
-from genready.servers.metricspage import PROMETHEUS, MetricsPage, NotMetrics, Reading
+from genready.servers.metricspage import ITERATION_STATS, PROMETHEUS, MetricsPage, NotMetrics, Reading
 
 
 def total(name: str) -> str:
@@ -296,22 +296,32 @@ LLAMA_CPP_PYTHON: Final = ServerKind(
     # llama_cpp/server/app.py serves only /v1/*, /tokenize*, /detokenize
     health_route="")
 
-KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON)
+TENSORRT_LLM: Final = ServerKind(
+    "tensorrt-llm", "TensorRT-LLM", "openai-completions", sim_profile="trtllm",
+    # tensorrt_llm/commands/serve.py: `trtllm-serve MODEL` (its serve command; `trtllm-serve serve MODEL` too),
+    # --host localhost, --port 8000; no API key. Its speculative settings (speculative_config) are LLM-API
+    # options in the YAML file named by --config / --extra_llm_api_options, not flags.
+    programs=("trtllm-serve",), serve_programs=("trtllm-serve",), host="localhost", port=8000,
+    flags={"--host": "host", "--port": "port"},
+    # tensorrt_llm/serve/openai_server.py: /v1/models lists a local MODEL's directory name (not the path), else
+    # MODEL as given, and no route checks a request's `model`: init leaves the model to discovery
+    # openai_server.py register_routes: GET /metrics is the JSON iteration stats, drained by each read; the
+    # Prometheus page is mounted at /prometheus/metrics, only with return_perf_metrics, and holds request
+    # metrics, not speculative decoding's
+    metrics=ITERATION_STATS,
+    metrics_needs="trtllm-serve fills its /metrics only with enable_iter_perf_stats: true in its "
+                  "--extra_llm_api_options YAML",
+    spec=SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "trtllm_spec_decode_num_requests_with_draft_tokens",
+                     "trtllm_spec_decode_num_draft_tokens", "/metrics specDecodingStats (iteration stats)"))
+
+KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON, TENSORRT_LLM)
 BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
-
-# Servers genready knows only by their /metrics counters (no ServerKind: nothing else of them is read).
-# TensorRT-LLM counts draft tokens and accepted ones, not verify steps: a draft acceptance, no accept length
-# (the names as Dynamo's TensorRT-LLM backend exports them, "_total" added by prometheus_client).
-COUNTER_ONLY: Final[tuple[tuple[str, SpecMetrics], ...]] = (
-    ("tensorrt-llm", SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "",
-                                 "trtllm_spec_decode_num_draft_tokens", "/metrics trtllm_spec_decode counters")),)
-
 
 
 def spec_counters() -> tuple[tuple[str, SpecMetrics], ...]:
-    """(who, speculative-decoding counters) of every kind's counter page, and of the servers known only by theirs."""
-    return tuple((f"{k.name} {k.metrics.route}", k.spec) for k in KINDS if k.spec is not None) + \
-        tuple((f"{name} /metrics", m) for name, m in COUNTER_ONLY)
+    """(who, speculative-decoding counters) of every kind's counter page. A page may hold only some of them
+    (Dynamo's TensorRT-LLM re-export: draft tokens and accepted ones, no verify steps): a draft acceptance."""
+    return tuple((f"{k.name} {k.metrics.route}", k.spec) for k in KINDS if k.spec is not None)
 
 
 # What a flush needs, in words, and what a server with none of the routes gets.
@@ -380,7 +390,7 @@ def by_command(argv: list[str], base: str) -> tuple[ServerKind, list[str]] | Non
     return None
 
 
-# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/sim.py)
+# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/simprofiles.py)
 SIMULATED: Final[Mapping[str, str]] = {k.sim_profile: k.name for k in KINDS if k.sim_profile}
 
 

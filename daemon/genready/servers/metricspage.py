@@ -11,6 +11,7 @@ OpenMetrics inside the counter's family), and which sum into nonsense. A sample 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,3 +85,43 @@ class MetricsPage:
 
 
 PROMETHEUS: Final = MetricsPage("/metrics", prometheus)
+
+
+# TensorRT-LLM's GET /metrics (tensorrt_llm/serve/openai_server.py, get_iteration_stats): a JSON list of the
+# iteration stats collected since the previous read (`llm.get_stats_async` drains the executor's queue), filled
+# only with `enable_iter_perf_stats: true` among the LLM-API options (docs/source/commands/trtllm-serve.rst);
+# each row's specDecodingStats holds numDraftTokens, numAcceptedTokens and numRequestsWithDraftTokens, the
+# requests that drafted in that iteration: one verify step each (cpp/include/tensorrt_llm/executor/types.h,
+# SpecDecodingStats; its acceptanceLength is (accepted + requests) / requests). Summed over the rows into
+# counters under the trtllm_spec_decode_ prefix Dynamo's TensorRT-LLM backend uses for its re-export.
+ITERATIONS: Final = "trtllm_iterations_total"
+ITERATION_SPEC: Final = (("numAcceptedTokens", "trtllm_spec_decode_num_accepted_tokens_total"),
+                         ("numDraftTokens", "trtllm_spec_decode_num_draft_tokens_total"),
+                         ("numRequestsWithDraftTokens", "trtllm_spec_decode_num_requests_with_draft_tokens_total"))
+
+
+def iteration_stats(body: bytes) -> dict[str, float]:
+    """TensorRT-LLM's iteration stats as counters over the rows of one read; NotMetrics when the body is no JSON
+    list. A field that is not a finite count is left out of its sum (never NaN in the results)."""
+    try:
+        rows = json.loads(body)
+    except (ValueError, RecursionError) as e:
+        raise NotMetrics(f"not iteration stats: {str(e)[:80]}") from None
+    if not isinstance(rows, list):
+        raise NotMetrics("not iteration stats: not a JSON list")
+    out = {ITERATIONS: 0.0, **{name: 0.0 for _, name in ITERATION_SPEC}}
+    for row in rows:
+        if not isinstance(row, dict):
+            continue
+        out[ITERATIONS] += 1
+        spec = row.get("specDecodingStats")
+        if not isinstance(spec, dict):
+            continue
+        for key, name in ITERATION_SPEC:
+            v = spec.get(key)
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e300:
+                out[name] += float(v)
+    return out
+
+
+ITERATION_STATS: Final = MetricsPage("/metrics", iteration_stats, cumulative=False, label="JSON iteration stats")
