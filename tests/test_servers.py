@@ -277,8 +277,10 @@ def test_status_says_which_model_and_why(manager: UserManager, tmp_path: Path) -
 def test_every_profile_names_its_sources() -> None:
     # docs/servers.md names each profile's source files; the simulator comments name them too.
     doc = (Path(__file__).resolve().parents[1] / "docs" / "servers.md").read_text()
-    sim = (Path(__file__).resolve().parents[1] / "daemon" / "genready_dev" / "sim.py").read_text()
+    dev = Path(__file__).resolve().parents[1] / "daemon" / "genready_dev"
+    sim = "".join(p.read_text() for p in sorted(dev.glob("sim*.py")))  # the simulator's modules
     for path in ("python/sglang/srt/entrypoints/http_server.py", "python/sglang/srt/managers/tokenizer_manager.py",
                  "vllm/entrypoints/openai/models/serving.py", "vllm/entrypoints/openai/server_utils.py",
-                 "tools/server/server-http.cpp", "tools/server/server-models.cpp"):
+                 "tools/server/server-http.cpp", "tools/server/server-models.cpp",
+                 "tensorrt_llm/serve/openai_server.py", "tensorrt_llm/commands/serve.py"):
         assert path.rsplit("/", 1)[1] in doc and path.rsplit("/", 1)[1] in sim, path
