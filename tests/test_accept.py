@@ -116,8 +116,8 @@ def test_llamacpp_counters_are_matched_with_and_without_total_and_trtllm_gives_a
     # without a TYPE line a sample counts only when named `_total`: typed, the bare names count too
     typed = "".join(f"# TYPE {line.split()[0]} counter\n{line}\n" for line in bare.strip().split("\n"))
     before, after = metricspage.counters(typed.format(10, 20)), metricspage.counters(typed.format(14, 29))
-    got = servermetrics.spec_of(servermetrics.over_run(before, after))
-    assert got is not None and (got[0].name, got[1], got[2]) == ("llama.cpp", 9, 4)
+    got = servermetrics.over_run(before, after).acceptance
+    assert got is not None and (got.kind, got.accepted, got.steps) == ("llama.cpp", 9, 4)
     trt = ("trtllm_spec_decode_num_draft_tokens_total {}\ntrtllm_spec_decode_num_accepted_tokens_total {}\n")
     before, after = metricspage.counters(trt.format(100, 40)), metricspage.counters(trt.format(200, 70))
     run = servermetrics.over_run(before, after)

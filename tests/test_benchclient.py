@@ -301,7 +301,7 @@ def test_vllm_counters_are_summed_over_engines() -> None:
     got = metricspage.counters(page)
     assert (got["vllm:spec_decode_num_drafts_total"], got["vllm:spec_decode_num_accepted_tokens_total"]) == (16, 20)
     run = servermetrics.over_run({k: 0.0 for k in got}, got)
-    assert servermetrics.spec_of(run) is not None and servermetrics.spec_of(run)[1:3] == (20, 16)  # type: ignore[index]
+    assert run.acceptance is not None and (run.acceptance.accepted, run.acceptance.steps) == (20, 16)
 
 
 @pytest.mark.system

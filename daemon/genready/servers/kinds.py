@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.apis import MODELS_PATH, too_large
+from genready.servers.acceptance import AcceptanceRecord
 from genready.servers.engineconfig import (
     ARGS_MARK,
     EngineRead,
@@ -29,7 +30,14 @@ from genready.servers.engineconfig import (
     vllm_args_line,
 )
 from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
-from genready.servers.metricspage import ITERATION_STATS, PROMETHEUS, MetricsPage, NotMetrics, Reading
+from genready.servers.metricspage import (
+    ITERATION_STATS,
+    POSITION_LABEL,
+    PROMETHEUS,
+    MetricsPage,
+    NotMetrics,
+    Reading,
+)
 
 
 def total(name: str) -> str:
@@ -132,6 +140,30 @@ class ServerKind:
     refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
     # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
     engine: EngineRead | None = None
+
+    def acceptance(self, deltas: Mapping[str, float]) -> AcceptanceRecord | None:
+        """Its counter page's adapter: a run's deltas of its speculative-decoding counters as one neutral record;
+        None when they did not grow (or it counts none)."""
+        m = self.spec
+        accepted = counter(deltas, m.accepted) if m is not None else None
+        if m is None or accepted is None:
+            return None
+        steps = counter(deltas, m.steps) if m.steps else None
+        drafted = counter(deltas, m.draft_tokens) if m.draft_tokens else None
+        if not steps and not drafted:
+            return None
+        where = f"{self.name} {self.metrics.route} {total(m.accepted)}"
+        return AcceptanceRecord(self.name, accepted, steps or None, drafted,
+                                tuple(positions(deltas, m.per_pos)) if m.per_pos else (),
+                                steps_source=f"{where} / {total(m.steps)}" if m.steps else "",
+                                drafted_source=f"{where} / {total(m.draft_tokens)}" if m.draft_tokens else "",
+                                label=m.source)
+
+    def info_acceptance(self, body: bytes) -> AcceptanceRecord | None:
+        """Its info route's adapter: the engine's own average accept length as a record (None: not there)."""
+        average = self.info_accept(body) if self.info_accept is not None else None
+        return None if average is None else AcceptanceRecord(self.name, average=average,
+                                                              steps_source=self.info_source, label=self.info_source)
 
 
 # --- the kinds -------------------------------------------------------------------------------------------
@@ -318,10 +350,30 @@ KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHO
 BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
 
 
-def spec_counters() -> tuple[tuple[str, SpecMetrics], ...]:
-    """(who, speculative-decoding counters) of every kind's counter page. A page may hold only some of them
-    (Dynamo's TensorRT-LLM re-export: draft tokens and accepted ones, no verify steps): a draft acceptance."""
-    return tuple((f"{k.name} {k.metrics.route}", k.spec) for k in KINDS if k.spec is not None)
+def acceptance_of(deltas: Mapping[str, float]) -> AcceptanceRecord | None:
+    """A run's acceptance from its counter deltas: the first kind's record with verify steps (an accept length),
+    else the first with draft tokens alone (a page with only some of them, Dynamo's TensorRT-LLM re-export: a
+    draft acceptance); None when no kind's counters grew."""
+    records = [r for k in KINDS if (r := k.acceptance(deltas)) is not None]
+    return next((r for r in records if r.steps), None) or next(iter(records), None)
+
+
+def counter(deltas: Mapping[str, float], name: str) -> float | None:
+    """A counter's delta by its name with `_total` (prometheus_client's) or without; None when on neither page."""
+    for sample in (total(name), name):
+        if sample in deltas:
+            return deltas[sample]
+    return None
+
+
+def positions(deltas: Mapping[str, float], name: str) -> list[float]:
+    """A per-position counter's deltas by position 0, 1, … up to the last one on the page ([] without)."""
+    for sample in (total(name), name):
+        got = {int(k[len(sample) + len(POSITION_LABEL) + 3:-2]): v for k, v in deltas.items()
+               if k.startswith(sample + "{" + POSITION_LABEL + '="')}
+        if got:
+            return [got.get(j, 0.0) for j in range(max(got) + 1)]
+    return []
 
 
 # What a flush needs, in words, and what a server with none of the routes gets.

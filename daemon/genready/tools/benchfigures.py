@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
 from genready.apis import BadAnswer, ServerApi, too_large
-from genready.servers import kinds
+from genready.servers import acceptance, kinds
+from genready.servers.acceptance import AcceptanceRecord
 from genready.tools import servermetrics
 
 # Two sources of one figure that differ by more than this (relative to the larger) disagree.
@@ -204,7 +205,7 @@ class Summary:
     outcomes: list[Outcome] = field(default_factory=list)
     metrics_accept: float | None = None  # vLLM, llama.cpp: 1 + Δaccepted / Δdrafts over the run (/metrics)
     metrics_source: str | None = None  # which server's /metrics counters metrics_accept comes from
-    server_accept_length: float | None = None  # SGLang: avg_spec_accept_length after the run
+    server_acceptance: AcceptanceRecord | None = None  # the kind's info route after the run (SGLang's average)
     stale_connections: int = 0  # pooled connections the server had closed, found before sending on them
     metrics_counts: dict[str, float] | None = None  # the /metrics counters' growth over the run
     new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
@@ -232,9 +233,14 @@ class Summary:
         if self.metrics_accept is not None:
             return self.metrics_accept, self.metrics_source
         # The server's own average only on the OpenAI routes: its own API's answers carry the run's counts.
-        if not self.own_api and self.kind is not None and self.server_accept_length is not None:
-            return self.server_accept_length, self.kind.info_source
+        if not self.own_api and self.server_accept_length is not None and self.server_acceptance is not None:
+            return self.server_accept_length, self.server_acceptance.steps_source
         return None, None
+
+    @property
+    def server_accept_length(self) -> float | None:
+        """The engine's own average accept length from its info route (None: none read)."""
+        return None if self.server_acceptance is None else self.server_acceptance.accept_length()
 
     def kind_of_answers(self) -> kinds.ServerKind | None:
         """The kind whose per-answer fields the run's answers carry, when no kind was known before the run."""
@@ -264,7 +270,7 @@ class Summary:
         if t is None or t.accepted_steps is None or t.accepted_steps[1] == 0:
             return None
         accepted, steps = t.accepted_steps
-        return servermetrics.accept_length(accepted, steps), \
+        return acceptance.accept_length(accepted, steps), \
             f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.steps}"
 
     def drafts(self) -> Drafts | None:
@@ -453,19 +459,18 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
 
 
 def from_counters(summary: Summary, run: servermetrics.RunCounters) -> None:
-    """The run's speculative-decoding figures from its /metrics counters (read once before, once after)."""
+    """The run's speculative-decoding figures from its counters (read once before, once after): the neutral
+    record the kind's adapter made of them, when it has verify steps (an accept length)."""
     summary.server_counters = run
-    got = servermetrics.spec_of(run)
-    if got is None:
+    rec = run.acceptance
+    if rec is None or rec.accepted is None or not rec.steps:
         return
-    kind, accepted, steps, drafted = got
-    assert kind.spec is not None
-    summary.metrics_accept = servermetrics.accept_length(accepted, steps)
-    summary.metrics_source = kind.spec.source
-    summary.metrics_kind = kind.name
-    summary.metrics_counts = {"drafts": steps, "accepted": accepted}
-    if drafted is not None:
-        summary.metrics_counts["draft_tokens"] = drafted
+    summary.metrics_accept = rec.accept_length()
+    summary.metrics_source = rec.label
+    summary.metrics_kind = rec.kind
+    summary.metrics_counts = {"drafts": rec.steps, "accepted": rec.accepted}
+    if rec.drafted is not None:
+        summary.metrics_counts["draft_tokens"] = rec.drafted
 
 
 def finite(v: Any) -> Any:

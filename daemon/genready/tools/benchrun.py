@@ -26,6 +26,7 @@ from genready import apis
 from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 from genready.servers import kinds
+from genready.servers.acceptance import AcceptanceRecord
 from genready.servers.metricspage import NotMetrics, Reading
 from genready.tools import benchload, servermetrics
 from genready.tools import prompts as prompt_sets
@@ -295,14 +296,14 @@ async def kind_of(session: aiohttp.ClientSession, url: str, server: ServerOption
 
 
 async def read_info_accept(session: aiohttp.ClientSession, url: str, kind: kinds.ServerKind,
-                           timeout: float) -> float | None:
-    """The kind's average accept length from its server-info route (None: not there, or no spec); a 404 is an
-    older version's other name."""
+                           timeout: float) -> AcceptanceRecord | None:
+    """The kind's own average accept length from its server-info route, as its adapter's record (None: not
+    there, or no spec); a 404 is an older version's other name."""
     for path in kind.info_routes:
         status, body = await _get_json_or_text(session, url + path, timeout)
         if status == 404:
             continue
-        return kind.info_accept(body) if status == 200 and kind.info_accept is not None else None
+        return kind.info_acceptance(body) if status == 200 else None
     return None
 
 
@@ -532,7 +533,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
             # the kind's own average after the run: on its own API always (for the results line), on its
             # OpenAI routes when neither the answers nor the counters gave an accept length (a stream's answers
             # carry none without the kind's openai_fields)
-            summary.server_accept_length = await read_info_accept(session, url, kind, load.timeout)
+            summary.server_acceptance = await read_info_accept(session, url, kind, load.timeout)
         summary.stale_connections = connector.stale
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.servers import kinds
-from genready.servers.metricspage import POSITION_LABEL
+from genready.servers.acceptance import AcceptanceRecord
 
 METRICS_FILE: Final = "server_metrics.json"
 
@@ -54,6 +54,7 @@ class RunCounters:
     accept_source: str | None = None
     accept_per_position: list[float] | None = None  # Δaccepted at draft position j / Δverify steps, j = 0, 1, …
     draft_acceptance_source: str | None = None  # where draft_acceptance came from (TensorRT-LLM: no accept length)
+    acceptance: AcceptanceRecord | None = None  # the neutral record the figures above come from
 
     def to_json(self) -> dict[str, Any]:
         return {"counters": self.deltas, "reset": self.reset or None,
@@ -97,61 +98,11 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float], *, cumulat
             if t > 0:
                 run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} {hits}"
             break
-    if (got := spec_of(run)) is not None:
-        kind, accepted, steps, drafted = got
-        assert kind.spec is not None
-        run.accept_length = _rounded(accept_length(accepted, steps))
-        run.accept_source = f"{kind.name} {kind.metrics.route} {kinds.total(kind.spec.accepted)} / " \
-                            f"{kinds.total(kind.spec.steps)}"
-        if drafted:
-            run.draft_acceptance = _rounded(accepted / drafted)
-            run.draft_acceptance_source = f"{kind.name} {kind.metrics.route} {kinds.total(kind.spec.accepted)} / " \
-                                          f"{kinds.total(kind.spec.draft_tokens)}"
-        if kind.spec.per_pos:
-            run.accept_per_position = [_rounded(v / steps) for v in per_position(run.deltas, kind.spec.per_pos)] or None
-        return run
-    for server, m in kinds.spec_counters():  # a page with draft tokens and accepted ones, no verify steps
-        proposed, kept = delta(run.deltas, m.draft_tokens) if m.draft_tokens else None, delta(run.deltas, m.accepted)
-        if proposed and kept is not None:
-            run.draft_acceptance = _rounded(kept / proposed)
-            run.draft_acceptance_source = f"{server} {kinds.total(m.accepted)} / {kinds.total(m.draft_tokens)}"
-            break
+    if (rec := kinds.acceptance_of(run.deltas)) is not None:
+        run.acceptance = rec
+        if (length := rec.accept_length()) is not None:
+            run.accept_length, run.accept_source = _rounded(length), rec.steps_source
+        if (share := rec.draft_acceptance()) is not None:
+            run.draft_acceptance, run.draft_acceptance_source = _rounded(share), rec.drafted_source
+        run.accept_per_position = [_rounded(r) for r in rec.position_rates()] or None
     return run
-
-
-def per_position(deltas: Mapping[str, float], name: str) -> list[float]:
-    """A per-position counter's deltas by position 0, 1, … up to the last one on the page ([] without)."""
-    for sample in (kinds.total(name), name):
-        got = {int(k[len(sample) + len(POSITION_LABEL) + 3:-2]): v for k, v in deltas.items()
-               if k.startswith(sample + "{" + POSITION_LABEL + '="')}
-        if got:
-            return [got.get(j, 0.0) for j in range(max(got) + 1)]
-    return []
-
-
-def delta(deltas: Mapping[str, float], name: str) -> float | None:
-    """A counter's delta by its name with `_total` (prometheus_client's) or without; None when on neither page."""
-    for sample in (kinds.total(name), name):
-        if sample in deltas:
-            return deltas[sample]
-    return None
-
-
-def accept_length(accepted: float, steps: float) -> float:
-    """Tokens per verify step of the large model: each step gives its accepted draft tokens plus one of its own
-    (vLLM's "mean acceptance length"); the bench client and the sweep both take it from here."""
-    return 1 + accepted / steps
-
-
-def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | None] | None:
-    """(the kind, Δaccepted, Δverify steps, Δdraft tokens or None) of the first kind whose speculative-decoding
-    counters grew over the run; None without (or after a reset). The accept length is 1 + Δaccepted / Δsteps."""
-    if run.reset:
-        return None
-    for kind in kinds.spec_kinds():
-        assert kind.spec is not None
-        accepted, steps = delta(run.deltas, kind.spec.accepted), delta(run.deltas, kind.spec.steps)
-        drafted = delta(run.deltas, kind.spec.draft_tokens) if kind.spec.draft_tokens else None
-        if steps and accepted is not None:
-            return kind, accepted, steps, drafted
-    return None
