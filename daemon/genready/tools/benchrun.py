@@ -1,8 +1,9 @@
 """The bench client's run: N generations at concurrency C or as Poisson arrivals, each time-bounded,
-and the server's own figures over the run (its /metrics page read once before and once after;
-SGLang's server info after). Requests and the token count follow apis.py, the probe's rules. A prompt is
-a conversation: one request, or one per turn of a multi-turn question, each later turn sent once the answer
-before it arrived, with the earlier turns and answers (docs/benchclient.md, "Multi-turn questions").
+and the server's own figures over the run, asked of its kind (servers/kinds.py), told once per run (kind_of):
+its counter page read once before and once after, its info route's average after. Requests and the token
+count follow apis.py, the probe's rules. A prompt is a conversation: one request, or one per turn of a
+multi-turn question, each later turn sent once the answer before it arrived, with the earlier turns and
+answers (docs/benchclient.md, "Multi-turn questions").
 """
 
 from __future__ import annotations
