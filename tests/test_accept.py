@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from genready.apis import BadAnswer
+from genready.servers import kinds, metricspage
 from genready.tools import servermetrics
 from genready.tools.benchfigures import Outcome, Summary, answer_counts
 from genready_dev import simspec
@@ -103,7 +104,7 @@ def test_per_position_acceptance_from_the_answers_histograms_and_from_the_counte
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 6.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",position="0"} 1.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 3.0\n')
-    after = servermetrics.counters(page)
+    after = metricspage.counters(page)
     run = servermetrics.over_run({k: 0.0 for k in after}, after)
     assert run.accept_per_position == [7 / 8, 3 / 8] and run.accept_length == 1 + 10 / 8
     s = Summary(1, 1, outcomes=[Outcome(True, 0.1, 5)], server_counters=run)
@@ -114,11 +115,11 @@ def test_llamacpp_counters_are_matched_with_and_without_total_and_trtllm_gives_a
     bare = "llamacpp:spec_decode_num_drafts {}\nllamacpp:spec_decode_num_accepted_tokens {}\n"
     # without a TYPE line a sample counts only when named `_total`: typed, the bare names count too
     typed = "".join(f"# TYPE {line.split()[0]} counter\n{line}\n" for line in bare.strip().split("\n"))
-    before, after = servermetrics.counters(typed.format(10, 20)), servermetrics.counters(typed.format(14, 29))
-    got = servermetrics.spec_of(servermetrics.over_run(before, after))
-    assert got is not None and (got[0].name, got[1], got[2]) == ("llama.cpp", 9, 4)
+    before, after = metricspage.counters(typed.format(10, 20)), metricspage.counters(typed.format(14, 29))
+    got = servermetrics.over_run(before, after).acceptance
+    assert got is not None and (got.kind, got.accepted, got.steps) == ("llama.cpp", 9, 4)
     trt = ("trtllm_spec_decode_num_draft_tokens_total {}\ntrtllm_spec_decode_num_accepted_tokens_total {}\n")
-    before, after = servermetrics.counters(trt.format(100, 40)), servermetrics.counters(trt.format(200, 70))
+    before, after = metricspage.counters(trt.format(100, 40)), metricspage.counters(trt.format(200, 70))
     run = servermetrics.over_run(before, after)
     assert run.draft_acceptance == 0.3 and run.accept_length is None
     assert run.draft_acceptance_source == "tensorrt-llm /metrics trtllm_spec_decode_num_accepted_tokens_total / " \
@@ -130,7 +131,7 @@ def test_llamacpp_counters_are_matched_with_and_without_total_and_trtllm_gives_a
 def _counters(drafts: float, accepted: float, draft_tokens: float) -> servermetrics.RunCounters:
     page = ("vllm:spec_decode_num_drafts_total {}\nvllm:spec_decode_num_accepted_tokens_total {}\n"
             "vllm:spec_decode_num_draft_tokens_total {}\n")
-    after = servermetrics.counters(page.format(drafts, accepted, draft_tokens))
+    after = metricspage.counters(page.format(drafts, accepted, draft_tokens))
     return servermetrics.over_run({k: 0.0 for k in after}, after)
 
 
@@ -151,7 +152,7 @@ def test_sources_that_differ_by_more_than_five_percent_are_both_recorded() -> No
 def test_a_speculative_server_answering_none_of_the_keys_is_named_once() -> None:
     """SGLang's verify steps without any of its acceptance spellings (a rename genready does not know yet),
     and vLLM's counters without metrics.speculative_decoding (--per-request-spec-decode-metrics not set)."""
-    sglang = Summary(1, 1, outcomes=[Outcome(True, 0.1, 10, spec_verify_ct=4)], sglang=True)
+    sglang = Summary(1, 1, outcomes=[Outcome(True, 0.1, 10, spec_verify_ct=4)], kind=kinds.SGLANG)
     words = sglang.acceptance_missing()
     assert words is not None and words.startswith("no per-request acceptance: the server answers none of ")
     assert "spec_num_correct_drafts, spec_accepted_drafts, spec_accept_token_num (SGLang); upgrade, or" in words
@@ -233,3 +234,30 @@ def test_answers_and_counters_that_disagree_are_both_recorded(tmp_path: Path) ->
     assert d["draft_acceptance"]["per_answer"] == 0.5 and d["draft_acceptance"]["counters"] == 0.8, res
     assert res["accept_length"] == 2.5  # the run's own answers come first
     assert "  accept     DISAGREE accept_length: 2.5 per answer" in text
+
+
+def test_tensorrt_llms_iteration_stats_give_an_accept_length_from_the_read_after_the_run_alone() -> None:
+    """trtllm-serve's GET /metrics drains its queue (tensorrt_llm/serve/openai_server.py): the read before a run
+    empties it, the read after it holds the run's iterations, each with specDecodingStats."""
+    page = kinds.TENSORRT_LLM.metrics
+    assert not page.cumulative
+
+    def rows(*spec: tuple[int, int, int]) -> bytes:
+        return json.dumps([{"iter": j, "specDecodingStats": {"numDraftTokens": d, "numAcceptedTokens": a,
+                                                             "numRequestsWithDraftTokens": r}}
+                           for j, (d, a, r) in enumerate(spec)] + [{"iter": 99}]).encode()
+
+    before = page.reading(rows((300, 250, 100)))  # iterations before the run: not the run's
+    after = page.reading(rows((30, 12, 10), (60, 30, 20)))
+    run = servermetrics.over_run(before.values, after.values, cumulative=after.cumulative)
+    assert run.accept_length == 2.4 and run.draft_acceptance == round(42 / 90, 4), run
+    assert run.accept_source == ("tensorrt-llm /metrics trtllm_spec_decode_num_accepted_tokens_total / "
+                                 "trtllm_spec_decode_num_requests_with_draft_tokens_total")
+    assert after.values[metricspage.ITERATIONS] == 3
+    # what is not its format is refused, never read as counters; odd fields are left out of the sums
+    for body in (b"# TYPE x counter\nx_total 1\n", b'{"iter": 1}', b"[1, 2"):
+        with pytest.raises(metricspage.NotMetrics):
+            page.read(body)
+    odd = page.read(b'[{"specDecodingStats": {"numDraftTokens": true, "numAcceptedTokens": 1e400, '
+                    b'"numRequestsWithDraftTokens": -3}}]')
+    assert odd["trtllm_spec_decode_num_draft_tokens_total"] == 0.0 and all(v == v for v in odd.values())

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 
 from genready import apis
+from genready.servers import metricspage
 from genready.tools import benchclient, benchrun, prompts, servermetrics
 from genready.tools.prompts import Prompt
 from genready_dev.harness import PY, Simulator, env_without_notify, free_port
@@ -297,10 +298,10 @@ def test_vllm_counters_are_summed_over_engines() -> None:
             'vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e9\n'
             'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 9.0\n')
-    got = servermetrics.counters(page)
+    got = metricspage.counters(page)
     assert (got["vllm:spec_decode_num_drafts_total"], got["vllm:spec_decode_num_accepted_tokens_total"]) == (16, 20)
     run = servermetrics.over_run({k: 0.0 for k in got}, got)
-    assert servermetrics.spec_of(run) is not None and servermetrics.spec_of(run)[1:3] == (20, 16)  # type: ignore[index]
+    assert run.acceptance is not None and (run.acceptance.accepted, run.acceptance.steps) == (20, 16)
 
 
 @pytest.mark.system

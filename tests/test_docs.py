@@ -78,10 +78,10 @@ def long_flags(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    from genready_dev import sim
+    from genready_dev import simargs
 
     simulate = argparse.ArgumentParser(prog="genready simulate")
-    sim.add_arguments(simulate)
+    simargs.add_arguments(simulate)
     return {
         "genready": cli.build_parser(),
         "genready sweep restore": cli.sweep_tool_parser("restore"),

@@ -115,6 +115,19 @@ def test_llama_cpp_python() -> None:
     assert (t["url"], t["model"]) == ("https://localhost:8100", "a")
 
 
+@pytest.mark.parametrize(("argv", "url"), [
+    (["/usr/local/bin/trtllm-serve", "/models/llama-3-8b", "--extra_llm_api_options", "/etc/trt.yml"],
+     "http://localhost:8000"),
+    (["trtllm-serve", "serve", "meta-llama/Llama-3.1-8B", "--host", "0.0.0.0", "--port", "8100", "--tp_size", "2"],
+     "http://127.0.0.1:8100"),
+])
+def test_tensorrt_llm(argv: list[str], url: str) -> None:
+    """trtllm-serve MODEL (tensorrt_llm/commands/serve.py: --host localhost, --port 8000): no model is written,
+    since its /v1/models names a local model's directory, not the path (discovery finds it)."""
+    t = table(argv)
+    assert (t["url"], t["api"]) == (url, "openai-completions") and "model" not in t, t
+
+
 @pytest.mark.parametrize(("argv", "health_route"), [
     (["/v/bin/python3", "-m", "llama_cpp.server", "--model", "/m.gguf"], False),
     (["/usr/bin/llama-server", "-m", "/m.gguf"], True),

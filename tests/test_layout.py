@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from genready.apis import APIS
+from genready.servers import kinds
 from tests.test_imports import parsed  # one parse of each module for both files' rules
 
 
@@ -104,49 +107,95 @@ def test_only_the_systemd_package_talks_to_systemd() -> None:
             assert word not in text, f"{path.relative_to(root)} uses {word!r}: only systemd/ may"
 
 
-SERVER_WORDS = frozenset({"sglang", "vllm", "llama.cpp", "llamacpp", "llama-server", "llama-cpp-python",
-                          "openai-completions", "openai-chat"})
-KIND_NAMES = frozenset({"SGLANG", "VLLM", "LLAMA_CPP", "LLAMA_CPP_PYTHON"})
+def _flat(word: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", word.lower())
 
 
-def server_comparisons(path: Path) -> list[str]:
-    """`api == "…"`, `x == "sglang"`, `x in ("sglang", …)` and `kind is VLLM` in one module: what a server kind
-    (servers/kinds.py) should answer instead."""
+# Every name a server goes by, derived from servers/kinds.py's KINDS (a new kind is guarded the moment it is
+# added): its kind name, label, simulator profile and programs, and the api names (apis.APIS).
+SERVER_WORDS = frozenset({w.lower() for k in kinds.KINDS
+                          for w in (k.name, k.label, k.sim_profile, *k.programs, *k.serve_programs, *k.modules) if w}
+                         | set(APIS))
+# ... as they appear inside identifiers (`is_sglang`, `summary.sglang_openai`, `LLAMA_CPP`): without case or
+# separators
+SERVER_TOKENS = frozenset(_flat(w) for k in kinds.KINDS
+                          for w in (k.name, k.label, k.sim_profile, *k.programs, *k.serve_programs) if _flat(w))
+KIND_NAMES = frozenset(name for name, v in vars(kinds).items() if isinstance(v, kinds.ServerKind))
+# Where a server's name is the point: the kinds themselves, and the API table (SGLang's own wire format is an
+# api named "sglang", apis.py)
+NAMED_HERE = frozenset({"servers", "apis.py"})
+
+
+def server_comparisons(path: Path, *, names: bool = True) -> list[str]:
+    """`api == "…"`, `x == "sglang"`, `x in ("sglang", …)`, `kind is VLLM`, a dict or `match` keyed by server
+    names, and a server's name inside an identifier (`is_sglang()`, `summary.sglang`, `_sglang_average`) in one
+    module (without `names`: the comparisons and tables alone): what a server kind (servers/kinds.py) should
+    answer instead."""
     import ast
 
     def named(node: ast.AST) -> str:
         return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
 
-    def words(node: ast.AST) -> set[str]:
+    def words(node: ast.AST | None) -> set[str]:
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            return {node.value}
+            return {node.value.lower()}
         if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            return {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            return {e.value.lower() for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         return set()
+
+    def identifiers(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return [node.name]
+        if isinstance(node, ast.Name | ast.Attribute):
+            return [named(node)]
+        if isinstance(node, ast.arg):
+            return [node.arg]
+        if isinstance(node, ast.keyword) and node.arg:
+            return [node.arg]
+        if isinstance(node, ast.alias):
+            return [node.asname or node.name.split(".")[-1]]
+        return []
 
     found = []
     for node in ast.walk(parsed(path)):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        strings = set().union(*(words(s) for s in sides))
-        if (strings & SERVER_WORDS or (strings and any(named(s) == "api" for s in sides))
-                or any(named(s) in KIND_NAMES for s in sides)):
-            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        where = f"{path.name}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            strings = set().union(*(words(s) for s in sides))
+            if (strings & SERVER_WORDS or (strings and any(named(s) == "api" for s in sides))
+                    or any(named(s) in KIND_NAMES for s in sides)):
+                found.append(f"{where}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Dict) and set().union(*(words(k) for k in node.keys)) & SERVER_WORDS:
+            found.append(f"{where}: a table keyed by server names")
+        elif isinstance(node, ast.MatchValue) and words(node.value) & SERVER_WORDS:
+            found.append(f"{where}: case {ast.unparse(node.value)}")
+        if names:
+            found += [f"{where}: {name}" for name in identifiers(node) if any(t in _flat(name) for t in SERVER_TOKENS)]
     return found
 
 
 def test_no_server_is_told_apart_by_name_outside_the_server_kinds(tmp_path: Path) -> None:
-    """What differs between SGLang, vLLM and llama.cpp is asked of a ServerKind (servers/kinds.py), never
-    `if api == "sglang"`: a new kind is then one object plus its simulator profile."""
+    """What differs between the servers is asked of a ServerKind (servers/kinds.py), never `if api == "sglang"`,
+    `summary.sglang` or `is_sglang()`: a new kind is then one object plus its simulator profile."""
     root = Path(__file__).resolve().parents[1] / "daemon" / "genready"
-    found = [f for path in sorted(root.rglob("*.py")) if path.parent.name != "servers"
+    found = [f for path in sorted(root.rglob("*.py")) if not NAMED_HERE & {path.parent.name, path.name}
              for f in server_comparisons(path)]
-    assert not found, "compare with a server kind instead:\n" + "\n".join(found)
-    # the check itself finds each form
+    assert not found, "ask a server kind instead:\n" + "\n".join(found)
+    # The simulator asks its profile (genready_dev/simprofiles.py, keyed by the kind), never a server's name;
+    # its per-server functions may carry one (llamacpp_error). (realservers.py's tables are of builds.)
+    dev = root.parent / "genready_dev"
+    found = [f for path in sorted(dev.glob("sim*.py")) for f in server_comparisons(path, names=False)]
+    assert not found, "ask the simulator's profile instead:\n" + "\n".join(found)
+    # the check itself finds each form, for every kind's name
     probe = tmp_path / "probe.py"
-    probe.write_text('if t.api == "x": pass\nif name in ("a", "vllm"): pass\nif server is VLLM: pass\n')
-    assert len(server_comparisons(probe)) == 3
+    probe.write_text('if t.api == "x": pass\nif name in ("a", "vllm"): pass\nif server is VLLM: pass\n'
+                     'if summary.sglang: pass\ndef is_sglang(): pass\nT = {"llama.cpp": 1}\n'
+                     'match k:\n    case "sglang": pass\n')
+    assert len(server_comparisons(probe)) == 8, server_comparisons(probe)
+    for j, k in enumerate(kinds.KINDS):
+        each = tmp_path / f"kind{j}.py"  # parsed() caches by path
+        each.write_text(f"if x == {k.name!r}: pass\ndef read_{_flat(k.name)}(): pass\n")
+        assert len(server_comparisons(each)) == 2, k.name
 
 
 def test_no_plain_append_of_a_file_others_read(tmp_path: Path) -> None:
@@ -222,6 +271,19 @@ def test_no_product_module_over_700_lines() -> None:
     over = {str(p.relative_to(root)): n for p in sorted(root.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert not over, f"over {MAX_MODULE_LINES} lines: {over}"
+
+
+MAX_DEV_MODULE_LINES = 1000
+
+
+def test_no_dev_module_over_1000_lines() -> None:
+    """The development tooling too (genready_dev/sim.py reached 1,410 lines, its Simulator 47 methods, before its
+    profiles, request parsing and flags became modules of their own): a higher cap than the product's, since a
+    simulator or a demo is read less often, but a cap."""
+    root = Path(__file__).resolve().parents[1] / "daemon" / "genready_dev"
+    over = {p.name: n for p in sorted(root.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_DEV_MODULE_LINES}
+    assert not over, f"over {MAX_DEV_MODULE_LINES} lines: {over}"
 
 
 def test_each_test_of_a_real_server_runs_after_the_build() -> None:

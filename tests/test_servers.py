@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 from genready import config
+from genready.apis import APIS
 from genready.config import TargetConfig
 from genready.probe.probe import Prober
+from genready.servers import kinds
 from genready.servers.kinds import WRONG_SHAPE
 from genready.vocab import Failure, ProbeResult
 from genready_dev.harness import Genready, free_port, show, wait_for
@@ -28,8 +30,8 @@ from genready_dev.usermanager import UserManager
 from tests.test_gate import ReadyPoller, assert_never_stale, left_active_at, start_sim_target
 from tests.test_sim import Sim
 
-# The API genready speaks to each server (SGLang's own; the OpenAI routes for the others).
-API = {"sglang": "sglang", "vllm": "openai-completions", "llamacpp": "openai-chat"}
+# The API genready speaks to each simulated kind: its own (SGLang's /generate), else the one `init` proposes.
+API = {p: kinds.BY_NAME[name].native_api or kinds.BY_NAME[name].api for p, name in kinds.SIMULATED.items()}
 PROFILES = list(API)
 FAST: dict[str, Any] = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 5.0}
 
@@ -82,6 +84,9 @@ def post(url: str, body: dict[str, Any]) -> int:
 @pytest.mark.system  # starts simulator processes
 @pytest.mark.parametrize("profile", PROFILES)
 async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -> None:
+    kind = kinds.BY_NAME[kinds.SIMULATED[profile]]
+    if "key" not in {*kind.flags.values(), *kind.env.values()}:
+        pytest.skip(f"{kind.label} takes no API key")
     sim = start(sims, "--profile", profile, "--api-key", "sk-right", "--load-seconds", "0")
     missing = await probe(sim, target(sim.url, API[profile]))
     assert missing.failure is Failure.REJECTED and missing.status == 401, missing
@@ -93,8 +98,7 @@ async def test_wrong_and_missing_key_per_server(sims: list[Sim], profile: str) -
     assert right.ok, right
     # Where each server answers 401 (docs/servers.md): vLLM and llama.cpp guard the model list
     # too (llama.cpp leaves only /health and /v1/health open), SGLang has no model list to ask.
-    where = {"sglang": "POST /generate", "vllm": "model discovery: GET /v1/models",
-             "llamacpp": "model discovery: GET /v1/models"}[profile]
+    where = "model discovery: GET /v1/models" if APIS[API[profile]].needs_model else "POST /generate"
     assert missing.detail.startswith(where), missing.detail
 
 
@@ -273,8 +277,10 @@ def test_status_says_which_model_and_why(manager: UserManager, tmp_path: Path) -
 def test_every_profile_names_its_sources() -> None:
     # docs/servers.md names each profile's source files; the simulator comments name them too.
     doc = (Path(__file__).resolve().parents[1] / "docs" / "servers.md").read_text()
-    sim = (Path(__file__).resolve().parents[1] / "daemon" / "genready_dev" / "sim.py").read_text()
+    dev = Path(__file__).resolve().parents[1] / "daemon" / "genready_dev"
+    sim = "".join(p.read_text() for p in sorted(dev.glob("sim*.py")))  # the simulator's modules
     for path in ("python/sglang/srt/entrypoints/http_server.py", "python/sglang/srt/managers/tokenizer_manager.py",
                  "vllm/entrypoints/openai/models/serving.py", "vllm/entrypoints/openai/server_utils.py",
-                 "tools/server/server-http.cpp", "tools/server/server-models.cpp"):
+                 "tools/server/server-http.cpp", "tools/server/server-models.cpp",
+                 "tensorrt_llm/serve/openai_server.py", "tensorrt_llm/commands/serve.py"):
         assert path.rsplit("/", 1)[1] in doc and path.rsplit("/", 1)[1] in sim, path

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from genready import compat
-from genready_dev import sim, simbatch
+from genready_dev import simargs, simbatch
 from genready_dev.simbatch import BatchModel
 from tests.test_benchclient import Sim, bench
 
@@ -64,7 +64,7 @@ def test_no_crossover_without_a_per_token_cost_or_speculation_or_with_every_draf
 
 def parse(*flags: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    sim.add_arguments(p)
+    simargs.add_arguments(p)
     return p.parse_args(list(flags))
 
 

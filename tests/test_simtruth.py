@@ -19,6 +19,7 @@ import tomli_w
 from genready.tools import prompts
 from genready_dev import sim, simspec, simtruth
 from genready_dev.harness import GENREADY, PY
+from genready_dev.simrequests import GenRequest
 from genready_dev.usermanager import UserManager
 from tests.test_benchclient import Sim, bench
 from tests.test_sweep import Rig
@@ -127,7 +128,7 @@ async def _run(flags: str, texts: list[str], tokens: int, concurrency: int) -> f
 
     async def worker() -> None:
         for text in todo:
-            s._prefill(sim.GenRequest(1, tokens, True, prompt_key=json.dumps(text)))
+            s._prefill(GenRequest(1, tokens, True, prompt_key=json.dumps(text)))
             got = [w async for w, _ in s._tokens(tokens)]
             assert len(got) == tokens
 

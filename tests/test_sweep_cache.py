@@ -23,6 +23,7 @@ import tomli_w
 from genready import config
 from genready.config import ConfigError, TargetConfig
 from genready.exitcodes import Failed
+from genready.servers import metricspage
 from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect
 from genready.sweep.report import table as sweepreport
@@ -141,10 +142,10 @@ vllm:num_requests_running{{engine="0",model_name="m"}} 3.0
 
 
 def test_server_counters_are_summed_over_labels_without_created_and_give_the_runs_figures() -> None:
-    before = servermetrics.counters(VLLM_PAGE.format(q0=100, q1=50, h=30, d=10, a=15))
+    before = metricspage.counters(VLLM_PAGE.format(q0=100, q1=50, h=30, d=10, a=15))
     assert before == {"vllm:prefix_cache_queries_total": 150, "vllm:prefix_cache_hits_total": 30,
                       "vllm:spec_decode_num_drafts_total": 10, "vllm:spec_decode_num_accepted_tokens_total": 15}
-    after = servermetrics.counters(VLLM_PAGE.format(q0=300, q1=50, h=80, d=30, a=45))
+    after = metricspage.counters(VLLM_PAGE.format(q0=300, q1=50, h=80, d=30, a=45))
     run = servermetrics.over_run(before, after)
     assert run.deltas["vllm:prefix_cache_queries_total"] == 200 and run.prefix_cache_hit_rate == 0.25
     assert run.accept_length == 2.5 and run.accept_source is not None and run.accept_source.startswith("vllm")
@@ -156,8 +157,8 @@ def test_server_counters_are_summed_over_labels_without_created_and_give_the_run
     llama = servermetrics.over_run({"llamacpp:prompt_tokens_total": 0, "llamacpp:prompt_tokens_cached_total": 0},
                                    {"llamacpp:prompt_tokens_total": 753, "llamacpp:prompt_tokens_cached_total": 375})
     assert llama.prefix_cache_hit_rate == round(375 / 1128, 4) and llama.prefix_cache_source is not None
-    with pytest.raises(servermetrics.NotMetrics):
-        servermetrics.counters("vllm:x_total{engine=0} 1\n")
+    with pytest.raises(metricspage.NotMetrics):
+        metricspage.counters("vllm:x_total{engine=0} 1\n")
 
 
 def strict_json(text: str) -> Any:
@@ -176,8 +177,8 @@ def test_a_counter_that_is_not_finite_is_a_reset_and_no_figure_is_written_as_nan
     page = ('# TYPE vllm:prefix_cache_hits_total counter\n'
             'vllm:prefix_cache_hits_total{{engine="0"}} {h}\nvllm:prefix_cache_hits_total{{engine="1"}} {h}\n'
             '# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{engine="0"}} {q}\n')
-    run = servermetrics.over_run(servermetrics.counters(page.format(h=before, q=100)),
-                                 servermetrics.counters(page.format(h=after, q=300)))
+    run = servermetrics.over_run(metricspage.counters(page.format(h=before, q=100)),
+                                 metricspage.counters(page.format(h=after, q=300)))
     assert run.reset == ["vllm:prefix_cache_hits_total"], run
     assert run.prefix_cache_hit_rate is None and run.deltas == {"vllm:prefix_cache_queries_total": 200}
     assert strict_json(sweepresults.json_text(run.to_json()))["reset"] == ["vllm:prefix_cache_hits_total"]
@@ -247,7 +248,7 @@ def test_a_page_of_a_megabyte_in_many_small_writes_is_read_whole_and_one_over_th
         status, body = servercache.ServerHttp(target).get("/metrics")
         assert server.writes > 200, server.writes
         assert status == 200 and len(body) == len(page), (status, len(body), len(page))
-        assert servermetrics.counters(body.decode()) == {"vllm:prefix_cache_queries_total": total}
+        assert metricspage.counters(body.decode()) == {"vllm:prefix_cache_queries_total": total}
         monkeypatch.setattr(servercache, "MAX_ANSWER", 256 << 10)
         status, body = servercache.ServerHttp(target).get("/metrics")
         assert status == 0 and b"over the 262,144-byte limit" in body, (status, body[:200])

@@ -453,8 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "if every target generated, else 1")
     sp.set_defaults(func=cmd_check_config)
 
-    sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise SGLang, vLLM "
-             "or llama.cpp (also inside docker/podman run) and print a [targets.NAME] table for it")
+    # The kinds are not named here: the parser must not import servers/kinds.py (test_layout, the CLI's start-up).
+    sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise the LLM "
+             "server it starts (one of the kinds docs/servers.md lists; also inside docker/podman run) and print a "
+             "[targets.NAME] table for it")
     sp.add_argument("unit", metavar="UNIT", help="the server's unit, e.g. sglang.service")
     sp.add_argument("--bus", choices=config.BUSES, help="the manager to ask (default: the config's daemon.bus, "
                     "else system)")
@@ -549,7 +551,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Dev tooling (genready_dev) is imported only when its subcommand runs; main() hands
     # `simulate` its arguments untouched, so its flags live with the simulator alone.
     add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes, or "
-        "with --profile sglang|vllm|llamacpp one server's (`genready simulate --help` lists its flags)")
+        "with --profile NAME one server's (`genready simulate --help` lists its flags and profiles)")
 
     def cmd_demo(args: argparse.Namespace) -> int:
         if args.sweep:

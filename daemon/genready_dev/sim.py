@@ -6,7 +6,7 @@ hangs, failing generations, slow tokens, two processes on one port. Each is one 
 what real deployments add: an API key, TLS (mutual too), a unix socket, a model without a chat
 template, several models, a server that refuses every generation with one 4xx status.
 
-`--profile sglang|vllm|llamacpp` imitates one real server's start-up, health route, API-key
+`--profile NAME` (a kind's sim_profile: simprofiles.py) imitates one real server's start-up, health route, API-key
 rules, error shapes, model list and shutdown, each taken from that server's source (the file is
 named at each place below; docs/servers.md has the whole table). Without --profile it is the
 generic SGLang-like server the flags above describe.
@@ -37,7 +37,6 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any, Final
 
 from aiohttp import web
@@ -45,17 +44,24 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready.servers.kinds import ServerKind
 from genready_dev import simbatch, simengine, simspec
+from genready_dev.simargs import add_arguments
+from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
+from genready_dev.simrequests import (
+    CONTEXT_LENGTH,
+    BadRequest,
+    GenRequest,
+    json_object,
+    parse_chat,
+    parse_completion,
+    parse_native,
+)
 
 # Deterministic filler: one word is one token. The ids are small on purpose so that no
 # output id can be mistaken for a PID by a test that checks the PID never leaks.
 FILLER = ("the", "model", "is", "ready", "only", "when", "a", "real", "generation",
           "served", "by", "its", "current", "process", "has", "succeeded")
 FIRST_TOKEN_ID = 10
-CONTEXT_LENGTH = 4096  # stands in for the model's limit: beyond it SGLang answers 400
-NATIVE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
-OPENAI_DEFAULT_MAX_TOKENS = 16
 # In-flight requests get this long once the process has decided to exit; a hung handler
 # would otherwise hold the exit for aiohttp's 60 s default.
 SHUTDOWN_GRACE = 0.25
@@ -85,172 +91,10 @@ def _fmt(v: object) -> str:
     return json.dumps(s) if (not s or any(c.isspace() or c == '"' for c in s)) else s
 
 
-class BadRequest(Exception):
-    """The request body is malformed: answered 400 with this message."""
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    prompt_tokens: int
-    max_tokens: int
-    stream: bool
-    include_usage: bool = False
-    text_prompt: bool = True  # False: the prompt came as token ids
-    model: str | None = None  # the OpenAI routes' `model`, as sent
-    prompt_key: str = ""  # the prompt as sent: what the prefix cache knows it by
-    return_meta_info: bool = False  # SGLang's OpenAI routes: a choice's meta_info in the answer
-    return_spec_tokens_details: bool = False  # SGLang's OpenAI routes (>= 0.5.12): sglext.spec_tokens_details
-
-
-# SGLang's refusal of a text prompt by a server started with --skip-tokenizer-init
-# (python/sglang/srt/managers/tokenizer_manager.py, _tokenize_one_request); answered 400.
-NO_TOKENIZER = ("The engine initialized with skip_tokenizer_init=True cannot accept text prompts. Please provide "
-                "input_ids or re-initialize the engine with skip_tokenizer_init=False.")
-# vLLM's, from the engine that has no tokenizer (vllm/v1/engine/async_llm.py, get_tokenizer).
-VLLM_NO_TOKENIZER = "Unable to get tokenizer because skip_tokenizer_init is True"
-
-
-def _obj(v: object, what: str) -> dict[str, Any]:
-    if not isinstance(v, dict):
-        raise BadRequest(f"{what} must be a JSON object")
-    return v
-
-
-def _count_words(text: str) -> int:
-    # A real tokenizer adds at least a BOS token, so even an empty prompt counts one.
-    return max(1, len(text.split()))
-
-
-def _max_tokens(d: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
-    for key in keys:
-        v = d.get(key)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise BadRequest(f"{key} must be an integer")
-        if v < 0:
-            raise BadRequest(f"{key} must be non-negative")
-        if v > CONTEXT_LENGTH:
-            raise BadRequest(f"{key}={v} exceeds the context length ({CONTEXT_LENGTH})")
-        return v
-    return default
-
-
-def _check_temperature(d: dict[str, Any]) -> None:
-    v = d.get("temperature")
-    if v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-        raise BadRequest("temperature must be a non-negative number")
-
-
-def _stream_flag(d: dict[str, Any]) -> bool:
-    v = d.get("stream", False)
-    if not isinstance(v, bool):
-        raise BadRequest("stream must be a boolean")
-    return v
-
-
-def _token_ids(v: object) -> int | None:
-    """The length of a prompt given as token ids (a list of non-negative ints), else None."""
-    if isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
-        return len(v)
-    return None
-
-
-def parse_native(body: dict[str, Any]) -> GenRequest:
-    text, ids = body.get("text"), body.get("input_ids")
-    if text is None and ids is None:
-        # SGLang's GenerateReqInput (python/sglang/srt/managers/io_struct.py, _validate_inputs)
-        raise BadRequest("Either text, input_ids or input_embeds should be provided.")
-    if ids is not None:  # a tokenizer-less client (--skip-tokenizer-init) sends token ids
-        n_ids = _token_ids(ids)
-        if n_ids is None:
-            raise BadRequest("input_ids must be a non-empty list of token ids")
-        prompt_tokens = n_ids
-    elif isinstance(text, str):
-        prompt_tokens = _count_words(text)
-    else:
-        raise BadRequest("text must be a string")
-    sp = _obj(body.get("sampling_params") or {}, "sampling_params")
-    _check_temperature(sp)
-    n = _max_tokens(sp, ("max_new_tokens",), NATIVE_DEFAULT_MAX_NEW_TOKENS)
-    return GenRequest(prompt_tokens, n, _stream_flag(body), text_prompt=ids is None,
-                      prompt_key=json.dumps(ids if ids is not None else text))
-
-
-def _openai_common(body: dict[str, Any], prompt_tokens: int, keys: tuple[str, ...], *,
-                   text_prompt: bool = True, prompt: object = None) -> GenRequest:
-    _check_temperature(body)
-    n = _max_tokens(body, keys, OPENAI_DEFAULT_MAX_TOKENS)
-    opts = _obj(body.get("stream_options") or {}, "stream_options")
-    model = body.get("model")
-    return GenRequest(prompt_tokens, n, _stream_flag(body), bool(opts.get("include_usage", False)), text_prompt,
-                      model if isinstance(model, str) else None, json.dumps(prompt, sort_keys=True),
-                      body.get("return_meta_info") is True, body.get("return_spec_tokens_details") is True)
-
-
-def _required(body: dict[str, Any], key: str, model: str) -> None:
-    # FastAPI's validation error for a missing field, as SGLang and vLLM turn it into a 400
-    # (sglang/srt/entrypoints/http_server.py and vllm/entrypoints/openai/server_utils.py,
-    # validation_exception_handler): the message is str(RequestValidationError).
-    if key not in body:
-        raise BadRequest(f"1 validation error for {model}\n{key}\n  Field required [type=missing, "
-                         f"input_value={excerpt_dict(body)}, input_type=dict]")
-
-
-def excerpt_dict(body: dict[str, Any]) -> str:
-    return json.dumps(body)[:80]
-
-
-def parse_completion(body: dict[str, Any]) -> GenRequest:
-    _required(body, "prompt", "CompletionRequest")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    n_ids = _token_ids(prompt)  # the OpenAI completions API also takes the prompt as token ids
-    if n_ids is not None:
-        return _openai_common(body, n_ids, ("max_tokens",), text_prompt=False, prompt=prompt)
-    if not isinstance(prompt, str):
-        raise BadRequest("prompt must be a string or a list of token ids")
-    return _openai_common(body, _count_words(prompt), ("max_tokens",), prompt=prompt)
-
-
-def parse_chat(body: dict[str, Any]) -> GenRequest:
-    _required(body, "messages", "ChatCompletionRequest")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("messages must be a non-empty list")
-    words = 0
-    for i, m in enumerate(messages):
-        m = _obj(m, f"messages[{i}]")
-        if not isinstance(m.get("role"), str):
-            raise BadRequest(f"messages[{i}].role must be a string")
-        content = m.get("content")
-        if isinstance(content, str):
-            words += len(content.split())
-        elif isinstance(content, list):
-            words += sum(len(str(p.get("text", "")).split()) for p in content if isinstance(p, dict))
-        elif content is not None:
-            raise BadRequest(f"messages[{i}].content must be a string or a list of parts")
-    return _openai_common(body, max(1, words), ("max_completion_tokens", "max_tokens"), prompt=messages)
-
-
-def native_error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-_OPENAI_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError",
-                       503: "ServiceUnavailableError"}
 # vLLM's answer to a chat request for a model whose tokenizer has no chat template.
 NO_CHAT_TEMPLATE = ("As of transformers v4.44, default chat template is no longer allowed, so you must provide "
                     "a chat template if the tokenizer does not define one.")
 
-
-def openai_error(status: int, message: str) -> web.Response:
-    return web.json_response({"object": "error", "message": message,
-                              "type": _OPENAI_ERROR_TYPES.get(status, "BadRequestError"),
-                              "param": None, "code": status}, status=status)
 
 
 def rejection(status: int) -> web.Response:
@@ -261,131 +105,12 @@ def rejection(status: int) -> web.Response:
     return web.json_response({"detail": f"simulated refusal (--reject {status})"}, status=status)
 
 
-ErrorFn = Callable[[int, str], web.Response]
-
-
-# --- the servers, from their source ------------------------------------------------------------
-
-def _unauthorized() -> web.Response:
-    # SGLang (python/sglang/srt/utils/common.py, add_api_key_middleware) and vLLM
-    # (vllm/entrypoints/openai/server_utils.py, AuthenticationMiddleware) answer the same body.
-    return web.json_response({"error": "Unauthorized"}, status=401)
-
-
-_VLLM_TYPES = {400: "Bad Request", 404: "NotFoundError", 500: "InternalServerError", 503: "Service Unavailable"}
-
-
-def vllm_error(status: int, message: str, param: str | None = None) -> web.Response:
-    # vLLM's ErrorResponse: {"error": {message, type, param, code}}
-    # (vllm/entrypoints/openai/engine/protocol.py; server_utils.py validation_exception_handler: 400)
-    return web.json_response({"error": {"message": message, "type": _VLLM_TYPES.get(status, "BadRequestError"),
-                                        "param": param, "code": status}}, status=status)
-
-
-_LLAMA_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
-
-
-def llamacpp_error(status: int, message: str) -> web.Response:
-    # llama.cpp's format_error_response: {"error": {code, message, type}} (tools/server/server-common.cpp;
-    # the 401 and the "Loading model" 503 are written out in tools/server/server-http.cpp)
-    return web.json_response({"error": {"code": status, "message": message,
-                                        "type": _LLAMA_TYPES.get(status, "server_error")}}, status=status)
-
-
 # Each counter's HELP text, as its server writes it.
 _COUNTER_HELP: Final = {
     "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
     "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
     "sglang:prompt_tokens": "Number of prefill tokens processed.",
     "sglang:cached_tokens": "Number of cached prompt tokens.",
-}
-
-
-@dataclass(frozen=True)
-class Profile:
-    """What one real server does where servers differ. Each field names the file it comes from."""
-
-    name: str
-    key_exempt: Callable[[str], bool]  # paths answered without the API key
-    unauthorized: Callable[[], web.Response]
-    native_error: ErrorFn  # errors of POST /generate
-    openai_error: ErrorFn  # errors of the /v1 routes
-    has_native: bool = True  # serves SGLang's /generate
-    loading_gate: bool = False  # binds at once; every route answers 503 until loaded
-    # cpp-httplib (llama.cpp): every answer >= 400 closes its connection, and so does the end of a
-    # streamed answer, although its headers offered keep-alive
-    closes_after_errors_and_streams: bool = False
-    # llama.cpp --host X.sock: binds without removing a file at the path (a stale socket fails the
-    # start: "couldn't bind HTTP server socket"), and leaves its socket file behind on exit
-    uds_stale_blocks: bool = False
-    listen_after_load: bool = False  # binds the socket at once, listen()s only once loaded
-    health_poll: float = 0.0  # a healthy /health answers after this long
-    warmup_seconds: float = 0.0  # after binding: generations work while /health says 503
-    linger_seconds: float = 0.0  # after SIGTERM: keeps serving, /health 503
-    checks_model: bool = False  # an unknown `model` is 404
-    health_ok: Callable[[], web.Response] = lambda: web.Response(status=200)
-    # The product's ServerKind of this server: its /metrics counter names come from there (None: the generic
-    # server, which has SGLang's surface)
-    kind: ServerKind | None = None
-    engine_label: bool = False  # its counters carry engine="0" (vLLM's per-engine loggers)
-
-
-PROFILES: dict[str, Profile] = {
-    # The generic server of the flags: SGLang's surface, nothing profile-specific.
-    "": Profile("generic", lambda path: path.startswith("/health"), _unauthorized, native_error, openai_error),
-    "sglang": Profile(
-        "sglang",
-        # add_api_key_middleware (python/sglang/srt/utils/common.py): /health* and /metrics* pass
-        lambda path: path.startswith(("/health", "/metrics")), _unauthorized,
-        # http_server.py: a ValueError from /generate is 400 {"error": {"message"}}; the OpenAI
-        # routes' ErrorResponse is {"object": "error", message, type, param, code}
-        # (python/sglang/srt/entrypoints/openai/protocol.py)
-        native_error, openai_error,
-        # http_server.py health_generate: after a 1-token generation it sleeps 1 s at a time until
-        # the scheduler answered, then 200; 503 while ServerStatus.Starting or gracefully_exit
-        health_poll=1.0,
-        # http_server.py _wait_and_warmup: the port is bound (every scheduler loaded), then a warmup
-        # POST /generate runs, and only then server_status = Up: /health is 503 until then
-        # (managers/tokenizer_manager.py, ServerStatus)
-        warmup_seconds=1.0,
-        # tokenizer_manager.py: on SIGTERM gracefully_exit is set, /health answers 503, requests in
-        # flight and new ones are still served while it drains
-        linger_seconds=1.0, kind=kinds.SGLANG),
-    "vllm": Profile(
-        "vllm",
-        # AuthenticationMiddleware (vllm/entrypoints/openai/server_utils.py): only paths starting
-        # with /v1 want the key; /health, /metrics, /ping pass
-        lambda path: not path.startswith("/v1"), _unauthorized,
-        lambda status, message: vllm_error(status, message), lambda status, message: vllm_error(status, message),
-        has_native=False,
-        # vllm/entrypoints/openai/api_server.py: the socket is created and bound (SO_REUSEADDR,
-        # SO_REUSEPORT) before the engine is built, uvicorn listen()s on it after
-        listen_after_load=True,
-        # models/serving.py check_model: an unknown model is 404 "The model `x` does not exist."
-        # Shutdown: SIGTERM cancels the server task, no draining (vllm/entrypoints/launcher.py,
-        # serve_http): linger 0.
-        checks_model=True, kind=kinds.VLLM, engine_label=True),
-    "llamacpp": Profile(
-        "llamacpp",
-        # tools/server/server-http.cpp get_public_endpoints: only /health and /v1/health (and the web
-        # UI's assets, when built with it) pass without the key; /v1/models is 401 (checked on the
-        # real llama-server 11434; older versions also let /models, /v1/models and / through)
-        lambda path: path in ("/health", "/v1/health"),
-        lambda: llamacpp_error(401, "Invalid API Key"), llamacpp_error, llamacpp_error,
-        has_native=False,
-        # server-http.cpp middleware_server_state, checked before the key: 503 "Loading model" on
-        # every route while the model loads, the model list included (older versions,
-        # tools/server/server.cpp, let the model list through)
-        loading_gate=True,
-        # vendor/cpp-httplib/httplib.cpp Server::write_response_core ("Don't leave connections open
-        # after errors"); a stream's provider ends the keep-alive loop (server-http.cpp)
-        closes_after_errors_and_streams=True,
-        # server-http.cpp: AF_UNIX when --host ends in .sock, bound as is (the real server: exit 1)
-        uds_stale_blocks=True,
-        # tools/server/server-context.cpp get_health: {"status": "ok"}. Shutdown: SIGTERM terminates
-        # the task queue, no draining (tools/server/server.cpp, shutdown_handler): linger 0.
-        health_ok=lambda: web.json_response({"status": "ok"}), kind=kinds.LLAMA_CPP),
 }
 
 
@@ -440,7 +165,7 @@ class Simulator:
         self._router_loaded: dict[str, asyncio.Event] = {}
         self.exit_code = 0
         self._rng = random.Random()
-        self._created = int(time.time())
+        self.created = int(time.time())
         self._stop = asyncio.Event()
         self._exit_at: float | None = None
         self._runner: compat.AppRunner | None = None
@@ -461,6 +186,8 @@ class Simulator:
             args.spec_accept = self.spec_model.mean_accept()
         # --spec-accept: speculative-decoding counters since start, as vLLM's /metrics counts them.
         self.spec_counters = simspec.Counters()
+        # the counters at the last read of a drained counter page (TensorRT-LLM's iteration stats: simprofiles.py)
+        self.stats_read = (0, 0, 0)
         # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
         if args.spec_accept is not None:
             self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
@@ -494,8 +221,8 @@ class Simulator:
         a = self.a
         self.log("loading", model=a.model, seconds=a.load_seconds, bind_early=self.bind_early,
                  profile=self.p.name)
-        if self.p.kind is kinds.VLLM:  # its start logs the arguments it runs with (simengine.py)
-            simengine.log_vllm_args(a)
+        if self.p.start_log is not None:  # what its start writes (vLLM: the arguments it runs with)
+            self.p.start_log(a)
         # vLLM: bound (SO_REUSEPORT) at once, listening only once loaded: connections are refused.
         early_sock = self._tcp_socket(reuse_port=True) if self.p.listen_after_load and not a.uds else None
         if self.bind_early or self.router:  # a router comes up at once; its models load on demand
@@ -655,9 +382,7 @@ class Simulator:
             try:
                 return await handler(request)
             except web.HTTPNotFound:
-                if self.p.name == "llamacpp":  # server-http.cpp's error handler
-                    return llamacpp_error(404, "File Not Found")
-                return web.json_response({"detail": "Not Found"}, status=404)  # FastAPI's (SGLang, vLLM)
+                return self.p.not_found()
 
         @web.middleware
         async def close_after_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -680,24 +405,8 @@ class Simulator:
         app = web.Application(middlewares=[close_after_errors, hang, loading, api_key, not_found, busy])
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics)
-        if self.p.has_native:
-            app.router.add_get("/get_model_info", self.model_info)
-            app.router.add_get("/health_generate", self.health)
-            app.router.add_get("/get_server_info", self.server_info)
-            app.router.add_get("/server_info", self.server_info)  # the newer name of the same route (docs.sglang.io)
-            app.router.add_post("/generate", self.generate)
-            app.router.add_route("GET", "/flush_cache", self.flush_cache)
-            app.router.add_route("POST", "/flush_cache", self.flush_cache)
-        elif self.p.name == "llamacpp":
-            app.router.add_get("/slots", self.slots)
-            app.router.add_get("/props", self.props)
-            app.router.add_post("/slots/{id_slot}", self.slot_action)
-        elif os.environ.get("VLLM_SERVER_DEV_MODE", "0") not in ("", "0"):  # vllm/envs.py: bool(int(...))
-            for path in ("/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache"):
-                app.router.add_post(path, self.reset_cache)
-        if not self.p.has_native:
-            app.router.add_get("/v1/health" if self.p.name == "llamacpp" else "/ping", self.health)
+        for add_routes in self.p.routes:
+            add_routes(self, app)
         if self.router:
             app.router.add_get("/models", self.models)
             app.router.add_post("/models/load", self.router_load)
@@ -780,11 +489,11 @@ class Simulator:
                 body = json.loads(raw)
             except (ValueError, UnicodeDecodeError) as e:
                 raise BadRequest(f"invalid JSON body: {e}") from e
-            req = parse(_obj(body, "the request body"))
+            req = parse(json_object(body, "the request body"))
         except BadRequest as e:
             return error(400, str(e))
         if self.a.skip_tokenizer_init and req.text_prompt:
-            return error(400, VLLM_NO_TOKENIZER if self.p.name == "vllm" else NO_TOKENIZER)
+            return error(400, self.p.no_tokenizer)
         if (refused := await self._model_served(request, req)) is not None:
             return refused
         if self._fails():
@@ -846,16 +555,13 @@ class Simulator:
 
     async def models(self, request: web.Request) -> web.Response:
         def card(m: str) -> dict[str, Any]:
-            if self.p.name == "llamacpp":
-                entry: dict[str, Any] = {"id": m, "object": "model", "owned_by": "llamacpp", "created": self._created}
-                if self.router:  # tools/server/server-models.cpp get_router_models
-                    entry["status"] = {"value": self.router[m], "args": []}
-                return entry
+            if self.p.card is not None:
+                return self.p.card(self, m)
             # vLLM lists every --served-model-name with the same root (the weights), then LoRA
             # adapters with their own root and parent (vllm/entrypoints/openai/models/serving.py)
             served = m in self.names
-            return {"id": m, "object": "model", "created": self._created,
-                    "owned_by": "vllm" if self.p.name == "vllm" else "sglang",
+            return {"id": m, "object": "model", "created": self.created,
+                    "owned_by": self.p.owned_by,
                     "root": self.a.model if served else m, "parent": None if served else self.names[0],
                     "max_model_len": CONTEXT_LENGTH}
 
@@ -912,7 +618,7 @@ class Simulator:
         if self.p.has_native and req.return_spec_tokens_details and \
                 simspec.version(self.a.sglang_version) >= simspec.SGLANG_SPELLINGS[0]:
             return {"sglext": {"spec_tokens_details": simspec.sglang_details(tokens, x)}}
-        if self.p.kind is kinds.VLLM:
+        if self.p.per_request_metrics:
             return simspec.vllm_metrics(tokens, x, self.a.per_request_spec_decode_metrics)
         return {}
 
@@ -950,18 +656,17 @@ class Simulator:
         lines = ["# HELP vllm:num_requests_running Number of requests in model execution batches.",
                  "# TYPE vllm:num_requests_running gauge",
                  f'vllm:num_requests_running{{engine="0",model_name="{self.a.model}"}} 0.0']
-        if self.a.spec_accept is not None and self.p.kind is not kinds.SGLANG:  # SGLang has no vllm: counters
+        if self.a.spec_accept is not None and self.p.spec_on_metrics:
             lines += self.spec_counters.page(self.a.model)
         lines += self._prefix_metrics()
-        if self.p.kind is kinds.VLLM:
-            lines.append(simengine.VLLM_CACHE_INFO)
+        if self.p.engine_info:
+            lines.append(self.p.engine_info)
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     def _prefix_metrics(self) -> list[str]:
         """The prefix cache's counters under the profile's server's names, with the `_created` sample
         prometheus_client adds to every counter (a timestamp: summing it into a total is wrong)."""
-        kind = self.p.kind or kinds.SGLANG  # the generic server: SGLang's surface
-        hits = kind.hit_rate
+        hits = self.p.surface.hit_rate
         if hits is None or hits.total_excludes_hits:
             return []  # llama.cpp's prompt_tokens counters are not simulated
         # vllm/v1/metrics/loggers.py: Counter "vllm:prefix_cache_queries" / "vllm:prefix_cache_hits", in tokens;
@@ -975,7 +680,7 @@ class Simulator:
             # prometheus_client's generate_latest() of a Counter: NAME_total, then NAME_created as a gauge
             out += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter", f"{name}_total{labels} {float(v)}",
                     f"# HELP {name}_created {doc}", f"# TYPE {name}_created gauge",
-                    f"{name}_created{labels} {float(self._created)}"]
+                    f"{name}_created{labels} {float(self.created)}"]
         return out
 
     # -- the prefix cache's flush routes, each as its server has it --------------------------------
@@ -1179,199 +884,6 @@ class Simulator:
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
-
-
-def _seconds(s: str) -> float:
-    v = float(s)
-    if not v >= 0:  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a non-negative number of seconds, not {s!r}")
-    return v
-
-
-def _fraction(s: str) -> float:
-    v = float(s)
-    if not 0 <= v <= 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {s!r}")
-    return v
-
-
-def _port(s: str) -> int:
-    v = int(s)
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"must be 0-65535, not {s!r}")
-    return v
-
-
-def _client_error(s: str) -> int:
-    v = int(s)
-    if not 400 <= v <= 499:
-        raise argparse.ArgumentTypeError(f"must be a 4xx status, not {s!r}")
-    return v
-
-
-def _slowness(s: str) -> float:
-    v = float(s)
-    if not 1 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 1 (times a warm process's latency), not {s!r}")
-    return v
-
-
-def _accept_length(s: str) -> float:
-    v = float(s)
-    if not 1 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number >= 1 (tokens per verify step), not {s!r}")
-    return v
-
-
-def _probability(s: str) -> float:
-    v = float(s)
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and below 1, not {s!r}")
-    return v
-
-
-def _category_table(s: str) -> dict[str, float]:
-    try:
-        return simspec.category_table(s)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _file(s: str) -> str:
-    if not os.access(s, os.R_OK):
-        raise argparse.ArgumentTypeError(f"cannot read {s!r}")
-    return s
-
-
-def _version(s: str) -> str:
-    try:
-        simspec.version(s)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return s
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", choices=[n for n in PROFILES if n], default=None,
-                   help="imitate one server, from its source: sglang (binds once loaded, then a warmup with "
-                   "/health 503; /health and /metrics exempt from the key; keeps serving while draining), "
-                   "vllm (socket bound at once, listen() once loaded; only /v1* wants the key; no /generate; "
-                   "404 for an unknown model), llamacpp (binds at once, 503 \"Loading model\" before the key; "
-                   "/health, /models, /v1/models exempt; no /generate). Other flags apply on top")
-    p.add_argument("--warmup-seconds", type=_seconds, default=None, metavar="S",
-                   help="once loaded, generations work but /health says 503 for S seconds (SGLang's warmup; "
-                   "default: the profile's, 1 s for sglang, else 0)")
-    p.add_argument("--unhealthy-after", type=_seconds, default=None, metavar="S",
-                   help="S seconds after ready, /health says 503 from then on while generations still work "
-                   "(SGLang's UnHealthy)")
-    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                   help="the names the model is listed and served under, the first for requests without "
-                   "`model` (vLLM --served-model-name a b; default: --model)")
-    p.add_argument("--router", action="store_true",
-                   help="llama.cpp's router mode: binds at once, lists --model and --extra-model with their "
-                   "state, loads a model (--load-seconds) on POST /models/load or, with --models-autoload, "
-                   "on the first request naming it; else such a request gets 400 \"model is not loaded\"")
-    p.add_argument("--models-autoload", action="store_true",
-                   help="--router: a request for an unloaded model loads it and waits for the load")
-    p.add_argument("--skip-tokenizer-init", action="store_true",
-                   help="refuse text prompts with 400 like SGLang started with --skip-tokenizer-init; token "
-                   "ids (input_ids, or prompt as a list of ints) are served, answers carry no text")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    p.add_argument("--port", type=_port, default=30000,
-                   help="port to listen on; 0 picks a free one, shown on the `bound` line "
-                   "(default: %(default)s)")
-    p.add_argument("--model", default="sim-model", metavar="NAME",
-                   help="model name in /v1/models and responses (default: %(default)s)")
-    p.add_argument("--load-seconds", type=_seconds, default=0.0, metavar="S",
-                   help="time to 'load weights' before generating (default: %(default)s)")
-    p.add_argument("--bind-early", action="store_true",
-                   help="bind the port before loading; /v1/models and /get_model_info answer 200 while "
-                   "generation and /health* answer 503 (older llama.cpp, SGLang warmup). Without it the port "
-                   "binds only once loaded (SGLang)")
-    p.add_argument("--linger-seconds", type=_seconds, default=None, metavar="S",
-                   help="after SIGTERM/SIGINT keep serving generations (/health* say 503) for S seconds, "
-                   "then exit 0; further signals do not shorten it (default: the profile's, else 0)")
-    p.add_argument("--crash-after", type=_seconds, default=None, metavar="S",
-                   help="S seconds after ready, exit abruptly with status 1")
-    p.add_argument("--fail-load", metavar="WHY", default="",
-                   help="fail the load: after --load-seconds, print a CUDA out-of-memory line naming WHY and exit 1 "
-                   "before binding, as a server whose configuration does not fit in GPU memory")
-    p.add_argument("--hang-after", type=_seconds, default=None, metavar="S",
-                   help="S seconds after ready, keep accepting connections but never answer again (SIGUSR1: "
-                   "from then on)")
-    p.add_argument("--fail-rate", type=_fraction, default=0.0, metavar="P",
-                   help="fraction of generations answered 500 (/health* answer 503) (default: %(default)s)")
-    p.add_argument("--token-latency", type=_seconds, default=0.0, metavar="S",
-                   help="seconds per generated token, also paces streamed chunks (default: %(default)s)")
-    p.add_argument("--reuse-port", action="store_true",
-                   help="set SO_REUSEPORT so an old and a new process can listen on the port at once")
-    p.add_argument("--uds", metavar="PATH", help="listen on this unix socket instead of --host/--port "
-                   "(vLLM --uds, llama.cpp --host PATH.sock); a stale socket file there is replaced (--profile "
-                   "llamacpp: fails the start, and the file is left behind on exit, as llama.cpp does)")
-    p.add_argument("--api-key", metavar="KEY", help="answer 401 {\"error\":\"Unauthorized\"} to every request "
-                   "without `Authorization: Bearer KEY` (or x-api-key: KEY), except /health* (SGLang --api-key)")
-    p.add_argument("--tls-cert", type=_file, metavar="PEM", help="serve HTTPS with this certificate (chain); "
-                   "needs --tls-key (SGLang/vLLM --ssl-certfile)")
-    p.add_argument("--tls-key", type=_file, metavar="PEM", help="the certificate's private key (--ssl-keyfile)")
-    p.add_argument("--tls-client-ca", type=_file, metavar="PEM", help="mutual TLS: require a client certificate "
-                   "signed by this CA (vLLM --ssl-ca-certs with --ssl-cert-reqs 2)")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="answer chat completions 400 like vLLM for a model without a chat template")
-    p.add_argument("--extra-model", action="append", default=[], metavar="NAME",
-                   help="list another model in /v1/models (repeatable), as a server with LoRA adapters does")
-    p.add_argument("--spec-accept", type=_accept_length, metavar="X",
-                   help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
-                   "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "
-                   "vllm:spec_decode_* counters on GET /metrics")
-    p.add_argument("--spec-accept-category", type=_category_table, metavar="NAME=X,...",
-                   help="with --spec-accept or --spec-alpha: the bench client's built-in prompts of category NAME are "
-                   "accepted at length X (e.g. coding=3.6,math_reasoning=3.2,writing=1.8); other prompts at "
-                   "--spec-accept, or the model's")
-    p.add_argument("--spec-alpha", type=_probability, metavar="A",
-                   help="the speculative model (instead of --spec-accept): each draft token accepted with "
-                   "probability A, scaled per built-in category (code and maths above writing); accept length and "
-                   "the verify step's time follow --speculative-num-steps, --speculative-eagle-topk and "
-                   "--speculative-num-draft-tokens (docs/sweeps.md, \"The simulator knows the truth\")")
-    p.add_argument("--spec-draft-cost", type=_seconds, default=simspec.DEFAULT_DRAFT_COST, metavar="C",
-                   help="with --spec-alpha: one draft step's time over a plain decode step's (Leviathan et al.'s "
-                   "c) (default: %(default)s)")
-    p.add_argument("--spec-verify-cost", type=_seconds, default=simspec.DEFAULT_VERIFY_COST, metavar="V",
-                   help="with --spec-alpha: each verified draft token's share of a decode step; a verify step "
-                   "takes --token-latency x (1 + C steps + V (draft tokens - 1)) (default: %(default)s)")
-    p.add_argument("--sglang-version", type=_version, default=simspec.SGLANG_DEFAULT_VERSION, metavar="V",
-                   help="with --spec-accept: the SGLang release whose meta_info names the per-request counts "
-                   "(<= 0.5.10 spec_accept_token_num/spec_draft_token_num, 0.5.11 spec_accepted_drafts/"
-                   "spec_proposed_drafts, >= 0.5.12 spec_num_correct_drafts/spec_num_proposed_drafts and "
-                   "sglext.spec_tokens_details; default %(default)s)")
-    p.add_argument("--per-request-spec-decode-metrics", choices=simspec.PER_REQUEST_MODES, default="none",
-                   help="--profile vllm with --spec-accept: answers carry metrics.speculative_decoding "
-                   "(detailed: with acceptance_histogram), as vLLM's flag; default %(default)s")
-    p.add_argument("--spec-metrics-accept", type=_accept_length, metavar="Y",
-                   help="with --spec-accept X: the /metrics counters count accept length Y, the answers X "
-                   "(two sources that disagree)")
-    p.add_argument("--prefill-latency", type=_seconds, default=0.0, metavar="S",
-                   help="seconds per prompt token before the first token, skipped for a prompt in the prefix cache "
-                   "(a prompt seen since start or the last flush: SGLang /flush_cache, vLLM /reset_prefix_cache "
-                   "with VLLM_SERVER_DEV_MODE=1, llama.cpp POST /slots/ID?action=erase) (default: %(default)s)")
-    p.add_argument("--parallel", type=int, default=1, metavar="N",
-                   help="--profile llamacpp: the slots GET /slots lists (llama-server -np) (default: %(default)s)")
-    p.add_argument("--slot-save-path", metavar="DIR", default="",
-                   help="--profile llamacpp: allow the slot actions (POST /slots/ID?action=erase); without it they "
-                   "answer 501, as llama-server's do")
-    p.add_argument("--no-slots", action="store_true",
-                   help="--profile llamacpp: GET /slots and its actions answer 501, as llama-server --no-slots")
-    p.add_argument("--reasoning-tokens", type=int, default=0, metavar="N",
-                   help="stream a chat answer's first N tokens as delta.reasoning (vLLM's reasoning models)")
-    p.add_argument("--cold-requests", type=int, default=0, metavar="N",
-                   help="a cold process: its first N generations are slower, the k-th by 1 + (F-1)*exp(-3k/N) "
-                   "(prefill and every token; F is --cold-factor), then as fast as a warm one (default: %(default)s)")
-    p.add_argument("--cold-factor", type=_slowness, default=1.73, metavar="F",
-                   help="--cold-requests: how much slower the first generation is (>= 1; default %(default)s: "
-                   "SGLang issue #28706's 6,350 ms TTFT after a restart against 3,661 ms converged)")
-    p.add_argument("--reject", type=_client_error, metavar="STATUS",
-                   help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
-    simbatch.add_arguments(p)
-    simengine.add_arguments(p)
 
 
 def main(args: argparse.Namespace) -> int:

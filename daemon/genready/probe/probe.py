@@ -588,14 +588,12 @@ class Prober:
             return 'the server offers no model list (GET /v1/models): set model = "NAME" for this target'
         if status in (404, 405):
             where = "path_prefix" if self._unix is not None else "the url's path"
-            return (f"the server has no {what} here: check api ({t.api!r}; sglang serves /generate, vLLM and "
-                    f"llama.cpp /v1/...) and {where}")
+            return f"the server has no {what} here: check api ({t.api!r}; {kinds.api_words()}) and {where}"
         if status == 400 and "tokenizer" in text and not t.prompt_ids:
             return ("the server has no tokenizer (started with --skip-tokenizer-init?): set prompt_ids = [...] "
                     "(the token ids of a short prompt) for this target")
         if status == 422 or (status == 400 and kinds.says(body, kinds.WRONG_SHAPE)):
-            return (f"the server expects another request shape: check api ({t.api!r}: \"sglang\" for SGLang's "
-                    "/generate, \"openai-completions\" or \"openai-chat\" for the OpenAI routes)")
+            return f"the server expects another request shape: check api ({t.api!r}; {kinds.api_words()})"
         return "the server refuses the probe's request: check api, model, prompt and max_tokens"
 
     @property

@@ -248,7 +248,7 @@ class EngineRead:
     # of a group of alternatives (same parser) that answers 200 wins
     args_line: Callable[[str], dict[str, Scalar]] | None = None  # a line of its start's output (vLLM)
     args_mark: str = ""  # what that line holds
-    metrics_info: bool = False  # its /metrics *_info gauges
+    metrics_info: str = ""  # the route of its Prometheus page with *_info gauges ("": none)
     flags: Mapping[str, str] = field(default_factory=dict)  # command-line flag -> the engine's key
     positional: str = ""  # the key its first positional argument sets (vLLM's model_tag)
     json_flags: frozenset[str] = frozenset()  # flags whose value is a JSON object: compared key by key
@@ -426,10 +426,10 @@ async def read_engine(read: EngineRead, call: Call, args_line: str | None = None
             except NotLiteral as e:
                 got.problems.append(f"the {read.args_mark.strip()!r} line: {e}")
     if read.metrics_info:
-        status, body = await call("GET", "/metrics")
+        status, body = await call("GET", read.metrics_info)
         if status == 200 and (info := metrics_info(body.decode("utf-8", "replace"))):
             got.values.update(info)
-            got.sources.append("GET /metrics *_info")
+            got.sources.append(f"GET {read.metrics_info} *_info")
     return got
 
 

@@ -4,7 +4,7 @@ Every other module asks a kind (or walks KINDS) instead of comparing a server's 
 command-line reading (tools/unitinit.py), the flush between a sweep's runs (tools/servercache.py),
 the /metrics counters (tools/servermetrics.py), the bench client's per-answer fields and its
 connection handling (tools/bench*.py), the probe's words for a server's refusals (probe/probe.py)
-and the simulator's profiles (genready_dev/sim.py). Adding a server is one more ServerKind here,
+and the simulator's profiles (genready_dev/simprofiles.py). Adding a server is one more ServerKind here,
 plus its simulator profile (docs/architecture.md, "Adding a server kind").
 
 Each fact names the server's source file it was read from.
@@ -12,12 +12,15 @@ Each fact names the server's source file it was read from.
 
 from __future__ import annotations
 
+import json
+import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
-from genready.apis import MODELS_PATH
+from genready.apis import MODELS_PATH, too_large
+from genready.servers.acceptance import AcceptanceRecord
 from genready.servers.engineconfig import (
     ARGS_MARK,
     EngineRead,
@@ -27,6 +30,14 @@ from genready.servers.engineconfig import (
     vllm_args_line,
 )
 from genready.servers.flush import Call, Flush, Flushed, flush_llamacpp, flush_sglang, flush_vllm
+from genready.servers.metricspage import (
+    ITERATION_STATS,
+    POSITION_LABEL,
+    PROMETHEUS,
+    MetricsPage,
+    NotMetrics,
+    Reading,
+)
 
 
 def total(name: str) -> str:
@@ -83,9 +94,11 @@ class AnswerSpec:
 class ServerKind:
     """One server: how `init` recognises it, its routes, its flush, its counters and its quirks."""
 
-    name: str  # the simulator's --profile and the word in results
+    name: str  # the word in results and in a target's `kind`
     label: str  # for people
     api: str  # the api `init` proposes
+    sim_profile: str = ""  # genready's simulator imitates it: `genready simulate --profile NAME` ("": it does not)
+    native_api: str = ""  # the api (apis.APIS) that is this server's own wire format, not the OpenAI routes
     # -- how init recognises it: `python -m MODULE`, `PROGRAM serve` (or `python -m PROGRAM serve`), a program,
     #    or a container image whose entrypoint is the server
     modules: tuple[str, ...] = ()
@@ -103,14 +116,22 @@ class ServerKind:
     # -- routes
     health_route: str = "/health"  # "" : it has none (its GET /health answers 404)
     models_route: str = MODELS_PATH
-    info_routes: tuple[str, ...] = ()  # server info with avg_spec_accept_length (SGLang)
+    info_routes: tuple[str, ...] = ()  # server info with an average accept length, in the order to ask (SGLang)
+    info_accept: Callable[[bytes], float | None] | None = None  # that average from an info route's body
+    info_source: str = ""  # where that average comes from, for a results line
     # -- the prefix cache's flush
     flush: Flush | None = None
     flush_needs: str = ""  # the words for what the flush needs
-    # -- /metrics and per-answer figures
+    # -- its counter page and per-answer figures
+    metrics: MetricsPage = PROMETHEUS
+    metrics_needs: str = ""  # what makes it serve that page, in words, when it does not by default
     hit_rate: HitRate | None = None
     spec: SpecMetrics | None = None
     verify_field: str = ""  # meta_info's verify-step count in an answer (SGLang)
+    verify_sources: tuple[str, str] = ("", "")  # where an accept length from it comes from: (own API, OpenAI routes)
+    # extra fields of a request on its OpenAI routes that make the answer carry its acceptance counts:
+    # (a whole answer, a stream)
+    openai_fields: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})
     draft_fields: tuple[str, str] | None = None  # timings' (drafted, accepted) in an answer (llama.cpp)
     answer_spec: AnswerSpec | None = None  # an answer's own speculative-decoding counts, every spelling
     # -- connection quirks
@@ -120,11 +141,35 @@ class ServerKind:
     # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
     engine: EngineRead | None = None
 
+    def acceptance(self, deltas: Mapping[str, float]) -> AcceptanceRecord | None:
+        """Its counter page's adapter: a run's deltas of its speculative-decoding counters as one neutral record;
+        None when they did not grow (or it counts none)."""
+        m = self.spec
+        accepted = counter(deltas, m.accepted) if m is not None else None
+        if m is None or accepted is None:
+            return None
+        steps = counter(deltas, m.steps) if m.steps else None
+        drafted = counter(deltas, m.draft_tokens) if m.draft_tokens else None
+        if not steps and not drafted:
+            return None
+        where = f"{self.name} {self.metrics.route} {total(m.accepted)}"
+        return AcceptanceRecord(self.name, accepted, steps or None, drafted,
+                                tuple(positions(deltas, m.per_pos)) if m.per_pos else (),
+                                steps_source=f"{where} / {total(m.steps)}" if m.steps else "",
+                                drafted_source=f"{where} / {total(m.draft_tokens)}" if m.draft_tokens else "",
+                                label=m.source)
+
+    def info_acceptance(self, body: bytes) -> AcceptanceRecord | None:
+        """Its info route's adapter: the engine's own average accept length as a record (None: not there)."""
+        average = self.info_accept(body) if self.info_accept is not None else None
+        return None if average is None else AcceptanceRecord(self.name, average=average,
+                                                              steps_source=self.info_source, label=self.info_source)
+
 
 # --- the kinds -------------------------------------------------------------------------------------------
 
 SGLANG: Final = ServerKind(
-    "sglang", "SGLang", "sglang",
+    "sglang", "SGLang", "sglang", sim_profile="sglang", native_api="sglang",
     # python/sglang/srt/server_args.py
     modules=("sglang.launch_server",), serve_programs=("sglang",), host="127.0.0.1", port=30000,
     flags={"--host": "host", "--port": "port", "--api-key": "key", "--served-model-name": "model",
@@ -135,12 +180,17 @@ SGLANG: Final = ServerKind(
             "in-process, so the key never reaches a command line",
     # python/sglang/srt/entrypoints/http_server.py: /get_server_info; newer versions serve /server_info and
     # answer /get_server_info with a deprecation warning in the server's log (docs.sglang.io, native_api)
-    info_routes=("/server_info", "/get_server_info"),
+    info_routes=("/server_info", "/get_server_info"), info_accept=lambda body: sglang_accept(body),
+    info_source="get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)",
     flush=flush_sglang, flush_needs="SGLang /flush_cache",
     # python/sglang/srt/metrics/collector.py
     hit_rate=HitRate("sglang:cached_tokens", "sglang:prompt_tokens"),
     # python/sglang/srt/managers/tokenizer_manager.py: set only when a speculative algorithm runs
     verify_field="spec_verify_ct",
+    verify_sources=("meta_info.spec_verify_ct", "meta_info.spec_verify_ct (return_meta_info)"),
+    # its OpenAI routes: return_meta_info puts a choice's meta_info (with spec_verify_ct) into a whole answer;
+    # a stream has none, return_spec_tokens_details puts sglext.spec_tokens_details into its last event
+    openai_fields=({"return_meta_info": True}, {"return_spec_tokens_details": True}),
     # Renamed twice (verl read 0 for weeks after a rename, verl PR #7543). The native API's meta_info, a
     # choice's meta_info on the OpenAI routes (return_meta_info, not on a stream), and sglext.spec_tokens_details
     # there (return_spec_tokens_details; python/sglang/srt/entrypoints/openai/utils.py,
@@ -176,7 +226,7 @@ SGLANG: Final = ServerKind(
         same={"speculative_algorithm": {"NEXTN": "EAGLE"}}))
 
 VLLM: Final = ServerKind(
-    "vllm", "vLLM", "openai-completions",
+    "vllm", "vLLM", "openai-completions", sim_profile="vllm",
     # vllm/entrypoints/openai/cli_args.py, vllm/config/model.py
     modules=("vllm.entrypoints.openai.api_server",), serve_programs=("vllm",),
     images=("vllm-openai", "vllm/vllm"), entrypoint=("vllm", "serve"), host=None, port=8000,
@@ -210,7 +260,8 @@ VLLM: Final = ServerKind(
     # (vllm:cache_config_info). A flag set to its default is not in the line: unconfirmed. Only flags that take
     # a value are mapped (a switch such as --enable-prefix-caching would take the next argument for its value).
     engine=EngineRead(
-        args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=True, positional="model_tag",
+        args_line=vllm_args_line, args_mark=ARGS_MARK, metrics_info=PROMETHEUS.route,
+        positional="model_tag",
         flags={"--model": "model", "--tensor-parallel-size": "tensor_parallel_size", "-tp": "tensor_parallel_size",
                "--pipeline-parallel-size": "pipeline_parallel_size", "-pp": "pipeline_parallel_size",
                "--speculative-config": "speculative_config", "-sc": "speculative_config",
@@ -220,7 +271,7 @@ VLLM: Final = ServerKind(
         json_flags=frozenset({"--speculative-config", "-sc"})))
 
 LLAMA_CPP: Final = ServerKind(
-    "llama.cpp", "llama.cpp", "openai-completions",
+    "llama.cpp", "llama.cpp", "openai-completions", sim_profile="llamacpp",
     # common/arg.cpp
     programs=("llama-server",), images=("llama.cpp", "llama-cpp"), entrypoint=("llama-server",),
     host="127.0.0.1", port=8080,
@@ -239,6 +290,7 @@ LLAMA_CPP: Final = ServerKind(
     flush_needs="llama-server GET /slots and its slot actions (--slot-save-path DIR, not --no-slots)",
     # tools/server/server-context.cpp: prompt_tokens exclude the cached ones (checked on the real llama-server
     # 11434: two runs of a 376-token prompt counted 753 processed and 375 cached)
+    metrics_needs="llama-server needs --metrics",
     hit_rate=HitRate("llamacpp:prompt_tokens_cached", "llamacpp:prompt_tokens", total_excludes_hits=True),
     # tools/server/server-task.cpp: spec_decode_num_drafts counts verify steps (n_draft_verif_steps)
     spec=SpecMetrics("llamacpp:spec_decode_num_accepted_tokens", "llamacpp:spec_decode_num_drafts",
@@ -276,15 +328,53 @@ LLAMA_CPP_PYTHON: Final = ServerKind(
     # llama_cpp/server/app.py serves only /v1/*, /tokenize*, /detokenize
     health_route="")
 
-KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON)
+TENSORRT_LLM: Final = ServerKind(
+    "tensorrt-llm", "TensorRT-LLM", "openai-completions", sim_profile="trtllm",
+    # tensorrt_llm/commands/serve.py: `trtllm-serve MODEL` (its serve command; `trtllm-serve serve MODEL` too),
+    # --host localhost, --port 8000; no API key. Its speculative settings (speculative_config) are LLM-API
+    # options in the YAML file named by --config / --extra_llm_api_options, not flags.
+    programs=("trtllm-serve",), serve_programs=("trtllm-serve",), host="localhost", port=8000,
+    flags={"--host": "host", "--port": "port"},
+    # tensorrt_llm/serve/openai_server.py: /v1/models lists a local MODEL's directory name (not the path), else
+    # MODEL as given, and no route checks a request's `model`: init leaves the model to discovery
+    # openai_server.py register_routes: GET /metrics is the JSON iteration stats, drained by each read; the
+    # Prometheus page is mounted at /prometheus/metrics, only with return_perf_metrics, and holds request
+    # metrics, not speculative decoding's
+    metrics=ITERATION_STATS,
+    metrics_needs="trtllm-serve fills its /metrics only with enable_iter_perf_stats: true in its "
+                  "--extra_llm_api_options YAML",
+    spec=SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "trtllm_spec_decode_num_requests_with_draft_tokens",
+                     "trtllm_spec_decode_num_draft_tokens", "/metrics specDecodingStats (iteration stats)"))
+
+KINDS: Final[tuple[ServerKind, ...]] = (SGLANG, VLLM, LLAMA_CPP, LLAMA_CPP_PYTHON, TENSORRT_LLM)
 BY_NAME: Final[Mapping[str, ServerKind]] = {k.name: k for k in KINDS}
 
-# Servers genready knows only by their /metrics counters (no ServerKind: nothing else of them is read).
-# TensorRT-LLM counts draft tokens and accepted ones, not verify steps: a draft acceptance, no accept length
-# (the names as Dynamo's TensorRT-LLM backend exports them, "_total" added by prometheus_client).
-COUNTER_ONLY: Final[tuple[tuple[str, SpecMetrics], ...]] = (
-    ("tensorrt-llm", SpecMetrics("trtllm_spec_decode_num_accepted_tokens", "",
-                                 "trtllm_spec_decode_num_draft_tokens", "/metrics trtllm_spec_decode counters")),)
+
+def acceptance_of(deltas: Mapping[str, float]) -> AcceptanceRecord | None:
+    """A run's acceptance from its counter deltas: the first kind's record with verify steps (an accept length),
+    else the first with draft tokens alone (a page with only some of them, Dynamo's TensorRT-LLM re-export: a
+    draft acceptance); None when no kind's counters grew."""
+    records = [r for k in KINDS if (r := k.acceptance(deltas)) is not None]
+    return next((r for r in records if r.steps), None) or next(iter(records), None)
+
+
+def counter(deltas: Mapping[str, float], name: str) -> float | None:
+    """A counter's delta by its name with `_total` (prometheus_client's) or without; None when on neither page."""
+    for sample in (total(name), name):
+        if sample in deltas:
+            return deltas[sample]
+    return None
+
+
+def positions(deltas: Mapping[str, float], name: str) -> list[float]:
+    """A per-position counter's deltas by position 0, 1, … up to the last one on the page ([] without)."""
+    for sample in (total(name), name):
+        got = {int(k[len(sample) + len(POSITION_LABEL) + 3:-2]): v for k, v in deltas.items()
+               if k.startswith(sample + "{" + POSITION_LABEL + '="')}
+        if got:
+            return [got.get(j, 0.0) for j in range(max(got) + 1)]
+    return []
+
 
 # What a flush needs, in words, and what a server with none of the routes gets.
 FLUSH_NEEDS: Final = "; ".join(k.flush_needs for k in KINDS if k.flush_needs)
@@ -295,6 +385,21 @@ WRONG_SHAPE: Final = tuple(w for k in KINDS for w, why in k.refusal_words.items(
 ROUTER_NOT_LOADED: Final = tuple(w for k in KINDS for w, why in k.refusal_words.items() if why == "router")
 # llama.cpp's router lists each model's status.value (tools/server/server-models.cpp): loading ones
 ROUTER_LOADING: Final = frozenset({"loading", "downloading"})
+
+
+def commands(k: ServerKind) -> str:
+    """How `init` recognises a kind, in words: its modules, `PROGRAM serve` and programs."""
+    return ", ".join((*k.modules, *(f"{p} serve" for p in k.serve_programs), *k.programs))
+
+
+def known_words() -> str:
+    """Every kind `init` recognises, with its commands, for the words of a command line it does not."""
+    return "; ".join(f"{k.label} ({commands(k)})" for k in KINDS)
+
+
+def api_words() -> str:
+    """Which api each kind is spoken to with, for the words of a refused probe."""
+    return "; ".join(f"{k.label}: {k.native_api or 'openai-completions or openai-chat'}" for k in KINDS)
 
 
 def says(body: bytes, words: tuple[str, ...]) -> bool:
@@ -337,8 +442,8 @@ def by_command(argv: list[str], base: str) -> tuple[ServerKind, list[str]] | Non
     return None
 
 
-# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/sim.py)
-SIMULATED: Final[Mapping[str, str]] = {"sglang": "sglang", "vllm": "vllm", "llamacpp": "llama.cpp"}
+# genready's own simulator (`genready simulate --profile NAME`) imitates these kinds (genready_dev/simprofiles.py)
+SIMULATED: Final[Mapping[str, str]] = {k.sim_profile: k.name for k in KINDS if k.sim_profile}
 
 
 def serving(argv: Sequence[str]) -> tuple[ServerKind, list[str]] | None:
@@ -374,9 +479,48 @@ async def flush(call: Call, busy_wait: float) -> Flushed:
     return Flushed(why=NO_ROUTE)
 
 
-def info_routes() -> tuple[str, ...]:
-    """The server-info routes that carry avg_spec_accept_length, in the order to ask."""
-    return tuple(r for k in KINDS for r in k.info_routes)
+def info_kinds() -> tuple[ServerKind, ...]:
+    """The kinds with a server-info route that carries an average accept length."""
+    return tuple(k for k in KINDS if k.info_routes and k.info_accept is not None)
+
+
+def sglang_accept(body: bytes) -> float | None:
+    """internal_states[0].avg_spec_accept_length of SGLang's server info (None: not there, or no spec); NaN, or a
+    number that cannot be a float (10**400), is no figure: never NaN in the results."""
+    try:
+        doc = json.loads(body)
+        states = doc.get("internal_states") if isinstance(doc, dict) else None
+        v = states[0].get("avg_spec_accept_length") if isinstance(states, list) and states else None
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    return float(v) if isinstance(v, int) and not isinstance(v, bool) and not too_large(v) else None
+
+
+def by_native_api(api: str) -> ServerKind | None:
+    """The kind whose own wire format this api is (SGLang's /generate), if any."""
+    return next((k for k in KINDS if k.native_api == api), None)
+
+
+def metrics_routes(kind: ServerKind | None) -> tuple[str, ...]:
+    """The routes to GET for a server's counters: its kind's page, or (kind unknown) every kind's, each once."""
+    pages = (kind.metrics,) if kind is not None else tuple(k.metrics for k in KINDS)
+    return tuple(dict.fromkeys(p.route for p in pages))
+
+
+def read_metrics(kind: ServerKind | None, route: str, body: bytes) -> Reading:
+    """The counters of a page read from `route`: by the kind's reader, or (kind unknown) the first of the
+    kinds' readers for that route that reads it. NotMetrics when none does."""
+    pages = (kind.metrics,) if kind is not None else tuple(dict.fromkeys(k.metrics for k in KINDS if
+                                                                          k.metrics.route == route))
+    why = f"no kind reads {route}"
+    for page in pages:
+        try:
+            return page.reading(body)
+        except NotMetrics as e:
+            why = str(e)
+    raise NotMetrics(why)
 
 
 def verify_fields() -> tuple[str, ...]:

@@ -125,10 +125,8 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
           "as large on them (--no-prune loads them)\n")
     if plan.between_points is Between.FLUSH:
         # Said once, before anything runs: which routes a flush needs, and what a server without them gets.
-        w(f"# a flush needs one of: SGLang /flush_cache; vLLM POST /reset_prefix_cache (only with "
-          "VLLM_SERVER_DEV_MODE=1 in the server's environment); llama-server GET /slots and its slot actions "
-          f"(--slot-save-path DIR, not --no-slots). A server without one runs its reused points warm (cache=warm): "
-          f"{kinds.FIX}\n")
+        w(f"# a flush needs one of: {kinds.FLUSH_NEEDS}. A server without one runs its reused points warm "
+          f"(cache=warm): {kinds.FIX}\n")
     for n, group in enumerate(groups, 1):
         w(f"\n## server configuration {n}" + (f", the baseline (round {group[0].baseline})" if group[0].baseline
                                                else "") + f": points {', '.join(str(p.index) for p in group)}\n")

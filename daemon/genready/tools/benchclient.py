@@ -75,12 +75,14 @@ from typing import Any, Final
 from genready import config, console
 from genready.apis import MAX_BODY
 from genready.exitcodes import Exit
+from genready.servers import kinds
 from genready.store import durable
 from genready.tools import benchline, benchload
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, why_not_reuse
 from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, finite, percentile
 from genready.tools.benchrun import (
+    AUTO,
     DEFAULT_URL,
     LoadOptions,
     Progress,
@@ -406,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"{MAX_BODY >> 20} MiB (not read further), or a stream line over aiohttp's limit; the report is written "
         "whatever the requests did.")
     add_target_flags(p)
+    p.add_argument("--kind", default=AUTO, choices=[AUTO, *kinds.BY_NAME],
+                   help="the server's kind (servers/kinds.py): which counter page, info route and extra request "
+                        "fields to use; auto (the default) tells it once per run by what the server answers")
     p.add_argument("--config", metavar="PATH", help="a genready.toml: take url, api, model, the API key and the "
                    "TLS settings of --target (or $GENREADY_TARGET, set by guard and sweep, or the only target)")
     p.add_argument("-n", "--requests", type=_positive_int, metavar="N",
@@ -564,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     api_key, ssl_context = settings(args, env)
     prompts = prompt_set(args)
     console.out(header(args, env))
-    server = ServerOptions(args.url, args.api, args.model, api_key, ssl_context)
+    server = ServerOptions(args.url, args.api, args.model, api_key, ssl_context, kind=args.kind)
     load = LoadOptions(args.requests, args.concurrency, args.max_tokens, args.timeout, prompts, stream=args.stream,
                        request_rate=args.request_rate, seed=args.seed, temperature=args.temperature,
                        ignore_eos=args.ignore_eos, burstiness=args.burstiness, duration=args.duration)

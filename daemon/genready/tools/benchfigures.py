@@ -24,14 +24,10 @@ from typing import Any, Final, NamedTuple
 
 from genready.apis import BadAnswer, ServerApi, too_large
 from genready.redact import escape
-from genready.servers import kinds
+from genready.servers import acceptance, kinds
+from genready.servers.acceptance import AcceptanceRecord
 from genready.tools import servermetrics
 
-# SGLang's OpenAI routes put a choice's meta_info (spec_verify_ct with it) into a non-streamed answer only when
-# the request asks with return_meta_info, and refuse it on a stream (python/sglang/srt/entrypoints/openai/
-# serving_chat.py and protocol.py). A stream's accept length is then the server's own average.
-SGLANG_META_SOURCE: Final = "meta_info.spec_verify_ct (return_meta_info)"
-SGLANG_SERVER_SOURCE: Final = "get_server_info avg_spec_accept_length (SGLang's recent average, not this run's alone)"
 # Two sources of one figure that differ by more than this (relative to the larger) disagree.
 DISAGREEMENT: Final = 0.05
 # The category of a dataset's prompts that name none, when others do
@@ -210,17 +206,17 @@ class Summary:
     outcomes: list[Outcome] = field(default_factory=list)
     metrics_accept: float | None = None  # vLLM, llama.cpp: 1 + Δaccepted / Δdrafts over the run (/metrics)
     metrics_source: str | None = None  # which server's /metrics counters metrics_accept comes from
-    server_accept_length: float | None = None  # SGLang: avg_spec_accept_length after the run
+    server_acceptance: AcceptanceRecord | None = None  # the kind's info route after the run (SGLang's average)
     stale_connections: int = 0  # pooled connections the server had closed, found before sending on them
     metrics_counts: dict[str, float] | None = None  # the /metrics counters' growth over the run
     new_connections: str = ""  # why later requests each went on a new connection ("": pooled ones were reused)
-    sglang_openai: bool = False  # the OpenAI routes of an SGLang server (it answers GET /get_server_info)
+    kind: kinds.ServerKind | None = None  # the server's kind, resolved once per run (None: none known)
+    own_api: bool = False  # the run speaks the kind's own wire format (kind.native_api), not its OpenAI routes
     server_counters: servermetrics.RunCounters | None = None  # its /metrics counters over the run
     peak_concurrency: int = 0  # the most requests in flight at once
     duration: float | None = None  # --duration: requests were sent for this many seconds
     unsent: list[float] = field(default_factory=list)  # --duration: due times of arrivals never given a slot
-    metrics_kind: str | None = None  # the kind whose /metrics counters gave metrics_accept
-    sglang: bool = False  # SGLang, on its own API or its OpenAI routes: the kind its answers are read as
+    metrics_kind: str | None = None  # the kind whose counters gave metrics_accept
     conversations: int = 0  # prompts started (a multi-turn one sends a request per turn)
     conversations_cut: int = 0  # multi-turn ones that stopped before their last turn (a failure, -n, --duration)
 
@@ -230,15 +226,30 @@ class Summary:
         verified = [o for o in self.outcomes if o.ok and o.spec_verify_ct]
         if verified:
             steps = sum(o.spec_verify_ct or 0 for o in verified)
-            return sum(o.tokens for o in verified) / steps, SGLANG_META_SOURCE if self.sglang_openai else \
-                "meta_info.spec_verify_ct"
+            kind = self.kind or self.kind_of_answers()
+            own, openai = kind.verify_sources if kind is not None else ("", "")
+            return sum(o.tokens for o in verified) / steps, (own if self.own_api else openai) or "verify steps"
         if (got := self.answers_accept()) is not None:
             return got
         if self.metrics_accept is not None:
             return self.metrics_accept, self.metrics_source
-        if self.sglang_openai and self.server_accept_length is not None:
-            return self.server_accept_length, SGLANG_SERVER_SOURCE
+        # The server's own average only on the OpenAI routes: its own API's answers carry the run's counts.
+        if not self.own_api and self.server_accept_length is not None and self.server_acceptance is not None:
+            return self.server_accept_length, self.server_acceptance.steps_source
         return None, None
+
+    @property
+    def server_accept_length(self) -> float | None:
+        """The engine's own average accept length from its info route (None: none read)."""
+        return None if self.server_acceptance is None else self.server_acceptance.accept_length()
+
+    def kind_of_answers(self) -> kinds.ServerKind | None:
+        """The kind whose per-answer fields the run's answers carry, when no kind was known before the run."""
+        if any(o.spec_verify_ct for o in self.outcomes):
+            return next((k for k in kinds.KINDS if k.verify_field), None)
+        if any(o.drafts for o in self.outcomes):
+            return next((k for k in kinds.KINDS if k.draft_fields), None)
+        return None
 
     def totals(self) -> Totals | None:
         """The per-answer counts of the run's successful answers, summed; None when no answer had any."""
@@ -260,7 +271,7 @@ class Summary:
         if t is None or t.accepted_steps is None or t.accepted_steps[1] == 0:
             return None
         accepted, steps = t.accepted_steps
-        return servermetrics.accept_length(accepted, steps), \
+        return acceptance.accept_length(accepted, steps), \
             f"per answer: {t.source} {t.spelling.accepted} / {t.spelling.steps}"
 
     def drafts(self) -> Drafts | None:
@@ -323,9 +334,8 @@ class Summary:
         (renamed by a new version, or not switched on); None when they carry them, or it is not speculative."""
         if not self.speculative() or self.totals() is not None or not self.ok:
             return None
-        name = kinds.SGLANG.name if self.sglang or any(o.spec_verify_ct for o in self.outcomes) else \
-            self.metrics_kind or (kinds.LLAMA_CPP.name if any(o.drafts for o in self.outcomes) else None)
-        kind = kinds.BY_NAME.get(name or "")
+        kind = self.kind or (kinds.BY_NAME.get(self.metrics_kind or "") if not any(
+            o.spec_verify_ct for o in self.outcomes) else None) or self.kind_of_answers()
         if kind is None or kind.answer_spec is None:
             return None
         spec = kind.answer_spec
@@ -365,7 +375,7 @@ class Summary:
             return None
         out: dict[str, dict[str, Any]] = {}
         for name in sorted({o.category or UNCATEGORISED for o in self.outcomes}):
-            part = Summary(0, self.concurrency, sglang_openai=self.sglang_openai, sglang=self.sglang,
+            part = Summary(0, self.concurrency, kind=self.kind, own_api=self.own_api,
                            outcomes=[o for o in self.outcomes if (o.category or UNCATEGORISED) == name])
             length, source = part.accept()
             acceptance = part.draft_acceptance()
@@ -450,19 +460,18 @@ def percentile(sorted_values: Sequence[float], p: float) -> float | None:
 
 
 def from_counters(summary: Summary, run: servermetrics.RunCounters) -> None:
-    """The run's speculative-decoding figures from its /metrics counters (read once before, once after)."""
+    """The run's speculative-decoding figures from its counters (read once before, once after): the neutral
+    record the kind's adapter made of them, when it has verify steps (an accept length)."""
     summary.server_counters = run
-    got = servermetrics.spec_of(run)
-    if got is None:
+    rec = run.acceptance
+    if rec is None or rec.accepted is None or not rec.steps:
         return
-    kind, accepted, steps, drafted = got
-    assert kind.spec is not None
-    summary.metrics_accept = servermetrics.accept_length(accepted, steps)
-    summary.metrics_source = kind.spec.source
-    summary.metrics_kind = kind.name
-    summary.metrics_counts = {"drafts": steps, "accepted": accepted}
-    if drafted is not None:
-        summary.metrics_counts["draft_tokens"] = drafted
+    summary.metrics_accept = rec.accept_length()
+    summary.metrics_source = rec.label
+    summary.metrics_kind = rec.kind
+    summary.metrics_counts = {"drafts": rec.steps, "accepted": rec.accepted}
+    if rec.drafted is not None:
+        summary.metrics_counts["draft_tokens"] = rec.drafted
 
 
 def finite(v: Any) -> Any:

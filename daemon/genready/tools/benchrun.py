@@ -1,8 +1,9 @@
 """The bench client's run: N generations at concurrency C or as Poisson arrivals, each time-bounded,
-and the server's own figures over the run (its /metrics page read once before and once after;
-SGLang's server info after). Requests and the token count follow apis.py, the probe's rules. A prompt is
-a conversation: one request, or one per turn of a multi-turn question, each later turn sent once the answer
-before it arrived, with the earlier turns and answers (docs/benchclient.md, "Multi-turn questions").
+and the server's own figures over the run, asked of its kind (servers/kinds.py), told once per run (kind_of):
+its counter page read once before and once after, its info route's average after. Requests and the token
+count follow apis.py, the probe's rules. A prompt is a conversation: one request, or one per turn of a
+multi-turn question, each later turn sent once the answer before it arrived, with the earlier turns and
+answers (docs/benchclient.md, "Multi-turn questions").
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import math
 import os
 import random
 import ssl
@@ -27,6 +27,8 @@ from genready import apis
 from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, model_from_list
 from genready.compat import TIMEOUT_ERRORS
 from genready.servers import kinds
+from genready.servers.acceptance import AcceptanceRecord
+from genready.servers.metricspage import NotMetrics, Reading
 from genready.tools import benchload, servermetrics
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, reuse_tracer, why_not_reuse
@@ -44,12 +46,14 @@ from genready.tools.benchfigures import (
 from genready.tools.prompts import Prompt
 
 # What the bench client's CLI, scripts and tests reach here (the connection's parts are benchconn's).
-__all__ = ["DEFAULT_URL", "LoadOptions", "PoolConnector", "Progress", "ServerOptions", "discover_model", "failed",
-           "one_request", "one_stream", "read_body", "request_body", "run", "takes_token_ids", "why_not_reuse"]
+__all__ = ["AUTO", "DEFAULT_URL", "LoadOptions", "PoolConnector", "Progress", "ServerOptions", "discover_model",
+           "failed", "one_request", "one_stream", "read_body", "request_body", "run", "takes_token_ids",
+           "why_not_reuse"]
 
 # A model name SGLang accepts when /v1/models cannot be read: it serves one model anyway.
 FALLBACK_MODEL: Final = "default"
 DEFAULT_URL: Final = "http://127.0.0.1:30000"
+AUTO: Final = "auto"  # --kind: told by what the server answers
 PROGRESS_WIDTH: Final = 30
 PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
 SERVER_FIGURES_CAP: Final = 4 << 20  # bytes read of /metrics or /get_server_info: a figure, not a download
@@ -257,43 +261,50 @@ async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: f
         return 0, b""
 
 
-async def read_counters(session: aiohttp.ClientSession, url: str, timeout: float) -> dict[str, float] | None:
-    """The server's /metrics counters (servermetrics.counters), or None when it has no readable page."""
-    status, body = await _get_json_or_text(session, url + "/metrics", timeout)
-    if status != 200:
-        return None
-    try:
-        return servermetrics.counters(body.decode("utf-8", "replace"))
-    except servermetrics.NotMetrics:
-        return None
+async def read_counters(session: aiohttp.ClientSession, url: str, kind: kinds.ServerKind | None,
+                        timeout: float) -> Reading | None:
+    """The server's counters by its kind's page (kind unknown: every kind's), or None when it has no readable one."""
+    for route in kinds.metrics_routes(kind):
+        status, body = await _get_json_or_text(session, url + route, timeout)
+        if status != 200:
+            continue
+        try:
+            return kinds.read_metrics(kind, route, body)
+        except NotMetrics:
+            continue
+    return None
 
 
-async def is_sglang(session: aiohttp.ClientSession, url: str, timeout: float) -> bool:
-    """Whether the server answers SGLang's GET /server_info (or its older name /get_server_info) with a JSON object."""
-    for path in kinds.info_routes():
-        status, body = await _get_json_or_text(session, url + path, timeout)
-        if status == 200:
-            try:
-                return isinstance(json.loads(body), dict)
-            except ValueError:
-                return False
-    return False
+async def kind_of(session: aiohttp.ClientSession, url: str, server: ServerOptions, timeout: float) \
+        -> kinds.ServerKind | None:
+    """The server's kind, once per run: --kind when given; with auto, the kind whose own API --api is, else
+    (on the OpenAI routes) the first kind whose server-info route answers a JSON object, else None."""
+    if server.kind != AUTO:
+        return kinds.BY_NAME[server.kind]
+    if (own := kinds.by_native_api(server.api)) is not None:
+        return own
+    for kind in kinds.info_kinds():
+        for path in kind.info_routes:
+            status, body = await _get_json_or_text(session, url + path, timeout)
+            if status == 200:
+                try:
+                    if isinstance(json.loads(body), dict):
+                        return kind
+                except ValueError:
+                    pass
+                break
+    return None
 
 
-async def read_sglang_accept(session: aiohttp.ClientSession, url: str, timeout: float) -> float | None:
-    """internal_states[0].avg_spec_accept_length of SGLang's server info (None: not there, or no spec)."""
-    for path in kinds.info_routes():
+async def read_info_accept(session: aiohttp.ClientSession, url: str, kind: kinds.ServerKind,
+                           timeout: float) -> AcceptanceRecord | None:
+    """The kind's own average accept length from its server-info route, as its adapter's record (None: not
+    there, or no spec); a 404 is an older version's other name."""
+    for path in kind.info_routes:
         status, body = await _get_json_or_text(session, url + path, timeout)
         if status == 404:
-            continue  # an older SGLang: the other name
-        try:
-            states = json.loads(body).get("internal_states") if status == 200 else None
-            v = states[0].get("avg_spec_accept_length") if isinstance(states, list) and states else None
-        except (ValueError, AttributeError):
-            return None
-        # NaN, or a number that cannot be a float (10**400), is no figure: never NaN in the results
-        return v if isinstance(v, float) and math.isfinite(v) else \
-            float(v) if isinstance(v, int) and not isinstance(v, bool) and not apis.too_large(v) else None
+            continue
+        return kind.info_acceptance(body) if status == 200 else None
     return None
 
 
@@ -375,6 +386,7 @@ class ServerOptions:
     model: str | None = None  # None: the first of /v1/models (OpenAI APIs)
     api_key: str = ""
     ssl_context: ssl.SSLContext | None = None  # None: the system's trust store
+    kind: str = "auto"  # a servers.kinds name, or AUTO: told by what the server answers (kind_of), once per run
 
 
 @dataclass(frozen=True)
@@ -420,9 +432,11 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                       "(pass --model)", file=sys.stderr)
                 model = FALLBACK_MODEL
         send = one_stream if load.stream else one_request
-        before = await read_counters(session, url, load.timeout)  # /metrics: once before the run, once after
-        summary.sglang_openai = api.needs_model and await is_sglang(session, url, load.timeout)
-        summary.sglang = summary.sglang_openai or not api.needs_model
+        kind = summary.kind = await kind_of(session, url, server, load.timeout)
+        summary.own_api = kind is not None and kind.native_api == server.api
+        before = await read_counters(session, url, kind, load.timeout)  # once before the run, once after
+        # what the kind's OpenAI routes need asked to carry the answer's acceptance counts
+        extra = {} if kind is None or summary.own_api else kind.openai_fields[1 if load.stream else 0]
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
         # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it. Each
         # prompt is a conversation: one request, or one per turn of a multi-turn question.
@@ -437,10 +451,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         def body(p: Prompt) -> dict[str, Any]:
             b = request_body(api, p, max_tokens=load.max_tokens, model=model or "", stream=load.stream,
                              temperature=load.temperature, ignore_eos=load.ignore_eos)
-            if summary.sglang_openai and not load.stream:
-                b["return_meta_info"] = True  # a choice's meta_info, with spec_verify_ct: SGLANG_META_SOURCE
-            elif summary.sglang_openai:
-                b["return_spec_tokens_details"] = True  # a stream's counts: kinds.SGLANG.answer_spec
+            b.update(extra)
             return b
 
         in_flight = 0
@@ -511,14 +522,19 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         # The requests sent: with --duration, or when a failed turn gave turns back after the arrivals had
         # stopped, fewer than -n (single-turn prompts without --duration: every one of the N is sent)
         summary.requests = len(summary.outcomes)
-        after = await read_counters(session, url, load.timeout)
+        after = await read_counters(session, url, kind, load.timeout)
         if before is not None and after is not None:
-            run = servermetrics.over_run(before, after)
+            run = servermetrics.over_run(before.values, after.values, cumulative=after.cumulative)
             if api.needs_model:  # the OpenAI routes: spec decoding's counters (SGLang's own API: its meta_info)
                 from_counters(summary, run)
             else:
                 summary.server_counters = run
-        await _sglang_average(summary, session, url, api, load.timeout)
+        if kind is not None and kind.info_accept is not None and (summary.own_api or (
+                summary.metrics_accept is None and not any(o.spec_verify_ct for o in summary.outcomes))):
+            # the kind's own average after the run: on its own API always (for the results line), on its
+            # OpenAI routes when neither the answers nor the counters gave an accept length (a stream's answers
+            # carry none without the kind's openai_fields)
+            summary.server_acceptance = await read_info_accept(session, url, kind, load.timeout)
         summary.stale_connections = connector.stale
     progress.update(len(summary.outcomes), summary.failed, force=True)
     progress.clear()
@@ -568,12 +584,3 @@ async def _arrivals(load: LoadOptions, converse: Callable[[int, float | None, fl
             await asyncio.sleep(wait)
         tasks.append(asyncio.ensure_future(limited(j, due)))
     await asyncio.gather(*tasks)
-
-
-async def _sglang_average(summary: Summary, session: aiohttp.ClientSession, url: str, api: ServerApi,
-                          timeout: float) -> None:
-    """SGLang's avg_spec_accept_length after the run: on its own API always, on its OpenAI routes when
-    neither meta_info nor /metrics gave an accept length (a stream has no meta_info)."""
-    if not api.needs_model or (summary.sglang_openai and summary.metrics_accept is None
-                               and not any(o.spec_verify_ct for o in summary.outcomes)):
-        summary.server_accept_length = await read_sglang_accept(session, url, timeout)

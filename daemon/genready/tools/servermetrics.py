@@ -1,18 +1,15 @@
-"""The server's own counters over one run: its Prometheus /metrics page before and after, the deltas,
-and the figures derived from them.
+"""The server's own counters over one run: its counter page before and after (read through its kind:
+servers/metricspage.py), the deltas, and the figures derived from them.
 
-The page is parsed with prometheus_client's parser, not by hand. Only counters count, summed over
-their label sets (vLLM's engines, SGLang's ranks), and never their `_created` series: those are
-timestamps, which prometheus_client's text exposition writes as a gauge `NAME_created` next to
-every counter (and OpenMetrics inside the counter's family), and which sum into nonsense. A counter
-that went down between the two reads is a reset (the server restarted in between): no negative
-delta, the run's derived figures are invalidated.
+A counter that went down between the two reads is a reset (the server restarted in between): no negative
+delta, the run's derived figures are invalidated. A page that counts only since its last read (TensorRT-LLM's
+iteration stats drain a queue) gives the run's figures by the read after it alone.
 
 Derived where the server exports the counters (each ServerKind's names, from its source: servers/kinds.py):
 the prefix-cache hit rate, hits / queries in tokens (llama.cpp's prompt_tokens exclude the cached
 ones); the speculative-decoding accept length, 1 + Δaccepted / Δverify steps; the draft
-acceptance Δaccepted / Δdraft tokens where the draft tokens are counted (TensorRT-LLM counts only
-those: kinds.COUNTER_ONLY); and, where the server counts accepted tokens by draft position (vLLM's
+acceptance Δaccepted / Δdraft tokens where the draft tokens are counted (alone where a page counts no
+verify steps); and, where the server counts accepted tokens by draft position (vLLM's
 _per_pos counter, one sample per `position` label), each position's Δaccepted / Δverify steps. A
 counter is matched with and without `_total` (llama.cpp's names have been written both ways).
 
@@ -28,50 +25,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from genready.servers import kinds
+from genready.servers.acceptance import AcceptanceRecord
 
 METRICS_FILE: Final = "server_metrics.json"
 
-# (server, hit counter, its denominator, whether the denominator excludes the hits), per kind that counts them
-HIT_RATES: Final = tuple((k.name, kinds.total(h.hits), kinds.total(h.total), h.total_excludes_hits)
+# (server and its page's route, hit counter, its denominator, whether the denominator excludes the hits), per kind
+# that counts them
+HIT_RATES: Final = tuple((f"{k.name} {k.metrics.route}", kinds.total(h.hits), kinds.total(h.total),
+                          h.total_excludes_hits)
                          for k in kinds.hit_rate_kinds() if (h := k.hit_rate) is not None)
-# (server, accepted tokens, verify steps, draft tokens or ""), per kind that counts them
-SPEC: Final = tuple((k.name, kinds.total(m.accepted), kinds.total(m.steps),
-                     kinds.total(m.draft_tokens) if m.draft_tokens else "")
-                    for k in kinds.spec_kinds() if (m := k.spec) is not None)
 # Counters with one sample per draft position, kept apart by their `position` label as well as summed
 PER_POSITION: Final = frozenset(n for k in kinds.spec_kinds() if k.spec is not None and k.spec.per_pos
                                 for n in (k.spec.per_pos, kinds.total(k.spec.per_pos)))
-POSITION_LABEL: Final = "position"
-
-
-class NotMetrics(ValueError):
-    """The page is not Prometheus text."""
-
-
-def counters(text: str) -> dict[str, float]:
-    """Every counter sample of a /metrics page, summed over label sets, by sample name; `_created` left
-    out. A sample without a TYPE line counts when its name ends in `_total`, the counters' naming rule.
-    NotMetrics if prometheus_client cannot parse the page."""
-    out: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            if family.type not in ("counter", "unknown", "untyped"):
-                continue
-            for s in family.samples:
-                if s.name.endswith("_created") or not isinstance(s.value, int | float) or math.isnan(s.value):
-                    continue
-                if family.type != "counter" and not s.name.endswith("_total"):
-                    continue
-                out[s.name] = out.get(s.name, 0.0) + float(s.value)
-                if s.name in PER_POSITION and (pos := s.labels.get(POSITION_LABEL, "")).isdigit():
-                    key = position_key(s.name, int(pos))
-                    out[key] = out.get(key, 0.0) + float(s.value)
-    except (ValueError, TypeError, IndexError) as e:
-        raise NotMetrics(f"not Prometheus text: {e}") from None
-    return out
 
 
 @dataclass
@@ -87,6 +53,7 @@ class RunCounters:
     accept_source: str | None = None
     accept_per_position: list[float] | None = None  # Δaccepted at draft position j / Δverify steps, j = 0, 1, …
     draft_acceptance_source: str | None = None  # where draft_acceptance came from (TensorRT-LLM: no accept length)
+    acceptance: AcceptanceRecord | None = None  # the neutral record the figures above come from
 
     def to_json(self) -> dict[str, Any]:
         return {"counters": self.deltas, "reset": self.reset or None,
@@ -101,10 +68,13 @@ def _rounded(v: float) -> float:
     return round(v, 4)
 
 
-def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCounters:
+def over_run(before: Mapping[str, float], after: Mapping[str, float], *, cumulative: bool = True) -> RunCounters:
     """The deltas of the counters on both pages, and the derived figures (none after a reset, or after a
-    counter that is not finite: the same, no figure of it can be trusted)."""
+    counter that is not finite: the same, no figure of it can be trusted). A page that is not `cumulative`
+    counts since its previous read: `after` is the run's, `before` only emptied it."""
     run = RunCounters()
+    if not cumulative:
+        before = {k: 0.0 for k in after}
     # A position's sample first seen after the run counted from 0: prometheus_client shows a label set only once
     # it is touched, and the run's first draft at a position may be what touched it.
     new = {k for k in set(after) - set(before) if k.endswith('"}') and k.split("{")[0] in PER_POSITION}
@@ -122,67 +92,13 @@ def over_run(before: Mapping[str, float], after: Mapping[str, float]) -> RunCoun
             h, t = run.deltas[hits], run.deltas[total]
             t = t + h if excludes else t
             if t > 0:
-                run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} /metrics {hits}"
+                run.prefix_cache_hit_rate, run.prefix_cache_source = _rounded(h / t), f"{server} {hits}"
             break
-    if (got := spec_of(run)) is not None:
-        kind, accepted, steps, drafted = got
-        assert kind.spec is not None
-        run.accept_length = _rounded(accept_length(accepted, steps))
-        run.accept_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / {kinds.total(kind.spec.steps)}"
-        if drafted:
-            run.draft_acceptance = _rounded(accepted / drafted)
-            run.draft_acceptance_source = f"{kind.name} /metrics {kinds.total(kind.spec.accepted)} / " \
-                                          f"{kinds.total(kind.spec.draft_tokens)}"
-        if kind.spec.per_pos:
-            run.accept_per_position = [_rounded(v / steps) for v in per_position(run.deltas, kind.spec.per_pos)] or None
-        return run
-    for server, m in kinds.COUNTER_ONLY:  # draft tokens and accepted ones, no verify steps
-        proposed, kept = delta(run.deltas, m.draft_tokens), delta(run.deltas, m.accepted)
-        if proposed and kept is not None:
-            run.draft_acceptance = _rounded(kept / proposed)
-            run.draft_acceptance_source = f"{server} /metrics {kinds.total(m.accepted)} / {kinds.total(m.draft_tokens)}"
-            break
+    if (rec := kinds.acceptance_of(run.deltas)) is not None:
+        run.acceptance = rec
+        if (length := rec.accept_length()) is not None:
+            run.accept_length, run.accept_source = _rounded(length), rec.steps_source
+        if (share := rec.draft_acceptance()) is not None:
+            run.draft_acceptance, run.draft_acceptance_source = _rounded(share), rec.drafted_source
+        run.accept_per_position = [_rounded(r) for r in rec.position_rates()] or None
     return run
-
-
-def position_key(sample: str, position: int) -> str:
-    """The key of one draft position's sample among a page's counters."""
-    return f'{sample}{{{POSITION_LABEL}="{position}"}}'
-
-
-def per_position(deltas: Mapping[str, float], name: str) -> list[float]:
-    """A per-position counter's deltas by position 0, 1, … up to the last one on the page ([] without)."""
-    for sample in (kinds.total(name), name):
-        got = {int(k[len(sample) + len(POSITION_LABEL) + 3:-2]): v for k, v in deltas.items()
-               if k.startswith(sample + "{" + POSITION_LABEL + '="')}
-        if got:
-            return [got.get(j, 0.0) for j in range(max(got) + 1)]
-    return []
-
-
-def delta(deltas: Mapping[str, float], name: str) -> float | None:
-    """A counter's delta by its name with `_total` (prometheus_client's) or without; None when on neither page."""
-    for sample in (kinds.total(name), name):
-        if sample in deltas:
-            return deltas[sample]
-    return None
-
-
-def accept_length(accepted: float, steps: float) -> float:
-    """Tokens per verify step of the large model: each step gives its accepted draft tokens plus one of its own
-    (vLLM's "mean acceptance length"); the bench client and the sweep both take it from here."""
-    return 1 + accepted / steps
-
-
-def spec_of(run: RunCounters) -> tuple[kinds.ServerKind, float, float, float | None] | None:
-    """(the kind, Δaccepted, Δverify steps, Δdraft tokens or None) of the first kind whose speculative-decoding
-    counters grew over the run; None without (or after a reset). The accept length is 1 + Δaccepted / Δsteps."""
-    if run.reset:
-        return None
-    for kind in kinds.spec_kinds():
-        assert kind.spec is not None
-        accepted, steps = delta(run.deltas, kind.spec.accepted), delta(run.deltas, kind.spec.steps)
-        drafted = delta(run.deltas, kind.spec.draft_tokens) if kind.spec.draft_tokens else None
-        if steps and accepted is not None:
-            return kind, accepted, steps, drafted
-    return None

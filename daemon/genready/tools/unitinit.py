@@ -25,6 +25,7 @@ from genready.systemd.unitexec import expand
 NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+
 # Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
 _MULTI: Final = frozenset({"--served-model-name", "--api-key"})
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "zsh"})
@@ -37,7 +38,7 @@ _ENGINE_BOOL: Final = frozenset({
 })
 
 class Unrecognised(Exception):
-    """No SGLang, vLLM or llama.cpp server in the command line; the text says what was found."""
+    """No server of a known kind (servers/kinds.py) in the command line; the text says what was found."""
 
 
 @dataclass
@@ -89,9 +90,8 @@ def target_from_exec(unit: str, argv: Sequence[str], env: Mapping[str, str],
         env = {**env, **container.env}
     found = _recognise(argv)
     if found is None:
-        raise Unrecognised(f"{unit} runs {shown(argv) or 'nothing'}: no SGLang (sglang.launch_server, sglang serve), "
-                           "vLLM (vllm serve, vllm.entrypoints.openai.api_server) or llama.cpp (llama-server, "
-                           "llama_cpp.server) in it" + (f", inside {container.engine} run" if container else ""))
+        raise Unrecognised(f"{unit} runs {shown(argv) or 'nothing'}: none of {kinds.known_words()} in it"
+                           + (f", inside {container.engine} run" if container else ""))
     server, args = found
     values, positional = _flags(server, args)
     for var, what in server.env.items():

@@ -30,6 +30,7 @@ from genready.client import GUARD_STOP_GRACE, guard, waiting
 from genready.client.progress import target_line
 from genready.config import TargetConfig
 from genready.servers import kinds
+from genready.servers.metricspage import NotMetrics, Reading
 from genready.store.bounded import FileError
 from genready.sweep.files import bench_line, category_figures
 from genready.sweep.plan import Between, Plan, Point, Shard
@@ -384,7 +385,7 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, cache: Cache,
     ended = time.time()
     counters = None
     if before is not None and not ctx.signals.count and (after := read_counters(ctx)) is not None:
-        counters = servermetrics.over_run(before, after)
+        counters = servermetrics.over_run(before.values, after.values, cumulative=after.cumulative)
         save_counters(ctx, point, folder, counters)
     if ctx.signals.count:
         raise Interrupted()
@@ -408,19 +409,22 @@ def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
         return None
 
 
-def read_counters(ctx: Ctx) -> dict[str, float] | None:
-    """The server's /metrics counters now; None (said once) when it has no readable page."""
+def read_counters(ctx: Ctx) -> Reading | None:
+    """The server's counters now, by the kinds' counter pages; None (said once) when it has no readable one."""
     if ctx.http is None:
         return None
-    status, body = ctx.http.get("/metrics")
-    why = f"GET /metrics answered {status}" if status else body.decode("utf-8", "replace")[:200]
-    if status == 200:
-        try:
-            return servermetrics.counters(body.decode("utf-8", "replace"))
-        except servermetrics.NotMetrics as e:
-            why = str(e)
-    ctx.console.once("metrics", f"no server counters per run: the server's /metrics cannot be read ({why}; "
-                     "llama-server needs --metrics)")
+    why = ""
+    for route in kinds.metrics_routes(None):  # the target's kind is not known here: every kind's page
+        status, body = ctx.http.get(route)
+        why = f"GET {route} answered {status}" if status else body.decode("utf-8", "replace")[:200]
+        if status == 200:
+            try:
+                return kinds.read_metrics(None, route, body)
+            except NotMetrics as e:
+                why = str(e)
+    needs = "; ".join(k.metrics_needs for k in kinds.KINDS if k.metrics_needs)
+    ctx.console.once("metrics", f"no server counters per run: the server's counter page cannot be read ({why}; "
+                     f"{needs})")
     return None
 
 
