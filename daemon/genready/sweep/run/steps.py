@@ -414,12 +414,14 @@ def read_counters(ctx: Ctx) -> Reading | None:
     if ctx.http is None:
         return None
     why = ""
-    for route in kinds.metrics_routes(None):  # the target's kind is not known here: every kind's page
+    # The target's `kind` key names its page and its reader; with "auto", every kind's page in turn.
+    kind = kinds.BY_NAME.get(ctx.opts.server.kind) if ctx.opts.server else None
+    for route in kinds.metrics_routes(kind):
         status, body = ctx.http.get(route)
         why = f"GET {route} answered {status}" if status else body.decode("utf-8", "replace")[:200]
         if status == 200:
             try:
-                return kinds.read_metrics(None, route, body)
+                return kinds.read_metrics(kind, route, body)
             except NotMetrics as e:
                 why = str(e)
     needs = "; ".join(k.metrics_needs for k in kinds.KINDS if k.metrics_needs)
