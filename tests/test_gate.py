@@ -191,6 +191,46 @@ def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path:
         manager.systemctl("stop", unit)
 
 
+def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manager: UserManager,
+                                                                           tmp_path: Path) -> None:
+    """A process outside the unit binds the target's port with SO_REUSEPORT after the unit's own
+    server was verified: the kernel hands it a share of the connections. Readiness is revoked naming
+    it, guard refuses, every surface says so; once it is gone the same start is verified again."""
+    unit = "tg-second.service"
+    g, port = start_sim_target(manager, tmp_path, unit, "--reuse-port")
+    foreign: subprocess.Popen[bytes] | None = None
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the unit's own server verified")
+        foreign = subprocess.Popen([*GENREADY, "simulate", "--port", str(port), "--reuse-port"],
+                                   stderr=subprocess.DEVNULL)
+        wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the second listener")
+        body = g.get("/ready/t")[1]
+        assert f"a second listener on 127.0.0.1:{port}" in body["reason"] and str(foreign.pid) in body["reason"], body
+        t = g.status()["targets"]["t"]
+        assert [x["pid"] for x in t["foreign_listeners"]] == [foreign.pid], t["foreign_listeners"]
+        assert not t["ready"] and str(foreign.pid) in (t["last_error"] or "")
+        _, metrics = g.get("/metrics")
+        labels = f'target="t",unit="{unit}"'
+        assert f"genready_foreign_listeners{{{labels}}} 1.0" in metrics
+        assert f'genready_revocations_total{{reason="foreign_listener",{labels}}} 1.0' in metrics
+        run = subprocess.run([*GENREADY, "guard", "t", "--url", g.base, "--", "true"], capture_output=True,
+                             text=True, timeout=30)
+        assert run.returncode != 0 and str(foreign.pid) in run.stderr, run.stderr
+        foreign.send_signal(signal.SIGKILL)
+        foreign.wait()
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the same start verified again once it is gone")
+        assert g.status()["targets"]["t"]["foreign_listeners"] == []
+        rec = next(r for r in g.records("t") if r["main_pid"] == pid)
+        assert rec["ready_at"] is not None
+    finally:
+        if foreign is not None and foreign.poll() is None:
+            foreign.send_signal(signal.SIGKILL)
+            foreign.wait()
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
 def test_crash_revokes_then_ready_after_automatic_restart(manager: UserManager, tmp_path: Path,
                                                           poller: list[ReadyPoller]) -> None:
     unit = "tg-crash.service"

@@ -4,6 +4,7 @@ and the instance proof around a probe (see gatefakes.py for why these use stand-
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -19,6 +20,7 @@ from genready.store.records import StartRecord
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import Clock, iso
 from genready.vocab import Failure, Instance, Revocation, State
+from genready_dev.harness import free_port
 from tests.gatefakes import UNIT, Rig, failed, ok, snap, target
 
 
@@ -177,6 +179,25 @@ async def _config_changed(r: Rig) -> None:
     await r.gate.reconfigure(replace(r.gate.cfg, probe_timeout=7.0))
 
 
+# The foreign-listener row's target port: its own, so a socket it opens is in no other test's way.
+_STRANGER_URL = f"http://127.0.0.1:{free_port()}"
+
+
+def _second_listener(r: Rig) -> socket.socket:
+    """A socket of this process (not the unit's main pid 100 or a descendant) on the target's port."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", r.gate.cfg.endpoint.port))
+    s.listen()
+    r.closing.append(s)
+    return s
+
+
+async def _foreign_listener(r: Rig) -> None:
+    _second_listener(r)
+    await r.until(lambda: not r.gate.ready, "revoked for the second listener", timeout=10)
+
+
 REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[str, Any]]] = {
     Revocation.PID_CHANGED: (_pid_changed, {}),
     Revocation.INVOCATION_CHANGED: (_invocation_changed, {}),
@@ -185,6 +206,7 @@ REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[s
     Revocation.BUS_LOST: (_bus_lost, {}),
     Revocation.RECHECK_FAILED: (_rechecks_fail, {"recheck_interval": 0.01, "failure_threshold": 2}),
     Revocation.CONFIG_CHANGED: (_config_changed, {}),
+    Revocation.FOREIGN_LISTENER: (_foreign_listener, {"url": _STRANGER_URL}),
 }
 
 
@@ -225,6 +247,25 @@ async def test_revoked_by_rechecks_then_verified_again_counts_warmup_anew(make_r
     # warmup 2: two successes before each verification, and the one failure between.
     oks = [p.ok for p in r.events.probes]
     assert oks[:2] == [True, True] and False in oks[2:]
+
+
+async def test_a_second_listener_keeps_the_target_unready_until_it_is_gone(make_rig: Callable[..., Rig]) -> None:
+    r = make_rig(url=_STRANGER_URL)
+    await r.ready(snap())
+    s = _second_listener(r)
+    await r.until(lambda: not r.gate.ready, "revoked", timeout=10)
+    assert r.events.revoked == [Revocation.FOREIGN_LISTENER]
+    body = r.gate.to_json()
+    listed = body["foreign_listeners"]
+    assert isinstance(listed, list) and [x["address"] for x in listed] == ["127.0.0.1"]
+    assert "foreign_owner: a second listener on 127.0.0.1" in r.gate.reason, r.gate.reason
+    # Probes go on, and succeed, but verify nothing while it listens.
+    n = r.prober.calls
+    await r.until(lambda: r.prober.calls >= n + 2, "two more probes")
+    assert not r.gate.ready and r.events.probes[-1].failure == Failure.FOREIGN_OWNER
+    s.close()
+    await r.until(lambda: r.gate.ready, "verified again once it is gone", timeout=10)
+    assert r.gate.to_json()["foreign_listeners"] == [] and len(r.events.verified) == 2
 
 
 # --- the instance proof around a probe -------------------------------------------------------

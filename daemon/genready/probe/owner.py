@@ -63,6 +63,9 @@ class TcpRow:
     state: int
     uid: int
     inode: int
+    # An IPv6 socket's IPV6_V6ONLY (sock_diag's INET_DIAG_SKV6ONLY), None when not known: a `::`
+    # listener without it takes IPv4 connections too (probe/listen.py's reach).
+    v6only: bool | None = None
 
 
 # --- addresses ----------------------------------------------------------------------------------
@@ -219,6 +222,20 @@ def server_socket_inode(local: tuple[str, int], peer: tuple[str, int]) -> int | 
 _NLM_F_DUMP: Final = 0x300
 _NLMSG_DONE: Final = 3
 _TCP_LISTEN: Final = 10
+_INET_DIAG_SKV6ONLY: Final = 11  # an attribute after inet_diag_msg: one byte, IPV6_V6ONLY
+_RTA_HDR: Final = struct.Struct("=HH")
+
+
+def _v6only(data: bytes, start: int, end: int) -> bool | None:
+    """INET_DIAG_SKV6ONLY among the attributes in data[start:end], None if absent (IPv4, old kernels)."""
+    while start + _RTA_HDR.size <= end:
+        length, kind = _RTA_HDR.unpack_from(data, start)
+        if length < _RTA_HDR.size:
+            return None
+        if kind == _INET_DIAG_SKV6ONLY and length > _RTA_HDR.size:
+            return bool(data[start + _RTA_HDR.size])
+        start += (length + 3) & ~3  # RTA_ALIGN
+    return None
 
 
 def _diag_listeners(family: int) -> Iterator[TcpRow]:
@@ -250,8 +267,10 @@ def _diag_listeners(family: int) -> Iterator[TcpRow]:
                     src = data[body + 8:body + 8 + addr_len]
                     dst = data[body + 24:body + 24 + addr_len]
                     _, _, _, uid, inode = _DIAG_MSG_TAIL.unpack_from(data, body + 4 + 48)
+                    attrs = body + 4 + 48 + _DIAG_MSG_TAIL.size
+                    v6only = _v6only(data, attrs, off + length) if family == socket.AF_INET6 else None
                     yield TcpRow((str(ipaddress.ip_address(src)), sport), (str(ipaddress.ip_address(dst)), dport),
-                                 state, uid, inode)
+                                 state, uid, inode, v6only)
                 off += (length + 3) & ~3  # NLMSG_ALIGN
 
 
@@ -411,7 +430,13 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
             return Owner(None, False, "not accepted yet (the server has not accept()ed the connection)")
         state = TCP_STATES.get(row.state, str(row.state))
         return Owner(None, False, f"the server already closed its side of the connection ({state})")
-    target = f"socket:[{row.inode}]"
+    return socket_owner(row.inode, main_pid)
+
+
+def socket_owner(inode: int, main_pid: int) -> Owner:
+    """Who holds the socket with this inode (a connection's server side, or a LISTEN socket), and
+    is it main_pid or one of its descendants? Never raises for processes that vanish mid-scan."""
+    target = f"socket:[{inode}]"
     denied: list[int] = []  # pids whose fds we could not read
     trusted_denied = 0  # how many of those were main_pid or its descendants
 
@@ -453,8 +478,8 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
         return Owner(pid, False, detail)
     if denied:
         return Owner(None, False, f"permission denied reading fds of {_pids(denied)} ({_denied_because()}); "
-                                  f"socket inode {row.inode} not found elsewhere")
-    return Owner(None, False, f"no process holds socket inode {row.inode} "
+                                  f"socket inode {inode} not found elsewhere")
+    return Owner(None, False, f"no process holds socket inode {inode} "
                               "(closed meanwhile, or held in another pid namespace)")
 
 

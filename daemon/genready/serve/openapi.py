@@ -173,6 +173,14 @@ TARGET_STATUS = {
         "warnings": {"type": "array", "items": {"type": "string"},
                      "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "
                      "genready sweep that is gone (genready sweep restore TARGET)"},
+        "foreign_listeners": {
+            "type": "array", "description": "LISTEN sockets on an address the url resolves to, at its port, held by "
+            "processes outside the unit's current start (not the MainPID or a descendant), at the last look: the "
+            "kernel hands them connections to the url, so the target is not ready while there are any "
+            "(revoke_reason foreign_listener)",
+            "items": {"type": "object", "properties": {
+                "pid": {"type": "integer"}, "comm": {"type": "string"}, "uid": {"type": "integer"},
+                "address": {"type": "string"}, "port": {"type": "integer"}}}},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
         **LOAD_CLOCK, "last_failure": FAILURE, "gpu": GPU,
