@@ -268,6 +268,24 @@ async def test_a_second_listener_keeps_the_target_unready_until_it_is_gone(make_
     assert r.gate.to_json()["foreign_listeners"] == [] and len(r.events.verified) == 2
 
 
+async def test_since_monotonic_is_not_moved_by_a_wall_clock_step(make_rig: Callable[..., Rig]) -> None:
+    """since= is taken before a restart; the wall clock then steps back 30 s (emulated: the client's
+    clock 30 s ahead). The new start began after since on CLOCK_MONOTONIC, before it on the wall clock."""
+    r = make_rig()
+    since_mono, since = time.monotonic(), time.time() + 30
+    await r.ready(snap())  # the new start: ExecMainStartTimestamp(Monotonic) now
+    v, why = await r.gate.check(since=since)
+    assert v is None and "before since=" in why  # the wall clock: this start would never count
+    v, why = await r.gate.check(since=since, since_mono=since_mono)
+    assert v is not None and v.instance == Instance("inv-a", 100), why
+    # And an older start does not count: since_monotonic taken after it began.
+    v, why = await r.gate.check(since_mono=time.monotonic())
+    assert v is None and "before since_monotonic=" in why
+    # The failed-start shortcut reads since_monotonic on the daemon's wall clock as it runs.
+    assert r.gate.since_wall(None, time.monotonic() - 5) == pytest.approx(time.time() - 5, abs=0.5)
+    assert r.gate.since_wall(since, None) == since
+
+
 # --- the instance proof around a probe -------------------------------------------------------
 
 async def test_a_success_while_systemd_changed_instance_does_not_verify(make_rig: Callable[..., Rig]) -> None:

@@ -101,6 +101,10 @@ class Verification:
     ready_since: float  # wall clock
     load_seconds: float | None
     started_at: float | None  # wall clock of the process start, for ?since=
+    # CLOCK_MONOTONIC seconds of the process start (systemd's ExecMainStartTimestampMonotonic), for
+    # ?since_monotonic=: a wall clock stepped back during a restart makes a new start look older than
+    # a since= taken before it; this clock never steps.
+    started_mono: float | None = None
 
     def to_json(self) -> dict[str, object]:
         """The one serialization of a verification: /ready, /status and the ready stamp use it."""
@@ -249,6 +253,14 @@ class TargetGate:
         """Whether systemd may start the unit again by itself: not once it has stayed down (inactive or
         failed, no job pending, no process) for RESTART_SETTLE seconds."""
         return self._down_since is None or self.clock.mono() - self._down_since < RESTART_SETTLE
+
+    def since_wall(self, since: float | None, since_mono: float | None) -> float | None:
+        """The wall-clock moment to compare start records with: since= as given, or since_monotonic=
+        read on the wall clock as it runs now (records carry systemd's wall-clock start times; after a
+        step, new starts carry the stepped clock, and so does this)."""
+        if since_mono is None:
+            return since
+        return self.clock.wall() - max(0.0, self.clock.mono() - since_mono)
 
     def start_failed(self, since: float | None) -> dict[str, object] | None:
         """The newest start begun after `since` (without it: the newest start) that ended before it was
@@ -535,7 +547,7 @@ class TargetGate:
         start_mono = self._start_mono(self.snap)
         load = round(max(0.0, self.clock.mono() - start_mono), 3) if start_mono is not None else None
         self._unsettled = True
-        self.verified = Verification(inst, now, load, started)
+        self.verified = Verification(inst, now, load, started, start_mono)
         rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
@@ -553,13 +565,17 @@ class TargetGate:
             await wait_for(self._changed.wait(), timeout)
 
     async def check(self, *, since: float | None = None, pid: int | None = None,
-                    invocation: str | None = None) -> tuple[Verification | None, str]:
+                    invocation: str | None = None, since_mono: float | None = None) -> tuple[Verification | None, str]:
         """(the verification that holds, or None; why not). It must hold on a systemd read made
-        after this call began."""
+        after this call began. since_mono (CLOCK_MONOTONIC seconds), when given, decides instead
+        of since (wall clock): a step of the wall clock does not move it."""
         v = self.verified
         if not self.ready or v is None:
             return None, self.reason or self.state
-        if since is not None and (v.started_at is None or v.started_at <= since):
+        if since_mono is not None:
+            if v.started_mono is None or v.started_mono <= since_mono:
+                return None, "the verified start began before since_monotonic="
+        elif since is not None and (v.started_at is None or v.started_at <= since):
             return None, "the verified start began before since="
         if pid is not None and v.instance.main_pid != pid:
             return None, f"the verified pid is {v.instance.main_pid}, not {pid}"

@@ -214,6 +214,10 @@ _READY_PARAMS = [
      "description": "long-poll up to this many seconds for readiness (capped at 3600), then answer"},
     {"name": "since", "in": "query", "schema": {"type": "number", "minimum": 0},
      "description": "Unix time: only a start whose process began after it counts"},
+    {"name": "since_monotonic", "in": "query", "schema": {"type": "number", "minimum": 0},
+     "description": "CLOCK_MONOTONIC seconds (systemd's *TimestampMonotonic clock, shared by the host's processes): "
+                    "only a start whose process began after it counts; decides instead of since=, and a step of "
+                    "the wall clock does not move it (genready restart sends both)"},
     {"name": "pid", "in": "query", "schema": {"type": "integer", "minimum": 1},
      "description": "require that the verified MainPID is this one"},
     {"name": "invocation", "in": "query", "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
