@@ -565,9 +565,61 @@ def descendants(main_pid: int) -> list[int]:
 
 # --- unix sockets -------------------------------------------------------------------------------
 
-def unix_owner(peer_pid: int, main_pid: int) -> Owner:
-    """Who serves a unix-socket connection, from the kernel's SO_PEERCRED pid of it (the process
-    that called listen() on the server's socket), under the same MainPID-or-descendant rule."""
+_UDIAG_REQ: Final = struct.Struct("=BBHIIIII")  # family, protocol, pad, states, ino, show, cookie[2]
+_UDIAG_MSG: Final = struct.Struct("=BBBBIII")  # family, type, state, pad, ino, cookie[2]
+_UDIAG_SHOW_PEER: Final = 0x4
+_UNIX_DIAG_PEER: Final = 2
+
+
+def unix_peer_inode(inode: int) -> int | None:
+    """The inode of the other end of our unix socket `inode` (for a client's socket: the server's
+    accepted one) from NETLINK_SOCK_DIAG's unix_diag; None if the kernel names none. Raises OSError
+    when unix_diag is unusable (no unix_diag module, seccomp, RestrictAddressFamilies=)."""
+    req = _UDIAG_REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, inode, _UDIAG_SHOW_PEER,
+                          _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)  # the kernel answers synchronously; this only guards against a wedge
+        nl.sendto(msg, (0, 0))
+        data = nl.recv(8192)
+    length, mtype, _, _, _ = _NLMSG_HDR.unpack_from(data)
+    if mtype == _NLMSG_ERROR:
+        err = -struct.unpack_from("=i", data, _NLMSG_HDR.size)[0]
+        raise OSError(err, os.strerror(err))
+    body = _NLMSG_HDR.size
+    if mtype != _SOCK_DIAG_BY_FAMILY or len(data) < body + _UDIAG_MSG.size:
+        raise OSError(errno.EPROTO, "unexpected unix_diag reply")
+    if _UDIAG_MSG.unpack_from(data, body)[4] != inode:
+        raise OSError(errno.EPROTO, "unix_diag answered for another socket")
+    at, end = body + _UDIAG_MSG.size, min(len(data), length)
+    while at + _RTA_HDR.size <= end:
+        rta_len, kind = _RTA_HDR.unpack_from(data, at)
+        if rta_len < _RTA_HDR.size:
+            break
+        if kind == _UNIX_DIAG_PEER and rta_len >= _RTA_HDR.size + 4:
+            peer: int = struct.unpack_from("=I", data, at + _RTA_HDR.size)[0]
+            return peer or None
+        at += (rta_len + 3) & ~3  # RTA_ALIGN
+    return None
+
+
+def unix_owner(peer_pid: int, main_pid: int, inode: int = 0) -> Owner:
+    """Who serves a unix-socket connection whose client end has `inode`: as for TCP, the holder of
+    the accepted server-side socket (its inode from unix_diag), under the MainPID-or-descendant
+    rule. The listener may be another process: systemd with ListenStream= (socket activation), or
+    a server that listened and then daemonized. Only where unix_diag cannot say (or inode is 0):
+    the kernel's SO_PEERCRED pid, the process that called listen()."""
+    if inode > 0:
+        try:
+            peer = unix_peer_inode(inode)
+        except OSError:
+            peer = None  # unix_diag unusable here: the listener's credentials are what is left
+        if peer is not None:
+            return socket_owner(peer, main_pid)
+    return _peercred_owner(peer_pid, main_pid)
+
+
+def _peercred_owner(peer_pid: int, main_pid: int) -> Owner:
     if peer_pid <= 0:
         return Owner(None, False, "the kernel gave no peer credentials (SO_PEERCRED) for the unix socket")
     st = _stat(peer_pid)
