@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from genready.probe import owner
 from genready_dev.harness import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -204,7 +205,10 @@ def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manag
         wait_for(lambda: g.ready_pid("t") == pid, 20, "the unit's own server verified")
         foreign = subprocess.Popen([*GENREADY, "simulate", "--port", str(port), "--reuse-port"],
                                    stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(owner.listeners(port)) == 2, 10, "the second simulator listening")
+        listening = time.monotonic()
         wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the second listener")
+        print(f"\nrevoked {time.monotonic() - listening:.2f} s after the second listener appeared")
         body = g.get("/ready/t")[1]
         assert f"a second listener on 127.0.0.1:{port}" in body["reason"] and str(foreign.pid) in body["reason"], body
         t = g.status()["targets"]["t"]
