@@ -24,7 +24,8 @@ from genready.probe import owner
 from genready.probe.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
 from genready.probe.probe import Prober
 from genready.vocab import ProbeResult
-from genready_dev.harness import REPO
+from genready_dev.harness import REPO, Genready, show, wait_for
+from genready_dev.usermanager import UserManager
 
 DEADLINE = 10.0
 
@@ -583,3 +584,28 @@ async def test_unix_server_that_daemonized_is_proven_by_the_accepting_process(tm
         assert starter.stdin is not None and starter.stdout is not None
         starter.stdin.close()
         starter.stdout.close()
+
+
+@pytest.mark.system
+def test_a_unit_with_listen_stream_is_verified(manager: UserManager, tmp_path: Path) -> None:
+    """A real systemd socket unit (ListenStream=PATH): the manager listens, the service accepts on fd 3."""
+    path = tmp_path / "activated.sock"
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE + "serve(socket.socket(fileno=3))\n")
+    manager.install_unit("to-activated.socket", f"[Socket]\nListenStream={path}\n")
+    manager.install_unit("to-activated.service", f"[Service]\nExecStart={sys.executable} {script}\n"
+                                                 f"StandardOutput=append:{tmp_path}/serve.log\n")
+    manager.systemctl("start", "to-activated.socket")
+    g = Genready(manager, tmp_path, {"t": {"unit": "to-activated.service", "url": f"unix:{path}",
+                                           "backoff_initial": 0.05, "backoff_max": 0.3}}).start()
+    try:
+        with socket.socket(socket.AF_UNIX) as first:  # the first connection starts the service
+            first.connect(str(path))
+        wait_for(lambda: show(manager, "to-activated.service")[0], 10, "the service started by its socket")
+        pid, _ = show(manager, "to-activated.service")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, lambda: f"verified: {g.status()['targets']['t']['last_error']}")
+    finally:
+        g.stop()
+        manager.systemctl("stop", "to-activated.socket", "to-activated.service", check=False)
+        manager.remove_unit("to-activated.service")
+        manager.remove_unit("to-activated.socket")
