@@ -179,6 +179,7 @@ class ListenWatch:
         self._pid = 0
         self._mine: dict[int, bool | None] = {}  # inode -> owner.unit_holds(inode, self._pid)
         self._held: dict[int, owner.Owner] = {}  # inode -> owner.socket_owner(inode, self._pid)
+        self._ours: bool | None = None  # in_our_netns(self._pid), asked once per start: a thread hop each look
         self._addrs: list[ipaddress.IPv4Address | ipaddress.IPv6Address] | None = None
 
     @property
@@ -207,13 +208,18 @@ class ListenWatch:
 
     def _same_start(self, main_pid: int) -> None:
         if main_pid != self._pid:  # what was the unit's, or not, was so for another start
-            self._pid, self._mine, self._held = main_pid, {}, {}
+            self._pid, self._mine, self._held, self._ours = main_pid, {}, {}, None
 
     async def strangers(self, main_pid: int) -> list[Stranger]:
         """The listeners outside the unit's current start that connections to the target's url can
         reach (see the module's doc); [] where this cannot be seen (not a local TCP target, a server
         in another network namespace, no sock_diag): the probe's own proof is all there is there."""
-        if self.port is None or main_pid <= 0 or not await asyncio.to_thread(in_our_netns, main_pid):
+        if self.port is None or main_pid <= 0:
+            return []
+        self._same_start(main_pid)
+        if self._ours is None:
+            self._ours = await asyncio.to_thread(in_our_netns, main_pid)
+        if not self._ours:
             return []
         port = self.port
         self.looks += 1
@@ -225,7 +231,6 @@ class ListenWatch:
             log.info("cannot look for other listeners on port %d (%s): the probe's proof is all there is", port, e)
             self.port = None
             return []
-        self._same_start(main_pid)
         found: list[Stranger] = []
         for row in reach(rows, self._addrs):
             held = self._held.get(row.inode)

@@ -444,7 +444,8 @@ class TargetGate:
         every = self.cfg.recheck_interval or math.inf
         due = loop.time() + every
         while self._probe_wanted() == inst and self._verified_as(inst):
-            look = STRANGER_CHECK if self.listen.usable else math.inf
+            # On the loop clock's whole STRANGER_CHECKs: every target looks within one shared dump.
+            look = STRANGER_CHECK - loop.time() % STRANGER_CHECK if self.listen.usable else math.inf
             if min(look, every) == math.inf:
                 return  # nothing left to watch with (the listener table became unreadable)
             await asyncio.sleep(max(0.0, min(look, due - loop.time())))
