@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -231,6 +232,53 @@ def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manag
         if foreign is not None and foreign.poll() is None:
             foreign.send_signal(signal.SIGKILL)
             foreign.wait()
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+# A LISTEN socket on [::1] at a port, held by uid nobody, until its stdin closes.
+SQUATTER = ("import socket, sys\ns = socket.socket(socket.AF_INET6); s.bind(('::1', int(sys.argv[1]))); s.listen()\n"
+            "print('up', flush=True)\nsys.stdin.read()\n")
+
+
+def test_a_localhost_url_leaves_ipv6_to_a_squatter_until_it_is_gone(manager: UserManager, tmp_path: Path) -> None:
+    """The url says localhost (::1 and 127.0.0.1, as Debian's /etc/hosts has it: genready runs with
+    such a file), the server listens on 127.0.0.1 only, and after the verification uid nobody binds
+    [::1] at the same port: clients that try ::1 first reach it."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
+    unit = "tg-localhost.service"
+    port = free_port()
+    manager.install_unit(unit, sim_unit(port, extra=f"StandardError=append:{tmp_path}/{unit}.log"))
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://localhost:{port}", **FAST}})
+    g.wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh"]
+    g.start()
+    squatter: subprocess.Popen[str] | None = None
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "verified on 127.0.0.1 (::1 refused)")
+        squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                     "/usr/bin/python3", "-c", SQUATTER, str(port)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert squatter.stdout is not None and squatter.stdout.readline() == "up\n"
+        wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the squatter on [::1]")
+        reason = g.get("/ready/t")[1]["reason"]
+        assert f"a second listener on [::1]:{port}, uid 65534" in reason and f"pid {squatter.pid}" in reason, reason
+        squatter.kill()
+        squatter.wait()
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the same start verified again once it is gone")
+        assert any("localhost" in w for w in g.status()["targets"]["t"]["warnings"])
+    finally:
+        if squatter is not None and squatter.poll() is None:
+            squatter.kill()
+            squatter.wait()
         g.stop()
         manager.systemctl("stop", unit)
 
