@@ -206,7 +206,7 @@ REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[s
     Revocation.BUS_LOST: (_bus_lost, {}),
     Revocation.RECHECK_FAILED: (_rechecks_fail, {"recheck_interval": 0.01, "failure_threshold": 2}),
     Revocation.CONFIG_CHANGED: (_config_changed, {}),
-    Revocation.FOREIGN_LISTENER: (_foreign_listener, {"url": _STRANGER_URL}),
+    Revocation.FOREIGN_LISTENER: (_foreign_listener, {"url": _STRANGER_URL, "verify_owner": True}),
 }
 
 
@@ -250,7 +250,7 @@ async def test_revoked_by_rechecks_then_verified_again_counts_warmup_anew(make_r
 
 
 async def test_a_second_listener_keeps_the_target_unready_until_it_is_gone(make_rig: Callable[..., Rig]) -> None:
-    r = make_rig(url=_STRANGER_URL)
+    r = make_rig(url=_STRANGER_URL, verify_owner=True)
     await r.ready(snap())
     s = _second_listener(r)
     await r.until(lambda: not r.gate.ready, "revoked", timeout=10)
@@ -266,6 +266,15 @@ async def test_a_second_listener_keeps_the_target_unready_until_it_is_gone(make_
     s.close()
     await r.until(lambda: r.gate.ready, "verified again once it is gone", timeout=10)
     assert r.gate.to_json()["foreign_listeners"] == [] and len(r.events.verified) == 2
+
+
+async def test_without_owner_proof_no_stranger_is_looked_for(make_rig: Callable[..., Rig]) -> None:
+    """verify_owner = false proves nothing about who answers: a second listener changes nothing."""
+    r = make_rig(url=_STRANGER_URL)  # gatefakes' targets have verify_owner = false
+    await r.ready(snap())
+    _second_listener(r)
+    await r.until(lambda: r.gate._task is None or r.gate._task.done(), "no task kept once verified")
+    assert r.gate.ready and r.gate.listen.looks == 0 and r.events.revoked == []
 
 
 async def test_since_monotonic_is_not_moved_by_a_wall_clock_step(make_rig: Callable[..., Rig]) -> None:

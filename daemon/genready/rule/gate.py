@@ -357,7 +357,13 @@ class TargetGate:
     @property
     def _watches_verified(self) -> bool:
         """Does a verified instance keep a task: rechecks (recheck_interval), or looks for strangers?"""
-        return bool(self.cfg.recheck_interval) or self.listen.usable
+        return bool(self.cfg.recheck_interval) or self._looks
+
+    @property
+    def _looks(self) -> bool:
+        """Does this target look for strangers? Where the listen watch can see its port, and the owner
+        is proven at all (verify_owner = false proves nothing about who answers)."""
+        return self.cfg.verify_owner and self.listen.usable
 
     def _schedule_probing(self) -> None:
         want = self._probe_wanted()
@@ -426,7 +432,7 @@ class TargetGate:
     async def _alone(self, inst: Instance, result: ProbeResult) -> ProbeResult:
         """`result`, a verified generation, if nobody else listens where the url connects; else a
         foreign_owner failure naming who does: the next connection may be theirs."""
-        self.strangers = await self.listen.strangers(inst.main_pid)
+        self.strangers = await self.listen.strangers(inst.main_pid) if self._looks else []
         if not self.strangers:
             return result
         return ProbeResult(False, Failure.FOREIGN_OWNER, self._strangers_text(), result.served_by_pid,
@@ -445,13 +451,13 @@ class TargetGate:
         due = loop.time() + every
         while self._probe_wanted() == inst and self._verified_as(inst):
             # On the loop clock's whole STRANGER_CHECKs: every target looks within one shared dump.
-            look = STRANGER_CHECK - loop.time() % STRANGER_CHECK if self.listen.usable else math.inf
+            look = STRANGER_CHECK - loop.time() % STRANGER_CHECK if self._looks else math.inf
             if min(look, every) == math.inf:
                 return  # nothing left to watch with (the listener table became unreadable)
             await asyncio.sleep(max(0.0, min(look, due - loop.time())))
             if not (self._probe_wanted() == inst and self._verified_as(inst)):
                 return
-            if self.listen.usable:
+            if self._looks:
                 self.strangers = await self.listen.strangers(inst.main_pid)
                 if self.strangers and self._verified_as(inst):
                     self.progress.last_error = f"{Failure.FOREIGN_OWNER}: {self._strangers_text()}"
