@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 import socket
 import subprocess
@@ -267,3 +268,17 @@ async def test_localhost_leaves_the_other_address_to_a_stranger(monkeypatch: pyt
         finally:
             unit.kill()
             unit.wait(10)
+
+
+@pytest.mark.parametrize(("err", "usable_after"), [(errno.EMFILE, True), (errno.EPERM, False)])
+async def test_a_passing_error_loses_one_look_and_sock_diag_refused_ends_them(
+        monkeypatch: pytest.MonkeyPatch, err: int, usable_after: bool) -> None:
+    """Out of fds for a moment (EMFILE): that look finds nothing and the next one looks again; sock_diag
+    refused (EPERM: seccomp, an LSM) for good: no more looks, the probe's proof is what is left."""
+    def refuse() -> list[owner.TcpRow]:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(owner, "all_listeners", refuse)
+    watch = ListenWatch(endpoint("http://127.0.0.1:30000"))
+    assert await watch.strangers(os.getpid()) == []
+    assert watch.usable is usable_after

@@ -228,6 +228,10 @@ class ListenWatch:
                 self._addrs = await asyncio.to_thread(_addresses, self.host, port)
             rows = _TABLE.on_port(port)
         except OSError as e:
+            if e.errno not in owner._DIAG_UNAVAILABLE:
+                # Passing (genready out of fds or buffers, a resolver hiccup): this look is lost, not the next.
+                log.debug("cannot look for other listeners on port %d now (%s)", port, e)
+                return []
             log.info("cannot look for other listeners on port %d (%s): the probe's proof is all there is", port, e)
             self.port = None
             return []
