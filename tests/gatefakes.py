@@ -10,6 +10,7 @@ test_gate.py, test_hookups.py and test_hostile.py.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -145,6 +146,7 @@ class Rig:
         self.fresh = FakeFresh()
         self.prober = ScriptedProber()
         self.events = Events()
+        self.closing: list[socket.socket] = []  # sockets a test opened for this rig, closed with it
         self.store = RecordStore(tmp / "state")
         self.store.load()
         self.gate = TargetGate(target(name, **cfg), self.store, self.fresh, self.events,  # type: ignore[arg-type]
@@ -168,3 +170,5 @@ class Rig:
     async def close(self) -> None:
         await self.gate.close()
         self.store.close()
+        for s in self.closing:
+            s.close()

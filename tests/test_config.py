@@ -548,6 +548,12 @@ def test_unix_url_and_path_prefix(tmp_path: Path) -> None:
     assert (t.unix_path, t.path_prefix) == ("/run/vllm/api.sock", "/api")
 
 
+def test_a_localhost_url_is_a_warning(tmp_path: Path) -> None:
+    t = config.load(materialize(tmp_path, target().replace("127.0.0.1", "localhost"))).targets["sglang"]
+    assert t.warnings == [config.LOCALHOST_WARNING] and "any local user" in t.warnings[0]
+    assert config.load(materialize(tmp_path, target())).targets["sglang"].warnings == []
+
+
 @pytest.mark.system
 def test_tls_verify_false_is_a_warning(tmp_path: Path) -> None:
     content = target(tls_verify="false").replace("http://", "https://")

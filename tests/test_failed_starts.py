@@ -349,3 +349,20 @@ def test_a_wait_refused_a_long_poll_asks_without_wait_and_backs_off() -> None:
         assert len(s.asked) <= 2 * 8, f"{len(s.asked)} requests in {took:.1f} s"  # 0.25+0.5+1+... s apart
     finally:
         s.close()
+
+
+def test_a_genready_from_before_since_monotonic_is_asked_with_since_alone() -> None:
+    """`genready restart` sends since_monotonic= with since=; a daemon that does not know it answers
+    400 naming it (its query check), and the client asks again with since= alone."""
+    def answer(path: str) -> tuple[int, Any]:
+        if "since_monotonic=" in path:
+            return 400, {"error": "unknown query parameter(s): since_monotonic; known: wait, since, pid, invocation"}
+        return 200, {"ready": True, "target": "t", "pid": 7}
+
+    s = JsonServer(answer)
+    try:
+        out = waiting.wait_ready(s.base, "t", 10, time.time(), since_mono=time.monotonic())
+        assert out.code == 200 and len(s.asked) == 2, s.asked
+        assert "since_monotonic=" in s.asked[0] and "since=" in s.asked[1] and "since_monotonic" not in s.asked[1]
+    finally:
+        s.close()

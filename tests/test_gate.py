@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from genready.probe import owner
 from genready_dev.harness import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
@@ -188,6 +190,96 @@ def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path:
     finally:
         foreign.send_signal(signal.SIGKILL)
         foreign.wait()
+        manager.systemctl("stop", unit)
+
+
+def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manager: UserManager,
+                                                                           tmp_path: Path) -> None:
+    """A process outside the unit binds the target's port with SO_REUSEPORT after the unit's own
+    server was verified: the kernel hands it a share of the connections. Readiness is revoked naming
+    it, guard refuses, every surface says so; once it is gone the same start is verified again."""
+    unit = "tg-second.service"
+    g, port = start_sim_target(manager, tmp_path, unit, "--reuse-port")
+    foreign: subprocess.Popen[bytes] | None = None
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the unit's own server verified")
+        foreign = subprocess.Popen([*GENREADY, "simulate", "--port", str(port), "--reuse-port"],
+                                   stderr=subprocess.DEVNULL)
+        wait_for(lambda: len(owner.listeners(port)) == 2, 10, "the second simulator listening")
+        listening = time.monotonic()
+        wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the second listener")
+        print(f"\nrevoked {time.monotonic() - listening:.2f} s after the second listener appeared")
+        body = g.get("/ready/t")[1]
+        assert f"a second listener on 127.0.0.1:{port}" in body["reason"] and str(foreign.pid) in body["reason"], body
+        t = g.status()["targets"]["t"]
+        assert [x["pid"] for x in t["foreign_listeners"]] == [foreign.pid], t["foreign_listeners"]
+        assert not t["ready"] and str(foreign.pid) in (t["last_error"] or "")
+        _, metrics = g.get("/metrics")
+        labels = f'target="t",unit="{unit}"'
+        assert f"genready_foreign_listeners{{{labels}}} 1.0" in metrics
+        assert f'genready_revocations_total{{reason="foreign_listener",{labels}}} 1.0' in metrics
+        run = subprocess.run([*GENREADY, "guard", "t", "--url", g.base, "--", "true"], capture_output=True,
+                             text=True, timeout=30)
+        assert run.returncode != 0 and str(foreign.pid) in run.stderr, run.stderr
+        foreign.send_signal(signal.SIGKILL)
+        foreign.wait()
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the same start verified again once it is gone")
+        assert g.status()["targets"]["t"]["foreign_listeners"] == []
+        rec = next(r for r in g.records("t") if r["main_pid"] == pid)
+        assert rec["ready_at"] is not None
+    finally:
+        if foreign is not None and foreign.poll() is None:
+            foreign.send_signal(signal.SIGKILL)
+            foreign.wait()
+        g.stop()
+        manager.systemctl("stop", unit)
+
+
+# A LISTEN socket on [::1] at a port, held by uid nobody, until its stdin closes.
+SQUATTER = ("import socket, sys\ns = socket.socket(socket.AF_INET6); s.bind(('::1', int(sys.argv[1]))); s.listen()\n"
+            "print('up', flush=True)\nsys.stdin.read()\n")
+
+
+def test_a_localhost_url_leaves_ipv6_to_a_squatter_until_it_is_gone(manager: UserManager, tmp_path: Path) -> None:
+    """The url says localhost (::1 and 127.0.0.1, as Debian's /etc/hosts has it: genready runs with
+    such a file), the server listens on 127.0.0.1 only, and after the verification uid nobody binds
+    [::1] at the same port: clients that try ::1 first reach it."""
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
+    unit = "tg-localhost.service"
+    port = free_port()
+    manager.install_unit(unit, sim_unit(port, extra=f"StandardError=append:{tmp_path}/{unit}.log"))
+    manager.systemctl("start", unit)
+    g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://localhost:{port}", **FAST}})
+    g.wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                 f'mount --bind {hosts} /etc/hosts && exec "$@"', "sh"]
+    g.start()
+    squatter: subprocess.Popen[str] | None = None
+    try:
+        pid, _ = show(manager, unit)
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "verified on 127.0.0.1 (::1 refused)")
+        squatter = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                     "/usr/bin/python3", "-c", SQUATTER, str(port)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert squatter.stdout is not None and squatter.stdout.readline() == "up\n"
+        wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the squatter on [::1]")
+        reason = g.get("/ready/t")[1]["reason"]
+        assert f"a second listener on [::1]:{port}, uid 65534" in reason and f"pid {squatter.pid}" in reason, reason
+        squatter.kill()
+        squatter.wait()
+        wait_for(lambda: g.ready_pid("t") == pid, 20, "the same start verified again once it is gone")
+        assert any("localhost" in w for w in g.status()["targets"]["t"]["warnings"])
+    finally:
+        if squatter is not None and squatter.poll() is None:
+            squatter.kill()
+            squatter.wait()
+        g.stop()
         manager.systemctl("stop", unit)
 
 

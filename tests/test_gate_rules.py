@@ -4,6 +4,7 @@ and the instance proof around a probe (see gatefakes.py for why these use stand-
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -19,6 +20,7 @@ from genready.store.records import StartRecord
 from genready.systemd.snapshot import Snapshot
 from genready.timewords import Clock, iso
 from genready.vocab import Failure, Instance, Revocation, State
+from genready_dev.harness import free_port
 from tests.gatefakes import UNIT, Rig, failed, ok, snap, target
 
 
@@ -177,6 +179,25 @@ async def _config_changed(r: Rig) -> None:
     await r.gate.reconfigure(replace(r.gate.cfg, probe_timeout=7.0))
 
 
+# The foreign-listener row's target port: its own, so a socket it opens is in no other test's way.
+_STRANGER_URL = f"http://127.0.0.1:{free_port()}"
+
+
+def _second_listener(r: Rig) -> socket.socket:
+    """A socket of this process (not the unit's main pid 100 or a descendant) on the target's port."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", r.gate.cfg.endpoint.port))
+    s.listen()
+    r.closing.append(s)
+    return s
+
+
+async def _foreign_listener(r: Rig) -> None:
+    _second_listener(r)
+    await r.until(lambda: not r.gate.ready, "revoked for the second listener", timeout=10)
+
+
 REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[str, Any]]] = {
     Revocation.PID_CHANGED: (_pid_changed, {}),
     Revocation.INVOCATION_CHANGED: (_invocation_changed, {}),
@@ -185,6 +206,7 @@ REVOCATION_ROWS: dict[Revocation, tuple[Callable[[Rig], Awaitable[None]], dict[s
     Revocation.BUS_LOST: (_bus_lost, {}),
     Revocation.RECHECK_FAILED: (_rechecks_fail, {"recheck_interval": 0.01, "failure_threshold": 2}),
     Revocation.CONFIG_CHANGED: (_config_changed, {}),
+    Revocation.FOREIGN_LISTENER: (_foreign_listener, {"url": _STRANGER_URL, "verify_owner": True}),
 }
 
 
@@ -225,6 +247,52 @@ async def test_revoked_by_rechecks_then_verified_again_counts_warmup_anew(make_r
     # warmup 2: two successes before each verification, and the one failure between.
     oks = [p.ok for p in r.events.probes]
     assert oks[:2] == [True, True] and False in oks[2:]
+
+
+async def test_a_second_listener_keeps_the_target_unready_until_it_is_gone(make_rig: Callable[..., Rig]) -> None:
+    r = make_rig(url=_STRANGER_URL, verify_owner=True)
+    await r.ready(snap())
+    s = _second_listener(r)
+    await r.until(lambda: not r.gate.ready, "revoked", timeout=10)
+    assert r.events.revoked == [Revocation.FOREIGN_LISTENER]
+    body = r.gate.to_json()
+    listed = body["foreign_listeners"]
+    assert isinstance(listed, list) and [x["address"] for x in listed] == ["127.0.0.1"]
+    assert "foreign_owner: a second listener on 127.0.0.1" in r.gate.reason, r.gate.reason
+    # Probes go on, and succeed, but verify nothing while it listens.
+    n = r.prober.calls
+    await r.until(lambda: r.prober.calls >= n + 2, "two more probes")
+    assert not r.gate.ready and r.events.probes[-1].failure == Failure.FOREIGN_OWNER
+    s.close()
+    await r.until(lambda: r.gate.ready, "verified again once it is gone", timeout=10)
+    assert r.gate.to_json()["foreign_listeners"] == [] and len(r.events.verified) == 2
+
+
+async def test_without_owner_proof_no_stranger_is_looked_for(make_rig: Callable[..., Rig]) -> None:
+    """verify_owner = false proves nothing about who answers: a second listener changes nothing."""
+    r = make_rig(url=_STRANGER_URL)  # gatefakes' targets have verify_owner = false
+    await r.ready(snap())
+    _second_listener(r)
+    await r.until(lambda: r.gate._task is None or r.gate._task.done(), "no task kept once verified")
+    assert r.gate.ready and r.gate.listen.looks == 0 and r.events.revoked == []
+
+
+async def test_since_monotonic_is_not_moved_by_a_wall_clock_step(make_rig: Callable[..., Rig]) -> None:
+    """since= is taken before a restart; the wall clock then steps back 30 s (emulated: the client's
+    clock 30 s ahead). The new start began after since on CLOCK_MONOTONIC, before it on the wall clock."""
+    r = make_rig()
+    since_mono, since = time.monotonic(), time.time() + 30
+    await r.ready(snap())  # the new start: ExecMainStartTimestamp(Monotonic) now
+    v, why = await r.gate.check(since=since)
+    assert v is None and "before since=" in why  # the wall clock: this start would never count
+    v, why = await r.gate.check(since=since, since_mono=since_mono)
+    assert v is not None and v.instance == Instance("inv-a", 100), why
+    # And an older start does not count: since_monotonic taken after it began.
+    v, why = await r.gate.check(since_mono=time.monotonic())
+    assert v is None and "before since_monotonic=" in why
+    # The failed-start shortcut reads since_monotonic on the daemon's wall clock as it runs.
+    assert r.gate.since_wall(None, time.monotonic() - 5) == pytest.approx(time.time() - 5, abs=0.5)
+    assert r.gate.since_wall(since, None) == since
 
 
 # --- the instance proof around a probe -------------------------------------------------------

@@ -20,6 +20,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -411,6 +412,36 @@ def test_restart_and_wait_exit_codes(manager: UserManager, tmp_path: Path) -> No
         p = cli(manager, "restart", "nope", "--config", cfg)
         assert p.returncode == Exit.USAGE, p
         assert show(manager, sim)[0] == pid  # a refused restart restarted nothing
+    finally:
+        g.stop()
+        remove_units(manager, sim)
+
+
+# The genready CLI with its wall clock 30 s ahead of the host's: what a clock stepped back by 30 s
+# during the restart looks like to it (since= taken before the step is 30 s after the new start).
+AHEAD = ("import sys, time\n_wall = time.time\ntime.time = lambda: _wall() + 30\n"
+         "from genready.cli import main\nsys.exit(main(sys.argv[1:]))")
+
+
+def test_restart_finds_the_new_start_across_a_wall_clock_step(manager: UserManager, tmp_path: Path) -> None:
+    sim = "th-step-sim.service"
+    port = install_sim(manager, tmp_path, sim, "--load-seconds", "0.5")
+    manager.systemctl("start", sim)
+    g = Genready(manager, tmp_path, {"t": target(sim, port)}).start()
+    try:
+        old, _ = show(manager, sim)
+        wait_for(lambda: g.ready_pid("t") == old, 20, "verified")
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, "-c", AHEAD, "restart", "t", "--config", str(g.config_path),
+                            "--timeout", "20"], env=manager.env, capture_output=True, text=True, timeout=60)
+        took = time.monotonic() - t0
+        pid, inv = show(manager, sim)
+        print(f"\ngenready restart with its clock 30 s ahead took {took:.2f}s, exit {p.returncode}")
+        assert p.returncode == 0 and pid != old, p.stderr
+        assert p.stdout.startswith(f"t: ready pid {pid} invocation {inv} "), p.stdout
+        assert took < 15, took
+        # /ready?since= alone compares wall clocks: the client's since= is after the new start.
+        assert g.get(f"/ready/t?since={time.time() + 30:.6f}")[0] == 503
     finally:
         g.stop()
         remove_units(manager, sim)

@@ -128,6 +128,16 @@ def test_tensorrt_llm(argv: list[str], url: str) -> None:
     assert (t["url"], t["api"]) == (url, "openai-completions") and "model" not in t, t
 
 
+def test_a_server_on_localhost_is_warned_about() -> None:
+    """localhost is ::1 and 127.0.0.1: the server listens on one, any local user can take the other."""
+    prop = unitinit.target_from_exec("s.service", ["/v/bin/python3", "-m", "llama_cpp.server", "--model", "/m.gguf"],
+                                     {})
+    assert prop.table["url"] == "http://localhost:8000"
+    assert any("localhost" in w and "free for any local user to bind" in w for w in prop.warnings), prop.warnings
+    prop = unitinit.target_from_exec("s.service", ["/usr/bin/llama-server", "-m", "/m.gguf"], {})
+    assert not any("localhost" in w for w in prop.warnings)
+
+
 @pytest.mark.parametrize(("argv", "health_route"), [
     (["/v/bin/python3", "-m", "llama_cpp.server", "--model", "/m.gguf"], False),
     (["/usr/bin/llama-server", "-m", "/m.gguf"], True),

@@ -7,12 +7,15 @@ listener appear (and whose it is), and that it falls back to the plain delay whe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -93,7 +96,9 @@ def test_listeners_sees_ipv4_and_ipv6_listeners_and_agrees_with_proc() -> None:
         rows = owner.listeners(port)
         assert {r.local for r in rows} == want
         assert all(r.state == 10 and r.inode > 0 for r in rows)
-        assert sorted(rows, key=lambda r: r.inode) == sorted(owner.proc_listeners(port), key=lambda r: r.inode)
+        # /proc/net/tcp6 has no IPV6_V6ONLY column: compare the rest.
+        diag = [dataclasses.replace(r, v6only=None) for r in rows]
+        assert sorted(diag, key=lambda r: r.inode) == sorted(owner.proc_listeners(port), key=lambda r: r.inode)
         assert owner.listeners(port + 1 if port < 65535 else port - 1) == []
 
 
@@ -177,3 +182,104 @@ async def test_owner_container_targets_are_not_watched() -> None:
     assert not watch.usable
     await compat.wait_for(watch.pause(0.01, os.getpid(), cap=60), 10)
     assert watch.looks == 0
+
+
+# --- strangers: someone else listening where the url connects ------------------------------------
+
+def _row(addr: str, inode: int, v6only: bool | None = None) -> owner.TcpRow:
+    return owner.TcpRow((addr, 30000), ("0.0.0.0" if ":" not in addr else "::", 0), 10, 0, inode, v6only)
+
+
+@pytest.mark.parametrize(("rows", "addresses", "reached"), [
+    # SO_REUSEPORT: two sockets on exactly the target's address share its connections.
+    ([("127.0.0.1", 1), ("127.0.0.1", 2)], ["127.0.0.1"], [1, 2]),
+    # localhost: the server on 127.0.0.1 only; whoever binds [::1] gets the connections to ::1.
+    ([("127.0.0.1", 1), ("::1", 2)], ["::1", "127.0.0.1"], [2, 1]),
+    # An exact address wins over the wildcard: a foreign 0.0.0.0 takes none of 127.0.0.1's.
+    ([("127.0.0.1", 1), ("0.0.0.0", 2)], ["127.0.0.1"], [1]),
+    # ...but takes them all when nobody listens on exactly that address.
+    ([("0.0.0.0", 1)], ["127.0.0.1"], [1]),
+    # :: takes IPv4 connections too, unless it is IPV6_V6ONLY; 0.0.0.0 wins over it.
+    ([("::", 1, False)], ["127.0.0.1"], [1]),
+    ([("::", 1, True)], ["127.0.0.1"], []),
+    ([("0.0.0.0", 1), ("::", 2, False)], ["127.0.0.1"], [1]),
+    ([("::", 1, True), ("0.0.0.0", 2)], ["::1"], [1]),
+    # A dual-stack socket bound to the IPv4-mapped address is that IPv4 address.
+    ([("::ffff:127.0.0.1", 1)], ["127.0.0.1"], [1]),
+], ids=["reuseport", "localhost-v6-squatter", "exact-beats-wildcard", "wildcard-when-alone", "dual-stack",
+        "v6only", "v4-wildcard-first", "v6-wildcard", "v4-mapped"])
+def test_reach_follows_the_kernels_listener_lookup(rows: list[tuple[Any, ...]], addresses: list[str],
+                                                    reached: list[int]) -> None:
+    table = [_row(*r) for r in rows]
+    assert [r.inode for r in listen.reach(table, [owner.kernel_ip(a) for a in addresses])] == reached
+
+
+@pytest.mark.system
+async def test_strangers_names_a_second_listener_on_the_port_and_not_the_units_own() -> None:
+    port = free_port()
+    code = ("import socket, sys\n"
+            "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)\n"
+            f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); sys.stdin.read()\n")
+    unit = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    stranger = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    try:
+        for p in (unit, stranger):
+            assert p.stdout is not None and p.stdout.readline() == "up\n"
+        watch = ListenWatch(endpoint(f"http://127.0.0.1:{port}"))
+        found = await watch.strangers(unit.pid)
+        assert [s.pid for s in found] == [stranger.pid], found
+        assert found[0].address == "127.0.0.1" and found[0].port == port and found[0].comm.startswith("python")
+        assert f"pid {stranger.pid} is not main pid {unit.pid}" in str(found[0])
+        # The stranger's own view: the unit's socket is the foreign one.
+        assert [s.pid for s in await watch.strangers(stranger.pid)] == [unit.pid]
+        stranger.kill()
+        stranger.wait(10)
+        listen._TABLE = listen._ListenTable()  # a new dump: the table serves one for SHARED_FOR
+        assert await watch.strangers(unit.pid) == []
+    finally:
+        for p in (unit, stranger):
+            p.kill()
+            p.wait(10)
+
+
+@pytest.mark.system
+async def test_localhost_leaves_the_other_address_to_a_stranger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server listens on 127.0.0.1; another process takes [::1] at the same port: for a url
+    with `localhost` (both addresses) that is a stranger, for a url with 127.0.0.1 it is not."""
+    with socket.socket() as server, socket.socket(socket.AF_INET6) as squatter:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        squatter.bind(("::1", port))
+        squatter.listen()
+        # The unit: a child holding the server's socket; the squatter stays here, outside its tree.
+        unit = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                                pass_fds=(server.fileno(),))
+        server.close()
+        try:
+            assert await ListenWatch(endpoint(f"http://127.0.0.1:{port}")).strangers(unit.pid) == []
+            names = socket.getaddrinfo("localhost", port, type=socket.SOCK_STREAM)
+            if not {i[0] for i in names} >= {socket.AF_INET, socket.AF_INET6}:
+                # This host's /etc/hosts names 127.0.0.1 only: resolve as Debian's (::1 and 127.0.0.1) does.
+                monkeypatch.setattr(listen, "_addresses",
+                                    lambda host, port: [owner.kernel_ip("::1"), owner.kernel_ip("127.0.0.1")])
+            found = await ListenWatch(endpoint(f"http://localhost:{port}")).strangers(unit.pid)
+            assert [(s.pid, s.address) for s in found] == [(os.getpid(), "::1")]
+        finally:
+            unit.kill()
+            unit.wait(10)
+
+
+@pytest.mark.parametrize(("err", "usable_after"), [(errno.EMFILE, True), (errno.EPERM, False)])
+async def test_a_passing_error_loses_one_look_and_sock_diag_refused_ends_them(
+        monkeypatch: pytest.MonkeyPatch, err: int, usable_after: bool) -> None:
+    """Out of fds for a moment (EMFILE): that look finds nothing and the next one looks again; sock_diag
+    refused (EPERM: seccomp, an LSM) for good: no more looks, the probe's proof is what is left."""
+    def refuse() -> list[owner.TcpRow]:
+        raise OSError(err, os.strerror(err))
+
+    monkeypatch.setattr(owner, "all_listeners", refuse)
+    watch = ListenWatch(endpoint("http://127.0.0.1:30000"))
+    assert await watch.strangers(os.getpid()) == []
+    assert watch.usable is usable_after

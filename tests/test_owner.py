@@ -8,6 +8,7 @@ import os
 import select
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -18,9 +19,13 @@ from pathlib import Path
 
 import pytest
 
+from genready import config
 from genready.probe import owner
 from genready.probe.owner import Owner, decode_hex_addr, encode_hex_addr, find_owner, parse_tcp_line
-from genready_dev.harness import REPO
+from genready.probe.probe import Prober
+from genready.vocab import ProbeResult
+from genready_dev.harness import REPO, Genready, show, wait_for
+from genready_dev.usermanager import UserManager
 
 DEADLINE = 10.0
 
@@ -467,3 +472,138 @@ def test_lookup_cost(pairs: Callable[..., Pair]) -> None:
     per = (time.process_time() - t) / n
     # A generous ceiling (budget is ~2 ms); it catches a regression to whole-/proc scans.
     assert per < 0.02, f"{per * 1e3:.2f} ms per lookup"
+
+
+# --- unix sockets: the accepted end's holder, whoever listens --------------------------------------
+
+# A keep-alive HTTP server answering every request with an SGLang-shaped generation, on a socket it is
+# given; it says "accepted" for each connection.
+SERVE = """
+import json, os, socket, sys
+BODY = json.dumps({"text": " OK", "output_ids": [11], "meta_info": {"id": "a", "finish_reason": {"type": "length"},
+                   "prompt_tokens": 3, "completion_tokens": 1}}).encode()
+def serve(s):
+    while True:
+        c, _ = s.accept()
+        print("accepted", flush=True)
+        f = c.makefile("rb")
+        while f.readline():
+            length = 0
+            while (h := f.readline()) not in (b"\\r\\n", b""):
+                if h.lower().startswith(b"content-length:"):
+                    length = int(h.split(b":")[1])
+            f.read(length)
+            c.sendall(b"HTTP/1.1 200 OK\\r\\nContent-Type: application/json\\r\\nContent-Length: %d\\r\\n\\r\\n"
+                      % len(BODY) + BODY)
+        f.close()
+        c.close()
+"""
+# Takes the listening socket at the fd it is given (as systemd passes it with ListenStream=).
+ACTIVATED = SERVE + "serve(socket.socket(fileno=int(sys.argv[1])))\n"
+# Listens, then daemonizes (Type=forking): the listener exits, its child accepts and answers.
+FORKING = SERVE + """
+s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen()
+if os.fork():
+    os._exit(0)
+print(os.getpid(), flush=True)
+serve(s)
+"""
+
+
+async def _probe_unix(path: str, main_pid: int) -> ProbeResult:
+    t = config.parse({"targets": {"t": {"unit": "llm.service", "url": f"unix:{path}", "api": "sglang"}}}).targets["t"]
+    prober = Prober(t)
+    try:
+        return await prober.probe(main_pid)
+    finally:
+        await prober.close()
+
+
+def _line(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], DEADLINE)
+    assert ready, "the server process did not answer in time"
+    return proc.stdout.readline().strip()
+
+
+def _peercred(s: socket.socket) -> int:
+    pid: int = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+    return pid
+
+
+@pytest.mark.system
+async def test_unix_socket_activation_is_proven_by_the_accepting_process(tmp_path: Path, unrelated_pid: int) -> None:
+    """ListenStream=: the manager listens (here: this process), the unit's MainPID accepts and answers.
+    SO_PEERCRED names the listener; the accepted end's holder is the unit's."""
+    path = str(tmp_path / "activated.sock")
+    with socket.socket(socket.AF_UNIX) as listener, socket.socket(socket.AF_UNIX) as client:
+        listener.bind(path)
+        listener.listen()
+        unit = subprocess.Popen([sys.executable, "-c", ACTIVATED, str(listener.fileno())], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, pass_fds=(listener.fileno(),))
+        try:
+            r = await _probe_unix(path, unit.pid)  # as genready probes a unit with ListenStream=PATH
+            assert r.ok and r.served_by_pid == unit.pid, r
+            assert _line(unit) == "accepted"
+            client.connect(path)
+            assert _line(unit) == "accepted"
+            inode = os.fstat(client.fileno()).st_ino
+            assert _peercred(client) == os.getpid()  # the listener, not the process that answers
+            o = owner.unix_owner(_peercred(client), unit.pid, inode)
+            assert o == Owner(unit.pid, True, f"pid {unit.pid} (main)"), o
+            o = owner.unix_owner(_peercred(client), unrelated_pid, inode)
+            assert o.pid == unit.pid and not o.trusted and f"is not main pid {unrelated_pid}" in o.detail
+        finally:
+            unit.kill()
+            unit.wait(DEADLINE)
+
+
+@pytest.mark.system
+async def test_unix_server_that_daemonized_is_proven_by_the_accepting_process(tmp_path: Path) -> None:
+    """Type=forking: the process that listened exits; its child (the MainPID systemd then follows) serves."""
+    path = str(tmp_path / "forking.sock")
+    starter = subprocess.Popen([sys.executable, "-c", FORKING, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    daemon = int(_line(starter))
+    starter.wait(DEADLINE)  # the listener is gone
+    try:
+        r = await _probe_unix(path, daemon)
+        assert r.ok and r.served_by_pid == daemon, r
+        assert _line(starter) == "accepted"
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
+            assert _line(starter) == "accepted"
+            listened = _peercred(client)
+            assert listened == starter.pid and not os.path.exists(f"/proc/{listened}")
+            o = owner.unix_owner(listened, daemon, os.fstat(client.fileno()).st_ino)
+            assert o == Owner(daemon, True, f"pid {daemon} (main)"), o
+    finally:
+        os.kill(daemon, 9)
+        assert starter.stdin is not None and starter.stdout is not None
+        starter.stdin.close()
+        starter.stdout.close()
+
+
+@pytest.mark.system
+def test_a_unit_with_listen_stream_is_verified(manager: UserManager, tmp_path: Path) -> None:
+    """A real systemd socket unit (ListenStream=PATH): the manager listens, the service accepts on fd 3."""
+    path = tmp_path / "activated.sock"
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE + "serve(socket.socket(fileno=3))\n")
+    manager.install_unit("to-activated.socket", f"[Socket]\nListenStream={path}\n")
+    manager.install_unit("to-activated.service", f"[Service]\nExecStart={sys.executable} {script}\n"
+                                                 f"StandardOutput=append:{tmp_path}/serve.log\n")
+    manager.systemctl("start", "to-activated.socket")
+    g = Genready(manager, tmp_path, {"t": {"unit": "to-activated.service", "url": f"unix:{path}",
+                                           "backoff_initial": 0.05, "backoff_max": 0.3}}).start()
+    try:
+        with socket.socket(socket.AF_UNIX) as first:  # the first connection starts the service
+            first.connect(str(path))
+        wait_for(lambda: show(manager, "to-activated.service")[0], 10, "the service started by its socket")
+        pid, _ = show(manager, "to-activated.service")
+        wait_for(lambda: g.ready_pid("t") == pid, 20, lambda: f"verified: {g.status()['targets']['t']['last_error']}")
+    finally:
+        g.stop()
+        manager.systemctl("stop", "to-activated.socket", "to-activated.service", check=False)
+        manager.remove_unit("to-activated.service")
+        manager.remove_unit("to-activated.socket")

@@ -223,7 +223,7 @@ with socket.create_connection(addr, timeout=5) as conn:
     local, peer = conn.getsockname()[:2], conn.getpeername()[:2]
     out["connected"] = True
     try:  # the fast path on its own, to see whether the sandbox lets it work
-        owner._diag_row(owner._ip(peer[0]), peer[1], owner._ip(local[0]), local[1])
+        owner._diag_row(owner.kernel_ip(peer[0]), peer[1], owner.kernel_ip(local[0]), local[1])
         out["sock_diag"] = "ok"
     except OSError as e:
         out["sock_diag"] = errno.errorcode.get(e.errno or 0, str(e))

@@ -397,7 +397,17 @@ class TargetConfig:
         out = []
         if not self.tls_verify and self.endpoint.tls:
             out.append("tls_verify = false: the server's certificate is not checked")
+        if self.endpoint.unix_path is None and self.endpoint.host == "localhost":
+            out.append(LOCALHOST_WARNING)
         return out
+
+
+# A url with `localhost`: clients try each address it resolves to, and a server usually listens on one.
+LOCALHOST_WARNING: Final = (
+    "url names localhost, which resolves to ::1 and 127.0.0.1 on most hosts: a server listening on one of them "
+    "leaves the other free for any local user to bind at the same port, and clients that try it first reach that "
+    "process (genready then revokes readiness: foreign_listener); put the address the server listens on in url "
+    "(http://127.0.0.1:PORT or http://[::1]:PORT)")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ class Revocation(StrEnum):
     RECHECK_FAILED = "recheck_failed"  # failure_threshold rechecks in a row failed
     BUS_LOST = "bus_lost"  # no connection to systemd: the instance cannot be vouched for
     CONFIG_CHANGED = "config_changed"  # a reload changed the target's probe settings
+    # A process outside the verified instance listens where the target's url connects (probe/listen.py)
+    FOREIGN_LISTENER = "foreign_listener"
 
 
 class Failure(StrEnum):

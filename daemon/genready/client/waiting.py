@@ -2,7 +2,11 @@
 
 `restart_and_wait` is "restart, then wait for a verified start newer than the restart": the time
 is taken before systemd is asked, and /ready?since= counts only a start whose process began
-after it. While waiting the client asks the daemon only: the daemon's 503 carries
+after it. On CLOCK_MONOTONIC (since_monotonic=), the clock of systemd's *TimestampMonotonic and
+the same for every process of the host (systemd, genready and this client are on one host: the
+client restarts the unit through that very manager): a wall clock stepped back during the
+restart would make the new start look older than a wall-clock since= and the wait never end.
+While waiting the client asks the daemon only: the daemon's 503 carries
 `start_failed` when such a start ended before it was verified, with how it ended, its last lines
 and whether systemd may start the unit again by itself (`restarting`). So a start that fails is
 known within a long-poll, and systemd is asked nothing by the client meanwhile.
@@ -66,14 +70,14 @@ def refused(code: int, body: Any) -> bool:
     return code == 503 and isinstance(body, dict) and str(body.get("error", "")).startswith("too many long-polls")
 
 
-def ready_path(target: str | None, **query: object) -> str:
+def _ready_path(target: str | None, **query: object) -> str:
     q = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
     return (f"/ready/{target}" if target else "/ready") + (f"?{q}" if q else "")
 
 
 def wait_ready(base: str, target: str | None, timeout: float, since: float | None, *,
                on_failure: OnFailure = OnFailure.WAIT, poll: float | None = None,
-               tick: Callable[[int, Any], None] | None = None) -> Outcome:
+               tick: Callable[[int, Any], None] | None = None, since_mono: float | None = None) -> Outcome:
     """Long-poll /ready until ready, until a failed start ends it (`on_failure`), or `timeout`.
 
     `tick(code, body)` runs after each answer that does not end the wait (code 0 with
@@ -81,19 +85,27 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
     raise). With `tick`, each long-poll lasts at most `poll` seconds. A daemon that does not
     answer is waited for until `timeout` too: readiness is what the caller waits for, and the
     daemon is on its way. While the daemon refuses long-polls (all its slots held), each refusal
-    is followed by a question without wait= (always answered) and a growing pause."""
+    is followed by a question without wait= (always answered) and a growing pause. `since_mono`
+    (CLOCK_MONOTONIC seconds) decides instead of `since` where the daemon knows since_monotonic=;
+    an older daemon that does not (400) is asked with since= alone."""
     deadline = time.monotonic() + timeout
     chunk_max = poll if poll is not None else LONG_POLL
     since_q = None if since is None else f"{since:.6f}"
+    mono_q = None if since_mono is None else f"{since_mono:.6f}"
+
+    def ready_path(target: str | None, **query: object) -> str:
+        return _ready_path(target, since=since_q, since_monotonic=mono_q, **query)
     pause = 0.0  # > 0 while the daemon refuses long-polls: the next pause
     while True:
         left = max(0.0, deadline - time.monotonic())
         chunk = min(left, chunk_max)
         try:
-            code, body = client.request(base, ready_path(target, since=since_q, wait=f"{chunk:.3f}"),
-                                        timeout=chunk + 30)
+            code, body = client.request(base, ready_path(target, wait=f"{chunk:.3f}"), timeout=chunk + 30)
+            if code == 400 and mono_q is not None and "since_monotonic" in str(body):
+                mono_q = None  # a genready from before since_monotonic=: the wall clock it is
+                continue
             if refused(code, body):
-                code, body = client.request(base, ready_path(target, since=since_q))
+                code, body = client.request(base, ready_path(target))
                 pause = min(pause * 2, REFUSED_PAUSE[1]) if pause else REFUSED_PAUSE[0]
             else:
                 pause = 0.0
@@ -111,8 +123,7 @@ def wait_ready(base: str, target: str | None, timeout: float, since: float | Non
         if failed is not None and on_failure is OnFailure.ANY and failed.get("restarting"):
             # Restarting, or just down (the daemon waits SETTLE to tell): one short look says which.
             with contextlib.suppress(client.Unreachable):
-                code2, body2 = client.request(base, ready_path(target, since=since_q, wait=f"{SETTLE:.3f}"),
-                                              timeout=SETTLE + 30)
+                code2, body2 = client.request(base, ready_path(target, wait=f"{SETTLE:.3f}"), timeout=SETTLE + 30)
                 if code2 != 503:
                     return Outcome(code2, body2, since)
                 body, failed = body2, start_failed(body2) or failed
@@ -131,10 +142,12 @@ def restart_and_wait(restart: Callable[[], None], base: str, target: str, timeou
                      on_failure: OnFailure = OnFailure.FINAL, poll: float | None = None,
                      tick: Callable[[int, Any], None] | None = None) -> Outcome:
     """Restart (`restart()`, which raises if systemd refuses), then wait for a verified start newer
-    than the restart: `wait_ready` with since= the time taken just before systemd was asked."""
-    since = time.time()  # since= compares with the new process's start: taken before asking systemd
+    than the restart: `wait_ready` with since= (and since_monotonic=) the time taken just before
+    systemd was asked."""
+    # Compared with the new process's start: taken before asking systemd.
+    since, since_mono = time.time(), time.monotonic()
     restart()
-    return wait_ready(base, target, timeout, since, on_failure=on_failure, poll=poll, tick=tick)
+    return wait_ready(base, target, timeout, since, on_failure=on_failure, poll=poll, tick=tick, since_mono=since_mono)
 
 
 def failure_lines(failed: Mapping[str, Any]) -> list[str]:

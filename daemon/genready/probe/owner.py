@@ -64,11 +64,15 @@ class TcpRow:
     state: int
     uid: int
     inode: int
+    # An IPv6 socket's IPV6_V6ONLY (sock_diag's INET_DIAG_SKV6ONLY), None when not known: a `::`
+    # listener without it takes IPv4 connections too (probe/listen.py's reach).
+    v6only: bool | None = None
 
 
 # --- addresses ----------------------------------------------------------------------------------
 
-def _ip(host: str) -> _IP:
+def kernel_ip(host: str) -> _IP:
+    """An address as the kernel's socket tables hold it: no scope, an IPv4-mapped IPv6 one as IPv4."""
     # getsockname() gives "fe80::1%eth0" for scoped addresses; the kernel tables carry no scope.
     ip = ipaddress.ip_address(host.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -121,7 +125,7 @@ _diag_broken = False
 # Errors that say sock_diag cannot work in this process at all, so it is not tried again:
 # EPERM/EACCES (seccomp, an LSM), EAFNOSUPPORT (a unit's RestrictAddressFamilies= without
 # AF_NETLINK), EPROTONOSUPPORT (a kernel without NETLINK_SOCK_DIAG).
-_DIAG_UNAVAILABLE: Final = frozenset({errno.EPERM, errno.EACCES, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT})
+DIAG_UNAVAILABLE: Final = frozenset({errno.EPERM, errno.EACCES, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT})
 
 
 def _diag_row(local: _IP, lport: int, remote: _IP, rport: int) -> TcpRow | None:
@@ -189,7 +193,7 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
     """
     use_diag = use_diag and net_dir == "/proc/net"
     global _diag_broken
-    lip, rip = _ip(local[0]), _ip(remote[0])
+    lip, rip = kernel_ip(local[0]), kernel_ip(remote[0])
     if type(lip) is not type(rip):
         return None
     if use_diag and not _diag_broken:
@@ -197,7 +201,7 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
             row = _diag_row(lip, int(local[1]), rip, int(remote[1]))
         except OSError as e:
             # Don't pay for an attempt that cannot succeed again; other errors may be transient.
-            if e.errno in _DIAG_UNAVAILABLE:
+            if e.errno in DIAG_UNAVAILABLE:
                 _diag_broken = True
         else:
             if row is not None:
@@ -213,6 +217,20 @@ def find_tcp_row(local: Addr, remote: Addr, *, use_diag: bool = True, net_dir: s
 _NLM_F_DUMP: Final = 0x300
 _NLMSG_DONE: Final = 3
 _TCP_LISTEN: Final = 10
+_INET_DIAG_SKV6ONLY: Final = 11  # an attribute after inet_diag_msg: one byte, IPV6_V6ONLY
+_RTA_HDR: Final = struct.Struct("=HH")
+
+
+def _v6only(data: bytes, start: int, end: int) -> bool | None:
+    """INET_DIAG_SKV6ONLY among the attributes in data[start:end], None if absent (IPv4, old kernels)."""
+    while start + _RTA_HDR.size <= end:
+        length, kind = _RTA_HDR.unpack_from(data, start)
+        if length < _RTA_HDR.size:
+            return None
+        if kind == _INET_DIAG_SKV6ONLY and length > _RTA_HDR.size:
+            return bool(data[start + _RTA_HDR.size])
+        start += (length + 3) & ~3  # RTA_ALIGN
+    return None
 
 
 def _diag_listeners(family: int) -> Iterator[TcpRow]:
@@ -244,8 +262,10 @@ def _diag_listeners(family: int) -> Iterator[TcpRow]:
                     src = data[body + 8:body + 8 + addr_len]
                     dst = data[body + 24:body + 24 + addr_len]
                     _, _, _, uid, inode = _DIAG_MSG_TAIL.unpack_from(data, body + 4 + 48)
+                    attrs = body + 4 + 48 + _DIAG_MSG_TAIL.size
+                    v6only = _v6only(data, attrs, off + length) if family == socket.AF_INET6 else None
                     yield TcpRow((str(ipaddress.ip_address(src)), sport), (str(ipaddress.ip_address(dst)), dport),
-                                 state, uid, inode)
+                                 state, uid, inode, v6only)
                 off += (length + 3) & ~3  # NLMSG_ALIGN
 
 
@@ -416,7 +436,13 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
             return Owner(None, False, "not accepted yet (the server has not accept()ed the connection)")
         state = TCP_STATES.get(row.state, str(row.state))
         return Owner(None, False, f"the server already closed its side of the connection ({state})")
-    target = f"socket:[{row.inode}]"
+    return socket_owner(row.inode, main_pid)
+
+
+def socket_owner(inode: int, main_pid: int) -> Owner:
+    """Who holds the socket with this inode (a connection's server side, or a LISTEN socket), and
+    is it main_pid or one of its descendants? Never raises for processes that vanish mid-scan."""
+    target = f"socket:[{inode}]"
     denied: list[int] = []  # pids whose fds we could not read
     trusted_denied = 0  # how many of those were main_pid or its descendants
 
@@ -458,8 +484,8 @@ def find_owner(local: tuple[str, int], peer: tuple[str, int], main_pid: int) -> 
         return Owner(pid, False, detail)
     if denied:
         return Owner(None, False, f"permission denied reading fds of {_pids(denied)} ({_denied_because()}); "
-                                  f"socket inode {row.inode} not found elsewhere")
-    return Owner(None, False, f"no process holds socket inode {row.inode} "
+                                  f"socket inode {inode} not found elsewhere")
+    return Owner(None, False, f"no process holds socket inode {inode} "
                               "(closed meanwhile, or held in another pid namespace)")
 
 
@@ -546,9 +572,61 @@ def descendants(main_pid: int, limit: int | None = None) -> list[int]:
 
 # --- unix sockets -------------------------------------------------------------------------------
 
-def unix_owner(peer_pid: int, main_pid: int) -> Owner:
-    """Who serves a unix-socket connection, from the kernel's SO_PEERCRED pid of it (the process
-    that called listen() on the server's socket), under the same MainPID-or-descendant rule."""
+_UDIAG_REQ: Final = struct.Struct("=BBHIIIII")  # family, protocol, pad, states, ino, show, cookie[2]
+_UDIAG_MSG: Final = struct.Struct("=BBBBIII")  # family, type, state, pad, ino, cookie[2]
+_UDIAG_SHOW_PEER: Final = 0x4
+_UNIX_DIAG_PEER: Final = 2
+
+
+def unix_peer_inode(inode: int) -> int | None:
+    """The inode of the other end of our unix socket `inode` (for a client's socket: the server's
+    accepted one) from NETLINK_SOCK_DIAG's unix_diag; None if the kernel names none. Raises OSError
+    when unix_diag is unusable (no unix_diag module, seccomp, RestrictAddressFamilies=)."""
+    req = _UDIAG_REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, inode, _UDIAG_SHOW_PEER,
+                          _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)  # the kernel answers synchronously; this only guards against a wedge
+        nl.sendto(msg, (0, 0))
+        data = nl.recv(8192)
+    length, mtype, _, _, _ = _NLMSG_HDR.unpack_from(data)
+    if mtype == _NLMSG_ERROR:
+        err = -struct.unpack_from("=i", data, _NLMSG_HDR.size)[0]
+        raise OSError(err, os.strerror(err))
+    body = _NLMSG_HDR.size
+    if mtype != _SOCK_DIAG_BY_FAMILY or len(data) < body + _UDIAG_MSG.size:
+        raise OSError(errno.EPROTO, "unexpected unix_diag reply")
+    if _UDIAG_MSG.unpack_from(data, body)[4] != inode:
+        raise OSError(errno.EPROTO, "unix_diag answered for another socket")
+    at, end = body + _UDIAG_MSG.size, min(len(data), length)
+    while at + _RTA_HDR.size <= end:
+        rta_len, kind = _RTA_HDR.unpack_from(data, at)
+        if rta_len < _RTA_HDR.size:
+            break
+        if kind == _UNIX_DIAG_PEER and rta_len >= _RTA_HDR.size + 4:
+            peer: int = struct.unpack_from("=I", data, at + _RTA_HDR.size)[0]
+            return peer or None
+        at += (rta_len + 3) & ~3  # RTA_ALIGN
+    return None
+
+
+def unix_owner(peer_pid: int, main_pid: int, inode: int = 0) -> Owner:
+    """Who serves a unix-socket connection whose client end has `inode`: as for TCP, the holder of
+    the accepted server-side socket (its inode from unix_diag), under the MainPID-or-descendant
+    rule. The listener may be another process: systemd with ListenStream= (socket activation), or
+    a server that listened and then daemonized. Only where unix_diag cannot say (or inode is 0):
+    the kernel's SO_PEERCRED pid, the process that called listen()."""
+    if inode > 0:
+        try:
+            peer = unix_peer_inode(inode)
+        except OSError:
+            peer = None  # unix_diag unusable here: the listener's credentials are what is left
+        if peer is not None:
+            return socket_owner(peer, main_pid)
+    return _peercred_owner(peer_pid, main_pid)
+
+
+def _peercred_owner(peer_pid: int, main_pid: int) -> Owner:
     if peer_pid <= 0:
         return Owner(None, False, "the kernel gave no peer credentials (SO_PEERCRED) for the unix socket")
     st = comm_ppid(peer_pid)

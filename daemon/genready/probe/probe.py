@@ -100,9 +100,11 @@ class _Conn:
         self.local: tuple[str, int] = ("", 0)
         self.peer: tuple[str, int] = ("", 0)
         self.peer_pid = 0  # unix: the server's pid from SO_PEERCRED (0: unknown)
+        self.inode = 0  # unix: our end's socket inode, which names the server's accepted end (owner.py)
         if unix:
             with contextlib.suppress(OSError):
                 sock = writer.get_extra_info("socket")
+                self.inode = os.fstat(sock.fileno()).st_ino
                 creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
                 self.peer_pid = struct.unpack("3i", creds)[0]
         else:
@@ -349,8 +351,8 @@ class Prober:
             if conn is not None and self._t.verify_owner and not att.refused and not repeat:
                 # Before closing: once closed, the server's socket loses its inode and the proof is gone.
                 try:
-                    if conn.unix:  # SO_PEERCRED names the listener: the process rule, whatever `owner` says
-                        owner = await asyncio.to_thread(unix_owner, conn.peer_pid, start.main_pid)
+                    if conn.unix:  # the accepted end's holder (unix_diag): the process rule, whatever `owner` says
+                        owner = await asyncio.to_thread(unix_owner, conn.peer_pid, start.main_pid, conn.inode)
                     else:
                         owner = await asyncio.to_thread(self._owner, conn.local, conn.peer, start)
                 except Exception as e:  # an unreadable /proc entry, a bug: no proof, and said so

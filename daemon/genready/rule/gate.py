@@ -8,7 +8,10 @@ A start is verified when `warmup` consecutive probes succeed, each one a real ge
 whose server-side socket belonged to the MainPID or a descendant (probe.py), bracketed by
 two fresh systemd reads showing the same instance, active and with no job pending.
 Readiness is revoked at once, from the D-Bus event, when the instance changes, the unit
-leaves `active`, a job is queued, or rechecks fail.
+leaves `active`, a job is queued, or rechecks fail; and within STRANGER_CHECK seconds when a
+process outside the instance listens where the target's url connects (probe/listen.py: it gets a
+share of the connections, or all of those to one of the url's addresses). While such a stranger
+listens, no probe verifies the instance; once it is gone, the next probe does.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +27,7 @@ from typing import Final, Protocol
 
 from genready.compat import wait_for
 from genready.config import AUTO, TargetConfig, stuck_after
-from genready.probe.listen import ListenWatch
+from genready.probe.listen import STRANGER_CHECK, ListenWatch, Stranger
 from genready.probe.probe import Prober
 from genready.rule.history import History, config_changes
 from genready.rule.schedule import Schedule
@@ -97,6 +101,10 @@ class Verification:
     ready_since: float  # wall clock
     load_seconds: float | None
     started_at: float | None  # wall clock of the process start, for ?since=
+    # CLOCK_MONOTONIC seconds of the process start (systemd's ExecMainStartTimestampMonotonic), for
+    # ?since_monotonic=: a wall clock stepped back during a restart makes a new start look older than
+    # a since= taken before it; this clock never steps.
+    started_mono: float | None = None
 
     def to_json(self) -> dict[str, object]:
         """The one serialization of a verification: /ready, /status and the ready stamp use it."""
@@ -134,6 +142,7 @@ class TargetGate:
         self._prober_factory = prober_factory
         self.prober = prober_factory(cfg)
         self.listen = ListenWatch(cfg.endpoint, enabled=cfg.owner == "process")
+        self.strangers: list[Stranger] = []  # other listeners on the url's addresses, at the last look
         self.snap: Snapshot | None = None
         self.state = State.UNKNOWN
         self.reason = "not connected to systemd yet"
@@ -245,6 +254,14 @@ class TargetGate:
         failed, no job pending, no process) for RESTART_SETTLE seconds."""
         return self._down_since is None or self.clock.mono() - self._down_since < RESTART_SETTLE
 
+    def since_wall(self, since: float | None, since_mono: float | None) -> float | None:
+        """The wall-clock moment to compare start records with: since= as given, or since_monotonic=
+        read on the wall clock as it runs now (records carry systemd's wall-clock start times; after a
+        step, new starts carry the stepped clock, and so does this)."""
+        if since_mono is None:
+            return since
+        return self.clock.wall() - max(0.0, self.clock.mono() - since_mono)
+
     def start_failed(self, since: float | None) -> dict[str, object] | None:
         """The newest start begun after `since` (without it: the newest start) that ended before it was
         verified: how it ended, and whether systemd may start the unit again by itself (`restarting`).
@@ -337,9 +354,22 @@ class TargetGate:
         """Is `inst` the verified instance? (It may no longer be ready: that is `ready`'s question.)"""
         return self.verified is not None and self.verified.instance == inst
 
+    @property
+    def _watches_verified(self) -> bool:
+        """Does a verified instance keep a task: rechecks (recheck_interval), or looks for strangers?"""
+        return bool(self.cfg.recheck_interval) or self._looks
+
+    @property
+    def _looks(self) -> bool:
+        """Does this target look for strangers? Where the listen watch can see its port, and the owner
+        is proven at all (verify_owner = false proves nothing about who answers)."""
+        return self.cfg.verify_owner and self.listen.usable
+
     def _schedule_probing(self) -> None:
         want = self._probe_wanted()
-        if want is not None and self._verified_as(want) and not self.cfg.recheck_interval:
+        if want is None:
+            self.strangers = []  # they were in the way of an instance that is gone
+        if want is not None and self._verified_as(want) and not self._watches_verified:
             want = None
         running = self._task is not None and not self._task.done()
         if running and self.progress.instance == want:
@@ -351,6 +381,7 @@ class TargetGate:
         if want is not None:
             if self.progress.instance != want:
                 self.progress = self._new_progress(want)
+                self.strangers = []
             self._task = asyncio.get_running_loop().create_task(self._probe_loop(want), name=f"probe-{self.name}")
             self._task.add_done_callback(self._probe_task_done)
 
@@ -372,13 +403,13 @@ class TargetGate:
         asyncio.get_running_loop().call_later(self.cfg.backoff_max, restart)
 
     async def _probe_loop(self, inst: Instance) -> None:
-        """Probe `inst` until it is verified; then, with recheck_interval, keep rechecking it,
-        and after a revocation by rechecks, probe it until verified again."""
+        """Probe `inst` until it is verified; then keep rechecking it (recheck_interval) and looking
+        for strangers on its addresses, and after a revocation by either, probe it until verified again."""
         while self._probe_wanted() == inst:
             if not self._verified_as(inst):
                 await self._probe_until_verified(inst)
-            elif self.cfg.recheck_interval:
-                await self._recheck_while_verified(inst)
+            elif self._watches_verified:
+                await self._while_verified(inst)
             else:
                 return
 
@@ -389,6 +420,8 @@ class TargetGate:
         # The loop condition also guards against a cancellation lost in a race.
         while self._probe_wanted() == inst:
             result = await self._probe_once(inst)
+            if result.ok:
+                result = await self._alone(inst, result)
             self._count(result)
             if result.ok and self.progress.successes >= self.cfg.warmup and self._verify(inst, result):
                 self._set_state()
@@ -396,13 +429,44 @@ class TargetGate:
             self._set_state()
             await self._pause(schedule, result, inst)
 
-    async def _recheck_while_verified(self, inst: Instance) -> None:
-        """Probe every recheck_interval while `inst` stays verified; revoke after failure_threshold
-        failures in a row."""
+    async def _alone(self, inst: Instance, result: ProbeResult) -> ProbeResult:
+        """`result`, a verified generation, if nobody else listens where the url connects; else a
+        foreign_owner failure naming who does: the next connection may be theirs."""
+        self.strangers = await self.listen.strangers(inst.main_pid) if self._looks else []
+        if not self.strangers:
+            return result
+        return ProbeResult(False, Failure.FOREIGN_OWNER, self._strangers_text(), result.served_by_pid,
+                           result.seconds, 0)
+
+    def _strangers_text(self) -> str:
+        first, more = self.strangers[0], len(self.strangers) - 1
+        return f"{first}" + (f" (and {more} more listener(s) outside the unit's start)" if more else "")
+
+    async def _while_verified(self, inst: Instance) -> None:
+        """While `inst` stays verified: look for strangers every STRANGER_CHECK seconds and revoke at
+        the first (foreign_listener); with recheck_interval, probe every recheck_interval and revoke
+        after failure_threshold failures in a row (recheck_failed)."""
+        loop = asyncio.get_running_loop()
+        every = self.cfg.recheck_interval or math.inf
+        due = loop.time() + every
         while self._probe_wanted() == inst and self._verified_as(inst):
-            await asyncio.sleep(self.cfg.recheck_interval)
+            # On the loop clock's whole STRANGER_CHECKs: every target looks within one shared dump.
+            look = STRANGER_CHECK - loop.time() % STRANGER_CHECK if self._looks else math.inf
+            if min(look, every) == math.inf:
+                return  # nothing left to watch with (the listener table became unreadable)
+            await asyncio.sleep(max(0.0, min(look, due - loop.time())))
             if not (self._probe_wanted() == inst and self._verified_as(inst)):
                 return
+            if self._looks:
+                self.strangers = await self.listen.strangers(inst.main_pid)
+                if self.strangers and self._verified_as(inst):
+                    self.progress.last_error = f"{Failure.FOREIGN_OWNER}: {self._strangers_text()}"
+                    self._revoke(Revocation.FOREIGN_LISTENER)
+                    self._set_state()
+                    return
+            if loop.time() < due:
+                continue
+            due = loop.time() + every
             result = await self._probe_once(inst)
             self._count(result)
             # Verified still? An event may have revoked it while the probe was out.
@@ -427,7 +491,9 @@ class TargetGate:
         """Wait before the next probe: as long as the schedule says for what `result` cost the
         server, or, after a refused connection, until the server listens (listen.py)."""
         wait = schedule.after(result, self.waiting_seconds)
-        if wait.watch:
+        if self.strangers:
+            await self.listen.until_alone(inst.main_pid, cap=wait.seconds)
+        elif wait.watch:
             await self.listen.pause(wait.seconds, inst.main_pid, cap=self.cfg.backoff_max)
         else:
             await asyncio.sleep(wait.seconds)
@@ -488,7 +554,7 @@ class TargetGate:
         start_mono = self._start_mono(self.snap)
         load = round(max(0.0, self.clock.mono() - start_mono), 3) if start_mono is not None else None
         self._unsettled = True
-        self.verified = Verification(inst, now, load, started)
+        self.verified = Verification(inst, now, load, started, start_mono)
         rec = self.history.mark_ready(inst.invocation_id, ready_at=now, load_seconds=load,
                                       probes=self.progress.probes, served_by_pid=result.served_by_pid)
         log.info("%s: ready pid=%d invocation=%s load_seconds=%s probes=%d", self.name, inst.main_pid,
@@ -506,13 +572,17 @@ class TargetGate:
             await wait_for(self._changed.wait(), timeout)
 
     async def check(self, *, since: float | None = None, pid: int | None = None,
-                    invocation: str | None = None) -> tuple[Verification | None, str]:
+                    invocation: str | None = None, since_mono: float | None = None) -> tuple[Verification | None, str]:
         """(the verification that holds, or None; why not). It must hold on a systemd read made
-        after this call began."""
+        after this call began. since_mono (CLOCK_MONOTONIC seconds), when given, decides instead
+        of since (wall clock): a step of the wall clock does not move it."""
         v = self.verified
         if not self.ready or v is None:
             return None, self.reason or self.state
-        if since is not None and (v.started_at is None or v.started_at <= since):
+        if since_mono is not None:
+            if v.started_mono is None or v.started_mono <= since_mono:
+                return None, "the verified start began before since_monotonic="
+        elif since is not None and (v.started_at is None or v.started_at <= since):
             return None, "the verified start began before since="
         if pid is not None and v.instance.main_pid != pid:
             return None, f"the verified pid is {v.instance.main_pid}, not {pid}"
@@ -552,6 +622,7 @@ class TargetGate:
             "waiting_since": None if self.ready else iso(p.waiting_since),
             "probes": p.probes, "last_error": p.last_error or None,
             "warnings": list(self.cfg.warnings),
+            "foreign_listeners": [x.to_json() for x in self.strangers],
             **self.load_json(), **self.config_json(),
             "snapshot": s.to_json() if s else None,
         }

@@ -86,20 +86,22 @@ def _shown(v: str) -> str:
     return repr(v) if len(v) <= 40 else repr(v[:40]) + f"… ({len(v)} characters)"
 
 
-_NO_QUERY: Final[Mapping[str, Any]] = MappingProxyType({"wait": 0.0, "since": None, "pid": None, "invocation": None})
+_NO_QUERY: Final[Mapping[str, Any]] = MappingProxyType({"wait": 0.0, "since": None, "pid": None, "invocation": None,
+                                                        "since_monotonic": None})
+_KNOWN: Final = ("wait", "since", "since_monotonic", "pid", "invocation")
 
 
 def parse_ready_query(q: Mapping[str, str]) -> dict[str, Any]:
     """Validate /ready's query; BadQuery names the parameter."""
-    unknown = set(q) - {"wait", "since", "pid", "invocation"}
+    unknown = set(q) - set(_KNOWN)
     if unknown:
-        raise BadQuery(f"unknown query parameter(s): {', '.join(sorted(unknown))}; "
-                       "known: wait, since, pid, invocation")
-    out: dict[str, Any] = {"wait": 0.0, "since": None, "pid": None, "invocation": None}
+        raise BadQuery(f"unknown query parameter(s): {', '.join(sorted(unknown))}; known: {', '.join(_KNOWN)}")
+    out: dict[str, Any] = dict(_NO_QUERY)
     wait = _float(q, "wait", 0.0)
     if wait is not None:
         out["wait"] = min(wait, MAX_WAIT)  # capped, then answered 503 if still not ready
     out["since"] = _float(q, "since", 0.0)
+    out["since_monotonic"] = _float(q, "since_monotonic", 0.0)
     if "pid" in q:
         if not _PID.fullmatch(q["pid"]) or not 0 < int(q["pid"]) <= _PID_MAX:
             raise BadQuery(f"pid must be a positive integer of ASCII digits up to {_PID_MAX}, got {_shown(q['pid'])}")
@@ -164,7 +166,8 @@ async def _answer(request: web.Request, targets: dict[str, Target], name: str | 
         chosen = [t.gate for t in those]
         # Each pass does a fresh systemd read per target, begun after the request arrived.
         # Concurrently: targets on one unit share a systemd read, and many targets cost one wait, not N.
-        checks = [g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"]) for g in chosen]
+        checks = [g.check(since=q["since"], pid=q["pid"], invocation=q["invocation"], since_mono=q["since_monotonic"])
+                  for g in chosen]
         # One target (the usual question) is awaited directly: a task per request costs more than the rest.
         verdicts = [await checks[0]] if len(checks) == 1 else list(await asyncio.gather(*checks))
         if all(v is not None for v, _ in verdicts):
@@ -179,13 +182,14 @@ async def _answer(request: web.Request, targets: dict[str, Target], name: str | 
         stopping = request.app[STOPPING]
         # A start after since= that ended before it was verified, which systemd will not follow with a start
         # of its own: waiting longer changes nothing, so the answer comes now.
-        failed = q["since"] is not None and any(
-            v is None and (f := g.start_failed(q["since"])) is not None and not f["restarting"]
+        failed = any(
+            v is None and (since := g.since_wall(q["since"], q["since_monotonic"])) is not None
+            and (f := g.start_failed(since)) is not None and not f["restarting"]
             for g, (v, _) in zip(chosen, verdicts, strict=True))
         if left <= 0 or stopping.is_set() or failed:
             if stopping.is_set():
                 verdicts = [(None, "genready is shutting down")] * len(chosen)
-            not_ready = [_not_ready_body(t, why, q["since"])
+            not_ready = [_not_ready_body(t, why, t.gate.since_wall(q["since"], q["since_monotonic"]))
                          for t, (v, why) in zip(those, verdicts, strict=True) if v is None]
             out: Any = not_ready[0] if name else {"ready": False, "targets": not_ready}
             return web.json_response(out, status=503)

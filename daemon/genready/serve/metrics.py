@@ -135,6 +135,9 @@ class TargetGauges:
     # None while it is ready, stopped or not known (NaN). Without it no rule could tell a load running
     # far past genready_expected_load_seconds: genready_load_seconds is observed only once a load ends.
     loading_seconds: float | None = None
+    # LISTEN sockets outside the unit's current start on the target's url addresses at the last look
+    # (the gate's strangers, /status's foreign_listeners): readiness is revoked while there are any.
+    foreign_listeners: int = 0
     counters: TargetCounters = field(default_factory=TargetCounters)  # the target's own, live
 
 
@@ -151,6 +154,9 @@ _SWEEP = ("genready_sweep_dropin_orphaned", "1 while the unit carries the drop-i
 _CONFIG = ("genready_config_changed_since_start", "1 while the unit's ExecStart= or Environment= differ from what its "
            "running process was started with (edited and reloaded, not restarted): it is still ready, but does not "
            "run the unit's configuration; guard and sweep refuse it")
+_STRANGERS = ("genready_foreign_listeners", "LISTEN sockets held by processes outside the unit's current start on "
+              "an address the target's url resolves to, at its port, at the last look: the kernel hands them "
+              "connections to the url; the target is not ready while there are any")
 _RESPONSIVE = ("genready_systemd_responsive", "1 while the systemd manager answers; 0 while it does not (SIGSTOPped, "
                f"or busy in a long daemon-reload): /ready is then 503 with reason {SYSTEMD_UNRESPONSIVE}")
 
@@ -187,8 +193,9 @@ class TargetCollector(Collector):
     @staticmethod
     def _families(targets: Iterable[TargetGauges]) -> Iterator[Metric]:
         state = StateSetMetricFamily(*_STATE, labels=_LABELS)
-        ready, expected, loading, pid, sweep, config = (
-            GaugeMetricFamily(*nh, labels=_LABELS) for nh in (_READY, _EXPECTED, _LOADING, _MAIN_PID, _SWEEP, _CONFIG))
+        ready, expected, loading, pid, sweep, config, strangers = (
+            GaugeMetricFamily(*nh, labels=_LABELS)
+            for nh in (_READY, _EXPECTED, _LOADING, _MAIN_PID, _SWEEP, _CONFIG, _STRANGERS))
         starts, foreign, stamp_errors = (CounterMetricFamily(*nh, labels=_LABELS)
                                          for nh in (_STARTS, _FOREIGN, _STAMP_ERRORS))
         revocations = CounterMetricFamily(*_REVOCATIONS, labels=(*_LABELS, "reason"))
@@ -203,6 +210,7 @@ class TargetCollector(Collector):
             pid.add_metric(labels, t.main_pid)
             sweep.add_metric(labels, 1 if t.sweep_dropin_orphaned else 0)
             config.add_metric(labels, 1 if t.config_changed else 0)
+            strangers.add_metric(labels, t.foreign_listeners)
             c = t.counters
             for family, n in ((starts, c.starts), (foreign, c.foreign_answers), (stamp_errors, c.stamp_errors)):
                 family.add_metric(labels, n, created=c.created)
@@ -213,7 +221,7 @@ class TargetCollector(Collector):
             for histogram, h in ((load, c.load_seconds), (probe_seconds, c.probe_seconds)):
                 histogram.add_metric(labels, h.buckets(), h.sum)
                 histogram.add_sample(f"{histogram.name}_created", dict(zip(_LABELS, labels, strict=True)), c.created)
-        yield from (state, ready, expected, loading, pid, sweep, config,
+        yield from (state, ready, expected, loading, pid, sweep, config, strangers,
                     starts, revocations, load, probes, probe_seconds, foreign, stamp_errors)
 
 

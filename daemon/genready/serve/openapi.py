@@ -184,6 +184,14 @@ TARGET_STATUS = {
         "warnings": {"type": "array", "items": {"type": "string"},
                      "description": "settings that weaken the proof, e.g. tls_verify = false; a drop-in left by a "
                      "genready sweep that is gone (genready sweep restore TARGET)"},
+        "foreign_listeners": {
+            "type": "array", "description": "LISTEN sockets on an address the url resolves to, at its port, held by "
+            "processes outside the unit's current start (not the MainPID or a descendant), at the last look: the "
+            "kernel hands them connections to the url, so the target is not ready while there are any "
+            "(revoke_reason foreign_listener)",
+            "items": {"type": "object", "properties": {
+                "pid": {"type": "integer"}, "comm": {"type": "string"}, "uid": {"type": "integer"},
+                "address": {"type": "string"}, "port": {"type": "integer"}}}},
         "snapshot": {"type": ["object", "null"], "description": "systemd's view: ActiveState, MainPID, …"},
         "records": {"type": "array", "items": RECORD, "description": "newest 20 starts, newest first"},
         **LOAD_CLOCK, "last_failure": FAILURE, "gpu": GPU, "kind": KIND,
@@ -217,6 +225,10 @@ _READY_PARAMS = [
      "description": "long-poll up to this many seconds for readiness (capped at 3600), then answer"},
     {"name": "since", "in": "query", "schema": {"type": "number", "minimum": 0},
      "description": "Unix time: only a start whose process began after it counts"},
+    {"name": "since_monotonic", "in": "query", "schema": {"type": "number", "minimum": 0},
+     "description": "CLOCK_MONOTONIC seconds (systemd's *TimestampMonotonic clock, shared by the host's processes): "
+                    "only a start whose process began after it counts; decides instead of since=, and a step of "
+                    "the wall clock does not move it (genready restart sends both)"},
     {"name": "pid", "in": "query", "schema": {"type": "integer", "minimum": 1},
      "description": "require that the verified MainPID is this one"},
     {"name": "invocation", "in": "query", "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},

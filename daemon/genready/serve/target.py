@@ -79,6 +79,7 @@ class Target:
                             main_pid=g.snap.main_pid if g.snap else 0, expected_load_seconds=g.expected_load_seconds,
                             sweep_dropin_orphaned=self.sweep_warning is not None,
                             config_changed=bool(g.config_changes), loading_seconds=g.load_clock()[0],
+                            foreign_listeners=len(g.strangers),
                             counters=self.counters)
 
     async def close(self, *, removed: bool = False) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from genready import config
 from genready.apis import APIS
 from genready.redact import escape, redact
 from genready.servers import kinds
@@ -293,6 +294,8 @@ def _url(server: ServerKind, values: dict[str, tuple[str, str]], container: _Con
     if h != (host or "") and host not in (None, ""):
         prop.comments.append(f"the server listens on {host}; genready asks it on loopback")
     prop.table["url"] = f"{scheme}://{f'[{h}]' if ':' in h else h}:{port}{prefix}"
+    if h == "localhost":
+        prop.warnings.append(f"the server listens on localhost: {config.LOCALHOST_WARNING}")
     if scheme == "https":
         prop.comments.append(f"{values['tls'][1]}: if the server's certificate is not signed by a CA this machine "
                              "trusts, set ca_file = \"/path/to/ca.pem\" (the CA that signed it)")

@@ -77,6 +77,10 @@ function probes(t) {
 
 function warnings(t) {
   const all = [...(t.warnings || [])];
+  for (const x of t.foreign_listeners || []) {
+    all.push("PID " + x.pid + " (" + x.comm + ", uid " + x.uid + ") listens on " + x.address + " port " + x.port
+      + " too, outside this start: it gets connections made to the url; not ready while it does");
+  }
   if (t.config_changed_since_start) {
     all.push("configuration changed since this start: " + ((t.config_changes || []).join("; ") || "see the unit"));
   }
