@@ -21,6 +21,7 @@ import pytest
 
 from genready import apis
 from genready.servers import metricspage
+from genready.sweep.run import steps
 from genready.tools import benchclient, benchrun, prompts, servermetrics
 from genready.tools.prompts import Prompt
 from genready_dev.harness import PY, Simulator, env_without_notify, free_port
@@ -148,7 +149,9 @@ def test_failing_server_exits_nonzero(tmp_path: Path) -> None:
     finally:
         s.stop()
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "  requests   0 ok, 6 failed (6x HTTP 500)" in r.stdout.splitlines()
+    said = next(ln for ln in r.stdout.splitlines() if ln.startswith("  requests "))
+    # issue 53 #14: the server's own words for the failure, not only its status
+    assert said.startswith("  requests   0 ok, 6 failed (6x HTTP 500: ") and "simulated engine failure" in said, said
     assert "latency    p50 -, p99 -" in r.stdout
     assert "served by pid 4242" in r.stdout  # which server failed matters as much as which one worked
 
@@ -431,6 +434,28 @@ async def test_a_redirect_is_a_failed_request_never_followed(stream: bool) -> No
     assert (s.ok, s.failed) == (0, 4)
     assert s.errors() == {f"HTTP 307 redirect to {other}/generate (not followed)": 4}
     assert elsewhere == []
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_refusal_is_given_in_the_servers_words_bounded_and_escaped(stream: bool, tmp_path: Path) -> None:
+    """Issue 53 #14: "3x HTTP 400" and nothing else, where llama-server's answer said why. Each failure kind's first
+    answer goes to the summary, the bench line (error_words) and, from there, the sweep's line for the run."""
+    why = (b'{"error":{"code":400,"message":"request (1163 tokens) exceeds the available context size (512 '
+           b'tokens), try increasing it\x1b[2J","type":"exceed_context_size_error"}}' + b" " * 10_000)
+    async for url in raw_server(_http("400 Bad Request", why)):
+        s = await _run(url, n=3, stream=stream)
+    assert s.errors() == {"HTTP 400": 3}
+    words = s.error_words()["HTTP 400"]
+    assert "exceeds the available context size (512 tokens)" in words
+    assert "\\x1b[2J" in words and "\x1b" not in words  # escaped for a terminal
+    assert len(words) <= benchrun.SAID_CHARS + 1
+    assert "3x HTTP 400: {\"error\":{\"code\":400,\"message\":\"request (1163 tokens) exceeds" in \
+        benchclient.format_summary(s, {})
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "bench.jsonl").write_text(json.dumps({"errors": {"HTTP 400": 3},
+                                                              "error_words": s.error_words()}) + "\n")
+    assert steps.bench_failures(tmp_path / "run").startswith("3x HTTP 400: {")
+    assert steps.bench_failures(tmp_path) == ""  # no bench line: nothing to add
 
 
 async def test_a_stream_event_over_the_line_limit_is_one_failed_request_and_the_rest_count() -> None:

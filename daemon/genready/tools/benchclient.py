@@ -163,8 +163,9 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
     errors = s.errors()
     why = ""
     if errors:
-        why = " (" + ", ".join(f"{n}x {e}" for e, n in errors.most_common(3)) + (
-            ", …" if len(errors) > 3 else "") + ")"
+        words = s.error_words()
+        why = " (" + ", ".join(f"{n}x {e}" + (f": {words[e][:120]}" if e in words else "")
+                               for e, n in errors.most_common(3)) + (", …" if len(errors) > 3 else "") + ")"
     more = "".join([f", {s.empty} empty" if s.empty else "", f", {s.retried} retried" if s.retried else "",
                     f", {s.stale_connections} stale connections skipped" if s.stale_connections else ""])
     lines = [
@@ -278,7 +279,8 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         benchline.URL: args.url, benchline.API: args.api,
         benchline.REQUESTS: s.requests, benchline.CONCURRENCY: s.concurrency, benchline.REQUEST_RATE: args.request_rate,
         benchline.STREAM: args.stream, benchline.MAX_TOKENS: args.max_tokens,
-        benchline.OK: s.ok, benchline.FAILED: s.failed, benchline.ERRORS: dict(s.errors()), benchline.EMPTY: s.empty,
+        benchline.OK: s.ok, benchline.FAILED: s.failed, benchline.ERRORS: dict(s.errors()),
+        benchline.ERROR_WORDS: s.error_words() or None, benchline.EMPTY: s.empty,
         benchline.RETRIED: s.retried,
         benchline.STALE_CONNECTIONS: s.stale_connections, benchline.NEW_CONNECTIONS: s.new_connections or None,
         benchline.WALL_SECONDS: round(s.wall_seconds, 6), benchline.REQUESTS_PER_SECOND: round(s.ok / wall, 3),

@@ -184,6 +184,7 @@ class Outcome:
     seconds: float
     tokens: int = 0
     error: str = ""
+    said: str = ""  # a refusal's answer in the server's words (apis.excerpt: one escaped line, bounded)
     ttft: float | None = None  # seconds to the first event with output (streaming only)
     itl: tuple[float, ...] = ()  # seconds between later events with output
     spec_verify_ct: int | None = None  # SGLang's verify steps for this request (speculative decoding only)
@@ -432,6 +433,15 @@ class Summary:
 
     def errors(self) -> Counter[str]:
         return Counter(o.error for o in self.outcomes if not o.ok)
+
+    def error_words(self) -> dict[str, str]:
+        """Each failure kind's first answer in the server's words, where it gave one: `HTTP 400` alone does not
+        say that the prompt exceeds the context (llama-server's answer does)."""
+        words: dict[str, str] = {}
+        for o in self.outcomes:
+            if not o.ok and o.said and o.error not in words:
+                words[o.error] = o.said
+        return words
 
     def latencies_ms(self) -> list[float]:
         # Only successful requests: a refused connection's 1 ms would flatter the server.

@@ -54,6 +54,7 @@ SWEEP_POINT: Final = Field("sweep_point")
 OK: Final = Field("ok", unit="requests")
 FAILED: Final = Field("failed", unit="requests")
 ERRORS: Final = Field("errors")  # failed requests by reason
+ERROR_WORDS: Final = Field("error_words")  # each reason's first answer, in the server's words (escaped, bounded)
 EMPTY: Final = Field("empty", unit="requests")
 RETRIED: Final = Field("retried", unit="requests")
 STALE_CONNECTIONS: Final = Field("stale_connections")

@@ -56,6 +56,8 @@ DEFAULT_URL: Final = "http://127.0.0.1:30000"
 AUTO: Final = "auto"  # --kind: told by what the server answers
 PROGRESS_WIDTH: Final = 30
 PROGRESS_INTERVAL: Final = 0.1  # seconds between progress-bar redraws
+SAID_BYTES: Final = 4096  # read of a refused request's body: the server's reason, not a download
+SAID_CHARS: Final = 300  # kept of it, as one line
 SERVER_FIGURES_CAP: Final = 4 << 20  # bytes read of /metrics or /get_server_info: a figure, not a download
 
 async def read_body(r: aiohttp.ClientResponse, cap: int = MAX_BODY) -> bytes:
@@ -77,6 +79,17 @@ def http_error(r: aiohttp.ClientResponse) -> str:
     if 300 <= r.status < 400:
         return f"HTTP {r.status} redirect to {apis.excerpt(r.headers.get('Location', '?'), 80)} (not followed)"
     return f"HTTP {r.status}"
+
+
+async def refusal_words(r: aiohttp.ClientResponse) -> str:
+    """A refused request's answer in the server's words: at most SAID_BYTES of its body, as one escaped line
+    (apis.excerpt); "" for a redirect or an answer that cannot be read (the status says the rest)."""
+    if 300 <= r.status < 400:
+        return ""
+    try:
+        return apis.excerpt(await r.content.read(SAID_BYTES), SAID_CHARS)
+    except _REQUEST_ERRORS:
+        return ""
 
 
 async def discover_model(session: aiohttp.ClientSession, url: str, timeout: float) -> str | None:
@@ -110,7 +123,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
                                 allow_redirects=False, trace_request_ctx=trace) as r:
             if r.status != 200:
-                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r), said=await refusal_words(r))
             raw = await read_body(r)
             took = time.perf_counter() - t0
         # The probe's rule (apis.py) for what a generation looks like; unlike the probe, a valid answer with no
@@ -210,7 +223,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
                                 allow_redirects=False, trace_request_ctx=trace) as r:
             if r.status != 200:
-                return Outcome(False, time.perf_counter() - t0, error=http_error(r))
+                return Outcome(False, time.perf_counter() - t0, error=http_error(r), said=await refusal_words(r))
             if trace is not None:
                 trace.update(stream=True, server=r.headers.get("Server", ""))
             async for raw in r.content:  # one SSE line at a time

@@ -36,7 +36,7 @@ from genready.sweep.files import bench_line, category_figures
 from genready.sweep.plan import Between, Plan, Point, Shard
 from genready.sweep.run import gpucost
 from genready.sweep.run.dropin import POLL, DropinLife
-from genready.sweep.run.lines import Console, Timings
+from genready.sweep.run.lines import Console, Timings, shown
 from genready.sweep.run.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
@@ -393,10 +393,29 @@ def run_command(ctx: Ctx, point: Point, v: Verified, folder: Path, cache: Cache,
     if res.problem:
         return Ran(Status.INVALIDATED, res.problem, ended, cache, res.returncode, ran_at, counters, warmed, gpu)
     if res.returncode != 0:
-        return Ran(Status.FAILED, f"the command exited {res.returncode}", ended, cache, res.returncode, ran_at,
-                   counters, warmed, gpu)
+        why = bench_failures(folder)
+        return Ran(Status.FAILED, f"the command exited {res.returncode}" + (f" ({why})" if why else ""), ended, cache,
+                   res.returncode, ran_at, counters, warmed, gpu)
     ctx.timings.run_times.append(ended - ran_at)
     return Ran(Status.OK, "", ended, cache, 0, ran_at, counters, warmed, gpu, bench_categories(folder))
+
+
+def bench_failures(folder: Path) -> str:
+    """The run's failed requests from its {out}/bench.jsonl in a few words, the server's own where it gave them
+    (`3x HTTP 400: request (1163 tokens) exceeds the available context size`); "" without a bench line."""
+    try:
+        line = bench_line(folder) or {}
+    except FileError:
+        return ""
+    errors, words = line.get(benchline.ERRORS.key), line.get(benchline.ERROR_WORDS.key)
+    if not isinstance(errors, dict):
+        return ""
+    words = words if isinstance(words, dict) else {}
+    top = sorted(((n, str(e)) for e, n in errors.items() if isinstance(n, int) and not isinstance(n, bool)),
+                 reverse=True)[:2]
+    # bounded: the line is whatever the plan's command wrote
+    return "; ".join(f"{n}x {shown(e[:80])}" + (f": {shown(words[e][:200])}" if isinstance(words.get(e), str) else "")
+                     for n, e in top)
 
 
 def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
