@@ -136,6 +136,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i not in out]
 
 
+@pytest.fixture
+def unrelated_pid() -> Iterator[int]:
+    """The pid of a live process that is no one's parent or child here: a MainPID that owns nothing a test reaches
+    (test_probe, test_owner: the foreign owner)."""
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
 
 @pytest.fixture(autouse=True)
 def _genready_logger_restored() -> Iterator[None]:
