@@ -2,7 +2,7 @@
 
 The Debian package runs this at build time, so genready(1) is made from the very parser that
 `genready --help` prints and cannot drift from it. It renders what genready's parsers use:
-options, positionals, one level of subcommands, and an "exit status:" epilog of
+options, positionals, subcommands (and theirs: `sweep report`), and an "exit status:" epilog of
 "  CODE  MEANING" lines.
 """
 
@@ -56,6 +56,17 @@ def _actions(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
             yield action
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(prog, parser) of each subcommand in order, one with subcommands of its own standing for them: `genready
+    sweep` is `genready sweep report`, `genready sweep restore` and the plan's run (whose prog is `genready
+    sweep`). argparse writes a subcommand's prog from its parents'."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sp in action.choices.values():
+                leaves = list(_subcommands(sp))
+                yield from leaves or [(sp.prog, sp)]
+
+
 def _option_lines(parser: argparse.ArgumentParser) -> list[str]:
     formatter = parser._get_formatter()
     out: list[str] = []
@@ -88,7 +99,7 @@ def _epilog(parser: argparse.ArgumentParser) -> list[str]:
 def render(name: str, build_parser: Callable[[], argparse.ArgumentParser], version: str) -> str:
     page = PAGES[name]
     parser = build_parser()
-    parser.prog = page.prog
+    built, parser.prog = parser.prog, page.prog
     # SOURCE_DATE_EPOCH (set by dpkg from debian/changelog) keeps the build reproducible.
     when = datetime.datetime.fromtimestamp(int(os.environ.get("SOURCE_DATE_EPOCH", "0")), datetime.timezone.utc)
     out = [f'.TH {name.upper()} 1 "{when:%Y-%m-%d}" "{esc(page.prog)} {version}" "User Commands"',
@@ -98,13 +109,13 @@ def render(name: str, build_parser: Callable[[], argparse.ArgumentParser], versi
     options = _option_lines(parser)
     if options:
         out += [".SH OPTIONS", *options]
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    subs = list(_subcommands(parser))
     if subs:
         out.append(".SH COMMANDS")
-        for sub in subs:
-            for cmd, sp in sub.choices.items():
-                sp.prog = f"{page.prog} {cmd}"
-                out += [f'.SS "{esc(cmd)}"', _usage(sp), ".PP", esc(_flat(sp.description or "")), *_option_lines(sp)]
+        for prog, sp in subs:
+            cmd = prog.removeprefix(built + " ")
+            sp.prog = f"{page.prog} {cmd}"
+            out += [f'.SS "{esc(cmd)}"', _usage(sp), ".PP", esc(_flat(sp.description or "")), *_option_lines(sp)]
     epilog = _epilog(parser)
     if epilog:
         out += [".SH EXIT STATUS", *epilog]

@@ -83,9 +83,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     simulate = argparse.ArgumentParser(prog="genready simulate")
     simargs.add_arguments(simulate)
     return {
-        "genready": cli.build_parser(),
-        "genready sweep restore": cli.sweep_tool_parser("restore"),
-        "genready sweep report": cli.sweep_tool_parser("report"),
+        "genready": cli.build_parser(),  # `sweep report` and `sweep restore` too: subcommands of `sweep`
         "genready simulate": simulate,
         "genready-bench-client": benchclient.build_parser(),
     }

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from genready.probe import owner
-from genready_dev.harness import GENREADY, Genready, free_port, http, show, sim_unit, wait_for
+from genready_dev.harness import GENREADY, Genready, Simulator, free_port, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 
 FAST = {"backoff_initial": 0.05, "backoff_max": 0.3, "probe_timeout": 2.0}
@@ -168,29 +168,25 @@ def test_a_loading_server_is_noticed_without_waiting_for_backoff_max(manager: Us
 
 def test_foreign_server_on_the_port_never_counts(manager: UserManager, tmp_path: Path) -> None:
     unit = "tg-foreign.service"
-    port = free_port()
-    foreign = subprocess.Popen([*GENREADY, "simulate", "--port", str(port), "--reuse-port"],
-                               stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: http(f"http://127.0.0.1:{port}/generate")[0] in (405, 400, 200), 10, "foreign sim up")
+    with Simulator(tmp_path, "--reuse-port") as foreign:
+        port = foreign.port
         # The unit's own server is still loading and has not bound: only the foreign one answers.
         manager.install_unit(unit, sim_unit(port, "--reuse-port", "--load-seconds", "600"))
         manager.systemctl("start", unit)
-        g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
         try:
-            wait_for(lambda: g.status()["targets"]["t"]["probes"] >= 5, 20, "five probes")
-            code, body = g.get("/ready/t")
-            assert code == 503
-            assert "foreign_owner" in (body["last_error"] or ""), body
-            assert str(foreign.pid) in body["last_error"]
-            _, metrics = g.get("/metrics")
-            assert 'genready_foreign_answers_total{target="t",unit="tg-foreign.service"}' in metrics
+            g = Genready(manager, tmp_path, {"t": {"unit": unit, "url": f"http://127.0.0.1:{port}", **FAST}}).start()
+            try:
+                wait_for(lambda: g.status()["targets"]["t"]["probes"] >= 5, 20, "five probes")
+                code, body = g.get("/ready/t")
+                assert code == 503
+                assert "foreign_owner" in (body["last_error"] or ""), body
+                assert str(foreign.proc.pid) in body["last_error"]
+                _, metrics = g.get("/metrics")
+                assert 'genready_foreign_answers_total{target="t",unit="tg-foreign.service"}' in metrics
+            finally:
+                g.stop()
         finally:
-            g.stop()
-    finally:
-        foreign.send_signal(signal.SIGKILL)
-        foreign.wait()
-        manager.systemctl("stop", unit)
+            manager.systemctl("stop", unit)
 
 
 def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manager: UserManager,

@@ -55,7 +55,7 @@ class Daemon(http.server.ThreadingHTTPServer):
 @pytest.fixture
 def daemon() -> Iterator[Daemon]:
     d = Daemon()
-    threading.Thread(target=d.serve_forever, daemon=True).start()
+    threading.Thread(target=d.serve_forever, args=(0.02,), daemon=True).start()  # shutdown() waits a poll
     yield d
     d.shutdown()
     d.server_close()

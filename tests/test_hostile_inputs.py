@@ -21,7 +21,7 @@ from genready.probe.probe import Prober
 from genready.redact import MASK, escape, redact, redact_lines
 from genready.serve import page
 from genready.vocab import Failure, ProbeResult
-from genready_dev.hostile import canned
+from genready_dev.hostile import raw_server
 from genready_dev.usermanager import UserManager
 
 # --- secrets in a failed start's lines ----------------------------------------------------------
@@ -692,7 +692,7 @@ def test_the_bench_client_needs_a_credential_only_for_the_target_it_sends_to(
 # --- model ids: cut and escaped like every other server text (issue 41 #6 and #13) ---------------
 
 def _target(url: str, **kw: object) -> TargetConfig:
-    # A short probe_timeout: the canned server answers one request per connection, then waits.
+    # A short probe_timeout: a bound, should the server below ever hold a request unanswered.
     table = {"unit": "llm.service", "url": url, "api": "openai-chat", "verify_owner": False, "probe_timeout": 1, **kw}
     return config.parse({"targets": {"t": table}}).targets["t"]
 
@@ -700,7 +700,8 @@ def _target(url: str, **kw: object) -> TargetConfig:
 async def _probe(models: list[str], **kw: object) -> tuple[ProbeResult, str]:
     """One probe against a server whose GET /v1/models lists `models` (it answers every request so)."""
     body = json.dumps({"object": "list", "data": [{"id": m} for m in models]}).encode()
-    async for url in canned(body):
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    async for url in raw_server(head + body, close=True):  # its side shut after each answer: no wait for a second
         prober = Prober(_target(url, **kw))
         try:
             return await prober.probe(os.getpid()), prober.model_note

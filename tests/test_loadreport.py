@@ -73,12 +73,12 @@ def three(tmp: Path) -> Path:
          {"max_rate_under_slo": 4, "crossover": None, "crossover_status": "never_pays"})])
 
 
-def section(folder: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, dict[str, str]]:
-    """The html report's load section, and its plots' SVG by the plot's id."""
-    assert report_main([str(folder)], "html") == 0
-    page = capsys.readouterr().out
-    assert page.count('id="load-search"') == 1, page[-2000:]
-    sec = page[page.index('id="load-search"'):]
+def section(*folders: Path) -> tuple[str, dict[str, str]]:
+    """The html report's load section as the page writes it (loadreport.html_section: the first test below
+    checks that the page holds it whole), and its plots' SVG by the plot's id. Drawn alone: the page's other
+    figures would double the time and check nothing of this section."""
+    sec = loadreport.html_section(list(folders))
+    assert sec.count('id="load-search"') == 1, sec[-2000:]
     plots = {m.group(1): base64.b64decode(m.group(2)).decode() for m in
              re.finditer(r'<div class="plot" id="(load-[a-z]+)"><h3>[^<]*</h3><img src="data:image/svg\+xml;base64,'
                          r'([^"]+)"', sec)}
@@ -117,7 +117,11 @@ def test_the_text_report_gives_each_configuration_its_found_value_and_crossover(
 
 def test_the_page_draws_a_curve_per_configuration_the_saturation_point_the_slo_and_the_bars(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sec, plots = section(three(tmp_path), capsys)
+    folder = three(tmp_path)
+    assert report_main([str(folder)], "html") == 0
+    page = capsys.readouterr().out
+    sec, plots = section(folder)
+    assert page.count('id="load-search"') == 1 and sec in page  # the page holds the section whole, once
     assert set(plots) == {"load-throughput", "load-goodput", "load-found"}
     labels = ["baseline spec=none", "spec=eagle", "spec=ngram"]
     tp = texts(plots["load-throughput"])
@@ -136,14 +140,14 @@ def test_the_page_draws_a_curve_per_configuration_the_saturation_point_the_slo_a
 
 
 def test_a_saturation_search_places_its_closed_loop_steps_at_the_rate_achieved_and_marks_saturation_rate(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path) -> None:
     folder = write(tmp_path / "r", [({"cap": 4}, [step(None, 8, kind="synchronous"),
                                                   step(None, 20, kind="throughput"), step(12, 20), step(18, 15)],
                                      {"last_unsaturated_rate": 12, "first_saturated_rate": 18,
                                       "saturation_rate": 12})], mode="saturation", slo=None)
     (got,) = loadreport.searches([folder])
     assert [(st.load, st.closed) for st in got.steps] == [(8, True), (20, True), (12, False), (18, False)]
-    sec, plots = section(folder, capsys)
+    sec, plots = section(folder)
     assert "cap=4: saturation ≈ 12" in texts(plots["load-throughput"])
     assert "Hollow marks: closed-loop steps" in sec
     assert "load-goodput" not in plots and "No step has a goodput" in sec  # no SLO: said, not drawn
@@ -151,22 +155,20 @@ def test_a_saturation_search_places_its_closed_loop_steps_at_the_rate_achieved_a
     assert "crossover" not in " ".join(texts(plots["load-found"]))  # no baseline: no crossover bar
 
 
-def test_a_concurrency_search_is_drawn_against_concurrency(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                           ) -> None:
+def test_a_concurrency_search_is_drawn_against_concurrency(tmp_path: Path) -> None:
     folder = write(tmp_path / "r", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2, 4)], {"max_rate_under_slo": 2})],
                    axis="concurrency")
-    sec, plots = section(folder, capsys)
+    sec, plots = section(folder)
     assert "concurrency (requests in flight)" in texts(plots["load-goodput"])
     assert "max_rate_under_slo per configuration (concurrent requests)" in sec
     assert "achieved = offered" not in texts(plots["load-throughput"])  # a closed loop offers no rate
 
 
-def test_searches_on_two_axes_get_a_bar_plot_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_searches_on_two_axes_get_a_bar_plot_each(tmp_path: Path) -> None:
     rate = write(tmp_path / "rate", [({"cap": 4}, [step(2, 4), step(4, 4)], {"max_rate_under_slo": 4})])
     conc = write(tmp_path / "conc", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2)], {"max_rate_under_slo": 2})],
                  axis="concurrency")
-    assert report_main([str(rate), str(conc)], "html") == 0
-    page = capsys.readouterr().out
+    page, _ = section(rate, conc)
     assert 'id="load-found"><h3>max_rate_under_slo per configuration (req/s)' in page
     assert 'id="load-found-2"><h3>max_rate_under_slo per configuration (concurrent requests)' in page
     assert "cap=4 [rate, point 1]" in page and "cap=4 [conc, point 1]" in page
@@ -196,8 +198,7 @@ def test_a_baseline_with_a_plan_point_s_values_is_a_search_of_its_own(tmp_path: 
                                                                           "spec=none [r2, point 2]"]
 
 
-def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                               ) -> None:
+def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path) -> None:
     folder = write(tmp_path / "r", [
         ({"spec": "$x$ <b>\x1b[2J\n"}, [step(2, 10, bench={"output_tokens_per_second": "fast", "goodput": 1e400}),
                                step(4, 10, line={"search_rate": 10**400}),
@@ -215,7 +216,7 @@ def test_hostile_fields_are_left_out_and_named_never_a_crash(tmp_path: Path, cap
     got = loadreport.table([folder])
     assert "spec=$x$ <b>\\x1b[2J\\x0a: saturation between - and - req/s" in got and "[1, 2]" in got
     assert "\x1b" not in got and len(got.splitlines()) == 4  # shown, never run by a terminal
-    sec, plots = section(folder, capsys)
+    sec, plots = section(folder)
     assert "Left out of this plot" in sec and "$x$ &lt;b&gt;" in sec
     note = html.unescape(sec)
     assert "OUT tok/s = fast" in note and "max_rate_under_slo = many" in note and "crossover = x" in note
@@ -232,27 +233,26 @@ def test_no_search_no_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 # --- issue 37 §3's plot rules (sweep/report/plotrules.py) hold in the load search's plots too -------------------
 
-def test_an_axis_of_whole_numbers_has_integer_ticks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_axis_of_whole_numbers_has_integer_ticks(tmp_path: Path) -> None:
     # concurrency 1, 2, 4 and a found concurrency of 2: matplotlib's own ticks would be 1.5, 2.5 ... and 0.25 ...
     folder = write(tmp_path / "r", [({"cap": 4}, [step(None, c, c=c) for c in (1, 2, 4)], {"max_rate_under_slo": 2})],
                    axis="concurrency")
-    _, plots = section(folder, capsys)
+    _, plots = section(folder)
     for plot, axis in (("load-goodput", 1), ("load-throughput", 3), ("load-found", 2)):  # x, the lower x, the bars' y
         got = ticks(plots[plot], axis)
         assert got and all(re.fullmatch(r"\d+", t) for t in got), (plot, got)
     # and an axis of fractions keeps its fractions (rates offered 0.5 apart)
     folder = write(tmp_path / "f", [({"cap": 4}, [step(r, 4) for r in (1.5, 2.0, 2.5)], {"max_rate_under_slo": 2.5})])
-    _, plots = section(folder, capsys)
+    _, plots = section(folder)
     assert any("." in t for t in ticks(plots["load-goodput"], 1)), ticks(plots["load-goodput"], 1)
 
 
-def test_over_six_legend_lines_the_legend_goes_outside_the_axes(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_over_six_legend_lines_the_legend_goes_outside_the_axes(tmp_path: Path) -> None:
     # the goodput plot's legend: a line and a "max under SLO" line per configuration
     for n, outside in ((3, False), (4, True)):
         folder = write(tmp_path / str(n), [({"cap": c}, [step(r, 4 + c) for r in (2.0, 4.0)],
                                             {"max_rate_under_slo": 2 + c}) for c in range(n)])
-        _, plots = section(folder, capsys)
+        _, plots = section(folder)
         svg = plots["load-goodput"]
         assert len([t for t in texts(svg) if t.startswith("cap=")]) == 2 * n
         left, right = box(svg, "axes_1")  # the axes' background: the plot's area

@@ -271,14 +271,6 @@ def holder() -> Iterator[Callable[[int], Holder]]:
         h.close()
 
 
-@pytest.fixture
-def unrelated_pid() -> Iterator[int]:
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
-
-
 @pytest.mark.system
 def test_child_holding_the_socket_is_trusted_under_its_parent(holder: Callable[[int], Holder]) -> None:
     h = holder(0)

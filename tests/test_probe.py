@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import struct
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -231,14 +230,6 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
         if line.lower().startswith(b"content-length:"):
             await reader.readexactly(int(line.split(b":")[1]))
     return head
-
-
-@pytest.fixture
-def unrelated_pid() -> Iterator[int]:
-    proc = subprocess.Popen(["sleep", "60"])
-    yield proc.pid
-    proc.kill()
-    proc.wait()
 
 
 @pytest.fixture

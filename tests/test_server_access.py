@@ -12,8 +12,6 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +20,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from genready_dev.harness import PY, free_port, genready_service, http, show, sim_unit, wait_for
+from genready_dev.harness import Simulator, free_port, genready_service, http, show, sim_unit, wait_for
 from genready_dev.usermanager import UserManager
 from tests.pki import make_pki
 from tests.world import World as WorldBase
@@ -41,7 +39,7 @@ class World(WorldBase):
     ports: dict[str, int]
     socket: Path
     foreign_socket: Path
-    foreign: subprocess.Popen[bytes]
+    foreign: Simulator
 
     def env_with_credential(self) -> dict[str, str]:
         return {**self.manager.env, "CREDENTIALS_DIRECTORY": str(self.cred_dir)}
@@ -116,9 +114,7 @@ def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "rs-422": sim(manager, tmp, "rs-422", "--reject", "422"),
     }
     # A server on a unix socket that is no unit's: the owner proof must refuse it.
-    foreign = subprocess.Popen([PY, "-m", "genready.cli", "simulate", "--uds", str(foreign_sock)],
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=(tmp / "foreign.log").open("wb"))
+    foreign = Simulator(tmp, "--uds", str(foreign_sock))  # its --port unused
     w = World(manager, tmp, pki, free_port(), tmp / "genready.toml", tmp / "genready.log", key_file, cred_dir,
               ports, sock, foreign_sock, foreign)
     write_config(w)
@@ -129,8 +125,7 @@ def world(manager: UserManager, tmp_path_factory: pytest.TempPathFactory) -> Ite
         assert r.returncode == 0, (r.stderr, w.log.read_text() if w.log.exists() else "")
         yield w
     finally:
-        foreign.send_signal(signal.SIGTERM)
-        foreign.wait(10)
+        foreign.stop()
         for u in (GENREADY_UNIT, *(f"{u}.service" for u in UNITS)):
             manager.remove_unit(u)
 
@@ -187,7 +182,7 @@ def test_unix_socket_verified_by_its_owner(world: World) -> None:
 
 def test_a_foreign_process_on_the_socket_path_is_refused(world: World) -> None:
     err = world.wait_error("uds_foreign", "foreign_owner: ")
-    assert f"pid {world.foreign.pid} listens on the socket" in err
+    assert f"pid {world.foreign.proc.pid} listens on the socket" in err
     assert world.target("uds_foreign")["ready"] is False
 
 

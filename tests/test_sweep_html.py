@@ -464,9 +464,26 @@ def comments(svg: str) -> list[str]:
     return [html.unescape(c) for c in re.findall(r"<!-- (.*?) -->", svg)]
 
 
-def heatmap_page(folder: Path, capsys: pytest.CaptureFixture[str], *flags: str) -> str:
-    assert report_main([str(folder)], "html", heatmap=flags[0] if flags else None) == 0
-    return capsys.readouterr().out
+@pytest.fixture(scope="module")
+def spec_page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """spec_sweep's folder and its page, written once for the tests that only read them: the page draws ten
+    figures (about a second of matplotlib), the same for each."""
+    folder = spec_sweep(tmp_path_factory.mktemp("spec-page"))
+    page = folder.parent / "report.html"
+    assert report_main([str(folder)], "html", output=str(page)) == 0
+    return folder, page.read_text()
+
+
+def heatmap_section(folder: Path, flag: str | None = None) -> str:
+    """The page's heatmap section alone, drawn by what the page draws it with (heatmap.section, matplotlib's
+    Figure as html.render gives it): a page of 64 configurations also draws its other figures as 16 small
+    multiples each, seconds that check nothing of the heatmap."""
+    sweephtml.preload()  # matplotlib as the page sets it up (the svg backend, a fixed hash salt)
+    from matplotlib.figure import Figure
+
+    rows = collect.rows_of([folder])
+    client, server = sweephtml.axes_of(rows)
+    return heatmap.section(Figure, rows, heatmap.choose(rows, server, flag), client, server)
 
 
 def cell_colour(svg: str, nx: int, ny: int, j: int, i: int) -> tuple[float, float, float]:
@@ -482,9 +499,8 @@ def cell_colour(svg: str, nx: int, ny: int, j: int, i: int) -> tuple[float, floa
 
 
 def test_the_speedup_heatmap_writes_each_configurations_speedup_and_marks_the_noisy_ones(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = spec_sweep(tmp_path)
-    page = heatmap_page(folder, capsys)
+        spec_page: tuple[Path, str]) -> None:
+    folder, page = spec_page
     rows = [r for r in collect.rows_of([folder]) if not r.baseline]
     assert '<h2 id="heatmap">' in page and "no-heatmap" not in page
     # the heatmap comes before the table: the answer first
@@ -535,9 +551,9 @@ def test_the_speedup_heatmap_writes_each_configurations_speedup_and_marks_the_no
 def test_heatmap_chooses_its_axes_and_a_bad_one_names_the_axes_there_are(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folder = spec_sweep(tmp_path)
-    page = heatmap_page(folder, capsys, "topk,draft")
-    assert "SPEEDUP over topk x draft, c=1</h3>" in page
-    assert comments(plot_svgs(page, "heatmap-1")[0])[:8] == ["1", "2", "4", "topk", "2", "4", "6", "draft"]
+    drawn = heatmap_section(folder, "topk,draft")  # the page's flag reaches heatmap.choose: the bad ones below
+    assert "SPEEDUP over topk x draft, c=1</h3>" in drawn
+    assert comments(plot_svgs(drawn, "heatmap-1")[0])[:8] == ["1", "2", "4", "topk", "2", "4", "6", "draft"]
     for bad in ("c,draft", "draft", "draft,draft", "nope,topk", "draft,topk,c"):
         with pytest.raises(Failed) as e:
             report_main([str(folder)], "html", heatmap=bad)
@@ -546,9 +562,10 @@ def test_heatmap_chooses_its_axes_and_a_bad_one_names_the_axes_there_are(
     # and from the command line's flag
     from genready import cli
 
-    with pytest.raises(Failed) as e:
-        cli.cmd_sweep_tool("report", [str(folder), "--format", "html", "--heatmap", "draft,c"])
-    assert e.value.status == 64 and "server-side axes: draft, topk" in str(e.value), str(e.value)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["sweep", "report", str(folder), "--format", "html", "--heatmap", "draft,c"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 64 and "server-side axes: draft, topk" in err, err
 
 
 def text_grids(out: str, fmt: str) -> dict[str, list[list[str]]]:
@@ -637,9 +654,8 @@ def test_without_a_baseline_or_two_server_axes_the_page_says_why_in_one_line(
             assert "Speedup against the baseline" not in out and "SPEEDUP over" not in out, out
 
 
-def test_the_per_user_per_gpu_pareto_as_vllm_draws_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = spec_sweep(tmp_path)
-    page = heatmap_page(folder, capsys)
+def test_the_per_user_per_gpu_pareto_as_vllm_draws_it(spec_page: tuple[Path, str]) -> None:
+    folder, page = spec_page
     (svg,) = plot_svgs(page, "pareto-per-user")
     text = comments(svg)
     assert "tokens/s per user (OUT tok/s / concurrency)" in text and "tokens/s per GPU (OUT tok/s / gpus)" in text
@@ -751,8 +767,8 @@ def test_the_gpus_plan_key_and_its_results_field() -> None:
     assert sweeprows.row_of({"index": 1, "status": "ok", "gpus": True}, folder).gpus == 1
 
 
-def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        spec_page: tuple[Path, str]) -> None:
     """Up to heatmap.MAX_WITH_INTERVAL cells each writes its interval under its value; past that (8 x 8 here) the
     value alone, so a big grid stays legible and draws in time (the table keeps the intervals)."""
     from genready.sweep.report import heatmap as sweepheatmap
@@ -760,12 +776,9 @@ def test_a_heatmap_past_49_cells_writes_the_value_alone(tmp_path: Path, capsys: 
     monkeypatch.setattr(sweep_screenshot, "DRAFTS", tuple(range(2, 10)))
     monkeypatch.setattr(sweep_screenshot, "TOPKS", tuple(range(1, 9)))
     assert len(sweep_screenshot.DRAFTS) * len(sweep_screenshot.TOPKS) > sweepheatmap.MAX_WITH_INTERVAL
-    page = heatmap_page(spec_sweep(tmp_path), capsys)
-    text = comments(plot_svgs(page, "heatmap-1")[0])
+    text = comments(plot_svgs(heatmap_section(spec_sweep(tmp_path)), "heatmap-1")[0])
     values = [t for t in text if re.fullmatch(r"\d\.\d\dx( ~)?", t)]
     assert len(values) >= 60 and not any(t.startswith("[") for t in text), text[:20]
-    # the 3 x 3 fixture: every cell has its interval under its value
-    monkeypatch.undo()
-    (tmp_path / "small").mkdir()
-    small = comments(plot_svgs(heatmap_page(spec_sweep(tmp_path / "small"), capsys), "heatmap-1")[0])
+    # the 3 x 3 fixture's page: every cell has its interval under its value
+    small = comments(plot_svgs(spec_page[1], "heatmap-1")[0])
     assert sum(t.startswith("[") for t in small) >= 8, small

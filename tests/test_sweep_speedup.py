@@ -106,6 +106,23 @@ def test_drift_is_the_baselines_move_beyond_its_noise() -> None:
     assert speedup.drift([100.0], [95.0], 0.10) is None and speedup.drift([100.0], [80.0], 0.10) == pytest.approx(-0.2)
 
 
+def test_drift_on_generated_rounds_finds_a_known_move_and_rarely_one_that_is_not_there() -> None:
+    """The drift check on generated baseline rounds, three runs each with 2 % multiplicative noise (seeded): a
+    30 % loss is found in every trial and measured within 5 points of it; an 8 % loss, under the noise limit,
+    still in most (a drift is the baseline moving past its own noise, not past noise_limit); no move at all is
+    called a drift in at most the interval's 5 % and some."""
+    rng = random.Random(11)
+
+    def runs(level: float) -> list[float]:
+        return [1000 * level * math.exp(rng.gauss(0, 0.02)) for _ in range(3)]
+
+    lost = [speedup.drift(runs(1.0), runs(0.7), 0.10) for _ in range(100)]
+    assert all(d is not None and abs(d + 0.3) < 0.05 for d in lost), lost
+    small = [speedup.drift(runs(1.0), runs(0.92), 0.10) for _ in range(100)]
+    assert sum(d is not None and d < 0 for d in small) >= 80, small
+    assert sum(speedup.drift(runs(1.0), runs(1.0), 0.10) is not None for _ in range(100)) <= 10
+
+
 def test_a_drift_is_written_with_two_significant_digits_so_a_small_one_is_not_plus_0() -> None:
     # A steady baseline (a simulator's runs agree to 0.1 %) makes a 0.3 % move a drift: it must not read `+0%`.
     small = speedup.drift([100.0, 100.01, 99.99], [100.3, 100.31, 100.29], 0.10)
@@ -309,10 +326,11 @@ def test_speedups_against_the_baseline_come_out_with_the_right_sign(rig: Rig) ->
     rows = {(r["point"]): r for r in json.loads(_report(rig, "--format", "json"))["rows"]}
     for c in (1, 2):
         fast, slow = rows[f"lat=0.008 c={c}"]["speedup"], rows[f"lat=0.05 c={c}"]["speedup"]
-        # 2.5 and 0.4 by the token latencies; the requests' own overhead pulls both towards 1
-        assert fast["value"] > 1.3 and fast["low"] > 1 and not fast["within_noise"], fast
-        assert slow["value"] < 0.8 and slow["high"] < 1 and slow["slowdown"], slow
-        assert rows[f"lat=0.05 c={c}"]["itl_ratio"]["value"] > 1.3  # a slower server's tokens come later
+        # 2.5 and 0.4 by the token latencies; the requests' own overhead pulls both towards 1. The smoke: the
+        # figures arrive, with intervals, on their sides of 1 (the intervals' statistics: the tests above)
+        assert fast["value"] > 1 and fast["low"] is not None and fast["high"] is not None, fast
+        assert slow["value"] < 1 and slow["slowdown"], slow
+        assert rows[f"lat=0.05 c={c}"]["itl_ratio"]["value"] > 1  # a slower server's tokens come later
     table = _report(rig)
     assert all(" slower [" in ln for ln in table.splitlines() if ln.startswith("lat=0.05 ")), table
 
@@ -328,11 +346,10 @@ def test_a_baseline_that_slowed_between_groups_marks_the_speedups_in_between_dri
     lines = rig.results_lines()
     assert [ln.get("baseline", 0) for ln in lines[::2]] == [1, 0, 2, 0, 3], lines
     rows = {(r["point"]): r for r in json.loads(_report(rig, "--format", "json"))["rows"]}
-    first, second = rows["lat=0.005 c=1"]["speedup"], rows["lat=0.006 c=1"]["speedup"]
-    assert first["drifted"] < -0.3, first  # the baseline lost its speed between its rounds 1 and 2
-    # Rounds 2 and 3 ran alike: no drift near the injected one. (Two tight repeats a round on a busy machine
-    # can still differ past their own noise by some per cent: a real drift, if a small one, so it may be marked.)
-    assert "drifted" not in second or abs(second["drifted"]) < 0.25, second
+    first = rows["lat=0.005 c=1"]["speedup"]
+    # the baseline lost its speed between its rounds 1 and 2 (3x its token latency). Whether rounds 2 and 3,
+    # which ran alike, are left unmarked is a statistic a busy machine moves: the generated rounds above test it
+    assert first.get("drifted") is not None and first["drifted"] < 0, first
     line = next(ln for ln in _report(rig).splitlines() if ln.startswith("lat=0.005 "))
     assert " drifted -" in line, line
 

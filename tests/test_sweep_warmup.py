@@ -3,6 +3,7 @@ simulator's cold profile (a fresh process slower for its first requests, as SGLa
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -26,6 +27,7 @@ from genready.tools.convergence import (
     Medians,
     Rule,
     Sample,
+    Verdict,
     agree,
     medians,
     verdict,
@@ -148,6 +150,45 @@ def test_a_warmup_whose_requests_fail_stops_as_failing_not_unstable_after_96() -
     assert all(verdict(mixed[:n], 0.0, rule) is None for n in range(1, len(mixed) + 1))
 
 
+def cold_samples(rng: random.Random, first: int, factor: float, cold: int) -> Iterator[Sample]:
+    """Warmup requests from `first` on, as `genready simulate --cold-requests COLD --cold-factor FACTOR` paces them
+    (the k-th generation since start 1 + (F - 1) e^(-3k/N) slower, as long as k < N: 50 ms TTFT and 10 ms a
+    token once warm), each figure with 3 % jitter."""
+    for k in itertools.count(first):
+        slow = 1 + (factor - 1) * math.exp(-3 * k / cold) if k < cold else 1.0
+
+        def jitter() -> float:
+            return math.exp(rng.gauss(0, 0.03))
+        yield Sample(0.050 * slow * jitter(), tuple(0.010 * slow * jitter() for _ in range(8)))
+
+
+def warm(rule: Rule, samples: Iterator[Sample]) -> Verdict:
+    got: list[Sample] = []
+    while (v := verdict(got, 0.0, rule)) is None:
+        got.append(next(samples))
+    return v
+
+
+def test_on_generated_cold_starts_the_rule_waits_out_the_decay_and_a_warmed_instance_settles_at_once() -> None:
+    """What the cold sweep below shows end to end, on generated samples (seeded): a cold start (48 requests up to
+    4x slower) converges only once its last three windows show no trend (TREND_WINDOWS), after 48 to 64 requests
+    (two windows within the tolerance stopped it at 20 to 40 before issue 51 §0), always later than the same
+    instance warmed again after them (its second window, now and then its third or fourth), as an instance warm
+    from the start does; one that decays too slowly (10x, 40 requests) stops at warmup_max
+    and is not converged."""
+    rng = random.Random(3)
+    rule = Rule(window=4, tolerance=0.10, max_requests=64)
+    for _ in range(100):
+        cold = warm(rule, cold_samples(rng, 0, 4.0, 48))
+        again = warm(rule, cold_samples(rng, cold.requests + 8, 4.0, 48))  # after the run's 8 requests
+        assert cold.converged and again.converged and cold.requests % 4 == 0 == again.requests % 4
+        assert 40 < cold.requests <= 64 and again.requests <= 16 < cold.requests, (cold, again)
+        flat_at_once = warm(rule, cold_samples(rng, 0, 1.0, 48))
+        assert flat_at_once.converged and flat_at_once.requests <= 16, flat_at_once
+        slow = warm(Rule(window=4, tolerance=0.10, max_requests=12), cold_samples(rng, 0, 10.0, 40))
+        assert (slow.converged, slow.stopped_by, slow.requests) == (False, "warmup_max", 12), slow
+
+
 # --- the plan's keys, the fingerprint, an old folder ----------------------------------------------------------
 
 
@@ -255,8 +296,8 @@ def test_stable_warms_a_cold_start_longer_than_a_warm_instance_records_it_and_fl
     for ln in (first, second):
         assert ln["warmup_converged"] is True and ln["warmup_requests"] % 4 == 0, ln
         assert 8 <= ln["warmup_requests"] <= 96, ln  # the cold start's trend settles past 50 (TREND_WINDOWS)
-    # the cold start needed more windows to settle than the instance it warmed
-    assert first["warmup_requests"] > second["warmup_requests"], (first, second)
+    # That the cold start needed more windows than the instance it warmed is a statistic of wall-clock medians,
+    # which a busy machine moves: the generated cold starts above test it; this is the end-to-end smoke.
     for point in ("c=1", "c=2"):
         said = progress(rig, point)
         at = [i for i, ln in enumerate(said) if re.search(r"warmup: stable after \d+ requests \(TTFT", ln)]
@@ -268,8 +309,10 @@ def test_stable_warms_a_cold_start_longer_than_a_warm_instance_records_it_and_fl
 @pytest.mark.system
 def test_a_server_that_never_settles_stops_at_warmup_max_and_its_run_is_unstable(warm_rig: Rig) -> None:
     rig = warm_rig
-    # 10x slower at first, a quarter of the excess gone every window of 4: never within 10 % in 12 requests
-    path = rig.write_plan({"c": [1]}, flags="--token-latency 0.002 --cold-requests 40 --cold-factor 10",
+    # 20x slower at first, a quarter of the excess gone every window of 4: never within 10 % in 12 requests
+    # (windows' TTFT about 36, 27 and 21 ms apart by 7-9 ms, more than a tenth even with 30 ms of a busy
+    # machine's own time added to each)
+    path = rig.write_plan({"c": [1]}, flags="--token-latency 0.002 --cold-requests 40 --cold-factor 20",
                           warmup="stable", warmup_window=4, warmup_max=12)
     rc, out = rig.run(path)
     assert rc == 0, out  # unstable is a mark on an ok run, not a failure

@@ -3,6 +3,9 @@
 `genready wait TARGET --timeout 0` runs in units' ExecCondition=, so start-up time matters:
 this module imports only what parsing needs, and each subcommand imports its own modules
 (asyncio, aiohttp, pystemd, the dev tooling) when it runs. bench/cli_start.py measures it.
+
+Each subcommand is a pair, as vLLM's `vllm/entrypoints/cli/` has them: `add_NAME` adds its parser
+(COMMANDS, in --help's order) and `cmd_NAME` runs it. A run builds only its own subcommand's parser.
 """
 
 from __future__ import annotations
@@ -12,8 +15,8 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NoReturn
 
 from genready import __version__, config, console, exitcodes
 from genready.client import GUARD_MIN_INTERVAL, GUARD_STOP_GRACE
@@ -360,14 +363,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return sweep.main(args, cfg, _api_base(args))
 
 
-SWEEP_TOOLS = """also:
-  genready sweep restore [TARGET]   remove a killed sweep's drop-in, restart the unit on its own
-                                    configuration and wait until that start is verified
-  genready sweep report DIR [DIR...] [--format table|csv|markdown|json|html] [--output FILE]
-                                    one table of the points of one or more results folders
-"""
-
-
 def config_flag(p: argparse.ArgumentParser) -> None:
     """--config, as every subcommand that reads the config takes it."""
     p.add_argument("--config", metavar="PATH", help=f"config file (default: $GENREADY_CONFIG or {config.DEFAULT_PATH})")
@@ -378,85 +373,39 @@ def url_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="the daemon's API base URL (default: from the config's daemon.listen)")
 
 
-def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
-    """`genready sweep restore` and `genready sweep report`: words after `sweep`, not plan files."""
-    if name == "restore":
-        p = argparse.ArgumentParser(prog="genready sweep restore", epilog=EXIT_CODES,
-                                    formatter_class=Formatter,
-                                    description="remove the drop-in a killed sweep left on TARGET's unit, reload, "
-                                    "restart the unit on its own configuration and wait until that start is "
-                                    "verified; refuses (75) while the sweep that wrote it is still running")
-        p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
-        p.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
-                       "(default: the target's load_timeout)")
-        config_flag(p)
-        url_flag(p)
-        return p
-    from genready.sweep.report.table import FORMATS
-
-    p = argparse.ArgumentParser(prog="genready sweep report", epilog=EXIT_CODES,
-                                formatter_class=Formatter,
-                                description="merge the results folders of one plan (e.g. its shards) into one "
-                                "table in plan order: status, pid, load and run seconds, and the bench client's "
-                                "accept length, output tokens/s, TTFT p50 and ITL p50 from {out}/bench.jsonl; the "
-                                "best value of each figure is marked")
-    p.add_argument("folders", nargs="+", metavar="DIR", help="a sweep's --results folder")
-    p.add_argument("--format", choices=(*FORMATS, "html"), default="table",
-                   help="html: one self-contained page with the plots (needs the genready[report] extra: matplotlib)")
-    p.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
-    p.add_argument("--x", metavar="NAME", help="html: the plots' x axis (default: the client-side axis with the "
-                   "most values)")
-    p.add_argument("--compare", action="store_true", help="two folders A B: the same points side by side, each "
-                   "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
-    p.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
-                   "server configuration)")
-    p.add_argument("--heatmap", metavar="X,Y", help="html, table, markdown: the speedup heatmap's two server-side "
-                   "axes (default: the two with the most values)")
-    p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
-                   "(a shard missing or unfinished)")
-    return p
+def target_flags(p: argparse.ArgumentParser) -> None:
+    """TARGET, --config and --url: every subcommand that asks the daemon about one target."""
+    p.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
+    config_flag(p)
+    url_flag(p)
 
 
-def cmd_sweep_tool(name: str, argv: list[str]) -> int:
-    args = sweep_tool_parser(name).parse_args(argv)
-    check_numbers(args)
-    if name == "report":  # the report's module alone: it imports nothing a sweep's run needs
-        from genready.sweep.report.main import report_main
-
-        return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                           compare=args.compare, strict=args.strict, heatmap=args.heatmap)
-    from genready.sweep import main as sweep
-
-    cfg = load_config(args.config)
-    return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
+Subcommands = Any  # argparse._SubParsersAction[argparse.ArgumentParser]: private, and generic only from 3.9's stubs
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = Parser(
-        prog="genready",
-        description="Ready means a real generation, served by the unit's current MainPID, succeeded.",
-        epilog=EXIT_CODES,
-        formatter_class=Formatter,
-    )
-    p.add_argument("--version", action="version", version=f"genready {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def command(sub: Subcommands, name: str, help: str, func: Callable[[argparse.Namespace], int] | None = None,
+            **kw: Any) -> argparse.ArgumentParser:
+    """The parser of subcommand `name`: its help as its description, the exit codes as its epilog."""
+    sp: argparse.ArgumentParser = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
+                                                 formatter_class=Formatter, **kw)
+    if func is not None:
+        sp.set_defaults(func=func)
+    return sp
 
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help, epilog=EXIT_CODES,
-                            formatter_class=Formatter)
-        return sp
 
-    sp = add("check-config", "validate the config and print it as TOML, defaults filled in")
+def add_check_config(sub: Subcommands) -> None:
+    sp = command(sub, "check-config", "validate the config and print it as TOML, defaults filled in", cmd_check_config)
     config_flag(sp)
     sp.add_argument("--probe", action="store_true", help="then send one probe to each target now and print a "
                     "verdict line each (ok and the pid that served it, or the failure class and detail); exit 0 "
                     "if every target generated, else 1")
-    sp.set_defaults(func=cmd_check_config)
 
+
+def add_init(sub: Subcommands) -> None:
     # The kinds are not named here: the parser must not import servers/kinds.py (test_layout, the CLI's start-up).
-    sp = add("init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise the LLM "
-             "server it starts (one of the kinds docs/servers.md lists; also inside docker/podman run) and print a "
-             "[targets.NAME] table for it")
+    sp = command(sub, "init", "read UNIT's ExecStart= and Environment= over D-Bus (it need not run), recognise the "
+                 "LLM server it starts (one of the kinds docs/servers.md lists; also inside docker/podman run) and "
+                 "print a [targets.NAME] table for it", cmd_init)
     sp.add_argument("unit", metavar="UNIT", help="the server's unit, e.g. sglang.service")
     sp.add_argument("--bus", choices=config.BUSES, help="the manager to ask (default: the config's daemon.bus, "
                     "else system)")
@@ -464,44 +413,46 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--write", action="store_true", help="append the table to the config file (atomically, "
                     "comments kept; refused if the result would not load), then run check-config")
     config_flag(sp)
-    sp.set_defaults(func=cmd_init)
 
-    sp = add("serve", "run the daemon: watch the targets, verify starts, serve the HTTP API")
+
+def add_serve(sub: Subcommands) -> None:
+    sp = command(sub, "serve", "run the daemon: watch the targets, verify starts, serve the HTTP API", cmd_serve)
     config_flag(sp)
     sp.add_argument("--log-level", choices=config.LOG_LEVELS, help="overrides daemon.log_level")
-    sp.set_defaults(func=cmd_serve)
 
-    sp = add("status", "show every target's state, its load against the usual, the last failed start's own lines "
-             "and the newest start records (from the daemon's /status); a table with local times on a terminal")
+
+def add_status(sub: Subcommands) -> None:
+    sp = command(sub, "status", "show every target's state, its load against the usual, the last failed start's own "
+                 "lines and the newest start records (from the daemon's /status); a table with local times on a "
+                 "terminal", cmd_status)
     config_flag(sp)
     url_flag(sp)
     sp.add_argument("--json", action="store_true", help="print /status's JSON as it is")
-    sp.set_defaults(func=cmd_status)
 
-    def client_args(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("target", nargs="?", metavar="TARGET", help="target name (default: the only one)")
-        config_flag(sp)
-        url_flag(sp)
 
-    sp = add("wait", "wait until TARGET (or every target) is verified ready; prints the verified pid. Meanwhile a "
-             "live line per target on stderr (redrawn on a terminal, else at each change of state and every 30 s)")
-    client_args(sp)
+def add_wait(sub: Subcommands) -> None:
+    sp = command(sub, "wait", "wait until TARGET (or every target) is verified ready; prints the verified pid. "
+                 "Meanwhile a live line per target on stderr (redrawn on a terminal, else at each change of state "
+                 "and every 30 s)", cmd_wait)
+    target_flags(sp)
     sp.add_argument("--timeout", default=900.0, metavar="S", help="give up after S seconds "
                     "(0: answer at once); an unreachable daemon is waited for too (then exit 69); default 900")
     sp.add_argument("--since", metavar="TS", help="only count a start that began after this Unix time; exit 1 at "
                     "once if such a start fails and systemd will not start the unit again")
-    sp.set_defaults(func=cmd_wait)
 
-    sp = add("restart", "restart TARGET's unit (D-Bus RestartUnit, your own privileges) and wait until a start "
-             "newer than the restart is verified; exit 1 at once, with how it ended and its last lines, if that "
-             "start fails and systemd will not start the unit again")
-    client_args(sp)
+
+def add_restart(sub: Subcommands) -> None:
+    sp = command(sub, "restart", "restart TARGET's unit (D-Bus RestartUnit, your own privileges) and wait until a "
+                 "start newer than the restart is verified; exit 1 at once, with how it ended and its last lines, if "
+                 "that start fails and systemd will not start the unit again", cmd_restart)
+    target_flags(sp)
     sp.add_argument("--timeout", default=1800.0, metavar="S", help="default 1800")
-    sp.set_defaults(func=cmd_restart)
 
-    sp = add("guard", "run CMD only while TARGET is ready; exit 75 if it was not, or if the verified instance "
-             "changed or readiness was revoked while CMD ran; otherwise CMD's exit status")
-    client_args(sp)
+
+def add_guard(sub: Subcommands) -> None:
+    sp = command(sub, "guard", "run CMD only while TARGET is ready; exit 75 if it was not, or if the verified "
+                 "instance changed or readiness was revoked while CMD ran; otherwise CMD's exit status", cmd_guard)
+    target_flags(sp)
     sp.add_argument("--interval", default=0.2, metavar="S",
                     help=f"how often to re-check readiness (default 0.2; at least {GUARD_MIN_INTERVAL:g}: smaller "
                     "values are raised to it)")
@@ -513,11 +464,36 @@ def build_parser() -> argparse.ArgumentParser:
     # "--url" as the command) and takes CMD's first word as TARGET when TARGET is omitted.
     # main() splits CMD off at the first "--"; without "--", plain words are still accepted.
     sp.add_argument("cmd", nargs="*", metavar="-- CMD ARGS")
-    sp.set_defaults(func=cmd_guard)
 
-    sp = add("sweep", "for each point of PLAN.toml: write its runtime drop-in for TARGET's unit, restart it, wait "
-             "for a verified start newer than the restart, run the command guarded, append a line to "
-             "DIR/results.jsonl; at the end (or on SIGINT/SIGTERM) restore the unit's own configuration")
+
+SWEEP_HELP = ("for each point of PLAN.toml: write its runtime drop-in for TARGET's unit, restart it, wait for a "
+              "verified start newer than the restart, run the command guarded, append a line to DIR/results.jsonl; "
+              "at the end (or on SIGINT/SIGTERM) restore the unit's own configuration")
+SWEEP_TOOLS: Final = ("report", "restore")  # words after `sweep` that name a subcommand, not a plan file
+SWEEP_TOOLS_HELP = """also:
+  genready sweep restore [TARGET]   remove a killed sweep's drop-in, restart the unit on its own
+                                    configuration and wait until that start is verified
+  genready sweep report DIR [DIR...] [--format table|csv|markdown|json|html] [--output FILE]
+                                    one table of the points of one or more results folders
+"""
+
+
+def add_sweep(sub: Subcommands) -> None:
+    """`sweep PLAN.toml`, and its subcommands `sweep report` and `sweep restore`. A plan file may have any name, so
+    the plan's run is a subcommand no one types, `run`, which main() puts in when the word after `sweep` is not
+    one of SWEEP_TOOLS: `genready sweep PLAN.toml` parses as `sweep run PLAN.toml`, its --help is the run's."""
+    sweep = command(sub, "sweep", SWEEP_HELP)
+    tools = sweep.add_subparsers(dest="sweep_command", required=True, metavar="report|restore")
+    add_sweep_run(tools)
+    add_sweep_report(tools)
+    add_sweep_restore(tools)
+
+
+def add_sweep_run(sub: Subcommands) -> None:
+    # no help=: not listed among the sweep's subcommands (its usage is `genready sweep PLAN.toml`)
+    sp: argparse.ArgumentParser = sub.add_parser("run", prog="genready sweep", description=SWEEP_HELP,
+                                                 formatter_class=Formatter)
+    sp.set_defaults(func=cmd_sweep)
     sp.add_argument("plan", metavar="PLAN.toml", help="the sweep plan (see docs/sweeps.md)")
     sp.add_argument("--results", metavar="DIR", required=True,
                     help="results.jsonl and one folder per point and attempt ({out}) go here")
@@ -545,26 +521,97 @@ def build_parser() -> argparse.ArgumentParser:
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
     config_flag(sp)
     url_flag(sp)
-    sp.set_defaults(func=cmd_sweep)
-    sp.epilog = (SWEEP_TOOLS + "\n" + (sp.epilog or ""))
+    sp.epilog = SWEEP_TOOLS_HELP + "\n" + EXIT_CODES
 
+
+def add_sweep_restore(sub: Subcommands) -> None:
+    sp = command(sub, "restore", "remove the drop-in a killed sweep left on TARGET's unit, reload, restart the unit "
+                 "on its own configuration and wait until that start is verified; refuses (75) while the sweep that "
+                 "wrote it is still running", cmd_sweep_restore)
+    target_flags(sp)
+    sp.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
+                    "(default: the target's load_timeout)")
+
+
+def add_sweep_report(sub: Subcommands) -> None:
+    from genready.sweep.report.table import FORMATS
+
+    sp = command(sub, "report", "merge the results folders of one plan (e.g. its shards) into one table in plan "
+                 "order: status, pid, load and run seconds, and the bench client's accept length, output tokens/s, "
+                 "TTFT p50 and ITL p50 from {out}/bench.jsonl; the best value of each figure is marked",
+                 cmd_sweep_report)
+    sp.add_argument("folders", nargs="+", metavar="DIR", help="a sweep's --results folder")
+    sp.add_argument("--format", choices=(*FORMATS, "html"), default="table",
+                    help="html: one self-contained page with the plots (needs the genready[report] extra: matplotlib)")
+    sp.add_argument("--output", metavar="FILE", help="write the report to FILE instead of stdout")
+    sp.add_argument("--x", metavar="NAME", help="html: the plots' x axis (default: the client-side axis with the "
+                    "most values)")
+    sp.add_argument("--compare", action="store_true", help="two folders A B: the same points side by side, each "
+                    "figure's change in %% of A, changes inside the noise marked ~ (table or html)")
+    sp.add_argument("--lines", metavar="NAME", help="html: one line per value of this axis first (default: one per "
+                    "server configuration)")
+    sp.add_argument("--heatmap", metavar="X,Y", help="html, table, markdown: the speedup heatmap's two server-side "
+                    "axes (default: the two with the most values)")
+    sp.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
+                    "(a shard missing or unfinished)")
+
+
+def cmd_sweep_report(args: argparse.Namespace) -> int:
+    from genready.sweep.report.main import report_main  # the report's module alone: nothing a sweep's run needs
+
+    return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
+                       compare=args.compare, strict=args.strict, heatmap=args.heatmap)
+
+
+def cmd_sweep_restore(args: argparse.Namespace) -> int:
+    from genready.sweep import main as sweep
+
+    cfg = load_config(args.config)
+    return sweep.restore_main(args.target, cfg, _api_base(args), args.timeout)
+
+
+def add_simulate(sub: Subcommands) -> None:
     # Dev tooling (genready_dev) is imported only when its subcommand runs; main() hands
     # `simulate` its arguments untouched, so its flags live with the simulator alone.
-    add("simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes, or "
-        "with --profile NAME one server's (`genready simulate --help` lists its flags and profiles)")
+    command(sub, "simulate", "run an LLM-server simulator with SGLang's HTTP surface and its failure modes, or "
+            "with --profile NAME one server's (`genready simulate --help` lists its flags and profiles)")
 
-    def cmd_demo(args: argparse.Namespace) -> int:
-        if args.sweep:
-            return int(_dev_module("sweepdemo").run(keep=args.keep))
-        return int(_dev_module("demo").main(args))
 
-    sp = add("demo", "show the restart race and genready closing it, in a private systemd user manager "
-             "(root; < 60 s; cleans up after itself)")
+def add_demo(sub: Subcommands) -> None:
+    sp = command(sub, "demo", "show the restart race and genready closing it, in a private systemd user manager "
+                 "(root; < 60 s; cleans up after itself)", cmd_demo)
     sp.add_argument("--fast", action="store_true", help="shorter load and linger times, for CI smoke runs")
     sp.add_argument("--keep", action="store_true", help="keep the temporary directory (units, config, logs)")
     sp.add_argument("--sweep", action="store_true", help="instead: a 2x2 `genready sweep` on the simulator, each "
                     "point benchmarked on a verified start, one start per server setting (< 60 s)")
-    sp.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    if args.sweep:
+        return int(_dev_module("sweepdemo").run(keep=args.keep))
+    return int(_dev_module("demo").main(args))
+
+
+COMMANDS: Final = {"check-config": add_check_config, "init": add_init, "serve": add_serve, "status": add_status,
+                   "wait": add_wait, "restart": add_restart, "guard": add_guard, "sweep": add_sweep,
+                   "simulate": add_simulate, "demo": add_demo}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `only` (a name in COMMANDS) that subcommand's parser alone: what a run
+    parses, so `genready wait` builds no other subcommand's parser (`sweep report`'s imports the report's
+    formats) and imports nothing else."""
+    p = Parser(
+        prog="genready",
+        description="Ready means a real generation, served by the unit's current MainPID, succeeded.",
+        epilog=EXIT_CODES,
+        formatter_class=Formatter,
+    )
+    p.add_argument("--version", action="version", version=f"genready {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, add in COMMANDS.items():
+        if only in (None, name):
+            add(sub)
     return p
 
 
@@ -597,10 +644,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sim = _dev_module("sim")
         return int(sim.cli(argv[1:]))
     try:
-        if argv[:1] == ["sweep"] and argv[1:2] in (["restore"], ["report"]):
-            return cmd_sweep_tool(argv[1], argv[2:])
+        if argv[:1] == ["sweep"] and (argv[1:2] or [""])[0] not in SWEEP_TOOLS:
+            argv.insert(1, "run")  # `genready sweep PLAN.toml` (and its --help): add_sweep
         head, cmd = _split_command(argv)
-        args = build_parser().parse_args(head)
+        args = build_parser(head[0] if head and head[0] in COMMANDS else None).parse_args(head)
         check_numbers(args)
         if cmd is not None:
             args.cmd = cmd

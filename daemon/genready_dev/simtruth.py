@@ -20,6 +20,8 @@ the measured overheads' median and over their spread, from one side's lowest aga
 
 from __future__ import annotations
 
+import argparse
+import functools
 import heapq
 import json
 import math
@@ -37,10 +39,17 @@ from genready.tools import prompts
 from genready_dev import sim, simspec
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The simulator's parser, built once: building it takes 50 times as long as a parse, and a test asks for the
+    truth of thousands of generated runs."""
+    return sim.parser()
+
+
 def model_of(flags: str | Sequence[str]) -> tuple[simspec.SpecModel | None, float]:
     """(the speculative model, --token-latency) of a simulator started with `flags`."""
     argv = shlex.split(flags) if isinstance(flags, str) else list(flags)
-    a = sim.parser().parse_args(argv)
+    a = _parser().parse_args(argv)
     return sim.spec_model(a), a.token_latency
 
 

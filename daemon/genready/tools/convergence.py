@@ -15,10 +15,11 @@ window. On a simulator whose first 75 generations decay from 1.73x (bench/warmup
 10 % of each other stopped the warmup at 16 requests and left the run +20 % above the converged TTFT. A
 drift of d per window adds up to 2d over the last three windows, so the span test stops only once d is
 under a quarter of the tolerance (2.5 %): that decay is then 3 % from its plateau at 72 requests (5 % at 80
-for one over 100 generations). An engine warm from the start costs two windows as before when its windows
-agree within half the tolerance, three at most; on a host whose jitter moves a window's median more than
-that, a difference within the windows' own noise (TREND_Z standard errors) is no trend either: a drift
-smaller than the noise cannot be seen in so few requests, and a busy host would never settle otherwise.
+for one over 100 generations). An engine warm from the start costs two windows, as before, when they agree
+within half the tolerance; on a host whose jitter moves a window's median more than that, a difference
+within the windows' own noise (TREND_Z standard errors) is no trend either: a drift smaller than the noise
+cannot be seen in so few requests, and a busy host would never settle otherwise (20 jittered warm engines:
+400 requests in all against the old rule's 392; tests/test_sweep_warmup.py).
 """
 
 from __future__ import annotations
