@@ -414,6 +414,8 @@ def sweep_tool_parser(name: str) -> argparse.ArgumentParser:
                    "axes (default: the two with the most values)")
     p.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
                    "(a shard missing or unfinished)")
+    p.add_argument("--schedule", choices=("vllm", "sglang"), help="the speculation depth per concurrency from a "
+                   "sweep of depth x concurrency with a baseline, in the engine's format, and the flags that carry it")
     return p
 
 
@@ -424,7 +426,8 @@ def cmd_sweep_tool(name: str, argv: list[str]) -> int:
         from genready.sweep.report.main import report_main
 
         return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                           compare=args.compare, strict=args.strict, heatmap=args.heatmap)
+                           compare=args.compare, strict=args.strict, heatmap=args.heatmap,
+                           schedule=args.schedule)
     from genready.sweep import main as sweep
 
     cfg = load_config(args.config)
