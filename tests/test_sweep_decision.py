@@ -411,8 +411,9 @@ def test_a_sweep_on_the_simulator_reports_the_faster_configuration_first(rig: Ri
     table = subprocess.run([*GENREADY, "sweep", "report", str(rig.results), "--format", "table"],
                            capture_output=True, text=True, timeout=60, check=True).stdout
     print(table)
-    (sentence,) = section(table)
+    sentence, deploy = section(table)
     assert sentence.startswith("At c=1: lat=0.008 is the best at "), table
+    assert deploy == "Deploy: the plan's drop-in with lat=0.008.", table  # the one configuration, what to run
     assert "; it meets your SLO; not met by lat=0.03 (itl_p50_ms " in sentence, table
     speed = sentence.split("x the baseline's")[0].rsplit(" ", 1)[1]
     assert float(speed) > 1.3, sentence  # 2.5 by the token latencies, less the requests' own overhead
