@@ -222,3 +222,10 @@ def test_a_sweep_without_a_depth_axis_gives_no_schedule(tmp_path: Path, capsys: 
         report_main([str(f.path)], "csv", schedule="vllm")
     assert report_main([str(f.path)], "table") == 0
     assert section(capsys.readouterr().out)[-1] == "Deploy: the plan's drop-in with algo=eagle."
+    one = Folder(tmp_path / "one", baseline=False)  # a sweep of one configuration over loads: nothing to choose
+    for c in (1, 8):
+        one.run(c, {"c": c}, 100.0 * c)
+    (one.path / "results.jsonl").write_text("".join(json.dumps({**json.loads(ln), "group": 1}) + "\n"
+                                                    for ln in one.lines))  # one load: c is the client's axis
+    assert report_main([str(one.path)], "table") == 0
+    assert section(capsys.readouterr().out)[-1] == "Deploy: the plan's drop-in (its one configuration)."

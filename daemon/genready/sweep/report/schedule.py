@@ -321,7 +321,8 @@ def _static_deploy(rows: Sequence[Row]) -> str:
     names = [_answer(s) for s in sets]
     if len(set(names)) == 1:
         return ("Deploy: no speculation (the baseline's drop-in)." if names[0] == NONE else
-                f"Deploy: the plan's drop-in with {names[0]}.")
+                f"Deploy: the plan's drop-in with {names[0]}." if names[0] else
+                "Deploy: the plan's drop-in (its one configuration).")
     return "Deploy: no one configuration is the best at every client setting: " + "; ".join(
         f"{decision._words(s.client)}: {name}" for s, name in zip(sets, names, strict=True)) + "."
 
@@ -335,4 +336,5 @@ def _answer(s: decision.Setting) -> str:
     assert s.best is not None
     if s.answer in (decision.NO_SPECULATION, decision.WITHIN_BASELINE):
         return NONE
-    return decision.config_label(s.best, s.client)
+    # its server-side values ("" for a sweep of one configuration, whose rows are named by their client values)
+    return escape(decision._words({k: v for k, v in s.best.point.items() if k not in s.client}))
