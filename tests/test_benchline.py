@@ -23,6 +23,7 @@ ELSEWHERE = {
     "sweep/report/categories.py": {"categories"},  # the results line's copy (run/results.py writes it)
     "sweep/report/html.py": {"target"},  # the results line's context
     "sweep/report/loadreport.py": {"slo", "concurrency"},  # the plan's [search] slo; an axis label's word
+    "sweep/report/schedule.py": {"concurrency"},  # a plan axis's name (LOAD_AXES)
 }
 
 

@@ -8,12 +8,13 @@ import argparse
 import asyncio
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from genready import compat
-from genready_dev import simargs, simbatch
+from genready_dev import sim, simargs, simbatch, simspec
 from genready_dev.simbatch import BatchModel
 from tests.test_benchclient import Sim, bench
 
@@ -128,3 +129,82 @@ def test_throughput_plateaus_at_max_running_and_a_load_past_it_is_saturated(tmp_
     assert rps[0] < 0.6 * rps[1], rps
     assert o["saturated"] is True and o["achieved_rate"] < 0.9 * o["scheduled_rate"], o["saturation"]
     assert u["saturated"] is False, u["saturation"]
+
+
+# --- the depth-aware model and vLLM's run-time switching (issue 52 §3) ------------------------------------------
+
+MOVING_SPEC = simspec.SpecModel(alpha=0.75, steps=5, draft_cost=0.05)
+MOVING = BatchModel(max_running=64, step_seconds=0.02, token_seconds=0.001, spec=MOVING_SPEC)
+DEPTHS = (0, 1, 3, 5)
+
+
+def best_depth(m: BatchModel, batch: int) -> int:
+    return max(DEPTHS, key=lambda d: simbatch.depth_tps(m, batch, d))
+
+
+def test_the_truth_surface_moves_the_best_depth_with_load() -> None:
+    # deep where the weights' read (t0) dominates a step, off where each token's compute (s b w) does
+    assert [best_depth(MOVING, b) for b in (1, 8, 32, 64)] == [5, 3, 1, 0]
+    assert simbatch.step_time(MOVING, 8) == pytest.approx(0.02 * (1 + 0.05 * 5) + 0.001 * 8 * 6)  # depth 5: w 6
+    assert simbatch.step_gain(replace(MOVING, depths=(0, 0)), 1) == 1.0  # depth 0: a plain step
+
+
+def test_vllms_schedule_becomes_its_dense_lookup() -> None:
+    # vllm/v1/spec_decode/dynamic/utils.py: gaps and the tail carry the previous K; K capped at the config's
+    got = simbatch.vllm_depths([[1, 4, 3], [9, 16, 1]], 20, 5)
+    assert got[1:] == (3, 3, 3, 3, 3, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+    assert simbatch.vllm_depths([[1, 4, 7]], 4, 5)[1:] == (5, 5, 5, 5)
+    for bad in ([], [[2, 4, 1]], [[1, 4, 1], [4, 8, 0]], [[1, 4, -1]], [[1, 4]], "x"):
+        with pytest.raises(ValueError):
+            simbatch.vllm_depths(bad, 16, 5)
+
+
+def test_the_simulator_takes_the_schedule_from_its_speculative_config(capsys: pytest.CaptureFixture[str]) -> None:
+    table = [[1, 2, 5], [3, 16, 3], [17, 45, 1], [46, 64, 0]]
+    a = parse("--batch-max-running", "64", "--token-latency", "0.02", "--batch-token-seconds", "0.001",
+              "--spec-alpha", "0.75", "--speculative-config",
+              json.dumps({"method": "eagle", "num_speculative_tokens": 5,
+                          "num_speculative_tokens_per_batch_size": table}))
+    m = simbatch.from_args(a, sim.spec_model(a), sim.vllm_speculative_config(a))
+    assert m is not None and m.depths is not None
+    assert [simbatch.depth_at(m, b) for b in (1, 2, 3, 16, 17, 45, 46, 64)] == [5, 5, 3, 3, 1, 1, 0, 0]
+    bad = parse("--spec-alpha", "0.75", "--batch-max-running", "8", "--speculative-config",
+                json.dumps({"num_speculative_tokens": 5, "num_speculative_tokens_per_batch_size": [[2, 8, 1]]}))
+    assert sim.main(bad) == 2 and "must start at 1" in capsys.readouterr().err  # refused at start, as vLLM does
+
+
+def test_a_schedule_from_the_sweep_reaches_the_best_static_depth_at_every_load(tmp_path: Path) -> None:
+    """The sweep's measurements are the model's truth (depth_tps, with ±1 % noise over three repeats): the
+    schedule written from them (sweep/report/schedule.py), run by the depth-aware model as vLLM would switch,
+    is the best static depth at every load measured and within 0.90x of it at every batch size between."""
+    from genready.servers import schedules
+    from genready.sweep.report import collect, schedule
+    from tests.test_sweep_schedule import LOADS, sweep
+
+    surface = {c: tuple(simbatch.depth_tps(MOVING, c, d) for d in DEPTHS) for c in LOADS}
+    s = schedule.schedule(collect.rows_of([sweep(tmp_path, surface).path]))
+    keys = schedules.vllm_keys(s.tiers())
+    assert keys is not None and [lv.depth for lv in s.levels] == [5, 3, 1, 0]
+    run = replace(MOVING, depths=simbatch.vllm_depths(keys["num_speculative_tokens_per_batch_size"], 64,
+                                                      keys["num_speculative_tokens"]))
+    for b in range(1, 65):
+        scheduled = b * simbatch.step_gain(run, b) / simbatch.step_time(run, b)
+        best = max(simbatch.depth_tps(MOVING, b, d) for d in DEPTHS)
+        assert scheduled / best >= (0.97 if b in LOADS else 0.90), (b, scheduled / best)
+
+
+async def test_the_batcher_switches_depth_per_step_by_the_requests_running() -> None:
+    # 8 requests together run at the schedule's depth for 8 (3), one alone at its depth for 1 (5): their steps
+    m = replace(MOVING, step_seconds=0.001, token_seconds=0.0001,
+                depths=simbatch.vllm_depths([[1, 2, 5], [3, 16, 3]], 64, 5))
+    x3 = simbatch.step_gain(replace(m, depths=(0, 3)), 1)
+    x5 = simbatch.step_gain(m, 1)
+    b = simbatch.Batcher(m)
+
+    async def one() -> list[int]:
+        return [t async for t in b.decode(40)]
+
+    outs = await compat.wait_for(asyncio.gather(*(one() for _ in range(8))), 10)
+    assert all(o == list(range(40)) for o in outs) and b.steps == math.ceil(40 / x3 - 1e-9)
+    alone = simbatch.Batcher(m)
+    assert [t async for t in alone.decode(40)] == list(range(40)) and alone.steps == math.ceil(40 / x5 - 1e-9)

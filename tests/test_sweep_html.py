@@ -185,7 +185,9 @@ def test_the_decision_the_heatmap_and_the_per_user_pareto_are_visible_in_a_real_
         top = "document.getElementById('%s').getBoundingClientRect().top"
         assert b.js(top % "decision") < b.js(top % "heatmap"), "the decision is not first"
         sentences = b.js("[...document.querySelectorAll('#decision li')].map(li => li.innerText)")
-        assert len(sentences) == 2 and all(re.match(r"At c=\d+: .* is the best at ", t) for t in sentences), sentences
+        assert len(sentences) == 3 and all(re.match(r"At c=\d+: .* is the best at ", t) for t in sentences[:2]), \
+            sentences
+        assert sentences[2].startswith("Deploy: "), sentences  # what to run, last (issue 52 §5)
         assert b.js("document.getElementById('decision').getBoundingClientRect().height") > 20
         assert b.js("document.getElementById('heatmap').getBoundingClientRect().top") < b.js(
             "document.querySelector('table').getBoundingClientRect().top")  # the heatmap before the table

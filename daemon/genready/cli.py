@@ -554,13 +554,16 @@ def add_sweep_report(sub: Subcommands) -> None:
                     "axes (default: the two with the most values)")
     sp.add_argument("--strict", action="store_true", help="exit 1 when some of the plan's points have no result "
                     "(a shard missing or unfinished)")
+    sp.add_argument("--schedule", choices=("vllm", "sglang"), help="the speculation depth per concurrency from a "
+                    "sweep of depth x concurrency with a baseline, in the engine's format, and the flags that carry it")
 
 
 def cmd_sweep_report(args: argparse.Namespace) -> int:
     from genready.sweep.report.main import report_main  # the report's module alone: nothing a sweep's run needs
 
     return report_main(args.folders, args.format, output=args.output, x=args.x, lines=args.lines,
-                       compare=args.compare, strict=args.strict, heatmap=args.heatmap)
+                       compare=args.compare, strict=args.strict, heatmap=args.heatmap,
+                       schedule=args.schedule)
 
 
 def cmd_sweep_restore(args: argparse.Namespace) -> int:

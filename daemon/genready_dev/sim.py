@@ -142,6 +142,11 @@ def spec_model(a: argparse.Namespace) -> simspec.SpecModel | None:
                              table=a.spec_accept_category)
 
 
+def vllm_speculative_config(a: argparse.Namespace) -> object:
+    """vLLM's --speculative-config as the simulator's flags give it (a dict when it is JSON)."""
+    return simengine.settings(a, kinds.VLLM).get("speculative_config")
+
+
 class Simulator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
@@ -191,7 +196,9 @@ class Simulator:
         # each position's sample at 0 from the start, as SpecDecodingProm makes them (vllm/v1/spec_decode/metrics.py)
         if args.spec_accept is not None:
             self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
-        model = simbatch.from_args(args)  # --batch-max-running: decode in one continuous batch (issue 39 §4)
+        # --batch-max-running: decode in one continuous batch (issue 39 §4); with --spec-alpha at the depth the
+        # server's flags (and vLLM's schedule by batch size) give, issue 52 §3
+        model = simbatch.from_args(args, self.spec_model, vllm_speculative_config(args))
         self.batch = None if model is None else simbatch.Batcher(model)
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
@@ -901,7 +908,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        spec_model(args)
+        simbatch.from_args(args, spec_model(args), vllm_speculative_config(args))  # refused as the engine would
     except ValueError as e:
         print(f"genready simulate: {e}", file=sys.stderr)
         return 2

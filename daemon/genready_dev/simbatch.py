@@ -18,6 +18,18 @@ What follows a published description, and what is only a model:
   request on average. Draft cost is folded into t0. Also a model: it is the standard argument for why
   speculation pays at low batch and loses at high batch, written down so the crossover is computable.
 
+With `--spec-alpha` (simspec.SpecModel, issue 52 §3) the depth is the server's own setting: a verify step at
+depth d puts w = d k + 1 tokens per request through the target model, yields X(d) tokens per request (the
+SpecModel's accept length at that depth, for the prompt-neutral α) and costs the drafting t0 c d (c
+`--spec-draft-cost`): t(b, d) = t0 (1 + c d) + s b w. Depth 0 is a plain step. vLLM's dynamic speculative
+decoding (`num_speculative_tokens_per_batch_size` in `--speculative-config`) then chooses d per step from the
+number of requests in it, as its scheduler does (vllm/v1/core/sched/scheduler.py:
+`dynamic_sd_lookup[len(num_scheduled_tokens)]`), through the dense lookup its source builds
+(vllm/v1/spec_decode/dynamic/utils.py, `vllm_depths` here). No cost of switching is modelled: vLLM captures a
+CUDA-graph set per depth of the schedule at start (v1/worker/gpu/cudagraph_utils.py) and switches between steps.
+So the best depth moves with load: deep at one request in flight, where t0 dominates, and none at many, where
+the s b w term does (`depth_tps` gives the truth per batch size).
+
 From the model, below the cap and ignoring prefill, with n output tokens per request at arrival rate λ
 (Little's law: b = λ * decode time):
 - plain decode time L_p = n t0 / (1 - λ n s), speculative L_s = (n / X) t0 / (1 - λ n s w / X);
@@ -29,10 +41,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from genready_dev import simspec
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,8 @@ class BatchModel:
     step_seconds: float  # t0: a decode step at batch size 0 (the weights read once)
     token_seconds: float  # s: each token through the target model in a step adds this
     spec_accept: float | None = None
+    spec: simspec.SpecModel | None = None  # --spec-alpha: the depth's accept length and drafting cost (module doc)
+    depths: tuple[int, ...] | None = None  # vLLM's schedule as its dense lookup: the depth at each batch size
 
     @property
     def width(self) -> int:
@@ -55,9 +72,71 @@ class BatchModel:
         return 1.0 if self.spec_accept is None else self.spec_accept
 
 
+def depth_at(m: BatchModel, batch: int) -> int | None:
+    """The speculative depth of a step of `batch` requests under the spec model (the schedule's, else the
+    server's setting); None without one."""
+    if m.spec is None:
+        return None
+    if m.depths is not None:
+        return m.depths[max(1, min(batch, len(m.depths) - 1))]
+    return m.spec.steps
+
+
+def _at_depth(m: BatchModel, d: int) -> tuple[int, float, float]:
+    """(w, X, the drafting's share of t0) at depth d under the spec model."""
+    assert m.spec is not None
+    if d == 0:
+        return 1, 1.0, 0.0
+    x = replace(m.spec, steps=d, draft_tokens=None, table=None).accept(None)
+    return d * m.spec.topk + 1, x, m.spec.draft_cost * d
+
+
+def step_gain(m: BatchModel, batch: int) -> float:
+    """Tokens each running request gains in a step of `batch` requests."""
+    d = depth_at(m, batch)
+    return m.per_step if d is None else _at_depth(m, d)[1]
+
+
 def step_time(m: BatchModel, batch: int) -> float:
-    """Seconds of one decode step with `batch` running requests: t0 + s * batch * w (a model)."""
-    return m.step_seconds + m.token_seconds * batch * m.width
+    """Seconds of one decode step with `batch` running requests: t0 + s * batch * w (a model); under the spec
+    model t0 (1 + c d) + s b w at the step's depth d."""
+    d = depth_at(m, batch)
+    if d is None:
+        return m.step_seconds + m.token_seconds * batch * m.width
+    w, _, draft = _at_depth(m, d)
+    return m.step_seconds * (1.0 + draft) + m.token_seconds * batch * w
+
+
+def depth_tps(m: BatchModel, batch: int, depth: int) -> float:
+    """Output tokens/s of a full batch of `batch` requests run at `depth` (the truth a schedule is judged by)."""
+    fixed = replace(m, depths=(0, *([depth] * batch)))
+    return batch * step_gain(fixed, batch) / step_time(fixed, batch)
+
+
+def vllm_depths(schedule: object, max_batch: int, cap: int) -> tuple[int, ...]:
+    """vLLM's `num_speculative_tokens_per_batch_size` (its 3-item form) as its dense lookup, index = batch size
+    (vllm/v1/spec_decode/dynamic/utils.py: validate_and_normalize_dynamic_sd_schedule and
+    build_dynamic_sd_schedule_lookup): ranges from 1, sorted, not overlapping, K >= 0; a gap and the tail take
+    the previous range's K, every K capped at num_speculative_tokens (`cap`). ValueError as vLLM refuses."""
+    if not isinstance(schedule, list) or not schedule:
+        raise ValueError("num_speculative_tokens_per_batch_size must be a non-empty list")
+    parsed = []
+    for e in schedule:
+        if not isinstance(e, list | tuple) or len(e) != 3 or not all(isinstance(v, int) for v in e):
+            raise ValueError(f"num_speculative_tokens_per_batch_size: expected [start, end, K], found {e!r}")
+        lo, hi, k = e
+        if lo <= 0 or hi < lo or k < 0:
+            raise ValueError(f"num_speculative_tokens_per_batch_size: a bad range {e!r}")
+        parsed.append((lo, hi, k))
+    parsed.sort()
+    if parsed[0][0] != 1 or any(b[0] <= a[1] for a, b in itertools.pairwise(parsed)):
+        raise ValueError("num_speculative_tokens_per_batch_size: ranges must start at 1 and not overlap")
+    dense = [0] * (max_batch + 1)
+    for i, (lo, hi, k) in enumerate(parsed):
+        end = parsed[i + 1][0] - 1 if i + 1 < len(parsed) else max_batch  # a gap and the tail carry K on
+        for b in range(lo, min(max(hi, end), max_batch) + 1):
+            dense[b] = min(cap, k)
+    return tuple(dense)
 
 
 def steps_for(m: BatchModel, tokens: int) -> int:
@@ -150,13 +229,13 @@ class Batcher:
             if not self.running:
                 continue
             self.peak_running = max(self.peak_running, len(self.running))
-            dt = step_time(self.m, len(self.running))
+            dt, gain = step_time(self.m, len(self.running)), step_gain(self.m, len(self.running))
             now = loop.time()
             end = end + dt if end >= now - dt else now + dt
             await asyncio.sleep(max(0.0, end - loop.time()))
             self.steps += 1
             for s in self.running:
-                s.credit += self.m.per_step
+                s.credit += gain
                 now = min(s.tokens, math.floor(s.credit + 1e-9))
                 if now > s.given:
                     s.given = now
@@ -195,9 +274,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(a speculative request puts ceil(--spec-accept)+1 through per step) (default: %(default)s)")
 
 
-def from_args(a: argparse.Namespace) -> BatchModel | None:
-    """The batch model the flags ask for, or None (the simulator's per-request pacing, as before)."""
+def from_args(a: argparse.Namespace, spec: simspec.SpecModel | None = None,
+              speculative_config: object = None) -> BatchModel | None:
+    """The batch model the flags ask for, or None (the simulator's per-request pacing, as before); with `spec`
+    (--spec-alpha) the depth-aware model, switching by vLLM's schedule when `speculative_config` (its
+    --speculative-config) has one (ValueError for a schedule vLLM refuses)."""
     if a.batch_max_running is None:
         return None
+    depths = None
+    if spec is not None and isinstance(speculative_config, dict) and \
+            (table := speculative_config.get("num_speculative_tokens_per_batch_size")) is not None:
+        depths = vllm_depths(table, a.batch_max_running, spec.steps)
     return BatchModel(max_running=a.batch_max_running, step_seconds=a.token_latency,
-                      token_seconds=a.batch_token_seconds, spec_accept=a.spec_accept)
+                      token_seconds=a.batch_token_seconds, spec_accept=a.spec_accept, spec=spec, depths=depths)

@@ -38,6 +38,7 @@ from genready.servers.metricspage import (
     NotMetrics,
     Reading,
 )
+from genready.servers.schedules import ADAPTIVE, PER_BATCH_SIZE, ScheduleFormat
 
 
 def total(name: str) -> str:
@@ -140,6 +141,8 @@ class ServerKind:
     refusal_words: Mapping[str, str] = field(default_factory=dict)  # a refusal's text (lowercase) -> the fix
     # -- what it says it runs (servers/engineconfig.py), and which flags set which of its keys
     engine: EngineRead | None = None
+    # -- how it takes a speculation depth per batch size (servers/schedules.py; sweep report --schedule)
+    schedule: ScheduleFormat | None = None
 
     def acceptance(self, deltas: Mapping[str, float]) -> AcceptanceRecord | None:
         """Its counter page's adapter: a run's deltas of its speculative-decoding counters as one neutral record;
@@ -223,7 +226,9 @@ SGLANG: Final = ServerKind(
                "--context-length": "context_length", "--max-running-requests": "max_running_requests",
                "--mem-fraction-static": "mem_fraction_static", "--kv-cache-dtype": "kv_cache_dtype",
                "--attention-backend": "attention_backend", "--quantization": "quantization"},
-        same={"speculative_algorithm": {"NEXTN": "EAGLE"}}))
+        same={"speculative_algorithm": {"NEXTN": "EAGLE"}}),
+    # --speculative-adaptive with its config file (python/sglang/srt/speculative/adaptive_spec_params.py)
+    schedule=ADAPTIVE)
 
 VLLM: Final = ServerKind(
     "vllm", "vLLM", "openai-completions", sim_profile="vllm",
@@ -268,7 +273,9 @@ VLLM: Final = ServerKind(
                "--max-model-len": "max_model_len", "--max-num-seqs": "max_num_seqs",
                "--gpu-memory-utilization": "gpu_memory_utilization", "--kv-cache-dtype": "kv_cache_dtype",
                "--quantization": "quantization", "-q": "quantization", "--dtype": "dtype"},
-        json_flags=frozenset({"--speculative-config", "-sc"})))
+        json_flags=frozenset({"--speculative-config", "-sc"})),
+    # dynamic speculative decoding (vllm/config/speculative.py, num_speculative_tokens_per_batch_size)
+    schedule=PER_BATCH_SIZE)
 
 LLAMA_CPP: Final = ServerKind(
     "llama.cpp", "llama.cpp", "openai-completions", sim_profile="llamacpp",

@@ -32,7 +32,8 @@ its results line, once, whole.
     report.collect      results folders into rows: one per point and configuration, best marked, ratios attached
     report.table        the rows as text (a table, CSV, markdown, JSON) with its legend; the sweep's summary
     report.speedup      ratios against the baseline with their 95 % interval, and the drift check
-    report.decision     the Decision: per client setting the best configuration, its speedup, the SLO judged
+    report.decision     the Decision: per client setting the best configuration or none, its speedup, the SLO judged
+    report.schedule     --schedule: the speculation depth per load, in vLLM's or SGLang's own format
     report.categories   the category x configuration tables: accept length and speedup per prompt category
     report.heatmap      the speedup heatmap over two server axes
     report.html         `--format html`: one self-contained page, its plots drawn by matplotlib

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -66,6 +67,7 @@ class Facts:
     slo: tuple[SloPart, ...] = ()
     found: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    deploy: str = ""  # what to run, the Decision's last sentence (issue 52 §5: report/schedule.py's deploy_line)
 
     @classmethod
     def of(cls, lines: Iterable[Mapping[str, Any]], found: Iterable[Mapping[str, Any]] = ()) -> Facts:
@@ -98,7 +100,8 @@ def _value_key(v: Any) -> object:
     return "json", _key({"v": v})
 
 
-def _words(values: Mapping[str, Any]) -> str:
+def values_words(values: Mapping[str, Any]) -> str:
+    """A point's (or client setting's) values as the report writes them: `steps=3 topk=2`."""
     return " ".join(f"{k}={json.dumps(v) if isinstance(v, bool) else v}" for k, v in values.items())
 
 
@@ -132,7 +135,7 @@ def settings(rows: Sequence[Row]) -> list[tuple[dict[str, Any], list[Row]]]:
 
 def config_label(r: Row, client: Mapping[str, Any]) -> str:
     """A configuration's name in a sentence: its server-side values (the row's label when it has none)."""
-    words = _words({k: v for k, v in r.point.items() if k not in client})
+    words = values_words({k: v for k, v in r.point.items() if k not in client})
     return escape(words or r.label)
 
 
@@ -182,6 +185,14 @@ def judge(r: Row, parts: Sequence[SloPart]) -> Verdict:
     return Verdict(tuple(failed), tuple(unmeasured))
 
 
+# The answer at a client setting against the baseline (issue 52 §4): no speculation is a candidate at every load.
+SPECULATION: Final = "speculation"  # the best configuration is faster than the baseline, beyond the noise
+NO_SPECULATION: Final = "no_speculation"  # the baseline is the best by its estimate
+WITHIN_BASELINE: Final = "within_noise"  # faster by its estimate, within noise of the baseline: nothing shown
+UNDECIDED: Final = "undecided"  # the interval cannot tell a noise_limit gain from a noise_limit loss
+MOST_REPEATS: Final = 100  # past this many repeats a side, "more than": lower the noise instead
+
+
 @dataclass
 class Setting:
     """The decision at one client setting."""
@@ -193,10 +204,46 @@ class Setting:
     slo_best: Row | None = None
     slo_failed: list[tuple[Row, Verdict]] = field(default_factory=list)
     slo_unjudged: list[tuple[Row, Verdict]] = field(default_factory=list)
+    baseline: Row | None = None  # the baseline's run the best is compared with (speedup.attach's)
+    answer: str | None = None  # SPECULATION, NO_SPECULATION, WITHIN_BASELINE, UNDECIDED; None: no baseline run
+    repeats: int | None = None  # UNDECIDED: the repeats of each side that would tell (None: more than MOST_REPEATS)
+
+
+def baseline_runs(rows: Sequence[Row]) -> Callable[[Row], Row | None]:
+    """The baseline round a point ran after at its client setting on its host (as speedup.attach matches)."""
+    bases = {json.dumps([r.host, r.baseline, r.client], sort_keys=True): r for r in rows
+             if r.baseline and r.status == "ok" and r.client is not None}
+    return lambda r: None if r.baseline or r.client is None or not r.baseline_round else \
+        bases.get(json.dumps([r.host, r.baseline_round, r.client], sort_keys=True))
+
+
+def too_wide(got: Ratio, noise_limit: float) -> bool:
+    """The interval holds both a gain and a loss of `noise_limit`: it cannot tell which side is faster."""
+    return got.low is not None and got.high is not None and got.low < 1 / (1 + noise_limit) and \
+        got.high > 1 + noise_limit
+
+
+def against_baseline(s: Setting, base: Row | None) -> None:
+    """The setting's answer (issue 52 §4): the best configuration's speedup decides, the baseline standing as the
+    configuration "no speculation"; an interval too wide to tell says how many repeats would."""
+    got = s.best.ratios.get("speedup") if s.best is not None else None
+    if s.best is None or got is None:
+        return
+    s.baseline = base
+    limit = max(s.best.noise_limit, base.noise_limit if base is not None else 0.0)
+    if too_wide(got, limit):
+        s.answer = UNDECIDED
+        s.repeats = speedup.repeats_needed(_runs(s.best, TPS), _runs(base, TPS) if base is not None else [],
+                                           limit, MOST_REPEATS)
+    elif got.value < 1:
+        s.answer = NO_SPECULATION
+    else:
+        s.answer = WITHIN_BASELINE if got.within_noise(s.best.noise_limit) else SPECULATION
 
 
 def decide(rows: Sequence[Row], slo: Sequence[SloPart] = ()) -> list[Setting]:
     out = []
+    base_of = baseline_runs(rows)
     for client, group in settings(rows):
         s = Setting(client)
         ok = [r for r in group if tps(r) is not None]
@@ -204,6 +251,7 @@ def decide(rows: Sequence[Row], slo: Sequence[SloPart] = ()) -> list[Setting]:
         if ok:
             s.best = max(ok, key=lambda r: tps(r) or 0.0)  # the first of equals: plan order
             s.near = [r for r in ok if r is not s.best and within_noise(r, s.best)]
+            against_baseline(s, base_of(s.best))
         if slo and ok:
             verdicts = [(r, judge(r, slo)) for r in ok]
             met = [r for r, v in verdicts if v.met]
@@ -239,14 +287,42 @@ def speedup_words(r: Row) -> str:
     return text
 
 
+def _noise(runs: Sequence[float]) -> str:
+    """Run to run noise as a percentage: the standard deviation of the runs' logs (a ratio's scale)."""
+    logs = [math.log(v) for v in runs if math.isfinite(v) and v > 0]
+    return f"{math.expm1(statistics.stdev(logs)):.0%}" if len(logs) >= 2 else "one run"
+
+
+def undecided_words(s: Setting) -> str:
+    """Why an UNDECIDED setting names nothing, and the repeats that would decide it (speedup.repeats_needed)."""
+    assert s.best is not None
+    got = s.best.ratios["speedup"]
+    limit = max(s.best.noise_limit, s.baseline.noise_limit if s.baseline is not None else 0.0)
+    text = (f"the best estimate, {config_label(s.best, s.client)} at {tps(s.best):.1f} output tok/s, is "
+            f"{got.value:.2f}x the baseline's [95 % interval {got.low:.2f}-{got.high:.2f}], too wide to tell a "
+            f"{limit:.0%} gain from a {limit:.0%} loss (the plan's noise_limit)")
+    noise = f"the runs' noise: {_noise(_runs(s.best, TPS))} and the baseline's " + \
+        (_noise(_runs(s.baseline, TPS)) if s.baseline is not None else "unknown")
+    if s.repeats is None:
+        return text + f"; more than {MOST_REPEATS} repeats of each would be needed ({noise}): make the runs steadier"
+    return text + f"; repeats = {s.repeats} would tell ({noise})"
+
+
 def sentence(s: Setting, *, with_baseline: bool, slo: Sequence[SloPart]) -> str:
-    at = f"At {escape(_words(s.client))}: " if s.client else ""
+    at = f"At {escape(values_words(s.client))}: " if s.client else ""
     if s.best is None:
         return f"{at}no configuration ran ok with an output tok/s."
     name = config_label(s.best, s.client)
-    text = f"{at}{name} is the best at {tps(s.best):.1f} output tok/s"
-    if with_baseline:
-        text += ", " + speedup_words(s.best)
+    if s.answer == UNDECIDED:
+        text = f"{at}more repeats needed, no configuration named: {undecided_words(s)}"
+    elif s.answer == NO_SPECULATION:
+        base = tps(s.baseline) if s.baseline is not None else None
+        text = (f"{at}no speculation at this load: the baseline" + (f"'s {base:.1f} output tok/s" if base else "") +
+                f" is the best; the closest configuration, {name} at {tps(s.best):.1f}, is {speedup_words(s.best)}")
+    else:
+        text = f"{at}{name} is the best at {tps(s.best):.1f} output tok/s"
+        if with_baseline:
+            text += ", " + speedup_words(s.best)
     if s.near:
         text += "; within noise of it: " + _names([f"{config_label(r, s.client)} ({tps(r):.1f})" for r in s.near])
     else:
@@ -289,7 +365,7 @@ def _unit(rec: Mapping[str, Any]) -> str:
 
 def _found_label(rec: Mapping[str, Any]) -> str:
     point = rec.get("point")
-    return escape(_words(point) if isinstance(point, Mapping) else str(point)) or "(no values)"
+    return escape(values_words(point) if isinstance(point, Mapping) else str(point)) or "(no values)"
 
 
 def crossover_words(rec: Mapping[str, Any]) -> str | None:
@@ -389,7 +465,8 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     notes += facts.notes
     sentences = [sentence(s, with_baseline=with_baseline, slo=facts.slo) for s in decided if s.best is not None or
                  len(decided) > 1]
-    return Section(tuple(sentences + search), tuple(notes), tuple(decided), tuple(search))
+    deploy = [facts.deploy] if facts.deploy else []
+    return Section(tuple(sentences + search + deploy), tuple(notes), tuple(decided), tuple(search))
 
 
 def render(rows: Sequence[Row], facts: Facts | None, fmt: str) -> str:
@@ -434,7 +511,8 @@ def as_json(rows: Sequence[Row], facts: Facts | None) -> dict[str, Any] | None:
             "slo": {p.key: p.limit_ms for p in facts.slo} if facts is not None and facts.slo else None,
             "settings": [{"client": s.client, "best": point(s.best, s.client),
                           "within_noise": [point(r, s.client) for r in s.near],
+                          "answer": s.answer, "repeats_needed": s.repeats,
                           "slo_best": point(s.slo_best, s.client),
                           "slo_not_met": [{**(point(r, s.client) or {}), "failed": {p.key: v for p, v in v.failed}}
                                           for r, v in s.slo_failed]} for s in got.settings],
-            "search": list(got.search)}
+            "search": list(got.search), "deploy": facts.deploy or None if facts is not None else None}

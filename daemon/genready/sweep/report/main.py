@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -20,7 +21,9 @@ from genready.store import durable
 from genready.store.bounded import FileError
 from genready.sweep import files
 from genready.sweep.report import collect, decision, loadreport
+from genready.sweep.report import schedule as sweepschedule
 from genready.sweep.report import table as sweepreport
+from genready.web import htmlpage
 
 
 def decision_facts(read: collect.Read, partial: str = "") -> decision.Facts:
@@ -36,6 +39,21 @@ def decision_facts(read: collect.Read, partial: str = "") -> decision.Facts:
     facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
     return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
         else facts
+
+
+def _with_schedule(text: str, fmt: str, planned: sweepschedule.Schedule, engine: str) -> str:
+    """The report with --schedule's: a section after the tables, a `schedule` field in JSON."""
+    if fmt == "json":
+        data = json.loads(text)
+        data["schedule"] = sweepschedule.as_json(planned, engine)
+        return json.dumps(data, indent=2, allow_nan=False) + "\n"
+    return text + "\n" + sweepschedule.text(planned, engine, fmt)
+
+
+def _schedule_html(planned: sweepschedule.Schedule, engine: str) -> str:
+    head, *lines = sweepschedule.text(planned, engine).splitlines()
+    return (f'<section id="schedule"><h2>{htmlpage.text(head)}</h2><pre>'
+            + "\n".join(htmlpage.text(ln.strip()) for ln in lines if ln) + "</pre></section>")
 
 
 @contextlib.contextmanager
@@ -55,14 +73,19 @@ def _no_collection() -> Iterator[None]:
 @_no_collection()
 def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, x: str | None = None,
                 lines: str | None = None, compare: bool = False, strict: bool = False,
-                heatmap: str | None = None) -> int:
+                heatmap: str | None = None, schedule: str | None = None) -> int:
     """`genready sweep report DIR [DIR...]`: one table of every point's result and bench figures; with
     `--format html` a self-contained page with plots (sweephtml, which needs matplotlib: exit 69 without);
     with `--compare A B` two sweeps' points side by side (sweepcompare). A set missing some of the plan's
-    points (a shard that never ran) says so, and marks no best value; `strict`: exit 1 then."""
+    points (a shard that never ran) says so, and marks no best value; `strict`: exit 1 then. `schedule` (vllm,
+    sglang): the speculation depth per load in that engine's format (report/schedule.py), after the report and
+    in its JSON; the Decision's last line says what to deploy either way."""
     if compare and (len(folders) != 2 or fmt not in ("table", "html")):
         raise Failed("--compare: expected two folders A B and --format table or html, found "
                      f"{len(folders)} folder{'s' if len(folders) != 1 else ''} and --format {fmt}",
+                     status=Exit.BAD_ARGUMENT)
+    if schedule is not None and (compare or fmt == "csv"):
+        raise Failed("--schedule: a report of one sweep in --format table, markdown, json or html",
                      status=Exit.BAD_ARGUMENT)
     if fmt == "html" and not compare:  # matplotlib before the results: see there
         from genready.sweep.report import html as sweephtml
@@ -79,6 +102,14 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         for r in rows:
             r.best.clear()  # the best of half a plan is not the plan's best
         console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
+    facts = None if compare else replace(decision_facts(read, partial),
+                                          deploy=sweepschedule.deploy_line(rows, schedule))
+    planned: sweepschedule.Schedule | None = None
+    if schedule is not None and not compare:
+        try:
+            planned = sweepschedule.schedule(rows)
+        except sweepschedule.NoSchedule as e:
+            raise Failed(f"--schedule: {e}", status=Exit.BAD_ARGUMENT) from None
     if compare:
         from genready.sweep.report import compare as sweepcompare
 
@@ -89,8 +120,9 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
 
         try:
             text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
-                                    sections=[loadreport.html_section([Path(f) for f in folders], read)],
-                                    facts=decision_facts(read, partial))
+                                    sections=[loadreport.html_section([Path(f) for f in folders], read),
+                                              _schedule_html(planned, schedule) if planned and schedule else ""],
+                                    facts=facts)
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
         except ValueError as e:
@@ -103,9 +135,11 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             grid = sweepheatmap.text(rows, axes_of(rows), heatmap, fmt) if fmt in ("table", "markdown") else ""
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
-        text = sweepreport.render(rows, fmt, decision_facts(read, partial), heatmap=grid)
+        text = sweepreport.render(rows, fmt, facts, heatmap=grid)
         if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
             text += loadreport.table([Path(f) for f in folders], fmt, read)
+        if planned is not None and schedule is not None:
+            text = _with_schedule(text, fmt, planned, schedule)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK

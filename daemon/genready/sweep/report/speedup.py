@@ -171,3 +171,24 @@ def attach(rows: Sequence[Row]) -> None:
         if after is not None:
             key = RATIOS[0][1]
             r.drifted = drift(base.samples.get(key, []), after.samples.get(key, []), base.noise_limit)
+
+
+def repeats_needed(a: Sequence[float], b: Sequence[float], noise_limit: float, most: int = 100,
+                   level: float = LEVEL) -> int | None:
+    """How many repeats of each side would make the ratio's interval narrow enough to tell a gain of
+    `noise_limit` from a loss of it (its half-width on the log scale under log(1 + noise_limit)), at the run
+    to run noise the runs `a` and `b` measured (one side's variance standing for the other's with one run, as
+    in ratio); None when no noise is measured (one run each) or when more than `most` would be needed."""
+    if any(not (math.isfinite(v) and v > 0) for v in (*a, *b)) or (len(a) < 2 and len(b) < 2):
+        return None
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    s2a = _variance(la) if len(la) >= 2 else _variance(lb)
+    s2b = _variance(lb) if len(lb) >= 2 else s2a
+    target = math.log1p(noise_limit)
+    for n in range(2, most + 1):
+        va, vb = s2a / n, s2b / n
+        se2 = va + vb
+        df = se2 * se2 / ((va * va + vb * vb) / (n - 1)) if se2 > 0 else float(2 * n - 2)
+        if t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2) < target:
+            return n
+    return None

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""A speculation schedule written from a sweep and run in one more load, on the simulator (issue 52).
+
+A real `genready sweep` under a private systemd user manager, watched by a real genready, of `genready simulate`
+with its batch model and depth-aware speculative model (`--batch-max-running 64 --spec-alpha 0.75
+--spec-draft-cost 0.05 --token-latency 0.02 --batch-token-seconds 0.001`: genready_dev/simbatch.py, where the
+best depth moves with load): vLLM's num_speculative_tokens [1, 3, 5] x -c [1, 8, 32, 64], a baseline without
+speculation, REPEATS repeats of N requests of TOKENS tokens. Then:
+
+- `genready sweep report --schedule vllm --format json` writes the schedule (sweep/report/schedule.py);
+- one more load: a plan of one server configuration, the simulator with that schedule in its
+  `--speculative-config` (num_speculative_tokens_per_batch_size, switched per step as vLLM does), at the same
+  concurrencies, prompts and repeats;
+- per load: the schedule's output tok/s over the best static configuration's (with the baseline standing as
+  depth 0), with its 95 % interval (speedup.ratio over the repeats); goal >= 0.97x at every load, a load below
+  0.90x is flagged as a regression (vLLM #49548's shape);
+- a second sweep where one depth wins everywhere (`--batch-token-seconds 0`: no per-token cost, so the deepest
+  draft always pays) at -c [1, 64]: the report must say no schedule is needed.
+
+This runs the schedule as an ordinary second sweep; issue 52 §2's plan key that does so itself (and the
+Decision's verdict on the replay) is not written yet.
+
+Run as root: .venv/bin/python bench/schedule.py [--repeats 2]   (about 6 minutes on a shared 2-core VM)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from genready.sweep.report import collect, decision, speedup
+from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
+
+UNIT = "sweep-sim.service"
+T0, S, ALPHA, DRAFT_COST, MAX_RUNNING = 0.02, 0.001, 0.75, 0.05, 64
+DEPTHS, LOADS, FLAT_LOADS = [1, 3, 5], [1, 8, 32, 64], [1, 64]
+N, TOKENS, SEED = 64, 16, 1
+GOAL, REGRESSION = 0.97, 0.90
+
+
+def braces(text: str) -> str:
+    """Literal text inside a plan's drop-in template: its braces doubled (`{name}` is a placeholder)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def execstart(port: int, token_seconds: float, spec: str) -> str:
+    sim = (f"{PY} -m genready.cli simulate --port {port} --load-seconds 0.5 --token-latency {T0} "
+           f"--batch-max-running {MAX_RUNNING} --batch-token-seconds {token_seconds}")
+    return f"[Service]\nExecStart=\nExecStart={sim}{spec}\n"
+
+
+def spec_flags(config: str) -> str:
+    """The speculative flags, `config` the --speculative-config JSON as template text (no spaces: systemd splits
+    ExecStart= at whitespace outside quotes, and the JSON is single-quoted)."""
+    return f" --spec-alpha {ALPHA} --spec-draft-cost {DRAFT_COST} --speculative-config '{config}'"
+
+
+def plan(path: Path, url: str, port: int, repeats: int, dropin: str, loads: list[int],
+         depths: list[int] | None, token_seconds: float) -> None:
+    body: dict[str, Any] = {
+        "target": "sim", "timeout": 300, "repeats": repeats,
+        "command": [PY, "-m", "genready.benchclient", "--url", url, "-n", str(N), "-c", "{c}", "--max-tokens",
+                    str(TOKENS), "--seed", str(SEED), "--output", "{out}/bench.jsonl"],
+        "dropin": dropin, "matrix": {"c": loads}}
+    if depths is not None:
+        body["matrix"] = {"num_speculative_tokens": depths, "c": loads}
+        body["baseline"] = {"num_speculative_tokens": 0, "dropin": execstart(port, token_seconds, "")}
+    path.write_text(tomli_w.dumps(body))
+
+
+def sweep(g: Genready, env: dict[str, str], plan_path: Path, results: Path) -> None:
+    p = subprocess.run([*GENREADY, "sweep", str(plan_path), "--results", str(results), "--config",
+                        str(g.config_path)], env=env, capture_output=True, text=True, timeout=3000)
+    if p.returncode != 0:
+        raise SystemExit(f"sweep {plan_path.name} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+
+
+def report(results: Path, *flags: str) -> str:
+    return subprocess.run([*GENREADY, "sweep", "report", str(results), *flags], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def runs_by_load(results: Path) -> dict[int, dict[int, list[float]]]:
+    """c -> depth -> the output tok/s of each repeat (the baseline as depth 0; a one-configuration sweep's
+    points as depth -1)."""
+    out: dict[int, dict[int, list[float]]] = {}
+    for r in collect.rows_of([results]):
+        c, d = r.point.get("c"), r.point.get("num_speculative_tokens", -1)
+        tps = list(r.samples.get(decision.TPS, []))
+        if isinstance(c, int) and isinstance(d, int) and tps:
+            out.setdefault(c, {})[d] = tps
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="genready-bench-schedule-"))
+    began = time.monotonic()
+    with booted_manager(tmp / "sd") as um:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        um.install_unit(UNIT, "[Unit]\nStartLimitIntervalSec=0\n[Service]\n"
+                        f"ExecStart={PY} -m genready.cli simulate --port {port} --load-seconds 0.5\n"
+                        "TimeoutStopSec=10\n")
+        um.systemctl("start", UNIT)
+        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05, "backoff_max": 0.3}},
+                      log_level="info") as g:
+            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
+            static = tmp / "static"
+            plan(tmp / "static.toml", url, port, args.repeats,
+                 execstart(port, S, spec_flags(braces('{"num_speculative_tokens":') + "{num_speculative_tokens}"
+                                               + braces("}"))), LOADS, DEPTHS, S)
+            sweep(g, um.env, tmp / "static.toml", static)
+            t_static = time.monotonic() - began
+            got = json.loads(report(static, "--schedule", "vllm", "--format", "json"))
+            keys = got["schedule"]["vllm"]
+            replay = tmp / "replay"
+            if keys is not None and got["schedule"]["worth_it"]:
+                plan(tmp / "replay.toml", url, port, args.repeats,
+                     execstart(port, S, spec_flags(braces(json.dumps(keys, separators=(",", ":"))))), LOADS, None, S)
+                sweep(g, um.env, tmp / "replay.toml", replay)
+            t_replay = time.monotonic() - began - t_static
+            flat = tmp / "flat"
+            plan(tmp / "flat.toml", url, port, args.repeats,
+                 execstart(port, 0.0, spec_flags(braces('{"num_speculative_tokens":') + "{num_speculative_tokens}"
+                                                 + braces("}"))), FLAT_LOADS, DEPTHS, 0.0)
+            sweep(g, um.env, tmp / "flat.toml", flat)
+        um.systemctl("stop", UNIT)
+    took = time.monotonic() - began
+    print(f"\nnum_speculative_tokens {DEPTHS} x c {LOADS} on the simulator (--spec-alpha {ALPHA}, --spec-draft-cost "
+          f"{DRAFT_COST}, --token-latency {T0}, --batch-token-seconds {S}, --batch-max-running {MAX_RUNNING}; "
+          f"{N} requests of {TOKENS} tokens, {args.repeats} repeats): static sweep {t_static:.0f} s, the "
+          f"schedule's load {t_replay:.0f} s, {took:.0f} s in all\n")
+    print(report(static, "--schedule", "vllm").split("\n\n")[0])  # the Decision
+    sched = report(static, "--schedule", "vllm")
+    print(sched[sched.index("Schedule (vllm)"):])
+    ok = True
+    if not got["schedule"]["worth_it"] or keys is None:
+        print("the static sweep found no schedule worth writing: nothing to replay")
+        ok = False
+    else:
+        measured, replayed = runs_by_load(static), runs_by_load(replay)
+        print("| c | best static | its tok/s | the schedule's tok/s | schedule / best static [95 % interval] | |\n"
+              "|---:|---|---:|---:|---|---|")
+        for c in LOADS:
+            best = max(measured[c], key=lambda d: sum(measured[c][d]) / len(measured[c][d]))
+            mine = replayed.get(c, {}).get(-1, [])
+            r = speedup.ratio(mine, measured[c][best])
+            if r is None:
+                print(f"| {c} | depth {best} | - | - | no run | FAILED |")
+                ok = False
+                continue
+            mark = "regression" if r.value < REGRESSION else "ok" if r.value >= GOAL else "below the goal"
+            ok = ok and r.value >= GOAL
+            ci = "" if r.low is None or r.high is None else f" [{r.low:.3f}-{r.high:.3f}]"
+            static_tps = sum(measured[c][best]) / len(measured[c][best])
+            print(f"| {c} | {'off' if best == 0 else f'depth {best}'} | {static_tps:.1f} | "
+                  f"{sum(mine) / len(mine):.1f} | {r.value:.3f}x{ci} | {mark} |")
+    flat_text = report(flat, "--schedule", "vllm")
+    said = [ln.strip() for ln in flat_text.splitlines() if ln.strip().startswith(("No schedule:", "Deploy:"))]
+    print("\none depth best everywhere (--batch-token-seconds 0, c " + str(FLAT_LOADS) + "):\n  " + "\n  ".join(said))
+    ok = ok and any(s.startswith("No schedule:") for s in said)
+    print(f"\nresults: {static}, {replay}, {flat}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
