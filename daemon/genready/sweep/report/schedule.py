@@ -203,8 +203,9 @@ def text(s: Schedule, engine: str, fmt: str = "table") -> str:
 def as_json(s: Schedule, engine: str) -> dict[str, Any]:
     return {"engine": engine, "axis": s.axis, "held": s.held,
             "levels": [{benchline.CONCURRENCY.key: lv.load, "depth": lv.depth,
-                        benchline.OUTPUT_TOKENS_PER_SECOND.key: lv.tps, "best": lv.best, "within_noise": list(lv.tied), "answer": lv.answer,
-                        "repeats_needed": lv.repeats} for lv in s.levels],
+                        benchline.OUTPUT_TOKENS_PER_SECOND.key: lv.tps, "best": lv.best,
+                        "within_noise": list(lv.tied), "answer": lv.answer, "repeats_needed": lv.repeats}
+                       for lv in s.levels],
             "tiers": [list(t) for t in s.tiers()],
             "static": s.static, "worth_it": s.static is None,
             engine: FORMATS[engine].data(s.tiers()),
