@@ -12,6 +12,7 @@ import pytest
 from genready.sweep import files
 from genready.sweep.report import categories, collect
 from genready.sweep.report import table as sweepreport
+from genready.sweep.rows import Row
 from genready.sweep.run import steps
 
 # Per configuration and category: (output tok/s per request, accept length) of repeats 1, 2, 3.
@@ -128,13 +129,18 @@ def test_without_a_baseline_only_accept_length_and_without_categories_nothing(tm
     assert "prompt category" not in sweepreport.render(rows) and categories.html_section(rows) == ""
 
 
-def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None:
+def named(tmp_path: Path, category: str) -> list[Row]:
+    """_folder's rows, with one more category of that name in eagle's first repeat (a prompt file's name)."""
     folder = _folder(tmp_path)
     bench = folder / "01" / "repeat-1" / "bench.jsonl"
     line = json.loads(bench.read_text())
-    line["categories"]["<b>qa</b>"] = {"requests": 1, "accept_length": 2.0, "output_tokens_per_second": 9.0}
+    line["categories"][category] = {"requests": 1, "accept_length": 2.0, "output_tokens_per_second": 9.0}
     bench.write_text(json.dumps(line) + "\n")
-    rows = collect.rows_of([folder])
+    return collect.rows_of([folder])
+
+
+def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None:
+    rows = named(tmp_path, "<b>qa</b>")
     got = categories.html_section(rows)
     assert got.startswith('<h2 id="categories">Per prompt category</h2>')
     assert "<th>&lt;b&gt;qa&lt;/b&gt;</th>" in got and "<b>qa" not in got
@@ -147,12 +153,7 @@ def test_the_html_report_has_the_category_tables_escaped(tmp_path: Path) -> None
 
 def test_category_names_reach_the_terminal_and_markdown_escaped(tmp_path: Path) -> None:
     """Issue 53 #11: a category named with an ESC sequence or a line break went raw into the table headers."""
-    folder = _folder(tmp_path)
-    bench = folder / "01" / "repeat-1" / "bench.jsonl"
-    line = json.loads(bench.read_text())
-    line["categories"]["\x1b[2Jqa\nx"] = {"requests": 1, "accept_length": 2.0, "output_tokens_per_second": 9.0}
-    bench.write_text(json.dumps(line) + "\n")
-    rows = collect.rows_of([folder])
+    rows = named(tmp_path, "\x1b[2Jqa\nx")
     for fmt in ("table", "markdown"):
         got = categories.section(rows, fmt)
         assert "\\x1b[2Jqa\\x0ax" in got and "\x1b" not in got, got
