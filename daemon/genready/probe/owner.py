@@ -128,6 +128,15 @@ _diag_broken = False
 DIAG_UNAVAILABLE: Final = frozenset({errno.EPERM, errno.EACCES, errno.EAFNOSUPPORT, errno.EPROTONOSUPPORT})
 
 
+def _diag_ask(req: bytes, seq: int) -> bytes:
+    """One sock_diag request (`req`: its family's request struct) and the kernel's first answer datagram."""
+    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, seq, 0) + req
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(1.0)  # the kernel answers synchronously; this only guards against a wedge
+        nl.sendto(msg, (0, 0))
+        return nl.recv(8192)
+
+
 def _diag_row(local: _IP, lport: int, remote: _IP, rport: int) -> TcpRow | None:
     """The socket with this exact local/remote pair via NETLINK_SOCK_DIAG; None if not found.
 
@@ -139,11 +148,7 @@ def _diag_row(local: _IP, lport: int, remote: _IP, rport: int) -> TcpRow | None:
               + remote.packed.ljust(16, b"\0") + struct.pack("=III", 0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE))
     req = _DIAG_REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
     seq = 1
-    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, seq, 0) + req
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(1.0)  # the kernel answers synchronously; this only guards against a wedge
-        nl.sendto(msg, (0, 0))
-        data = nl.recv(8192)
+    data = _diag_ask(req, seq)
     _, mtype, _, rseq, _ = _NLMSG_HDR.unpack_from(data)
     if mtype == _NLMSG_ERROR:
         err = -struct.unpack_from("=i", data, _NLMSG_HDR.size)[0]
@@ -584,11 +589,7 @@ def unix_peer_inode(inode: int) -> int | None:
     when unix_diag is unusable (no unix_diag module, seccomp, RestrictAddressFamilies=)."""
     req = _UDIAG_REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, inode, _UDIAG_SHOW_PEER,
                           _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
-    msg = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(req), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, 1, 0) + req
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
-        nl.settimeout(1.0)  # the kernel answers synchronously; this only guards against a wedge
-        nl.sendto(msg, (0, 0))
-        data = nl.recv(8192)
+    data = _diag_ask(req, 1)
     length, mtype, _, _, _ = _NLMSG_HDR.unpack_from(data)
     if mtype == _NLMSG_ERROR:
         err = -struct.unpack_from("=i", data, _NLMSG_HDR.size)[0]
