@@ -34,6 +34,7 @@ its results line, once, whole.
     report.speedup      ratios against the baseline with their 95 % interval, and the drift check
     report.decision     the Decision: per client setting the best configuration, its speedup, the SLO judged
     report.categories   the category x configuration tables: accept length and speedup per prompt category
+    report.outputs      each point's answers against the baseline's, prompt by prompt: match, prefix, loops, marks
     report.heatmap      the speedup heatmap over two server axes
     report.html         `--format html`: one self-contained page, its plots drawn by matplotlib
     report.plotrules    what keeps every plot of the page readable

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep.report import speedup
+from genready.sweep.report import outputs, speedup
 from genready.sweep.rows import Ratio, Row
 from genready.tools import benchline
 from genready.tools.benchload import SloPart, parse_slo
@@ -201,6 +201,7 @@ def decide(rows: Sequence[Row], slo: Sequence[SloPart] = ()) -> list[Setting]:
         s = Setting(client)
         ok = [r for r in group if tps(r) is not None]
         s.not_ok = len(group) - len(ok)
+        ok = [r for r in ok if not (r.outputs and r.outputs.marked)]  # diverged, degenerate: never best (outputs.py)
         if ok:
             s.best = max(ok, key=lambda r: tps(r) or 0.0)  # the first of equals: plan order
             s.near = [r for r in ok if r is not s.best and within_noise(r, s.best)]
@@ -386,7 +387,7 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     if facts.slo:
         notes.append(f"your SLO (the plan's slo key): {slo_text(facts.slo)}, judged on the worst repeat's bench "
                      "figures")
-    notes += facts.notes
+    notes += [*facts.notes, *outputs.notes(rows)]
     sentences = [sentence(s, with_baseline=with_baseline, slo=facts.slo) for s in decided if s.best is not None or
                  len(decided) > 1]
     return Section(tuple(sentences + search), tuple(notes), tuple(decided), tuple(search))

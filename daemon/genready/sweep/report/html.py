@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.sweep.report import categories, decision, heatmap, plotrules
+from genready.sweep.report import categories, decision, heatmap, outputs, plotrules
 from genready.sweep.report.plotrules import plottable
 from genready.sweep.report.table import (
     RATIO_TITLES,
@@ -433,7 +433,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     out = ["<h1>genready sweep report</h1>", decision.render(rows, facts, "html"), "<dl>",
            *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(heatmap.section(mpl, rows, hm, axes[0], axes[1]))
-    out.append(_table(rows) + categories.html_section(rows))
+    out.append(_table(rows) + outputs.html_section(rows) + categories.html_section(rows))
     plots = []
     if x is not None:
         keys = line_keys(rows, x, lines)
@@ -472,7 +472,8 @@ def _table(rows: Sequence[Row]) -> str:
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []  # against the plan's baseline (speedup.py)
     pos = with_positions(rows)  # the engine's acceptance per draft position, where some point has it
     head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
-            *(f.title for f in figures), *(["ACC/POS"] if pos else []), *(RATIO_TITLES[n] for n in ratios)]
+            *(f.title for f in figures), *(["ACC/POS"] if pos else []), *(RATIO_TITLES[n] for n in ratios),
+            *(["output"] if (checked := outputs.with_outputs(rows)) else [])]
     body = []
     for r in rows:
         unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
@@ -493,6 +494,9 @@ def _table(rows: Sequence[Row]) -> str:
             got = r.ratios.get(n)
             noisy = got is not None and (got.within_noise(r.noise_limit) or (n == "speedup" and r.drifted is not None))
             cells.append(f'<td class="{"noisy" if noisy else ""}">{once(ratio_text(r, n))}</td>')
+        if checked:  # a diverged or degenerate point's cell in red
+            cells.append(f'<td class="{"marked" if r.outputs and r.outputs.marked else ""}">{e(outputs.cell(r) or "-")}'
+                         "</td>")
         cells.append("</tr>")
         body.append("".join(cells))
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "
