@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+import tomli_w
+
+from genready.compat import tomllib
+from genready.config import ConfigError
+from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect, outputs
 from genready.sweep.rows import Row
 from genready.tools import textloops
 from genready.tools.benchfigures import Outcome
 from genready.tools.prompts import Prompt
 from genready.tools.requestlog import RequestLog
+from genready_dev.harness import GENREADY
+from genready_dev.usermanager import UserManager
+from tests.test_sweep import Rig
 from tests.test_sweep_decision import Folder, section
+from tests.test_sweep_speedup import _speed_plan
 
 PROMPTS = 20
 WORDS = textloops.words_of("speculative decoding drafts tokens with a small model and the large model verifies them "
@@ -150,3 +162,37 @@ def test_the_page_shows_the_first_diverging_prompt_beside_the_baselines_answer_e
     assert "&lt;script&gt;alert(0)&lt;/script&gt;" in section and answer(0)[:60] in section
     assert "x" * outputs.SHOWN_CHARS not in section  # bounded: the first SHOWN_CHARS characters of each
     assert '<td class="marked">0% p10' in page and "algo=eagle c=1: " not in section
+
+
+def test_the_plan_key_is_a_fraction_from_0_to_1() -> None:
+    plan = 'command = "bench"\nmax_divergence = {v}\n[matrix]\nc = [1]\n'
+    assert sweepplan.parse_plan(tomllib.loads(plan.format(v=0.3)), "plan.toml").max_divergence == 0.3
+    assert sweepplan.parse_plan(tomllib.loads(plan.replace("max_divergence = {v}\n", "")), "p").max_divergence == 0.1
+    with pytest.raises(ConfigError) as e:
+        sweepplan.parse_plan(tomllib.loads(plan.format(v=1.5)), "plan.toml")
+    assert e.value.key == "max_divergence"
+
+
+@pytest.fixture
+def rig(manager: UserManager, tmp_path: Path) -> Iterator[Rig]:
+    r = Rig(manager, tmp_path)
+    yield r
+    r.close()
+
+
+@pytest.mark.system
+def test_a_sweep_on_the_simulator_compares_every_point_with_its_baseline(rig: Rig) -> None:
+    """The bench client a sweep runs writes {out}/requests.jsonl; the report pairs the points' answers with the
+    baseline's (the simulator's greedy answers are the same at every speed: all match) and the results lines carry
+    the plan's max_divergence."""
+    plan = _speed_plan(rig, {"lat": [0.002], "c": [1]}, baseline={"lat": 0.004}, max_divergence=0.05)
+    doc = tomllib.loads(plan.read_text())
+    plan.write_text(tomli_w.dumps({**doc, "command": [*doc["command"], "--seed", "7"]}))  # the same prompts
+    rc, out = rig.run(plan)
+    assert rc == 0, out
+    assert all(ln["max_divergence"] == 0.05 for ln in rig.results_lines())
+    assert all((rig.results / ln["out"] / "requests.jsonl").is_file() for ln in rig.results_lines())
+    table = subprocess.run([*GENREADY, "sweep", "report", str(rig.results)], capture_output=True, text=True,
+                           timeout=60, check=True).stdout
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("lat=0.002")]
+    assert row.endswith("100% p10 1.00"), table

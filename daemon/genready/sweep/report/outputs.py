@@ -139,7 +139,8 @@ def check(answers: dict[str, Answer], base: dict[str, Answer], limit: float) -> 
     """A point's answers against its baseline round's (module doc)."""
     shared = [pid for pid in base if pid in answers]
     if not shared:
-        return OutputCheck(False, "no prompt answered by both it and its baseline round")
+        return OutputCheck(False, "no prompt answered by both it and its baseline round (the bench client sends the "
+                                  "same prompts only with the same --seed)")
     matched, prefixes, early, first = 0, list[float](), 0, None
     for pid in shared:
         equal, prefix = compare(answers[pid], base[pid])
