@@ -196,3 +196,51 @@ def test_a_sweep_on_the_simulator_compares_every_point_with_its_baseline(rig: Ri
                            timeout=60, check=True).stdout
     (row,) = [ln for ln in table.splitlines() if ln.startswith("lat=0.002")]
     assert row.endswith("100% p10 1.00"), table
+
+
+def write_timed(f: Folder, index: int, seconds: list[float]) -> None:
+    """Each prompt's baseline answer, taking `seconds[i]`; prompts 0-9 are "short" ones, 10-19 "long" ones."""
+    log = RequestLog(f.path / f"{index:02d}/repeat-1" / "requests.jsonl")
+    for i, took in enumerate(seconds):
+        text = answer(i)
+        log(Outcome(True, took, 20 if i < 10 else 600, answer=text, category="short" if i < 10 else "long"),
+            Prompt(f"prompt {i}"))
+    log.close()
+
+
+def test_who_gets_slower_per_prompt_with_its_interval_by_category_and_length(tmp_path: Path) -> None:
+    """The mean says 1.5x faster; prompt by prompt, the long answers got slower."""
+    f = Folder(tmp_path)
+    f.run(9, {"algo": "none", "c": 1}, 100.0, base=1, bench={"temperature": 0.0})
+    write_timed(f, 9, [1.0] * PROMPTS)
+    f.run(1, {"algo": "eagle", "c": 1}, 150.0, bench={"temperature": 0.0})
+    write_timed(f, 1, [0.5] * 10 + [1.25] * 8 + [0.9] * 2)
+    eagle = rows(f)["eagle"]
+    s = eagle.outputs.slower if eagle.outputs else None
+    assert s is not None and s.prompts == PROMPTS and s.share == 0.4
+    assert 0.2 < s.low < 0.4 < s.high < 0.65  # Wilson's 95 %: 0.22-0.61
+    assert s.by_category == {"long": (8, 10), "short": (0, 10)} and s.slowest == "long"
+    assert s.by_length == {"<=32 tokens": (0, 10), ">512 tokens": (8, 10)}
+    assert len(s.speedups) == PROMPTS and s.speedups[0] == 0.8
+    text = f.report()
+    (sentence,) = section(text)
+    assert "; 40% of prompts slower [22%-61%], slowest category long" in sentence, sentence
+    assert "algo=eagle c=1: 40% of prompts slower [22%-61%], slowest category long; by category (slower/prompts): " \
+           "long 8/10, short 0/10" in text
+    data = json.loads(f.report("json"))
+    got = next(r for r in data["rows"] if r["point"] == "algo=eagle c=1")["outputs"]["slower"]
+    assert got["share"] == 0.4 and got["by_category"]["long"] == {"slower": 8, "compared": 10}
+
+
+def test_the_page_draws_who_gets_slower(tmp_path: Path) -> None:
+    from genready.sweep.report import html as sweephtml
+
+    f = Folder(tmp_path)
+    f.run(9, {"algo": "none", "c": 1}, 100.0, base=1, bench={"temperature": 0.0})
+    write_timed(f, 9, [1.0] * PROMPTS)
+    f.run(1, {"algo": "eagle", "c": 1}, 150.0, bench={"temperature": 0.0})
+    write_timed(f, 1, [0.5] * PROMPTS)
+    (f.path / "results.jsonl").write_text("".join(f.lines))
+    page = sweephtml.render(collect.rows_from(collect.read_folders([f.path])))
+    assert '<div class="plot" id="slower">' in page and "who gets slower" in page
+    assert sweephtml.slower_plot(sweephtml.figure_class(), []) is None

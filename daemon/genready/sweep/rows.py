@@ -160,6 +160,22 @@ def field_problem(rec: dict[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True)
+class Slower:
+    """Who gets slower (sweep/report/slower.py, issue 50 §4): per prompt the baseline's end-to-end time over the
+    point's; the share of prompts below 1 with its 95 % (Wilson) interval, by category and by output length."""
+
+    share: float
+    low: float
+    high: float
+    prompts: int
+    by_category: dict[str, tuple[int, int]]  # category -> (prompts slower, prompts)
+    by_length: dict[str, tuple[int, int]]  # the baseline answer's output tokens, bucketed -> (slower, prompts)
+    slowest: str | None  # the category with the lowest median per-prompt speedup (2 categories or more)
+    median_per_token: float | None  # the median per-prompt speedup in time per output token
+    speedups: tuple[float, ...]  # per prompt, sorted (at most MAX_SPEEDUPS, evenly picked): the page's ECDF
+
+
+@dataclass(frozen=True)
 class OutputCheck:
     """A point's answers against its baseline round's, prompt by prompt (sweep/report/outputs.py, issue 50 §2-3).
     `ran` False: `why` says why the check did not run (no baseline, temperature above 0, no request lines)."""
@@ -177,6 +193,7 @@ class OutputCheck:
     degenerate: bool = False  # loops the baseline does not have (without one: loops on many answers): never best
     claim: str = ""  # what the marks rest on, in words
     first: tuple[str, str, str] | None = None  # the first early-diverging prompt: (prompt id, its answer, the base's)
+    slower: Slower | None = None  # who gets slower against the baseline, prompt by prompt
 
     @property
     def marked(self) -> bool:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep.report import outputs, speedup
+from genready.sweep.report import outputs, slower, speedup
 from genready.sweep.rows import Ratio, Row
 from genready.tools import benchline
 from genready.tools.benchload import SloPart, parse_slo
@@ -237,6 +237,8 @@ def speedup_words(r: Row) -> str:
         text = f"{got.value:.2f}x the baseline's{ci}"
     if r.drifted is not None:
         text += f" (the baseline drifted {speedup.drift_text(r.drifted)} around it)"
+    if who := slower.words(r.outputs.slower if r.outputs else None):  # who pays for the mean (slower.py)
+        text += f"; {escape(who)}"
     return text
 
 

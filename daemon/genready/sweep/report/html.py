@@ -374,6 +374,28 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     return plotrules.svg(fig), left
 
 
+def slower_plot(mpl: Any, rows: Sequence[Row]) -> str | None:
+    """Who gets slower (slower.py): per configuration the ECDF of its per-prompt speedups (the baseline's e2e over
+    its own), a vertical line at 1: the share left of it got slower. None when no point has them."""
+    curves = [(r.label, r.outputs.slower.speedups) for r in rows
+              if r.outputs is not None and r.outputs.slower is not None and r.outputs.slower.speedups]
+    if not curves:
+        return None
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    handles = []
+    for _, xs in curves[:plotrules.MAX_CONFIGURATIONS]:
+        (line,) = ax.step(list(xs), [(i + 1) / len(xs) for i in range(len(xs))], where="post")
+        handles.append(line)
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
+    ax.set_xlabel("per-prompt speedup: the baseline's e2e / the point's (left of 1: slower)")
+    ax.set_ylabel("share of prompts")
+    ax.grid(alpha=0.3)
+    plotrules.legend(ax, handles, [plotrules.text(plotrules.shown(lb, 60)) for lb, _ in
+                                   curves[:plotrules.MAX_CONFIGURATIONS]])
+    return plotrules.svg(fig)
+
+
 def _invocation(inv: str) -> str:
     """An InvocationID cell: its first SHOWN_ID characters (the 32 hex digits tell apart by then), the whole on
     hover, monospace."""
@@ -454,6 +476,9 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
             plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
                          f"{left_out_note(left)}</div>")
+    if (ecdf := slower_plot(mpl, rows)) is not None:
+        what = "who gets slower: per-prompt speedup, ECDF per configuration"
+        plots.append(f'<div class="plot" id="slower"><h3>{e(what)}</h3>{htmlpage.data_image(ecdf, what)}</div>')
     svg, left = power_plot(mpl, rows)
     if svg or left:
         what = "OUT tok/s against mean GPU power W"

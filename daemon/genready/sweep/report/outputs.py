@@ -26,13 +26,14 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from genready.redact import escape
 from genready.store import bounded
 from genready.sweep.files import bench_line, warn_line
+from genready.sweep.report import slower
 from genready.sweep.rows import OutputCheck, Row
 from genready.tools import benchline
 from genready.tools import requestline as rl
@@ -45,6 +46,7 @@ ALONE_SHARE: Final = 0.25  # without a baseline: looping on this many more answe
 MAX_REQUEST_BYTES: Final = 256 << 20  # a requests.jsonl: 100,000 lines are about 60 MB (docs/benchclient.md)
 SHOWN_CHARS: Final = 2000  # of a diverging answer shown in a report
 BASELINE_ITSELF: Final = "the baseline itself"
+MAX_TIMES: Final = 64  # end-to-end times kept per prompt: their median is the prompt's
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,9 @@ class Answer:
     ids: list[int] | None
     loop: bool
     bigrams: float | None
+    category: str = ""
+    tokens: int = 0  # output tokens of the first ok answer
+    e2e_ms: list[float] = field(default_factory=list)  # every ok answer's end-to-end time (slower.py)
 
 
 def read_answers(folders: Sequence[Path]) -> dict[str, Answer] | None:
@@ -92,16 +97,21 @@ def _add(out: dict[str, Answer], rec: dict[str, Any]) -> None:
     text, ids = rec.get(rl.TEXT.key), rec.get(rl.TOKEN_IDS.key)
     text = text if isinstance(text, str) else None
     ids = ids if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+    e2e = rec.get(rl.E2E_MS.key)
     have = out.get(pid)
-    if have is not None:  # a later answer only lends the kept text or ids of the same output
+    if have is not None:  # a later answer lends its time, and the kept text or ids of the same output
+        if isinstance(e2e, int | float) and len(have.e2e_ms) < MAX_TIMES:
+            have.e2e_ms.append(float(e2e))
         if have.text is None and text is not None and have.text_sha == sha:
             out[pid] = Answer(**{**have.__dict__, "text": text, "ids": ids if have.ids is None else have.ids})
         return
     ids_sha, count, chars = rec.get(rl.TOKEN_IDS_SHA256.key), rec.get(rl.TOKEN_COUNT.key), rec.get(rl.TEXT_CHARS.key)
-    bigrams = rec.get(rl.UNIQUE_BIGRAMS.key)
+    bigrams, cat, tokens = rec.get(rl.UNIQUE_BIGRAMS.key), rec.get(rl.CATEGORY.key), rec.get(rl.OUTPUT_TOKENS.key)
     out[pid] = Answer(sha, chars if isinstance(chars, int) else 0, ids_sha if isinstance(ids_sha, str) else None,
                       count if isinstance(count, int) else None, text, ids, rec.get(rl.TAIL_LOOP.key) is not None,
-                      float(bigrams) if isinstance(bigrams, int | float) else None)
+                      float(bigrams) if isinstance(bigrams, int | float) else None,
+                      cat if isinstance(cat, str) else "", tokens if isinstance(tokens, int) else 0,
+                      [float(e2e)] if isinstance(e2e, int | float) else [])
 
 
 def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
@@ -160,7 +170,7 @@ def check(answers: dict[str, Answer], base: dict[str, Answer], limit: float) -> 
                         f"{limit:g})"] if diverged else []) +
                       ([f"{collapsed} of {n} answers loop or repeat where the baseline's do not: its acceptance is "
                         "inflated by easy drafts"] if degenerate else []))
-    return OutputCheck(True, compared=n, match=matched / n,
+    return OutputCheck(True, compared=n, match=matched / n, slower=slower.of(answers, base, shared),
                        prefix_median=statistics.median(prefixes) if prefixes else None,
                        prefix_p10=prefixes[int(0.1 * (len(prefixes) - 1))] if prefixes else None,
                        early=early / n, diverged=diverged, loops=loops, new_loops=collapsed, degenerate=degenerate,
@@ -251,7 +261,7 @@ def as_json(c: OutputCheck | None) -> dict[str, Any] | None:
     return {"ran": c.ran, "why_not": c.why or None, "compared": c.compared, "output_match": c.match,
             "prefix_median": c.prefix_median, "prefix_p10": c.prefix_p10, "early_divergence": c.early,
             "diverged": c.diverged, "loops": c.loops, "degenerate_answers": c.new_loops, "degenerate": c.degenerate,
-            "claim": c.claim or None}
+            "claim": c.claim or None, "slower": slower.as_json(c.slower)}
 
 
 def notes(rows: Sequence[Row]) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep.report import categories, decision, outputs, speedup
+from genready.sweep.report import categories, decision, outputs, slower, speedup
 from genready.sweep.rows import FIGURES, UNREADABLE, Figure, Row, mark_best
 from genready.tools import benchline
 
@@ -252,7 +252,8 @@ def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return decision.render(rows, facts, fmt) + heatmap + text + legend(rows) + categories.section(rows, fmt)
+    return decision.render(rows, facts, fmt) + heatmap + text + legend(rows) + slower.table(rows) + \
+        categories.section(rows, fmt)
 
 
 def summary(rows: Sequence[Row]) -> str:
