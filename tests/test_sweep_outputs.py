@@ -244,3 +244,37 @@ def test_the_page_draws_who_gets_slower(tmp_path: Path) -> None:
     page = sweephtml.render(collect.rows_from(collect.read_folders([f.path])))
     assert '<div class="plot" id="slower">' in page and "who gets slower" in page
     assert sweephtml.slower_plot(sweephtml.figure_class(), []) is None
+
+
+def _sim_answers(tmp: Path, name: str, *flags: str) -> dict[str, outputs.Answer]:
+    from genready_dev.harness import PY, Simulator, env_without_notify
+
+    sim = Simulator(tmp, "--token-latency", "0.001", *flags)
+    try:
+        (tmp / name).mkdir()
+        env = {k: v for k, v in env_without_notify().items() if not k.startswith("GENREADY_")}
+        r = subprocess.run([PY, "-m", "genready.benchclient", "--url", sim.url, "-n", "12", "--max-tokens", "40",
+                            "--seed", "3", "--output", str(tmp / name / "bench.jsonl")], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        sim.stop()
+    got = outputs.read_answers([tmp / name])
+    assert got
+    return got
+
+
+@pytest.mark.system
+def test_the_simulators_broken_arms_are_caught_and_its_healthy_speculation_is_not(tmp_path: Path) -> None:
+    """`--output-fault` (genready_dev/simoutput.py) breaks the answers on purpose while the acceptance looks good."""
+    base = _sim_answers(tmp_path, "plain")
+    healthy = outputs.check(_sim_answers(tmp_path, "spec", "--spec-accept", "3"), base, 0.1)
+    diverged = outputs.check(_sim_answers(tmp_path, "diverge", "--spec-accept", "4", "--output-fault", "diverge:5"),
+                             base, 0.1)
+    looped = outputs.check(_sim_answers(tmp_path, "loop", "--spec-accept", "6", "--output-fault", "loop:10"), base, 0.1)
+    late = outputs.check(_sim_answers(tmp_path, "late", "--output-fault", "loop:30"), base, 0.1)
+    assert healthy.match == 1.0 and not healthy.marked
+    assert diverged.diverged and diverged.match == 0.0 and not diverged.degenerate
+    assert looped.degenerate and looped.diverged and "inflated" in looped.claim
+    # 10 repeated words at the end of 40 are no loop covering the tail, and a late divergence: no mark
+    assert late.match == 0.0 and not late.marked and late.loops == 0

@@ -170,7 +170,9 @@ def check(answers: dict[str, Answer], base: dict[str, Answer], limit: float) -> 
                         f"{limit:g})"] if diverged else []) +
                       ([f"{collapsed} of {n} answers loop or repeat where the baseline's do not: its acceptance is "
                         "inflated by easy drafts"] if degenerate else []))
-    return OutputCheck(True, compared=n, match=matched / n, slower=slower.of(answers, base, shared),
+    return OutputCheck(True, compared=n, match=matched / n, slower=slower.of({
+        pid: slower.Pair(base[pid].category, answers[pid].tokens, base[pid].tokens, answers[pid].e2e_ms,
+                         base[pid].e2e_ms) for pid in shared}),
                        prefix_median=statistics.median(prefixes) if prefixes else None,
                        prefix_p10=prefixes[int(0.1 * (len(prefixes) - 1))] if prefixes else None,
                        early=early / n, diverged=diverged, loops=loops, new_loops=collapsed, degenerate=degenerate,

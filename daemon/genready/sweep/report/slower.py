@@ -14,13 +14,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import Final, NamedTuple
 
 from genready.redact import escape
 from genready.sweep.rows import Row, Slower
-
-if TYPE_CHECKING:
-    from genready.sweep.report.outputs import Answer
 
 Z: Final = 1.959963984540054  # the standard normal's 97.5th percentile
 LENGTHS: Final = ((32, "<=32 tokens"), (128, "33-128 tokens"), (512, "129-512 tokens"), (math.inf, ">512 tokens"))
@@ -39,17 +36,26 @@ def _bucket(tokens: int) -> str:
     return next(name for top, name in LENGTHS if tokens <= top)
 
 
-def of(answers: Mapping[str, Answer], base: Mapping[str, Answer], shared: Sequence[str]) -> Slower | None:
+class Pair(NamedTuple):
+    """One prompt on both sides: its category, each side's output tokens and end-to-end times (outputs.py)."""
+
+    category: str
+    tokens: int  # the point's answer's
+    base_tokens: int
+    e2e_ms: Sequence[float]
+    base_e2e_ms: Sequence[float]
+
+
+def of(pairs: Mapping[str, Pair]) -> Slower | None:
     """Who got slower over the prompts both sides answered with a time; None without any."""
     speed: list[tuple[str, float, float | None]] = []  # (prompt id, e2e speedup, per-token speedup)
-    for pid in shared:
-        a, b = answers[pid], base[pid]
-        if not a.e2e_ms or not b.e2e_ms:
+    for pid, p in pairs.items():
+        if not p.e2e_ms or not p.base_e2e_ms:
             continue
-        mine, theirs = statistics.median(a.e2e_ms), statistics.median(b.e2e_ms)
+        mine, theirs = statistics.median(p.e2e_ms), statistics.median(p.base_e2e_ms)
         if mine <= 0 or theirs <= 0:
             continue
-        per_token = (theirs / b.tokens) / (mine / a.tokens) if a.tokens and b.tokens else None
+        per_token = (theirs / p.base_tokens) / (mine / p.tokens) if p.tokens and p.base_tokens else None
         speed.append((pid, theirs / mine, per_token))
     if not speed:
         return None
@@ -60,10 +66,10 @@ def of(answers: Mapping[str, Answer], base: Mapping[str, Answer], shared: Sequen
     by_length: dict[str, tuple[int, int]] = {}
     per_category: dict[str, list[float]] = {}
     for pid, s, _ in speed:
-        for table, key in ((by_category, base[pid].category or "-"), (by_length, _bucket(base[pid].tokens))):
+        for table, key in ((by_category, pairs[pid].category or "-"), (by_length, _bucket(pairs[pid].base_tokens))):
             slow, count = table.get(key, (0, 0))
             table[key] = (slow + (s < 1), count + 1)
-        per_category.setdefault(base[pid].category or "-", []).append(s)
+        per_category.setdefault(pairs[pid].category or "-", []).append(s)
     slowest = min(per_category, key=lambda c: statistics.median(per_category[c])) if len(per_category) > 1 else None
     tokens = [t for _, _, t in speed if t is not None]
     ordered = sorted(s for _, s, _ in speed)
