@@ -302,7 +302,7 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         benchline.IGNORE_EOS: args.ignore_eos,
         benchline.SEED: args.seed,
         benchline.SERVED_BY: served_by(env), benchline.SWEEP_POINT: sweep_point(env),
-        benchline.REQUEST_LINES: getattr(args, "request_lines", None),
+        benchline.REQUEST_LINES: args.request_lines,
         **load_json(args, s, load, slo),
     }, s.acceptance_fields())
 
@@ -473,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "no device)")
     p.add_argument("--no-requests-output", dest="requests_output", action="store_const", const="",
                    help="write no request lines")
+    p.set_defaults(request_lines=None)  # how many request lines the run wrote, for the result line (main sets it)
     return p
 
 
