@@ -44,7 +44,7 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready_dev import simbatch, simengine, simspec
+from genready_dev import simbatch, simengine, simoutput, simspec
 from genready_dev.simargs import add_arguments
 from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
 from genready_dev.simrequests import (
@@ -57,11 +57,6 @@ from genready_dev.simrequests import (
     parse_native,
 )
 
-# Deterministic filler: one word is one token. The ids are small on purpose so that no
-# output id can be mistaken for a PID by a test that checks the PID never leaks.
-FILLER = ("the", "model", "is", "ready", "only", "when", "a", "real", "generation",
-          "served", "by", "its", "current", "process", "has", "succeeded")
-FIRST_TOKEN_ID = 10
 # In-flight requests get this long once the process has decided to exit; a hung handler
 # would otherwise hold the exit for aiohttp's 60 s default.
 SHUTDOWN_GRACE = 0.25
@@ -454,7 +449,7 @@ class Simulator:
             async for i in self.batch.decode(n):
                 if self.hung:
                     await self._forever()
-                yield " " + FILLER[i % len(FILLER)], FIRST_TOKEN_ID + i % len(FILLER)
+                yield simoutput.word(i, self.a.output_fault)
             return
         # One token a step, or under --spec-alpha a verify step's accepted drafts and its own token at once. Steps
         # are kept on the request's own clock (each ends a step after the last one was due, not after the loop woke
@@ -474,8 +469,7 @@ class Simulator:
             if self.hung:
                 await self._forever()
             for _ in range(count):
-                k = i % len(FILLER)
-                yield " " + FILLER[k], FIRST_TOKEN_ID + k
+                yield simoutput.word(i, self.a.output_fault)
                 i += 1
 
     def _fails(self) -> bool:

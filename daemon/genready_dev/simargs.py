@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from genready_dev import simbatch, simengine, simspec
+from genready_dev import simbatch, simengine, simoutput, simspec
 from genready_dev.simprofiles import PROFILES
 
 
@@ -151,6 +151,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="answer chat completions 400 like vLLM for a model without a chat template")
     p.add_argument("--extra-model", action="append", default=[], metavar="NAME",
                    help="list another model in /v1/models (repeatable), as a server with LoRA adapters does")
+    p.add_argument("--output-fault", type=simoutput.fault, metavar="KIND:N",
+                   help="break the answers on purpose from token N on (genready_dev/simoutput.py): diverge:N "
+                   "answers other words than a healthy simulator's, loop:N repeats one short phrase")
     p.add_argument("--spec-accept", type=_accept_length, metavar="X",
                    help="speculative decoding with mean accept length X (>= 1): SGLang's meta_info.spec_verify_ct "
                    "and GET /get_server_info's internal_states[0].avg_spec_accept_length, vLLM's "

@@ -78,6 +78,19 @@ class Spelling:
 
 
 @dataclass(frozen=True)
+class TokenIds:
+    """How to ask a server for an answer's output token ids, and where the answer carries them (the request lines'
+    token_ids, tools/requestlog.py): `ask` is added to a request on the `api` it names ("": its OpenAI routes),
+    `path` is where the list is (a number indexes a list). `cumulative`: each stream event carries the ids so far
+    (SGLang's native stream without --stream-output), else each carries the new ones (vLLM's deltas)."""
+
+    path: tuple[str | int, ...]
+    ask: Mapping[str, Any] = field(default_factory=dict)
+    api: str = ""
+    cumulative: bool = False
+
+
+@dataclass(frozen=True)
 class AnswerSpec:
     """Where an answer carries its own speculative-decoding counts: the objects to look in (paths of keys
     from the parsed answer, a number indexes a list) and each known spelling, newest first."""
@@ -135,6 +148,7 @@ class ServerKind:
     openai_fields: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})
     draft_fields: tuple[str, str] | None = None  # timings' (drafted, accepted) in an answer (llama.cpp)
     answer_spec: AnswerSpec | None = None  # an answer's own speculative-decoding counts, every spelling
+    token_ids: TokenIds | None = None  # how to get an answer's output token ids (None: its answers carry none)
     # -- connection quirks
     server_header: str = ""  # its Server header's product, before the "/"
     closes_after_stream: bool = False  # closes the connection after a streamed answer despite keep-alive
@@ -210,6 +224,10 @@ SGLANG: Final = ServerKind(
     # A FastAPI validation error is 400 (http_server.py, validation_exception_handler); /generate refuses a body
     # without a prompt (managers/io_struct.py).
     refusal_words={"input_ids or input_embeds should be provided": "shape"},
+    # python/sglang/srt/managers/tokenizer_manager.py (_handle_batch_output): /generate's answer carries
+    # "output_ids" next to "text", unasked; a stream event the ids so far (its incremental --stream-output
+    # sends the new ones, which a list that does not start with the ones before is taken as)
+    token_ids=TokenIds(("output_ids",), api="sglang", cumulative=True),
     # python/sglang/srt/server_args.py: each ServerArgs field's flag is its name (--tp-size; aliases
     # --tensor-parallel-size, --model, --speculative-draft-model; argparse takes the prefix --tp);
     # _handle_speculative_decoding runs NEXTN as EAGLE.
@@ -258,6 +276,9 @@ VLLM: Final = ServerKind(
         spellings=(Spelling("num_accepted_draft_tokens", "num_draft_tokens", "num_spec_steps", "acceptance_histogram",
                             "with --per-request-spec-decode-metrics"),),
         fix="start vLLM with --per-request-spec-decode-metrics detailed"),
+    # vllm/entrypoints/openai/protocol.py (>= 0.10.2): return_token_ids puts a choice's token_ids into its answer,
+    # and each stream chunk's new ones into the chunk (an older vLLM ignores the field, with a warning)
+    token_ids=TokenIds(("choices", 0, "token_ids"), ask={"return_token_ids": True}),
     # vllm/entrypoints/openai/server_utils.py: validation errors are 400
     refusal_words={"validation error": "shape", "field required": "shape", "extra inputs are not permitted": "shape"},
     # vllm/entrypoints/serve/utils/api_utils.py, log_non_default_args: the start's "non-default args: {...}"
@@ -303,6 +324,8 @@ LLAMA_CPP: Final = ServerKind(
     spec=SpecMetrics("llamacpp:spec_decode_num_accepted_tokens", "llamacpp:spec_decode_num_drafts",
                      "llamacpp:spec_decode_num_draft_tokens", "/metrics llamacpp:spec_decode counters"),
     # server_slot_stats::to_json (tools/server/server-common.cpp): only when the slot drafted
+    # no token_ids: its OpenAI routes carry none (tools/server/server-task.cpp: only to_json_non_oaicompat, its own
+    # /completion asked with "return_tokens": true, writes "tokens"); its answers are compared by their text
     draft_fields=("draft_n", "draft_n_accepted"),
     answer_spec=AnswerSpec(paths=(("timings",),), spellings=(Spelling("draft_n_accepted", "draft_n"),),
                            fix="upgrade llama-server (recent ones put them into timings whenever a slot drafted)"),

@@ -35,6 +35,8 @@ its results line, once, whole.
     report.decision     the Decision: per client setting the best configuration or none, its speedup, the SLO judged
     report.schedule     --schedule: the speculation depth per load, in vLLM's or SGLang's own format
     report.categories   the category x configuration tables: accept length and speedup per prompt category
+    report.outputs      each point's answers against the baseline's, prompt by prompt: match, prefix, loops, marks
+    report.slower       who gets slower: per-prompt speedups, the share slower with its interval, by category
     report.heatmap      the speedup heatmap over two server axes
     report.html         `--format html`: one self-contained page, its plots drawn by matplotlib
     report.plotrules    what keeps every plot of the page readable

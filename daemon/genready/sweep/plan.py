@@ -219,6 +219,10 @@ KEYS: Final = (
             '"flush")', _number(1, integer=True, high=1000)),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
+    PlanKey("max_divergence", "a fraction from 0 to 1 (0.10 is 10 %)", 0.10,
+            "with a baseline at temperature 0: a point whose answers diverge from the baseline's early (before half "
+            "their length) on more than this share of prompts is marked diverged, and never named best "
+            "(sweep/report/outputs.py)", _number(0, high=1)),
     PlanKey("baseline", "a table of NAME = value (server-side values), and optionally its own dropin", None,
             'the server configuration speedups are measured against, e.g. { algo = "none" } (sweep/run/baseline.py)'),
     PlanKey("baseline_every", "an integer >= 1", None,
@@ -282,6 +286,7 @@ class Plan:
     warmup: int | str  # requests sent before each run, not counted; or STABLE: until the medians settle
     repeats: int  # runs per point on the same instance
     noise_limit: float  # a point whose relative MAD over its repeats exceeds this is noisy
+    max_divergence: float  # a point diverging early from the baseline on more prompts than this is marked
     warmup_window: int  # warmup = "stable": its windows, tolerance and bounds (convergence.Rule)
     warmup_tolerance: float
     warmup_max: int

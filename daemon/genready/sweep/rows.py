@@ -159,6 +159,47 @@ def field_problem(rec: dict[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Slower:
+    """Who gets slower (sweep/report/slower.py, issue 50 §4): per prompt the baseline's end-to-end time over the
+    point's; the share of prompts below 1 with its 95 % (Wilson) interval, by category and by output length."""
+
+    share: float
+    low: float
+    high: float
+    prompts: int
+    by_category: dict[str, tuple[int, int]]  # category -> (prompts slower, prompts)
+    by_length: dict[str, tuple[int, int]]  # the baseline answer's output tokens, bucketed -> (slower, prompts)
+    slowest: str | None  # the category with the lowest median per-prompt speedup (2 categories or more)
+    median_per_token: float | None  # the median per-prompt speedup in time per output token
+    speedups: tuple[float, ...]  # per prompt, sorted (at most MAX_SPEEDUPS, evenly picked): the page's ECDF
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """A point's answers against its baseline round's, prompt by prompt (sweep/report/outputs.py, issue 50 §2-3).
+    `ran` False: `why` says why the check did not run (no baseline, temperature above 0, no request lines)."""
+
+    ran: bool
+    why: str = ""
+    compared: int = 0  # prompts answered by both
+    match: float | None = None  # the share of them whose output equals the baseline's
+    prefix_median: float | None = None  # the matching prefix before the first divergence, as a share of the answer
+    prefix_p10: float | None = None
+    early: float | None = None  # the share that diverge before half their length
+    diverged: bool = False  # early > the plan's max_divergence: marked, never best
+    loops: int = 0  # answers ending in a loop
+    new_loops: int = 0  # of them, on prompts whose baseline answer does not (or: of the compared, degenerate)
+    degenerate: bool = False  # loops the baseline does not have (without one: loops on many answers): never best
+    claim: str = ""  # what the marks rest on, in words
+    first: tuple[str, str, str] | None = None  # the first early-diverging prompt: (prompt id, its answer, the base's)
+    slower: Slower | None = None  # who gets slower against the baseline, prompt by prompt
+
+    @property
+    def marked(self) -> bool:
+        return self.diverged or self.degenerate
+
+
 @dataclass(slots=True)
 class Row:
     index: int
@@ -199,6 +240,9 @@ class Row:
     accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
     gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
     categories: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # by prompt category (categories.py)
+    outs: list[Path] = field(default_factory=list)  # its ok runs' {out} folders: their request lines (outputs.py)
+    max_divergence: float = 0.10  # the plan's (results line), which outputs.py marks a diverging point by
+    outputs: OutputCheck | None = None  # its answers against the baseline's (outputs.py), at report time
 
 
 @dataclass(frozen=True)
@@ -259,6 +303,7 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
                 figures[key] = v
     cache = rec.get("cache")
     noise = _as_float(rec.get("noise_limit"))
+    limit = _as_float(rec.get("max_divergence"))
     point, group, inv = rec.get("point"), rec.get("group"), rec.get("invocation_id")
     base, before, client = rec.get("baseline"), rec.get("baseline_round"), rec.get("client")
     return Row(index, label, str(rec.get("status")), str(rec.get("attempt", "-")),
@@ -282,7 +327,9 @@ def row_of(rec: dict[str, Any], folder: Path, where: str = "", benches: Benches 
                or positions_of(rec.get("metrics_accept_per_position")),
                samples={k: [v] for k, v in (figures or {}).items() if v is not None and math.isfinite(v)}
                if rec.get("status") == "ok" else {},
-               gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1)
+               gpus=g if isinstance(g := rec.get("gpus"), int) and not isinstance(g, bool) and g > 0 else 1,
+               outs=[folder / out] if rec.get("status") == "ok" and isinstance(out, str) else [],
+               max_divergence=limit if limit is not None and 0 <= limit <= 1 else 0.10)
 
 
 def bench_once(folder: Path, benches: Benches) -> dict[str, Any] | None:
@@ -336,7 +383,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benche
               context={**last.context, "started_at": rows[0].context.get("started_at", "")},
               engine=next((r.engine for r in reversed(rows) if r.engine is not None), None), server=last.server,
               throttled=any(r.throttled for r in oks),
-              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client, gpus=last.gpus)
+              baseline=last.baseline, baseline_round=last.baseline_round, client=last.client, gpus=last.gpus,
+              outs=[o for r in oks for o in r.outs], max_divergence=last.max_divergence)
     row.unstable = any(r.unstable for r in rows if r.status == "ok") or (not oks and any(r.unstable for r in rows))
     row.warmup_requests = max((r.warmup_requests for r in rows if r.warmup_requests is not None), default=None)
     caches = {r.cache for r in rows}
@@ -365,7 +413,8 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benche
 
 def mark_best(rows: Sequence[Row]) -> None:
     """Mark, per figure, the rows of ok points that hold the best value (ties all marked)."""
-    ok = [(r, r.figures) for r in rows if r.status == "ok" and r.figures]
+    # a point whose answers diverged or degenerated (outputs.py) holds no best value: its speed is no win
+    ok = [(r, r.figures) for r in rows if r.status == "ok" and r.figures and not (r.outputs and r.outputs.marked)]
     finite = math.isfinite
     for f in FIGURES:
         if not f.ranked:

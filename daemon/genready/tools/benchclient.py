@@ -77,7 +77,7 @@ from genready.apis import MAX_BODY
 from genready.exitcodes import Exit
 from genready.servers import kinds
 from genready.store import durable
-from genready.tools import benchline, benchload
+from genready.tools import benchline, benchload, requestline
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, why_not_reuse
 from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, finite, percentile
@@ -96,6 +96,7 @@ from genready.tools.benchrun import (
     takes_token_ids,
 )
 from genready.tools.prompts import Prompt
+from genready.tools.requestlog import RequestLog
 
 # The names scripts and tests reach through this module (the client's parts live in bench*.py).
 __all__ = ["DEFAULT_URL", "Drafts", "LoadOptions", "Outcome", "PoolConnector", "Progress", "ServerOptions",
@@ -303,6 +304,7 @@ def result_json(args: argparse.Namespace, s: Summary, env: Mapping[str, str],
         benchline.IGNORE_EOS: args.ignore_eos,
         benchline.SEED: args.seed,
         benchline.SERVED_BY: served_by(env), benchline.SWEEP_POINT: sweep_point(env),
+        benchline.REQUEST_LINES: args.request_lines,
         **load_json(args, s, load, slo),
     }, s.acceptance_fields())
 
@@ -467,6 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="NAME", help="genready target name, for the report (and --config)")
     p.add_argument("--label", metavar="TEXT", help="a name for this run, kept in the report and its JSON line")
     p.add_argument("--output", metavar="FILE", help="also append the result as one JSON line to FILE")
+    p.add_argument("--requests-output", metavar="FILE", help="append one JSON line per request to FILE: its prompt "
+                   "id, tokens, latencies, finish reason, acceptance and answer (bounded; docs/benchclient.md, "
+                   f"\"Request lines\") (default: {requestline.REQUESTS_FILE} beside --output's file, when that is "
+                   "no device)")
+    p.add_argument("--no-requests-output", dest="requests_output", action="store_const", const="",
+                   help="write no request lines")
+    p.set_defaults(request_lines=None)  # how many request lines the run wrote, for the result line (main sets it)
     return p
 
 
@@ -551,6 +560,27 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[str, ssl
     return t.api_key, t.tls_context
 
 
+def requests_path(args: argparse.Namespace) -> Path | None:
+    """Where the request lines go: --requests-output, else beside --output's file (not beside a device such as
+    /dev/stdout); None: nowhere."""
+    if args.requests_output is not None:
+        return Path(args.requests_output) if args.requests_output else None
+    if not args.output or Path(args.output).resolve().parent == Path("/dev"):
+        return None
+    return Path(args.output).parent / requestline.REQUESTS_FILE
+
+
+def request_log(args: argparse.Namespace) -> RequestLog | None:
+    path = requests_path(args)
+    if path is None:
+        return None
+    try:
+        return RequestLog(path)
+    except OSError as e:
+        print(f"benchclient: cannot write {path}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The flags, with the checks between them (argparse's usage error, exit 2, naming the flags)."""
     p = build_parser()
@@ -575,7 +605,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = LoadOptions(args.requests, args.concurrency, args.max_tokens, args.timeout, prompts, stream=args.stream,
                        request_rate=args.request_rate, seed=args.seed, temperature=args.temperature,
                        ignore_eos=args.ignore_eos, burstiness=args.burstiness, duration=args.duration)
-    summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr, args.duration)))
+    log = request_log(args)
+    try:
+        summary = asyncio.run(run(server, load, Progress(args.requests, sys.stderr, args.duration), log))
+    finally:
+        if log is not None:
+            log.close()
+            args.request_lines = log.lines
     figures = benchload.load_of(first_turns(summary), args.request_rate, summary.peak_concurrency,
                                 summary.unsent)
     slo = benchload.judge(summary.outcomes, args.slo, summary.wall_seconds, len(summary.unsent)) \

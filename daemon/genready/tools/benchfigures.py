@@ -197,6 +197,9 @@ class Outcome:
     category: str = ""  # its prompt's category (tools/prompts.py): the run's figures are also given per category
     turn: int = 0  # which turn of its conversation it was (0: the first; a multi-turn dataset's later turns 1, 2, …)
     answer: str = ""  # the answer's text, kept only while its conversation's next turn needs it (benchrun)
+    input_tokens: int | None = None  # the prompt's tokens, as the answer counts them (tools/answerfacts.py)
+    finish_reason: str | None = None
+    token_ids: tuple[int, ...] | None = None  # its output ids, where asked for and returned (request lines only)
 
 
 @dataclass

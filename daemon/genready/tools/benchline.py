@@ -49,6 +49,7 @@ IGNORE_EOS: Final = Field("ignore_eos")
 SEED: Final = Field("seed")
 SERVED_BY: Final = Field("served_by")  # the PID and InvocationID a guard or sweep verified
 SWEEP_POINT: Final = Field("sweep_point")
+REQUEST_LINES: Final = Field("request_lines")  # lines written to the request lines' file (None: none written)
 
 # --- how the requests went ----------------------------------------------------------------------------------------
 OK: Final = Field("ok", unit="requests")

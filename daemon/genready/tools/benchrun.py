@@ -28,8 +28,9 @@ from genready.apis import APIS, MAX_BODY, MODELS_PATH, BadAnswer, ServerApi, mod
 from genready.compat import TIMEOUT_ERRORS
 from genready.servers import kinds
 from genready.servers.acceptance import AcceptanceRecord
+from genready.servers.kinds import TokenIds
 from genready.servers.metricspage import NotMetrics, Reading
-from genready.tools import benchload, servermetrics
+from genready.tools import answerfacts, benchload, servermetrics
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, reuse_tracer, why_not_reuse
 from genready.tools.benchfigures import (
@@ -116,8 +117,10 @@ _STREAM_ERRORS: tuple[type[BaseException], ...] = (*_REQUEST_ERRORS, *_LINE_TOO_
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                      timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False) -> Outcome:
-    """One non-streamed generation; with `keep_text`, its answer's text on the Outcome (a later turn's history)."""
+                      timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False,
+                      ids: TokenIds | None = None) -> Outcome:
+    """One non-streamed generation; with `keep_text`, its answer's text on the Outcome (a later turn's history,
+    a request line) and, where `ids` says where they are, its token ids."""
     t0 = time.perf_counter()
     try:
         async with session.post(url + api.path, json=body, timeout=aiohttp.ClientTimeout(total=timeout),
@@ -133,8 +136,11 @@ async def one_request(session: aiohttp.ClientSession, url: str, api: ServerApi, 
         steps, drafts, counts = verify_ct(api, doc), drafts_of(doc), answer_counts(doc)
     except _REQUEST_ERRORS as e:
         return failed(e, t0, timeout, trace)
+    got = answerfacts.token_ids(ids, doc) if keep_text else None
     return Outcome(True, took, tokens if _has_output(api, doc) else 0, spec_verify_ct=steps, drafts=drafts,
-                   counts=counts, answer=answer_text(api, doc) if keep_text else "")
+                   counts=counts, answer=answer_text(api, doc) if keep_text else "",
+                   input_tokens=answerfacts.input_tokens(doc), finish_reason=answerfacts.finish_reason(doc),
+                   token_ids=None if got is None else tuple(got))
 
 
 def answer_text(api: ServerApi, doc: Any) -> str:
@@ -210,12 +216,16 @@ def failed(e: BaseException, t0: float, timeout: float, trace: dict[str, Any] | 
 
 
 async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, body: dict[str, Any],
-                     timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False) -> Outcome:
+                     timeout: float, trace: dict[str, Any] | None = None, *, keep_text: bool = False,
+                     ids: TokenIds | None = None) -> Outcome:
     """One streamed generation: TTFT and the gaps between events that carried output; with `keep_text`, the
-    answer's text (at most MAX_BODY characters: more is a bad answer, as a non-streamed body over it is)."""
+    answer's text (at most MAX_BODY characters: more is a bad answer, as a non-streamed body over it is), its
+    finish reason and, where `ids` says where they are, its token ids."""
     t0 = time.perf_counter()
     tokens, first, last, gaps, done = 0, None, 0.0, list[float](), False
     text = ""
+    got: list[int] | None = None
+    finish: str | None = None
     last_event: bytes | None = None
     drafts: Drafts | None = None
     counts: AnswerCounts | None = None
@@ -237,7 +247,9 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
                 tokens, new = apis.streamed(api, data, tokens)
                 last_event = data
                 if keep_text:
-                    text = streamed_text(api, json.loads(data), text)
+                    event = json.loads(data)
+                    text = streamed_text(api, event, text)
+                    got, finish = answerfacts.token_ids(ids, event, got), answerfacts.finish_reason(event, finish)
                     if len(text) > MAX_BODY:
                         raise BadAnswer(f"an answer over {MAX_BODY:,} characters, too long to send back in a "
                                         "later turn")
@@ -256,13 +268,16 @@ async def one_stream(session: aiohttp.ClientSession, url: str, api: ServerApi, b
             raise BadAnswer("the stream ended without data: [DONE]")
         if last_event is None:
             raise BadAnswer("the stream carried no event before data: [DONE]")
-        steps = verify_ct(api, json.loads(last_event))
+        final = json.loads(last_event)
+        steps = verify_ct(api, final)
     except _STREAM_ERRORS as e:
         return failed(e, t0, timeout, trace)
     # No event with output (the model's first token ended the sequence) is an empty answer with 0 tokens, not a
     # failure, whatever a final usage event counts (llama.cpp counts that end-of-sequence token: 1).
     return Outcome(True, took, tokens if first is not None else 0, ttft=first, itl=tuple(gaps),
-                   spec_verify_ct=steps, drafts=drafts, counts=counts, answer=text)
+                   spec_verify_ct=steps, drafts=drafts, counts=counts, answer=text,
+                   input_tokens=answerfacts.input_tokens(final), finish_reason=answerfacts.finish_reason(final, finish),
+                   token_ids=None if got is None else tuple(got))
 
 
 async def _get_json_or_text(session: aiohttp.ClientSession, url: str, timeout: float) -> tuple[int, bytes]:
@@ -420,13 +435,18 @@ class LoadOptions:
     ignore_eos: bool = False
 
 
-async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> Summary:
+Record = Callable[[Outcome, Prompt], None]  # told each request's Outcome, with its answer, and its (first) prompt
+
+
+async def run(server: ServerOptions, load: LoadOptions, progress: Progress, record: Record | None = None) -> Summary:
     """Send `load.requests` generations (with `load.duration`: for that long, at most that many), at most
     `load.concurrency` at a time; every one time-bounded.
 
     Without `request_rate` C workers send back to back; with it, requests arrive at that rate with gamma
     gaps of shape `burstiness` (1: a Poisson process, as bench_serving's --request-rate), still at most C
-    in flight. Each Outcome says when it was due and sent; the summary, the peak in flight."""
+    in flight. Each Outcome says when it was due and sent; the summary, the peak in flight. `record`, when given,
+    is told every Outcome with its answer's text (and token ids, where the server's kind can be asked for them)
+    before the text is dropped: the request lines (tools/requestlog.py)."""
     summary = Summary(load.requests, load.concurrency, duration=load.duration)
     api, url = APIS[server.api], server.url
     ssl_arg: ssl.SSLContext | bool = server.ssl_context if server.ssl_context is not None else True
@@ -449,7 +469,11 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
         summary.own_api = kind is not None and kind.native_api == server.api
         before = await read_counters(session, url, kind, load.timeout)  # once before the run, once after
         # what the kind's OpenAI routes need asked to carry the answer's acceptance counts
-        extra = {} if kind is None or summary.own_api else kind.openai_fields[1 if load.stream else 0]
+        extra = {} if kind is None or summary.own_api else dict(kind.openai_fields[1 if load.stream else 0])
+        ids = kind.token_ids if record is not None and kind is not None else None
+        if ids is not None and ids.api not in (server.api if summary.own_api else "",):
+            ids = None  # it returns them on its other routes only
+        extra.update(ids.ask if ids is not None else {})
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
         # does not know its count): the same sequence schedule(prompts, N) gives, so --seed repeats it. Each
         # prompt is a conversation: one request, or one per turn of a multi-turn question.
@@ -488,11 +512,11 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
             try:
                 try:
                     outcome = await send(fresh if summary.new_connections else session, url, api, b, load.timeout,
-                                         trace, keep_text=keep_text)
+                                         trace, keep_text=keep_text, ids=ids)
                 except StaleConnection:
                     # Nothing of it was sent: once more, on a new connection (counted as one request, retried).
                     outcome = dataclasses.replace(
-                        await send(fresh, url, api, b, load.timeout, keep_text=keep_text), retried=True)
+                        await send(fresh, url, api, b, load.timeout, keep_text=keep_text, ids=ids), retried=True)
             except Exception as e:  # what no rule above foresaw is still one failed request, never a lost run
                 outcome = Outcome(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
             finally:
@@ -501,7 +525,10 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                                           turn=turn)
             if not summary.new_connections:
                 summary.new_connections = why_not_reuse(trace, outcome, connector)
-            summary.outcomes.append(dataclasses.replace(outcome, answer="") if outcome.answer else outcome)
+            if record is not None:
+                record(outcome, p)
+            summary.outcomes.append(dataclasses.replace(outcome, answer="", token_ids=None)
+                                    if outcome.answer or outcome.token_ids else outcome)
             progress.update(len(summary.outcomes), summary.failed)
             return outcome
 
@@ -521,7 +548,7 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress) -> S
                 if k and over():
                     break
                 o = await one(body(p.turn(answers)), p, k, arrival if k == 0 else None, late if k == 0 else 0.0,
-                              k < turns - 1)
+                              k < turns - 1 or record is not None)
                 answers.append(o.answer)
                 if not o.ok or sum(map(len, answers)) > MAX_BODY:  # the history sent back is bounded as an answer is
                     break

@@ -17,7 +17,7 @@ from typing import Any
 
 from genready.store import bounded
 from genready.sweep.files import RESULTS_FILE, numbered_lines
-from genready.sweep.report import categories, speedup
+from genready.sweep.report import categories, outputs, speedup
 from genready.sweep.rows import Benches, Row, bench_once, mark_best, point_row
 
 
@@ -85,6 +85,7 @@ def rows_from(read: Read) -> list[Row]:
             row.label += f" [{made[fp_json]}]"  # one point, lines of several configurations
         rows.append(row)
     rows.sort(key=lambda r: r.index)
+    outputs.attach(rows)  # before mark_best: a point whose answers diverged holds no best value
     mark_best(rows)
     speedup.attach(rows)
     return rows

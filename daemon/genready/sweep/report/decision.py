@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
-from genready.sweep.report import speedup
+from genready.sweep.report import outputs, slower, speedup
 from genready.sweep.rows import Ratio, Row
 from genready.tools import benchline
 from genready.tools.benchload import SloPart, parse_slo
@@ -248,6 +248,7 @@ def decide(rows: Sequence[Row], slo: Sequence[SloPart] = ()) -> list[Setting]:
         s = Setting(client)
         ok = [r for r in group if tps(r) is not None]
         s.not_ok = len(group) - len(ok)
+        ok = [r for r in ok if not (r.outputs and r.outputs.marked)]  # diverged, degenerate: never best (outputs.py)
         if ok:
             s.best = max(ok, key=lambda r: tps(r) or 0.0)  # the first of equals: plan order
             s.near = [r for r in ok if r is not s.best and within_noise(r, s.best)]
@@ -284,6 +285,8 @@ def speedup_words(r: Row) -> str:
         text = f"{got.value:.2f}x the baseline's{ci}"
     if r.drifted is not None:
         text += f" (the baseline drifted {speedup.drift_text(r.drifted)} around it)"
+    if who := slower.words(r.outputs.slower if r.outputs else None):  # who pays for the mean (slower.py)
+        text += f"; {escape(who)}"
     return text
 
 
@@ -462,7 +465,7 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     if facts.slo:
         notes.append(f"your SLO (the plan's slo key): {slo_text(facts.slo)}, judged on the worst repeat's bench "
                      "figures")
-    notes += facts.notes
+    notes += [*facts.notes, *outputs.notes(rows)]
     sentences = [sentence(s, with_baseline=with_baseline, slo=facts.slo) for s in decided if s.best is not None or
                  len(decided) > 1]
     deploy = [facts.deploy] if facts.deploy else []

@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from genready import __version__
-from genready.sweep.report import categories, decision, heatmap, plotrules
+from genready.sweep.report import categories, decision, heatmap, outputs, plotrules
 from genready.sweep.report.plotrules import plottable
 from genready.sweep.report.table import (
     RATIO_TITLES,
@@ -380,6 +380,28 @@ def power_plot(mpl: Any, rows: Sequence[Row]) -> tuple[str | None, list[tuple[st
     return plotrules.svg(fig), left
 
 
+def slower_plot(mpl: Any, rows: Sequence[Row]) -> str | None:
+    """Who gets slower (slower.py): per configuration the ECDF of its per-prompt speedups (the baseline's e2e over
+    its own), a vertical line at 1: the share left of it got slower. None when no point has them."""
+    curves = [(r.label, r.outputs.slower.speedups) for r in rows
+              if r.outputs is not None and r.outputs.slower is not None and r.outputs.slower.speedups]
+    if not curves:
+        return None
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    handles = []
+    for _, xs in curves[:plotrules.MAX_CONFIGURATIONS]:
+        (line,) = ax.step(list(xs), [(i + 1) / len(xs) for i in range(len(xs))], where="post")
+        handles.append(line)
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
+    ax.set_xlabel("per-prompt speedup: the baseline's e2e / the point's (left of 1: slower)")
+    ax.set_ylabel("share of prompts")
+    ax.grid(alpha=0.3)
+    plotrules.legend(ax, handles, [plotrules.text(plotrules.shown(lb, 60)) for lb, _ in
+                                   curves[:plotrules.MAX_CONFIGURATIONS]])
+    return plotrules.svg(fig)
+
+
 def _invocation(inv: str) -> str:
     """An InvocationID cell: its first SHOWN_ID characters (the 32 hex digits tell apart by then), the whole on
     hover, monospace."""
@@ -439,7 +461,7 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
     out = ["<h1>genready sweep report</h1>", decision.render(rows, facts, "html"), "<dl>",
            *(f"<dt>{e(k)}</dt><dd>{e(v)}</dd>" for k, v in ctx), "</dl>"]
     out.append(heatmap.section(mpl, rows, hm, axes[0], axes[1]))
-    out.append(_table(rows) + categories.html_section(rows))
+    out.append(_table(rows) + outputs.html_section(rows) + categories.html_section(rows))
     plots = []
     if x is not None:
         keys = line_keys(rows, x, lines)
@@ -460,6 +482,9 @@ def render(rows: Sequence[Row], *, x: str | None = None, lines: str | None = Non
             front = f'<p>Pareto front: {e("; ".join(got[1]))}</p>' if got else ""
             plots.append(f'<div class="plot" id="pareto-{e(latency)}"><h3>{e(what)}</h3>{image}{front}'
                          f"{left_out_note(left)}</div>")
+    if (ecdf := slower_plot(mpl, rows)) is not None:
+        what = "who gets slower: per-prompt speedup, ECDF per configuration"
+        plots.append(f'<div class="plot" id="slower"><h3>{e(what)}</h3>{htmlpage.data_image(ecdf, what)}</div>')
     svg, left = power_plot(mpl, rows)
     if svg or left:
         what = "OUT tok/s against mean GPU power W"
@@ -478,7 +503,8 @@ def _table(rows: Sequence[Row]) -> str:
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []  # against the plan's baseline (speedup.py)
     pos = with_positions(rows)  # the engine's acceptance per draft position, where some point has it
     head = ["point", "status", "cache", "runs", "PID", "InvocationID", "load s", "run s", "host",
-            *(f.title for f in figures), *(["ACC/POS"] if pos else []), *(RATIO_TITLES[n] for n in ratios)]
+            *(f.title for f in figures), *(["ACC/POS"] if pos else []), *(RATIO_TITLES[n] for n in ratios),
+            *(["output"] if (checked := outputs.with_outputs(rows)) else [])]
     body = []
     for r in rows:
         unstable = f' <span class="noisy">unstable ({r.warmup_requests})</span>' if r.unstable else ""
@@ -499,6 +525,9 @@ def _table(rows: Sequence[Row]) -> str:
             got = r.ratios.get(n)
             noisy = got is not None and (got.within_noise(r.noise_limit) or (n == "speedup" and r.drifted is not None))
             cells.append(f'<td class="{"noisy" if noisy else ""}">{once(ratio_text(r, n))}</td>')
+        if checked:  # a diverged or degenerate point's cell in red
+            cells.append(f'<td class="{"marked" if r.outputs and r.outputs.marked else ""}">{e(outputs.cell(r) or "-")}'
+                         "</td>")
         cells.append("</tr>")
         body.append("".join(cells))
     legend = ("<p>Bold green: best of its column. Orange: noisy (relative median absolute deviation over the "

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.servers import engineconfig
-from genready.sweep.report import categories, decision, speedup
+from genready.sweep.report import categories, decision, outputs, slower, speedup
 from genready.sweep.rows import FIGURES, UNREADABLE, Figure, Row, mark_best
 from genready.tools import benchline
 
@@ -141,7 +141,8 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
     titles = [f.title for f in figures] if with_bench else []
     ratios = list(RATIO_TITLES) if with_baseline(rows) else []
     head = ["POINT", "STATUS", "ATTEMPT", "PID", "LOAD s", "RUN s"] + (["HOST"] if with_host else []) + \
-        (titles + new if new_last else new + titles) + [RATIO_TITLES[n] for n in ratios]
+        (titles + new if new_last else new + titles) + [RATIO_TITLES[n] for n in ratios] + \
+        (["OUTPUT"] if (checked := outputs.with_outputs(rows)) else [])
     body = []
     for r in rows:
         cells = [escape(r.label), escape(r.status), escape(r.attempt), escape(r.pid), _num(r.load, 1), _num(r.run, 1)]
@@ -153,7 +154,8 @@ def _cells(rows: Sequence[Row], *, mark: str, new_last: bool = False) -> tuple[l
         figs = []
         if with_bench:
             figs = [figure_text(r, f, mark) for f in figures]
-        body.append(cells + (figs + extra if new_last else extra + figs) + [ratio_text(r, n) for n in ratios])
+        body.append(cells + (figs + extra if new_last else extra + figs) + [ratio_text(r, n) for n in ratios] +
+                    ([outputs.cell(r) or "-"] if checked else []))
     return head, body
 
 
@@ -190,6 +192,11 @@ def legend(rows: Sequence[Row]) -> str:
     if any(r.status == engineconfig.CONFIG_MISMATCH for r in rows):
         notes.append(f"{engineconfig.CONFIG_MISMATCH}: its engine reports another configuration than its flags or "
                      "the plan's expect (each line's reason names flag, expected, reported); not run")
+    if outputs.with_outputs(rows):
+        notes.append("OUTPUT: the share of prompts whose answer equals the baseline's, and the 10th percentile of the "
+                     "matching prefix as a share of the answer; DIVERGED: more answers than max_divergence leave "
+                     "the baseline's before half their length; DEGENERATE: answers loop where the baseline's do not "
+                     "(docs/sweeps.md, \"Same prompts, same tokens\")")
     if any(r.status == engineconfig.NO_DRAFTING for r in rows):
         notes.append(f"{engineconfig.NO_DRAFTING}: its server is speculative but drafted no token in the run")
     return "".join(f"({n})\n" for n in notes) + "".join(f"{n}\n" for n in engine_notes(rows))
@@ -228,7 +235,8 @@ def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None
                                      "noisy": sorted(r.noisy), "unstable": r.unstable,
                                      "warmup_requests": r.warmup_requests, "throttled": r.throttled,
                                      benchline.ACCEPT_PER_POSITION.key: r.accept_per_position,
-                                     **(ratio_json(r) if with_baseline(rows) else {})} for r in rows],
+                                     **(ratio_json(r) if with_baseline(rows) else {}),
+                                     "outputs": outputs.as_json(r.outputs)} for r in rows],
                            "decision": decision.as_json(rows, facts)}, indent=2, allow_nan=False) + "\n"
     if fmt == "csv":
         head, body = _cells(rows, mark="{}*", new_last=True)
@@ -244,7 +252,8 @@ def render(rows: Sequence[Row], fmt: str = "table", facts: decision.Facts | None
     table = [head, *body]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     text = "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n" for r in table)
-    return decision.render(rows, facts, fmt) + heatmap + text + legend(rows) + categories.section(rows, fmt)
+    return decision.render(rows, facts, fmt) + heatmap + text + legend(rows) + slower.table(rows) + \
+        categories.section(rows, fmt)
 
 
 def summary(rows: Sequence[Row]) -> str:

@@ -228,6 +228,7 @@ class Attempt:
     repeat: int = 1  # which of the plan's `repeats` runs of the point
     cache: Cache = Cache.COLD_START
     noise_limit: float = 0.10
+    max_divergence: float = 0.10  # the plan's: the report (which reads results, not the plan) marks by it
     counters: servermetrics.RunCounters | None = None  # the server's /metrics counters over the run
     plan: str = ""  # the plan file's path, for the report's context
     waited_seconds: float | None = None  # not_ready: how long the start was waited for
@@ -256,7 +257,8 @@ class Attempt:
             "run_seconds": None if self.run_seconds is None else round(self.run_seconds, 3),
             "attempt": self.attempt, "out": self.out, "index": self.point.index, "group": self.group,
             "restarted": self.restarted, "host": socket.gethostname(), "repeat": self.repeat,
-            "cache": self.cache.value, "noise_limit": self.noise_limit, "plan": self.plan,
+            "cache": self.cache.value, "noise_limit": self.noise_limit,
+            "max_divergence": self.max_divergence, "plan": self.plan,
             "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
             "warmup_requests": self.warmup_requests, "warmup_converged": self.warmup_converged,
         }

@@ -183,6 +183,7 @@ class Sweep:
         folder, k = self._folder(point, repeat, step.index if step else None)
         att = Attempt(point, k, str(folder.relative_to(self.opts.results)), Status.NOT_READY, time.time(),
                       time.time(), group, repeat=repeat, noise_limit=self.opts.plan.noise_limit,
+                      max_divergence=self.opts.plan.max_divergence,
                       plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
