@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import random
 import re
 import subprocess
 import time
@@ -25,7 +26,7 @@ import tomli_w
 from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect
 from genready.sweep.report import table as sweepreport
-from genready.tools import benchclient
+from genready.tools import benchclient, benchload
 from genready.tools.prompts import Prompt
 from genready_dev import gguf_models, realservers
 from genready_dev.harness import GENREADY, PY, REPO, Genready, LlamaServer, free_port, wait_for
@@ -295,3 +296,30 @@ def test_every_flag_of_the_shipped_llama_plan_is_one_llama_server_knows() -> Non
     known = subprocess.run([str(need_llama_server()), "--help"], capture_output=True, text=True, timeout=30).stdout
     listed = set(re.findall(r"(?<![\w-])(--?[a-z][a-z0-9-]*)", known))
     assert flags and flags <= listed, flags - listed
+
+
+@pytest.mark.system
+def test_output_lengths_that_vary_at_a_low_rate_are_not_saturation_on_llama_server(models: dict[str, Path],
+                                                                                    tmp_path: Path) -> None:
+    """Issue 53 #2 on the real server: answers of 16 to 800 tokens (the tiny model never ends early) arriving at
+    3 requests/s on 8 slots, far from the server's limit, are not saturation. (This tiny model answers 800 tokens
+    in a fraction of a second, too little against the run's 8 s to stretch the completions' span as the issue's
+    server did: tests/test_benchload.py's generated runs are the ones that failed on the old (n - 1) / span.)"""
+    server = LlamaServer(tmp_path, need_llama_server(), "-m", str(models["tiny"]), "-c", "65536", "-np", "8",
+                         "-lm", "none", "-t", "1", "-tb", "1")
+    rng = random.Random(7)
+    prompts = [Prompt(text="Once upon a time", max_tokens=rng.randint(16, 800)) for _ in range(24)]
+    try:
+        s = asyncio.run(benchclient.run(
+            benchclient.ServerOptions(server.url, "openai-completions"),
+            benchclient.LoadOptions(24, 8, 64, 60, prompts, request_rate=3.0, seed=7),
+            benchclient.Progress(24, io.StringIO())))
+    finally:
+        server.stop()
+    assert (s.ok, s.failed) == (24, 0), s.errors()
+    lengths = [o.tokens for o in s.outcomes]
+    assert max(lengths) > 4 * min(lengths), lengths  # the lengths did vary
+    load = benchload.load_of(benchclient.first_turns(s), 3.0, s.peak_concurrency, s.unsent)
+    assert load.saturated is False, (load, lengths)
+    assert load.achieved_rate is not None and load.scheduled_rate is not None
+    assert load.achieved_rate >= 0.9 * load.scheduled_rate, load
