@@ -8,7 +8,8 @@ import logging
 import os
 import subprocess
 from collections.abc import Iterator
-from typing import NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 
@@ -31,6 +32,17 @@ def manager() -> Iterator[UserManager]:
     # set_env: in-process pystemd (user_mode) finds the bus through XDG_RUNTIME_DIR.
     with booted_manager(set_env=True) as um:
         yield um
+
+
+@pytest.fixture
+def rig(manager: UserManager, tmp_path: Path) -> Iterator[Any]:
+    """test_sweep's Rig (a simulator unit, a genready, a sweep's files) on the session's manager, closed after the
+    test: the sweep test modules' one rig (a module with a rig of other settings defines its own)."""
+    from tests.test_sweep import Rig  # lazily: the sweep tests' module, not every test's
+
+    r = Rig(manager, tmp_path)
+    yield r
+    r.close()
 
 
 def _engine(kind: type[E]) -> Iterator[E]:

@@ -11,7 +11,6 @@ import math
 import random
 import selectors
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from genready.tools import prompts
 from genready_dev import sim, simspec, simtruth
 from genready_dev.harness import GENREADY, PY
 from genready_dev.simrequests import GenRequest
-from genready_dev.usermanager import UserManager
 from tests.test_benchclient import Sim, bench
 from tests.test_sweep import Rig
 
@@ -244,13 +242,6 @@ def test_per_category_accept_lengths_follow_the_defaults_through_the_bench_clien
 
 
 # --- a sweep with repeats: each speedup with its interval, on the truth's side of 1 (the smoke) ------------------
-
-
-@pytest.fixture
-def rig(manager: UserManager, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(manager, tmp_path)
-    yield r
-    r.close()
 
 
 @pytest.mark.system

@@ -626,13 +626,6 @@ StandardError=append:{self.sim_log}
         self.manager.remove_unit(UNIT)
 
 
-@pytest.fixture
-def rig(manager: UserManager, tmp_path: Path) -> Any:
-    r = Rig(manager, tmp_path)
-    yield r
-    r.close()
-
-
 def test_matrix_sweep_runs_each_point_on_its_own_verified_start(rig: Rig) -> None:
     plan = rig.write_plan({"budget": [8, 16, 32], "topk": [4, 8]})
     rc, out = rig.run(plan)

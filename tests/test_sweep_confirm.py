@@ -87,13 +87,6 @@ def test_engine_key_names_reach_the_terminal_escaped(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def rig(manager: UserManager, tmp_path: Path) -> Any:
-    r = Rig(manager, tmp_path)
-    yield r
-    r.close()
-
-
-@pytest.fixture
 def openai_rig(manager: UserManager, tmp_path: Path) -> Any:
     """A rig whose target speaks /v1/completions: what the llama.cpp and vLLM profiles serve."""
     r = Rig(manager, tmp_path, {"api": "openai-completions"})

@@ -12,7 +12,6 @@ import json
 import math
 import statistics
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from genready.sweep.report import compare as sweepcompare
 from genready.sweep.report import table as sweepreport
 from genready.sweep.report.main import decision_facts, report_main
 from genready_dev.harness import GENREADY
-from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
 from tests.test_sweep_speedup import _speed_plan
 
@@ -391,13 +389,6 @@ def test_a_speedup_change_without_intervals_uses_the_noise_limit() -> None:
 
 
 # --- on the simulator ----------------------------------------------------------------------------------------------
-
-@pytest.fixture
-def rig(manager: UserManager, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(manager, tmp_path)
-    yield r
-    r.close()
-
 
 @pytest.mark.system
 def test_a_sweep_on_the_simulator_reports_the_faster_configuration_first(rig: Rig) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,6 @@ from genready.tools.benchfigures import Outcome
 from genready.tools.prompts import Prompt
 from genready.tools.requestlog import RequestLog
 from genready_dev.harness import GENREADY
-from genready_dev.usermanager import UserManager
 from tests.test_sweep import Rig
 from tests.test_sweep_decision import Folder, section
 from tests.test_sweep_speedup import _speed_plan
@@ -171,13 +169,6 @@ def test_the_plan_key_is_a_fraction_from_0_to_1() -> None:
     with pytest.raises(ConfigError) as e:
         sweepplan.parse_plan(tomllib.loads(plan.format(v=1.5)), "plan.toml")
     assert e.value.key == "max_divergence"
-
-
-@pytest.fixture
-def rig(manager: UserManager, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(manager, tmp_path)
-    yield r
-    r.close()
 
 
 @pytest.mark.system
