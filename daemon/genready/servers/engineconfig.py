@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import MASK, secret_name
+from genready.servers.argv import read_argv
 from genready.servers.flush import Call
 
 Scalar = str | int | float | bool | None
@@ -260,39 +261,32 @@ class EngineRead:
 
 def expected(read: EngineRead, args: Sequence[str]) -> dict[str, tuple[str, str]]:
     """key -> (flag, value) that `args` (the server's arguments, after its program) sets, as the server
-    parses them: the last of a repeated flag wins, `--flag=value` too; an accumulating flag joins its values
-    after its default; a JSON flag's object gives one key per member (`speculative_config.method`)."""
+    parses them (servers/argv.py, the reader `init` uses too): the last of a repeated flag wins; an accumulating
+    flag joins its values after its default; a JSON flag's object gives one key per member
+    (`speculative_config.method`)."""
+    found = read_argv(args, read.flags, positional=bool(read.positional))
     out: dict[str, tuple[str, str]] = {}
-    i, positional_seen = 0, False
-    while i < len(args):
-        arg = args[i]
-        flag, eq, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-        if flag in read.flags:
-            if not eq:
-                if i + 1 >= len(args):
-                    break
-                value, i = args[i + 1], i + 1
-            key = read.flags[flag]
-            if flag in read.append:
-                before = out.get(key, (flag, read.append[flag]))[1]
-                value = ",".join(x for x in (before, value) if x)
-            if flag in read.json_flags:
-                try:
-                    doc = json.loads(value)
-                except ValueError:
-                    doc = None
-                if isinstance(doc, dict):
-                    for k, v in flatten(doc, key + ".").items():
-                        out[k] = (flag, _text(v))
-                    i += 1
-                    continue
+    if found.positional:
+        out[read.positional] = ("(positional)", found.positional)
+    for flag, value in found.given:
+        key = read.flags[flag]
+        if flag in read.append:
+            before = out.get(key, (flag, read.append[flag]))[1]
+            value = ",".join(x for x in (before, value) if x)
+        doc = _json(value) if flag in read.json_flags else None
+        if isinstance(doc, dict):
+            for k, v in flatten(doc, key + ".").items():
+                out[k] = (flag, _text(v))
+        else:
             out[key] = (flag, value)
-        elif read.positional and not positional_seen and not arg.startswith("-") and (i == 0 or not args[i - 1]
-                                                                                      .startswith("-")):
-            positional_seen = True
-            out[read.positional] = ("(positional)", arg)
-        i += 1
     return out
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _text(v: Scalar) -> str:

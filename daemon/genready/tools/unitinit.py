@@ -20,6 +20,7 @@ from genready import config
 from genready.apis import APIS
 from genready.redact import escape, redact
 from genready.servers import kinds
+from genready.servers.argv import read_argv
 from genready.servers.kinds import ServerKind
 from genready.systemd.unitexec import expand
 
@@ -27,8 +28,6 @@ NAME_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
 
-# Flags whose value is a list (argparse nargs="+"): only the first value is the one genready needs.
-_MULTI: Final = frozenset({"--served-model-name", "--api-key"})
 _SHELLS: Final = frozenset({"sh", "bash", "dash", "zsh"})
 _ENGINES: Final = frozenset({"docker", "podman"})
 # `docker run` / `podman run` options that take no value (every other option takes one).
@@ -222,30 +221,17 @@ def _recognise(argv: list[str]) -> tuple[ServerKind, list[str]] | None:
 
 
 def _flags(server: ServerKind, args: list[str]) -> tuple[dict[str, tuple[str, str]], str]:
-    """What the arguments set: {what: (value, the flag that set it)}, and the first positional
-    (vLLM's `serve MODEL`). A flag given twice: the last wins, as with argparse."""
+    """What the arguments set: {what: (value, the flag that set it)}, and the positional argument of a kind whose
+    /v1/models names its weights (vLLM's `serve MODEL`), read by the engine confirm's reader (servers/argv.py)."""
+    found = read_argv(args, server.flags, positional=server.model_is_weights)
     values: dict[str, tuple[str, str]] = {}
-    positional = ""
-    i = 0
-    while i < len(args):
-        a = args[i]
-        flag, eq, val = a.partition("=") if a.startswith("--") else (a, "", "")
-        if flag in server.flags:
-            if not eq:
-                val = args[i + 1] if i + 1 < len(args) else ""
-                i += 1
-            what = server.flags[flag]
-            if what == "tls":
-                values.setdefault("tls", (val, flag))
-            elif what not in values or flag not in _MULTI:
-                values[what] = (val, flag)
-            if flag in _MULTI:  # the rest of an nargs="+" list
-                while i + 1 < len(args) and not args[i + 1].startswith("-"):
-                    i += 1
-        elif not a.startswith("-") and not positional and i == 0:
-            positional = a
-        i += 1
-    return values, positional
+    for flag, val in found.given:
+        what = server.flags[flag]
+        if what == "tls":  # either file says it is served over TLS
+            values.setdefault("tls", (val, flag))
+        else:
+            values[what] = (val, flag)
+    return values, found.positional
 
 
 def _loopback(host: str | None) -> str:
