@@ -20,9 +20,10 @@ from typing import Final
 # Flags whose value is a list (argparse nargs="+"): vLLM's (vllm/entrypoints/openai/cli_args.py). Only the first
 # value is the one genready needs (the served name /v1/models reports first, a key that is accepted).
 LISTS: Final = frozenset({"--served-model-name", "--api-key"})
-# Options that take no value (store_true / BooleanOptionalAction in vLLM's and SGLang's argparse), so that the word
-# after one can be the positional (`vllm serve --enforce-eager MODEL`). Not every switch: one missing here only
-# makes the positional after it unread.
+# Options that take no value (store_true / BooleanOptionalAction in vLLM's and SGLang's argparse: vllm/engine/
+# arg_utils.py, vllm/entrypoints/openai/cli_args.py, python/sglang/srt/server_args.py), so that the word after one
+# can be the positional (`vllm serve --enforce-eager MODEL`). Not every switch: one missing here only makes the
+# positional after it unread (reported unconfirmed, never taken for another value).
 SWITCHES: Final = frozenset({
     "--enforce-eager", "--trust-remote-code", "--enable-prefix-caching", "--no-enable-prefix-caching",
     "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
