@@ -7,6 +7,7 @@ project exists for: no 200 ever names a PID other than the unit's MainPID at tha
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -206,15 +207,20 @@ def test_a_second_listener_after_the_verification_revokes_until_it_is_gone(manag
         listening = time.monotonic()
         wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the second listener")
         print(f"\nrevoked {time.monotonic() - listening:.2f} s after the second listener appeared")
+        # The first revocation is the listener scan's (foreign_listener), or a probe's that the kernel handed to the
+        # stranger (foreign_owner) just before it: both name it, and the scan lists it within its period.
+        wait_for(lambda: [x["pid"] for x in g.status()["targets"]["t"]["foreign_listeners"]] == [foreign.pid], 10,
+                 "the listener scan naming the second listener")
         body = g.get("/ready/t")[1]
-        assert f"a second listener on 127.0.0.1:{port}" in body["reason"] and str(foreign.pid) in body["reason"], body
+        assert str(foreign.pid) in body["reason"] and "foreign_" in body["reason"], body
         t = g.status()["targets"]["t"]
-        assert [x["pid"] for x in t["foreign_listeners"]] == [foreign.pid], t["foreign_listeners"]
         assert not t["ready"] and str(foreign.pid) in (t["last_error"] or "")
         _, metrics = g.get("/metrics")
         labels = f'target="t",unit="{unit}"'
         assert f"genready_foreign_listeners{{{labels}}} 1.0" in metrics
-        assert f'genready_revocations_total{{reason="foreign_listener",{labels}}} 1.0' in metrics
+        revoked = re.findall(rf'genready_revocations_total{{reason="foreign_(?:listener|owner)",{labels}}} (\S+)',
+                             metrics)
+        assert sum(float(v) for v in revoked) >= 1, metrics
         run = subprocess.run([*GENREADY, "guard", "t", "--url", g.base, "--", "true"], capture_output=True,
                              text=True, timeout=30)
         assert run.returncode != 0 and str(foreign.pid) in run.stderr, run.stderr
@@ -265,8 +271,9 @@ def test_a_localhost_url_leaves_ipv6_to_a_squatter_until_it_is_gone(manager: Use
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert squatter.stdout is not None and squatter.stdout.readline() == "up\n"
         wait_for(lambda: g.get("/ready/t")[0] == 503, 10, "revoked for the squatter on [::1]")
-        reason = g.get("/ready/t")[1]["reason"]
-        assert f"a second listener on [::1]:{port}, uid 65534" in reason and f"pid {squatter.pid}" in reason, reason
+        # The scan names it; the reason is the scan's, or a later probe's that tried ::1 and met the squatter.
+        found = wait_for(lambda: g.status()["targets"]["t"]["foreign_listeners"], 10, "the squatter listed")
+        assert [(x["pid"], x["uid"], x["address"]) for x in found] == [(squatter.pid, 65534, "::1")], found
         squatter.kill()
         squatter.wait()
         wait_for(lambda: g.ready_pid("t") == pid, 20, "the same start verified again once it is gone")
