@@ -15,7 +15,9 @@ from typing import Any
 from genready.servers.kinds import TokenIds
 
 
-def _at(doc: Any, path: tuple[str | int, ...]) -> Any:
+def at(doc: Any, path: tuple[str | int, ...]) -> Any:
+    """The value at `path` in a parsed answer (a key of an object, a number an index of a list); None where the
+    answer has no such place. Also where benchfigures looks for an answer's speculative-decoding counts."""
     for step in path:
         if isinstance(step, int):
             doc = doc[step] if isinstance(doc, list) and len(doc) > step else None
@@ -29,16 +31,16 @@ def _count(v: Any) -> int | None:
 
 
 def input_tokens(doc: Any, before: int | None = None) -> int | None:
-    got = _count(_at(doc, ("usage", "prompt_tokens")))
+    got = _count(at(doc, ("usage", "prompt_tokens")))
     if got is None:
-        got = _count(_at(doc, ("meta_info", "prompt_tokens")))
+        got = _count(at(doc, ("meta_info", "prompt_tokens")))
     return before if got is None else got
 
 
 def finish_reason(doc: Any, before: str | None = None) -> str | None:
-    got = _at(doc, ("choices", 0, "finish_reason"))
+    got = at(doc, ("choices", 0, "finish_reason"))
     if not isinstance(got, str):
-        meta = _at(doc, ("meta_info", "finish_reason"))
+        meta = at(doc, ("meta_info", "finish_reason"))
         got = meta.get("type") if isinstance(meta, dict) else meta
     return got[:40] if isinstance(got, str) and got else before
 
@@ -47,7 +49,7 @@ def token_ids(spec: TokenIds | None, doc: Any, before: list[int] | None = None) 
     """The answer's output ids after `doc` (a whole answer, or a stream event after `before`); None: none given."""
     if spec is None:
         return before
-    got = _at(doc, spec.path)
+    got = at(doc, spec.path)
     if not isinstance(got, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in got):
         return before
     if before is None:

@@ -26,7 +26,7 @@ from genready.apis import BadAnswer, ServerApi, too_large
 from genready.redact import escape
 from genready.servers import acceptance, kinds
 from genready.servers.acceptance import AcceptanceRecord
-from genready.tools import servermetrics
+from genready.tools import answerfacts, servermetrics
 
 # Two sources of one figure that differ by more than this (relative to the larger) disagree.
 DISAGREEMENT: Final = 0.05
@@ -129,15 +129,6 @@ def _histogram(v: Any, what: str) -> tuple[int, ...]:
     return tuple(c for c in counts if c is not None) if all(c is not None for c in counts) else ()
 
 
-def _walk(doc: Any, path: tuple[str | int, ...]) -> Any:
-    for key in path:
-        if isinstance(key, int):
-            doc = doc[key] if isinstance(doc, list) and len(doc) > key else None
-        else:
-            doc = doc.get(key) if isinstance(doc, dict) else None
-    return doc
-
-
 def answer_counts(doc: Any) -> AnswerCounts | None:
     """The speculative-decoding counts in one answer (or stream event) as parsed JSON, under the first
     known spelling it has; None when it has none (or inconsistent ones: more accepted than drafted)."""
@@ -145,7 +136,7 @@ def answer_counts(doc: Any) -> AnswerCounts | None:
         spec = kind.answer_spec
         assert spec is not None
         for path in spec.paths:
-            obj = _walk(doc, path)
+            obj = answerfacts.at(doc, path)
             if not isinstance(obj, dict):
                 continue
             where = ".".join(str(k) for k in path)
