@@ -80,7 +80,7 @@ from genready.store import durable
 from genready.tools import benchline, benchload, requestline
 from genready.tools import prompts as prompt_sets
 from genready.tools.benchconn import PoolConnector, StaleConnection, refused_write, why_not_reuse
-from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, finite, percentile
+from genready.tools.benchfigures import Drafts, Outcome, Summary, drafts_of, failures_text, finite, percentile
 from genready.tools.benchrun import (
     AUTO,
     DEFAULT_URL,
@@ -164,9 +164,7 @@ def format_summary(s: Summary, env: Mapping[str, str], *, stream: bool = False,
     errors = s.errors()
     why = ""
     if errors:
-        words = s.error_words()
-        why = " (" + ", ".join(f"{n}x {e}" + (f": {words[e][:120]}" if e in words else "")
-                               for e, n in errors.most_common(3)) + (", …" if len(errors) > 3 else "") + ")"
+        why = f" ({failures_text(errors, s.error_words())})"
     more = "".join([f", {s.empty} empty" if s.empty else "", f", {s.retried} retried" if s.retried else "",
                     f", {s.stale_connections} stale connections skipped" if s.stale_connections else ""])
     lines = [

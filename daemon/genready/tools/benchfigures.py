@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
@@ -453,6 +453,14 @@ class Summary:
     def itls_ms(self) -> list[float]:
         # Every gap of every request, as bench_serving pools them: a p99 of token gaps, not of requests.
         return sorted(gap * 1000 for o in self.outcomes if o.ok for gap in o.itl)
+
+
+def failures_text(errors: Mapping[str, int], words: Mapping[str, str], most: int = 3, chars: int = 120) -> str:
+    """The commonest failure kinds, each with its first answer in the server's words where it gave one:
+    `3x HTTP 400: {"error": …}, 1x timeout (30 s)`, and `, …` when there are more kinds. Escaped, each answer cut
+    at `chars`: the bench client's summary and the sweep's line for a run (read from a bench line) say it alike."""
+    return ", ".join(f"{n}x {escape(e)}" + (f": {escape(words[e][:chars])}" if e in words else "")
+                     for e, n in Counter(errors).most_common(most)) + (", …" if len(errors) > most else "")
 
 
 def percentile(sorted_values: Sequence[float], p: float) -> float | None:

@@ -36,12 +36,13 @@ from genready.sweep.files import bench_line, category_figures
 from genready.sweep.plan import Between, Plan, Point, Shard
 from genready.sweep.run import gpucost
 from genready.sweep.run.dropin import POLL, DropinLife
-from genready.sweep.run.lines import Console, Timings, shown
+from genready.sweep.run.lines import Console, Timings
 from genready.sweep.run.results import Cache, Status, SweepError, json_text, writing
 from genready.systemd import bus
 from genready.systemd.unitlog import OutputMark
 from genready.timewords import duration, iso
 from genready.tools import benchline, convergence, servercache, servermetrics
+from genready.tools.benchfigures import failures_text
 
 # The grace an interrupted command gets between SIGINT, SIGTERM and SIGKILL: guard's, one definition.
 STOP_GRACE: Final = GUARD_STOP_GRACE
@@ -410,12 +411,10 @@ def bench_failures(folder: Path) -> str:
     errors, words = line.get(benchline.ERRORS.key), line.get(benchline.ERROR_WORDS.key)
     if not isinstance(errors, dict):
         return ""
-    words = words if isinstance(words, dict) else {}
-    top = sorted(((n, str(e)) for e, n in errors.items() if isinstance(n, int) and not isinstance(n, bool)),
-                 reverse=True)[:2]
-    # bounded: the line is whatever the plan's command wrote
-    return "; ".join(f"{n}x {shown(e[:80])}" + (f": {shown(words[e][:200])}" if isinstance(words.get(e), str) else "")
-                     for n, e in top)
+    # the line is whatever the plan's command wrote: counts that are counts, kinds cut as the answers are
+    counts = {str(e)[:80]: n for e, n in errors.items() if isinstance(n, int) and not isinstance(n, bool)}
+    said = {str(e)[:80]: w for e, w in words.items() if isinstance(w, str)} if isinstance(words, dict) else {}
+    return failures_text(counts, said)
 
 
 def bench_categories(folder: Path) -> dict[str, dict[str, float]] | None:
