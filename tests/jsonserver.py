@@ -1,6 +1,7 @@
-"""A loopback HTTP server whose every GET is answered by a function of its path: the stand-in for
-genready's /ready where the answer itself is the point of a test (a start never verified, a target
-gone, every long-poll slot held). In process: a thread, no child process."""
+"""A loopback HTTP server whose every GET (and POST, its body read and left) is answered by a function of
+its path: the stand-in for genready's /ready where the answer itself is the point of a test (a start never
+verified, a target gone, every long-poll slot held), and for a server that refuses every request. In process:
+a thread, no child process."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ class JsonServer:
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
                 self.wfile.write(raw)
+
+            def do_POST(self) -> None:  # answered as a GET of its path, once its body is read
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
+from genready import config
 from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import plan as sweepplan
 from genready.sweep.report import collect
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import results as sweepresults
+from genready.tools import servercache
 from genready.tools.convergence import (
     FAILING_AFTER,
     NOISE_FLOOR,
@@ -34,6 +36,7 @@ from genready.tools.convergence import (
     words,
 )
 from genready_dev.usermanager import UserManager
+from tests.jsonserver import JsonServer
 from tests.test_sweep import Rig
 
 
@@ -187,6 +190,21 @@ def test_on_generated_cold_starts_the_rule_waits_out_the_decay_and_a_warmed_inst
         assert flat_at_once.converged and flat_at_once.requests <= 16, flat_at_once
         slow = warm(Rule(window=4, tolerance=0.10, max_requests=12), cold_samples(rng, 0, 10.0, 40))
         assert (slow.converged, slow.stopped_by, slow.requests) == (False, "warmup_max", 12), slow
+
+
+def test_a_refused_warmup_names_the_servers_own_words() -> None:
+    """Issue 53 #15: a warmup whose requests all fail stops after FAILING_AFTER of them, and its first failure is
+    the server's answer in its own words (a loopback server in a thread, refusing as llama-server does)."""
+    refusal = {"error": {"code": 400, "message": "request (1163 tokens) exceeds the available context size"}}
+    server = JsonServer(lambda path: (400, refusal))
+    try:
+        target = config.parse({"targets": {"t": {"unit": "u.service", "url": server.base,
+                                                 "api": "openai-completions", "model": "m"}}}, service=False)
+        v, first = servercache.warm_until_stable(servercache.ServerHttp(target.targets["t"]), Rule(window=4))
+    finally:
+        server.close()
+    assert (v.stopped_by, v.requests) == ("failing", FAILING_AFTER), v
+    assert first.startswith("POST /v1/completions (streamed): HTTP 400: ") and "exceeds the available context" in first
 
 
 # --- the plan's keys, the fingerprint, an old folder ----------------------------------------------------------

@@ -166,7 +166,7 @@ def warm_until_stable(http: ServerHttp, rule: convergence.Rule) -> tuple[converg
                                     model=model or "", prompt_ids=t.prompt_ids)
             samples: list[convergence.Sample] = []
             first, t0 = "", time.monotonic()
-            said: str | None = None  # the first failure that is an answer of the server's (an HTTP status)
+            answered = False  # `first` is a failure the server answered (an HTTP status), not a transport error
             while True:
                 left = rule.max_seconds - (time.monotonic() - t0)
                 try:  # the bench client's streamed request: the warmup's TTFT and ITL are measured as the run's
@@ -175,11 +175,11 @@ def warm_until_stable(http: ServerHttp, rule: convergence.Rule) -> tuple[converg
                 except Exception as e:  # as the bench client: what no rule foresaw is one failed request
                     got = Outcome(False, 0.0, error=f"{type(e).__name__}: {apis.excerpt(str(e))}")
                 samples.append(convergence.Sample(got.ttft if got.ok else None, got.itl))
-                if not got.ok and (not first or (said is None and got.error.startswith("HTTP "))):
+                if not got.ok and (not first or (not answered and got.error.startswith("HTTP "))):
                     # The server's own words beat a transport error's: llama-server answers a prompt beyond its
                     # context with 400 and its reason, and may close before the body is written (ClientOSError)
-                    first = f"POST {api.path} (streamed): {got.error}"
-                    said = got.error if got.error.startswith("HTTP ") else None
+                    first = f"POST {api.path} (streamed): {got.error}" + (f": {got.said}" if got.said else "")
+                    answered = got.error.startswith("HTTP ")
                 if (v := convergence.verdict(samples, time.monotonic() - t0, rule)) is not None:
                     return v, first
     result: tuple[convergence.Verdict, str] = asyncio.run(main())
