@@ -471,7 +471,8 @@ async def run(server: ServerOptions, load: LoadOptions, progress: Progress, reco
         # what the kind's OpenAI routes need asked to carry the answer's acceptance counts
         extra = {} if kind is None or summary.own_api else dict(kind.openai_fields[1 if load.stream else 0])
         ids = kind.token_ids if record is not None and kind is not None else None
-        if ids is not None and ids.api not in (server.api if summary.own_api else "",):
+        routes = server.api if summary.own_api else ""  # as TokenIds.api names them: "" is the OpenAI routes
+        if ids is not None and ids.api != routes:
             ids = None  # it returns them on its other routes only
         extra.update(ids.ask if ids is not None else {})
         # The prompts in schedule's order, a shuffled round at a time as they are needed (a --duration run
