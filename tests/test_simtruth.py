@@ -10,6 +10,7 @@ import json
 import math
 import random
 import selectors
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import tomli_w
 
 from genready.tools import prompts
-from genready_dev import sim, simspec, simtruth
+from genready_dev import sim, simargs, simspec, simtruth
 from genready_dev.harness import GENREADY, PY
 from genready_dev.simrequests import GenRequest
 from tests.test_benchclient import Sim, bench
@@ -282,3 +283,22 @@ def test_a_sweep_with_repeats_gives_each_speedup_an_interval_on_the_truths_side_
         print(name, truth, sp)
         assert sp["low"] is not None and sp["low"] <= sp["value"] <= sp["high"], sp
         assert (sp["value"] > 1) == (truth > 1), (name, truth, sp)  # 1.32x and 0.70x: the sign is right
+
+
+def test_load_noise_draws_one_factor_per_start_from_its_seed() -> None:
+    """--load-noise: a start's steps, prefill and batch cost are all scaled by one factor; a seed repeats it,
+    another seed gives another, and none is 1.0 by chance of the flag being ignored."""
+    def scaled(seed: int) -> tuple[float, float, float, float]:
+        a = sim.parser().parse_args(["--token-latency", "0.02", "--prefill-latency", "0.001",
+                                     "--batch-token-seconds", "0.002", "--load-noise", "0.05",
+                                     "--load-noise-seed", str(seed)])
+        f = simargs.apply_load_noise(a)
+        return f, a.token_latency / 0.02, a.prefill_latency / 0.001, a.batch_token_seconds / 0.002
+
+    f1, *ratios = scaled(1)
+    assert f1 != 1.0 and all(abs(r - f1) < 1e-12 for r in ratios)
+    assert scaled(1)[0] == f1 and scaled(2)[0] != f1
+    factors = [scaled(s)[0] for s in range(200)]
+    assert 0.04 < statistics.stdev(factors) < 0.06  # the flag's standard deviation, not another
+    quiet = sim.parser().parse_args(["--token-latency", "0.02"])
+    assert simargs.apply_load_noise(quiet) == 1.0 and quiet.token_latency == 0.02

@@ -44,8 +44,7 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready_dev import simbatch, simengine, simoutput, simspec
-from genready_dev.simargs import add_arguments
+from genready_dev import simargs, simbatch, simengine, simoutput, simspec
 from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
 from genready_dev.simrequests import (
     CONTEXT_LENGTH,
@@ -901,6 +900,8 @@ def main(args: argparse.Namespace) -> int:
         print("genready simulate: --spec-alpha and --spec-accept each set the accept length; give one",
               file=sys.stderr)
         return 2
+    if (factor := simargs.apply_load_noise(args)) != 1.0:
+        print(f"genready simulate: --load-noise: this load's steps take {factor:.4f} times their time", file=sys.stderr)
     try:
         simbatch.from_args(args, spec_model(args), vllm_speculative_config(args))  # refused as the engine would
     except ValueError as e:
@@ -914,7 +915,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="genready simulate", description="An LLM-server simulator with SGLang's "
                                 "HTTP surface and its failure modes (for tests, the demo and dry runs); --profile "
                                 "sglang|vllm|llamacpp imitates one server as its source does (docs/servers.md).")
-    add_arguments(p)
+    simargs.add_arguments(p)
     return p
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 
 from genready_dev import simbatch, simengine, simoutput, simspec
 from genready_dev.simprofiles import PROFILES
@@ -205,5 +206,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "SGLang issue #28706's 6,350 ms TTFT after a restart against 3,661 ms converged)")
     p.add_argument("--reject", type=_client_error, metavar="STATUS",
                    help="answer every generation with this 4xx status once loaded (e.g. 403, 405, 422)")
+    p.add_argument("--load-noise", type=_fraction, default=0.0, metavar="SD",
+                   help="load-to-load noise (issue 51 §5): each start draws one factor from a normal of mean 1 and "
+                   "this standard deviation (0.03 is 3 %%), and multiplies every step's and prefill's time by it "
+                   "(default: %(default)s, none)")
+    p.add_argument("--load-noise-seed", type=int, default=None, metavar="N",
+                   help="--load-noise: draw the factor from this seed (default: a fresh one each start)")
     simbatch.add_arguments(p)
     simengine.add_arguments(p)
+
+
+def apply_load_noise(a: argparse.Namespace) -> float:
+    """--load-noise: this start's factor on every step's and prefill's time (1.0 without), applied to `a`.
+
+    A real engine's figures move from load to load (memory placement, clocks, CUDA-graph capture), not only
+    from run to run: a sweep that repeats runs within one load sees none of it (issue 51 §1)."""
+    if a.load_noise <= 0:
+        return 1.0
+    factor = max(0.5, random.Random(a.load_noise_seed).gauss(1.0, a.load_noise))
+    a.token_latency *= factor
+    a.prefill_latency *= factor
+    a.batch_token_seconds *= factor
+    return factor
