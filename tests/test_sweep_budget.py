@@ -115,6 +115,27 @@ def test_without_the_daemons_records_the_results_folders_loads_count() -> None:
     assert none.load is None and none.words().startswith("no load history") and "hours unknown" in none.words()
 
 
+def at(seconds: float) -> str:
+    return f"2026-01-01T00:{int(seconds) // 60:02d}:{seconds % 60:06.3f}+00:00"
+
+
+def test_the_clock_scale_is_what_an_instances_runs_took_over_its_load_and_commands() -> None:
+    one = {"status": "ok", "invocation_id": "a", "host": "h"}
+    lines = [{**one, "restarted": True, "load_seconds": 10.0, "run_seconds": 5.0, "started_at": at(0),
+              "ended_at": at(20)},  # load and command: 15 s of 20 on the clock (a warmup)
+             {**one, "restarted": False, "load_seconds": 10.0, "run_seconds": 5.0, "started_at": at(22),
+              "ended_at": at(30)},  # reused (its load not counted again): 2 s between the two, 3 s of warmup
+             {"status": "not_ready", "restarted": True, "load_seconds": None, "started_at": at(30),
+              "ended_at": at(90)},  # no load, no run: not counted
+             {**one, "invocation_id": "b", "restarted": True, "load_seconds": 1.0, "run_seconds": 1.0,
+              "started_at": "garbage", "ended_at": at(99)}]
+    assert sweepbudget.clock_scale(lines) == pytest.approx(30 / 20)
+    assert sweepbudget.clock_scale([]) == 1.0
+    quick = [{**lines[0], "ended_at": at(1)}]  # faster than its own load: never below 1
+    assert sweepbudget.clock_scale(quick) == 1.0
+    assert "x1.50 for their warmups and flushes" in sweepbudget.history([], lines).words()
+
+
 def timings(p: sweepplan.Plan, load: float | None, run: float | None) -> Timings:
     return sweep.estimate_timings(p, [list(g) for g in p.groups()], False, History(load, 5, "x", run, 3))
 
@@ -140,6 +161,12 @@ def test_dry_run_says_the_loads_and_hours_and_whether_the_budget_fits() -> None:
     out = io.StringIO()
     sweep.dry_run(plan('budget = "1h"'), Path("/r"), "u.service", "user", set(), out, history=hist)
     assert "# budget 1h00m: the plan fits (about 21m00s expected)" in out.getvalue()
+    out = io.StringIO()
+    sweep.dry_run(plan('budget = "20m"'), Path("/r"), "u.service", "user", set(), out,
+                  history=History(160.0, 5, "genready's records of the unit", 60.0, 3, scale=1.5))
+    assert "# expected: 3 loads and 6 runs, about 21m00s" in out.getvalue()  # (3 x 160 + 6 x 60) x 1.5
+    assert "# budget 20m00s: the plan does not fit (about 21m00s expected): the sweep would stop before load 3" in \
+        out.getvalue()
     out = io.StringIO()
     sweep.dry_run(plan('budget = "1h"'), Path("/r"), "u.service", "user", set(), out,
                   history=History(None, 0, "", None, 0))
@@ -188,6 +215,8 @@ def test_what_a_load_and_its_runs_took_on_the_clock_scales_the_next_ones_cost() 
     now[0] += 100
     over = quicker.check(t, second)
     assert over is not None and (over.spent, over.cost) == (100, 420)
+    history = budgetrun.Guard(500.0, clock=lambda: now[0], scale=1.5)  # before a load is done: the history's scale
+    assert history.check(t, first) is not None and history.over is not None and history.over.cost == 630
 
 
 # --- the report -------------------------------------------------------------------------------------------------

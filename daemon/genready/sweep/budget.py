@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from genready.rule.history import EXPECTED_FROM
-from genready.timewords import duration
+from genready.timewords import duration, from_iso
 
 BUDGET_FIELD: Final = "budget"  # a results line's field: the budget stopped the sweep before this point's load
 BUDGET_KEYS: Final = ("budget_seconds", "spent_seconds", "expected_seconds")  # that field's (budget_json)
@@ -38,6 +38,9 @@ class History:
     load_from: str  # where they were read: words
     run: float | None  # mean seconds of earlier ok runs; None: none timed
     runs: int
+    # what those ok runs took on the clock (from their load or their reuse to their end: warmups and flushes too) over
+    # their loads and commands alone, at least 1; 1 without any
+    scale: float = 1.0
 
     def words(self) -> str:
         load = (f"a load takes {duration(self.load)}: the median of {_n(self.loads, 'verified start')} "
@@ -45,7 +48,9 @@ class History:
             "no load history (no verified start in genready's records or the results folder): hours unknown"
         run = (f"a run {duration(self.run)}: the mean of {_n(self.runs, 'ok run')} in the results folder"
                if self.run is not None else "no run timed in the results folder: the hours count the loads alone")
-        return f"{load}; {run}"
+        scale = f"; x{self.scale:.2f} for their warmups and flushes (the clock's time of those runs over their loads " \
+            "and commands)" if self.scale > 1 else ""
+        return f"{load}; {run}{scale}"
 
 
 def _n(k: int, word: str) -> str:
@@ -71,6 +76,25 @@ def results_times(lines: Sequence[Mapping[str, Any]]) -> tuple[list[float], list
     return loads[::-1][:EXPECTED_FROM], runs
 
 
+def clock_scale(lines: Sequence[Mapping[str, Any]]) -> float:
+    """Over an earlier sweep's ok lines, per loaded instance (its invocation): the time on the clock from its restart
+    (or the first reuse of it the folder has) to its last run's end, over its load and its commands (run_seconds) alone;
+    at least 1, and 1 without any. What a run costs besides its command: its warmup, its flush, the checks between."""
+    spans: dict[tuple[object, object], list[float]] = {}  # instance -> [first start, last end, load + commands]
+    for r in lines:
+        run, load = _number(r.get("run_seconds")), _number(r.get("load_seconds")) if r.get("restarted") else 0.0
+        try:
+            began, ended = from_iso(r.get("started_at")), from_iso(r.get("ended_at"))
+        except (TypeError, ValueError):
+            continue
+        if r.get("status") != "ok" or run is None or load is None or began is None or ended is None or ended < began:
+            continue
+        span = spans.setdefault((r.get("host"), r.get("invocation_id")), [began, ended, 0.0])
+        span[0], span[1], span[2] = min(span[0], began), max(span[1], ended), span[2] + load + run
+    took, alone = sum(e - b for b, e, _ in spans.values()), sum(x for _, _, x in spans.values())
+    return max(1.0, took / alone) if alone > 0 else 1.0
+
+
 def history(records: Iterable[Mapping[str, Any]] | None, lines: Sequence[Mapping[str, Any]]) -> History:
     """The history an estimate is made of: genready's records when they hold a verified start (None: the daemon
     was not asked, or did not answer), else the results folder's loads."""
@@ -79,7 +103,7 @@ def history(records: Iterable[Mapping[str, Any]] | None, lines: Sequence[Mapping
     loads, where = (from_records, "genready's records of the unit") if from_records else \
         (folder_loads, "the results folder's earlier loads")
     return History(statistics.median(loads) if loads else None, len(loads), where,
-                   statistics.fmean(runs) if runs else None, len(runs))
+                   statistics.fmean(runs) if runs else None, len(runs), clock_scale(lines))
 
 
 def fits(spent: float, cost: float | None, budget: float) -> bool:

@@ -268,8 +268,9 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]
     todo = [g for g in todo if g]
     say = sweep.console.say
-    if plan.budget is not None:  # the unit's history until this sweep times its own load and run
+    if plan.budget is not None and sweep.guard is not None:  # the history until this sweep times its own
         budgetrun.seeded(sweep.timings, hist := budgetrun.read_history(base, target, results))
+        sweep.guard.scale = hist.scale
         say(f"budget {duration(plan.budget)}: no load starts that is expected to end past it, with its runs; "
             f"{hist.words()}")
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +

@@ -45,9 +45,14 @@ def seeded(timings: Timings, hist: History) -> None:
         timings.expected_run = hist.run
 
 
-def load_costs(timings: Timings) -> list[tuple[Point, float | None]]:
-    """Each planned load of the schedule, with what it and its runs are expected to take."""
-    return [(p, timings.left(p, loading=True, one_load=True).seconds) for p, first in timings.schedule if first]
+def scaled(seconds: float | None, scale: float) -> float | None:
+    return None if seconds is None else seconds * scale
+
+
+def load_costs(timings: Timings, scale: float = 1.0) -> list[tuple[Point, float | None]]:
+    """Each planned load of the schedule, with what it and its runs are expected to take (times `scale`)."""
+    return [(p, scaled(timings.left(p, loading=True, one_load=True).seconds, scale))
+            for p, first in timings.schedule if first]
 
 
 def estimate_lines(timings: Timings, hist: History, budget: float | None) -> list[str]:
@@ -56,13 +61,13 @@ def estimate_lines(timings: Timings, hist: History, budget: float | None) -> lis
     if not timings.schedule:
         return []
     left = timings.left(timings.schedule[0][0], loading=True)
-    secs = left.seconds
+    secs = scaled(left.seconds, hist.scale)
     hours = "hours unknown" if secs is None else f"{'more than ' if left.run is None else 'about '}{duration(secs)}"
     out = [f"expected: {left.loads} load{'s' if left.loads != 1 else ''} and {left.runs} run"
            f"{'s' if left.runs != 1 else ''}, {hours} ({hist.words()})"]
     if budget is None:
         return out
-    costs = load_costs(timings)
+    costs = load_costs(timings, hist.scale)
     n = sweepbudget.reach([c for _, c in costs], budget)
     if secs is None:
         out.append(f"budget {duration(budget)}: whether the plan fits cannot be told without a load history; the "
@@ -99,10 +104,11 @@ class Guard:
 
     Timings counts loads and commands; a load's runs also cost their warmups and flushes, strays waited out and
     retries. So each load and its runs, once done, is timed on the clock and set against what Timings, knowing what
-    it knows now, expects of them: the next expected cost is scaled by the ratio of the two so far, when over 1."""
+    it knows now, expects of them: the next expected cost is scaled by the ratio of the two so far, when over 1
+    (before the first is done, by `scale`: the history's, History.scale)."""
 
-    def __init__(self, budget: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.budget, self.clock = budget, clock
+    def __init__(self, budget: float, clock: Callable[[], float] = time.monotonic, scale: float = 1.0) -> None:
+        self.budget, self.clock, self.scale = budget, clock, scale
         self.started = clock()
         self.over: Over | None = None  # set once the budget stops the sweep
         self.last: tuple[float, Left] | None = None  # the last load let start: when, and its loads and runs
@@ -121,9 +127,7 @@ class Guard:
             began, before = self.last
             if (expected := replace(before, load=left.load, run=left.run).seconds) is not None:
                 self.took, self.expected = self.took + now - began, self.expected + expected
-        cost = left.seconds
-        if cost is not None and self.expected > 0:
-            cost *= max(1.0, self.took / self.expected)
+        cost = scaled(left.seconds, max(1.0, self.took / self.expected) if self.expected > 0 else self.scale)
         spent = now - self.started
         if sweepbudget.fits(spent, cost, self.budget):
             self.last = (now, left)
