@@ -503,8 +503,8 @@ def add_sweep_run(sub: Subcommands) -> None:
     # One option string, not a value of --resume: `--resume PLAN.toml` must keep PLAN.toml the plan.
     sp.add_argument("--resume=rerun-changed", dest="resume", action="store_const", const="rerun-changed",
                     help="as --resume, and run again the points whose lines another configuration made")
-    sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands; "
-                    "change nothing")
+    sp.add_argument("--dry-run", action="store_true", help="print the points, their drop-ins and commands, and "
+                    "the loads and hours expected from the unit's load history; change nothing")
     sp.add_argument("--keep-config", action="store_true", help="leave the last point's drop-in in place at "
                     "the end instead of restoring the unit's own configuration")
     sp.add_argument("--restart-each", action="store_true", help="restart the unit for every point, also between "
@@ -517,6 +517,9 @@ def add_sweep_run(sub: Subcommands) -> None:
     sp.add_argument("--ignore-strays", action="store_true", help="load and run next to processes of an earlier "
                     "start that hold memory on the target's GPUs, instead of waiting stray_wait for them to exit "
                     "and then stopping (exit 1)")
+    sp.add_argument("--budget", metavar="DURATION", help="the sweep's time, as the plan's `budget` key (which it "
+                    "replaces), e.g. 4h or 90m: no load starts that is expected, with its runs, to end past it; the "
+                    "points left are recorded skipped and the sweep exits 1 (--dry-run: whether the plan fits)")
     sp.add_argument("--shard", metavar="K/N", help="run only the server configurations (groups of points with the "
                     "same drop-in) whose index is K-1 modulo N: one of N hosts; `sweep report` merges the folders")
     config_flag(sp)

@@ -1,10 +1,13 @@
 """Times as genready writes them, one definition each: `iso()` for files and the API, `duration()`
 for people (STATUS=, the CLI, the sweep's lines, the log), `ago()` and `local_time()` for the CLI;
-and the two clocks the daemon reads (`Clock`).
+`seconds_of()` reads a duration back as people write it (a sweep plan's `budget`); and the two clocks
+the daemon reads (`Clock`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +48,33 @@ def duration(s: float | None) -> str:
         return f"{max(0.0, s):.1f}s"
     s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# "4h", "90m", "1h30m", "6m02s", "4.2s", "2d": what duration() writes, and what people write for a budget;
+# each unit at most once, largest first, spaces allowed between the parts.
+_DURATION = re.compile(r"\s*".join(rf"(?:(?P<{u}>\d+(?:\.\d+)?){u})?" for u in "dhms"))
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+DURATION_WORDS = 'a duration such as "4h", "90m", "1h30m" or "45s" (or a number of seconds)'
+
+
+def seconds_of(text: str | float) -> float:
+    """A duration in seconds: `text` as duration() writes it or as people write one (DURATION_WORDS), or a
+    number of seconds; ValueError when it is not one (the caller says which key or flag wanted it)."""
+    if isinstance(text, bool):
+        raise ValueError(f"boolean {text!r}")
+    try:
+        number = float(text)  # 3600 or "3600": seconds, as a number in a plan would be
+    except ValueError:
+        number = None
+    if number is not None:
+        if not math.isfinite(number):
+            raise ValueError(repr(text)[:80])
+        return number
+    stripped = str(text).strip()
+    m = _DURATION.fullmatch(stripped)
+    if not stripped or m is None or not any(m.groupdict().values()):
+        raise ValueError(repr(text)[:80])
+    return sum(float(v) * _UNIT_SECONDS[u] for u, v in m.groupdict().items() if v is not None)
 
 
 def ago(ts: float, now: float | None = None) -> str:

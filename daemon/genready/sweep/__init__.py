@@ -12,6 +12,7 @@ its results line, once, whole.
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
     plan                PLAN.toml: its keys (defined once), points, groups of one server configuration
     search              the plan's [search] table and a load search's decisions, as pure functions
+    budget              the plan's `budget`: the unit's load history, the stop rule, what the report says it left
     crossover           where a configuration's speedup over the baseline falls below 1 along a load search
     files               the files both sides share: their names, JSON Lines, a run's bench line
     rows                a report's row, one shape for all: Figure, FIGURES, Row, Ratio, row_of, point_row, mark_best
@@ -19,6 +20,7 @@ its results line, once, whole.
     run.runner          the loop: configurations, points, repeats, attempts, each attempt's steps in order; signals
     run.baseline        where the plan's baseline runs: its rounds among the groups, at every client setting
     run.prune           what a failed start prunes, and the stop after failed starts in a row
+    run.budgetrun       the budget while the sweep runs and in --dry-run: the history read, the estimate, the check
     run.strays          GPU strays: asked of the daemon, waited out before a load and before a run
     run.dropin          the drop-in's lifecycle on the unit, from check to restore
     run.steps           an attempt's steps as values: a Verified instance or NotReady; warm and flush; the command

@@ -23,8 +23,10 @@ Sweep._attempt, in this order):
 Each repeat is another attempt on the same instance (its drop-in and restart skipped); with a
 `[search]`, each load step is such a run (run/searchrun.py) and what the search found goes to DIR/search.jsonl. With a
 `baseline`, its rounds run among the groups (run/baseline.py); with `prune`, a failed start skips
-the larger configurations (run/prune.py). At the end, main.py writes the summary (the rows the
-runner ran, through report/table.py).
+the larger configurations (run/prune.py); with a `budget` (or --budget), no load starts that is expected to end
+past it, and the points left are recorded `skipped` (run/budgetrun.py; --dry-run says the loads and hours expected
+from the unit's load history). At the end, main.py writes the summary (the rows the runner ran, through
+report/table.py).
 
 Loading a large model takes minutes, so steps 2-3 happen once per *server configuration*:
 points whose rendered drop-ins are byte-identical form a group (Plan.groups), and the later
@@ -47,6 +49,7 @@ import shlex
 import sys
 import unicodedata
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -56,12 +59,14 @@ from genready.config import Config, ConfigError, stuck_after
 from genready.exitcodes import Exit, Failed
 from genready.servers import kinds
 from genready.store.bounded import FileError
+from genready.sweep.budget import History
 from genready.sweep.files import RESULTS_FILE, read_results
-from genready.sweep.plan import Between, Plan, Shard, load_plan
+from genready.sweep.plan import Between, Plan, Point, Shard, load_plan
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run import budgetrun
 from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
-from genready.sweep.run.lines import between_words, loads_line, shown
+from genready.sweep.run.lines import Timings, between_words, loads_line, shown
 from genready.sweep.run.prune import Pruner, earlier_failures
 from genready.sweep.run.results import (
     LEGACY_WARMUP,
@@ -76,10 +81,23 @@ from genready.sweep.run.results import (
 )
 from genready.sweep.run.runner import Sweep
 from genready.sweep.run.steps import SweepOptions
+from genready.sweep.search import expected_steps
 from genready.systemd import analyze, bus, control
 from genready.systemd.sweepdropin import DROPIN_NAME, describe_owner, owner_alive, owner_of, read_dropin
+from genready.timewords import DURATION_WORDS, duration, seconds_of
 
 RERUN_CHANGED = "rerun-changed"  # --resume=rerun-changed: redo the points whose lines another configuration made
+
+
+def budget_flag(text: str) -> float:
+    """--budget's value in seconds; ValueError saying what it expects (as the plan's key, plan.py)."""
+    try:
+        seconds = seconds_of(text)
+    except ValueError:
+        seconds = 0.0
+    if seconds <= 0:
+        raise ValueError(f"--budget: expected {DURATION_WORDS}, > 0, found {text!r}")
+    return seconds
 
 
 def check_results_path(results: Path) -> str | None:
@@ -102,9 +120,10 @@ def other_lines(results: Path, changed: dict[int, list[str]]) -> str:
 
 def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int], out: TextIO, *,
             restart_each: bool = False, shard: Shard | None = None,
-            check: Callable[[str], list[str]] | None = None) -> int:
+            check: Callable[[str], list[str]] | None = None, history: History | None = None) -> int:
     """Print what the sweep would do, in the order it would do it; touch nothing. With `check`, each drop-in
-    is checked as systemd would read it: 78 if systemd would not take one as written, else 0."""
+    is checked as systemd would read it: 78 if systemd would not take one as written, else 0. With `history` (the
+    unit's loads, budget.py), the expected loads and hours, and whether the plan's budget fits."""
     def w(text: str) -> None:
         console.write(text, out)  # `--dry-run | head` is not an error
 
@@ -120,6 +139,10 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
       + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
       + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
     w(f"# {between_words(plan)}\n")
+    if history is not None:
+        for line in budgetrun.estimate_lines(estimate_timings(plan, todo, restart_each, history), history,
+                                             plan.budget):
+            w(f"# {line}\n")
     if plan.prune:
         w(f"# prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at least "
           "as large on them (--no-prune loads them)\n")
@@ -148,6 +171,16 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
             f" (and {len(refused) - 1} more drop-ins)" if len(refused) > 1 else ""))
         return Exit.CONFIG
     return 0
+
+
+def estimate_timings(plan: Plan, todo: list[list[Point]], restart_each: bool, history: History) -> Timings:
+    """The ETA's Timings for the points to run, before any of them runs: a load planned at each group's first (every
+    point with --restart-each), the expected load and run from the unit's history."""
+    timings = Timings(repeats=plan.repeats, every_run_loads=restart_each,
+                      steps=expected_steps(plan.search) if plan.search else 1,
+                      schedule=[(p, restart_each or i == 0) for g in todo for i, p in enumerate(g)])
+    budgetrun.seeded(timings, history)
+    return timings
 
 
 def dry_run_check(plan: Plan, unit: str, bus_kind: str) -> Callable[[str], list[str]] | None:
@@ -181,6 +214,11 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except ConfigError as e:
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
+    if getattr(args, "budget", None) is not None:
+        try:
+            plan = replace(plan, budget=budget_flag(args.budget))
+        except ValueError as e:
+            raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
     target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
@@ -211,7 +249,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
-                       shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus))
+                       shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus),
+                       history=budgetrun.read_history(base, target, results))
     try:
         code, _ = client.request(base, f"/ready/{target}")
     except client.Unreachable as e:
@@ -229,6 +268,11 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     todo = [[p for p in g if p.index not in skip | pruned] for g in sweep.groups]
     todo = [g for g in todo if g]
     say = sweep.console.say
+    if plan.budget is not None and sweep.guard is not None:  # the history until this sweep times its own
+        budgetrun.seeded(sweep.timings, hist := budgetrun.read_history(base, target, results))
+        sweep.guard.scale = hist.scale
+        say(f"budget {duration(plan.budget)}: no load starts that is expected to end past it, with its runs; "
+            f"{hist.words()}")
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
         f"; {between_words(plan)}")
     if changed:

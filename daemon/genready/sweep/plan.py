@@ -25,6 +25,7 @@ from typing import Any, Final
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
 from genready.sweep import search as sweepsearch
+from genready.timewords import DURATION_WORDS, seconds_of
 from genready.tools.benchload import SloPart, parse_slo
 
 Scalar = str | int | float | bool
@@ -155,6 +156,16 @@ def _warmup(v: object) -> object:
     return v if v == STABLE else _number(0, integer=True, high=1000)(v)
 
 
+def _budget(v: object) -> object:
+    if not isinstance(v, str | int | float):
+        return _BAD
+    try:
+        seconds = seconds_of(v)
+    except ValueError:
+        return _BAD
+    return seconds if seconds > 0 else _BAD
+
+
 def _target(v: object) -> object:
     return v if isinstance(v, str) and v else _BAD
 
@@ -265,6 +276,9 @@ KEYS: Final = (
     PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
             "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
             "a latency target the report's Decision judges each point by (its bench figures; report/decision.py)"),
+    PlanKey("budget", f"{DURATION_WORDS}, > 0", None,
+            "the sweep's time: before each load it stops (exit 1) if that load and its runs would not fit, recording "
+            "the points not reached; --dry-run says the plan's expected loads and hours (sweep/budget.py)", _budget),
 )
 PLAN_KEYS: Final = {k.name: k for k in KEYS}
 # The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
@@ -301,6 +315,7 @@ class Plan:
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/run/searchrun.py)
     gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
     slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (report/decision.py)
+    budget: float | None = None  # seconds the sweep may take: it loads nothing it expects to overrun (budget.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:

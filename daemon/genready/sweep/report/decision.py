@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
+from genready.sweep import budget as sweepbudget
 from genready.sweep.report import outputs, slower, speedup
 from genready.sweep.rows import Ratio, Row
 from genready.tools import benchline
@@ -68,6 +69,8 @@ class Facts:
     found: tuple[Mapping[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
     deploy: str = ""  # what to run, the Decision's last sentence (issue 52 §5: report/schedule.py's deploy_line)
+    # the plan's `budget` stopped the sweep (sweep/budget.py): the lines of the points it did not reach
+    not_reached: tuple[Mapping[str, Any], ...] = ()
 
     @classmethod
     def of(cls, lines: Iterable[Mapping[str, Any]], found: Iterable[Mapping[str, Any]] = ()) -> Facts:
@@ -75,12 +78,19 @@ class Facts:
         latest) and every search.jsonl line; lines from before the `slo` key have none."""
         slos: dict[str, tuple[SloPart, ...]] = {}
         last: tuple[SloPart, ...] = ()
+        lines = list(lines)
         for rec in lines:
             if (got := slo_from(rec.get("slo"))) is not None:
                 slos[slo_text(got)] = last = got
         notes = (f"the results lines hold {len(slos)} different SLOs; judged against the last: {slo_text(last)}",) \
             if len(slos) > 1 else ()
-        return cls(last, tuple(f for f in found if isinstance(f, Mapping)), notes)
+        return cls(last, tuple(f for f in found if isinstance(f, Mapping)), notes,
+                   not_reached=tuple(sweepbudget.not_reached(lines)))
+
+    @property
+    def provisional(self) -> str | None:
+        """The sentence saying the Decision is provisional, and what the budget left unreached; None if nothing."""
+        return sweepbudget.provisional_words(self.not_reached, line_label)
 
 
 # --- per client setting ---------------------------------------------------------------------------------------
@@ -131,6 +141,12 @@ def settings(rows: Sequence[Row]) -> list[tuple[dict[str, Any], list[Row]]]:
         client = {k: v for k, v in r.point.items() if k in axes}
         out.setdefault(tuple(sorted((k, _value_key(v)) for k, v in client.items())), (client, []))[1].append(r)
     return list(out.values())
+
+
+def line_label(rec: Mapping[str, Any]) -> str:
+    """A line's point (a results line's, a search found line's) as the report writes it."""
+    point = rec.get("point")
+    return escape(values_words(point) if isinstance(point, Mapping) else str(point)) or "(no values)"
 
 
 def config_label(r: Row, client: Mapping[str, Any]) -> str:
@@ -366,11 +382,6 @@ def _unit(rec: Mapping[str, Any]) -> str:
     return "concurrent requests" if rec.get("axis") == "concurrency" else "req/s"
 
 
-def _found_label(rec: Mapping[str, Any]) -> str:
-    point = rec.get("point")
-    return escape(values_words(point) if isinstance(point, Mapping) else str(point)) or "(no values)"
-
-
 def crossover_words(rec: Mapping[str, Any]) -> str | None:
     """Where speculation stops paying for one configuration, from its found line's `crossover` and
     `crossover_status`; None when the line has neither (a search.jsonl from before crossovers)."""
@@ -424,7 +435,7 @@ def search_sentences(found: Sequence[Mapping[str, Any]], with_baseline: bool) ->
             continue
         top, rec = max(rated, key=lambda x: x[0])
         serves = "serves up to" if mode == "slo" else "keeps up to"
-        text = f"{what}: {_found_label(rec)}, {serves} {top:.3g} {_unit(rec)}"
+        text = f"{what}: {line_label(rec)}, {serves} {top:.3g} {_unit(rec)}"
         if mode == "saturation" and (first := finite_number(rec.get("first_saturated_rate"))) is not None:
             text += f" (saturated by {first:.3g})"
         if with_baseline and (cross := crossover_words(rec)) is not None:
@@ -434,7 +445,7 @@ def search_sentences(found: Sequence[Mapping[str, Any]], with_baseline: bool) ->
         out.append(text + ".")
     others = [(r, c) for r in lines if (c := crossover_words(r)) is not None]
     if with_baseline and len(others) > 1:
-        out.append("Crossovers: " + "; ".join(f"{_found_label(r)}: {c}" for r, c in others[:MAX_NAMED]) + ".")
+        out.append("Crossovers: " + "; ".join(f"{line_label(r)}: {c}" for r, c in others[:MAX_NAMED]) + ".")
     return out
 
 
@@ -457,7 +468,8 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     decided = decide([r for r in rows if not searched or _key({"p": r.point, "b": r.baseline}) not in searched],
                      facts.slo)
     search = search_sentences(facts.found, with_baseline)
-    if not search and all(s.best is None for s in decided):
+    provisional = [facts.provisional] if facts.provisional else []
+    if not search and not provisional and all(s.best is None for s in decided):
         return None
     notes = [WITHIN_NOISE] if any(s.best is not None for s in decided) else []
     if not with_baseline:
@@ -469,7 +481,7 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     sentences = [sentence(s, with_baseline=with_baseline, slo=facts.slo) for s in decided if s.best is not None or
                  len(decided) > 1]
     deploy = [facts.deploy] if facts.deploy else []
-    return Section(tuple(sentences + search + deploy), tuple(notes), tuple(decided), tuple(search))
+    return Section(tuple(provisional + sentences + search + deploy), tuple(notes), tuple(decided), tuple(search))
 
 
 def render(rows: Sequence[Row], facts: Facts | None, fmt: str) -> str:
@@ -518,4 +530,9 @@ def as_json(rows: Sequence[Row], facts: Facts | None) -> dict[str, Any] | None:
                           "slo_best": point(s.slo_best, s.client),
                           "slo_not_met": [{**(point(r, s.client) or {}), "failed": {p.key: v for p, v in v.failed}}
                                           for r, v in s.slo_failed]} for s in got.settings],
-            "search": list(got.search), "deploy": facts.deploy or None if facts is not None else None}
+            "search": list(got.search), "deploy": facts.deploy or None if facts is not None else None,
+            # the budget stopped the sweep (sweep/budget.py): the answers are among the points reached only
+            "provisional": bool(facts is not None and facts.not_reached),
+            "not_reached": [{"point": line_label(r), "baseline": r.get("baseline") or None,
+                             **{k: finite_number(r[sweepbudget.BUDGET_FIELD].get(k)) for k in sweepbudget.BUDGET_KEYS}}
+                            for r in (facts.not_reached if facts is not None else ())]}

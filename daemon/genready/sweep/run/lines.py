@@ -47,14 +47,33 @@ class Console:
             self.say(line)
 
 
+@dataclass(frozen=True)
+class Left:
+    """What is left from a point on: its loads and runs, and the seconds each is expected to take."""
+
+    loads: int
+    runs: int
+    load: float | None  # expected seconds per load; None: no load timed and no history
+    run: float | None  # mean seconds per run; None: no run timed yet (the time counts the loads alone)
+
+    @property
+    def seconds(self) -> float | None:
+        """The expected time; None when a load is left and none can be estimated. Without a run time, the loads'
+        alone (a lower bound)."""
+        if self.load is None and self.loads:
+            return None
+        return self.loads * (self.load or 0.0) + (self.runs * self.run if self.run is not None else 0.0)
+
+
 @dataclass
 class Timings:
     """What the ETA is computed from: this sweep's loads and runs, or before the first load the
-    daemon's expected_load_seconds."""
+    daemon's expected_load_seconds (with a `budget`, the unit's load history, budget.py, before that)."""
 
     load_times: list[float] = field(default_factory=list)  # seconds from restart to verified
     expected_load: float | None = None  # the daemon's expected_load_seconds, until a load is timed
     run_times: list[float] = field(default_factory=list)  # seconds of ok commands
+    expected_run: float | None = None  # with a `budget`: earlier sweeps' mean run (budget.py), until a run is timed
     last_load: float | None = None
     repeats: int = 1  # the plan's runs per point
     steps: int = 1  # with a [search], the steps a point's search is expected to run (search.expected_steps)
@@ -65,25 +84,34 @@ class Timings:
         self.last_load = seconds
         self.load_times.append(seconds)
 
-    def eta(self, point: Point, *, loading: bool) -> str:
-        """Loads left times the expected load, plus runs left times the mean run (`schedule`: the
-        points in order, True where a load is planned; each point is `repeats` runs of each of its `steps`, the
-        current one counted whole). The expected load is the mean of this sweep's loads, or before the first one
-        the daemon's expected_load_seconds (its recent loads of the unit); until a run is measured
-        the ETA counts the loads alone, and says so."""
+    def left(self, point: Point, *, loading: bool, one_load: bool = False) -> Left:
+        """Loads and runs left from `point` on (`schedule`: the points in order, True where a load is planned; each
+        point is `repeats` runs of each of its `steps`, the current one counted whole); `one_load`: only up to the
+        next planned load (what a load at `point` brings: the budget's check). The expected load is the mean of
+        this sweep's loads, or before the first one the daemon's expected_load_seconds (its recent loads of the
+        unit); the run, the mean of this sweep's runs, or before the first one `expected_run`."""
         load = sum(self.load_times) / len(self.load_times) if self.load_times else self.expected_load
-        if load is None:
-            return ""
+        run = sum(self.run_times) / len(self.run_times) if self.run_times else self.expected_run
         at = next((i for i, (p, _) in enumerate(self.schedule) if p.index == point.index), len(self.schedule))
         rest = self.schedule[at:]
+        if one_load:
+            rest = rest[:next((i for i, (_, first) in enumerate(rest) if i and first), len(rest))]
         runs = len(rest) * self.repeats * self.steps
         if self.every_run_loads:
             loads = runs - (0 if loading else 1)
         else:
             loads = sum(1 for _, first in rest[1:] if first) + (1 if loading else 0)
-        if not self.run_times:
-            return f", ETA > {duration(loads * load)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
-        return f", ETA {duration(loads * load + runs * sum(self.run_times) / len(self.run_times))}"
+        return Left(loads, runs, load, run)
+
+    def eta(self, point: Point, *, loading: bool) -> str:
+        """`left` as the ETA of a line: until a run is measured it counts the loads alone, and says so."""
+        left = self.left(point, loading=loading)
+        if left.seconds is None or left.load is None:
+            return ""
+        if left.run is None:
+            loads = left.loads
+            return f", ETA > {duration(left.seconds)} ({loads} load{'s' if loads != 1 else ''}, runs not yet timed)"
+        return f", ETA {duration(left.seconds)}"
 
 
 def between_words(plan: Plan) -> str:

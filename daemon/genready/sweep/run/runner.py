@@ -24,7 +24,7 @@ from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.plan import Point
 from genready.sweep.rows import Row, point_row
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import confirm, searchrun, steps, strays
+from genready.sweep.run import budgetrun, confirm, searchrun, steps, strays
 from genready.sweep.run.dropin import DropinLife
 from genready.sweep.run.lines import Console, Timings
 from genready.sweep.run.prune import Pruner, Source, failed_start
@@ -72,6 +72,9 @@ class Sweep:
         self.searched: dict[int, searchrun.Searched] = {}  # the searches so far: each crossover needs the baseline's
         self.incomplete: set[int] = set()  # search points whose search stopped before it was over: exit 1
         self.skip: set[int] = set()  # the points run() was told to skip (ok in an earlier run)
+        # the plan's `budget` (budgetrun.py): checked before each planned load; its `over` once it stopped the sweep
+        self.guard = budgetrun.Guard(opts.plan.budget) if opts.plan.budget is not None else None
+        self.not_reached: list[Point] = []  # the points the budget stopped the sweep before
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -85,11 +88,13 @@ class Sweep:
 
     def run(self, skip: set[int]) -> int:
         """Every point not in `skip`; then clean up. 0 if every point is ok, 1 if not (or a search stopped before
-        it was over), 130 if interrupted."""
+        it was over, or the budget stopped the sweep: its points not reached are `skipped`), 130 if interrupted."""
         old = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
         interrupted = False
         self.skip = skip
         self.plan_schedule(skip)
+        if self.guard is not None:
+            self.guard.start()
         log: ResultsLog | None = None
         try:
             o = self.opts
@@ -101,19 +106,7 @@ class Sweep:
             self.life.take_over_leftover(self.console.say)
             ctx = Ctx(o, self.console, self.life, self.timings, self.signals,
                       servercache.ServerHttp(o.server) if o.server is not None else None, time.time())
-            for n, group in enumerate(self.groups, 1):
-                instance: Verified | None = None  # a new server configuration: its first point restarts
-                for point in group:
-                    if point.index in skip or point.index in self.pruner.earlier:
-                        continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
-                    if (by := self.pruner.pruned_by(point)) is not None:
-                        self._skip(log, point, n, by)
-                        continue
-                    if self.opts.plan.search is not None:  # its steps, each a run like any other
-                        instance = self._searched(point, searchrun.run(self, ctx, log, point, n, instance))
-                    else:
-                        instance = self._point(ctx, log, point, n, instance)
-                    self._prune_after(point, skip)
+            self._groups(ctx, log, skip)
         except Interrupted:
             interrupted = True
         finally:
@@ -130,6 +123,38 @@ class Sweep:
         if interrupted:
             return Exit.INTERRUPTED
         return Exit.OK if self.results.all_ok() and not self.incomplete else Exit.TIMEOUT
+
+    def _groups(self, ctx: Ctx, log: ResultsLog, skip: set[int]) -> None:
+        """Each server configuration's points in turn, until the last or until the budget stops the sweep."""
+        for n, group in enumerate(self.groups, 1):
+            instance: Verified | None = None  # a new server configuration: its first point restarts
+            for point in group:
+                if point.index in skip or point.index in self.pruner.earlier:
+                    continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
+                if (by := self.pruner.pruned_by(point)) is not None:
+                    self._skip(log, point, n, by)
+                    continue
+                if self._out_of_budget(log, point):
+                    return
+                if self.opts.plan.search is not None:  # its steps, each a run like any other
+                    instance = self._searched(point, searchrun.run(self, ctx, log, point, n, instance))
+                else:
+                    instance = self._point(ctx, log, point, n, instance)
+                self._prune_after(point, skip)
+
+    def _out_of_budget(self, log: ResultsLog, point: Point) -> bool:
+        """Before a planned load: if the budget does not let it start, every point from `point` on is recorded not
+        reached (`skipped`, with the budget's field) and the sweep stops (True)."""
+        planned = next((first for p, first in self.timings.schedule if p.index == point.index), False)
+        if self.guard is None or not planned or (over := self.guard.check(self.timings, point)) is None:
+            return False
+        self.not_reached = budgetrun.left_points(self.timings.schedule, point)
+        self.console.say(f"budget: stopping before point {point.index} ({over.words.removeprefix('not loaded: ')}); "
+                         f"{plural(len(self.not_reached), 'point')} not reached")
+        group_of = {p.index: n for n, g in enumerate(self.groups, 1) for p in g}
+        for p in self.not_reached:
+            self._not_loaded(log, p, group_of[p.index], over.words, budget=over.to_json())
+        return True
 
     def _point(self, ctx: Ctx, log: ResultsLog, point: Point, group: int, instance: Verified | None
                ) -> Verified | None:
@@ -250,14 +275,17 @@ class Sweep:
 
     def _skip(self, log: ResultsLog, point: Point, group: int, by: Source) -> None:
         """A point not loaded: recorded `skipped`, its line naming the failed start that pruned it."""
-        now = time.time()
         self.pruned[point.index] = by
+        self._not_loaded(log, point, group, f"not loaded: {by.words}", pruned_by=by.to_json())
+
+    def _not_loaded(self, log: ResultsLog, point: Point, group: int, reason: str, **extra: object) -> None:
+        """A point not loaded (pruned, or past the budget): its `skipped` line, `extra` naming why."""
+        now = time.time()
         self._record(log, Attempt(point, 0, point.slug(len(str(len(self.opts.plan.points)))), Status.SKIPPED, now,
-                                  now, group, restarted=False, reason=f"not loaded: {by.words}",
+                                  now, group, restarted=False, reason=reason,
                                   noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path,
                                   fingerprint=self.fingerprints[point.index], plan_points=len(self.opts.plan.points),
-                                  shard=str(self.opts.shard) if self.opts.shard else None),
-                     pruned_by=by.to_json())
+                                  shard=str(self.opts.shard) if self.opts.shard else None), **extra)
 
     def _prune_after(self, point: Point, skip: set[int]) -> None:
         """After a point's last attempt: a failed start prunes the configurations at least as large."""
@@ -337,6 +365,11 @@ class Sweep:
             else ""
         text = f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
             f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
+        if self.guard is not None and (over := self.guard.over) is not None:
+            left = plural(len(self.not_reached), "point")
+            text += f"budget {duration(over.budget)}: stopped after {duration(over.spent)}, the next load and its " \
+                f"runs expected to take {duration(over.cost)}; {left} not reached (`skipped`, with `budget`, in " \
+                f"{self.opts.results / RESULTS_FILE}): exit 1\n"
         if self.incomplete:
             n_inc = len(self.incomplete)
             text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \
