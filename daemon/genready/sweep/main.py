@@ -60,6 +60,7 @@ from genready.sweep.files import RESULTS_FILE, read_results
 from genready.sweep.plan import Between, Plan, Shard, load_plan
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import baseline as sweepbaseline
+from genready.sweep.run import order
 from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.run.lines import between_words, loads_line, shown
 from genready.sweep.run.prune import Pruner, earlier_failures
@@ -120,6 +121,8 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
       + (f" (shard {shard}: {sum(map(len, groups))} of the plan's {len(plan.points)} points)" if shard else "")
       + f"; {len(skip)} already ok in {results / RESULTS_FILE}; drop-in: {where}\n")
     w(f"# {between_words(plan)}\n")
+    if words := order.dry_run_words(plan):
+        w(f"# {words}\n")
     if plan.prune:
         w(f"# prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at least "
           "as large on them (--no-prune loads them)\n")
@@ -181,6 +184,9 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except ConfigError as e:
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
+    if shard is not None and plan.strategy != "grid":
+        raise Failed(f'--shard: a plan of strategy = "grid" (a search\'s next load depends on the last; {plan.path} '
+                     f"has strategy = {plan.strategy!r})", status=Exit.BAD_ARGUMENT)
     target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",

@@ -19,12 +19,13 @@ from types import FrameType
 from typing import Final, NoReturn, TextIO
 
 from genready.exitcodes import Exit
+from genready.sweep import explore
 from genready.sweep import search as searchmod
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.plan import Point
 from genready.sweep.rows import Row, point_row
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import confirm, searchrun, steps, strays
+from genready.sweep.run import confirm, order, searchrun, steps, strays
 from genready.sweep.run.dropin import DropinLife
 from genready.sweep.run.lines import Console, Timings
 from genready.sweep.run.prune import Pruner, Source, failed_start
@@ -57,6 +58,8 @@ class Sweep:
         self.out = out
         self.console = Console(err, max([len(opts.plan.points), *(p.index for g in self.groups for p in g)]))
         self.results = results or Results()
+        # which groups load, in what order: all (grid), or what a search over them asks for (order.py)
+        self.order = order.of(opts.plan, self.groups, self.results, opts.results, self.round_before)
         self.signals = Signals()
         self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts,
                                steps=searchmod.expected_steps(opts.plan.search) if opts.plan.search else 1)
@@ -101,7 +104,7 @@ class Sweep:
             self.life.take_over_leftover(self.console.say)
             ctx = Ctx(o, self.console, self.life, self.timings, self.signals,
                       servercache.ServerHttp(o.server) if o.server is not None else None, time.time())
-            for n, group in enumerate(self.groups, 1):
+            for n, group in self.order:
                 instance: Verified | None = None  # a new server configuration: its first point restarts
                 for point in group:
                     if point.index in skip or point.index in self.pruner.earlier:
@@ -114,6 +117,8 @@ class Sweep:
                     else:
                         instance = self._point(ctx, log, point, n, instance)
                     self._prune_after(point, skip)
+                self.order.told(group)
+            self.order.finish(lambda point, group, why: self._unloaded(log, point, group, why))
         except Interrupted:
             interrupted = True
         finally:
@@ -259,6 +264,16 @@ class Sweep:
                                   shard=str(self.opts.shard) if self.opts.shard else None),
                      pruned_by=by.to_json())
 
+    def _unloaded(self, log: ResultsLog, point: Point, group: int, why: str) -> None:
+        """A point a search never loaded: a `skipped` line saying why, with no figures; not one of this run's
+        attempts (the sweep's exit status counts none)."""
+        now = time.time()
+        att = Attempt(point, 0, point.slug(len(str(len(self.opts.plan.points)))), Status.SKIPPED, now, now, group,
+                      restarted=False, reason=f"not loaded: {why}", noise_limit=self.opts.plan.noise_limit,
+                      plan=self.opts.plan.path, fingerprint=self.fingerprints[point.index],
+                      plan_points=len(self.opts.plan.points))
+        log.append(att.to_json(self.opts.target, self.opts.unit) | {"unloaded": why})
+
     def _prune_after(self, point: Point, skip: set[int]) -> None:
         """After a point's last attempt: a failed start prunes the configurations at least as large."""
         lines = self.results.lines(point.index)
@@ -323,7 +338,9 @@ class Sweep:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
                     rows.append(Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
-                                    "not_ready (earlier run)" if p.index in self.pruner.earlier else "not run"))
+                                    "not_ready (earlier run)" if p.index in self.pruner.earlier else
+                                    f"not loaded: {self.order.unloaded[p.index]}" if p.index in self.order.unloaded
+                                    else "not run"))
                 continue
             rows.append(point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
         return rows
@@ -337,6 +354,8 @@ class Sweep:
             else ""
         text = f"{ok}/{n} points ok" + (f" (shard {self.opts.shard})" if self.opts.shard else "") + \
             f", {loads} load{'s' if loads != 1 else ''}{pruned}; results in {self.opts.results / RESULTS_FILE}\n"
+        if isinstance(self.order, order.PatternOrder) and self.order.unloaded:
+            text += explore.coverage_note(self.order.search.summary()) + "\n"
         if self.incomplete:
             n_inc = len(self.incomplete)
             text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \
