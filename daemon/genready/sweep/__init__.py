@@ -12,7 +12,7 @@ its results line, once, whole.
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
     plan                PLAN.toml: its keys (defined once), points, groups of one server configuration
     search              the plan's [search] table and a load search's decisions, as pure functions
-    explore             the plan's `strategy` over server configurations: the grid, or a pattern search's decisions (pure)
+    explore             the plan's `strategy` over server configurations: the grid, or a pattern search (pure)
     crossover           where a configuration's speedup over the baseline falls below 1 along a load search
     files               the files both sides share: their names, JSON Lines, a run's bench line
     rows                a report's row, one shape for all: Figure, FIGURES, Row, Ratio, row_of, point_row, mark_best

@@ -237,6 +237,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     say = sweep.console.say
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
         f"; {between_words(plan)}")
+    if words := order.dry_run_words(plan):
+        say(words.replace("the listing below is the grid; ", ""))
     if changed:
         say(f"--resume={RERUN_CHANGED}: {other_lines(results, changed)}; those points run again")
     if skip:
