@@ -12,9 +12,13 @@ lists its values; a configuration is a position on each axis, and its neighbours
   settings in plan order; a best's neighbours in the direction that last improved it first, then each axis
   down and up): a neighbour replaces a best when its figure (output tok/s) is higher by more than `min_gain`
   and more than the two runs' 95 % interval (with repeats), so noise alone does not move the search;
-- the search stops when no best has an unloaded neighbour: each best is a local optimum, every neighbour
-  loaded and none better. Then `audit = N` configurations not loaded yet are loaded at random (`audit_seed`),
-  one at a time, to catch a second optimum; one that beats a best becomes it and the search goes on from it.
+- when every neighbour of every best is loaded and none is better, a ridge step: one step on two axes at once,
+  on the two whose own neighbours lost least (each its better way, neither more than RIDGE), at most RIDGES a
+  best. Speculative decoding's axes are coupled (a deeper tree pays only with more tokens to verify), so a best
+  no single step improves can fall to a step on both;
+- the search stops when no best has an untried neighbour or ridge step: each best is a local optimum. Then
+  `audit = N` configurations not loaded yet are loaded at random (`audit_seed`), one at a time, to catch a
+  second optimum; one that beats a best becomes it and the search goes on from it.
 So the search continues while the best at ANY client setting improves. A configuration that could not be
 measured (its start failed, `prune` skipped it) is a neighbour that is never a best.
 
