@@ -44,7 +44,7 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready_dev import simargs, simbatch, simengine, simoutput, simspec
+from genready_dev import simargs, simbatch, simengine, simoutput, simspec, simsurface
 from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
 from genready_dev.simrequests import (
     CONTEXT_LENGTH,
@@ -900,9 +900,16 @@ def main(args: argparse.Namespace) -> int:
         print("genready simulate: --spec-alpha and --spec-accept each set the accept length; give one",
               file=sys.stderr)
         return 2
+    if args.surface is not None and (args.batch_max_running is None or args.spec_alpha is not None
+                                     or args.spec_accept is not None):
+        print("genready simulate: --surface needs --batch-max-running, and sets the accept length itself (no "
+              "--spec-alpha, --spec-accept)", file=sys.stderr)
+        return 2
     if (factor := simargs.apply_load_noise(args)) != 1.0:
         print(f"genready simulate: --load-noise: this load's steps take {factor:.4f} times their time", file=sys.stderr)
     try:
+        if (shape := simsurface.from_args(args)) is not None:
+            args.spec_accept = shape.accept  # what the server reports of it (counters, meta_info)
         simbatch.from_args(args, spec_model(args), vllm_speculative_config(args))  # refused as the engine would
     except ValueError as e:
         print(f"genready simulate: {e}", file=sys.stderr)

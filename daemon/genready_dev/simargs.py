@@ -212,6 +212,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: %(default)s, none)")
     p.add_argument("--load-noise-seed", type=int, default=None, metavar="N",
                    help="--load-noise: draw the factor from this seed (default: a fresh one each start)")
+    p.add_argument("--surface", type=int, default=None, metavar="SEED",
+                   help="with --batch-max-running: pace decode steps by truth surface SEED "
+                   "(genready_dev/simsurface.py, issue 51 §5) for the configuration the SGLang flags give "
+                   "(--speculative-num-steps, --speculative-eagle-topk, --speculative-num-draft-tokens)")
     simbatch.add_arguments(p)
     simengine.add_arguments(p)
 

@@ -47,7 +47,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from genready_dev import simspec
+from genready_dev import simspec, simsurface
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ class BatchModel:
     spec_accept: float | None = None
     spec: simspec.SpecModel | None = None  # --spec-alpha: the depth's accept length and drafting cost (module doc)
     depths: tuple[int, ...] | None = None  # vLLM's schedule as its dense lookup: the depth at each batch size
+    surface: simsurface.Shape | None = None  # --surface: its configuration's accept length and step time
 
     @property
     def width(self) -> int:
@@ -93,13 +94,17 @@ def _at_depth(m: BatchModel, d: int) -> tuple[int, float, float]:
 
 def step_gain(m: BatchModel, batch: int) -> float:
     """Tokens each running request gains in a step of `batch` requests."""
+    if m.surface is not None:
+        return m.surface.accept
     d = depth_at(m, batch)
     return m.per_step if d is None else _at_depth(m, d)[1]
 
 
 def step_time(m: BatchModel, batch: int) -> float:
     """Seconds of one decode step with `batch` running requests: t0 + s * batch * w (a model); under the spec
-    model t0 (1 + c d) + s b w at the step's depth d."""
+    model t0 (1 + c d) + s b w at the step's depth d; under --surface its own (simsurface.py)."""
+    if m.surface is not None:
+        return m.surface.step_seconds(batch, m.step_seconds, m.token_seconds)
     d = depth_at(m, batch)
     if d is None:
         return m.step_seconds + m.token_seconds * batch * m.width
@@ -286,4 +291,5 @@ def from_args(a: argparse.Namespace, spec: simspec.SpecModel | None = None,
             (table := speculative_config.get("num_speculative_tokens_per_batch_size")) is not None:
         depths = vllm_depths(table, a.batch_max_running, spec.steps)
     return BatchModel(max_running=a.batch_max_running, step_seconds=a.token_latency,
-                      token_seconds=a.batch_token_seconds, spec_accept=a.spec_accept, spec=spec, depths=depths)
+                      token_seconds=a.batch_token_seconds, spec_accept=a.spec_accept, spec=spec, depths=depths,
+                      surface=simsurface.from_args(a))

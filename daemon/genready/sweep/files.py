@@ -1,7 +1,8 @@
 """The files a sweep writes and its report reads: their names, their JSON Lines, and a run's bench line.
 
 DIR/results.jsonl holds a line per attempt (run/results.py writes it), DIR/search.jsonl a line per
-configuration's search (run/searchrun.py), and each attempt's {out}/bench.jsonl the line its command's
+configuration's search (run/searchrun.py), DIR/explore.jsonl a line per load of a pattern search over the
+server configurations and its summary (run/order.py), and each attempt's {out}/bench.jsonl the line its command's
 bench client wrote (`--output {out}/bench.jsonl`). The run side and the report side meet here and in
 rows.py: neither imports the other's modules.
 
@@ -23,6 +24,7 @@ from genready.tools import benchline
 RESULTS_FILE: Final = "results.jsonl"
 BENCH_FILE: Final = "bench.jsonl"  # what a point's command writes into {out}: `--output {out}/bench.jsonl`
 SEARCH_FILE: Final = "search.jsonl"  # DIR/search.jsonl: what each configuration's search found, a line each
+EXPLORE_FILE: Final = "explore.jsonl"  # DIR/explore.jsonl: strategy = "pattern"'s loads, a line each, then its summary
 MAX_RESULTS_BYTES: Final = 64 << 20  # a results.jsonl or bench.jsonl: lines of a few KiB each
 # The figures kept per prompt category of a bench line's `categories`, as the bench client names them.
 CATEGORY_FIGURES: Final = tuple(f.key for f in (benchline.ACCEPT_LENGTH, benchline.OUTPUT_TOKENS_PER_SECOND,

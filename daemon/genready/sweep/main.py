@@ -64,7 +64,7 @@ from genready.sweep.files import RESULTS_FILE, read_results
 from genready.sweep.plan import Between, Plan, Point, Shard, load_plan
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import budgetrun
+from genready.sweep.run import budgetrun, order
 from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.run.lines import Timings, between_words, loads_line, shown
 from genready.sweep.run.prune import Pruner, earlier_failures
@@ -143,6 +143,8 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
         for line in budgetrun.estimate_lines(estimate_timings(plan, todo, restart_each, history), history,
                                              plan.budget):
             w(f"# {line}\n")
+    if words := order.dry_run_words(plan):
+        w(f"# {words}\n")
     if plan.prune:
         w(f"# prune = {list(plan.prune)}: smaller values first; a start that fails skips every configuration at least "
           "as large on them (--no-prune loads them)\n")
@@ -219,6 +221,9 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
             plan = replace(plan, budget=budget_flag(args.budget))
         except ValueError as e:
             raise Failed(str(e), status=Exit.BAD_ARGUMENT) from None
+    if shard is not None and plan.strategy != "grid":
+        raise Failed(f'--shard: a plan of strategy = "grid" (a search\'s next load depends on the last; {plan.path} '
+                     f"has strategy = {plan.strategy!r})", status=Exit.BAD_ARGUMENT)
     target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
@@ -275,6 +280,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
             f"{hist.words()}")
     say(loads_line(sum(map(len, todo)), todo, restart_each) + (f" (shard {shard})" if shard else "") +
         f"; {between_words(plan)}")
+    if words := order.dry_run_words(plan):
+        say(words.replace("the listing below is the grid; ", ""))
     if changed:
         say(f"--resume={RERUN_CHANGED}: {other_lines(results, changed)}; those points run again")
     if skip:

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from genready.compat import StrEnum
 from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
+from genready.sweep import explore as sweepexplore
 from genready.sweep import search as sweepsearch
 from genready.timewords import DURATION_WORDS, seconds_of
 from genready.tools.benchload import SloPart, parse_slo
@@ -273,6 +274,17 @@ KEYS: Final = (
             "max_requests_per_step, max_step_seconds", None,
             "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
             "command's word {search}"),
+    PlanKey("strategy", " or ".join(f'"{s}"' for s in sweepexplore.STRATEGIES), sweepexplore.GRID,
+            'which server configurations load: "grid" every one, "pattern" a search over the server axes from `start` '
+            "(sweep/explore.py)", lambda v: v if isinstance(v, str) and v in sweepexplore.STRATEGIES else _BAD),
+    PlanKey("start", "a table giving each server axis one of its values", None,
+            'strategy = "pattern": the first configuration loaded (default: the middle of each axis)'),
+    PlanKey("audit", "an integer from 0 to 1000", 0, 'strategy = "pattern": configurations not loaded by the search '
+            "then loaded at random, to catch a second optimum", _number(0, integer=True, high=1000)),
+    PlanKey("audit_seed", "an integer >= 0", 0, "the seed of the audit's random draws", _number(0, integer=True)),
+    PlanKey("min_gain", "a fraction from 0 to 1 (0.02 is 2 %)", 0.02, 'strategy = "pattern": a configuration '
+            "replaces a best when its output tok/s is higher by more than this (and its 95 % interval)",
+            _number(0, high=1)),
     PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
             "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
             "a latency target the report's Decision judges each point by (its bench figures; report/decision.py)"),
@@ -316,6 +328,11 @@ class Plan:
     gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
     slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (report/decision.py)
     budget: float | None = None  # seconds the sweep may take: it loads nothing it expects to overrun (budget.py)
+    strategy: str = sweepexplore.GRID  # which configurations load: all, or a search's (sweep/explore.py)
+    start: tuple[tuple[str, Scalar], ...] | None = None  # the search's first configuration (None: the middle)
+    audit: int = 0  # configurations a search then loads at random
+    audit_seed: int = 0
+    min_gain: float = 0.02  # a search's best moves only for more than this
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -455,8 +472,9 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     if simple["warmup_max"] < 2 * simple["warmup_window"]:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
+    start = sweepexplore.check(data, file, simple["strategy"], server_axes, [p.as_dict() for p in points])
     return Plan(path=file, command=command, dropin=dropin, points=points, prune=axes, given=frozenset(data),
-                expect=expect, baseline=baseline, search=search, slo=_slo(data, file), **simple)
+                expect=expect, baseline=baseline, search=search, slo=_slo(data, file), start=start, **simple)
 
 
 def _prune_axes(file: str, raw: object, server_axes: Sequence[str], points: Sequence[Point]) -> tuple[str, ...]:

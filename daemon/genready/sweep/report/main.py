@@ -19,7 +19,7 @@ from genready import console
 from genready.exitcodes import Exit, Failed
 from genready.store import durable
 from genready.store.bounded import FileError
-from genready.sweep import files
+from genready.sweep import explore, files
 from genready.sweep.report import collect, decision, loadreport
 from genready.sweep.report import schedule as sweepschedule
 from genready.sweep.report import table as sweepreport
@@ -37,8 +37,25 @@ def decision_facts(read: collect.Read, partial: str = "") -> decision.Facts:
         except FileError as e:
             files.warn_line(str(e))
     facts = decision.Facts.of((rec for _, _, lines in read for _, rec in lines), found)
-    return replace(facts, notes=(*facts.notes, f"partial: {partial}; the best of the points present")) if partial \
-        else facts
+    notes = [*facts.notes, *(f"partial: {partial}; the best of the points present" for _ in [partial] if partial)]
+    for folder, _, _ in read:  # strategy = "pattern": the search's coverage (explore.py)
+        moves = explore_lines(folder)
+        summary = next((rec for rec in reversed(moves) if rec.get("done")), None)
+        if summary is not None and (note := explore.coverage_note(summary)):
+            notes.append(note)
+        elif moves:
+            notes.append(f"the pattern search did not finish ({len(moves)} loads so far): the configurations it did "
+                         "not load have no line")
+    return replace(facts, notes=tuple(notes))
+
+
+def explore_lines(folder: Path) -> list[dict[str, Any]]:
+    """DIR/explore.jsonl's lines (none without the file; one that cannot be read is a warning)."""
+    try:
+        return [rec for _, rec in files.numbered_lines(folder / files.EXPLORE_FILE)]
+    except FileError as e:
+        files.warn_line(str(e))
+        return []
 
 
 def _with_schedule(text: str, fmt: str, planned: sweepschedule.Schedule, engine: str) -> str:
@@ -138,6 +155,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         text = sweepreport.render(rows, fmt, facts, heatmap=grid)
         if fmt in ("table", "markdown"):  # a [search]'s found values and crossover, a line per configuration
             text += loadreport.table([Path(f) for f in folders], fmt, read)
+            text += "".join(explore.report_text(explore_lines(folder)) for folder, _, _ in read)
         if planned is not None and schedule is not None:
             text = _with_schedule(text, fmt, planned, schedule)
         if partial and fmt in ("table", "markdown"):

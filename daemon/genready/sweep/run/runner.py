@@ -19,12 +19,13 @@ from types import FrameType
 from typing import Final, NoReturn, TextIO
 
 from genready.exitcodes import Exit
+from genready.sweep import explore
 from genready.sweep import search as searchmod
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.plan import Point
 from genready.sweep.rows import Row, point_row
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import budgetrun, confirm, searchrun, steps, strays
+from genready.sweep.run import budgetrun, confirm, order, searchrun, steps, strays
 from genready.sweep.run.dropin import DropinLife
 from genready.sweep.run.lines import Console, Timings
 from genready.sweep.run.prune import Pruner, Source, failed_start
@@ -57,6 +58,8 @@ class Sweep:
         self.out = out
         self.console = Console(err, max([len(opts.plan.points), *(p.index for g in self.groups for p in g)]))
         self.results = results or Results()
+        # which groups load, in what order: all (grid), or what a search over them asks for (order.py)
+        self.order = order.of(opts.plan, self.groups, self.results, opts.results, self.round_before)
         self.signals = Signals()
         self.timings = Timings(repeats=opts.plan.repeats, every_run_loads=opts.every_run_restarts,
                                steps=searchmod.expected_steps(opts.plan.search) if opts.plan.search else 1)
@@ -126,7 +129,7 @@ class Sweep:
 
     def _groups(self, ctx: Ctx, log: ResultsLog, skip: set[int]) -> None:
         """Each server configuration's points in turn, until the last or until the budget stops the sweep."""
-        for n, group in enumerate(self.groups, 1):
+        for n, group in self.order:  # the grid's schedule, or what a search asks for (order.py)
             instance: Verified | None = None  # a new server configuration: its first point restarts
             for point in group:
                 if point.index in skip or point.index in self.pruner.earlier:
@@ -141,6 +144,8 @@ class Sweep:
                 else:
                     instance = self._point(ctx, log, point, n, instance)
                 self._prune_after(point, skip)
+            self.order.told(group)
+        self.order.finish(lambda point, group, why: self._unloaded(log, point, group, why))
 
     def _out_of_budget(self, log: ResultsLog, point: Point) -> bool:
         """Before a planned load: if the budget does not let it start, every point from `point` on is recorded not
@@ -148,7 +153,7 @@ class Sweep:
         planned = next((first for p, first in self.timings.schedule if p.index == point.index), False)
         if self.guard is None or not planned or (over := self.guard.check(self.timings, point)) is None:
             return False
-        self.not_reached = budgetrun.left_points(self.timings.schedule, point)
+        self.not_reached = self.order.stop(budgetrun.left_points(self.timings.schedule, point), over.words)
         self.console.say(f"budget: stopping before point {point.index} ({over.words.removeprefix('not loaded: ')}); "
                          f"{plural(len(self.not_reached), 'point')} not reached")
         group_of = {p.index: n for n, g in enumerate(self.groups, 1) for p in g}
@@ -280,12 +285,20 @@ class Sweep:
 
     def _not_loaded(self, log: ResultsLog, point: Point, group: int, reason: str, **extra: object) -> None:
         """A point not loaded (pruned, or past the budget): its `skipped` line, `extra` naming why."""
+        self._record(log, self._skipped(point, group, reason), **extra)
+
+    def _unloaded(self, log: ResultsLog, point: Point, group: int, why: str) -> None:
+        """A point a search never loaded: a `skipped` line saying why, with no figures; not one of this run's
+        attempts (the sweep's exit status counts none)."""
+        log.append(self._skipped(point, group, f"not loaded: {why}").to_json(self.opts.target, self.opts.unit)
+                   | {"unloaded": why})
+
+    def _skipped(self, point: Point, group: int, reason: str) -> Attempt:
         now = time.time()
-        self._record(log, Attempt(point, 0, point.slug(len(str(len(self.opts.plan.points)))), Status.SKIPPED, now,
-                                  now, group, restarted=False, reason=reason,
-                                  noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path,
-                                  fingerprint=self.fingerprints[point.index], plan_points=len(self.opts.plan.points),
-                                  shard=str(self.opts.shard) if self.opts.shard else None), **extra)
+        return Attempt(point, 0, point.slug(len(str(len(self.opts.plan.points)))), Status.SKIPPED, now, now, group,
+                       restarted=False, reason=reason, noise_limit=self.opts.plan.noise_limit, plan=self.opts.plan.path,
+                       fingerprint=self.fingerprints[point.index], plan_points=len(self.opts.plan.points),
+                       shard=str(self.opts.shard) if self.opts.shard else None)
 
     def _prune_after(self, point: Point, skip: set[int]) -> None:
         """After a point's last attempt: a failed start prunes the configurations at least as large."""
@@ -351,7 +364,9 @@ class Sweep:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
                     rows.append(Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else
-                                    "not_ready (earlier run)" if p.index in self.pruner.earlier else "not run"))
+                                    "not_ready (earlier run)" if p.index in self.pruner.earlier else
+                                    f"not loaded: {self.order.unloaded[p.index]}" if p.index in self.order.unloaded
+                                    else "not run"))
                 continue
             rows.append(point_row([(rec, self.opts.results, where) for rec in self.results.lines(p.index)]))
         return rows
@@ -370,6 +385,8 @@ class Sweep:
             text += f"budget {duration(over.budget)}: stopped after {duration(over.spent)}, the next load and its " \
                 f"runs expected to take {duration(over.cost)}; {left} not reached (`skipped`, with `budget`, in " \
                 f"{self.opts.results / RESULTS_FILE}): exit 1\n"
+        if isinstance(self.order, order.PatternOrder) and self.order.unloaded:
+            text += explore.coverage_note(self.order.search.summary()) + "\n"
         if self.incomplete:
             n_inc = len(self.incomplete)
             text += f"{n_inc} search{'es' if n_inc != 1 else ''} stopped before the end (`complete`: false in " \

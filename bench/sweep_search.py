@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Search the server axes instead of loading the grid (issue 51 §3, §5): loads used and found vs true.
+
+Ten truth surfaces (genready_dev/simsurface.py, seeds 0-9) on the 4 x 4 x 3 grid of SGLang's EAGLE flags, steps
+[1, 2, 4, 6] x topk [1, 2, 4, 8] x draft tokens [4, 8, 16] = 48 server configurations, each at concurrency 1, 4
+and 16 (its best moves with concurrency). For each surface, `strategy = "pattern"` (min_gain 0.02, audit 1,
+audit_seed = the surface's seed) and the grid alone (the control), over the same noise.
+
+How it is measured, plainly: ten searches and ten grids as real sweeps would take hours on a 2-core machine, so
+the first part drives the SAME decision module the sweep runs (sweep/explore.py, `Pattern`) with measurements
+drawn from the simulator's own truth function (`simsurface.true_tps`, the function its batch paces by) times the
+noise a sweep meets: one load-to-load factor per load, shared by all client settings of the load (what
+`genready simulate --load-noise SD` draws; default SD 0.02), and a run's own noise per run (default SD 0.005).
+A configuration is found when the search's best measured configuration at a client setting is truly within 3 %
+of the truth's best there; a surface counts when that holds at every client setting. `--draws K` repeats it
+over K noise draws (the single pass is draw 0). The second part (`--e2e`, default on) runs one surface end to
+end as a real `genready sweep` with strategy = "pattern" on the simulator (`--surface SEED --load-noise`) under a
+private systemd manager and prints its loads, its moves and its found vs true: the real sweep makes the same
+kind of decisions. Hours are scaled to the real case's 6-minute loads (issue 51).
+
+Run as root: .venv/bin/python bench/sweep_search.py [--draws 5] [--load-noise 0.02] [--no-e2e] [--e2e-seed 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tomli_w
+
+from genready.sweep import explore
+from genready_dev import simsurface
+from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
+
+AXES = explore.Axes(tuple(n for n, _ in simsurface.AXES), tuple(v for _, v in simsurface.AXES))
+UNIT = "search-sim.service"
+LOAD_MINUTES = 6.0  # the real case's load (issue 51: 590 GB)
+REQUESTS, TOKENS = 48, 24
+
+
+Found = list[tuple[int, tuple[int, int, int], float]]  # per client setting: concurrency, configuration, true / best
+
+
+def shown(c: tuple[int, ...]) -> str:
+    return "/".join(map(str, c))
+
+
+def config_of(c: explore.Config) -> tuple[int, int, int]:
+    v = AXES.values_of(c)
+    return int(v["steps"]), int(v["topk"]), int(v["draft_tokens"])
+
+
+def measure(seed: int, rng: random.Random, load_noise: float, run_noise: float
+            ) -> dict[explore.Config, dict[str, list[float]]]:
+    """Every configuration's measured output tok/s per client setting, as one load each would give them."""
+    out = {}
+    for c in AXES.all():
+        factor = max(0.5, rng.gauss(1.0, load_noise))  # simargs.apply_load_noise: t0 and s times the factor
+        out[c] = {f"concurrency={n}": [simsurface.true_tps(seed, config_of(c), n, requests=REQUESTS, tokens=TOKENS)
+                                       / factor * rng.gauss(1.0, run_noise)] for n in simsurface.CONCURRENCY}
+    return out
+
+
+def found(seed: int, measured: dict[explore.Config, dict[str, list[float]]]) -> Found:
+    """Per client setting: (concurrency, the best measured configuration, its true figure over the truth's best)."""
+    rows = []
+    for n in simsurface.CONCURRENCY:
+        key = f"concurrency={n}"
+        c = max(measured, key=lambda c: statistics.median(measured[c][key]))
+        _, best = simsurface.best(seed, n, requests=REQUESTS, tokens=TOKENS)
+        rows.append((n, config_of(c), simsurface.true_tps(seed, config_of(c), n, requests=REQUESTS, tokens=TOKENS)
+                     / best))
+    return rows
+
+
+def one(seed: int, draw: int, args: argparse.Namespace) -> tuple[explore.Pattern, Found, Found, Found]:
+    """One surface under one noise draw: the search, what it loaded, what it picks and the grid's pick."""
+    noise = measure(seed, random.Random(f"sweep-search-{seed}-{draw}"), args.load_noise, args.run_noise)
+    p = explore.Pattern(AXES, audit=args.audit, seed=seed, min_gain=args.min_gain)
+    while (c := p.next_load()) is not None:
+        p.told(c, noise[c])  # the same measurement the grid's load of c gives: one noise draw, two strategies
+    return p, reached(seed, list(p.measured)), found(seed, {c: noise[c] for c in p.measured}), found(seed, noise)
+
+
+def reached(seed: int, loaded: list[explore.Config]) -> Found:
+    """Per client setting: the truly best configuration the search loaded, over the truth's best."""
+    rows = []
+    for n in simsurface.CONCURRENCY:
+        c = max(loaded, key=lambda c: simsurface.true_tps(seed, config_of(c), n, requests=REQUESTS, tokens=TOKENS))
+        _, best = simsurface.best(seed, n, requests=REQUESTS, tokens=TOKENS)
+        rows.append((n, config_of(c), simsurface.true_tps(seed, config_of(c), n, requests=REQUESTS, tokens=TOKENS)
+                     / best))
+    return rows
+
+
+def within(rows: Found) -> bool:
+    return all(r >= 0.97 for _, _, r in rows)
+
+
+def model_part(args: argparse.Namespace) -> None:
+    print(f"## The decision module on 10 truth surfaces (load noise SD {args.load_noise:g}, run noise SD "
+          f"{args.run_noise:g}; min_gain {args.min_gain:g}, audit {args.audit})\n")
+    print("| surface | true best at c = 1 · 4 · 16 | search loads | search loaded (% of true best) | "
+          "search's pick, best measured | grid's pick | audit found better |")
+    print("|---|---|---|---|---|---|---|")
+    ok = {"loaded": 0, "pick": 0, "grid": 0}
+    loads = []
+    for seed in range(10):
+        p, got, pick, grid = one(seed, 0, args)
+        loads.append(len(p.visited))
+        truth = " · ".join(shown(simsurface.best(seed, n, requests=REQUESTS, tokens=TOKENS)[0])
+                           for n in simsurface.CONCURRENCY)
+        ok["loaded"] += within(got)
+        ok["pick"] += within(pick)
+        ok["grid"] += within(grid)
+        print(f"| {seed}{' (tuned shape)' if simsurface.surface(seed).bump < 1 else ''} | {truth} | "
+              f"{len(p.visited)} / 48 | " + " | ".join(" · ".join(f"{shown(c)} {100 * r:.1f}" for _, c, r in rows)
+                                                       for rows in (got, pick, grid))
+              + f" | {'yes' if p.audit_better else 'no'} |")
+    print("\n(a configuration is steps/topk/draft_tokens; each cell lists c = 1 · 4 · 16)\n")
+    print(f"search found (loaded) a configuration within 3 % of the true best at every client setting on "
+          f"{ok['loaded']} of 10 surfaces, with {sum(loads)} loads in all ({100 * sum(loads) / 480:.0f} % of the "
+          f"grid's 480): {statistics.mean(loads):.1f} a surface on average, at most {max(loads)} "
+          f"({100 * max(loads) / 48:.0f} %); over 19 on {sum(x > 19 for x in loads)} surface(s)")
+    print(f"picked by the best measured figure (one load each, as the report's Decision ranks): search "
+          f"{ok['pick']} of 10, grid {ok['grid']} of 10 (the grid's 48 loads under the same noise)")
+    print(f"hours at {LOAD_MINUTES:g}-minute loads: grid {48 * LOAD_MINUTES / 60:.1f} h a surface; search "
+          f"{statistics.mean(loads) * LOAD_MINUTES / 60:.1f} h on average, {max(loads) * LOAD_MINUTES / 60:.1f} h at "
+          "most")
+    if args.draws > 1:
+        tot = {"loaded": 0, "pick": 0, "grid": 0}
+        all_loads = []
+        for draw in range(args.draws):
+            for seed in range(10):
+                p, got, pick, grid = one(seed, draw, args)
+                all_loads.append(len(p.visited))
+                tot["loaded"] += within(got)
+                tot["pick"] += within(pick)
+                tot["grid"] += within(grid)
+        n = 10 * args.draws
+        print(f"\nover {args.draws} noise draws ({n} searches): found (loaded) within 3 % on {tot['loaded']} "
+              f"({100 * tot['loaded'] / n:.0f} %); picked: search {tot['pick']} ({100 * tot['pick'] / n:.0f} %), "
+              f"grid {tot['grid']} ({100 * tot['grid'] / n:.0f} %); loads mean {statistics.mean(all_loads):.1f}, "
+              f"max {max(all_loads)}, over 19 in {sum(x > 19 for x in all_loads)}")
+
+
+def e2e_part(args: argparse.Namespace) -> None:
+    seed = args.e2e_seed
+    tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
+    with booted_manager(tmp / "sd") as um:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        sim = f"{PY} -m genready.cli simulate --port {port} --load-seconds {args.load_seconds}"
+        um.install_unit(UNIT, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={sim}\nTimeoutStopSec=10\n")
+        um.systemctl("start", UNIT)
+        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05, "backoff_max": 0.3}},
+                      log_level="info") as g:
+            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
+            flags = (f"--surface {seed} --batch-max-running 32 --token-latency {simsurface.TOKEN_LATENCY} "
+                     f"--batch-token-seconds {simsurface.BATCH_TOKEN_SECONDS} --load-noise {args.load_noise} "
+                     "--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+                     "--speculative-num-draft-tokens {draft_tokens}")
+            plan = tmp / "plan.toml"
+            plan.write_text(tomli_w.dumps({
+                "target": "sim", "timeout": 60 + 4 * args.load_seconds, "warmup": 4, "between_points": "none",
+                "strategy": "pattern", "audit": args.audit, "audit_seed": seed, "min_gain": args.min_gain,
+                "command": [PY, "-m", "genready.benchclient", "--url", url, "-n", str(REQUESTS), "-c", "{concurrency}",
+                            "--max-tokens", str(TOKENS), "--output", "{out}/bench.jsonl"],
+                "dropin": f"[Service]\nExecStart=\nExecStart={sim} {flags}\n",
+                "matrix": {**{n: list(v) for n, v in simsurface.AXES}, "concurrency": list(simsurface.CONCURRENCY)},
+            }))
+            results = tmp / "results"
+            t0 = time.monotonic()
+            p = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(results), "--config",
+                                str(g.config_path)], env=um.env, capture_output=True, text=True, timeout=3600)
+            wall = time.monotonic() - t0
+            if p.returncode != 0:
+                raise SystemExit(f"the sweep exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        um.systemctl("stop", UNIT)
+    moves = [json.loads(ln) for ln in (results / "explore.jsonl").read_text().splitlines()]
+    summary = moves[-1]
+    print(f"\n## One surface end to end: a real `genready sweep` (strategy = \"pattern\") on `genready simulate "
+          f"--surface {seed} --load-noise {args.load_noise:g}`, {args.load_seconds:g} s loads, under a private "
+          f"systemd manager: {wall:.0f} s\n")
+    for m in moves[:-1]:
+        c = m["config"]
+        print(f"  load {m['load']:>2}: steps={c['steps']} topk={c['topk']} draft_tokens={c['draft_tokens']}: "
+              f"{m['why']}" + (f"; best moved at {', '.join(m['best_moved'])}" if m["best_moved"] else ""))
+    print(f"\n  {explore.coverage_note(summary)}")
+    model_loads = len(one(seed, 0, args)[0].visited)
+    for n in simsurface.CONCURRENCY:
+        b = summary["best"][f"concurrency={n}"]
+        cfg = (b["steps"], b["topk"], b["draft_tokens"])
+        true, best = (simsurface.true_tps(seed, cfg, n, requests=REQUESTS, tokens=TOKENS),
+                      simsurface.best(seed, n, requests=REQUESTS, tokens=TOKENS))
+        print(f"  concurrency {n}: found steps={cfg[0]} topk={cfg[1]} draft_tokens={cfg[2]}, truly "
+              f"{100 * true / best[1]:.1f} % of the true best (steps={best[0][0]} topk={best[0][1]} "
+              f"draft_tokens={best[0][2]})")
+    print(f"  loads: {summary['loaded']} of 48 (the decision module alone on this surface, draw 0: {model_loads})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--load-noise", type=float, default=0.02)
+    ap.add_argument("--run-noise", type=float, default=0.005)
+    ap.add_argument("--min-gain", type=float, default=0.02)
+    ap.add_argument("--audit", type=int, default=1)
+    ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--no-e2e", dest="e2e", action="store_false")
+    ap.add_argument("--e2e-seed", type=int, default=2)
+    ap.add_argument("--load-seconds", type=float, default=1.0)
+    args = ap.parse_args()
+    model_part(args)
+    if args.e2e:
+        e2e_part(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
