@@ -14,10 +14,13 @@ its results line, once, whole.
     search              the plan's [search] table and a load search's decisions, as pure functions
     crossover           where a configuration's speedup over the baseline falls below 1 along a load search
     files               the files both sides share: their names, JSON Lines, a run's bench line
-    rows                a report's row, one shape for all: Figure, FIGURES, Row, Ratio, row_of, point_row, mark_best
+    rows                a report's row, one shape for all: Figure, FIGURES, Row, row_of, point_row, mark_best
+    noise               the statistics both sides use: Student's t, Ratio and its interval, the spread between loads
 
     run.runner          the loop: configurations, points, repeats, attempts, each attempt's steps in order; signals
     run.baseline        where the plan's baseline runs: its rounds among the groups, at every client setting
+    run.noisecheck      noise_check: the A/A start's loads before anything else, and what they measured, on stderr
+    run.autorepeat      repeats = "auto": another run only while the point's interval overlaps the leader's
     run.prune           what a failed start prunes, and the stop after failed starts in a row
     run.strays          GPU strays: asked of the daemon, waited out before a load and before a run
     run.dropin          the drop-in's lifecycle on the unit, from check to restore

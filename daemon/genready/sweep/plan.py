@@ -104,6 +104,7 @@ class Point:
     index: int  # 1-based, in plan order (a baseline run's: past the plan's points)
     values: tuple[tuple[str, Scalar], ...]
     baseline: int = 0  # a run of the `baseline` configuration: its round (1, 2, ...); 0 for a plan point
+    aa: int = 0  # a load of the A/A start (`noise_check`, sweep/run/noisecheck.py): which (1, 2, ...); else 0
 
     def as_dict(self) -> dict[str, Scalar]:
         return dict(self.values)
@@ -111,12 +112,16 @@ class Point:
     @property
     def label(self) -> str:
         words = " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+        if self.aa:
+            return f"a/a#{self.aa} {words}"
         return f"baseline#{self.baseline} {words}" if self.baseline else words
 
     def slug(self, width: int) -> str:
         words = "_".join(f"{k}={text_of(v)}" for k, v in self.values)
         if self.baseline:
             words = f"baseline{self.baseline}_" + words
+        if self.aa:
+            words = f"aa{self.aa}_" + words
         return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
 
 
@@ -153,6 +158,19 @@ STABLE: Final = "stable"  # warmup = "stable": until the medians settle (converg
 
 def _warmup(v: object) -> object:
     return v if v == STABLE else _number(0, integer=True, high=1000)(v)
+
+
+AUTO: Final = "auto"  # repeats = "auto": runs until the point is clearly behind or ahead (sweep/run/autorepeat.py)
+
+
+def _repeats(v: object) -> object:
+    return v if v == AUTO else _number(1, integer=True, high=1000)(v)
+
+
+def _noise_check(v: object) -> object:
+    if isinstance(v, bool):
+        return 2 if v else 0
+    return _number(2, integer=True, high=10)(v)
 
 
 def _target(v: object) -> object:
@@ -214,9 +232,16 @@ KEYS: Final = (
     PlanKey("warmup", 'an integer from 0 to 1000, or "stable"', STABLE,
             'before each run, not counted: "stable" (requests in windows until TTFT and ITL settle) or a number of '
             "requests (the target's probe)", _warmup),
-    PlanKey("repeats", "an integer from 1 to 1000", 1,
+    PlanKey("repeats", 'an integer from 1 to 1000, or "auto"', 1,
             "runs per point on the same instance, each after the warmup (and a flush, with between_points = "
-            '"flush")', _number(1, integer=True, high=1000)),
+            '"flush"); "auto": more runs only while the point\'s interval overlaps the leader\'s at its client '
+            "setting, at most max_repeats (sweep/run/autorepeat.py)", _repeats),
+    PlanKey("max_repeats", "an integer from 2 to 1000", 8,
+            'repeats = "auto": the most runs a point gets', _number(2, integer=True, high=1000)),
+    PlanKey("noise_check", "true, false, or a number of loads from 2 to 10", 0,
+            "an A/A start: the first configuration loaded this many times (true: 2) before anything else, to "
+            "measure the spread within and between loads that every interval then takes in (sweep/noise.py)",
+            _noise_check),
     PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
             "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
     PlanKey("max_divergence", "a fraction from 0 to 1 (0.10 is 10 %)", 0.10,
@@ -301,6 +326,9 @@ class Plan:
     search: sweepsearch.SearchSpec | None = None  # the load search run per configuration (sweep/run/searchrun.py)
     gpus: int = 1  # GPUs per server configuration: each results line's `gpus` (the report's tokens/s per GPU)
     slo: tuple[SloPart, ...] = ()  # the latency target the report's Decision judges points by (report/decision.py)
+    max_repeats: int = 8  # repeats = "auto": the cap (then `repeats` is this too: the most runs a point gets)
+    noise_check: int = 0  # loads of the A/A start (sweep/run/noisecheck.py); 0: none
+    repeats_auto: bool = False  # repeats = "auto" (sweep/run/autorepeat.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -437,6 +465,14 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     baseline = _baseline(data, file, dropin, command, points)
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
     axes = _prune_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
+    simple["repeats_auto"] = auto = simple["repeats"] == AUTO
+    if auto:
+        simple["repeats"] = simple["max_repeats"]  # the most runs a point gets: --resume, folders, the ETA
+    elif "max_repeats" in data:
+        raise ConfigError(file, "max_repeats", 'repeats = "auto" (its cap)', f"repeats = {simple['repeats']}")
+    for key, on, want in (("repeats", auto, "an integer"), ("noise_check", simple["noise_check"], "false")):
+        if on and search is not None:  # a search's steps are its runs: neither repeats nor loads of their own
+            raise ConfigError(file, key, f"{want} with [search] (its steps are the runs)", _found(data[key]))
     if simple["warmup_max"] < 2 * simple["warmup_window"]:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
