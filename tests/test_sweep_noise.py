@@ -270,3 +270,8 @@ def test_the_dry_run_shows_the_aa_start_first(tmp_path: Path) -> None:
     assert "## server configuration 1, the A/A start (load 1): points 3" in text, text
     assert "## server configuration 2, the A/A start (load 2): points 4" in text
     assert "## server configuration 3: points 1" in text and "[3/4] a/a#1 lat=1 c=1  (restart)" in text
+    assert "; 3 repeats per point; an A/A start of 2 loads first (noise_check)" in text
+    auto = sweepplan.parse_plan({"command": "bench {c}", "matrix": {"c": [1]}, "repeats": "auto"}, "plan.toml")
+    out = io.StringIO()
+    dry_run(auto, tmp_path, "sim.service", "user", set(), out)
+    assert "; up to 8 repeats per point" in out.getvalue()
