@@ -14,9 +14,10 @@ the baseline's rounds, `baseline_every`) as one-way random-effects variance comp
 mean square between the loads of a configuration less the within part it carries, over n0 (the runs per load,
 corrected for unequal loads), and 0 when that is negative (the loads agree as well as their runs do). A ratio
 of two configurations, each measured on its own load, then has the variance of its log
-within_a/na + within_b/nb + 2 * between: `ratio(..., between=)`. The between part is taken as known (a
-plug-in): its own uncertainty (one degree of freedom per A/A pair) is not in the interval, and more repeats
-never shrink it, only more loads would.
+within_a/na + within_b/nb + 2 * between: `ratio(..., loads=)`. Its t takes the doubt of each part in
+(Welch-Satterthwaite): the within parts' n - 1 degrees of freedom, the between part's `df_between` (loads less
+configurations: 1 for an A/A start of two loads, whose intervals are then wide; more loads, or the baseline's
+rounds, narrow them). More repeats never shrink the between part; only steadier loads do.
 
 Pure functions: no file, clock or random state.
 """
@@ -131,10 +132,11 @@ def variance(xs: Sequence[float]) -> float:
     return math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
-def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, between: float = 0.0) -> Ratio | None:
+def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, loads: Components | None = None
+          ) -> Ratio | None:
     """mean-of-logs ratio of the runs `a` over the runs `b`, with its `level` interval; None when a side has no
-    run, or a value that is not finite and positive (no ratio of a zero throughput). `between`: the variance of
-    a load's level (log scale, `Components.between`) that each side's load adds (module doc); 0 for an
+    run, or a value that is not finite and positive (no ratio of a zero throughput). `loads`: the figure's spread
+    between loads (`components`), whose `between` variance each side's load adds (module doc); None for an
     interval of one load's repeats.
 
     The ratio is taken on the log scale, as the ratio of the two sides' geometric means, and its interval is
@@ -148,7 +150,6 @@ def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, between:
     na, nb = len(la), len(lb)
     if na < 2 and nb < 2:
         return Ratio(math.exp(diff))
-    loads = 2.0 * max(0.0, between)
     if na >= 2 and nb >= 2:
         va, vb = variance(la) / na, variance(lb) / nb
         within, spread = va + vb, va * va / (na - 1) + vb * vb / (nb - 1)
@@ -157,12 +158,26 @@ def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, between:
         s2, m = variance(la if na >= 2 else lb), max(na, nb) - 1
         within = s2 * (1 / na + 1 / nb)
         spread, fallback = within * within / m, float(m)
-    se2 = within + loads
-    # Welch-Satterthwaite, the between part known (no term of its own); with no spread on either side and no
-    # between part, the interval is the value itself
-    df = min(MAX_DF, se2 * se2 / spread) if within > 0 else (MAX_DF if loads > 0 else fallback)
-    half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2)
+    df = interval_df(within, spread, loads, fallback)
+    half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(within + loads_part(loads))
     return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half))
+
+
+def loads_part(loads: Components | None) -> float:
+    """What two sides' loads add to a ratio's variance of the log: twice the between-load variance."""
+    return 2.0 * loads.between if loads is not None else 0.0
+
+
+def interval_df(within: float, spread: float, loads: Components | None, fallback: float) -> float:
+    """Welch-Satterthwaite's degrees of freedom of `within` (its terms' squares over their df summed in `spread`)
+    plus the loads' part, whose own estimate has the A/A start's and baseline rounds' df_between; with no spread
+    at all, `fallback` (the interval is then the value itself)."""
+    part = loads_part(loads)
+    total = within + part
+    if total <= 0:
+        return fallback
+    terms = spread + (part * part / loads.df_between if loads is not None and part > 0 else 0.0)
+    return min(MAX_DF, total * total / terms) if terms > 0 else MAX_DF
 
 
 @dataclass(frozen=True)
@@ -185,11 +200,12 @@ class Components:
     def smallest_speedup(self, repeats: int, level: float = LEVEL) -> float:
         """The smallest ratio of two configurations, each on its own load with `repeats` runs, whose `level`
         interval leaves 1 out at these variances: exp(t * sqrt(2 within / n + 2 between)), t at the degrees of
-        freedom two sides of n runs have (the A/A start's for one run each)."""
+        freedom `ratio` gives two such sides (with one run each, the within part's df are the A/A start's)."""
         n = max(1, repeats)
-        se = math.sqrt(2.0 * self.within / n + 2.0 * self.between)
-        df = float(2 * n - 2) if n >= 2 else float(max(1, self.df_within))
-        return math.exp(t_quantile(1 - (1 - level) / 2, df) * se)
+        side = self.within / n
+        spread = 2 * side * side / (n - 1 if n >= 2 else max(1, self.df_within))
+        half = t_quantile(1 - (1 - level) / 2, interval_df(2 * side, spread, self, float(max(1, 2 * n - 2))))
+        return math.exp(half * math.sqrt(2 * side + loads_part(self)))
 
 
 def components(configs: Sequence[Sequence[Sequence[float]]]) -> Components | None:
@@ -227,10 +243,9 @@ class Estimate:
     aa_loads: int = 0  # loads of an A/A start (noise_check)
     baseline_loads: int = 0  # baseline rounds at a client setting the baseline ran at more than once
 
-    def between(self, key: str) -> float:
-        """The between-load variance an interval of figure `key` adds per side; 0 without evidence."""
-        got = self.by_key.get(key)
-        return got.between if got is not None else 0.0
+    def loads(self, key: str) -> Components | None:
+        """Figure `key`'s spread between loads, which its intervals take in; None without evidence."""
+        return self.by_key.get(key)
 
     def source(self) -> str:
         """What the estimate rests on, in words."""
@@ -261,7 +276,9 @@ def words(c: Components, repeats: int, noise_limit: float, what: str) -> tuple[s
     warn = smallest - 1.0 > noise_limit
     if warn:
         text += (f"; warning: larger than the plan's noise_limit ({noise_limit:.0%}), so differences of that size "
-                 "will not be told apart" + (" (repeats shrink only the within-load part)" if c.between else ""))
+                 "will not be told apart" + (" (repeats shrink only the within-load part; more loads, a larger "
+                                              "noise_check or baseline_every, firm up the between-load part)"
+                                              if c.between else ""))
     return text, warn
 
 

@@ -72,7 +72,7 @@ def speedups(rows: Sequence[Row]) -> dict[int, dict[str, Ratio]]:
             continue
         for name, figures in r.categories.items():
             got = noise.ratio(figures.get(TPS, []), base.categories.get(name, {}).get(TPS, []),
-                              between=r.noise.between(TPS) if r.noise is not None else 0.0)
+                              loads=r.noise.loads(TPS) if r.noise is not None else None)
             if got is not None:
                 out.setdefault(i, {})[name] = got
     return out

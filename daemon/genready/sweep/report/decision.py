@@ -153,14 +153,14 @@ def _runs(r: Row, key: str) -> list[float]:
     return got or ([v] if v is not None and math.isfinite(v) else [])
 
 
-def _between(r: Row) -> float:
-    """The between-load variance of output tok/s an interval of `r` takes in (noise.py; 0 without evidence)."""
-    return r.noise.between(TPS) if r.noise is not None else 0.0
+def _loads(r: Row) -> noise.Components | None:
+    """The spread between loads of output tok/s that an interval of `r` takes in (noise.py; None without it)."""
+    return r.noise.loads(TPS) if r.noise is not None else None
 
 
 def within_noise(r: Row, best: Row) -> bool:
     """`r`'s output tok/s is within noise of `best`'s (module doc)."""
-    got = noise.ratio(_runs(r, TPS), _runs(best, TPS), between=_between(r))
+    got = noise.ratio(_runs(r, TPS), _runs(best, TPS), loads=_loads(r))
     return got is not None and got.within_noise(max(r.noise_limit, best.noise_limit))
 
 
@@ -242,7 +242,7 @@ def against_baseline(s: Setting, base: Row | None) -> None:
     if too_wide(got, limit):
         s.answer = UNDECIDED
         s.repeats = speedup.repeats_needed(_runs(s.best, TPS), _runs(base, TPS) if base is not None else [],
-                                           limit, MOST_REPEATS, between=_between(s.best))
+                                           limit, MOST_REPEATS, loads=_loads(s.best))
     elif got.value < 1:
         s.answer = NO_SPECULATION
     else:

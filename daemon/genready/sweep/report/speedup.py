@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from genready.sweep import noise
-from genready.sweep.noise import LEVEL, MAX_DF, Estimate, ratio, t_quantile, variance
+from genready.sweep.noise import LEVEL, Estimate, ratio, t_quantile, variance
 from genready.sweep.rows import Row
 from genready.tools import benchline
 
@@ -48,12 +48,12 @@ def drift_text(drifted: float) -> str:
     return f"{pct:+.0f}%" if abs(pct) >= 9.95 else f"{pct:+.1f}%"
 
 
-def attach(rows: Sequence[Row], noise: Estimate | None = None) -> None:
+def attach(rows: Sequence[Row], est: Estimate | None = None) -> None:
     """Each ok point's ratios against the baseline round that ran before it at its client setting (same host),
     and `drifted` when that round and the next one differ by more than the baseline's noise. `noise`: the
     spread between loads each interval takes in (every row keeps it: the Decision's comparisons use it too)."""
     for r in rows:
-        r.noise = noise
+        r.noise = est
     bases: dict[str, Row] = {}
     for r in rows:
         if r.baseline and r.status == "ok" and r.client is not None:
@@ -65,8 +65,8 @@ def attach(rows: Sequence[Row], noise: Estimate | None = None) -> None:
         if base is None:
             continue
         for name, key in RATIOS:
-            between = noise.between(key) if noise is not None else 0.0
-            if (got := ratio(r.samples.get(key, []), base.samples.get(key, []), between=between)) is not None:
+            loads = est.loads(key) if est is not None else None
+            if (got := ratio(r.samples.get(key, []), base.samples.get(key, []), loads=loads)) is not None:
                 r.ratios[name] = got
         after = bases.get(json.dumps([r.host, r.baseline_round + 1, r.client], sort_keys=True))
         if after is not None:
@@ -75,11 +75,11 @@ def attach(rows: Sequence[Row], noise: Estimate | None = None) -> None:
 
 
 def repeats_needed(a: Sequence[float], b: Sequence[float], noise_limit: float, most: int = 100,
-                   level: float = LEVEL, between: float = 0.0) -> int | None:
+                   level: float = LEVEL, loads: noise.Components | None = None) -> int | None:
     """How many repeats of each side would make the ratio's interval narrow enough to tell a gain of
     `noise_limit` from a loss of it (its half-width on the log scale under log(1 + noise_limit)), at the run
     to run noise the runs `a` and `b` measured (one side's variance standing for the other's with one run, as
-    in ratio) and the `between`-load variance each side's load adds (which no repeat shrinks); None when no
+    in ratio) and the spread between loads each side's load adds (`loads`, which no repeat shrinks); None when no
     noise is measured (one run each) or when more than `most` would be needed."""
     if any(not (math.isfinite(v) and v > 0) for v in (*a, *b)) or (len(a) < 2 and len(b) < 2):
         return None
@@ -89,9 +89,8 @@ def repeats_needed(a: Sequence[float], b: Sequence[float], noise_limit: float, m
     target = math.log1p(noise_limit)
     for n in range(2, most + 1):
         va, vb = s2a / n, s2b / n
-        se2 = va + vb + 2.0 * max(0.0, between)
-        df = min(MAX_DF, se2 * se2 / ((va * va + vb * vb) / (n - 1))) if va + vb > 0 else float(2 * n - 2)
-        if t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2) < target:
+        df = noise.interval_df(va + vb, (va * va + vb * vb) / (n - 1), loads, float(2 * n - 2))
+        if t_quantile(1 - (1 - level) / 2, df) * math.sqrt(va + vb + noise.loads_part(loads)) < target:
             return n
     return None
 

@@ -80,10 +80,11 @@ def _half(runs: Sequence[float], level: float = noise.LEVEL) -> float:
     return noise.t_quantile(1 - (1 - level) / 2, len(logs) - 1) * math.sqrt(noise.variance(logs) / len(logs))
 
 
-def rule(mine: Sequence[float], leader: Sequence[float] | None, *, between: float, cap: int,
+def rule(mine: Sequence[float], leader: Sequence[float] | None, *, loads: noise.Components | None, cap: int,
          noise_limit: float) -> tuple[Stop | None, Ratio | None]:
     """Whether a point with the ok runs `mine` (output tok/s) stops, against the leader's runs (None: no other
-    configuration at its setting yet); the ratio it was judged by (module doc)."""
+    configuration at its setting yet), with the spread between loads measured so far (`loads`); the ratio it was
+    judged by (module doc)."""
     n = len(mine)
     if n < MIN_RUNS:
         return (Stop.CAP if n >= cap else None), None
@@ -91,7 +92,7 @@ def rule(mine: Sequence[float], leader: Sequence[float] | None, *, between: floa
         if _half(mine) <= math.log1p(noise_limit) / 2:
             return Stop.ALONE, None
         return (Stop.CAP if n >= cap else None), None
-    got = noise.ratio(mine, leader, between=between)
+    got = noise.ratio(mine, leader, loads=loads)
     if got is None or got.low is None or got.high is None:
         return (Stop.CAP if n >= cap else None), got
     if got.high < 1.0:
@@ -100,20 +101,20 @@ def rule(mine: Sequence[float], leader: Sequence[float] | None, *, between: floa
         return Stop.AHEAD, got
     if n >= cap:
         return Stop.CAP, got
-    if _at_cap_holds(mine, leader, got.value, between, cap):
+    if _at_cap_holds(mine, leader, got.value, loads, cap):
         return Stop.TIED, got
     return None, got
 
 
-def _at_cap_holds(mine: Sequence[float], leader: Sequence[float], value: float, between: float, cap: int) -> bool:
+def _at_cap_holds(mine: Sequence[float], leader: Sequence[float], value: float, loads: noise.Components | None,
+                  cap: int) -> bool:
     """The interval of `value` still holds 1 with `cap` runs of the point at its runs' variance now."""
     lm, ll = [math.log(v) for v in mine], [math.log(v) for v in leader]
     va = noise.variance(lm) / cap
-    vb = noise.variance(ll) / len(ll) if len(ll) >= 2 else noise.variance(lm) / len(ll)
-    se2 = va + vb + 2.0 * between
-    parts = va * va / (cap - 1) + vb * vb / max(1, len(ll) - 1)
-    df = min(noise.MAX_DF, se2 * se2 / parts) if parts > 0 else noise.MAX_DF
-    return noise.t_quantile(1 - (1 - noise.LEVEL) / 2, df) * math.sqrt(se2) >= abs(math.log(value))
+    vb = noise.variance(ll if len(ll) >= 2 else lm) / len(ll)
+    df = noise.interval_df(va + vb, va * va / (cap - 1) + vb * vb / max(1, len(ll) - 1), loads, float(cap - 1))
+    half = noise.t_quantile(1 - (1 - noise.LEVEL) / 2, df) * math.sqrt(va + vb + noise.loads_part(loads))
+    return half >= abs(math.log(value))
 
 
 class Auto:
@@ -152,7 +153,7 @@ class Auto:
         leader, runs = self._leader(point)
         est = noisecheck.evidence(self.sweep, self.benches)
         plan = self.sweep.opts.plan
-        stop, got = rule(mine, runs, between=est.between(TPS) if est is not None else 0.0, cap=plan.repeats,
+        stop, got = rule(mine, runs, loads=est.loads(TPS) if est is not None else None, cap=plan.repeats,
                          noise_limit=plan.noise_limit)
         verdict = Verdict(stop, len(mine), leader, got)
         self.sweep.console.progress(point, verdict.words())
