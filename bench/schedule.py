@@ -12,7 +12,7 @@ speculation, REPEATS repeats of N requests of TOKENS tokens. Then:
   `--speculative-config` (num_speculative_tokens_per_batch_size, switched per step as vLLM does), at the same
   concurrencies, prompts and repeats;
 - per load: the schedule's output tok/s over the best static configuration's (with the baseline standing as
-  depth 0), with its 95 % interval (speedup.ratio over the repeats); goal >= 0.97x at every load, a load below
+  depth 0), with its 95 % interval (noise.ratio over the repeats); goal >= 0.97x at every load, a load below
   0.90x is flagged as a regression (vLLM #49548's shape);
 - a second sweep where one depth wins everywhere (`--batch-token-seconds 0`: no per-token cost, so the deepest
   draft always pays) at -c [1, 64]: the report must say no schedule is needed.
@@ -36,7 +36,8 @@ from typing import Any
 
 import tomli_w
 
-from genready.sweep.report import collect, decision, speedup
+from genready.sweep import noise
+from genready.sweep.report import collect, decision
 from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
 
 UNIT = "sweep-sim.service"
@@ -155,7 +156,7 @@ def main() -> int:
         for c in LOADS:
             best = max(measured[c], key=lambda d: sum(measured[c][d]) / len(measured[c][d]))
             mine = replayed.get(c, {}).get(-1, [])
-            r = speedup.ratio(mine, measured[c][best])
+            r = noise.ratio(mine, measured[c][best])
             if r is None:
                 print(f"| {c} | depth {best} | - | - | no run | FAILED |")
                 ok = False

@@ -198,9 +198,9 @@ def test_the_simulators_throughput_follows_the_model(steps: int, topk: int) -> N
 def test_generated_repeats_give_intervals_that_hold_the_true_speedup() -> None:
     """The sweep below end to end, on generated runs with a known truth: each run's requests a drawn overhead
     longer than the model's decode (the client and HTTP: 3 +- 1 ms, seeded), three runs a side, their output
-    tok/s through speedup.ratio. Its 95 % interval holds the true speedup (at the overhead's mean) in about 95 of
+    tok/s through noise.ratio. Its 95 % interval holds the true speedup (at the overhead's mean) in about 95 of
     100 trials (a 50 % interval would in about 50), and the sign is right in every one."""
-    from genready.sweep.report import speedup
+    from genready.sweep import noise
 
     rng = random.Random(5)
     cats, plain, held = simtruth.categories(N, SEED), f"--token-latency {SLOW_T0}", 0
@@ -212,7 +212,7 @@ def test_generated_repeats_give_intervals_that_hold_the_true_speedup() -> None:
         flags = configs[trial % 2]
         tps = {f: [N * TOKENS / simtruth.run_seconds(f, TOKENS, cats, C, max(0.0, rng.gauss(0.003, 0.001)))
                    for _ in range(3)] for f in (flags, plain)}
-        got = speedup.ratio(tps[flags], tps[plain])
+        got = noise.ratio(tps[flags], tps[plain])
         assert got is not None and got.low is not None and got.high is not None
         held += got.low <= truth[flags] <= got.high
         assert (got.value > 1) == (truth[flags] > 1), (flags, got, truth[flags])

@@ -142,6 +142,7 @@ def test_an_interval_too_wide_to_tell_asks_for_repeats_and_names_no_configuratio
 def test_the_repeats_needed_narrow_the_interval_as_said() -> None:
     # repeats_needed's n, fed runs of the measured noise, gives an interval that tells a 10 % gain from a loss;
     # one fewer does not
+    from genready.sweep import noise
     from genready.sweep.report import speedup
     a, b = [100.0, 108.0, 93.0], [120.0, 111.0, 131.0]
     n = speedup.repeats_needed(a, b, 0.1)
@@ -152,7 +153,7 @@ def test_the_repeats_needed_narrow_the_interval_as_said() -> None:
         sa, sb = statistics.variance([math.log(v) for v in a]), statistics.variance([math.log(v) for v in b])
         va, vb = sa / k, sb / k
         df = (va + vb) ** 2 / ((va * va + vb * vb) / (k - 1))
-        return speedup.t_quantile(0.975, df) * math.sqrt(va + vb)
+        return noise.t_quantile(0.975, df) * math.sqrt(va + vb)
 
     assert half(n) < math.log1p(0.1) <= half(n - 1)
     assert speedup.repeats_needed([100.0], [120.0], 0.1) is None  # no noise measured
@@ -379,7 +380,7 @@ def test_compare_shows_the_speedup_change_and_marks_overlapping_intervals(tmp_pa
 
 
 def test_a_speedup_change_without_intervals_uses_the_noise_limit() -> None:
-    from genready.sweep.rows import Ratio
+    from genready.sweep.noise import Ratio
 
     assert sweepcompare.SpeedupChange(Ratio(2.0), Ratio(2.1), 0.10).inside_noise
     assert not sweepcompare.SpeedupChange(Ratio(2.0), Ratio(2.5), 0.10).inside_noise

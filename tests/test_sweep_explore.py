@@ -19,7 +19,7 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import explore
 from genready.sweep import plan as sweepplan
-from genready.sweep.run import baseline, order
+from genready.sweep.run import baseline, noisecheck, order
 from genready.sweep.run.results import Results
 from genready_dev import sim, simbatch, simsurface
 from genready_dev.harness import GENREADY, PY
@@ -252,6 +252,24 @@ def test_a_pattern_order_puts_the_baseline_rounds_among_the_loads_it_makes(tmp_p
     assert all(before[pt.index] >= 1 for g in groups if not g[0].baseline for pt in g if pt.index in before)
     lines = [json.loads(ln) for ln in (tmp_path / "explore.jsonl").read_text().splitlines()]
     assert lines[0]["why"].startswith("start") and lines[0]["measured"] == {}
+
+
+def test_a_pattern_order_loads_the_aa_start_first_and_never_counts_it_as_a_configuration(tmp_path: Path) -> None:
+    """noise_check's loads (noisecheck.schedule puts them first) come before the search's start, each told to the
+    order without moving the search: its first configuration is still the middle one."""
+    p = plan(f'command = "x {{c}}"\ndropin = {DROPIN}\nstrategy = "pattern"\nnoise_check = 3\n'
+             "[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1, 4]")
+    groups = noisecheck.schedule(p, baseline.schedule(p, p.groups()))
+    o = order.of(p, groups, Results(), tmp_path, {})
+    seen = []
+    for n, group in o:
+        seen.append((n, group[0].aa))
+        o.told(group)
+        if len(seen) == 4:
+            break
+    assert seen == [(1, 1), (2, 2), (3, 3), (4, 0)]
+    assert not (tmp_path / "explore.jsonl").exists() or \
+        json.loads((tmp_path / "explore.jsonl").read_text().splitlines()[0])["why"].startswith("start")
 
 
 def test_a_budget_stopping_a_pattern_order_leaves_its_unloaded_configurations_and_rounds(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ import tomli_w
 from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import main as sweep
+from genready.sweep import noise
 from genready.sweep import plan as sweepplan
-from genready.sweep import rows as sweeprows
 from genready.sweep.report import collect, speedup
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import baseline as sweepbaseline
@@ -36,7 +36,7 @@ from tests.test_sweep import Rig
 
 def test_student_t_quantiles_match_the_tables() -> None:
     for df, want in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (30, 2.042), (1e9, 1.960)):
-        assert speedup.t_quantile(0.975, df) == pytest.approx(want, abs=1e-3), df
+        assert noise.t_quantile(0.975, df) == pytest.approx(want, abs=1e-3), df
 
 
 def test_the_t_quantile_inverts_the_distribution_function_in_a_few_steps(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -44,38 +44,38 @@ def test_the_t_quantile_inverts_the_distribution_function_in_a_few_steps(monkeyp
     t_cdf to 1e-12 in a handful of its evaluations (a step within the function's rounding once threw the search
     into ~40 bisections)."""
     calls = 0
-    t_cdf = speedup.t_cdf
+    t_cdf = noise.t_cdf
 
     def counted(t: float, df: float) -> float:
         nonlocal calls
         calls += 1
         return t_cdf(t, df)
 
-    monkeypatch.setattr(speedup, "t_cdf", counted)
+    monkeypatch.setattr(noise, "t_cdf", counted)
     rng = random.Random(41)
     for p in (0.6, 0.95, 0.975, 0.995):
         for df in [1.0, 2.0, 4.0, 100.0] + [rng.uniform(1.0, 40.0) for _ in range(50)]:
             calls = 0
-            t = speedup.t_quantile.__wrapped__(p, df)  # past the cache: every call computes
+            t = noise.t_quantile.__wrapped__(p, df)  # past the cache: every call computes
             assert calls <= 8, (p, df, calls)
             assert t_cdf(t, df) == pytest.approx(p, abs=1e-12), (p, df)
-    assert speedup.t_quantile(0.975, 2.5) is speedup.t_quantile(0.975, 2.5)  # asked again: the same answer, kept
+    assert noise.t_quantile(0.975, 2.5) is noise.t_quantile(0.975, 2.5)  # asked again: the same answer, kept
 
 
 def test_a_known_ratio_is_recovered_with_an_interval_around_it() -> None:
     base = [100.0, 104.0, 97.0, 101.0]
-    r = speedup.ratio([1.5 * v for v in base], base)
+    r = noise.ratio([1.5 * v for v in base], base)
     assert r is not None and r.value == pytest.approx(1.5) and r.low is not None and r.high is not None
     assert r.low < 1.5 < r.high and r.low > 1.3 and r.high < 1.7  # each side's spread is the ratio's doubt
-    flat = speedup.ratio([150.0, 150.0], [100.0, 100.0])  # no spread on either side: no doubt
+    flat = noise.ratio([150.0, 150.0], [100.0, 100.0])  # no spread on either side: no doubt
     assert flat is not None and (flat.value, flat.low, flat.high) == pytest.approx((1.5, 1.5, 1.5))
-    r = speedup.ratio([150.0, 160.0, 140.0], [100.0, 100.0, 100.0])
+    r = noise.ratio([150.0, 160.0, 140.0], [100.0, 100.0, 100.0])
     assert r is not None and r.low is not None and r.high is not None and r.low < r.value < r.high and r.low > 1
-    single = speedup.ratio([300.0], [100.0])
+    single = noise.ratio([300.0], [100.0])
     assert single is not None and single.value == pytest.approx(3.0) and single.low is None  # one run each: no interval
     assert not single.within_noise(0.10)
-    assert speedup.ratio([0.0], [100.0]) is None and speedup.ratio([], [1.0]) is None
-    assert speedup.ratio([math.nan, 1.0], [1.0, 1.0]) is None
+    assert noise.ratio([0.0], [100.0]) is None and noise.ratio([], [1.0]) is None
+    assert noise.ratio([math.nan, 1.0], [1.0, 1.0]) is None
 
 
 @pytest.mark.parametrize("n_a,n_b", [(2, 2), (3, 3), (5, 5), (2, 5), (1, 3)])
@@ -86,18 +86,18 @@ def test_the_interval_covers_the_true_ratio_in_about_95_of_200_seeded_trials(n_a
         # multiplicative run-to-run noise, as throughput has; each side its own level of it
         a = [true * 1000 * math.exp(rng.gauss(0, 0.06)) for _ in range(n_a)]
         b = [1000 * math.exp(rng.gauss(0, 0.03)) for _ in range(n_b)]
-        r = speedup.ratio(a, b)
+        r = noise.ratio(a, b)
         assert r is not None and r.low is not None and r.high is not None
         hits += r.low <= true <= r.high
     assert hits >= 180, hits  # 90 % of 200; the method's nominal 95 %
 
 
 def test_a_ratio_whose_interval_holds_1_is_within_noise() -> None:
-    r = speedup.ratio([100.0, 108.0, 95.0], [101.0, 97.0, 104.0])
+    r = noise.ratio([100.0, 108.0, 95.0], [101.0, 97.0, 104.0])
     assert r is not None and r.within_noise(0.10)
-    r = speedup.ratio([200.0, 208.0, 195.0], [101.0, 97.0, 104.0])
+    r = noise.ratio([200.0, 208.0, 195.0], [101.0, 97.0, 104.0])
     assert r is not None and not r.within_noise(0.10)
-    assert sweeprows.Ratio(1.05).within_noise(0.10) and not sweeprows.Ratio(1.15).within_noise(0.10)
+    assert noise.Ratio(1.05).within_noise(0.10) and not noise.Ratio(1.15).within_noise(0.10)
 
 
 def test_drift_is_the_baselines_move_beyond_its_noise() -> None:
@@ -234,7 +234,9 @@ def test_the_report_shows_speedups_slowdowns_noise_and_drift(tmp_path: Path) -> 
     table = sweepreport.render(rows)
     assert "SPEEDUP" in table.splitlines()[0] and "baseline#2 algo=none c=1" in table
     eagle_line = next(ln for ln in table.splitlines() if ln.startswith("algo=eagle"))
-    assert " 2.01x [1.93-2.09] drifted -30%" in eagle_line, table
+    # the baseline's three rounds are three loads of one configuration: their 30 % move is spread between loads
+    # (with 2 degrees of freedom), which every interval takes in (sweep/noise.py); one load's repeats gave [1.93-2.09]
+    assert " 2.01x [0.58-6.98] ~ drifted -30%" in eagle_line, table
     ngram_line = next(ln for ln in table.splitlines() if ln.startswith("algo=ngram"))
     assert "0.71x slower [" in ngram_line, table  # a slowdown is said, not hidden
     data = json.loads(sweepreport.render(rows, "json"))["rows"]

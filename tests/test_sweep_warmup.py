@@ -18,6 +18,7 @@ from genready import config
 from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import plan as sweepplan
+from genready.sweep import plankeys
 from genready.sweep.report import collect
 from genready.sweep.report import table as sweepreport
 from genready.sweep.run import results as sweepresults
@@ -215,7 +216,7 @@ def test_stable_is_the_default_a_number_still_a_fixed_count_and_bad_values_are_n
     assert p.stable and (p.warmup, p.warmup_window, p.warmup_tolerance, p.warmup_max, p.warmup_max_seconds) == (
         "stable", 8, 0.10, 96, 600.0)
     # the default between_points is the member the steps compare with `is` (it was its string: never flushed)
-    assert p.between_points is sweepplan.Between.FLUSH
+    assert p.between_points is plankeys.Between.FLUSH
     p = plan('command = "x"\nwarmup = 2\n[matrix]\na = [1]\n')
     assert not p.stable and p.warmup == 2
     for bad, key in (('warmup = "stabel"', "warmup"), ("warmup = 1.5", "warmup"), ("warmup = true", "warmup"),

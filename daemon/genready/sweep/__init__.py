@@ -10,17 +10,21 @@ command run (with its GPU cost and the server's counters), the drafting verdict;
 its results line, once, whole.
 
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
-    plan                PLAN.toml: its keys (defined once), points, groups of one server configuration
+    plan                PLAN.toml parsed: its templates, points, groups of one server configuration
+    plankeys            PLAN.toml's top-level keys, each defined once: what it takes, its default, its help, its reader
     search              the plan's [search] table and a load search's decisions, as pure functions
     budget              the plan's `budget`: the unit's load history, the stop rule, what the report says it left
     explore             the plan's `strategy` over server configurations: the grid, or a pattern search (pure)
     crossover           where a configuration's speedup over the baseline falls below 1 along a load search
     files               the files both sides share: their names, JSON Lines, a run's bench line
-    rows                a report's row, one shape for all: Figure, FIGURES, Row, Ratio, row_of, point_row, mark_best
+    rows                a report's row, one shape for all: Figure, FIGURES, Row, row_of, point_row, mark_best
+    noise               the statistics both sides use: Student's t, Ratio and its interval, the spread between loads
 
     run.runner          the loop: configurations, points, repeats, attempts, each attempt's steps in order; signals
     run.order           which groups load, in order: the grid's schedule, or a search's loads; DIR/explore.jsonl
     run.baseline        where the plan's baseline runs: its rounds among the groups, at every client setting
+    run.noisecheck      noise_check: the A/A start's loads before anything else, and what they measured, on stderr
+    run.autorepeat      repeats = "auto": another run only while the point's interval overlaps the leader's
     run.prune           what a failed start prunes, and the stop after failed starts in a row
     run.budgetrun       the budget while the sweep runs and in --dry-run: the history read, the estimate, the check
     run.strays          GPU strays: asked of the daemon, waited out before a load and before a run

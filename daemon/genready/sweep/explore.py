@@ -85,7 +85,7 @@ def axes_of(server_axes: Sequence[str], points: Sequence[Mapping[str, Scalar]]) 
 
 def check(data: Mapping[str, Any], file: str, strategy: str, server_axes: Sequence[str],
           points: Sequence[Mapping[str, Scalar]]) -> tuple[tuple[str, Scalar], ...] | None:
-    """The plan's strategy keys beyond their own readers' checks (plan.KEYS): `pattern` needs server axes whose
+    """The plan's strategy keys beyond their own readers' checks (plankeys.KEYS): `pattern` needs server axes whose
     values make a full grid (a neighbour must exist to be loaded), `start` a configuration of that grid, `audit`
     and `start` a strategy that uses them. The start's values, or None. ConfigError names file, key, expected and
     found."""

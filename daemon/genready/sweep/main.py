@@ -61,10 +61,11 @@ from genready.servers import kinds
 from genready.store.bounded import FileError
 from genready.sweep.budget import History
 from genready.sweep.files import RESULTS_FILE, read_results
-from genready.sweep.plan import Between, Plan, Point, Shard, load_plan
+from genready.sweep.plan import Plan, Point, Shard, load_plan
+from genready.sweep.plankeys import Between
 from genready.sweep.report import table as sweepreport
+from genready.sweep.run import autorepeat, budgetrun, noisecheck, order
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import budgetrun, order
 from genready.sweep.run.dropin import dropin_refused, refused_dropins, restore
 from genready.sweep.run.lines import Timings, between_words, loads_line, shown
 from genready.sweep.run.prune import Pruner, earlier_failures
@@ -130,7 +131,8 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
     where = ("/run/systemd/system" if bus_kind == "system" else "$XDG_RUNTIME_DIR/systemd/user") + \
         f"/{unit}.d/{DROPIN_NAME}"
     width = len(str(len(plan.points)))
-    groups = sweepbaseline.schedule(plan, shard.take(plan.groups()) if shard else plan.groups())
+    groups = noisecheck.schedule(plan, sweepbaseline.schedule(plan, shard.take(plan.groups()) if shard
+                                                              else plan.groups()))
     total = max([len(plan.points), *(p.index for g in groups for p in g)])  # baseline runs are numbered past the plan
     todo = [[p for p in g if p.index not in skip] for g in groups]
     todo = [g for g in todo if g]
@@ -154,6 +156,7 @@ def dry_run(plan: Plan, results: Path, unit: str, bus_kind: str, skip: set[int],
           f"(cache=warm): {kinds.FIX}\n")
     for n, group in enumerate(groups, 1):
         w(f"\n## server configuration {n}" + (f", the baseline (round {group[0].baseline})" if group[0].baseline
+                                               else f", the A/A start (load {group[0].aa})" if group[0].aa
                                                else "") + f": points {', '.join(str(p.index) for p in group)}\n")
         for i, p in enumerate(group):
             folder = results / p.slug(width) / "attempt-N"
@@ -251,7 +254,8 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
                      f"and keep the rest (--resume={RERUN_CHANGED})", status=Exit.CONFIG)
     # a search's points resume step by step (searchrun.py reads their lines): none is skipped whole
     done = ok_runs(plan, results, fingerprints) if args.resume and plan.search is None else {}
-    skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
+    skip = {i for i, recs in done.items()  # repeats = "auto": those whose last line stopped them, too
+            if len(recs) == plan.repeats or (plan.repeats_auto and autorepeat.finished(recs))}
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
                        shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus),

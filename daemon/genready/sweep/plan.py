@@ -17,16 +17,15 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from genready.compat import StrEnum
-from genready.config import LOAD_TIMEOUT_NO_HISTORY, ConfigError, read_toml
+from genready.config import ConfigError, read_toml
 from genready.sweep import explore as sweepexplore
 from genready.sweep import search as sweepsearch
-from genready.timewords import DURATION_WORDS, seconds_of
+from genready.sweep.plankeys import AUTO, KEYS, PLAN_KEYS, STABLE, Between, found_words
 from genready.tools.benchload import SloPart, parse_slo
 
 Scalar = str | int | float | bool
@@ -106,6 +105,7 @@ class Point:
     index: int  # 1-based, in plan order (a baseline run's: past the plan's points)
     values: tuple[tuple[str, Scalar], ...]
     baseline: int = 0  # a run of the `baseline` configuration: its round (1, 2, ...); 0 for a plan point
+    aa: int = 0  # a load of the A/A start (`noise_check`, sweep/run/noisecheck.py): which (1, 2, ...); else 0
 
     def as_dict(self) -> dict[str, Scalar]:
         return dict(self.values)
@@ -113,190 +113,17 @@ class Point:
     @property
     def label(self) -> str:
         words = " ".join(f"{k}={text_of(v)}" for k, v in self.values) or "(no values)"
+        if self.aa:
+            return f"a/a#{self.aa} {words}"
         return f"baseline#{self.baseline} {words}" if self.baseline else words
 
     def slug(self, width: int) -> str:
         words = "_".join(f"{k}={text_of(v)}" for k, v in self.values)
         if self.baseline:
             words = f"baseline{self.baseline}_" + words
+        if self.aa:
+            words = f"aa{self.aa}_" + words
         return f"{self.index:0{width}d}-" + re.sub(r"[^A-Za-z0-9._=+-]", "_", words)[:100]
-
-
-class Between(StrEnum):
-    """`between_points`: what a reused instance gets before each run."""
-
-    FLUSH = "flush"  # its prefix cache emptied through the server's own route (servercache.flush)
-    NONE = "none"  # nothing: the run starts on what the run before left (figures biased warm)
-    RESTART = "restart"  # no reuse: a fresh start for every run (as --restart-each)
-
-
-_REQUIRED: Final = object()
-_BAD: Final = object()  # what a key's reader answers for a value it does not take
-
-
-def _number(low: float, *, integer: bool = False, high: float = math.inf, low_open: bool = False
-            ) -> Callable[[object], object]:
-    def read(v: object) -> object:
-        if isinstance(v, bool) or not isinstance(v, int if integer else int | float):
-            return _BAD
-        if not (low < v if low_open else low <= v) or not v <= high or not math.isfinite(v):
-            return _BAD
-        return v if integer else float(v)
-    return read
-
-
-def _between(v: object) -> object:
-    return Between(v) if isinstance(v, str) and v in tuple(Between) else _BAD
-
-
-MAX_FAILED_STARTS: Final = 3  # the plan key's default: a broken model path should not cost 48 loads
-STABLE: Final = "stable"  # warmup = "stable": until the medians settle (convergence.py)
-
-
-def _warmup(v: object) -> object:
-    return v if v == STABLE else _number(0, integer=True, high=1000)(v)
-
-
-def _budget(v: object) -> object:
-    if not isinstance(v, str | int | float):
-        return _BAD
-    try:
-        seconds = seconds_of(v)
-    except ValueError:
-        return _BAD
-    return seconds if seconds > 0 else _BAD
-
-
-def _target(v: object) -> object:
-    return v if isinstance(v, str) and v else _BAD
-
-
-@dataclass(frozen=True)
-class PlanKey:
-    """One key of a plan, defined once: its name, what it takes, its default and its help. `read`
-    converts a given value (or answers _BAD); None: the key has its own parser below (command, dropin,
-    matrix, points)."""
-
-    name: str
-    expected: str
-    default: Any
-    help: str
-    read: Callable[[object], object] | None = None
-
-    @property
-    def help_text(self) -> str:
-        """The help with the default, in the plan's own spelling."""
-        if self.default is _REQUIRED or self.default is None:
-            return self.help
-        shown = f'"{self.default}"' if isinstance(self.default, str) else f"{self.default:g}"
-        return f"{self.help} (default {shown})"
-
-    def value(self, data: Mapping[str, Any], file: str) -> Any:
-        assert self.read is not None
-        if self.name not in data:
-            return self.default
-        got = self.read(data[self.name])
-        if got is _BAD:
-            raise ConfigError(file, self.name, self.expected, _found(data[self.name]))
-        return got
-
-
-KEYS: Final = (
-    PlanKey("target", "a target name (string)", None,
-            "the genready target to sweep (default: the only one)", _target),
-    PlanKey("command", "a string or a list of strings", _REQUIRED,
-            "the benchmark: a string split like a shell (no shell), or a list of words"),
-    PlanKey("dropin", "unit file text (a string)", None,
-            "unit file text for the target's unit, per point (a runtime drop-in)"),
-    PlanKey("timeout", "a number of seconds > 0", None,
-            "seconds to wait for a verified start per point (default: the target's load_timeout; for "
-            f"load_timeout = \"auto\", {LOAD_TIMEOUT_NO_HISTORY:g} s: the sweep does not read the daemon's "
-            "load history)",
-            _number(0, low_open=True)),
-    PlanKey("attempts", "an integer >= 1", 2,
-            "runs per point when a run is invalidated or the server does not come up", _number(1, integer=True)),
-    PlanKey("matrix", "a table of NAME = [values]", None,
-            "a table NAME = [values]: the points are their cartesian product, in file order"),
-    PlanKey("points", "[[points]] tables of NAME = value", None, "[[points]] tables of NAME = value: points listed "
-            "one by one"),
-    # the member, not its value: a plan without the key compares its default with `is Between.FLUSH`
-    PlanKey("between_points", " or ".join(f'"{b}"' for b in Between), Between.FLUSH,
-            'before each run on a reused instance: "flush" its prefix cache, "none", or "restart" the server',
-            _between),
-    PlanKey("warmup", 'an integer from 0 to 1000, or "stable"', STABLE,
-            'before each run, not counted: "stable" (requests in windows until TTFT and ITL settle) or a number of '
-            "requests (the target's probe)", _warmup),
-    PlanKey("repeats", "an integer from 1 to 1000", 1,
-            "runs per point on the same instance, each after the warmup (and a flush, with between_points = "
-            '"flush")', _number(1, integer=True, high=1000)),
-    PlanKey("noise_limit", "a fraction >= 0 (0.10 is 10 %)", 0.10,
-            "a point whose relative median absolute deviation over its repeats exceeds this is noisy", _number(0)),
-    PlanKey("max_divergence", "a fraction from 0 to 1 (0.10 is 10 %)", 0.10,
-            "with a baseline at temperature 0: a point whose answers diverge from the baseline's early (before half "
-            "their length) on more than this share of prompts is marked diverged, and never named best "
-            "(sweep/report/outputs.py)", _number(0, high=1)),
-    PlanKey("baseline", "a table of NAME = value (server-side values), and optionally its own dropin", None,
-            'the server configuration speedups are measured against, e.g. { algo = "none" } (sweep/run/baseline.py)'),
-    PlanKey("baseline_every", "an integer >= 1", None,
-            "run the baseline again after every N server configurations, and mark speedups it drifted under",
-            _number(1, integer=True)),
-    PlanKey("prune", "an array of server-side axes with numbers", None,
-            "axes whose larger values need more memory: a failed start skips every configuration at least as large "
-            "on them (and equal on the others); their smaller values run first"),
-    PlanKey("max_failed_starts", "an integer >= 1", MAX_FAILED_STARTS,
-            "starts in a row that end before they are verified, after which the sweep stops (exit 1; --keep-going "
-            "goes on)", _number(1, integer=True)),
-    # warmup = "stable" (convergence.py): its windows, its tolerance and its bounds
-    PlanKey("warmup_window", "an integer from 1 to 1000", 8,
-            'warmup = "stable": requests per window; a window\'s medians are compared with the window before\'s',
-            _number(1, integer=True, high=1000)),
-    PlanKey("warmup_tolerance", "a fraction > 0 (0.10 is 10 %)", 0.10,
-            'warmup = "stable": done when the last window\'s median TTFT and ITL are within this of the window '
-            "before's and within half of it of the earliest of the last three (tools/convergence.py)",
-            _number(0, low_open=True)),
-    PlanKey("warmup_max", "an integer from 2 to 10000, at least twice warmup_window", 96,
-            'warmup = "stable": at most this many requests; a run whose warmup stops here is marked unstable',
-            _number(2, integer=True, high=10_000)),
-    PlanKey("warmup_max_seconds", "a number of seconds > 0", 600.0,
-            'warmup = "stable": at most this long (checked between requests); then the run is marked unstable',
-            _number(0, low_open=True)),
-    PlanKey("expect", "a table of ENGINE_KEY = \"value or {name}\"", None,
-            "engine keys the server must report with the point's value, e.g. speculative_num_steps = \"{steps}\" "
-            "(a point whose engine reports otherwise is config_mismatch)"),
-    PlanKey("stray_wait", "a number of seconds >= 0", 60.0,
-            "seconds to wait, before a point's server loads and before its command runs, for processes of an "
-            "earlier start that hold memory on the target's GPUs to exit; then the sweep stops naming them "
-            "(--ignore-strays: do not wait)", _number(0)),
-    PlanKey("gpus", "an integer >= 1", 1,
-            "GPUs one server configuration runs on: the html report's tokens/s per GPU divides by it",
-            _number(1, integer=True)),
-    PlanKey("search", "a table: mode, axis, steps, spacing, max_concurrency, max_steps, slo, start, "
-            "max_requests_per_step, max_step_seconds", None,
-            "a load search per server configuration (sweep/search.py): each step's bench flags replace the "
-            "command's word {search}"),
-    PlanKey("strategy", " or ".join(f'"{s}"' for s in sweepexplore.STRATEGIES), sweepexplore.GRID,
-            'which server configurations load: "grid" every one, "pattern" a search over the server axes from `start` '
-            "(sweep/explore.py)", lambda v: v if isinstance(v, str) and v in sweepexplore.STRATEGIES else _BAD),
-    PlanKey("start", "a table giving each server axis one of its values", None,
-            'strategy = "pattern": the first configuration loaded (default: the middle of each axis)'),
-    PlanKey("audit", "an integer from 0 to 1000", 0, 'strategy = "pattern": configurations not loaded by the search '
-            "then loaded at random, to catch a second optimum", _number(0, integer=True, high=1000)),
-    PlanKey("audit_seed", "an integer >= 0", 0, "the seed of the audit's random draws", _number(0, integer=True)),
-    PlanKey("min_gain", "a fraction from 0 to 1 (0.02 is 2 %)", 0.02, 'strategy = "pattern": a configuration '
-            "replaces a best when its output tok/s is higher by more than this (and its 95 % interval)",
-            _number(0, high=1)),
-    PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
-            "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
-            "a latency target the report's Decision judges each point by (its bench figures; report/decision.py)"),
-    PlanKey("budget", f"{DURATION_WORDS}, > 0", None,
-            "the sweep's time: before each load it stops (exit 1) if that load and its runs would not fit, recording "
-            "the points not reached; --dry-run says the plan's expected loads and hours (sweep/budget.py)", _budget),
-)
-PLAN_KEYS: Final = {k.name: k for k in KEYS}
-# The keys whose value changes what a run measures: part of each results line's fingerprint (results.py).
-# Not `repeats`: it says how many runs, each measured alike (raising it and resuming runs only the new ones),
-# and each line names its repeat.
-RUN_KEYS: Final = ("between_points", "warmup")
 
 
 @dataclass(frozen=True)
@@ -333,6 +160,9 @@ class Plan:
     audit: int = 0  # configurations a search then loads at random
     audit_seed: int = 0
     min_gain: float = 0.02  # a search's best moves only for more than this
+    max_repeats: int = 8  # repeats = "auto": the cap (then `repeats` is this too: the most runs a point gets)
+    noise_check: int = 0  # loads of the A/A start (sweep/run/noisecheck.py); 0: none
+    repeats_auto: bool = False  # repeats = "auto" (sweep/run/autorepeat.py)
 
     @property
     def server_axes(self) -> tuple[str, ...]:
@@ -390,12 +220,6 @@ class Baseline:
     dropin: Template | None
 
 
-def _found(v: object) -> str:
-    kinds = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "a table", list: "array"}
-    kind = kinds.get(type(v), type(v).__name__)
-    return kind if isinstance(v, dict) else f"{kind} {v!r}"[:80]
-
-
 def _scalar(file: str, key: str, v: object) -> Scalar:
     if isinstance(v, str):
         if any(ord(c) < 32 for c in v):
@@ -407,7 +231,7 @@ def _scalar(file: str, key: str, v: object) -> Scalar:
         raise ConfigError(file, key, "a finite number", repr(v))
     if isinstance(v, bool | int | float):
         return v
-    raise ConfigError(file, key, "a string, number or boolean", _found(v))
+    raise ConfigError(file, key, "a string, number or boolean", found_words(v))
 
 
 def _name(file: str, key: str, name: str) -> str:
@@ -437,7 +261,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
         raise ConfigError(file, "command", f"a string or a list of strings ({PLAN_KEYS['command'].help})",
                           "nothing (the key is required)")
     else:
-        raise ConfigError(file, "command", "a string or a list of strings", _found(raw_cmd))
+        raise ConfigError(file, "command", "a string or a list of strings", found_words(raw_cmd))
     if not words:
         raise ConfigError(file, "command", "a command (at least one word)", "an empty command")
     command = tuple(Template.parse(w, file, k) for w, k in zip(words, where, strict=True))
@@ -446,7 +270,7 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     if "dropin" in data:
         text = data["dropin"]
         if not isinstance(text, str):
-            raise ConfigError(file, "dropin", "unit file text (a string)", _found(text))
+            raise ConfigError(file, "dropin", "unit file text (a string)", found_words(text))
         first = next((ln.strip() for ln in text.splitlines() if ln.strip() and ln.strip()[0] not in "#;"), "")
         if not first.startswith("["):
             raise ConfigError(file, "dropin", "unit file text beginning with a section such as [Service]",
@@ -469,6 +293,14 @@ def parse_plan(data: Mapping[str, Any], file: str = "<plan>") -> Plan:
     baseline = _baseline(data, file, dropin, command, points)
     server_axes = [n for n in dict.fromkeys(dropin.names) if n != "out"] if dropin else []
     axes = _prune_axes(file, data["prune"], server_axes, points) if "prune" in data else ()
+    simple["repeats_auto"] = auto = simple["repeats"] == AUTO
+    if auto:
+        simple["repeats"] = simple["max_repeats"]  # the most runs a point gets: --resume, folders, the ETA
+    elif "max_repeats" in data:
+        raise ConfigError(file, "max_repeats", 'repeats = "auto" (its cap)', f"repeats = {simple['repeats']}")
+    for key, on, want in (("repeats", auto, "an integer"), ("noise_check", simple["noise_check"], "false")):
+        if on and search is not None:  # a search's steps are its runs: neither repeats nor loads of their own
+            raise ConfigError(file, key, f"{want} with [search] (its steps are the runs)", found_words(data[key]))
     if simple["warmup_max"] < 2 * simple["warmup_window"]:
         raise ConfigError(file, "warmup_max", f"at least twice warmup_window ({2 * simple['warmup_window']}: two "
                           "windows to compare)", f"integer {simple['warmup_max']}")
@@ -537,10 +369,11 @@ def _slo(data: Mapping[str, Any], file: str) -> tuple[SloPart, ...]:
         return ()
     table = data["slo"]
     if not isinstance(table, dict) or not table:
-        raise ConfigError(file, "slo", PLAN_KEYS["slo"].expected, "an empty table" if table == {} else _found(table))
+        raise ConfigError(file, "slo", PLAN_KEYS["slo"].expected,
+                          "an empty table" if table == {} else found_words(table))
     for k, v in table.items():
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:  # no inf, nan, 10**400
-            raise ConfigError(file, f"slo.{k}", "a number of milliseconds > 0", _found(v))
+            raise ConfigError(file, f"slo.{k}", "a number of milliseconds > 0", found_words(v))
         try:
             parse_slo(f"{k}={v!r}")
         except ValueError as e:
@@ -560,7 +393,7 @@ def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], .
     table = data["expect"]
     if not isinstance(table, dict) or not table:
         raise ConfigError(file, "expect", "a table of ENGINE_KEY = \"value or {name}\"",
-                          "an empty table" if table == {} else _found(table))
+                          "an empty table" if table == {} else found_words(table))
     out = []
     for k, v in table.items():
         key = f"expect.{k}"
@@ -568,7 +401,7 @@ def _expect(data: Mapping[str, Any], file: str) -> tuple[tuple[str, Template], .
             raise ConfigError(file, key, "an engine key (one line, at most 200 characters)", repr(k)[:80])
         if isinstance(v, dict | list):
             raise ConfigError(file, key, "a string, number or boolean (an engine's flat key: "
-                              "speculative_config.method, not a table)", _found(v))
+                              "speculative_config.method, not a table)", found_words(v))
         tpl = Template.parse(text_of(_scalar(file, key, v)), file, key)
         if "out" in tpl.names:
             raise ConfigError(file, key, "a value of the point's own names ({out} is its folder)", repr(v)[:80])
@@ -586,12 +419,12 @@ def _baseline(data: Mapping[str, Any], file: str, dropin: Template | None, comma
         return None
     raw = data["baseline"]
     if not isinstance(raw, dict):
-        raise ConfigError(file, "baseline", PLAN_KEYS["baseline"].expected, _found(raw))
+        raise ConfigError(file, "baseline", PLAN_KEYS["baseline"].expected, found_words(raw))
     own = None
     if "dropin" in raw:
         if not isinstance(raw["dropin"], str) or not raw["dropin"].lstrip().startswith(("[", "#", ";")):
             raise ConfigError(file, "baseline.dropin", "unit file text beginning with a section such as [Service]",
-                              _found(raw["dropin"]))
+                              found_words(raw["dropin"]))
         own = Template.parse(raw["dropin"], file, "baseline.dropin")
     values = tuple((_name(file, f"baseline.{k}", k), _scalar(file, f"baseline.{k}", v))
                    for k, v in raw.items() if k != "dropin")
@@ -622,12 +455,12 @@ def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) ->
         matrix = data["matrix"]
         if not isinstance(matrix, dict) or not matrix:
             raise ConfigError(file, "matrix", "a table of NAME = [values]", "an empty table" if matrix == {}
-                              else _found(matrix))
+                              else found_words(matrix))
         axes: list[list[tuple[str, Scalar, str]]] = []
         for name, vs in matrix.items():
             key = f"matrix.{_name(file, f'matrix.{name}', name)}"
             if not isinstance(vs, list) or not vs:
-                raise ConfigError(file, key, "a non-empty array of values", _found(vs))
+                raise ConfigError(file, key, "a non-empty array of values", found_words(vs))
             axes.append([(name, _scalar(file, f"{key}[{i}]", v), f"{key}[{i}]") for i, v in enumerate(vs)])
         listed = data.get("points")
         _check_count(file, math.prod(len(a) for a in axes), len(listed) if isinstance(listed, list) else 0)
@@ -635,7 +468,7 @@ def _points(data: Mapping[str, Any], file: str, dropin_names: frozenset[str]) ->
     if "points" in data:
         pts = data["points"]
         if not isinstance(pts, list) or not pts or not all(isinstance(p, dict) for p in pts):
-            raise ConfigError(file, "points", "[[points]] tables of NAME = value", _found(pts))
+            raise ConfigError(file, "points", "[[points]] tables of NAME = value", found_words(pts))
         _check_count(file, len(values), len(pts))
         for i, p in enumerate(pts):
             if not p:

@@ -5,7 +5,7 @@
 acceptance, output tokens/s, TTFT p50, ITL p50, ...); a figure the bench line lacks is taken from the results
 line where its Figure's `from_results` names one. `point_row` merges a point's repeats: per repeat an ok
 attempt wins, each figure the median over the ok repeats with its Spread. `mark_best` marks each ranked
-figure's best value. The ratios against the plan's baseline (`Ratio`) are the report's to attach
+figure's best value. The ratios against the plan's baseline (`noise.Ratio`) are the report's to attach
 (report/speedup.py); the row only holds them.
 
 A line whose fields have the wrong types, or whose bench.jsonl cannot be read, shows its point as
@@ -27,6 +27,7 @@ from typing import Any, Final
 from genready.redact import escape
 from genready.store import bounded
 from genready.sweep.files import bench_line, warn_line
+from genready.sweep.noise import Estimate, Ratio
 from genready.tools import benchline
 from genready.tools.benchline import Field
 
@@ -89,21 +90,6 @@ FIGURES: Final = (
 _FROM_RESULTS: Final = tuple((f.key, f.from_results) for f in FIGURES if f.from_results is not None)
 _NO_FIGURES: Final[dict[str, float | None]] = {f.key: None for f in FIGURES}  # copied per row, not built per row
 MAX_POSITIONS: Final = 64  # per-position acceptance kept per point: a draft tree is never that deep
-
-
-@dataclass(frozen=True)
-class Ratio:
-    """A over B: the ratio of geometric means, and its interval (None with one run on each side)."""
-
-    value: float
-    low: float | None = None
-    high: float | None = None
-
-    def within_noise(self, noise_limit: float) -> bool:
-        """The interval holds 1; without one, the ratio is within `noise_limit` of 1."""
-        if self.low is None or self.high is None:
-            return abs(self.value - 1.0) <= noise_limit
-        return self.low <= 1.0 <= self.high
 
 
 def _number(v: Any) -> bool:
@@ -237,6 +223,7 @@ class Row:
     samples: dict[str, list[float]] = field(default_factory=dict)
     ratios: dict[str, Ratio] = field(default_factory=dict)
     drifted: float | None = None
+    noise: Estimate | None = None  # the sweep's spread between loads (sweep/noise.py), which its intervals take in
     accept_per_position: list[float] | None = None  # the engine's acceptance at draft position 0, 1, ...
     gpus: int = 1  # the plan's `gpus` (results line): the HTML report's tokens/s per GPU divides by it
     categories: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # by prompt category (categories.py)

@@ -6,7 +6,7 @@ Summary.categories). `gather` keeps them per point over its ok repeats; `section
 markdown and HTML reports, one table of accept length and, with a `baseline`, one of speedup, a row per point
 and a column per category. A category's speedup is the point's per-category output tok/s over the baseline's
 at the same client setting (the baseline round before the point, on the same host, as speedup.attach pairs
-them), by the same ratio and 95 % interval over repeats (speedup.ratio). The per-category tok/s is each
+them), by the same ratio and 95 % interval over repeats (noise.ratio). The per-category tok/s is each
 request's own speed (Σ tokens / Σ request seconds), since a run's categories share its wall time.
 
 Nothing is written when no point has categories (random prompts, a dataset without them, bench lines from
@@ -23,9 +23,10 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.store import bounded
+from genready.sweep import noise
 from genready.sweep.files import category_figures
-from genready.sweep.report import speedup
-from genready.sweep.rows import Ratio, Row
+from genready.sweep.noise import Ratio
+from genready.sweep.rows import Row
 from genready.tools import benchline
 from genready.web import htmlpage
 
@@ -70,7 +71,8 @@ def speedups(rows: Sequence[Row]) -> dict[int, dict[str, Ratio]]:
         if base is None:
             continue
         for name, figures in r.categories.items():
-            got = speedup.ratio(figures.get(TPS, []), base.categories.get(name, {}).get(TPS, []))
+            got = noise.ratio(figures.get(TPS, []), base.categories.get(name, {}).get(TPS, []),
+                              loads=r.noise.loads(TPS) if r.noise is not None else None)
             if got is not None:
                 out.setdefault(i, {})[name] = got
     return out

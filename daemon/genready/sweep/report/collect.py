@@ -1,9 +1,11 @@
 """A report's reading: results folders into rows, one per point and configuration, in plan order.
 
 `read_folders` reads each folder's DIR/results.jsonl once (a report of 64 MiB spends most of its time decoding
-them); `rows_from` groups the lines by point and by the configuration that made them (their fingerprint),
-makes each group's row (rows.point_row, with its prompt categories), marks the best values and attaches the
-ratios against the plan's baseline (speedup.attach). `coverage` says which of the plan's points have no line.
+them); `rows_from` groups the lines by point and by the configuration that made them (their fingerprint), makes
+each group's row (rows.point_row, with its prompt categories), marks the best values and attaches the ratios
+against the plan's baseline (speedup.attach), their intervals widened by the spread between loads that the A/A
+start's lines (`aa`: noise evidence, never a row) and the baseline's rounds measured (`noise_of`). `coverage` says
+which of the plan's points have no line.
 Several folders are the shards of one plan, run on several hosts: their rows merge into one table.
 """
 
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from genready.store import bounded
+from genready.sweep import noise
 from genready.sweep.files import RESULTS_FILE, numbered_lines
 from genready.sweep.report import categories, outputs, speedup
 from genready.sweep.rows import Benches, Row, bench_once, mark_best, point_row
@@ -52,12 +55,17 @@ def rows_of(folders: Sequence[Path]) -> list[Row]:
 def rows_from(read: Read) -> list[Row]:
     """The rows of read_folders()' lines: one per point and configuration, in plan order."""
     by_point: dict[str, list[tuple[dict[str, Any], Path, str]]] = {}
+    aa: dict[str, dict[int, list[tuple[dict[str, Any], Path, str]]]] = {}  # host and point -> A/A load -> its lines
     point_of: dict[str, tuple[str, str]] = {}  # a group's key -> its point's key and its fingerprint's JSON
     for folder, path, lines in read:
         where = f"{path}:"
         for lineno, rec in lines:
             # Lines another configuration made (their fingerprint differs) are never merged into one row.
             point = _point_key(rec.get("point"))
+            if isinstance(load := rec.get("aa"), int) and not isinstance(load, bool) and load > 0:
+                aa.setdefault(json.dumps([point, rec.get("host")]), {}).setdefault(load, []).append(
+                    (rec, folder, where + str(lineno)))
+                continue
             if base := rec.get("baseline"):
                 # A baseline run may hold a plan point's values: never that point's row. Each host's shard runs
                 # the baseline itself, so its runs stay its own (speedup.attach matches by host).
@@ -87,8 +95,24 @@ def rows_from(read: Read) -> list[Row]:
     rows.sort(key=lambda r: r.index)
     outputs.attach(rows)  # before mark_best: a point whose answers diverged holds no best value
     mark_best(rows)
-    speedup.attach(rows)
+    speedup.attach(rows, noise_of(rows, [[point_row(lines, benches) for _, lines in sorted(loads.items())]
+                                         for loads in aa.values()]))
     return rows
+
+
+def noise_of(rows: Sequence[Row], aa: Sequence[Sequence[Row]]) -> noise.Estimate | None:
+    """The spread within and between loads (sweep/noise.py) from the A/A start's loads (`aa`: per configuration
+    its loads' rows) and the baseline's rounds (each client setting's rounds on one host: loads of one
+    configuration); None when neither has two loads."""
+    rounds: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.baseline and r.status == "ok" and r.samples:
+            rounds.setdefault(json.dumps([r.host, r.point], sort_keys=True), []).append(r)
+    repeated = [loads for loads in rounds.values() if len(loads) >= 2]
+    aa_ok = [[r.samples for r in loads if r.status == "ok" and r.samples] for loads in aa]
+    return noise.estimate([*aa_ok, *([r.samples for r in loads] for loads in repeated)],
+                          aa_loads=sum(len(loads) for loads in aa_ok if len(loads) >= 2),
+                          baseline_loads=sum(len(loads) for loads in repeated))
 
 
 def _point_key(point: Any) -> str:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from genready.redact import escape
+from genready.sweep.noise import Ratio
 from genready.sweep.report.table import with_baseline
-from genready.sweep.rows import FIGURES, Figure, Ratio, Row
+from genready.sweep.rows import FIGURES, Figure, Row
 from genready.web import htmlpage
 
 COMPARED: Final = tuple(f for f in FIGURES if f.ranked)

@@ -7,9 +7,10 @@ key, the best configuration among those that met it and which part each other on
 DIR/search.jsonl's found lines (searchrun.py), the configuration that serves the most load under the
 search's SLO (or before saturating) and, with a baseline, up to which load speculation pays (its crossover).
 
-Within noise of the best: the ratio of the two configurations' output tok/s over their repeats (speedup.ratio:
-log scale, Welch's t) has a 95 % interval that holds 1; with one run on each side, the ratio is within the
-plan's `noise_limit` of 1 (Ratio.within_noise, the test every speedup takes).
+Within noise of the best: the ratio of the two configurations' output tok/s over their repeats (noise.ratio: log
+scale, Welch's t, with the spread between loads where the sweep measured one) has a 95 % interval that holds 1;
+with one run on each side, the ratio is within the plan's `noise_limit` of 1 (Ratio.within_noise, the test every
+speedup takes).
 
 An SLO part (the bench client's `--slo` names: METRIC_pNN_ms) is judged on the bench line's figure of the same
 name (ttft, itl, e2e at p50 and p99), the worst over the point's ok repeats, as a search step is judged by its
@@ -29,8 +30,10 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.sweep import budget as sweepbudget
+from genready.sweep import noise
+from genready.sweep.noise import Ratio
 from genready.sweep.report import outputs, slower, speedup
-from genready.sweep.rows import Ratio, Row
+from genready.sweep.rows import Row
 from genready.tools import benchline
 from genready.tools.benchload import SloPart, parse_slo
 from genready.web import htmlpage
@@ -166,9 +169,14 @@ def _runs(r: Row, key: str) -> list[float]:
     return got or ([v] if v is not None and math.isfinite(v) else [])
 
 
+def _loads(r: Row) -> noise.Components | None:
+    """The spread between loads of output tok/s that an interval of `r` takes in (noise.py; None without it)."""
+    return r.noise.loads(TPS) if r.noise is not None else None
+
+
 def within_noise(r: Row, best: Row) -> bool:
     """`r`'s output tok/s is within noise of `best`'s (module doc)."""
-    got = speedup.ratio(_runs(r, TPS), _runs(best, TPS))
+    got = noise.ratio(_runs(r, TPS), _runs(best, TPS), loads=_loads(r))
     return got is not None and got.within_noise(max(r.noise_limit, best.noise_limit))
 
 
@@ -250,7 +258,7 @@ def against_baseline(s: Setting, base: Row | None) -> None:
     if too_wide(got, limit):
         s.answer = UNDECIDED
         s.repeats = speedup.repeats_needed(_runs(s.best, TPS), _runs(base, TPS) if base is not None else [],
-                                           limit, MOST_REPEATS)
+                                           limit, MOST_REPEATS, loads=_loads(s.best))
     elif got.value < 1:
         s.answer = NO_SPECULATION
     else:
@@ -471,7 +479,7 @@ def section(rows: Sequence[Row], facts: Facts) -> Section | None:
     provisional = [facts.provisional] if facts.provisional else []
     if not search and not provisional and all(s.best is None for s in decided):
         return None
-    notes = [WITHIN_NOISE] if any(s.best is not None for s in decided) else []
+    notes = [WITHIN_NOISE, speedup.noise_note(rows)[0]] if any(s.best is not None for s in decided) else []
     if not with_baseline:
         notes.append("no baseline in this sweep: tok/s only, no speedup (the plan's `baseline` key adds one)")
     if facts.slo:
@@ -535,4 +543,5 @@ def as_json(rows: Sequence[Row], facts: Facts | None) -> dict[str, Any] | None:
             "provisional": bool(facts is not None and facts.not_reached),
             "not_reached": [{"point": line_label(r), "baseline": r.get("baseline") or None,
                              **{k: finite_number(r[sweepbudget.BUDGET_FIELD].get(k)) for k in sweepbudget.BUDGET_KEYS}}
-                            for r in (facts.not_reached if facts is not None else ())]}
+                            for r in (facts.not_reached if facts is not None else ())],
+            "noise": speedup.noise_json(rows)}

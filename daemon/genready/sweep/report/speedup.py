@@ -1,138 +1,35 @@
 """Speedup against the sweep's baseline: ratios with a 95 % interval over repeats, and the drift check.
 
-The method (docs/sweeps.md, "Speedup against a baseline"): a ratio is taken on the log scale, as the
-ratio of the two sides' geometric means, exp(mean(log a) - mean(log b)), and its interval is Welch's t
-interval for that difference of means, exponentiated. Throughput and latency are positive and their run
-to run noise is multiplicative, so on the log scale it is close to normal and of like size on both sides;
-Welch's t carries the uncertainty of variances estimated from 2 to 5 repeats in its few degrees of freedom
-(t(0.975, 2) = 4.30), where a bootstrap over 2 or 3 repeats has 3 to 10 distinct resamples and an interval
-far too narrow. With one run on one side, the other side's variance stands for both (df = n - 1); with one
-run on each side there is no interval, and the plan's `noise_limit` says what is noise (as --compare does).
+The method (docs/sweeps.md, "Speedup against a baseline"; the statistics are sweep/noise.py's, which the run side
+shares): a ratio is taken on the log scale, as the ratio of the two sides' geometric means, exp(mean(log a) -
+mean(log b)), and its interval is Welch's t interval for that difference of means, exponentiated, widened by the
+spread between loads where the sweep measured one (noise.Estimate: an A/A start, the baseline's rounds).
+Throughput and latency are positive and their run to run noise is multiplicative, so on the log scale it is close
+to normal and of like size on both sides; Welch's t carries the uncertainty of variances estimated from 2 to 5
+repeats in its few degrees of freedom (t(0.975, 2) = 4.30), where a bootstrap over 2 or 3 repeats has 3 to 10
+distinct resamples and an interval far too narrow. With one run on one side, the other side's variance stands for
+both (df = n - 1); with one run on each side there is no interval, and the plan's `noise_limit` says what is noise
+(as --compare does).
 
 Pure functions: no file, clock or random state (the tests' generator is theirs).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import statistics
 from collections.abc import Sequence
 from typing import Final
 
-from genready.sweep.rows import Ratio, Row
+from genready.sweep import noise
+from genready.sweep.noise import LEVEL, Estimate, ratio, t_quantile, variance
+from genready.sweep.rows import Row
 from genready.tools import benchline
 
-LEVEL: Final = 0.95
 # (results/report name, the figure it is the ratio of): speedup is a point's output tok/s over the baseline's;
 # the latency ratios are the point's p50 over the baseline's (below 1: faster).
 RATIOS: Final = (("speedup", benchline.OUTPUT_TOKENS_PER_SECOND.key), ("ttft_ratio", benchline.TTFT_P50_MS.key),
                  ("itl_ratio", benchline.ITL_P50_MS.key), ("e2e_ratio", benchline.E2E_P50_MS.key))
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (Lentz's method)."""
-    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-14:
-            break
-    return h
-
-
-def _ibeta(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), 0 <= x <= 1."""
-    if x <= 0.0 or x >= 1.0:
-        return 0.0 if x <= 0.0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """Student's t distribution function with `df` > 0 degrees of freedom (need not be an integer)."""
-    tail = 0.5 * _ibeta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
-
-
-def t_pdf(t: float, df: float) -> float:
-    """Student's t density with `df` > 0 degrees of freedom."""
-    return math.exp(math.lgamma((df + 1.0) / 2.0) - math.lgamma(df / 2.0) - 0.5 * math.log(df * math.pi)
-                    - (df + 1.0) / 2.0 * math.log1p(t * t / df))
-
-
-@functools.lru_cache(maxsize=4096)
-def t_quantile(p: float, df: float) -> float:
-    """The t value below which a fraction `p` (0.5 < p < 1) of Student's t with `df` lies: Halley's method
-    kept inside a shrinking bracket (a bisection step whenever Halley would leave it). A report of 1,000
-    points asks for ~11,000 of these, many with degrees of freedom asked before (no spread on either side
-    gives n_a + n_b - 2; a latency that moves with the throughput, the throughput's): hence the cache, and
-    Halley's cubic steps (the density's slope is in closed form) over Newton's."""
-    z = statistics.NormalDist().inv_cdf(p)  # Cornish-Fisher's start: a few steps, not dozens
-    guess = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df * df)
-    lo, hi = 0.0, max(1.0, 2.0 * guess)
-    while t_cdf(hi, df) < p:
-        lo, hi = hi, hi * 2.0
-    t = guess if lo < guess < hi else (lo + hi) / 2.0
-    for _ in range(200):
-        f = t_cdf(t, df) - p
-        lo, hi = (t, hi) if f < 0 else (lo, t)
-        pdf = t_pdf(t, df)
-        if pdf > 0:
-            step = f / pdf  # Newton's; Halley's divides it by 1 - step * f''/(2 f'), f'' = -f' (df + 1) t / (df + t^2)
-            nt = t - step / (1.0 + step * (df + 1.0) * t / (2.0 * (df + t * t)))
-        else:
-            nt = (lo + hi) / 2.0
-        # converged first: a step within the distribution function's own rounding may cross the root, and
-        # bisecting after it would throw away a bracket side that never moved (40 steps back instead of none)
-        if abs(nt - t) < 1e-12 * max(1.0, t) or hi - lo < 1e-12 * max(1.0, hi):
-            return nt if lo <= nt <= hi else t
-        if not lo < nt < hi:
-            nt = (lo + hi) / 2.0
-        t = nt
-    return t
-
-
-def _variance(xs: Sequence[float]) -> float:
-    """The sample variance in floats (statistics.variance computes in exact fractions: a 1,000-point report
-    asks for thousands); 0 when every value is the same, as there."""
-    if all(x == xs[0] for x in xs):
-        return 0.0
-    m = math.fsum(xs) / len(xs)
-    return math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-
-
-def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL) -> Ratio | None:
-    """mean-of-logs ratio of the runs `a` over the runs `b`, with its `level` interval (module doc); None when
-    a side has no run, or a value that is not finite and positive (no ratio of a zero throughput)."""
-    if not a or not b or any(not (math.isfinite(v) and v > 0) for v in (*a, *b)):
-        return None
-    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
-    diff = statistics.fmean(la) - statistics.fmean(lb)
-    na, nb = len(la), len(lb)
-    if na < 2 and nb < 2:
-        return Ratio(math.exp(diff))
-    if na >= 2 and nb >= 2:
-        va, vb = _variance(la) / na, _variance(lb) / nb
-        se2 = va + vb
-        # Welch-Satterthwaite; with no spread on either side the interval is the value itself
-        df = se2 * se2 / (va * va / (na - 1) + vb * vb / (nb - 1)) if se2 > 0 else float(na + nb - 2)
-    else:
-        s2 = _variance(la if na >= 2 else lb)
-        se2, df = s2 * (1 / na + 1 / nb), float(max(na, nb) - 1)
-    half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2)
-    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half))
 
 
 def drift(before: Sequence[float], after: Sequence[float], noise_limit: float) -> float | None:
@@ -151,9 +48,12 @@ def drift_text(drifted: float) -> str:
     return f"{pct:+.0f}%" if abs(pct) >= 9.95 else f"{pct:+.1f}%"
 
 
-def attach(rows: Sequence[Row]) -> None:
+def attach(rows: Sequence[Row], est: Estimate | None = None) -> None:
     """Each ok point's ratios against the baseline round that ran before it at its client setting (same host),
-    and `drifted` when that round and the next one differ by more than the baseline's noise."""
+    and `drifted` when that round and the next one differ by more than the baseline's noise. `noise`: the
+    spread between loads each interval takes in (every row keeps it: the Decision's comparisons use it too)."""
+    for r in rows:
+        r.noise = est
     bases: dict[str, Row] = {}
     for r in rows:
         if r.baseline and r.status == "ok" and r.client is not None:
@@ -165,7 +65,8 @@ def attach(rows: Sequence[Row]) -> None:
         if base is None:
             continue
         for name, key in RATIOS:
-            if (got := ratio(r.samples.get(key, []), base.samples.get(key, []))) is not None:
+            loads = est.loads(key) if est is not None else None
+            if (got := ratio(r.samples.get(key, []), base.samples.get(key, []), loads=loads)) is not None:
                 r.ratios[name] = got
         after = bases.get(json.dumps([r.host, r.baseline_round + 1, r.client], sort_keys=True))
         if after is not None:
@@ -174,21 +75,53 @@ def attach(rows: Sequence[Row]) -> None:
 
 
 def repeats_needed(a: Sequence[float], b: Sequence[float], noise_limit: float, most: int = 100,
-                   level: float = LEVEL) -> int | None:
+                   level: float = LEVEL, loads: noise.Components | None = None) -> int | None:
     """How many repeats of each side would make the ratio's interval narrow enough to tell a gain of
     `noise_limit` from a loss of it (its half-width on the log scale under log(1 + noise_limit)), at the run
     to run noise the runs `a` and `b` measured (one side's variance standing for the other's with one run, as
-    in ratio); None when no noise is measured (one run each) or when more than `most` would be needed."""
+    in ratio) and the spread between loads each side's load adds (`loads`, which no repeat shrinks); None when no
+    noise is measured (one run each) or when more than `most` would be needed."""
     if any(not (math.isfinite(v) and v > 0) for v in (*a, *b)) or (len(a) < 2 and len(b) < 2):
         return None
     la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
-    s2a = _variance(la) if len(la) >= 2 else _variance(lb)
-    s2b = _variance(lb) if len(lb) >= 2 else s2a
+    s2a = variance(la) if len(la) >= 2 else variance(lb)
+    s2b = variance(lb) if len(lb) >= 2 else s2a
     target = math.log1p(noise_limit)
     for n in range(2, most + 1):
         va, vb = s2a / n, s2b / n
-        se2 = va + vb
-        df = se2 * se2 / ((va * va + vb * vb) / (n - 1)) if se2 > 0 else float(2 * n - 2)
-        if t_quantile(1 - (1 - level) / 2, df) * math.sqrt(se2) < target:
+        df = noise.interval_df(va + vb, (va * va + vb * vb) / (n - 1), loads, float(2 * n - 2))
+        if t_quantile(1 - (1 - level) / 2, df) * math.sqrt(va + vb + noise.loads_part(loads)) < target:
             return n
     return None
+
+
+ONE_LOAD: Final = ("the intervals cover one load only: each is built from the repeats on one load of each side, "
+                   "and a second load of the same configuration can land outside it (the plan's noise_check = "
+                   "true, or baseline_every, measures the spread between loads that the intervals then take in)")
+
+
+def noise_note(rows: Sequence[Row]) -> tuple[str, bool]:
+    """What the report's intervals rest on, said once (its Decision's notes): the spread within and between loads
+    that speedup.attach gave the rows (the A/A start's, the baseline's rounds'), the smallest speedup the plan's
+    repeats can tell from 1, and the warning when that exceeds its noise_limit (noise.words); or that they cover
+    one load only. And whether it warns."""
+    est = next((r.noise for r in rows if r.noise is not None), None)
+    got = est.by_key.get(RATIOS[0][1]) if est is not None else None
+    if est is None or got is None:
+        return ONE_LOAD, False
+    points = [r for r in rows if not r.baseline and r.runs_ok]
+    repeats = max((r.runs_ok for r in points), default=1)
+    limit = max((r.noise_limit for r in points), default=0.10)
+    text, warn = noise.words(got, repeats, limit, "output tok/s")
+    return (f"the intervals take in the spread between loads, measured by {est.source()}: {text}"), warn
+
+
+def noise_json(rows: Sequence[Row]) -> dict[str, object]:
+    """noise_note's figures for --format json: per figure the variances (log scale), the loads and runs."""
+    est = next((r.noise for r in rows if r.noise is not None), None)
+    note, warn = noise_note(rows)
+    return {"note": note, "warning": warn, "one_load": est is None,
+            "source": est.source() if est is not None else None,
+            "figures": {k: {"within": c.within, "between": c.between, "loads": c.loads, "runs": c.runs,
+                            "df_within": c.df_within, "df_between": c.df_between}
+                        for k, c in (est.by_key.items() if est is not None else ())}}

@@ -176,8 +176,9 @@ def legend(rows: Sequence[Row]) -> str:
                      f"{_pct(limit)}")
     if with_baseline(rows):
         notes.append("SPEEDUP: output tok/s / the baseline's run before it at the same client settings; TTFT/ITL/E2E "
-                     "x: the point's p50 / the baseline's (below 1: faster); [95 % interval over the repeats]; "
-                     "~ within the noise; drifted: the baseline's tok/s moved by that much around the point")
+                     "x: the point's p50 / the baseline's (below 1: faster); [95 % interval over the repeats, and "
+                     "between loads where measured: the Decision's note]; ~ within the noise; drifted: the "
+                     "baseline's tok/s moved by that much around the point")
     if any(r.unstable for r in rows):
         notes.append("unstable: its warmup stopped at warmup_max (or warmup_max_seconds) before TTFT and ITL "
                      "settled: its figures may be those of a server still warming up")

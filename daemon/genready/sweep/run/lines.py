@@ -8,7 +8,8 @@ from typing import TextIO
 
 from genready import console
 from genready.redact import escape
-from genready.sweep.plan import Between, Plan, Point
+from genready.sweep.plan import Plan, Point
+from genready.sweep.plankeys import Between
 from genready.timewords import duration
 
 
@@ -124,7 +125,8 @@ def between_words(plan: Plan) -> str:
               f"{100 * plan.warmup_tolerance:g} %, at most {plan.warmup_max} requests or {plan.warmup_max_seconds:g} s)"
               if plan.stable else f"{plan.warmup} warmup request{'s' if plan.warmup != 1 else ''}")
     return f"{how}; {warmup} before each run" + (
-        f"; {plan.repeats} repeats per point" if plan.repeats > 1 else "")
+        f"; {'up to ' if plan.repeats_auto else ''}{plan.repeats} repeats per point" if plan.repeats > 1 else "") + (
+        f"; an A/A start of {plan.noise_check} loads first (noise_check)" if plan.noise_check else "")
 
 
 def loads_line(n_points: int, groups: Sequence[Sequence[Point]], restart_each: bool) -> str:

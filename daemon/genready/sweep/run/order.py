@@ -64,14 +64,17 @@ class PatternOrder(Order):
         super().__init__(groups)
         self.plan, self.results, self.folder, self.round_before = plan, results, folder, round_before
         self.axes = explore.axes_of(plan.server_axes, [p.as_dict() for p in plan.points])
-        self.by_config = {self.axes.config_of(g[0].as_dict()): g for g in groups if not g[0].baseline}
+        self.by_config = {self.axes.config_of(g[0].as_dict()): g for g in groups if not (g[0].baseline or g[0].aa)}
         self.rounds = [g for g in groups if g[0].baseline]
+        self.aa = [g for g in groups if g[0].aa]  # noise_check's loads (noisecheck.py): before anything else
         self.search = explore.Pattern(self.axes, start=self.axes.config_of(dict(plan.start)) if plan.start else None,
                                       audit=plan.audit, seed=plan.audit_seed, min_gain=plan.min_gain)
         self.loaded = 0
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Point, ...]]]:
         n, every, done = 0, self.plan.baseline_every, 0  # done: baseline rounds yielded
+        for n, group in enumerate(self.aa, 1):
+            yield n, group
         if self.rounds:
             n, done = n + 1, 1
             yield n, self.rounds[0]
@@ -89,7 +92,7 @@ class PatternOrder(Order):
             yield n + 1, self.rounds[done]
 
     def told(self, group: tuple[Point, ...]) -> None:
-        if group[0].baseline:
+        if group[0].baseline or group[0].aa:  # evidence of the noise, not a configuration the search loaded
             return
         figures: dict[str, list[float]] = {}
         for p in group:
@@ -108,8 +111,8 @@ class PatternOrder(Order):
         (the runner records their lines); explore.jsonl's summary says it stopped."""
         self.search.stop(why)
         unloaded = self.search.unloaded()
-        gone = [p for p in left if p.baseline or self.axes.config_of(p.as_dict()) in unloaded]
-        self.unloaded.update({p.index: why for p in gone if not p.baseline})
+        gone = [p for p in left if p.baseline or p.aa or self.axes.config_of(p.as_dict()) in unloaded]
+        self.unloaded.update({p.index: why for p in gone if not (p.baseline or p.aa)})
         self._write(summary=True)
         return gone
 

@@ -23,7 +23,8 @@ from typing import Any, Final
 from genready.compat import StrEnum
 from genready.store import durable
 from genready.sweep.files import RESULTS_FILE, read_results
-from genready.sweep.plan import RUN_KEYS, Plan, Point, Scalar
+from genready.sweep.plan import Plan, Point, Scalar
+from genready.sweep.plankeys import RUN_KEYS
 from genready.timewords import iso
 from genready.tools import servermetrics
 
@@ -264,6 +265,8 @@ class Attempt:
         }
         if self.point.baseline:
             rec["baseline"] = self.point.baseline
+        if self.point.aa:
+            rec["aa"] = self.point.aa  # a load of the A/A start: noise evidence, no point of the plan (noisecheck.py)
         if self.client is not None:
             rec["client"], rec["baseline_round"] = dict(self.client), self.baseline_round
         if self.counters is not None:
@@ -301,7 +304,7 @@ def ok_runs(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, A
         for r in recs:
             rep = r.get("repeat", 1)
             if r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) and \
-                    not r.get("baseline") and \
+                    not r.get("baseline") and not r.get("aa") and \
                     isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                     (fingerprints is None or not differing(r.get("fingerprint"), fingerprints[p.index])):
                 seen.setdefault(rep, r)
@@ -317,8 +320,8 @@ def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping
     out: dict[int, list[str]] = {}
     by_point = {json.dumps(p.as_dict(), sort_keys=True): p for p in plan.points}
     for r in read_results(results / RESULTS_FILE):
-        if r.get("baseline"):
-            continue  # a run of the baseline, which may hold a plan point's values: not that point's line
+        if r.get("baseline") or r.get("aa"):
+            continue  # a run of the baseline or the A/A start, which may hold a plan point's values: not its line
         p = by_point.get(json.dumps(r.get("point"), sort_keys=True)) if isinstance(r.get("point"), dict) else None
         if p is None or p.index in out:
             continue

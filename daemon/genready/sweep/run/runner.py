@@ -24,8 +24,8 @@ from genready.sweep import search as searchmod
 from genready.sweep.files import RESULTS_FILE, SEARCH_FILE
 from genready.sweep.plan import Point
 from genready.sweep.rows import Row, point_row
+from genready.sweep.run import autorepeat, budgetrun, confirm, noisecheck, order, searchrun, steps, strays
 from genready.sweep.run import baseline as sweepbaseline
-from genready.sweep.run import budgetrun, confirm, order, searchrun, steps, strays
 from genready.sweep.run.dropin import DropinLife
 from genready.sweep.run.lines import Console, Timings
 from genready.sweep.run.prune import Pruner, Source, failed_start
@@ -52,8 +52,8 @@ class Sweep:
     def __init__(self, opts: SweepOptions, *, results: Results | None = None, out: TextIO = sys.stdout,
                  err: TextIO = sys.stderr, pruner: Pruner | None = None) -> None:
         self.opts = opts
-        self.groups = sweepbaseline.schedule(opts.plan, opts.shard.take(opts.plan.groups()) if opts.shard
-                                             else opts.plan.groups())
+        self.groups = noisecheck.schedule(opts.plan, sweepbaseline.schedule(
+            opts.plan, opts.shard.take(opts.plan.groups()) if opts.shard else opts.plan.groups()))
         self.round_before = sweepbaseline.round_before(self.groups)
         self.out = out
         self.console = Console(err, max([len(opts.plan.points), *(p.index for g in self.groups for p in g)]))
@@ -65,7 +65,7 @@ class Sweep:
                                steps=searchmod.expected_steps(opts.plan.search) if opts.plan.search else 1)
         self.fingerprints = {p.index: fingerprint(opts.plan, p, opts.target, opts.unit,
                                                   restart_each=opts.every_run_restarts)
-                             for p in [*opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]}
+                             for p in [*opts.plan.points, *(p for g in self.groups for p in g if p.baseline or p.aa)]}
         self.life: DropinLife | None = None
         # prune.py: the failed starts that prune larger configurations, and the stop after failed starts in a row
         self.pruner = pruner or Pruner(opts.plan.prune, opts.plan.server_axes, opts.plan.max_failed_starts)
@@ -78,6 +78,7 @@ class Sweep:
         # the plan's `budget` (budgetrun.py): checked before each planned load; its `over` once it stopped the sweep
         self.guard = budgetrun.Guard(opts.plan.budget) if opts.plan.budget is not None else None
         self.not_reached: list[Point] = []  # the points the budget stopped the sweep before
+        self.auto = autorepeat.Auto(self) if opts.plan.repeats_auto else None  # repeats = "auto"
 
     def plan_schedule(self, skip: set[int]) -> None:
         """The points to run in order, each marked True where a load is planned (a group's first); the points a
@@ -165,13 +166,15 @@ class Sweep:
                ) -> Verified | None:
         """Every repeat of a point not ok yet, each tried up to `attempts` times; the instance a next point of
         the group may reuse."""
-        repeats = self.opts.plan.repeats
-        for r in range(1, repeats + 1):
+        repeats = noisecheck.runs(self.opts.plan) if point.aa else self.opts.plan.repeats
+        auto = self.auto is not None and not point.aa
+        for r in self.auto.repeats(point) if self.auto is not None and auto else range(1, repeats + 1):
             if r in self.results.done_repeats(point.index):
                 continue  # --resume: this repeat is ok already
             if repeats > 1:
-                self.console.progress(point, f"repeat {r} of {repeats}")
+                self.console.progress(point, f"repeat {r} of {'at most ' if auto else ''}{repeats}")
             _, instance = self.tries(ctx, log, point, group, r, instance)
+        noisecheck.after_load(self, point)
         return instance
 
     def _searched(self, point: Point, found: searchrun.Found) -> Verified | None:
@@ -251,7 +254,7 @@ class Sweep:
         base = self.opts.results / point.slug(len(str(len(self.opts.plan.points))))
         if step is not None:
             base = base / f"step-{step:02d}"
-        if self.opts.plan.repeats > 1:
+        if self.opts.plan.repeats > 1 or point.aa:
             base = base / f"repeat-{repeat}"
         k = 1
         while (base / f"attempt-{k}").exists():
@@ -264,6 +267,8 @@ class Sweep:
 
     def _record(self, log: ResultsLog, att: Attempt, **extra: object) -> None:
         rec = att.to_json(self.opts.target, self.opts.unit) | extra
+        if self.auto is not None:  # its verdict (autorepeat.py): another run, or why the point stops
+            rec |= self.auto.fields(att.point, rec)
         if self.opts.plan.slo:  # the plan's SLO, for `sweep report`'s Decision (it reads results, not the plan)
             rec["slo"] = {p.key: p.limit_ms for p in self.opts.plan.slo}
         log.append(rec)
@@ -360,7 +365,7 @@ class Sweep:
         rows = []
         skipped = self.skip | self.searched_earlier
         where = str(self.opts.results / RESULTS_FILE)
-        for p in [*self.opts.plan.points, *(p for g in self.groups for p in g if p.baseline)]:
+        for p in [*self.opts.plan.points, *(p for g in self.groups for p in g if p.baseline or p.aa)]:
             if not self.results.ran(p.index):
                 if self.opts.shard is None or any(p in g for g in self.groups):
                     rows.append(Row(p.index, p.label, "ok (earlier run)" if p.index in skipped else

@@ -33,7 +33,8 @@ from genready.servers import kinds
 from genready.servers.metricspage import NotMetrics, Reading
 from genready.store.bounded import FileError
 from genready.sweep.files import bench_line, category_figures
-from genready.sweep.plan import Between, Plan, Point, Shard
+from genready.sweep.plan import Plan, Point, Shard
+from genready.sweep.plankeys import Between
 from genready.sweep.run import gpucost
 from genready.sweep.run.dropin import POLL, DropinLife
 from genready.sweep.run.lines import Console, Timings
