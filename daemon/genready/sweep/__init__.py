@@ -10,6 +10,7 @@ command run (with its GPU cost and the server's counters), the drafting verdict;
 its results line, once, whole.
 
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
+    replay              `sweep replay`: the schedule proven in one more load, a plan of the sweep's run into DIR/replay
     plan                PLAN.toml: its keys (defined once), points, groups of one server configuration
     search              the plan's [search] table and a load search's decisions, as pure functions
     crossover           where a configuration's speedup over the baseline falls below 1 along a load search
@@ -34,6 +35,7 @@ its results line, once, whole.
     report.speedup      ratios against the baseline with their 95 % interval, and the drift check
     report.decision     the Decision: per client setting the best configuration or none, its speedup, the SLO judged
     report.schedule     --schedule: the speculation depth per load, in vLLM's or SGLang's own format
+    report.replay       the replay's verdict: per load the schedule over the best static, a regression below 0.90x
     report.categories   the category x configuration tables: accept length and speedup per prompt category
     report.outputs      each point's answers against the baseline's, prompt by prompt: match, prefix, loops, marks
     report.slower       who gets slower: per-prompt speedups, the share slower with its interval, by category

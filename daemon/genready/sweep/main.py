@@ -181,6 +181,13 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     except ConfigError as e:
         raise Failed(str(e), hint="see `genready sweep --help` and docs/sweeps.md",
                      status=Exit.CONFIG) from None
+    return run(plan, Path(args.results), args, cfg, base, shard)
+
+
+def run(plan: Plan, results: Path, args: argparse.Namespace, cfg: Config, base: str, shard: Shard | None = None
+        ) -> int:
+    """A plan's sweep into `results`, by the flags in `args` (resume, dry_run, keep_config, restart_each,
+    no_prune, keep_going, ignore_strays): `genready sweep`'s, and `sweep replay`'s plan of one more load."""
     target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
@@ -189,7 +196,6 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         raise Failed(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}",
                      status=Exit.CONFIG)
     tcfg = cfg.targets[target]
-    results = Path(args.results)
     why = check_results_path(results)
     if why:
         raise Failed(why, status=Exit.BAD_ARGUMENT)

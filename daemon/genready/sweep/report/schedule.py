@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
@@ -56,6 +56,7 @@ class Level:
     tied: tuple[int, ...]  # the depths within noise of the best (the best included)
     answer: str | None  # decision.py's answer at this setting
     repeats: int | None  # decision.UNDECIDED: repeats that would tell
+    rows: Mapping[int, Row] = field(default_factory=dict, compare=False, repr=False)  # each depth's row (0: off)
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,8 @@ def schedule(rows: Sequence[Row]) -> Schedule:
             raise NoSchedule(f"no depth ran ok at concurrency {load}")
         best = max(sorted(cands), key=lambda d: decision.tps(cands[d]) or 0.0)  # the shallowest of equals
         tied = tuple(d for d in sorted(cands) if d == best or decision.within_noise(cands[d], cands[best]))
-        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, s.answer, s.repeats))
+        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, s.answer, s.repeats,
+                            cands))
     everywhere = set.intersection(*(set(lv.tied) for lv in levels))
     return Schedule(axis, json.loads(held), tuple(levels), min(everywhere) if everywhere else None)
 
