@@ -43,6 +43,7 @@ T0, S, ALPHA, DRAFT_COST, MAX_RUNNING = 0.02, 0.001, 0.75, 0.05, 64
 DEPTHS, LOADS, FLAT_LOADS = [1, 3, 5], [1, 8, 32, 64], [1, 64]
 N, TOKENS, SEED = 64, 16, 1
 GOAL, REGRESSION = 0.97, 0.90
+API = "openai-completions"  # the vLLM profile's generation route
 
 
 def braces(text: str) -> str:
@@ -51,7 +52,8 @@ def braces(text: str) -> str:
 
 
 def execstart(port: int, token_seconds: float, spec: str) -> str:
-    sim = (f"{PY} -m genready.cli simulate --port {port} --load-seconds 0.5 --token-latency {T0} "
+    # --profile vllm: the start's "non-default args" line is vLLM's report, which the replay's confirm reads
+    sim = (f"{PY} -m genready.cli simulate --profile vllm --port {port} --load-seconds 0.5 --token-latency {T0} "
            f"--batch-max-running {MAX_RUNNING} --batch-token-seconds {token_seconds}")
     return f"[Service]\nExecStart=\nExecStart={sim}{spec}\n"
 
@@ -62,16 +64,14 @@ def spec_flags(config: str) -> str:
     return f" --spec-alpha {ALPHA} --spec-draft-cost {DRAFT_COST} --speculative-config '{config}'"
 
 
-def plan(path: Path, url: str, port: int, repeats: int, dropin: str, loads: list[int],
-         depths: list[int] | None, token_seconds: float) -> None:
+def plan(path: Path, url: str, port: int, repeats: int, dropin: str, loads: list[int], depths: list[int],
+         token_seconds: float) -> None:
     body: dict[str, Any] = {
         "target": "sim", "timeout": 300, "repeats": repeats,
-        "command": [PY, "-m", "genready.benchclient", "--url", url, "-n", str(N), "-c", "{c}", "--max-tokens",
-                    str(TOKENS), "--seed", str(SEED), "--output", "{out}/bench.jsonl"],
-        "dropin": dropin, "matrix": {"c": loads}}
-    if depths is not None:
-        body["matrix"] = {"num_speculative_tokens": depths, "c": loads}
-        body["baseline"] = {"num_speculative_tokens": 0, "dropin": execstart(port, token_seconds, "")}
+        "command": [PY, "-m", "genready.benchclient", "--url", url, "--api", API, "-n", str(N), "-c", "{c}",
+                    "--max-tokens", str(TOKENS), "--seed", str(SEED), "--output", "{out}/bench.jsonl"],
+        "dropin": dropin, "matrix": {"num_speculative_tokens": depths, "c": loads},
+        "baseline": {"num_speculative_tokens": 0, "dropin": execstart(port, token_seconds, "")}}
     path.write_text(tomli_w.dumps(body))
 
 
@@ -100,7 +100,8 @@ def main() -> int:
                         f"ExecStart={PY} -m genready.cli simulate --port {port} --load-seconds 0.5\n"
                         "TimeoutStopSec=10\n")
         um.systemctl("start", UNIT)
-        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05, "backoff_max": 0.3}},
+        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "api": API, "backoff_initial": 0.05,
+                                        "backoff_max": 0.3}},
                       log_level="info") as g:
             wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
             static = tmp / "static"
