@@ -181,7 +181,7 @@ def test_a_level_below_090_is_a_regression_and_the_static_configuration_is_deplo
     assert [lv["regression"] for lv in rp["levels"]] == [False, False, True, False]
     assert data["decision"]["deploy"].startswith("Deploy: the plan's drop-in with steps=3")
     html = pytest.importorskip("matplotlib") and capture(capsys, tmp_path, "html", "sglang")
-    assert 'id="replay"' in html and "REGRESSION" in html
+    assert 'id="replay"' in html and "REGRESSION" in html and 'id="schedule-load"' in html
 
 
 def test_a_replay_of_another_schedule_or_engine_is_not_used(tmp_path: Path,

@@ -58,7 +58,15 @@ def _with_schedule(text: str, fmt: str, planned: sweepschedule.Schedule, engine:
 
 
 def _schedule_html(planned: sweepschedule.Schedule, engine: str, replayed: sweepreplay.Replay | None) -> str:
-    out = []
+    """The schedule's and the replay's sections, and the picture of throughput against load for the schedule and
+    each static depth (html.schedule_plot: matplotlib, as the page)."""
+    from genready.sweep.report import html as sweephtml
+
+    svg = sweephtml.schedule_plot(sweephtml.figure_class(), planned, replayed)
+    title = "Output tok/s against load: each static depth, and the schedule as replayed" if replayed else \
+        "Output tok/s against load: each static depth (`genready sweep replay` adds the schedule's own)"
+    out = [f'<div class="plot" id="schedule-load"><h3>{htmlpage.text(title)}</h3>'
+           f"{htmlpage.data_image(svg, title)}</div>" if svg else ""]
     for sid, section in (("schedule", sweepschedule.text(planned, engine)),
                          ("replay", sweepreplay.text(replayed) if replayed is not None else "")):
         if section:
