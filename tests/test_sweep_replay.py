@@ -207,6 +207,14 @@ def test_the_replay_verdict_needs_an_ok_run_at_every_load(tmp_path: Path) -> Non
     rp = verdict.replay_of(s, {"c"}, rows, "vllm", "DIR/replay")
     assert not rp.regressed and [lv.load for lv in rp.missing] == [64] and not rp.verified
     assert verdict.summary(rp).startswith("Not verified at c=64")
+    assert "c=64: speculation off by the schedule: no ok run in the replay (not run; " in \
+        verdict.level_words(rp, rp.levels[-1])
+    # a run the engine's report refused (the schedule did not take) is named as such
+    for r in rows:
+        if r.point.get("c") == 32:
+            r.status = "config_mismatch"
+    rp = verdict.replay_of(s, {"c"}, rows, "vllm", "DIR/replay")
+    assert [lv.status for lv in rp.levels] == ["ok", "ok", "config_mismatch", "not run"]
 
 
 def test_sglang_adaptive_moves_among_a_tiers_candidates_by_its_ema_and_refuses_what_sglang_refuses() -> None:

@@ -50,6 +50,7 @@ class Level:
     tps: float | None  # the schedule's output tok/s (None: no ok run at this level)
     ratio: Ratio | None  # the schedule's output tok/s over the static's
     latency: tuple[tuple[str, float | None, Ratio | None], ...]  # (figure key, the schedule's p50, over the static's)
+    status: str = "ok"  # the replay's run at this load: its status (config_mismatch, failed...), "not run" when none
 
     @property
     def regression(self) -> bool:
@@ -130,15 +131,16 @@ def replay_of(planned: sweepschedule.Schedule, client: set[str], rows: Sequence[
             load = sweepschedule.load_of({k: v for k, v in r.point.items() if k in client})
         except sweepschedule.NoSchedule:
             continue
-        if decision.tps(r) is not None:
+        if load not in mine or decision.tps(r) is not None:
             mine[load] = r
     levels = []
     for lv in planned.levels:
         best = lv.rows.get(lv.best)
         got = mine.get(lv.load)
         static_tps = decision.tps(best) if best is not None else None
-        if best is None or static_tps is None or got is None:
-            levels.append(Level(lv.load, lv.depth, lv.best, static_tps or 0.0, None, None, ()))
+        if best is None or static_tps is None or got is None or decision.tps(got) is None:
+            levels.append(Level(lv.load, lv.depth, lv.best, static_tps or 0.0, None, None, (),
+                                got.status if got is not None else "not run"))
             continue
         latency = tuple((f.key, (got.figures or {}).get(f.key),
                          speedup.ratio(_values(got, f.key), _values(best, f.key))) for f in LATENCIES)
@@ -158,7 +160,7 @@ def _interval(r: Ratio) -> str:
 def level_words(rp: Replay, lv: Level) -> str:
     head = f"c={lv.load}: {_depth(rp.axis, lv.depth)} by the schedule"
     if lv.ratio is None or lv.tps is None:
-        return f"{head}: no ok run in the replay (not verified at this load)"
+        return f"{head}: no ok run in the replay ({lv.status}; not verified at this load)"
     lat = ", ".join(f"{key.removesuffix('_ms').replace('_', ' ').upper().replace(' P', ' p')} {v:.1f} ms"
                     + (f" ({r.value:.2f}x)" if r is not None else "")
                     for key, v, r in lv.latency if v is not None)
@@ -215,7 +217,7 @@ def as_json(rp: Replay) -> dict[str, Any]:
 
     return {"engine": rp.engine, "folder": rp.folder, "verified": rp.verified,
             "recommended": not rp.regressed, "fallback": rp.fallback, "regression_below": REGRESSION,
-            "levels": [{benchline.CONCURRENCY.key: lv.load, "depth": lv.depth, "static": lv.static,
+            "levels": [{benchline.CONCURRENCY.key: lv.load, "status": lv.status, "depth": lv.depth, "static": lv.static,
                         "static_" + decision.TPS: lv.static_tps, decision.TPS: lv.tps,
                         "speedup": ratio(lv.ratio), "regression": lv.regression,
                         **{key: v for key, v, _ in lv.latency},
