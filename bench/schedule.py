@@ -98,7 +98,8 @@ def main() -> int:
         url = f"http://127.0.0.1:{port}"
         um.install_unit(UNIT, "[Unit]\nStartLimitIntervalSec=0\n[Service]\n"
                         f"ExecStart={PY} -m genready.cli simulate --port {port} --load-seconds 0.5\n"
-                        "TimeoutStopSec=10\n")
+                        # no journald here: vLLM's report (its start's args line) is read from the unit's output
+                        f"TimeoutStopSec=10\nStandardError=append:{tmp / 'sim.log'}\n")
         um.systemctl("start", UNIT)
         with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "api": API, "backoff_initial": 0.05,
                                         "backoff_max": 0.3}},

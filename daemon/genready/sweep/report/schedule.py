@@ -10,8 +10,9 @@ tie means: a difference too small to matter, not only one too uncertain to show.
 interval takes its degrees of freedom from the noisier side (about 1 when the other's runs agree), and held 1
 for a depth 4.4 % slower whose two runs agreed within 1 % (bench/schedule.py, c=1: 94.6 against 98.9 tok/s);
 the replay then measured that loss. The server's other axes are held at their best: the values whose best
-depths give the highest geometric mean of output tok/s over the levels. When one depth ties with the best at
-every level, a schedule is not worth it and that depth, run static, is the answer.
+depths give the highest geometric mean of output tok/s over the levels. When one depth is within noise of the
+best at every level (the interval alone: nothing measured tells them apart), a schedule is not worth it and
+that depth, run static, is the answer (the shallowest such).
 
 The load level is the client's concurrency, the requests in flight, which is the engine's batch size in its
 steady state (both engines count requests, not tokens). Between two levels measured, a level's depth holds up to
@@ -60,6 +61,7 @@ class Level:
     tps: float  # the chosen depth's output tok/s
     best: int  # the best depth by its estimate
     tied: tuple[int, ...]  # the depths that tie with the best (the best included): `ties`
+    within: tuple[int, ...]  # the depths within noise of the best (the best included): the static check
     answer: str | None  # decision.py's answer at this setting
     repeats: int | None  # decision.UNDECIDED: repeats that would tell
     rows: Mapping[int, Row] = field(default_factory=dict, compare=False, repr=False)  # each depth's row (0: off)
@@ -151,9 +153,10 @@ def schedule(rows: Sequence[Row]) -> Schedule:
             raise NoSchedule(f"no depth ran ok at concurrency {load}")
         best = max(sorted(cands), key=lambda d: decision.tps(cands[d]) or 0.0)  # the shallowest of equals
         tied = tuple(d for d in sorted(cands) if d == best or ties(cands[d], cands[best]))
-        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, s.answer, s.repeats,
-                            cands))
-    everywhere = set.intersection(*(set(lv.tied) for lv in levels))
+        within = tuple(d for d in sorted(cands) if d == best or decision.within_noise(cands[d], cands[best]))
+        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, within, s.answer,
+                            s.repeats, cands))
+    everywhere = set.intersection(*(set(lv.within) for lv in levels))
     return Schedule(axis, json.loads(held), tuple(levels), min(everywhere) if everywhere else None)
 
 
@@ -189,8 +192,7 @@ def static_words(s: Schedule) -> str:
     assert s.static is not None
     held = decision.values_words(s.held)
     what = _depth_words(s.axis, s.static) + (f" {held}" if held and s.static else "")
-    return f"{what} at every load: a schedule is not worth it, it is within noise of the best and at most " \
-        f"{TIE_LOSS:.0%} below it at each load measured"
+    return f"{what} at every load: a schedule is not worth it, it is within noise of the best at each load measured"
 
 
 def text(s: Schedule, engine: str, fmt: str = "table") -> str:
@@ -220,7 +222,8 @@ def as_json(s: Schedule, engine: str) -> dict[str, Any]:
     return {"engine": engine, "axis": s.axis, "held": s.held,
             "levels": [{benchline.CONCURRENCY.key: lv.load, "depth": lv.depth,
                         benchline.OUTPUT_TOKENS_PER_SECOND.key: lv.tps, "best": lv.best,
-                        "within_noise": list(lv.tied), "answer": lv.answer, "repeats_needed": lv.repeats}
+                        "within_noise": list(lv.within), "ties": list(lv.tied), "answer": lv.answer,
+                        "repeats_needed": lv.repeats}
                        for lv in s.levels],
             "tiers": [list(t) for t in s.tiers()],
             "static": s.static, "worth_it": s.static is None,
