@@ -19,7 +19,7 @@ speculation, REPEATS repeats of N requests of TOKENS tokens. Then:
 - a second sweep where one depth wins everywhere (`--batch-token-seconds 0`: no per-token cost, so the deepest
   draft always pays) at -c [1, 64]: the report must say no schedule is needed.
 
-Run as root: .venv/bin/python bench/schedule.py [--repeats 2]   (about 6 minutes on a shared 2-core VM)
+Run as root: .venv/bin/python bench/schedule.py [--repeats 2]   (about 10 minutes on a shared 2-core VM)
 """
 
 from __future__ import annotations
