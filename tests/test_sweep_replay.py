@@ -226,8 +226,9 @@ def test_sglang_adaptive_moves_among_a_tiers_candidates_by_its_ema_and_refuses_w
     for _ in range(40):  # nothing accepted: down to the least candidate
         a.verified(1, 0.0)
     assert a.steps_for(1) == 1
-    for bad in ({"strategy": "fast", "1": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
-                {"1": {"candidate_steps": [-1]}}, {"x": 1}, []):
+    refused: list[object] = [{"strategy": "fast", "1": {"candidate_steps": [1]}}, {"1": {"candidate_steps": []}},
+                             {"1": {"candidate_steps": [-1]}}, {"x": 1}, []]
+    for bad in refused:
         with pytest.raises(ValueError):
             simadaptive.parse(bad, initial=3)
     with pytest.raises(ValueError, match="topk=1"):
