@@ -263,12 +263,23 @@ def vllm_rig(manager: Any, tmp_path: Path) -> Any:
     r.close()
 
 
+# each engine's speculative flags at {steps}, and what its own report must show after the replay (engine key, value)
+ENGINES: dict[str, tuple[str, str, tuple[str, Any]]] = {
+    "vllm": ("--profile vllm", "--speculative-config '{{\"method\":\"eagle\",\"num_speculative_tokens\":{steps}}}'",
+             ("speculative_config.num_speculative_tokens_per_batch_size", "[[1,4,4],[5,16,0]]")),
+    "sglang": ("--profile sglang", "--speculative-algorithm EAGLE --speculative-num-steps {steps}",
+               ("speculative_adaptive", True))}
+
+
 @pytest.mark.system
-def test_a_real_replay_confirms_the_schedule_took_and_flags_the_load_that_regressed(vllm_rig: Any) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_real_replay_confirms_the_schedule_took_and_flags_the_load_that_regressed(vllm_rig: Any,
+                                                                                     engine: str) -> None:
     """A sweep of depth 4 and the baseline at -c 1 and 16 (deep wins alone, none at 16: simbatch's truth is 80.8
-    vs 41.7 tok/s at 1, 157.5 vs 190.5 at 16), its schedule replayed on the simulator running vLLM's lookup; the
-    replay's server has its running batch capped at 4 (an $EXTRA the sweep's had not), so at 16 in flight it
-    runs 4 at a time at depth 4 (132.3 tok/s: 0.69x), a regression the report flags and does not deploy."""
+    vs 41.7 tok/s at 1, 157.5 vs 190.5 at 16), its schedule replayed on the simulator switching as the engine
+    does (vLLM's lookup, SGLang's adaptive tiers); the replay's server has its running batch capped at 4 (an
+    $EXTRA the sweep's had not), so at 16 in flight it runs 4 at a time at depth 4 (132.3 tok/s: 0.69x), a
+    regression the report flags and does not deploy."""
     import subprocess
 
     import tomli_w
@@ -276,10 +287,10 @@ def test_a_real_replay_confirms_the_schedule_took_and_flags_the_load_that_regres
     from genready_dev.harness import GENREADY, PY
 
     rig, env_file = vllm_rig, vllm_rig.tmp / "extra.env"
-    sim = (f"{PY} -m genready.cli simulate --port {rig.port} --load-seconds 0.2 --profile vllm --token-latency 0.02 "
+    profile, flags, (key, value) = ENGINES[engine]
+    sim = (f"{PY} -m genready.cli simulate --port {rig.port} --load-seconds 0.2 {profile} --token-latency 0.02 "
            "--batch-max-running 64 --batch-token-seconds 0.004")
-    spec = ("--spec-alpha 0.8 --spec-draft-cost 0.02 --speculative-config "
-            "'{{\"method\":\"eagle\",\"num_speculative_tokens\":{steps}}}'")
+    spec = f"--spec-alpha 0.8 --spec-draft-cost 0.02 {flags}"
     plan = {"target": "t", "timeout": 30, "warmup": 2, "repeats": 1, "between_points": "none",
             "command": [PY, "-m", "genready.benchclient", "--url", rig.url, "--api", "openai-completions", "-n", "16",
                         "-c", "{c}", "--max-tokens", "16", "--seed", "1", "--output", "{out}/bench.jsonl"],
@@ -290,20 +301,23 @@ def test_a_real_replay_confirms_the_schedule_took_and_flags_the_load_that_regres
     rc, out = rig.run(rig.tmp / "plan.toml")
     assert rc == 0, out
     env_file.write_text("EXTRA=--batch-max-running 4\n")
-    p = subprocess.run([*GENREADY, "sweep", "replay", str(rig.results), "--schedule", "vllm", "--config",
+    p = subprocess.run([*GENREADY, "sweep", "replay", str(rig.results), "--schedule", engine, "--config",
                         str(rig.g.config_path)], env=rig.manager.env, capture_output=True, text=True, timeout=300)
     print(p.stdout, p.stderr)
     assert p.returncode == 1, p.stderr  # a load regressed
     ran = json.loads((rig.results / "replay" / "schedule.json").read_text())
-    assert ran["tiers"] == [[1, 4, 4], [5, 16, 0]] and ran["engine"] == "vllm"
+    assert ran["tiers"] == [[1, 4, 4], [5, 16, 0]] and ran["engine"] == engine
     lines = [json.loads(ln) for ln in (rig.results / "replay" / "results.jsonl").read_text().splitlines()]
     assert [(ln["point"], ln["status"]) for ln in lines] == [({"steps": "schedule", "c": 1}, "ok"),
                                                              ({"steps": "schedule", "c": 16}, "ok")]
-    # one load for both levels, and vLLM's own report (its start's args line) confirmed the schedule took
+    # one load for both levels, and the engine's own report (vLLM's start line, SGLang's /server_info) confirmed
+    # the schedule took
     assert len({ln["invocation_id"] for ln in lines}) == 1
-    assert "speculative_config.num_speculative_tokens_per_batch_size" in lines[0]["config_check"]["confirmed"]
-    assert lines[0]["engine_config"]["values"]["speculative_config.num_speculative_tokens_per_batch_size"] == \
-        "[[1,4,4],[5,16,0]]"
+    assert key in lines[0]["config_check"]["confirmed"] and lines[0]["engine_config"]["values"][key] == value
+    if engine == "sglang":  # the file it reads the tiers from, as SGLang reads it
+        cfg = json.loads(Path(ran["file"]).read_text())
+        assert simadaptive.depths_of(simadaptive.parse(cfg, 4), [1, 4, 5, 16]) == [4, 4, 0, 0]
+        assert lines[0]["engine_config"]["values"]["speculative_adaptive_config"] == ran["file"]
     assert "c=1: steps=4 by the schedule" in p.stdout and "; ok" in p.stdout
     assert "c=16: speculation off by the schedule" in p.stdout and "REGRESSION" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1].startswith("Deploy: the plan's drop-in with steps=4, the best static")
