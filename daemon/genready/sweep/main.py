@@ -37,6 +37,9 @@ own configuration (unless --keep-config); a second signal exits at once, naming 
 The drop-in's header names the sweep that wrote it (pid, start, plan, results), so a leftover
 of a sweep that was killed can be told from a running sweep's: `genready sweep restore TARGET`
 removes it, and a second sweep of the same unit refuses to start while the first is alive.
+
+`run` is the sweep of a plan already read: `genready sweep`'s, and `sweep replay`'s (sweep/replay.py), whose plan
+is the sweep's with the schedule in its drop-in, so the replay's every step is the sweep's.
 """
 
 from __future__ import annotations
