@@ -16,7 +16,7 @@ import pytest
 
 from genready.exitcodes import Exit, Failed
 from genready.servers import schedules
-from genready.sweep.report import collect, schedule
+from genready.sweep.report import collect, decision, schedule
 from genready.sweep.report.main import report_main
 from tests.test_sweep_decision import Folder, section
 
@@ -148,6 +148,31 @@ def test_a_tie_within_the_noise_goes_to_the_shallower_depth(tmp_path: Path) -> N
     s = planned(sweep(tmp_path, surface))
     assert [(lv.load, lv.best, lv.depth) for lv in s.levels] == [(1, 5, 3), (8, 3, 3), (32, 1, 0), (64, 0, 0)]
     assert s.levels[0].tied == (3, 5) and s.tiers() == [(1, 16, 3), (17, 64, 0)]
+
+
+def test_a_depth_within_the_noise_but_more_than_tie_loss_slower_does_not_tie(tmp_path: Path) -> None:
+    # bench/schedule.py's c=1: two repeats each, depth 3's within 1 % of each other, depth 5's within 0.1 %; Welch's
+    # interval (about 1 degree of freedom) holds 1 for depth 3's 4.4 % loss, which the replay then measured
+    f = Folder(tmp_path)
+    for c in LOADS:
+        base, *tps = MOVING[c]
+        if c == 1:
+            base, tps = 47.1, [68.5, 0.0, 0.0]  # depth 3 and 5 per repeat below
+        for r in (1, 2):
+            f.run(100 + c, {"steps": 0, "c": c}, base, r, base=1)
+            for i, (d, t) in enumerate(zip((1, 3, 5), tps, strict=True)):
+                if c == 1 and d == 3:
+                    t = (93.8, 95.4)[r - 1]
+                elif c == 1 and d == 5:
+                    t = (98.8, 99.0)[r - 1]
+                f.run(10 * c + i, {"steps": d, "c": c}, t, r)
+    (f.path / "results.jsonl").write_text("".join(f.lines))
+    rows = collect.rows_of([f.path])
+    s = schedule.schedule(rows)
+    by = s.levels[0].rows
+    assert decision.within_noise(by[3], by[5])  # the interval alone would call it a tie
+    assert s.levels[0].tied == (5,) and s.levels[0].depth == 5
+    assert s.levels[0].within == (3, 5) and s.static is None  # within noise at c=1 only: a schedule still
 
 
 def test_one_depth_best_everywhere_needs_no_schedule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -469,12 +469,16 @@ def add_guard(sub: Subcommands) -> None:
 SWEEP_HELP = ("for each point of PLAN.toml: write its runtime drop-in for TARGET's unit, restart it, wait for a "
               "verified start newer than the restart, run the command guarded, append a line to DIR/results.jsonl; "
               "at the end (or on SIGINT/SIGTERM) restore the unit's own configuration")
-SWEEP_TOOLS: Final = ("report", "restore")  # words after `sweep` that name a subcommand, not a plan file
+SWEEP_TOOLS: Final = ("report", "restore", "replay")  # words after `sweep` that name a subcommand, not a plan file
 SWEEP_TOOLS_HELP = """also:
   genready sweep restore [TARGET]   remove a killed sweep's drop-in, restart the unit on its own
                                     configuration and wait until that start is verified
   genready sweep report DIR [DIR...] [--format table|csv|markdown|json|html] [--output FILE]
                                     one table of the points of one or more results folders
+  genready sweep replay DIR --schedule vllm|sglang
+                                    load the unit once more with the schedule DIR's results give, run
+                                    each load of the sweep again into DIR/replay, and say per load how
+                                    it compares with the best static configuration
 """
 
 
@@ -483,10 +487,11 @@ def add_sweep(sub: Subcommands) -> None:
     the plan's run is a subcommand no one types, `run`, which main() puts in when the word after `sweep` is not
     one of SWEEP_TOOLS: `genready sweep PLAN.toml` parses as `sweep run PLAN.toml`, its --help is the run's."""
     sweep = command(sub, "sweep", SWEEP_HELP)
-    tools = sweep.add_subparsers(dest="sweep_command", required=True, metavar="report|restore")
+    tools = sweep.add_subparsers(dest="sweep_command", required=True, metavar="report|restore|replay")
     add_sweep_run(tools)
     add_sweep_report(tools)
     add_sweep_restore(tools)
+    add_sweep_replay(tools)
 
 
 def add_sweep_run(sub: Subcommands) -> None:
@@ -534,6 +539,31 @@ def add_sweep_restore(sub: Subcommands) -> None:
     target_flags(sp)
     sp.add_argument("--timeout", metavar="S", help="seconds to wait for the verified start "
                     "(default: the target's load_timeout)")
+
+
+def add_sweep_replay(sub: Subcommands) -> None:
+    sp = command(sub, "replay", "prove a sweep's speculation schedule in one more load: the unit loaded with the "
+                 "schedule (a drop-in from the plan's, verified and confirmed by the engine's own report like any "
+                 "start), each load of the sweep run again with the same command and repeats into DIR/replay, then "
+                 "per load the schedule's output tok/s over the best static configuration's with its 95 %% interval; "
+                 "a load below 0.90x is a regression (exit 1), and `sweep report DIR` then recommends the static "
+                 "configuration", cmd_sweep_replay)
+    sp.add_argument("folder", metavar="DIR", help="the sweep's --results folder (depth x concurrency, a baseline)")
+    sp.add_argument("--schedule", choices=("vllm", "sglang"), required=True, help="the engine's format: the unit "
+                    "runs that engine")
+    sp.add_argument("--plan", metavar="PLAN.toml", help="the sweep's plan (default: the one its results name)")
+    sp.add_argument("--resume", action="store_const", const="same", help="keep the loads already ok in DIR/replay")
+    sp.add_argument("--dry-run", action="store_true", help="print the replay's drop-in and commands; change nothing")
+    sp.add_argument("--ignore-strays", action="store_true", help="as `genready sweep --ignore-strays`")
+    config_flag(sp)
+    url_flag(sp)
+
+
+def cmd_sweep_replay(args: argparse.Namespace) -> int:
+    from genready.sweep import replay
+
+    cfg = load_config(args.config)
+    return replay.replay_main(args, cfg, _api_base(args))
 
 
 def add_sweep_report(sub: Subcommands) -> None:

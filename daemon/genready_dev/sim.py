@@ -44,7 +44,7 @@ from aiohttp.typedefs import Handler
 
 from genready import compat
 from genready.servers import kinds
-from genready_dev import simargs, simbatch, simengine, simoutput, simspec, simsurface
+from genready_dev import simadaptive, simargs, simbatch, simengine, simoutput, simspec, simsurface
 from genready_dev.simprofiles import PROFILES, ErrorFn, llamacpp_error, vllm_error
 from genready_dev.simrequests import (
     CONTEXT_LENGTH,
@@ -141,6 +141,16 @@ def vllm_speculative_config(a: argparse.Namespace) -> object:
     return simengine.settings(a, kinds.VLLM).get("speculative_config")
 
 
+def sglang_adaptive(a: argparse.Namespace, spec: simspec.SpecModel | None) -> simadaptive.Adaptive | None:
+    """SGLang's --speculative-adaptive state (its --speculative-adaptive-config, else SGLang's defaults), with the
+    speculative model's depth as the initial steps; None without the switch or the model. ValueError (or OSError
+    for its file) as SGLang refuses."""
+    if not a.speculative_adaptive or spec is None:
+        return None
+    s = simengine.settings(a, kinds.SGLANG)
+    return simadaptive.load(s.get("speculative_adaptive_config"), spec.steps, s)
+
+
 class Simulator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.a = args
@@ -192,7 +202,8 @@ class Simulator:
             self.spec_counters.per_pos = [0] * simspec.drafts_per_step(args.spec_accept)
         # --batch-max-running: decode in one continuous batch (issue 39 §4); with --spec-alpha at the depth the
         # server's flags (and vLLM's schedule by batch size) give, issue 52 §3
-        model = simbatch.from_args(args, self.spec_model, vllm_speculative_config(args))
+        model = simbatch.from_args(args, self.spec_model, vllm_speculative_config(args),
+                                   sglang_adaptive(args, self.spec_model))
         self.batch = None if model is None else simbatch.Batcher(model)
 
     # -- lifecycle: startup, serve until _stop is set, shutdown ---------------------------------
@@ -907,11 +918,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if (factor := simargs.apply_load_noise(args)) != 1.0:
         print(f"genready simulate: --load-noise: this load's steps take {factor:.4f} times their time", file=sys.stderr)
-    try:
+    try:  # refused as the engine would
         if (shape := simsurface.from_args(args)) is not None:
             args.spec_accept = shape.accept  # what the server reports of it (counters, meta_info)
-        simbatch.from_args(args, spec_model(args), vllm_speculative_config(args))  # refused as the engine would
-    except ValueError as e:
+        simbatch.from_args(args, spec_model(args), vllm_speculative_config(args),
+                           sglang_adaptive(args, spec_model(args)))
+    except (ValueError, OSError) as e:
         print(f"genready simulate: {e}", file=sys.stderr)
         return 2
     return asyncio.run(Simulator(args).run())

@@ -27,6 +27,9 @@ number of requests in it, as its scheduler does (vllm/v1/core/sched/scheduler.py
 `dynamic_sd_lookup[len(num_scheduled_tokens)]`), through the dense lookup its source builds
 (vllm/v1/spec_decode/dynamic/utils.py, `vllm_depths` here). No cost of switching is modelled: vLLM captures a
 CUDA-graph set per depth of the schedule at start (v1/worker/gpu/cudagraph_utils.py) and switches between steps.
+SGLang's `--speculative-adaptive` (its config's tiers, the running batch padded to its CUDA-graph size, each
+tier's EMA moving among its candidate steps after each verify) is simadaptive.py's, chosen here the same way,
+before each step, and fed each step's accepted drafts after it; its switches cost nothing per step either.
 So the best depth moves with load: deep at one request in flight, where t0 dominates, and none at many, where
 the s b w term does (`depth_tps` gives the truth per batch size).
 
@@ -47,7 +50,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
-from genready_dev import simspec, simsurface
+from genready_dev import simadaptive, simspec, simsurface
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class BatchModel:
     spec: simspec.SpecModel | None = None  # --spec-alpha: the depth's accept length and drafting cost (module doc)
     depths: tuple[int, ...] | None = None  # vLLM's schedule as its dense lookup: the depth at each batch size
     surface: simsurface.Shape | None = None  # --surface: its configuration's accept length and step time
+    adaptive: simadaptive.Adaptive | None = None  # SGLang's --speculative-adaptive: its tiers' slots, per step
 
     @property
     def width(self) -> int:
@@ -80,6 +84,8 @@ def depth_at(m: BatchModel, batch: int) -> int | None:
         return None
     if m.depths is not None:
         return m.depths[max(1, min(batch, len(m.depths) - 1))]
+    if m.adaptive is not None:
+        return m.adaptive.steps_for(batch)
     return m.spec.steps
 
 
@@ -239,6 +245,8 @@ class Batcher:
             end = end + dt if end >= now - dt else now + dt
             await asyncio.sleep(max(0.0, end - loop.time()))
             self.steps += 1
+            if self.m.adaptive is not None:  # the verify's accepted drafts per request feed its tier's EMA
+                self.m.adaptive.verified(len(self.running), gain - 1.0)
             for s in self.running:
                 s.credit += gain
                 now = min(s.tokens, math.floor(s.credit + 1e-9))
@@ -280,10 +288,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(a: argparse.Namespace, spec: simspec.SpecModel | None = None,
-              speculative_config: object = None) -> BatchModel | None:
+              speculative_config: object = None, adaptive: simadaptive.Adaptive | None = None) -> BatchModel | None:
     """The batch model the flags ask for, or None (the simulator's per-request pacing, as before); with `spec`
     (--spec-alpha) the depth-aware model, switching by vLLM's schedule when `speculative_config` (its
-    --speculative-config) has one (ValueError for a schedule vLLM refuses)."""
+    --speculative-config) has one (ValueError for a schedule vLLM refuses), or by SGLang's `adaptive`."""
     if a.batch_max_running is None:
         return None
     depths = None
@@ -292,4 +300,4 @@ def from_args(a: argparse.Namespace, spec: simspec.SpecModel | None = None,
         depths = vllm_depths(table, a.batch_max_running, spec.steps)
     return BatchModel(max_running=a.batch_max_running, step_seconds=a.token_latency,
                       token_seconds=a.batch_token_seconds, spec_accept=a.spec_accept, spec=spec, depths=depths,
-                      surface=simsurface.from_args(a))
+                      surface=simsurface.from_args(a), adaptive=adaptive if spec is not None else None)

@@ -39,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             seen.add(flag)
             g.add_argument(flag, dest=_dest(flag), metavar="V",
                            action="append" if flag in k.engine.append else "store", help=argparse.SUPPRESS)
+    # SGLang's switch (python/sglang/srt/server_args.py): the depth by batch size, simadaptive.py
+    g.add_argument("--speculative-adaptive", action="store_true", help=argparse.SUPPRESS)
     g.add_argument("--engine-report", action="append", default=[], metavar="KEY=VALUE",
                    help="report VALUE for the setting KEY whatever the flags say (speculative_num_steps=4, "
                    "speculative_config.num_speculative_tokens=2, total_slots=3): an engine that runs something "
@@ -92,6 +94,7 @@ def sglang_server_info(a: argparse.Namespace, spec_accept: float | None) -> dict
             "dp_size": 1, "api_key": a.api_key, "served_model_name": (a.served_model_name or [a.model])[0],
             "speculative_algorithm": None, "speculative_draft_model_path": None, "speculative_num_steps": None,
             "speculative_eagle_topk": None, "speculative_num_draft_tokens": None, "context_length": None,
+            "speculative_adaptive": bool(a.speculative_adaptive), "speculative_adaptive_config": None,
             "max_running_requests": 128, "mem_fraction_static": 0.841, "kv_cache_dtype": "auto",
             "attention_backend": "fa3", "quantization": None}
     args.update(s)

@@ -29,6 +29,7 @@ SWITCHES: Final = frozenset({
     "--enable-chunked-prefill", "--no-enable-chunked-prefill", "--disable-log-requests", "--disable-log-stats",
     "--enable-log-requests", "--enable-auto-tool-choice", "--disable-fastapi-docs", "--headless",
     "--disable-radix-cache", "--enable-metrics", "--skip-server-warmup", "--disable-cuda-graph",
+    "--speculative-adaptive",
 })
 
 

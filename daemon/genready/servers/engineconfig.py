@@ -143,8 +143,9 @@ def dict_repr(text: str) -> dict[str, Any]:
 # --- flattening and redaction ------------------------------------------------------------------------------
 
 def flatten(doc: Mapping[str, Any], prefix: str = "", depth: int = 3) -> dict[str, Scalar]:
-    """`{a: {b: 1}}` -> `{"a.b": 1}` to `depth` levels; lists of scalars joined by ","; other lists, and what
-    lies deeper, left out. At most MAX_KEYS keys; strings cut at MAX_VALUE."""
+    """`{a: {b: 1}}` -> `{"a.b": 1}` to `depth` levels; lists of scalars joined by ","; lists of lists of numbers
+    as their compact JSON (`[[1,8,3],[9,64,1]]`); other lists, and what lies deeper, left out. At most MAX_KEYS
+    keys; strings cut at MAX_VALUE."""
     out: dict[str, Scalar] = {}
     for k, v in doc.items():
         if len(out) >= MAX_KEYS:
@@ -156,6 +157,9 @@ def flatten(doc: Mapping[str, Any], prefix: str = "", depth: int = 3) -> dict[st
         elif isinstance(v, list | tuple):
             if all(isinstance(x, str | int | float | bool) for x in v):
                 out[key] = ",".join(str(x) for x in v)[:MAX_VALUE]
+            elif all(isinstance(x, list | tuple) and all(isinstance(y, int | float) for y in x) for x in v):
+                # a table of numbers (vLLM's num_speculative_tokens_per_batch_size): its compact JSON, both sides
+                out[key] = json.dumps([list(x) for x in v], separators=(",", ":"))[:MAX_VALUE]
         elif isinstance(v, str):
             out[key] = v[:MAX_VALUE]
         elif v is None or isinstance(v, bool | int | float):

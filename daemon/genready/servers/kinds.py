@@ -241,6 +241,7 @@ SGLANG: Final = ServerKind(
                "--speculative-num-steps": "speculative_num_steps",
                "--speculative-eagle-topk": "speculative_eagle_topk",
                "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+               "--speculative-adaptive-config": "speculative_adaptive_config",
                "--context-length": "context_length", "--max-running-requests": "max_running_requests",
                "--mem-fraction-static": "mem_fraction_static", "--kv-cache-dtype": "kv_cache_dtype",
                "--attention-backend": "attention_backend", "--quantization": "quantization"},

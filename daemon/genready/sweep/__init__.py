@@ -12,6 +12,7 @@ its results line, once, whole.
     main                `genready sweep` and `sweep restore`: the CLI's entry points; --resume, --dry-run, the summary
     plan                PLAN.toml parsed: its templates, points, groups of one server configuration
     plankeys            PLAN.toml's top-level keys, each defined once: what it takes, its default, its help, its reader
+    replay              `sweep replay`: the schedule proven in one more load, a plan of the sweep's run into DIR/replay
     search              the plan's [search] table and a load search's decisions, as pure functions
     budget              the plan's `budget`: the unit's load history, the stop rule, what the report says it left
     explore             the plan's `strategy` over server configurations: the grid, or a pattern search (pure)
@@ -42,6 +43,7 @@ its results line, once, whole.
     report.speedup      ratios against the baseline with their 95 % interval, and the drift check
     report.decision     the Decision: per client setting the best configuration or none, its speedup, the SLO judged
     report.schedule     --schedule: the speculation depth per load, in vLLM's or SGLang's own format
+    report.replay       the replay's verdict: per load the schedule over the best static, a regression below 0.90x
     report.categories   the category x configuration tables: accept length and speedup per prompt category
     report.outputs      each point's answers against the baseline's, prompt by prompt: match, prefix, loops, marks
     report.slower       who gets slower: per-prompt speedups, the share slower with its interval, by category

@@ -39,6 +39,9 @@ own configuration (unless --keep-config); a second signal exits at once, naming 
 The drop-in's header names the sweep that wrote it (pid, start, plan, results), so a leftover
 of a sweep that was killed can be told from a running sweep's: `genready sweep restore TARGET`
 removes it, and a second sweep of the same unit refuses to start while the first is alive.
+
+`run` is the sweep of a plan already read: `genready sweep`'s, and `sweep replay`'s (sweep/replay.py), whose plan
+is the sweep's with the schedule in its drop-in, so the replay's every step is the sweep's.
 """
 
 from __future__ import annotations
@@ -227,6 +230,13 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
     if shard is not None and plan.strategy != "grid":
         raise Failed(f'--shard: a plan of strategy = "grid" (a search\'s next load depends on the last; {plan.path} '
                      f"has strategy = {plan.strategy!r})", status=Exit.BAD_ARGUMENT)
+    return run(plan, Path(args.results), args, cfg, base, shard)
+
+
+def run(plan: Plan, results: Path, args: argparse.Namespace, cfg: Config, base: str, shard: Shard | None = None
+        ) -> int:
+    """A plan's sweep into `results`, by the flags in `args` (resume, dry_run, keep_config, restart_each,
+    no_prune, keep_going, ignore_strays): `genready sweep`'s, and `sweep replay`'s plan of one more load."""
     target = cfg.only_target(plan.target)
     if target is None:
         raise Failed(f"the plan names no target and {cfg.path} has several: {', '.join(cfg.targets)}",
@@ -235,7 +245,6 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         raise Failed(f"{plan.path}: target: expected one of {', '.join(cfg.targets)}, found {target!r}",
                      status=Exit.CONFIG)
     tcfg = cfg.targets[target]
-    results = Path(args.results)
     why = check_results_path(results)
     if why:
         raise Failed(why, status=Exit.BAD_ARGUMENT)

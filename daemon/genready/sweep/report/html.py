@@ -37,6 +37,8 @@ from typing import Any, Final
 
 from genready import __version__
 from genready.sweep.report import categories, decision, heatmap, outputs, plotrules
+from genready.sweep.report import replay as sweepreplay
+from genready.sweep.report import schedule as sweepschedule
 from genready.sweep.report.plotrules import plottable
 from genready.sweep.report.table import (
     RATIO_TITLES,
@@ -399,6 +401,61 @@ def slower_plot(mpl: Any, rows: Sequence[Row]) -> str | None:
     ax.grid(alpha=0.3)
     plotrules.legend(ax, handles, [plotrules.text(plotrules.shown(lb, 60)) for lb, _ in
                                    curves[:plotrules.MAX_CONFIGURATIONS]])
+    return plotrules.svg(fig)
+
+
+def _spread(xs: Sequence[float]) -> tuple[float, float, float] | None:
+    """(median, min, max) of a point's runs that a plot can place; None when none can."""
+    got = sorted(y for y in map(plottable, xs) if y is not None)
+    return (got[len(got) // 2] if len(got) % 2 else (got[len(got) // 2 - 1] + got[len(got) // 2]) / 2,
+            got[0], got[-1]) if got else None
+
+
+def _runs_of(r: Row) -> list[float]:
+    return list(r.samples.get(TPS, [])) or [v for v in [(r.figures or {}).get(TPS)] if v is not None]
+
+
+def schedule_plot(mpl: Any, planned: sweepschedule.Schedule, replayed: sweepreplay.Replay | None = None
+                  ) -> str | None:
+    """Output tok/s against the load (requests in flight, a log scale): a line per static depth of the sweep
+    (speculation off for the baseline), each run's spread as a bar, and the schedule's replay in bold, a load that
+    regressed (report/replay.py) marked with a red cross and its ratio. None when nothing can be drawn."""
+    depths = sorted({d for lv in planned.levels for d in lv.rows})
+    fig = mpl(figsize=(6.4, 4.0))
+    ax = fig.add_subplot()
+    handles, labels, loads = [], [], [lv.load for lv in planned.levels]
+    for d in depths:
+        pts = [(lv.load, sp) for lv in planned.levels if d in lv.rows
+               and (sp := _spread(_runs_of(lv.rows[d]))) is not None]
+        if not pts:
+            continue
+        line = ax.errorbar([x for x, _ in pts], [sp[0] for _, sp in pts],
+                           yerr=[[sp[0] - sp[1] for _, sp in pts], [sp[2] - sp[0] for _, sp in pts]],
+                           marker="o", markersize=3, linewidth=1, capsize=2, alpha=0.75)
+        handles.append(line)
+        labels.append("speculation off" if d == 0 else f"{planned.axis}={d}")
+    if replayed is not None:
+        got = [(lv.load, lv.tps, lv.regression, lv.ratio) for lv in replayed.levels if lv.tps is not None
+               and plottable(lv.tps) is not None]
+        if got:
+            (line,) = ax.plot([g[0] for g in got], [g[1] for g in got], color="black", linewidth=2.2, marker="s",
+                              markersize=5, zorder=5)
+            handles.append(line)
+            labels.append(f"the schedule ({replayed.engine}), replayed")
+            for x, y, bad, r in got:
+                if bad and r is not None:
+                    ax.plot([x], [y], marker="x", color="red", markersize=11, markeredgewidth=2.5, zorder=6)
+                    ax.annotate(f"{r.value:.2f}x: regression", (x, y), fontsize=7, color="red", xytext=(4, -12),
+                                textcoords="offset points")
+    if not handles:
+        return None
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(loads)
+    ax.set_xticklabels([str(x) for x in loads])
+    ax.set_xlabel("requests in flight (the client's concurrency)")
+    ax.set_ylabel("OUT tok/s")
+    ax.grid(alpha=0.3)
+    plotrules.legend(ax, handles, labels)
     return plotrules.svg(fig)
 
 

@@ -21,8 +21,10 @@ from genready.store import durable
 from genready.store.bounded import FileError
 from genready.sweep import explore, files
 from genready.sweep.report import collect, decision, loadreport
+from genready.sweep.report import replay as sweepreplay
 from genready.sweep.report import schedule as sweepschedule
 from genready.sweep.report import table as sweepreport
+from genready.sweep.rows import Row
 from genready.web import htmlpage
 
 
@@ -58,19 +60,60 @@ def explore_lines(folder: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _with_schedule(text: str, fmt: str, planned: sweepschedule.Schedule, engine: str) -> str:
-    """The report with --schedule's: a section after the tables, a `schedule` field in JSON."""
+def _with_schedule(text: str, fmt: str, planned: sweepschedule.Schedule, engine: str,
+                   replayed: sweepreplay.Replay | None) -> str:
+    """The report with --schedule's: a section after the tables (and the replay's, when there is one), a
+    `schedule` field in JSON (with its `replay`)."""
     if fmt == "json":
         data = json.loads(text)
         data["schedule"] = sweepschedule.as_json(planned, engine)
+        if replayed is not None:
+            data["schedule"]["replay"] = sweepreplay.as_json(replayed)
         return json.dumps(data, indent=2, allow_nan=False) + "\n"
-    return text + "\n" + sweepschedule.text(planned, engine, fmt)
+    return text + "\n" + sweepschedule.text(planned, engine, fmt) + (
+        sweepreplay.text(replayed, fmt) if replayed is not None else "")
 
 
-def _schedule_html(planned: sweepschedule.Schedule, engine: str) -> str:
-    head, *lines = sweepschedule.text(planned, engine).splitlines()
-    return (f'<section id="schedule"><h2>{htmlpage.text(head)}</h2><pre>'
-            + "\n".join(htmlpage.text(ln.strip()) for ln in lines if ln) + "</pre></section>")
+def _schedule_html(planned: sweepschedule.Schedule, engine: str, replayed: sweepreplay.Replay | None) -> str:
+    """The schedule's and the replay's sections, and the picture of throughput against load for the schedule and
+    each static depth (html.schedule_plot: matplotlib, as the page)."""
+    from genready.sweep.report import html as sweephtml
+
+    svg = sweephtml.schedule_plot(sweephtml.figure_class(), planned, replayed)
+    title = "Output tok/s against load: each static depth, and the schedule as replayed" if replayed else \
+        "Output tok/s against load: each static depth (`genready sweep replay` adds the schedule's own)"
+    out = [f'<div class="plot" id="schedule-load"><h3>{htmlpage.text(title)}</h3>'
+           f"{htmlpage.data_image(svg, title)}</div>" if svg else ""]
+    for sid, section in (("schedule", sweepschedule.text(planned, engine)),
+                         ("replay", sweepreplay.text(replayed) if replayed is not None else "")):
+        if section:
+            head, *lines = section.splitlines()
+            out.append(f'<section id="{sid}"><h2>{htmlpage.text(head)}</h2><pre>'
+                       + "\n".join(htmlpage.text(ln.strip()) for ln in lines if ln) + "</pre></section>")
+    return "".join(out)
+
+
+def replay_beside(folders: Sequence[str], rows: Sequence[Row], engine: str | None) -> sweepreplay.Replay | None:
+    """The replay of `sweep replay` in DIR/replay (one folder's report), when it ran the schedule these rows give
+    now for `engine` (any engine when None); None otherwise, said on stderr when a replay is there but not used."""
+    if len(folders) != 1:
+        return None
+    folder = Path(folders[0])
+    try:
+        ran = sweepreplay.read_schedule(folder)
+        if ran is None:
+            return None
+        planned = sweepschedule.schedule(rows)
+        if why := sweepreplay.stale(planned, ran, engine):
+            console.err(f"genready sweep report: not using {folder / sweepreplay.REPLAY_DIR}: {why}")
+            return None
+        replay_rows = collect.rows_of([folder / sweepreplay.REPLAY_DIR])
+    except (FileError, collect.ReportError, sweepschedule.NoSchedule) as e:
+        console.err(f"genready sweep report: not using {folder / sweepreplay.REPLAY_DIR}: {e}")
+        return None
+    client = set(decision.settings(rows)[0][0])
+    return sweepreplay.replay_of(planned, client, replay_rows, str(ran.get("engine")),
+                                 str(folder / sweepreplay.REPLAY_DIR))
 
 
 @contextlib.contextmanager
@@ -119,8 +162,10 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         for r in rows:
             r.best.clear()  # the best of half a plan is not the plan's best
         console.err(f"genready sweep report: {partial}; no best values marked (a partial set)")
-    facts = None if compare else replace(decision_facts(read, partial),
-                                          deploy=sweepschedule.deploy_line(rows, schedule))
+    replayed = None if compare or partial else replay_beside(folders, rows, schedule)
+    facts = None if compare else replace(decision_facts(read, partial), deploy=(
+        sweepreplay.deploy_line(replayed, rows, schedule) if replayed is not None else
+        sweepschedule.deploy_line(rows, schedule)))
     planned: sweepschedule.Schedule | None = None
     if schedule is not None and not compare:
         try:
@@ -138,7 +183,8 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
         try:
             text = sweephtml.render(rows, x=x, lines=lines, heatmap_axes=heatmap,  # and a [search]'s load curves
                                     sections=[loadreport.html_section([Path(f) for f in folders], read),
-                                              _schedule_html(planned, schedule) if planned and schedule else ""],
+                                              _schedule_html(planned, schedule, replayed) if planned and schedule
+                                              else ""],
                                     facts=facts)
         except sweephtml.NoMatplotlib as e:
             raise Failed(str(e), status=Exit.UNAVAILABLE) from None
@@ -157,7 +203,7 @@ def report_main(folders: Sequence[str], fmt: str, *, output: str | None = None, 
             text += loadreport.table([Path(f) for f in folders], fmt, read)
             text += "".join(explore.report_text(explore_lines(folder)) for folder, _, _ in read)
         if planned is not None and schedule is not None:
-            text = _with_schedule(text, fmt, planned, schedule)
+            text = _with_schedule(text, fmt, planned, schedule, replayed)
         if partial and fmt in ("table", "markdown"):
             text += f"(partial: {partial}; no best values marked)\n"
     status = Exit.TIMEOUT if partial and strict else Exit.OK

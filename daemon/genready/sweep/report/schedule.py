@@ -3,11 +3,16 @@
 A sweep whose server axes include the speculation depth (DEPTH_AXES: SGLang's steps, vLLM's
 num_speculative_tokens, llama.cpp's draft-max) and whose client settings span loads (a concurrency axis,
 LOAD_AXES) measured a surface: depth x load. Per load level, the best depth by output tok/s, the baseline
-standing as depth 0 (speculation off: decision.py's judgement, issue 52 §4); a depth within noise of the best
-(decision.within_noise) ties with it and the shallowest of the tied wins, as it costs less when the estimate is
-off. The server's other axes are held at their best: the values whose best depths give the highest geometric
-mean of output tok/s over the levels. When one depth is within noise of the best at every level, a schedule is
-not worth it and that depth, run static, is the answer.
+standing as depth 0 (speculation off: decision.py's judgement, issue 52 §4); a shallower depth ties with it when
+it is within noise of the best (decision.within_noise) and its estimate gives up at most TIE_LOSS of the best's,
+and the shallowest of the tied wins, as it costs less when the estimate is off. The second condition is what a
+tie means: a difference too small to matter, not only one too uncertain to show. With two repeats Welch's
+interval takes its degrees of freedom from the noisier side (about 1 when the other's runs agree), and held 1
+for a depth 4.4 % slower whose two runs agreed within 1 % (bench/schedule.py, c=1: 94.6 against 98.9 tok/s);
+the replay then measured that loss. The server's other axes are held at their best: the values whose best
+depths give the highest geometric mean of output tok/s over the levels. When one depth is within noise of the
+best at every level (the interval alone: nothing measured tells them apart), a schedule is not worth it and
+that depth, run static, is the answer (the shallowest such).
 
 The load level is the client's concurrency, the requests in flight, which is the engine's batch size in its
 steady state (both engines count requests, not tokens). Between two levels measured, a level's depth holds up to
@@ -24,7 +29,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from genready.redact import escape
@@ -39,6 +44,8 @@ DEPTH_AXES: Final = ("steps", "speculative_num_steps", "num_speculative_tokens",
                      "depth", "gamma")
 # A client axis whose value is the requests in flight (the bench client's -c).
 LOAD_AXES: Final = ("c", "concurrency", "max_concurrency", "clients")
+# A depth within noise of the best ties with it only if its estimate is at most this fraction below the best's.
+TIE_LOSS: Final = 0.02
 
 
 class NoSchedule(ValueError):
@@ -53,9 +60,11 @@ class Level:
     depth: int  # 0: speculation off
     tps: float  # the chosen depth's output tok/s
     best: int  # the best depth by its estimate
-    tied: tuple[int, ...]  # the depths within noise of the best (the best included)
+    tied: tuple[int, ...]  # the depths that tie with the best (the best included): `ties`
+    within: tuple[int, ...]  # the depths within noise of the best (the best included): the static check
     answer: str | None  # decision.py's answer at this setting
     repeats: int | None  # decision.UNDECIDED: repeats that would tell
+    rows: Mapping[int, Row] = field(default_factory=dict, compare=False, repr=False)  # each depth's row (0: off)
 
 
 @dataclass(frozen=True)
@@ -143,10 +152,18 @@ def schedule(rows: Sequence[Row]) -> Schedule:
         if not cands:
             raise NoSchedule(f"no depth ran ok at concurrency {load}")
         best = max(sorted(cands), key=lambda d: decision.tps(cands[d]) or 0.0)  # the shallowest of equals
-        tied = tuple(d for d in sorted(cands) if d == best or decision.within_noise(cands[d], cands[best]))
-        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, s.answer, s.repeats))
-    everywhere = set.intersection(*(set(lv.tied) for lv in levels))
+        tied = tuple(d for d in sorted(cands) if d == best or ties(cands[d], cands[best]))
+        within = tuple(d for d in sorted(cands) if d == best or decision.within_noise(cands[d], cands[best]))
+        levels.append(Level(load, tied[0], decision.tps(cands[tied[0]]) or 0.0, best, tied, within, s.answer,
+                            s.repeats, cands))
+    everywhere = set.intersection(*(set(lv.within) for lv in levels))
     return Schedule(axis, json.loads(held), tuple(levels), min(everywhere) if everywhere else None)
+
+
+def ties(r: Row, best: Row) -> bool:
+    """`r` ties with `best` (module doc): within noise of it, and its estimate at most TIE_LOSS below."""
+    mine, top = decision.tps(r), decision.tps(best)
+    return mine is not None and top is not None and mine >= (1.0 - TIE_LOSS) * top and decision.within_noise(r, best)
 
 
 def _held(grid: Sequence[tuple[int, dict[str, dict[int, Row]], Row | None, decision.Setting]]) -> str:
@@ -186,7 +203,8 @@ def text(s: Schedule, engine: str, fmt: str = "table") -> str:
     for lv in s.levels:
         line = f"c={lv.load}: {_depth_words(s.axis, lv.depth)} ({lv.tps:.1f} output tok/s)"
         if lv.best != lv.depth:
-            line += f"; the best by its estimate, {_depth_words(s.axis, lv.best)}, is within noise of it"
+            line += f"; the best by its estimate, {_depth_words(s.axis, lv.best)}, is within noise of it and at most " \
+                f"{TIE_LOSS:.0%} faster"
         if lv.answer == decision.UNDECIDED:
             line += "; the baseline cannot be told from the best here: " + \
                 (f"repeats = {lv.repeats} would" if lv.repeats else "the runs are too noisy")
@@ -204,7 +222,8 @@ def as_json(s: Schedule, engine: str) -> dict[str, Any]:
     return {"engine": engine, "axis": s.axis, "held": s.held,
             "levels": [{benchline.CONCURRENCY.key: lv.load, "depth": lv.depth,
                         benchline.OUTPUT_TOKENS_PER_SECOND.key: lv.tps, "best": lv.best,
-                        "within_noise": list(lv.tied), "answer": lv.answer, "repeats_needed": lv.repeats}
+                        "within_noise": list(lv.within), "ties": list(lv.tied), "answer": lv.answer,
+                        "repeats_needed": lv.repeats}
                        for lv in s.levels],
             "tiers": [list(t) for t in s.tiers()],
             "static": s.static, "worth_it": s.static is None,
