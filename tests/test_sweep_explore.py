@@ -6,6 +6,7 @@ the plan keys; the order the runner loads groups in (run/order.py). Whole sweeps
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 from collections.abc import Callable
@@ -19,8 +20,9 @@ from genready.compat import tomllib
 from genready.config import ConfigError
 from genready.sweep import explore
 from genready.sweep import plan as sweepplan
+from genready.sweep.report import collect
 from genready.sweep.run import baseline, order
-from genready.sweep.run.results import Results
+from genready.sweep.run.results import Results, first_load
 from genready_dev import sim, simbatch, simsurface
 from genready_dev.harness import GENREADY, PY
 from tests.test_sweep import Rig
@@ -226,6 +228,138 @@ def test_a_search_needs_server_axes_that_make_a_full_grid() -> None:
         plan('command = "x {c}"\nstrategy = "pattern"\n[matrix]\nc = [1, 2]')
 
 
+# --- the reloads: the best named by its mean over loads --------------------------------------------------------
+
+def noisy(values: dict[tuple[int, int], float], load_noise: dict[tuple[tuple[int, int], int], float]
+          ) -> tuple[explore.Axes, Callable[[explore.Pattern, explore.Config], dict[str, list[float]]]]:
+    """A 2-axis grid as grid2, each load's figure times its own factor (configuration, load K -> factor; 1.0 else)."""
+    axes, truth = grid2(values)
+
+    def measure(p: explore.Pattern, c: explore.Config) -> dict[str, list[float]]:
+        k = p.reload_of(c)
+        return {s: [v * load_noise.get(((c[0], c[1]), k), 1.0)] for s, v in truth(c).items()}
+    return axes, measure
+
+
+def reloaded(axes: explore.Axes, measure: Callable[[explore.Pattern, explore.Config], dict[str, list[float]]],
+             **kw: Any) -> explore.Pattern:
+    p = explore.Pattern(axes, **kw)
+    while (c := p.next_load()) is not None:
+        p.told(c, measure(p, c))
+    return p
+
+
+def test_a_close_call_decided_by_one_loads_noise_is_loaded_again_and_named_by_the_mean() -> None:
+    """(2, 2) is truly 1.5 % better than (2, 3); (2, 3)'s first load drew +3 %, so by one load it leads. The
+    reloads load both again (their second loads draw no noise) and the mean names the true best."""
+    values = {(2, 2): 1.5, (2, 3): 1.478, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2}
+    axes, measure = noisy(values, {((2, 3), 0): 1.03})
+    p = reloaded(axes, measure, reloads=0)
+    assert p.named()["c=1"] == (2, 3) and not p.tries  # one load each: the noise decides
+    q = reloaded(axes, measure, reloads=4)
+    assert q.named()["c=1"] == (2, 2) and q.visited == p.visited  # the same search, then the reloads
+    reloads = [m for m in q.moves if m.get("reload")]
+    assert reloads and len(reloads) == sum(q.tries.values()) <= 4
+    assert {m["why"] for m in reloads} <= {"reload: leader at c=1", "reload: contender at c=1"}
+    assert reloads[0]["config"] == {"a": 2, "b": 3} and reloads[0]["reload"] == 1  # the leader, then the rival
+    assert any(m["best_moved"] == ["c=1"] for m in reloads)
+    assert q.figures((2, 3), "c=1") == pytest.approx([1.478 * 1.03, 1.478] + [1.478] * (q.tries[(2, 3)] - 1))
+    summary = q.summary()
+    assert summary["best"] == {"c=1": {"a": 2, "b": 2}} and summary["reloaded"] == sum(q.tries.values())
+    assert summary["loads"] == len(q.visited) + summary["reloaded"]
+    # the search's own best moves only for more than min_gain: (2, 3)'s 1.5 % did not move it; the named best is
+    # the highest mean, which one load each had put at (2, 3)
+    assert summary["search_best"] == {"c=1": {"a": 2, "b": 2}}
+    assert "reloaded" in explore.coverage_note(summary)
+
+
+def test_a_clear_best_is_not_loaded_again_and_the_cap_bounds_the_reloads() -> None:
+    axes, measure = noisy({(2, 2): 1.5, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2, (2, 3): 1.2}, {})
+    assert not reloaded(axes, measure, reloads=10).tries  # 25 % ahead: no contender
+    # four configurations alike: every one a contender, for as long as the cap allows
+    flat = {(2, 2): 1.5, (1, 2): 1.5, (3, 2): 1.5, (2, 1): 1.5, (2, 3): 1.5}
+    axes, measure = noisy(flat, {})
+    p = reloaded(axes, measure, reloads=3)
+    assert sum(p.tries.values()) == 3 and max(p.tries.values()) == 1  # the fewest loads first: three configurations
+
+
+def test_the_between_load_spread_pools_the_reloads_with_the_prior_an_aa_start_would_give() -> None:
+    """With no reload the spread is the prior's (`noise`, the seam an A/A start fills); a reload that differs by
+    10 % from its first load raises it, and a prior of more degrees of freedom moves less."""
+    flat = {(2, 2): 1.5, (1, 2): 1.5, (3, 2): 1.5, (2, 1): 1.5, (2, 3): 1.5}
+    axes, measure = noisy(flat, {((2, 2), 1): 1.1})
+    p = reloaded(axes, measure, reloads=0)
+    assert p.between_sd() == explore.BETWEEN_PRIOR.sd
+    q = reloaded(axes, measure, reloads=1)
+    assert q.tries == {(2, 2): 1}
+    wide = math.log(1.1) ** 2 / 2  # one pair's variance of log figures
+    assert q.between_sd() == pytest.approx(math.sqrt((0.02 ** 2 * 4 + wide) / 5))
+    r = reloaded(axes, measure, reloads=1, noise=explore.Noise(0.02, 40))
+    assert explore.BETWEEN_PRIOR.sd < r.between_sd() < q.between_sd()
+    # a known wide spread makes more contenders: a 6 % gap is a close call at SD 0.05, not at 0.01
+    axes, measure = noisy({(2, 2): 1.59, (1, 2): 1.5, (3, 2): 1.2, (2, 1): 1.2, (2, 3): 1.2}, {})
+    assert reloaded(axes, measure, reloads=2, noise=explore.Noise(0.05, 100)).tries
+    assert not reloaded(axes, measure, reloads=2, noise=explore.Noise(0.01, 100)).tries
+
+
+def test_a_search_with_reloads_replayed_from_its_loads_asks_for_the_same_loads() -> None:
+    """--resume tells the search the loads its earlier run made, in order: reloads too (order.py)."""
+    axes, measure = noisy({(2, 2): 1.5, (2, 3): 1.478, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2},
+                          {((2, 3), 0): 1.03, ((2, 2), 1): 0.99})
+    whole = reloaded(axes, measure, reloads=4)
+    p = explore.Pattern(axes, reloads=4)
+    for m in whole.moves[:len(whole.moves) - 1]:
+        c = axes.config_of(m["config"])
+        assert p.next_load() == c
+        p.told(c, measure(p, c))
+    assert p.next_load() == axes.config_of(whole.moves[-1]["config"])
+
+
+def test_the_reloads_key_and_its_bad_values() -> None:
+    grid = f'command = "x {{c}}"\ndropin = {DROPIN}\n'
+    axes = "[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1, 4]"
+    assert plan(grid + 'strategy = "pattern"\n' + axes).reloads == explore.RELOADS
+    assert plan(grid + 'strategy = "pattern"\nreloads = 0\n' + axes).reloads == 0
+    for bad, says in (("reloads = -1", "plan.toml: reloads: expected an integer from 0 to 1000, found integer -1"),
+                      ('reloads = "2"', "plan.toml: reloads: expected an integer from 0 to 1000, found string '2'")):
+        with pytest.raises(ConfigError) as e:
+            plan(grid + f'strategy = "pattern"\n{bad}\n' + axes)
+        assert str(e.value) == says
+    with pytest.raises(ConfigError, match='reloads: expected strategy = "pattern"'):
+        plan(grid + "reloads = 2\n" + axes)
+
+
+def test_the_reports_figure_for_a_reloaded_point_is_the_mean_over_its_loads(tmp_path: Path) -> None:
+    """Point a: a first load of two repeats (100, 102) and a reload of one (110): each load's median, then their
+    mean, 105.5 (not the last load's 110, nor the median of the three runs, 102); b, one load: 104."""
+    lines = []
+    for index, name, load, repeat, tps in [(1, "a", 0, 1, 100.0), (1, "a", 0, 2, 102.0), (2, "b", 0, 1, 104.0),
+                                           (2, "b", 0, 2, 104.0), (1, "a", 1, 1, 110.0)]:
+        out = f"{index:02d}/load-{load}/repeat-{repeat}"
+        (tmp_path / out).mkdir(parents=True)
+        (tmp_path / out / "bench.jsonl").write_text(json.dumps({"output_tokens_per_second": tps}) + "\n")
+        rec = {"point": {"algo": name, "c": 1}, "index": index, "status": "ok", "out": out, "repeat": repeat,
+               "noise_limit": 0.1, "attempt": 1, "group": index, **({"reload": load} if load else {})}
+        lines.append(json.dumps(rec) + "\n")
+    (tmp_path / "results.jsonl").write_text("".join(lines))
+    rows = collect.rows_of([tmp_path])
+    a, b = rows
+    assert (a.label, b.label) == ("algo=a c=1", "algo=b c=1")
+    assert a.figures is not None and b.figures is not None
+    assert a.figures["output_tokens_per_second"] == pytest.approx(105.5)
+    assert b.figures["output_tokens_per_second"] == 104.0
+    assert "output_tokens_per_second" in a.best and a.runs == 3  # every load's runs, the reload's too
+
+
+def test_results_know_a_reloads_repeats_apart_from_the_first_loads() -> None:
+    """--resume: a point's reload is a load of its own, its repeats done or not apart from the first load's."""
+    first, again = {"repeat": 1, "status": "ok"}, {"repeat": 1, "status": "ok", "reload": 1}
+    r = Results({3: [first, again]})
+    assert r.done_repeats(3) == {1} and r.done_repeats(3, 1) == {1} and r.done_repeats(3, 2) == set()
+    assert Results({3: [again]}).done_repeats(3) == set()
+    assert first_load([first, again]) == [first]
+
+
 # --- the order the runner loads groups in (run/order.py) ---------------------------------------------------------
 
 def test_the_grid_order_is_the_schedule() -> None:
@@ -342,7 +476,7 @@ def test_a_resumed_pattern_sweep_continues_the_same_search(rig: Rig) -> None:
     # cut the sweep after its third load: its lines up to there, as an interrupted run leaves them
     lines = rig.results_lines()
     third = [m["config"] for m in whole[:3]]
-    kept = [ln for ln in lines if ln["status"] == "ok" and
+    kept = [ln for ln in lines if ln["status"] == "ok" and not ln.get("reload") and
             {k: ln["point"][k] for k in ("steps", "topk", "draft_tokens")} in third]
     (rig.results / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in kept))
     (rig.results / "explore.jsonl").unlink()
@@ -352,4 +486,4 @@ def test_a_resumed_pattern_sweep_continues_the_same_search(rig: Rig) -> None:
     assert [m.get("config") for m in again[:3]] == third  # told from the earlier lines, nothing loaded for them
     assert again[-1]["done"] and again[-1]["loaded"] > 3
     restarted = [ln for ln in rig.results_lines()[len(kept):] if ln["status"] == "ok" and ln.get("restarted")]
-    assert len(restarted) == again[-1]["loaded"] - 3  # only the loads after the third were made
+    assert len(restarted) == again[-1]["loads"] - 3  # only the loads after the third were made (reloads too)

@@ -77,6 +77,7 @@ from genready.sweep.run.results import (
     as_measured,
     changed_points,
     fingerprint,
+    first_load,
     ok_runs,
 )
 from genready.sweep.run.runner import Sweep
@@ -251,7 +252,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
                      f"and keep the rest (--resume={RERUN_CHANGED})", status=Exit.CONFIG)
     # a search's points resume step by step (searchrun.py reads their lines): none is skipped whole
     done = ok_runs(plan, results, fingerprints) if args.resume and plan.search is None else {}
-    skip = {i for i, recs in done.items() if len(recs) == plan.repeats}
+    skip = {i for i, recs in done.items() if len(first_load(recs)) == plan.repeats}
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
                        shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus),
@@ -286,7 +287,7 @@ def main(args: argparse.Namespace, cfg: Config, base: str) -> int:
         say(f"--resume={RERUN_CHANGED}: {other_lines(results, changed)}; those points run again")
     if skip:
         say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
-    partial = sum(1 for i, recs in done.items() if i not in skip)
+    partial = sum(1 for i, recs in done.items() if i not in skip and first_load(recs))
     if partial:
         say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing ones run")
     if sweep.pruner.axes:

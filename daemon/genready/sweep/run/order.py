@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from genready.sweep import explore
-from genready.sweep.files import EXPLORE_FILE
+from genready.sweep.files import EXPLORE_FILE, reload_of
 from genready.sweep.plan import Plan, Point, text_of
 from genready.sweep.rows import row_of
 from genready.sweep.run import baseline as sweepbaseline
@@ -41,6 +41,7 @@ class Order:
     def __init__(self, groups: Sequence[tuple[Point, ...]]) -> None:
         self.groups = list(groups)
         self.unloaded: dict[int, str] = {}  # point index -> why it was never loaded (a search's)
+        self.reload = 0  # which load of its configuration the group yielded last is: 0 its first, K a reload
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Point, ...]]]:
         yield from enumerate(self.groups, 1)
@@ -67,7 +68,8 @@ class PatternOrder(Order):
         self.by_config = {self.axes.config_of(g[0].as_dict()): g for g in groups if not g[0].baseline}
         self.rounds = [g for g in groups if g[0].baseline]
         self.search = explore.Pattern(self.axes, start=self.axes.config_of(dict(plan.start)) if plan.start else None,
-                                      audit=plan.audit, seed=plan.audit_seed, min_gain=plan.min_gain)
+                                      audit=plan.audit, seed=plan.audit_seed, min_gain=plan.min_gain,
+                                      reloads=plan.reloads)
         self.loaded = 0
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Point, ...]]]:
@@ -77,11 +79,13 @@ class PatternOrder(Order):
             yield n, self.rounds[0]
         while (c := self.search.next_load()) is not None:
             group = self.by_config[c]
+            self.reload = self.search.reload_of(c)
             for p in group:
                 self.round_before[p.index] = self.rounds[done - 1][0].baseline if done else 0
             n += 1
             yield n, group
             self.loaded += 1
+            self.reload = 0
             if every and self.loaded % every == 0 and done < len(self.rounds):
                 n, done = n + 1, done + 1
                 yield n, self.rounds[done - 1]
@@ -95,7 +99,7 @@ class PatternOrder(Order):
         for p in group:
             runs = []
             for rec in self.results.lines(p.index):
-                if rec.get("status") == Status.OK.value and \
+                if rec.get("status") == Status.OK.value and reload_of(rec) == self.reload and \
                         isinstance(v := (row_of(rec, self.folder).figures or {}).get(TPS), int | float):
                     runs.append(float(v))
             if runs:

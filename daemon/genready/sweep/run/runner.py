@@ -132,7 +132,7 @@ class Sweep:
         for n, group in self.order:  # the grid's schedule, or what a search asks for (order.py)
             instance: Verified | None = None  # a new server configuration: its first point restarts
             for point in group:
-                if point.index in skip or point.index in self.pruner.earlier:
+                if (point.index in skip and not self.order.reload) or point.index in self.pruner.earlier:
                     continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
                 if (by := self.pruner.pruned_by(point)) is not None:
                     self._skip(log, point, n, by)
@@ -167,8 +167,8 @@ class Sweep:
         the group may reuse."""
         repeats = self.opts.plan.repeats
         for r in range(1, repeats + 1):
-            if r in self.results.done_repeats(point.index):
-                continue  # --resume: this repeat is ok already
+            if r in self.results.done_repeats(point.index, self.order.reload):
+                continue  # --resume: this repeat (of this load: a search's reload is a load of its own) is ok already
             if repeats > 1:
                 self.console.progress(point, f"repeat {r} of {repeats}")
             _, instance = self.tries(ctx, log, point, group, r, instance)
@@ -218,7 +218,7 @@ class Sweep:
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
                       baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None,
-                      gpus=self.opts.plan.gpus)
+                      gpus=self.opts.plan.gpus, reload=self.order.reload)
         try:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
                 return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
