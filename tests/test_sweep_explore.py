@@ -453,6 +453,11 @@ def test_a_pattern_sweep_loads_fewer_configurations_than_the_grid_and_finds_the_
     assert "not loaded: never predicted close" in out and f"loaded {len(loaded)} of 12 server configurations" in out
     moves = [json.loads(ln) for ln in (rig.results / "explore.jsonl").read_text().splitlines()]
     assert moves[-1]["done"] and moves[-1]["loaded"] == len(loaded)
+    # each load (a reload too) a verified start of its own, its first point restarted; a reload's lines say which
+    assert sum(1 for ln in lines if ln["status"] == "ok" and ln["restarted"]) == moves[-1]["loads"]
+    reloads = {(json.dumps(ln["point"], sort_keys=True), ln["reload"]) for ln in lines if ln.get("reload")}
+    assert len(reloads) == 2 * moves[-1]["reloaded"] <= 2 * explore.RELOADS  # both client settings of each
+    assert [m["why"].split(":")[0] for m in moves if m.get("reload")] == ["reload"] * moves[-1]["reloaded"]
     best = moves[-1]["best"]
     for n in (1, 16):  # at 16 the truth's best is 18 % ahead of the next; at 1, 3 % ahead
         assert _within_3_percent_of_the_truths_best(best[f"c={n}"], n), (n, best)
