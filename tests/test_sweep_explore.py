@@ -388,6 +388,40 @@ def test_a_pattern_order_puts_the_baseline_rounds_among_the_loads_it_makes(tmp_p
     assert lines[0]["why"].startswith("start") and lines[0]["measured"] == {}
 
 
+def test_a_pattern_orders_reloads_are_told_their_own_lines_and_named_by_the_mean(tmp_path: Path) -> None:
+    """The order says which load of its configuration each group is (the runner's `reload`), and tells the search
+    only that load's lines: steps=2 topk=1 measures 103 on its first load and 97 on each reload, steps=2 topk=2
+    100 on every load; by one load the first leads, by the means the second is named."""
+    p = plan(f'command = "x {{c}}"\ndropin = {DROPIN}\nstrategy = "pattern"\nreloads = 3\n'
+             "start = { steps = 2, topk = 1 }\n[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1]")
+    tps: dict[tuple[Any, Any], tuple[float, float]] = {(2, 1): (103.0, 97.0), (2, 2): (100.0, 100.0)}  # the others 50
+    results = Results()
+    o = order.of(p, baseline.schedule(p, p.groups()), results, tmp_path, {})
+    assert isinstance(o, order.PatternOrder)
+    seen = []
+    for _, group in o:  # each configuration's first load, then reloads: (first load, a reload)'s figure
+        (pt,) = group
+        config = (pt.as_dict()["steps"], pt.as_dict()["topk"])
+        seen.append((config, o.reload))
+        out = f"{pt.index:02d}/attempt-{len([s for s in seen if s[0] == config])}"
+        (tmp_path / out).mkdir(parents=True)
+        (tmp_path / out / "bench.jsonl").write_text(json.dumps(
+            {"output_tokens_per_second": tps.get(config, (50.0, 50.0))[min(o.reload, 1)]}) + "\n")
+        results.reuse(pt.index, {"point": pt.as_dict(), "index": pt.index, "status": "ok", "out": out, "repeat": 1,
+                                 "attempt": 1, **({"reload": o.reload} if o.reload else {})})
+        o.told(group)
+    first = [k for _, k in seen].index(1)  # the search's loads, then the reloads
+    assert seen[0] == ((2, 1), 0) and all(k == 0 for _, k in seen[:first]) and all(k for _, k in seen[first:])
+    assert len({c for c, _ in seen[:first]}) == first  # one first load a configuration
+    again = seen[first:]
+    assert again and all(k == 1 + [a for a, _ in again[:i]].count(c) for i, (c, k) in enumerate(again))
+    assert {c for c, _ in again} == {(2, 1), (2, 2)}
+    assert o.search.named() == {"c=1": (1, 1)} and o.search.summary()["best"] == {"c=1": {"steps": 2, "topk": 2}}
+    lines = [json.loads(ln) for ln in (tmp_path / "explore.jsonl").read_text().splitlines()]
+    assert [ln.get("reload", 0) for ln in lines] == [k for _, k in seen]
+    assert lines[-1]["best"] == {"c=1": {"steps": 2, "topk": 2}}
+
+
 def test_a_budget_stopping_a_pattern_order_leaves_its_unloaded_configurations_and_rounds(tmp_path: Path) -> None:
     """The budget's stop (runner._out_of_budget) hands the order the grid schedule's points not run: a search
     does not reach its rounds left and the configurations it never loaded; a configuration it loaded is not
@@ -441,7 +475,7 @@ def test_a_pattern_sweep_loads_fewer_configurations_than_the_grid_and_finds_the_
     dry = subprocess.run([*GENREADY, "sweep", str(plan_path), "--results", str(rig.results), "--config",
                           str(rig.g.config_path), "--dry-run"], capture_output=True, text=True, timeout=30,
                          env=rig.manager.env)
-    assert dry.returncode == 0 and '# strategy = "pattern"' in dry.stdout and "at most 12 loads" in dry.stdout, dry
+    assert dry.returncode == 0 and '# strategy = "pattern"' in dry.stdout and "at most 16 loads" in dry.stdout, dry
     rc, out = rig.run(plan_path)
     assert rc == 0, out
     lines = rig.results_lines()

@@ -10,7 +10,9 @@ The search is told each configuration's output tok/s per client setting from its
 lines this run wrote, and with --resume the ok lines an earlier run left (the runner skips those points, so
 nothing is loaded for them) and so a resumed sweep makes the same decisions and continues the same search.
 Each load's decision goes to DIR/explore.jsonl as it is made, and the summary at the end; the configurations
-never loaded get a `skipped` results line each, with the reason and no figures.
+never loaded get a `skipped` results line each, with the reason and no figures. A search's reload (explore.py)
+yields its configuration's group again with `reload` = K: the runner loads it anew and writes K into its lines,
+and the search is told that load's lines only.
 """
 
 from __future__ import annotations
@@ -150,5 +152,6 @@ def dry_run_words(plan: Plan) -> str:
     return (f'strategy = "pattern": the listing below is the grid; the search loads {axes.label(start)} first, then '
             f"neighbours of each client setting's best (one step on one axis, or on two for a ridge) while a best "
             f"improves by more than min_gain = {plan.min_gain:g}, then audit = {plan.audit} at random (audit_seed = "
-            f"{plan.audit_seed}): at most {axes.size} loads (the whole grid; each load is decided by the one before, "
-            "so which ones cannot be listed before they run)")
+            f"{plan.audit_seed}), then at most reloads = {plan.reloads} loads again of close contenders (the best "
+            f"named by its mean over loads): at most {axes.size + plan.reloads} loads (the whole grid and the "
+            "reloads; each load is decided by the one before, so which ones cannot be listed before they run)")

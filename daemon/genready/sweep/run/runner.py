@@ -132,7 +132,7 @@ class Sweep:
         for n, group in self.order:  # the grid's schedule, or what a search asks for (order.py)
             instance: Verified | None = None  # a new server configuration: its first point restarts
             for point in group:
-                if (point.index in skip and not self.order.reload) or point.index in self.pruner.earlier:
+                if self._earlier(point, skip) or point.index in self.pruner.earlier:
                     continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
                 if (by := self.pruner.pruned_by(point)) is not None:
                     self._skip(log, point, n, by)
@@ -146,6 +146,13 @@ class Sweep:
                 self._prune_after(point, skip)
             self.order.told(group)
         self.order.finish(lambda point, group, why: self._unloaded(log, point, group, why))
+
+    def _earlier(self, point: Point, skip: set[int]) -> bool:
+        """The point's load is ok in an earlier run (--resume): its first load in `skip`, a search's reload by its
+        own lines (order.reload: which load of the configuration this group is)."""
+        if not self.order.reload:
+            return point.index in skip
+        return len(self.results.done_repeats(point.index, self.order.reload)) >= self.opts.plan.repeats
 
     def _out_of_budget(self, log: ResultsLog, point: Point) -> bool:
         """Before a planned load: if the budget does not let it start, every point from `point` on is recorded not
