@@ -6,6 +6,7 @@ the plan keys; the order the runner loads groups in (run/order.py). Whole sweeps
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 from collections.abc import Callable
@@ -17,10 +18,11 @@ import tomli_w
 
 from genready.compat import tomllib
 from genready.config import ConfigError
-from genready.sweep import explore
+from genready.sweep import explore, noise
 from genready.sweep import plan as sweepplan
+from genready.sweep.report import collect
 from genready.sweep.run import baseline, noisecheck, order
-from genready.sweep.run.results import Results
+from genready.sweep.run.results import Results, first_load
 from genready_dev import sim, simbatch, simsurface
 from genready_dev.harness import GENREADY, PY
 from tests.test_sweep import Rig
@@ -226,6 +228,138 @@ def test_a_search_needs_server_axes_that_make_a_full_grid() -> None:
         plan('command = "x {c}"\nstrategy = "pattern"\n[matrix]\nc = [1, 2]')
 
 
+# --- the reloads: the best named by its mean over loads --------------------------------------------------------
+
+def noisy(values: dict[tuple[int, int], float], load_noise: dict[tuple[tuple[int, int], int], float]
+          ) -> tuple[explore.Axes, Callable[[explore.Pattern, explore.Config], dict[str, list[float]]]]:
+    """A 2-axis grid as grid2, each load's figure times its own factor (configuration, load K -> factor; 1.0 else)."""
+    axes, truth = grid2(values)
+
+    def measure(p: explore.Pattern, c: explore.Config) -> dict[str, list[float]]:
+        k = p.reload_of(c)
+        return {s: [v * load_noise.get(((c[0], c[1]), k), 1.0)] for s, v in truth(c).items()}
+    return axes, measure
+
+
+def reloaded(axes: explore.Axes, measure: Callable[[explore.Pattern, explore.Config], dict[str, list[float]]],
+             **kw: Any) -> explore.Pattern:
+    p = explore.Pattern(axes, **kw)
+    while (c := p.next_load()) is not None:
+        p.told(c, measure(p, c))
+    return p
+
+
+def test_a_close_call_decided_by_one_loads_noise_is_loaded_again_and_named_by_the_mean() -> None:
+    """(2, 2) is truly 1.5 % better than (2, 3); (2, 3)'s first load drew +3 %, so by one load it leads. The
+    reloads load both again (their second loads draw no noise) and the mean names the true best."""
+    values = {(2, 2): 1.5, (2, 3): 1.478, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2}
+    axes, measure = noisy(values, {((2, 3), 0): 1.03})
+    p = reloaded(axes, measure, reloads=0)
+    assert p.named()["c=1"] == (2, 3) and not p.tries  # one load each: the noise decides
+    q = reloaded(axes, measure, reloads=4)
+    assert q.named()["c=1"] == (2, 2) and q.visited == p.visited  # the same search, then the reloads
+    reloads = [m for m in q.moves if m.get("reload")]
+    assert reloads and len(reloads) == sum(q.tries.values()) <= 4
+    assert {m["why"] for m in reloads} <= {"reload: leader at c=1", "reload: contender at c=1"}
+    assert reloads[0]["config"] == {"a": 2, "b": 3} and reloads[0]["reload"] == 1  # the leader, then the rival
+    assert any(m["best_moved"] == ["c=1"] for m in reloads)
+    assert q.figures((2, 3), "c=1") == pytest.approx([1.478 * 1.03, 1.478] + [1.478] * (q.tries[(2, 3)] - 1))
+    summary = q.summary()
+    assert summary["best"] == {"c=1": {"a": 2, "b": 2}} and summary["reloaded"] == sum(q.tries.values())
+    assert summary["loads"] == len(q.visited) + summary["reloaded"]
+    # the search's own best moves only for more than min_gain: (2, 3)'s 1.5 % did not move it; the named best is
+    # the highest mean, which one load each had put at (2, 3)
+    assert summary["search_best"] == {"c=1": {"a": 2, "b": 2}}
+    assert "reloaded" in explore.coverage_note(summary)
+
+
+def test_a_clear_best_is_not_loaded_again_and_the_cap_bounds_the_reloads() -> None:
+    axes, measure = noisy({(2, 2): 1.5, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2, (2, 3): 1.2}, {})
+    assert not reloaded(axes, measure, reloads=10).tries  # 25 % ahead: no contender
+    # four configurations alike: every one a contender, for as long as the cap allows
+    flat = {(2, 2): 1.5, (1, 2): 1.5, (3, 2): 1.5, (2, 1): 1.5, (2, 3): 1.5}
+    axes, measure = noisy(flat, {})
+    p = reloaded(axes, measure, reloads=3)
+    assert sum(p.tries.values()) == 3 and max(p.tries.values()) == 1  # the fewest loads first: three configurations
+
+
+def test_the_between_load_spread_pools_the_reloads_with_the_prior_an_aa_start_would_give() -> None:
+    """With no reload the spread is the prior's (`noise`, the seam an A/A start fills); a reload that differs by
+    10 % from its first load raises it, and a prior of more degrees of freedom moves less."""
+    flat = {(2, 2): 1.5, (1, 2): 1.5, (3, 2): 1.5, (2, 1): 1.5, (2, 3): 1.5}
+    axes, measure = noisy(flat, {((2, 2), 1): 1.1})
+    p = reloaded(axes, measure, reloads=0)
+    assert p.between_sd() == explore.BETWEEN_PRIOR.sd
+    q = reloaded(axes, measure, reloads=1)
+    assert q.tries == {(2, 2): 1}
+    wide = math.log(1.1) ** 2 / 2  # one pair's variance of log figures
+    assert q.between_sd() == pytest.approx(math.sqrt((0.02 ** 2 * 4 + wide) / 5))
+    r = reloaded(axes, measure, reloads=1, noise=explore.Noise(0.02, 40))
+    assert explore.BETWEEN_PRIOR.sd < r.between_sd() < q.between_sd()
+    # a known wide spread makes more contenders: a 6 % gap is a close call at SD 0.05, not at 0.01
+    axes, measure = noisy({(2, 2): 1.59, (1, 2): 1.5, (3, 2): 1.2, (2, 1): 1.2, (2, 3): 1.2}, {})
+    assert reloaded(axes, measure, reloads=2, noise=explore.Noise(0.05, 100)).tries
+    assert not reloaded(axes, measure, reloads=2, noise=explore.Noise(0.01, 100)).tries
+
+
+def test_a_search_with_reloads_replayed_from_its_loads_asks_for_the_same_loads() -> None:
+    """--resume tells the search the loads its earlier run made, in order: reloads too (order.py)."""
+    axes, measure = noisy({(2, 2): 1.5, (2, 3): 1.478, (1, 2): 1.2, (3, 2): 1.2, (2, 1): 1.2},
+                          {((2, 3), 0): 1.03, ((2, 2), 1): 0.99})
+    whole = reloaded(axes, measure, reloads=4)
+    p = explore.Pattern(axes, reloads=4)
+    for m in whole.moves[:len(whole.moves) - 1]:
+        c = axes.config_of(m["config"])
+        assert p.next_load() == c
+        p.told(c, measure(p, c))
+    assert p.next_load() == axes.config_of(whole.moves[-1]["config"])
+
+
+def test_the_reloads_key_and_its_bad_values() -> None:
+    grid = f'command = "x {{c}}"\ndropin = {DROPIN}\n'
+    axes = "[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1, 4]"
+    assert plan(grid + 'strategy = "pattern"\n' + axes).reloads == explore.RELOADS
+    assert plan(grid + 'strategy = "pattern"\nreloads = 0\n' + axes).reloads == 0
+    for bad, says in (("reloads = -1", "plan.toml: reloads: expected an integer from 0 to 1000, found integer -1"),
+                      ('reloads = "2"', "plan.toml: reloads: expected an integer from 0 to 1000, found string '2'")):
+        with pytest.raises(ConfigError) as e:
+            plan(grid + f'strategy = "pattern"\n{bad}\n' + axes)
+        assert str(e.value) == says
+    with pytest.raises(ConfigError, match='reloads: expected strategy = "pattern"'):
+        plan(grid + "reloads = 2\n" + axes)
+
+
+def test_the_reports_figure_for_a_reloaded_point_is_the_mean_over_its_loads(tmp_path: Path) -> None:
+    """Point a: a first load of two repeats (100, 102) and a reload of one (110): each load's median, then their
+    mean, 105.5 (not the last load's 110, nor the median of the three runs, 102); b, one load: 104."""
+    lines = []
+    for index, name, load, repeat, tps in [(1, "a", 0, 1, 100.0), (1, "a", 0, 2, 102.0), (2, "b", 0, 1, 104.0),
+                                           (2, "b", 0, 2, 104.0), (1, "a", 1, 1, 110.0)]:
+        out = f"{index:02d}/load-{load}/repeat-{repeat}"
+        (tmp_path / out).mkdir(parents=True)
+        (tmp_path / out / "bench.jsonl").write_text(json.dumps({"output_tokens_per_second": tps}) + "\n")
+        rec = {"point": {"algo": name, "c": 1}, "index": index, "status": "ok", "out": out, "repeat": repeat,
+               "noise_limit": 0.1, "attempt": 1, "group": index, **({"reload": load} if load else {})}
+        lines.append(json.dumps(rec) + "\n")
+    (tmp_path / "results.jsonl").write_text("".join(lines))
+    rows = collect.rows_of([tmp_path])
+    a, b = rows
+    assert (a.label, b.label) == ("algo=a c=1", "algo=b c=1")
+    assert a.figures is not None and b.figures is not None
+    assert a.figures["output_tokens_per_second"] == pytest.approx(105.5)
+    assert b.figures["output_tokens_per_second"] == 104.0
+    assert "output_tokens_per_second" in a.best and a.runs == 3  # every load's runs, the reload's too
+
+
+def test_results_know_a_reloads_repeats_apart_from_the_first_loads() -> None:
+    """--resume: a point's reload is a load of its own, its repeats done or not apart from the first load's."""
+    first, again = {"repeat": 1, "status": "ok"}, {"repeat": 1, "status": "ok", "reload": 1}
+    r = Results({3: [first, again]})
+    assert r.done_repeats(3) == {1} and r.done_repeats(3, 1) == {1} and r.done_repeats(3, 2) == set()
+    assert Results({3: [again]}).done_repeats(3) == set()
+    assert first_load([first, again]) == [first]
+
+
 # --- the order the runner loads groups in (run/order.py) ---------------------------------------------------------
 
 def test_the_grid_order_is_the_schedule() -> None:
@@ -270,6 +404,55 @@ def test_a_pattern_order_loads_the_aa_start_first_and_never_counts_it_as_a_confi
     assert seen == [(1, 1), (2, 2), (3, 3), (4, 0)]
     assert not (tmp_path / "explore.jsonl").exists() or \
         json.loads((tmp_path / "explore.jsonl").read_text().splitlines()[0])["why"].startswith("start")
+
+
+def test_a_pattern_orders_reloads_are_told_their_own_lines_and_named_by_the_mean(tmp_path: Path) -> None:
+    """The order says which load of its configuration each group is (the runner's `reload`), and tells the search
+    only that load's lines: steps=2 topk=1 measures 103 on its first load and 97 on each reload, steps=2 topk=2
+    100 on every load; by one load the first leads, by the means the second is named."""
+    p = plan(f'command = "x {{c}}"\ndropin = {DROPIN}\nstrategy = "pattern"\nreloads = 3\n'
+             "start = { steps = 2, topk = 1 }\n[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1]")
+    tps: dict[tuple[Any, Any], tuple[float, float]] = {(2, 1): (103.0, 97.0), (2, 2): (100.0, 100.0)}  # the others 50
+    results = Results()
+    o = order.of(p, baseline.schedule(p, p.groups()), results, tmp_path, {})
+    assert isinstance(o, order.PatternOrder)
+    seen = []
+    for _, group in o:  # each configuration's first load, then reloads: (first load, a reload)'s figure
+        (pt,) = group
+        config = (pt.as_dict()["steps"], pt.as_dict()["topk"])
+        seen.append((config, o.reload))
+        out = f"{pt.index:02d}/attempt-{len([s for s in seen if s[0] == config])}"
+        (tmp_path / out).mkdir(parents=True)
+        (tmp_path / out / "bench.jsonl").write_text(json.dumps(
+            {"output_tokens_per_second": tps.get(config, (50.0, 50.0))[min(o.reload, 1)]}) + "\n")
+        results.reuse(pt.index, {"point": pt.as_dict(), "index": pt.index, "status": "ok", "out": out, "repeat": 1,
+                                 "attempt": 1, **({"reload": o.reload} if o.reload else {})})
+        o.told(group)
+    first = [k for _, k in seen].index(1)  # the search's loads, then the reloads
+    assert seen[0] == ((2, 1), 0) and all(k == 0 for _, k in seen[:first]) and all(k for _, k in seen[first:])
+    assert len({c for c, _ in seen[:first]}) == first  # one first load a configuration
+    again = seen[first:]
+    assert again and all(k == 1 + [a for a, _ in again[:i]].count(c) for i, (c, k) in enumerate(again))
+    assert {c for c, _ in again} == {(2, 1), (2, 2)}
+    assert o.search.named() == {"c=1": (1, 1)} and o.search.summary()["best"] == {"c=1": {"steps": 2, "topk": 2}}
+    lines = [json.loads(ln) for ln in (tmp_path / "explore.jsonl").read_text().splitlines()]
+    assert [ln.get("reload", 0) for ln in lines] == [k for _, k in seen]
+    assert lines[-1]["best"] == {"c=1": {"steps": 2, "topk": 2}}
+
+
+def test_an_aa_start_gives_the_reloads_its_measured_spread_between_loads(tmp_path: Path) -> None:
+    """noisecheck.after_load's spread reaches the search (runner: order.knows): its reloads' prior is the measured
+    one; a spread without degrees of freedom between loads leaves the prior as it was."""
+    p = plan(f'command = "x {{c}}"\ndropin = {DROPIN}\nstrategy = "pattern"\nnoise_check = 3\n'
+             "[matrix]\nsteps = [1, 2, 4]\ntopk = [1, 2]\nc = [1, 4]")
+    o = order.of(p, noisecheck.schedule(p, baseline.schedule(p, p.groups())), Results(), tmp_path, {})
+    assert isinstance(o, order.PatternOrder) and o.search.noise == explore.BETWEEN_PRIOR
+    o.knows(noise.Components(within=0.0001, between=0.0009, loads=1, runs=3, df_within=2, df_between=0))
+    assert o.search.noise == explore.BETWEEN_PRIOR
+    o.knows(noise.Components(within=0.0001, between=0.0016, loads=3, runs=9, df_within=6, df_between=2))
+    assert o.search.noise == explore.Noise(0.04, 2)
+    order.of(p, baseline.schedule(p, p.groups()), Results(), tmp_path, {}).knows(  # the grid: nothing to tell
+        noise.Components(within=0.0001, between=0.0016, loads=3, runs=9, df_within=6, df_between=2))
 
 
 def test_a_budget_stopping_a_pattern_order_leaves_its_unloaded_configurations_and_rounds(tmp_path: Path) -> None:
@@ -325,7 +508,7 @@ def test_a_pattern_sweep_loads_fewer_configurations_than_the_grid_and_finds_the_
     dry = subprocess.run([*GENREADY, "sweep", str(plan_path), "--results", str(rig.results), "--config",
                           str(rig.g.config_path), "--dry-run"], capture_output=True, text=True, timeout=30,
                          env=rig.manager.env)
-    assert dry.returncode == 0 and '# strategy = "pattern"' in dry.stdout and "at most 12 loads" in dry.stdout, dry
+    assert dry.returncode == 0 and '# strategy = "pattern"' in dry.stdout and "at most 16 loads" in dry.stdout, dry
     rc, out = rig.run(plan_path)
     assert rc == 0, out
     lines = rig.results_lines()
@@ -337,6 +520,11 @@ def test_a_pattern_sweep_loads_fewer_configurations_than_the_grid_and_finds_the_
     assert "not loaded: never predicted close" in out and f"loaded {len(loaded)} of 12 server configurations" in out
     moves = [json.loads(ln) for ln in (rig.results / "explore.jsonl").read_text().splitlines()]
     assert moves[-1]["done"] and moves[-1]["loaded"] == len(loaded)
+    # each load (a reload too) a verified start of its own, its first point restarted; a reload's lines say which
+    assert sum(1 for ln in lines if ln["status"] == "ok" and ln["restarted"]) == moves[-1]["loads"]
+    reloads = {(json.dumps(ln["point"], sort_keys=True), ln["reload"]) for ln in lines if ln.get("reload")}
+    assert len(reloads) == 2 * moves[-1]["reloaded"] <= 2 * explore.RELOADS  # both client settings of each
+    assert [m["why"].split(":")[0] for m in moves if m.get("reload")] == ["reload"] * moves[-1]["reloaded"]
     best = moves[-1]["best"]
     for n in (1, 16):  # at 16 the truth's best is 18 % ahead of the next; at 1, 3 % ahead
         assert _within_3_percent_of_the_truths_best(best[f"c={n}"], n), (n, best)
@@ -360,7 +548,7 @@ def test_a_resumed_pattern_sweep_continues_the_same_search(rig: Rig) -> None:
     # cut the sweep after its third load: its lines up to there, as an interrupted run leaves them
     lines = rig.results_lines()
     third = [m["config"] for m in whole[:3]]
-    kept = [ln for ln in lines if ln["status"] == "ok" and
+    kept = [ln for ln in lines if ln["status"] == "ok" and not ln.get("reload") and
             {k: ln["point"][k] for k in ("steps", "topk", "draft_tokens")} in third]
     (rig.results / "results.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in kept))
     (rig.results / "explore.jsonl").unlink()
@@ -370,4 +558,4 @@ def test_a_resumed_pattern_sweep_continues_the_same_search(rig: Rig) -> None:
     assert [m.get("config") for m in again[:3]] == third  # told from the earlier lines, nothing loaded for them
     assert again[-1]["done"] and again[-1]["loaded"] > 3
     restarted = [ln for ln in rig.results_lines()[len(kept):] if ln["status"] == "ok" and ln.get("restarted")]
-    assert len(restarted) == again[-1]["loaded"] - 3  # only the loads after the third were made
+    assert len(restarted) == again[-1]["loads"] - 3  # only the loads after the third were made (reloads too)

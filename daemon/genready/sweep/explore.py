@@ -22,6 +22,18 @@ lists its values; a configuration is a position on each axis, and its neighbours
 So the search continues while the best at ANY client setting improves. A configuration that could not be
 measured (its start failed, `prune` skipped it) is a neighbour that is never a best.
 
+Then the reloads (`reloads = N`: at most N loads more). With one load a configuration and a few per cent of
+load-to-load noise, which of two close configurations measured higher is a coin toss, and what a user gets is
+the configuration the sweep names: at each client setting the one whose mean over its loads is highest
+(`named`). A contender is a loaded configuration that may truly beat that leader by more than `min_gain`: its
+mean is below the leader's by less than Z95 times the between-load spread of the difference (`between_sd`
+times sqrt(1/n + 1/n_leader), n the loads of each) less `min_gain`. While
+some client setting has a contender and the cap allows, the leader or contender with the fewest loads (then the
+one in contention at the most client settings) is loaded again, a real load like any other, and the means and
+the spread are updated. The between-load spread (the relative SD of one load's figure) is pooled from the
+reloads themselves (each configuration's log figures about their mean), shrunk towards a prior worth its own
+degrees of freedom: `noise`, an A/A start's measurement where a plan has one, else BETWEEN_PRIOR.
+
 The decisions depend only on what the loads measured, in order: a resumed sweep tells the search the loads
 its earlier run made (their lines in results.jsonl) and so continues the same search.
 """
@@ -49,6 +61,22 @@ NOT_CLOSE: Final = "never predicted close: no neighbour of a best led to it"
 Z95: Final = 1.96
 RIDGES: Final = 2  # ridge steps tried from each best
 RIDGE: Final = 0.2  # a ridge step is tried only where each axis alone lost at most this share
+RELOADS: Final = 4  # the plan key `reloads`' default: the most loads again of close contenders
+RELOAD: Final = "reload"  # a reload's `why` starts so (explore.jsonl); its results lines carry `reload`: K
+
+
+@dataclass(frozen=True)
+class Noise:
+    """A between-load spread known before the reloads (an A/A start's, issue 51 §1): the relative SD of one load's
+    figure and the degrees of freedom behind it. The reloads' own evidence is pooled with it."""
+
+    sd: float
+    df: int
+
+
+# Before anything measured it: a few per cent from load to load (issue 51 §1: the last round's hosts; the bench's
+# simulator draws --load-noise 0.02), worth as much as four reloads' evidence.
+BETWEEN_PRIOR: Final = Noise(0.02, 4)
 
 
 @dataclass(frozen=True)
@@ -90,7 +118,7 @@ def check(data: Mapping[str, Any], file: str, strategy: str, server_axes: Sequen
     and `start` a strategy that uses them. The start's values, or None. ConfigError names file, key, expected and
     found."""
     if strategy == GRID:
-        for key in ("start", "audit", "audit_seed", "min_gain"):
+        for key in ("start", "audit", "audit_seed", "min_gain", "reloads"):
             if key in data:
                 raise ConfigError(file, key, 'strategy = "pattern" (the grid loads every configuration)',
                                   f"strategy {strategy!r}")
@@ -154,7 +182,11 @@ class Pattern:
     audit: int = 0
     seed: int = 0
     min_gain: float = 0.02
-    measured: dict[Config, dict[str, Measured]] = field(default_factory=dict)
+    reloads: int = 0  # the cap on loads again of close contenders (module doc)
+    noise: Noise = BETWEEN_PRIOR  # the between-load spread known before the reloads (run/order.knows: an A/A start's)
+    measured: dict[Config, dict[str, Measured]] = field(default_factory=dict)  # each configuration's first load
+    again: dict[Config, list[dict[str, Measured]]] = field(default_factory=dict)  # its reloads' figures
+    tries: dict[Config, int] = field(default_factory=dict)  # its reloads, those without a figure too
     failed: set[Config] = field(default_factory=set)  # loaded (or skipped) without a figure
     best: dict[str, Config] = field(default_factory=dict)  # client setting -> its best so far
     went: dict[str, tuple[int, int]] = field(default_factory=dict)  # client setting -> (axis, +-1) that improved it
@@ -198,7 +230,78 @@ class Pattern:
             c = self._rng.choice(left)
             self._why[c] = f"audit {len(self.audited) + 1} of {self.audit}"
             return c
-        return None
+        return self._reload()
+
+    @property
+    def loads(self) -> int:
+        """The loads told so far: each configuration's first, and the reloads."""
+        return len(self.visited) + sum(self.tries.values())
+
+    def reload_of(self, c: Config) -> int:
+        """Which load of `c` the next one is: 0 its first, K its K-th reload (its results lines' `reload`)."""
+        return self.tries.get(c, 0) + 1 if c in self.visited else 0
+
+    def figures(self, c: Config, setting: str) -> list[float]:
+        """`c`'s figure at `setting` from each of its loads that measured one (first load first)."""
+        loads = [self.measured.get(c, {}), *self.again.get(c, [])]
+        return [m[setting].value for m in loads if setting in m]
+
+    def mean(self, c: Config, setting: str) -> float:
+        return statistics.fmean(self.figures(c, setting))
+
+    def named(self) -> dict[str, Config]:
+        """The best the sweep names at each client setting: the highest mean over its loads."""
+        out: dict[str, Config] = {}
+        for setting in self.best:
+            out[setting] = max((c for c in self.measured if setting in self.measured[c]),
+                               key=lambda c: self.mean(c, setting))
+        return out
+
+    def between_sd(self) -> float:
+        """The relative SD of one load's figure: the prior (`noise`) pooled with the reloads' evidence. A load's
+        factor is shared by its client settings, so a configuration's degrees of freedom are counted once (its
+        loads less one), its squares averaged over the settings."""
+        ss, df = self.noise.sd ** 2 * self.noise.df, self.noise.df
+        for c, again in self.again.items():
+            sq = []
+            for setting in self.measured[c]:
+                logs = [math.log(v) for v in self.figures(c, setting) if v > 0]
+                if len(logs) >= 2:
+                    mu = statistics.fmean(logs)
+                    sq.append(sum((x - mu) ** 2 for x in logs) / (len(logs) - 1))
+            if sq:
+                ss, df = ss + statistics.fmean(sq) * len(again), df + len(again)
+        return math.sqrt(ss / df) if df else 0.0
+
+    def contenders(self, setting: str) -> list[Config]:
+        """The loaded configurations whose mean at `setting` is within the noise of the named best's: the truth could
+        put them above it by more than `min_gain` (a smaller difference is not worth a load to settle)."""
+        lead = self.named()[setting]
+        top, n_lead, sd = self.mean(lead, setting), len(self.figures(lead, setting)), self.between_sd()
+        out = []
+        for c in self.measured:
+            n = len(self.figures(c, setting))
+            if c != lead and n and self.mean(c, setting) >= top * (1.0 + self.min_gain - Z95 * sd * math.sqrt(
+                    1 / n + 1 / n_lead)):
+                out.append(c)
+        return out
+
+    def _reload(self) -> Config | None:
+        """The next close call to load again (module doc), or None: none left, or the cap reached."""
+        if sum(self.tries.values()) >= self.reloads:
+            return None
+        roles: dict[Config, list[str]] = {}  # a configuration in contention -> its role at each client setting
+        named = self.named()
+        for setting, lead in named.items():
+            if rivals := self.contenders(setting):
+                roles.setdefault(lead, []).append(f"leader at {setting}")
+                for c in rivals:
+                    roles.setdefault(c, []).append(f"contender at {setting}")
+        if not roles:
+            return None
+        c = min(roles, key=lambda c: (1 + self.tries.get(c, 0), -len(roles[c])))  # first seen wins a tie
+        self._why[c] = f"{RELOAD}: " + ", ".join(roles[c])
+        return c
 
     def _neighbours(self, c: Config, first: tuple[int, int] | None) -> list[tuple[Config, int, int]]:
         order = [(a, s) for a in range(len(c)) for s in (-1, 1)]
@@ -234,10 +337,22 @@ class Pattern:
     def told(self, c: Config, figures: Mapping[str, Sequence[float]] | None) -> None:
         """What the load of `c` measured: each client setting's run values (None or empty: no figure, as a
         failed start or a pruned configuration)."""
+        got = {s: Measured(tuple(v)) for s, v in (figures or {}).items() if v}
+        if c in self.visited:  # a reload: its figures join the configuration's, and the named best may move
+            named, k = self.named(), self.reload_of(c)
+            self.tries[c] = k
+            if got:
+                self.again.setdefault(c, []).append(got)
+            now = self.named()
+            self.moves.append({"load": self.loads, "config": self.axes.values_of(c),
+                               "why": self._why.pop(c, RELOAD), "reload": k,
+                               "measured": {s: round(m.value, 3) for s, m in got.items()},
+                               "best_moved": [s for s in now if now[s] != named.get(s)],
+                               "best": {s: self.axes.values_of(b) for s, b in now.items()}})
+            return
         why = self._why.pop(c, "resumed")
         if why.startswith("audit"):
             self.audited.append(c)
-        got = {s: Measured(tuple(v)) for s, v in (figures or {}).items() if v}
         if not got:
             self.failed.add(c)
         else:
@@ -257,7 +372,7 @@ class Pattern:
                 moved.append(setting)
                 if why.startswith("audit") and c not in self.audit_better:
                     self.audit_better.append(c)
-        self.moves.append({"load": len(self.measured) + len(self.failed), "config": self.axes.values_of(c),
+        self.moves.append({"load": self.loads, "config": self.axes.values_of(c),
                            "why": why, "measured": {s: round(m.value, 3) for s, m in got.items()},
                            "best_moved": moved,
                            "best": {s: self.axes.values_of(b) for s, b in self.best.items()}})
@@ -277,7 +392,10 @@ class Pattern:
                 "unloaded_why": sorted(set(self.unloaded().values())), "audit": self.audit,
                 "audited": [self.axes.values_of(c) for c in self.audited],
                 "audit_better": [self.axes.values_of(c) for c in self.audit_better],
-                "best": {s: self.axes.values_of(b) for s, b in self.best.items()}, "stopped": self.stopped or None}
+                "best": {s: self.axes.values_of(b) for s, b in self.named().items()},
+                "search_best": {s: self.axes.values_of(b) for s, b in self.best.items()},
+                "loads": self.loads, "reloads": self.reloads, "reloaded": sum(self.tries.values()),
+                "between_sd": round(self.between_sd(), 4), "stopped": self.stopped or None}
 
 
 def coverage_note(summary: Mapping[str, Any]) -> str:
@@ -293,6 +411,12 @@ def coverage_note(summary: Mapping[str, Any]) -> str:
     if audit:
         text += f"; its audit of {audit} random unloaded configurations " + (
             f"found {len(better)} better (the search went on from there)" if better else "found nothing better")
+    reloaded = summary.get("reloaded")
+    if isinstance(reloaded, int) and not isinstance(reloaded, bool) and reloaded > 0:
+        sd = summary.get("between_sd")
+        text += (f"; {reloaded} reloaded close contenders (of at most {summary.get('reloads')}), each best named by "
+                 "its mean over its loads" + (f", between-load spread {100 * sd:.1f} %" if isinstance(sd, float)
+                                               else ""))
     return text
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -69,6 +70,13 @@ def read_results(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
         if warn:
             warn_line(str(e))
         return []
+
+
+def reload_of(rec: Mapping[str, Any]) -> int:
+    """Which load of its configuration a results line ran on: 0 the first, K a pattern search's K-th reload of it
+    (its `reload`; explore.py). The report's figure for a point loaded more than once is its mean over loads."""
+    k = rec.get("reload", 0)
+    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else 0
 
 
 def bench_line(folder: Path) -> dict[str, Any] | None:

@@ -81,6 +81,7 @@ from genready.sweep.run.results import (
     as_measured,
     changed_points,
     fingerprint,
+    first_load,
     ok_runs,
 )
 from genready.sweep.run.runner import Sweep
@@ -264,7 +265,7 @@ def run(plan: Plan, results: Path, args: argparse.Namespace, cfg: Config, base: 
     # a search's points resume step by step (searchrun.py reads their lines): none is skipped whole
     done = ok_runs(plan, results, fingerprints) if args.resume and plan.search is None else {}
     skip = {i for i, recs in done.items()  # repeats = "auto": those whose last line stopped them, too
-            if len(recs) == plan.repeats or (plan.repeats_auto and autorepeat.finished(recs))}
+            if len(first_load(recs)) == plan.repeats or (plan.repeats_auto and autorepeat.finished(first_load(recs)))}
     if args.dry_run:
         return dry_run(plan, results, tcfg.unit, cfg.daemon.bus, skip, sys.stdout, restart_each=restart_each,
                        shard=shard, check=dry_run_check(plan, tcfg.unit, cfg.daemon.bus),
@@ -299,7 +300,7 @@ def run(plan: Plan, results: Path, args: argparse.Namespace, cfg: Config, base: 
         say(f"--resume={RERUN_CHANGED}: {other_lines(results, changed)}; those points run again")
     if skip:
         say(f"--resume: {len(skip)} of {len(plan.points)} points already ok in {results / RESULTS_FILE}")
-    partial = sum(1 for i, recs in done.items() if i not in skip)
+    partial = sum(1 for i, recs in done.items() if i not in skip and first_load(recs))
     if partial:
         say(f"--resume: {partial} points have some of their {plan.repeats} repeats ok; only the missing ones run")
     if sweep.pruner.axes:

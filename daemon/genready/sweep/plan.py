@@ -160,6 +160,7 @@ class Plan:
     audit: int = 0  # configurations a search then loads at random
     audit_seed: int = 0
     min_gain: float = 0.02  # a search's best moves only for more than this
+    reloads: int = sweepexplore.RELOADS  # loads again of a search's close contenders (explore.py)
     max_repeats: int = 8  # repeats = "auto": the cap (then `repeats` is this too: the most runs a point gets)
     noise_check: int = 0  # loads of the A/A start (sweep/run/noisecheck.py); 0: none
     repeats_auto: bool = False  # repeats = "auto" (sweep/run/autorepeat.py)

@@ -198,6 +198,8 @@ KEYS: Final = (
     PlanKey("min_gain", "a fraction from 0 to 1 (0.02 is 2 %)", 0.02, 'strategy = "pattern": a configuration '
             "replaces a best when its output tok/s is higher by more than this (and its 95 % interval)",
             _number(0, high=1)),
+    PlanKey("reloads", "an integer from 0 to 1000", sweepexplore.RELOADS, 'strategy = "pattern": the most loads again '
+            "of close contenders, the best then named by its mean over loads", _number(0, integer=True, high=1000)),
     PlanKey("slo", "a table of METRIC_pNN_ms = milliseconds, METRIC one of ttft, itl, e2e (the bench client's --slo "
             "parts), e.g. { ttft_p99_ms = 500, itl_p50_ms = 40 }", None,
             "a latency target the report's Decision judges each point by (its bench figures; report/decision.py)"),

@@ -4,9 +4,9 @@
 `{out}/bench.jsonl` (files.bench_line), the FIGURES a speculative-decoding sweep compares (accept length, draft
 acceptance, output tokens/s, TTFT p50, ITL p50, ...); a figure the bench line lacks is taken from the results
 line where its Figure's `from_results` names one. `point_row` merges a point's repeats: per repeat an ok
-attempt wins, each figure the median over the ok repeats with its Spread. `mark_best` marks each ranked
-figure's best value. The ratios against the plan's baseline (`noise.Ratio`) are the report's to attach
-(report/speedup.py); the row only holds them.
+attempt wins, each figure the median over the ok repeats with its Spread (a point a search loaded again: the
+mean over its loads of each load's median). `mark_best` marks each ranked figure's best value. The ratios
+against the plan's baseline (`noise.Ratio`) are the report's to attach (report/speedup.py); the row only holds them.
 
 A line whose fields have the wrong types, or whose bench.jsonl cannot be read, shows its point as
 unreadable, with a warning. This module is the one shape of a row: the run's summary (run/runner.py) and every
@@ -26,7 +26,7 @@ from typing import Any, Final
 
 from genready.redact import escape
 from genready.store import bounded
-from genready.sweep.files import bench_line, warn_line
+from genready.sweep.files import bench_line, reload_of, warn_line
 from genready.sweep.noise import Estimate, Ratio
 from genready.tools import benchline
 from genready.tools.benchline import Field
@@ -349,14 +349,17 @@ def _repeat(rec: dict[str, Any]) -> int:
 
 def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benches | None = None) -> Row:
     """The row of one point from its results lines (each with its folder and FILE:LINE): per repeat, an ok
-    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread."""
+    attempt wins over later failed ones; the figures are the medians over the ok repeats, with their spread. A
+    point a search loaded more than once (its reloads, explore.py) has repeats on each load: its figure is then
+    the mean over its loads of each load's median, so that every load counts alike (not only the last)."""
     if len(lines) == 1:  # most points: one run (the same row as below, without the bookkeeping)
         return row_of(*lines[0], benches)
-    per: dict[int, tuple[dict[str, Any], Path, str]] = {}
+    per: dict[tuple[int, int], tuple[dict[str, Any], Path, str]] = {}  # (load, repeat) -> its line
     for line in lines:
-        r = _repeat(line[0])
+        r = (reload_of(line[0]), _repeat(line[0]))
         if r not in per or line[0].get("status") == "ok" or per[r][0].get("status") != "ok":
             per[r] = line
+    loads = [load for load, _ in sorted(per)]
     rows = [row_of(rec, folder, where, benches) for _, (rec, folder, where) in sorted(per.items())]
     if len(rows) == 1:
         return rows[0]
@@ -383,6 +386,7 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benche
         row.accept_per_position = [statistics.median(p[j] for p in got if j < len(p))
                                    for j in range(max(len(p) for p in got))]
     with_figures = [r.figures for r in oks if r.figures]
+    per_load = [(load, r.figures) for load, r in zip(loads, rows, strict=True) if r.status == "ok" and r.figures]
     if with_figures:
         row.figures = {}
         for f in FIGURES:
@@ -395,6 +399,12 @@ def point_row(lines: Sequence[tuple[dict[str, Any], Path, str]], benches: Benche
                     row.noisy.add(f.key)
             else:
                 row.figures[f.key] = vals[0] if vals else next((fig.get(f.key) for fig in with_figures), None)
+            by_load: dict[int, list[float]] = {}
+            for load, fig in per_load:
+                if (v := fig.get(f.key)) is not None and math.isfinite(v):
+                    by_load.setdefault(load, []).append(v)
+            if len(by_load) > 1:  # a reloaded point: each load's median, then their mean
+                row.figures[f.key] = statistics.fmean(statistics.median(v) for v in by_load.values())
     return row
 
 

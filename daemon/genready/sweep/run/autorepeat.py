@@ -124,10 +124,11 @@ class Auto:
         self.sweep = sweep
         self.benches: Benches = {}  # bench lines read so far (a finished run's never changes)
 
-    def repeats(self, point: Point) -> Iterator[int]:
-        """The repeat numbers to run, one at a time: the next while the last line's verdict says another run."""
+    def repeats(self, point: Point, reload: int = 0) -> Iterator[int]:
+        """The repeat numbers to run on this load of the point (a search's `reload`: a load of its own), one at a
+        time: the next while the last line's verdict says another run."""
         cap = self.sweep.opts.plan.repeats
-        done = self.sweep.results.done_repeats(point.index)
+        done = self.sweep.results.done_repeats(point.index, reload)
         for r in range(1, cap + 1):
             if r not in done:
                 yield r

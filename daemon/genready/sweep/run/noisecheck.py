@@ -83,17 +83,18 @@ def evidence(sweep: Sweep, benches: Benches) -> noise.Estimate | None:
                           baseline_loads=sum(len(loads) for loads in repeated))
 
 
-def after_load(sweep: Sweep, point: Point) -> None:
+def after_load(sweep: Sweep, point: Point) -> noise.Components | None:
     """After the A/A start's last load: its spread on stderr, and the warning when the plan cannot tell the
-    differences it looks for (noise.words)."""
+    differences it looks for (noise.words); the output tok/s' spread (None before then, or without one)."""
     if point.aa != sweep.opts.plan.noise_check:
-        return
+        return None
     plan = sweep.opts.plan
     est = evidence(sweep, {})
     got = est.by_key.get(TPS) if est is not None else None
     if got is None:
         sweep.console.say("noise check: no two loads of the A/A start ran ok with an output tok/s; the intervals "
                           "cover one load only")
-        return
+        return None
     text, _ = noise.words(got, plan.repeats, plan.noise_limit, "noise check, output tok/s")
     sweep.console.say(text)
+    return got

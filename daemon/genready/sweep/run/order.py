@@ -10,17 +10,20 @@ The search is told each configuration's output tok/s per client setting from its
 lines this run wrote, and with --resume the ok lines an earlier run left (the runner skips those points, so
 nothing is loaded for them) and so a resumed sweep makes the same decisions and continues the same search.
 Each load's decision goes to DIR/explore.jsonl as it is made, and the summary at the end; the configurations
-never loaded get a `skipped` results line each, with the reason and no figures.
+never loaded get a `skipped` results line each, with the reason and no figures. A search's reload (explore.py)
+yields its configuration's group again with `reload` = K: the runner loads it anew and writes K into its lines,
+and the search is told that load's lines only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from genready.sweep import explore
-from genready.sweep.files import EXPLORE_FILE
+from genready.sweep import explore, noise
+from genready.sweep.files import EXPLORE_FILE, reload_of
 from genready.sweep.plan import Plan, Point, text_of
 from genready.sweep.rows import row_of
 from genready.sweep.run import baseline as sweepbaseline
@@ -41,6 +44,7 @@ class Order:
     def __init__(self, groups: Sequence[tuple[Point, ...]]) -> None:
         self.groups = list(groups)
         self.unloaded: dict[int, str] = {}  # point index -> why it was never loaded (a search's)
+        self.reload = 0  # which load of its configuration the group yielded last is: 0 its first, K a reload
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Point, ...]]]:
         yield from enumerate(self.groups, 1)
@@ -55,6 +59,9 @@ class Order:
         """The sweep stops (a budget) with `left` not run of the grid's schedule: the points it does not reach."""
         return list(left)
 
+    def knows(self, spread: noise.Components) -> None:
+        """The A/A start measured the output tok/s' spread between loads (noisecheck.py): nothing for the grid."""
+
 
 class PatternOrder(Order):
     """strategy = "pattern": the groups the search asks for (module doc)."""
@@ -68,7 +75,8 @@ class PatternOrder(Order):
         self.rounds = [g for g in groups if g[0].baseline]
         self.aa = [g for g in groups if g[0].aa]  # noise_check's loads (noisecheck.py): before anything else
         self.search = explore.Pattern(self.axes, start=self.axes.config_of(dict(plan.start)) if plan.start else None,
-                                      audit=plan.audit, seed=plan.audit_seed, min_gain=plan.min_gain)
+                                      audit=plan.audit, seed=plan.audit_seed, min_gain=plan.min_gain,
+                                      reloads=plan.reloads)
         self.loaded = 0
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Point, ...]]]:
@@ -80,11 +88,13 @@ class PatternOrder(Order):
             yield n, self.rounds[0]
         while (c := self.search.next_load()) is not None:
             group = self.by_config[c]
+            self.reload = self.search.reload_of(c)
             for p in group:
                 self.round_before[p.index] = self.rounds[done - 1][0].baseline if done else 0
             n += 1
             yield n, group
             self.loaded += 1
+            self.reload = 0
             if every and self.loaded % every == 0 and done < len(self.rounds):
                 n, done = n + 1, done + 1
                 yield n, self.rounds[done - 1]
@@ -98,13 +108,18 @@ class PatternOrder(Order):
         for p in group:
             runs = []
             for rec in self.results.lines(p.index):
-                if rec.get("status") == Status.OK.value and \
+                if rec.get("status") == Status.OK.value and reload_of(rec) == self.reload and \
                         isinstance(v := (row_of(rec, self.folder).figures or {}).get(TPS), int | float):
                     runs.append(float(v))
             if runs:
                 figures[setting_of(self.plan, p)] = runs
         self.search.told(self.axes.config_of(group[0].as_dict()), figures)
         self._write()
+
+    def knows(self, spread: noise.Components) -> None:
+        """The reloads' prior is the A/A start's measured spread between loads (explore.Noise), not BETWEEN_PRIOR."""
+        if spread.df_between:
+            self.search.noise = explore.Noise(math.sqrt(spread.between), spread.df_between)
 
     def stop(self, left: Sequence[Point], why: str) -> list[Point]:
         """The search stops before it is over: its rounds left, and the configurations it never loaded, all `why`
@@ -149,5 +164,6 @@ def dry_run_words(plan: Plan) -> str:
     return (f'strategy = "pattern": the listing below is the grid; the search loads {axes.label(start)} first, then '
             f"neighbours of each client setting's best (one step on one axis, or on two for a ridge) while a best "
             f"improves by more than min_gain = {plan.min_gain:g}, then audit = {plan.audit} at random (audit_seed = "
-            f"{plan.audit_seed}): at most {axes.size} loads (the whole grid; each load is decided by the one before, "
-            "so which ones cannot be listed before they run)")
+            f"{plan.audit_seed}), then at most reloads = {plan.reloads} loads again of close contenders (the best "
+            f"named by its mean over loads): at most {axes.size + plan.reloads} loads (the whole grid and the "
+            "reloads; each load is decided by the one before, so which ones cannot be listed before they run)")

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from genready.compat import StrEnum
 from genready.store import durable
-from genready.sweep.files import RESULTS_FILE, read_results
+from genready.sweep.files import RESULTS_FILE, read_results, reload_of
 from genready.sweep.plan import Plan, Point, Scalar
 from genready.sweep.plankeys import RUN_KEYS
 from genready.timewords import iso
@@ -227,6 +227,7 @@ class Attempt:
     journal: Sequence[str] | None = None
     retry: bool = True  # False: another attempt would meet the same refusal (systemd's, of the drop-in)
     repeat: int = 1  # which of the plan's `repeats` runs of the point
+    reload: int = 0  # which load of a configuration a search loaded again (explore.py's reloads): 0 its first
     cache: Cache = Cache.COLD_START
     noise_limit: float = 0.10
     max_divergence: float = 0.10  # the plan's: the report (which reads results, not the plan) marks by it
@@ -263,6 +264,8 @@ class Attempt:
             "fingerprint": dict(self.fingerprint), "plan_points": self.plan_points, "shard": self.shard,
             "warmup_requests": self.warmup_requests, "warmup_converged": self.warmup_converged,
         }
+        if self.reload:
+            rec["reload"] = self.reload
         if self.point.baseline:
             rec["baseline"] = self.point.baseline
         if self.point.aa:
@@ -294,23 +297,29 @@ class Attempt:
 
 def ok_runs(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, Any]] | None = None
             ) -> dict[int, list[dict[str, Any]]]:
-    """The plan's points' `ok` lines already in DIR/results.jsonl, by point index (one per repeat, a line
-    without `repeat` being repeat 1, from before repeats; repeats beyond the plan's are not counted).
+    """The plan's points' `ok` lines already in DIR/results.jsonl, by point index (one per repeat of each load, a
+    line without `repeat` being repeat 1, from before repeats; repeats beyond the plan's are not counted; a search's
+    reloads are loads of their own, `reload_of`).
     With `fingerprints` (point index -> its fingerprint now), only lines made by that fingerprint."""
     recs = read_results(results / RESULTS_FILE)
     out: dict[int, list[dict[str, Any]]] = {}
     for p in plan.points:
-        seen: dict[int, dict[str, Any]] = {}
+        seen: dict[tuple[int, int], dict[str, Any]] = {}
         for r in recs:
             rep = r.get("repeat", 1)
             if r.get("status") == Status.OK.value and same_point(r.get("point"), p.as_dict()) and \
                     not r.get("baseline") and not r.get("aa") and \
                     isinstance(rep, int) and 1 <= rep <= plan.repeats and \
                     (fingerprints is None or not differing(r.get("fingerprint"), fingerprints[p.index])):
-                seen.setdefault(rep, r)
+                seen.setdefault((reload_of(r), rep), r)
         if seen:
             out[p.index] = list(seen.values())
     return out
+
+
+def first_load(recs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The lines of a point's first load (a search's reloads are loads of their own)."""
+    return [r for r in recs if not reload_of(r)]
 
 
 def changed_points(plan: Plan, results: Path, fingerprints: Mapping[int, Mapping[str, Any]]
@@ -336,19 +345,19 @@ class Results:
 
     def __init__(self, earlier: Mapping[int, Sequence[dict[str, Any]]] | None = None) -> None:
         self.earlier = {i: list(recs) for i, recs in (earlier or {}).items()}
-        self._attempts: dict[int, dict[int, Attempt]] = {}  # point index -> repeat -> its last attempt
+        self._attempts: dict[int, dict[tuple[int, int], Attempt]] = {}  # index -> (reload, repeat) -> its last
         self._lines: dict[int, list[dict[str, Any]]] = {}  # point index -> this run's lines
 
-    def done_repeats(self, index: int) -> set[int]:
-        """The repeats of a point already ok in an earlier run."""
-        return {r.get("repeat", 1) for r in self.earlier.get(index, [])}
+    def done_repeats(self, index: int, reload: int = 0) -> set[int]:
+        """The repeats of a point's load (its first, or a search's reload) already ok in an earlier run."""
+        return {r.get("repeat", 1) for r in self.earlier.get(index, []) if reload_of(r) == reload}
 
     def reuse(self, index: int, line: dict[str, Any]) -> None:
         """An earlier run's line this run counts as its own (a search step --resume does not run again)."""
         self.earlier.setdefault(index, []).append(line)
 
     def add(self, att: Attempt, line: dict[str, Any]) -> None:
-        self._attempts.setdefault(att.point.index, {})[att.repeat] = att
+        self._attempts.setdefault(att.point.index, {})[att.reload, att.repeat] = att
         self._lines.setdefault(att.point.index, []).append(line)
 
     def ran(self, index: int) -> bool:

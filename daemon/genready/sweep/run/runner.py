@@ -133,7 +133,7 @@ class Sweep:
         for n, group in self.order:  # the grid's schedule, or what a search asks for (order.py)
             instance: Verified | None = None  # a new server configuration: its first point restarts
             for point in group:
-                if point.index in skip or point.index in self.pruner.earlier:
+                if self._earlier(point, skip) or point.index in self.pruner.earlier:
                     continue  # ok in an earlier run; or, with prune, its start failed then (--no-prune: again)
                 if (by := self.pruner.pruned_by(point)) is not None:
                     self._skip(log, point, n, by)
@@ -147,6 +147,13 @@ class Sweep:
                 self._prune_after(point, skip)
             self.order.told(group)
         self.order.finish(lambda point, group, why: self._unloaded(log, point, group, why))
+
+    def _earlier(self, point: Point, skip: set[int]) -> bool:
+        """The point's load is ok in an earlier run (--resume): its first load in `skip`, a search's reload by its
+        own lines (order.reload: which load of the configuration this group is)."""
+        if not self.order.reload:
+            return point.index in skip
+        return len(self.results.done_repeats(point.index, self.order.reload)) >= self.opts.plan.repeats
 
     def _out_of_budget(self, log: ResultsLog, point: Point) -> bool:
         """Before a planned load: if the budget does not let it start, every point from `point` on is recorded not
@@ -168,13 +175,15 @@ class Sweep:
         the group may reuse."""
         repeats = noisecheck.runs(self.opts.plan) if point.aa else self.opts.plan.repeats
         auto = self.auto is not None and not point.aa
-        for r in self.auto.repeats(point) if self.auto is not None and auto else range(1, repeats + 1):
-            if r in self.results.done_repeats(point.index):
-                continue  # --resume: this repeat is ok already
+        reload = self.order.reload  # which load of the configuration this is (a search's reloads: loads of their own)
+        for r in self.auto.repeats(point, reload) if self.auto is not None and auto else range(1, repeats + 1):
+            if r in self.results.done_repeats(point.index, reload):
+                continue  # --resume: this repeat (of this load) is ok already
             if repeats > 1:
                 self.console.progress(point, f"repeat {r} of {'at most ' if auto else ''}{repeats}")
             _, instance = self.tries(ctx, log, point, group, r, instance)
-        noisecheck.after_load(self, point)
+        if (spread := noisecheck.after_load(self, point)) is not None:
+            self.order.knows(spread)  # a search's reloads start from the A/A start's spread, not a guess
         return instance
 
     def _searched(self, point: Point, found: searchrun.Found) -> Verified | None:
@@ -221,7 +230,7 @@ class Sweep:
                       plan_points=len(self.opts.plan.points), shard=str(self.opts.shard) if self.opts.shard else None,
                       client=sweepbaseline.client_of(self.opts.plan, point) if self.opts.plan.baseline else None,
                       baseline_round=self.round_before.get(point.index) if self.opts.plan.baseline else None,
-                      gpus=self.opts.plan.gpus)
+                      gpus=self.opts.plan.gpus, reload=self.order.reload)
         try:
             if stop := strays.wait_out(self.opts, self.console.say, self.signals):  # before a load (CUDA OOM)
                 return replace(att, reason=stop, ended_at=time.time(), retry=False), None, stop
