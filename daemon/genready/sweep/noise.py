@@ -17,7 +17,12 @@ of two configurations, each measured on its own load, then has the variance of i
 within_a/na + within_b/nb + 2 * between: `ratio(..., loads=)`. Its t takes the doubt of each part in
 (Welch-Satterthwaite): the within parts' n - 1 degrees of freedom, the between part's `df_between` (loads less
 configurations: 1 for an A/A start of two loads, whose intervals are then wide; more loads, or the baseline's
-rounds, narrow them). More repeats never shrink the between part; only steadier loads do.
+rounds, narrow them; client settings measured on the same loads count those loads once). More repeats never
+shrink the between part; only steadier loads do.
+
+That interval is about the true ratio. Where a second sweep of the same plan measures it is another question,
+with a wider answer (the second estimate has its own noise): `Ratio.rep_low`/`rep_high`, the replication
+interval.
 
 Pure functions: no file, clock or random state.
 """
@@ -27,7 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -42,6 +47,10 @@ class Ratio:
     value: float
     low: float | None = None
     high: float | None = None
+    # the replication interval: where the same ratio measured by a second sweep of the same plan lands with the
+    # same level (`replication`); wider than [low, high], which is about the true ratio
+    rep_low: float | None = None
+    rep_high: float | None = None
 
     def within_noise(self, noise_limit: float) -> bool:
         """The interval holds 1; without one, the ratio is within `noise_limit` of 1."""
@@ -132,6 +141,37 @@ def variance(xs: Sequence[float]) -> float:
     return math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
+@dataclass(frozen=True)
+class LogRatio:
+    """A ratio on the log scale: the difference of the two sides' mean logs, its estimated variance and the
+    degrees of freedom of that estimate (`ratio`'s interval is diff +- t(df) sqrt(variance))."""
+
+    diff: float
+    variance: float
+    df: float
+
+
+def log_ratio(a: Sequence[float], b: Sequence[float], loads: Components | None = None) -> LogRatio | None:
+    """`ratio`'s arithmetic on the log scale; None when a side has no run or a value that is not finite and
+    positive, or when neither side has two runs (no variance to estimate)."""
+    if not a or not b or any(not (math.isfinite(v) and v > 0) for v in (*a, *b)):
+        return None
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    diff = statistics.fmean(la) - statistics.fmean(lb)
+    na, nb = len(la), len(lb)
+    if na < 2 and nb < 2:
+        return None
+    if na >= 2 and nb >= 2:
+        va, vb = variance(la) / na, variance(lb) / nb
+        within, spread = va + vb, va * va / (na - 1) + vb * vb / (nb - 1)
+        fallback = float(na + nb - 2)
+    else:
+        s2, m = variance(la if na >= 2 else lb), max(na, nb) - 1
+        within = s2 * (1 / na + 1 / nb)
+        spread, fallback = within * within / m, float(m)
+    return LogRatio(diff, within + loads_part(loads), interval_df(within, spread, loads, fallback))
+
+
 def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, loads: Components | None = None
           ) -> Ratio | None:
     """mean-of-logs ratio of the runs `a` over the runs `b`, with its `level` interval; None when a side has no
@@ -142,25 +182,22 @@ def ratio(a: Sequence[float], b: Sequence[float], level: float = LEVEL, loads: C
     The ratio is taken on the log scale, as the ratio of the two sides' geometric means, and its interval is
     Welch's t interval for that difference of means, exponentiated (docs/sweeps.md, "Speedup against a
     baseline"). With one run on one side, the other side's variance stands for both (df = n - 1); with one run
-    on each side there is no interval, and the plan's `noise_limit` says what is noise."""
+    on each side there is no interval, and the plan's `noise_limit` says what is noise.
+
+    The replication interval (`rep_low`, `rep_high`) answers another question: where a second sweep of the same
+    plan measures this ratio. That estimate has its own noise, of the same variance as this one's (its own
+    loads and repeats), so the difference of the two has twice the variance: the half-width times sqrt(2), at
+    the same degrees of freedom (the second variance is this one's estimate again). A `level` interval about
+    the true ratio holds another sweep's estimate only about 83 % of the time at 95 % (P(|Z| < 1.96 / sqrt 2))."""
     if not a or not b or any(not (math.isfinite(v) and v > 0) for v in (*a, *b)):
         return None
-    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
-    diff = statistics.fmean(la) - statistics.fmean(lb)
-    na, nb = len(la), len(lb)
-    if na < 2 and nb < 2:
-        return Ratio(math.exp(diff))
-    if na >= 2 and nb >= 2:
-        va, vb = variance(la) / na, variance(lb) / nb
-        within, spread = va + vb, va * va / (na - 1) + vb * vb / (nb - 1)
-        fallback = float(na + nb - 2)
-    else:
-        s2, m = variance(la if na >= 2 else lb), max(na, nb) - 1
-        within = s2 * (1 / na + 1 / nb)
-        spread, fallback = within * within / m, float(m)
-    df = interval_df(within, spread, loads, fallback)
-    half = t_quantile(1 - (1 - level) / 2, df) * math.sqrt(within + loads_part(loads))
-    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half))
+    got = log_ratio(a, b, loads)
+    if got is None:
+        return Ratio(math.exp(statistics.fmean(map(math.log, a)) - statistics.fmean(map(math.log, b))))
+    half = t_quantile(1 - (1 - level) / 2, got.df) * math.sqrt(got.variance)
+    rep = half * math.sqrt(2.0)
+    return Ratio(math.exp(got.diff), math.exp(got.diff - half), math.exp(got.diff + half),
+                 math.exp(got.diff - rep), math.exp(got.diff + rep))
 
 
 def loads_part(loads: Components | None) -> float:
@@ -208,17 +245,26 @@ class Components:
         return math.exp(half * math.sqrt(2 * side + loads_part(self)))
 
 
-def components(configs: Sequence[Sequence[Sequence[float]]]) -> Components | None:
+def components(configs: Sequence[Sequence[Sequence[float]]], shared: Sequence[Hashable] | None = None
+               ) -> Components | None:
     """The variance components of a figure from `configs`: per configuration its loads, per load its runs'
     values (finite and positive; others dropped). Configurations loaded once give nothing (no load to
-    compare); None when no configuration has two loads with a run each."""
+    compare); None when no configuration has two loads with a run each.
+
+    `shared`: per configuration, what loads it was measured on; configurations with the same key ran on the same
+    loads (the client settings of one server configuration: a baseline round runs every setting on one load),
+    so their load effects are one draw, not several. Each still gives an unbiased `between`, pooled as before,
+    but the evidence is only as firm as its distinct loads: `loads` and `df_between` count each shared load once
+    (counting it per client setting overstated the df, and a t at too many df gave intervals too narrow)."""
+    keys = list(shared) if shared is not None else list(range(len(configs)))
     loads_of = [[[math.log(v) for v in load if math.isfinite(v) and v > 0] for load in c] for c in configs]
-    loads_of = [kept for c in loads_of if len(kept := [load for load in c if load]) >= 2]
-    if not loads_of:
+    kept_of = [(k, kept) for c, k in zip(loads_of, keys, strict=True) if len(kept := [load for load in c if load]) >= 2]
+    if not kept_of:
         return None
     ssw = ssb = n0_sum = 0.0
     runs = loads = 0
-    for c in loads_of:
+    distinct: dict[Hashable, int] = {}  # per shared key, the most loads one of its configurations kept
+    for k, c in kept_of:
         sizes = [len(load) for load in c]
         total = sum(sizes)
         grand = math.fsum(math.fsum(load) for load in c) / total
@@ -228,11 +274,12 @@ def components(configs: Sequence[Sequence[Sequence[float]]]) -> Components | Non
             ssb += len(load) * (m - grand) ** 2
         n0_sum += total - sum(n * n for n in sizes) / total
         runs, loads = runs + total, loads + len(c)
-    df_w, df_b = runs - loads, loads - len(loads_of)
+        distinct[k] = max(distinct.get(k, 0), len(c))
+    df_w, df_b = runs - loads, loads - len(kept_of)
     msw = ssw / df_w if df_w else 0.0
     msb = ssb / df_b
     between = max(0.0, (msb - msw) / (n0_sum / df_b))
-    return Components(msw, between, loads, runs, df_w, df_b)
+    return Components(msw, between, sum(distinct.values()), runs, df_w, sum(n - 1 for n in distinct.values()))
 
 
 @dataclass(frozen=True)
@@ -258,11 +305,13 @@ class Estimate:
 
 
 def estimate(configs: Sequence[Sequence[Mapping[str, Sequence[float]]]], *, aa_loads: int = 0,
-             baseline_loads: int = 0) -> Estimate | None:
-    """Components per figure key over `configs` (per configuration its loads, per load each figure's runs);
-    None when no figure has two loads of one configuration."""
+             baseline_loads: int = 0, shared: Sequence[Hashable] | None = None) -> Estimate | None:
+    """Components per figure key over `configs` (per configuration its loads, per load each figure's runs;
+    `shared` as in `components`: configurations measured on the same loads); None when no figure has two loads
+    of one configuration."""
     keys = dict.fromkeys(k for c in configs for load in c for k in load)
-    got = {k: comp for k in keys if (comp := components([[load.get(k, ()) for load in c] for c in configs]))}
+    got = {k: comp for k in keys
+           if (comp := components([[load.get(k, ()) for load in c] for c in configs], shared))}
     return Estimate(got, aa_loads, baseline_loads) if got else None
 
 

@@ -103,16 +103,24 @@ def rows_from(read: Read) -> list[Row]:
 def noise_of(rows: Sequence[Row], aa: Sequence[Sequence[Row]]) -> noise.Estimate | None:
     """The spread within and between loads (sweep/noise.py) from the A/A start's loads (`aa`: per configuration
     its loads' rows) and the baseline's rounds (each client setting's rounds on one host: loads of one
-    configuration); None when neither has two loads."""
+    configuration); None when neither has two loads. A round runs every client setting on one load, so the
+    settings' rounds share their loads (noise.components' `shared`: the host's), as the A/A start's do."""
     rounds: dict[str, list[Row]] = {}
     for r in rows:
         if r.baseline and r.status == "ok" and r.samples:
             rounds.setdefault(json.dumps([r.host, r.point], sort_keys=True), []).append(r)
     repeated = [loads for loads in rounds.values() if len(loads) >= 2]
     aa_ok = [[r.samples for r in loads if r.status == "ok" and r.samples] for loads in aa]
+    aa_keys = [json.dumps(["aa", loads[0].host if loads else None]) for loads in aa]
+    base_keys = [json.dumps(["baseline", loads[0].host]) for loads in repeated]
+    distinct_rounds = {(r.host, r.baseline) for loads in repeated for r in loads}
+    distinct_aa: dict[str, int] = {}  # the A/A start's client settings, if several, share its loads too
+    for key, loads in zip(aa_keys, aa_ok, strict=True):
+        if len(loads) >= 2:
+            distinct_aa[key] = max(distinct_aa.get(key, 0), len(loads))
     return noise.estimate([*aa_ok, *([r.samples for r in loads] for loads in repeated)],
-                          aa_loads=sum(len(loads) for loads in aa_ok if len(loads) >= 2),
-                          baseline_loads=sum(len(loads) for loads in repeated))
+                          aa_loads=sum(distinct_aa.values()), baseline_loads=len(distinct_rounds),
+                          shared=[*aa_keys, *base_keys])
 
 
 def _point_key(point: Any) -> str:

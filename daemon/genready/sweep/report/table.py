@@ -118,6 +118,10 @@ def ratio_json(r: Row) -> dict[str, Any]:
         got = r.ratios.get(name)
         out[name] = None if got is None else {
             "value": _finite(got.value), "low": _finite(got.low), "high": _finite(got.high),
+            # where a second sweep of the same plan measures it (noise.ratio): wider than low-high, which is
+            # about the true ratio
+            "replication": None if got.rep_low is None else {"low": _finite(got.rep_low),
+                                                             "high": _finite(got.rep_high)},
             "within_noise": got.within_noise(r.noise_limit), "slowdown": name == "speedup" and got.value < 1,
             **({"drifted": _finite(r.drifted)} if name == "speedup" and r.drifted is not None else {})}
     return out

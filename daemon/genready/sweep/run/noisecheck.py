@@ -79,8 +79,10 @@ def evidence(sweep: Sweep, benches: Benches) -> noise.Estimate | None:
             else:
                 rounds.setdefault(json.dumps(p.as_dict(), sort_keys=True), []).append(got)
     repeated = [loads for loads in rounds.values() if len(loads) >= 2]
+    # a baseline round runs every client setting on one load: the settings' rounds share their loads
     return noise.estimate([aa, *repeated], aa_loads=len(aa) if len(aa) >= 2 else 0,
-                          baseline_loads=sum(len(loads) for loads in repeated))
+                          baseline_loads=max((len(loads) for loads in repeated), default=0),
+                          shared=["aa", *("baseline" for _ in repeated)])
 
 
 def after_load(sweep: Sweep, point: Point) -> noise.Components | None:
