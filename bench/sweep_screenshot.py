@@ -84,7 +84,8 @@ def write(folder: Path, seed: int = 37) -> None:
                     true_tps(0, 1, c) * (slower if c == 8 else 1.0), r, {"baseline": rnd, "client": {"c": c}})
 
     # As `baseline_every` runs it: round 1, the configurations, round 2; the drifted configuration last, between
-    # round 2 and a round 3 that ran slower at c=8 (a neighbour started): its speedups there are marked drifted.
+    # round 2 and a round 3 that ran 7 % slower at c=8 (a neighbour started): its speedups there are marked drifted
+    # (the rounds are evidence of the spread between loads too, issue 51 §1: a 30 % drop left no decision to show).
     baseline(1, 1)
     groups = [(d, k) for d in DRAFTS for k in TOPKS]
     order = [g for g in groups if g != DRIFTED] + [DRIFTED]
@@ -99,7 +100,7 @@ def write(folder: Path, seed: int = 37) -> None:
                 run(i, g_index, {"draft": d, "topk": k, "c": c},
                     true_tps(d, k, c) * (0.85 if (d, k) == DRIFTED and c == 8 else 1.0), r, extra,
                     0.12 if (d, k) == NOISY else 0.02, "failed" if (d, k) == FAILED else "ok")
-    baseline(3, len(order) + 3, slower=0.7)
+    baseline(3, len(order) + 3, slower=0.93)
     (folder / "results.jsonl").write_text("".join(json.dumps(rec) + "\n" for rec in lines))
 
 
