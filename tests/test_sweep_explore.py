@@ -479,14 +479,15 @@ def test_a_budget_stopping_a_pattern_order_leaves_its_unloaded_configurations_an
 
 # --- whole sweeps on the simulator -------------------------------------------------------------------------------
 
-def _surface_plan(rig: Rig, **extra: Any) -> Path:
-    """Truth surface 2 on a 2 x 2 x 3 part of the grid, at concurrency 1 and 16, each point a bench run."""
+def _surface_plan(rig: Rig, requests: int = 32, **extra: Any) -> Path:
+    """Truth surface 2 on a 2 x 2 x 3 part of the grid, at concurrency 1 and 16, each point a bench run of
+    `requests` (`extra` on top: another matrix too)."""
     flags = (f"--surface 2 --batch-max-running 32 --token-latency {simsurface.TOKEN_LATENCY} "
              f"--batch-token-seconds {simsurface.BATCH_TOKEN_SECONDS} --speculative-num-steps {{steps}} "
              "--speculative-eagle-topk {topk} --speculative-num-draft-tokens {draft_tokens}")
     doc = {"target": "t", "timeout": 20, "warmup": 2, "between_points": "none",
-           "command": [PY, "-m", "genready.benchclient", "--url", rig.url, "-n", "32", "-c", "{c}", "--max-tokens",
-                       "24", "--output", "{out}/bench.jsonl"],
+           "command": [PY, "-m", "genready.benchclient", "--url", rig.url, "-n", str(requests), "-c", "{c}",
+                       "--max-tokens", "24", "--output", "{out}/bench.jsonl"],
            "dropin": f'[Service]\nEnvironment="SIM_FLAGS={flags}"\n',
            "matrix": {"steps": [2, 4], "topk": [1, 2], "draft_tokens": list(simsurface.DRAFT_TOKENS), "c": [1, 16]},
            **extra}
@@ -541,7 +542,9 @@ def test_a_pattern_sweep_loads_fewer_configurations_than_the_grid_and_finds_the_
 
 @pytest.mark.system
 def test_a_resumed_pattern_sweep_continues_the_same_search(rig: Rig) -> None:
-    plan_path = _surface_plan(rig, strategy="pattern", audit=1, audit_seed=4)
+    # what resumes is the search's order, not its answer: a smaller grid, one client setting, short runs
+    plan_path = _surface_plan(rig, 16, strategy="pattern", audit=1, audit_seed=4, reloads=1,
+                              matrix={"steps": [2, 4], "topk": [1, 2], "draft_tokens": [4, 8], "c": [1]})
     rc, _ = rig.run(plan_path)
     assert rc == 0
     whole = [json.loads(ln) for ln in (rig.results / "explore.jsonl").read_text().splitlines()]
