@@ -45,19 +45,16 @@ import math
 import statistics
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
 from genready.sweep import noise
 from genready.sweep.report import collect, decision
 from genready_dev import simtruth
-from genready_dev.harness import GENREADY, PY, Genready, Simulator, booted_manager, free_port, wait_for
+from genready_dev.harness import GENREADY, PY, Simulator
+from simsweep import sweep
 
-UNIT = "sweep-sim.service"
 T0, ALPHA, TOKENS, N, SEED, LOAD_NOISE = 0.016, 0.6, 16, 8, 1, 0.04
 TPS = decision.TPS
 
@@ -73,33 +70,6 @@ def plan_doc(url: str, **keys: Any) -> dict[str, Any]:
                   '--speculative-eagle-topk {topk}"\n',
         "baseline": {"steps": 0, "topk": 0, "dropin": f'[Service]\nEnvironment="SIM_FLAGS={plain}"\n'},
         "matrix": {"steps": [1, 3, 8], "topk": [1, 4], "c": [1, 2]}, **keys}
-
-
-def sweep(tmp: Path, name: str, doc: dict[str, Any]) -> tuple[Path, float]:
-    """One sweep of `doc` (its url placeholder filled) on a fresh manager and genready; its results folder and
-    seconds."""
-    t0 = time.monotonic()
-    (tmp / name).mkdir()
-    with booted_manager(tmp / f"sd-{name}") as um:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        sim = f"{PY} -m genready.cli simulate --port {port} --load-seconds 0.3 $SIM_FLAGS"
-        um.install_unit(UNIT, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=SIM_FLAGS=\nExecStart={sim}\n"
-                        "TimeoutStopSec=10\n")
-        um.systemctl("start", UNIT)
-        with Genready(um, tmp / name, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05,
-                                               "backoff_max": 0.3}}, log_level="info") as g:
-            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
-            plan = tmp / f"{name}.toml"
-            text = json.dumps(doc).replace("{url}", url)
-            plan.write_text(tomli_w.dumps(json.loads(text)))
-            results = tmp / name / "results"
-            p = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(results), "--config",
-                                str(g.config_path)], env=um.env, capture_output=True, text=True, timeout=1800)
-            if p.returncode != 0:
-                raise SystemExit(f"sweep exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-        um.systemctl("stop", UNIT)
-    return results, time.monotonic() - t0
 
 
 @dataclass(frozen=True)

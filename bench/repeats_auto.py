@@ -22,15 +22,12 @@ import collections
 import json
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import tomli_w
+from genready_dev.harness import GENREADY, PY
+from simsweep import sweep
 
-from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
-
-UNIT = "sweep-sim.service"
 T0, TOKENS, N, SEED, LOAD_NOISE = 0.016, 16, 4, 1, 0.04
 STEPS, TOPK, CLIENTS = [1, 3, 8], [1, 4], [1, 2]
 
@@ -48,31 +45,6 @@ def plan_doc(url: str, alpha: float, **keys: Any) -> dict[str, Any]:
                      "dropin": f'[Service]\nEnvironment="SIM_FLAGS={plain} --load-noise-seed 7"\n'},
         "points": [{"steps": s, "topk": k, "seed": 10 * s + k, "c": c} for s in STEPS for k in TOPK for c in CLIENTS],
         **keys}
-
-
-def sweep(tmp: Path, name: str, doc: dict[str, Any]) -> tuple[Path, float]:
-    """One sweep of `doc` ({url} filled in) on a fresh manager and genready: its results folder and seconds."""
-    t0 = time.monotonic()
-    (tmp / name).mkdir()
-    with booted_manager(tmp / f"sd-{name}") as um:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        sim = f"{PY} -m genready.cli simulate --port {port} --load-seconds 0.3 $SIM_FLAGS"
-        um.install_unit(UNIT, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nEnvironment=SIM_FLAGS=\nExecStart={sim}\n"
-                        "TimeoutStopSec=10\n")
-        um.systemctl("start", UNIT)
-        with Genready(um, tmp / name, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05,
-                                               "backoff_max": 0.3}}, log_level="info") as g:
-            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
-            plan = tmp / f"{name}.toml"
-            plan.write_text(tomli_w.dumps(json.loads(json.dumps(doc).replace("{url}", url))))
-            results = tmp / name / "results"
-            p = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(results), "--config",
-                                str(g.config_path)], env=um.env, capture_output=True, text=True, timeout=1800)
-            if p.returncode != 0:
-                raise SystemExit(f"sweep exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
-        um.systemctl("stop", UNIT)
-    return results, time.monotonic() - t0
 
 
 def decisions(results: Path) -> dict[str, dict[str, Any]]:

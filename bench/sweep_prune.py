@@ -25,9 +25,9 @@ from pathlib import Path
 
 import tomli_w
 
-from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
+import simsweep
+from genready_dev.harness import GENREADY, Genready
 
-UNIT = "sweep-sim.service"
 LIMIT = 8  # draft x topk above this fails at load
 
 
@@ -52,32 +52,24 @@ def main() -> int:
     ap.add_argument("--load-seconds", type=float, default=2.0)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
-    with booted_manager(tmp / "sd") as um:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        sim = f"{PY} -m genready.cli simulate --port {port} --load-seconds {args.load_seconds}"
-        um.install_unit(UNIT, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={sim}\nTimeoutStopSec=10\n")
-        um.systemctl("start", UNIT)
-        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05, "backoff_max": 0.3}},
-                      log_level="info") as g:
-            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
-            plan = tmp / "plan.toml"
-            # `$$` is systemd's `$`: the shell computes the size and adds --fail-load above LIMIT.
-            plan.write_text(tomli_w.dumps({
-                "target": "sim", "timeout": 60 + 4 * args.load_seconds, "attempts": 1,
-                "command": ["/bin/true"],
-                "dropin": "[Service]\nExecStart=\nExecStart=/bin/sh -c 'size=$$(({draft} * {topk})); "
-                          f"[ $$size -gt {LIMIT} ] && f=--fail-load=size-$$size; exec {sim} "
-                          "--model m-{draft}-{topk} $$f'\n",
-                "prune": ["draft", "topk"],
-                "matrix": {"draft": [16, 8, 4, 2], "topk": [4, 2, 1]},
-            }))
-            rows: list[tuple[str, dict[str, float]]] = []
-            for name, flags in (("prune = [\"draft\", \"topk\"]", ()),
-                                ("--no-prune --keep-going", ("--no-prune", "--keep-going")),
-                                ("--no-prune (max_failed_starts = 3)", ("--no-prune",))):
-                rows.append((name, sweep(g, um.env, plan, tmp / f"results{len(rows)}", *flags)))
-        um.systemctl("stop", UNIT)
+    with simsweep.sim_target(tmp, args.load_seconds) as (um, g, _, port):
+        sim = simsweep.simulate(port, args.load_seconds)
+        plan = tmp / "plan.toml"
+        # `$$` is systemd's `$`: the shell computes the size and adds --fail-load above LIMIT.
+        plan.write_text(tomli_w.dumps({
+            "target": "sim", "timeout": 60 + 4 * args.load_seconds, "attempts": 1,
+            "command": ["/bin/true"],
+            "dropin": "[Service]\nExecStart=\nExecStart=/bin/sh -c 'size=$$(({draft} * {topk})); "
+                      f"[ $$size -gt {LIMIT} ] && f=--fail-load=size-$$size; exec {sim} "
+                      "--model m-{draft}-{topk} $$f'\n",
+            "prune": ["draft", "topk"],
+            "matrix": {"draft": [16, 8, 4, 2], "topk": [4, 2, 1]},
+        }))
+        rows: list[tuple[str, dict[str, float]]] = []
+        for name, flags in (("prune = [\"draft\", \"topk\"]", ()),
+                            ("--no-prune --keep-going", ("--no-prune", "--keep-going")),
+                            ("--no-prune (max_failed_starts = 3)", ("--no-prune",))):
+            rows.append((name, sweep(g, um.env, plan, tmp / f"results{len(rows)}", *flags)))
     print(f"\ndraft [16, 8, 4, 2] x topk [4, 2, 1] = 12 configurations; draft x topk > {LIMIT} fails at load "
           f"(6 of 12); simulator load {args.load_seconds:g} s; attempts = 1\n")
     print("| sweep | starts | failed starts | skipped | ok | exit | wall s |")

@@ -32,7 +32,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,12 +39,12 @@ from pathlib import Path
 
 import tomli_w
 
+import simsweep
 from genready.sweep import explore
 from genready_dev import simsurface
-from genready_dev.harness import GENREADY, PY, Genready, booted_manager, free_port, wait_for
+from genready_dev.harness import PY
 
 AXES = explore.Axes(tuple(n for n, _ in simsurface.AXES), tuple(v for _, v in simsurface.AXES))
-UNIT = "search-sim.service"
 LOAD_MINUTES = 6.0  # the real case's load (issue 51: 590 GB)
 REQUESTS, TOKENS = 48, 24
 
@@ -180,36 +179,25 @@ def model_part(args: argparse.Namespace) -> None:
 def e2e_part(args: argparse.Namespace) -> None:
     seed = args.e2e_seed
     tmp = Path(tempfile.mkdtemp(prefix="genready-bench-"))
-    with booted_manager(tmp / "sd") as um:
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        sim = f"{PY} -m genready.cli simulate --port {port} --load-seconds {args.load_seconds}"
-        um.install_unit(UNIT, f"[Unit]\nStartLimitIntervalSec=0\n[Service]\nExecStart={sim}\nTimeoutStopSec=10\n")
-        um.systemctl("start", UNIT)
-        with Genready(um, tmp, {"sim": {"unit": UNIT, "url": url, "backoff_initial": 0.05, "backoff_max": 0.3}},
-                      log_level="info") as g:
-            wait_for(lambda: g.get("/ready/sim")[0] == 200, 60, "the first start verified")
-            flags = (f"--surface {seed} --batch-max-running 32 --token-latency {simsurface.TOKEN_LATENCY} "
-                     f"--batch-token-seconds {simsurface.BATCH_TOKEN_SECONDS} --load-noise {args.load_noise} "
-                     "--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
-                     "--speculative-num-draft-tokens {draft_tokens}")
-            plan = tmp / "plan.toml"
-            plan.write_text(tomli_w.dumps({
-                "target": "sim", "timeout": 60 + 4 * args.load_seconds, "warmup": 4, "between_points": "none",
-                "strategy": "pattern", "audit": args.audit, "audit_seed": seed, "min_gain": args.min_gain,
-                "command": [PY, "-m", "genready.benchclient", "--url", url, "-n", str(REQUESTS), "-c", "{concurrency}",
-                            "--max-tokens", str(TOKENS), "--output", "{out}/bench.jsonl"],
-                "dropin": f"[Service]\nExecStart=\nExecStart={sim} {flags}\n",
-                "matrix": {**{n: list(v) for n, v in simsurface.AXES}, "concurrency": list(simsurface.CONCURRENCY)},
-            }))
-            results = tmp / "results"
-            t0 = time.monotonic()
-            p = subprocess.run([*GENREADY, "sweep", str(plan), "--results", str(results), "--config",
-                                str(g.config_path)], env=um.env, capture_output=True, text=True, timeout=3600)
-            wall = time.monotonic() - t0
-            if p.returncode != 0:
-                raise SystemExit(f"the sweep exited {p.returncode}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-        um.systemctl("stop", UNIT)
+    with simsweep.sim_target(tmp, args.load_seconds) as (um, g, url, port):
+        sim = simsweep.simulate(port, args.load_seconds)
+        flags = (f"--surface {seed} --batch-max-running 32 --token-latency {simsurface.TOKEN_LATENCY} "
+                 f"--batch-token-seconds {simsurface.BATCH_TOKEN_SECONDS} --load-noise {args.load_noise} "
+                 "--speculative-num-steps {steps} --speculative-eagle-topk {topk} "
+                 "--speculative-num-draft-tokens {draft_tokens}")
+        plan = tmp / "plan.toml"
+        plan.write_text(tomli_w.dumps({
+            "target": "sim", "timeout": 60 + 4 * args.load_seconds, "warmup": 4, "between_points": "none",
+            "strategy": "pattern", "audit": args.audit, "audit_seed": seed, "min_gain": args.min_gain,
+            "command": [PY, "-m", "genready.benchclient", "--url", url, "-n", str(REQUESTS), "-c", "{concurrency}",
+                        "--max-tokens", str(TOKENS), "--output", "{out}/bench.jsonl"],
+            "dropin": f"[Service]\nExecStart=\nExecStart={sim} {flags}\n",
+            "matrix": {**{n: list(v) for n, v in simsurface.AXES}, "concurrency": list(simsurface.CONCURRENCY)},
+        }))
+        results = tmp / "results"
+        t0 = time.monotonic()
+        simsweep.run_sweep(um, g, plan, results)
+        wall = time.monotonic() - t0
     moves = [json.loads(ln) for ln in (results / "explore.jsonl").read_text().splitlines()]
     summary = moves[-1]
     print(f"\n## One surface end to end: a real `genready sweep` (strategy = \"pattern\") on `genready simulate "
